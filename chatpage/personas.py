@@ -1,0 +1,240 @@
+"""Personas: YAML files -> frozen `Persona` records, with one-line errors for broken files.
+
+A persona file is a YAML mapping::
+
+    name: coder                       # required, one line
+    description: Senior engineer      # required, one line
+    system_prompt: |                  # required, non-empty
+      You are ...
+    greeting: Hi!                     # optional
+    temperature: 0.2                  # optional sampling defaults
+    top_p: 0.9
+    top_k: 40
+    max_tokens: 1024
+    seed: 7
+
+Shipped personas live in ``personas/``; the user's own live in ``config_dir()/personas`` and
+replace a shipped persona of the same name. A broken file never stops the others from loading.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from chatpage.paths import config_dir, shipped_personas_dir
+
+DEFAULT_PERSONA = "assistant"
+"""The persona a new chat uses unless the user configured another one."""
+
+REQUIRED_KEYS = ("name", "description", "system_prompt")
+OPTIONAL_KEYS = ("greeting", "temperature", "top_p", "top_k", "max_tokens", "seed")
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed")
+_SUFFIXES = (".yaml", ".yml")
+_MAX_NAME = 40
+
+
+@dataclass(frozen=True)
+class Persona:
+    """One persona: who the model is in a chat, plus its sampling defaults (None = unset)."""
+
+    name: str
+    description: str
+    system_prompt: str
+    greeting: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    source: Path = field(default=Path("<builtin>"), compare=False)
+
+    def sampling(self) -> dict[str, float | int]:
+        """The sampling defaults this persona sets, e.g. ``{"temperature": 0.2}``."""
+        return {key: getattr(self, key) for key in SAMPLING_KEYS if getattr(self, key) is not None}
+
+
+@dataclass(frozen=True)
+class PersonaError:
+    """A persona file that could not be loaded; ``str()`` is one line for the user."""
+
+    path: Path
+    message: str
+
+    def __str__(self) -> str:
+        return f"{_display(self.path)}: {self.message}"
+
+
+def _display(path: Path) -> str:
+    """The path as the user would type it: relative to the cwd or ~ when it is below them."""
+    for base, prefix in ((Path.cwd(), ""), (Path.home(), "~/")):
+        try:
+            return prefix + str(path.resolve().relative_to(base.resolve()))
+        except (ValueError, OSError):
+            continue
+    return str(path)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _text(key: str, value: object, *, one_line: bool) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{key!r} must be non-empty text, got {value!r}; write some text for it")
+    value = value.strip()
+    if one_line and "\n" in value:
+        raise ValueError(f"{key!r} must be a single line; put it on one line")
+    return value
+
+
+def _name(value: object) -> str:
+    name = _text("name", value, one_line=True)
+    if len(name) > _MAX_NAME:
+        raise ValueError(f"'name' must be at most {_MAX_NAME} characters; shorten it")
+    return name
+
+
+# key -> (is the value allowed?, how the rule reads in a message)
+_NUMBER_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "temperature": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "a number > 0 and <= 1"),
+    "top_k": (lambda v: _is_int(v) and v >= 0, "a whole number >= 0 (0 = off)"),
+    "max_tokens": (lambda v: _is_int(v) and v >= 1, "a whole number >= 1"),
+    "seed": (lambda v: _is_int(v) and v >= 0, "a whole number >= 0"),
+}
+
+
+def _number(key: str, value: object) -> float | int | None:
+    if value is None:
+        return None
+    allowed, rule = _NUMBER_RULES[key]
+    if not allowed(value):
+        raise ValueError(f"{key!r} must be {rule}, got {value!r}; fix the value or remove the key")
+    return float(value) if key in ("temperature", "top_p") else value
+
+
+def parse_persona(data: object, source: Path) -> Persona:
+    """Validate one parsed YAML document; raises ValueError with a one-line reason."""
+    if not isinstance(data, dict):
+        kind = "empty" if data is None else f"a {type(data).__name__}"
+        raise ValueError(
+            f"the file is {kind}, not a mapping; write keys like 'name:', 'description:' "
+            "and 'system_prompt:'"
+        )
+    unknown = [str(key) for key in data if key not in REQUIRED_KEYS + OPTIONAL_KEYS]
+    if unknown:
+        allowed = ", ".join(REQUIRED_KEYS + OPTIONAL_KEYS)
+        listed = ", ".join(repr(key) for key in unknown)
+        raise ValueError(f"unknown key {listed}; remove it or use one of: {allowed}")
+    missing = [key for key in REQUIRED_KEYS if data.get(key) is None]
+    if missing:
+        listed = ", ".join(repr(key) for key in missing)
+        raise ValueError(f"missing required key {listed}; add it")
+    greeting = data.get("greeting")
+    return Persona(
+        name=_name(data["name"]),
+        description=_text("description", data["description"], one_line=True),
+        system_prompt=_text("system_prompt", data["system_prompt"], one_line=False),
+        greeting=None if greeting is None else _text("greeting", greeting, one_line=False),
+        temperature=_number("temperature", data.get("temperature")),
+        top_p=_number("top_p", data.get("top_p")),
+        top_k=_number("top_k", data.get("top_k")),
+        max_tokens=_number("max_tokens", data.get("max_tokens")),
+        seed=_number("seed", data.get("seed")),
+        source=source,
+    )
+
+
+def load_persona_file(path: Path) -> Persona:
+    """Read and validate one persona file; raises ValueError with a one-line reason."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("the file is not UTF-8 text; save it as UTF-8") from None
+    except OSError as err:
+        raise ValueError(f"cannot read the file ({err.strerror}); check its permissions") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or "not valid YAML"
+        raise ValueError(f"invalid YAML{where}: {problem}; fix the syntax") from None
+    return parse_persona(data, path)
+
+
+def persona_dirs() -> list[Path]:
+    """Where personas are looked up, lowest precedence first: shipped, then the user's."""
+    return [shipped_personas_dir(), config_dir() / "personas"]
+
+
+def _files(directory: Path) -> Iterable[Path]:
+    try:
+        entries = sorted(directory.iterdir())
+    except OSError:
+        return []
+    return [p for p in entries if p.suffix in _SUFFIXES and p.is_file()]
+
+
+def load_personas(dirs: list[Path] | None = None) -> tuple[list[Persona], list[PersonaError]]:
+    """Load every persona from `dirs` (default: `persona_dirs()`), later dirs winning by name.
+
+    Returns the personas sorted by name and one PersonaError per file that could not be used.
+    A missing directory is not an error.
+    """
+    by_name: dict[str, Persona] = {}
+    errors: list[PersonaError] = []
+    for directory in persona_dirs() if dirs is None else dirs:
+        seen_here: dict[str, Path] = {}
+        for path in _files(directory):
+            try:
+                persona = load_persona_file(path)
+            except ValueError as err:
+                errors.append(PersonaError(path, str(err)))
+                continue
+            if persona.name in seen_here:
+                first = seen_here[persona.name].name
+                errors.append(PersonaError(
+                    path, f"name {persona.name!r} is already used by {first}; rename one of them"
+                ))
+                continue
+            seen_here[persona.name] = path
+            by_name[persona.name] = persona
+    return sorted(by_name.values(), key=lambda p: p.name.casefold()), errors
+
+
+def find_persona(personas: Iterable[Persona], name: str) -> Persona | None:
+    """The persona called `name` (exact match first, then case-insensitive), or None."""
+    personas = list(personas)
+    for persona in personas:
+        if persona.name == name:
+            return persona
+    for persona in personas:
+        if persona.name.casefold() == name.casefold():
+            return persona
+    return None
+
+
+def default_persona(personas: Iterable[Persona], preferred: str | None = None) -> Persona:
+    """The persona a new chat starts with: `preferred`, else "assistant", else the first.
+
+    Raises LookupError when there are no personas at all.
+    """
+    personas = list(personas)
+    for name in (preferred, DEFAULT_PERSONA):
+        found = find_persona(personas, name) if name else None
+        if found is not None:
+            return found
+    if not personas:
+        raise LookupError("no personas could be loaded; check the personas/ folder")
+    return personas[0]
