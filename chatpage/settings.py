@@ -1,0 +1,202 @@
+"""User configuration: ``config_dir()/config.yaml`` plus command-line overrides.
+
+A bad value never stops the app: it is reported as a one-line warning and the default is used.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from chatpage.paths import config_dir
+
+SOURCE_DEFAULT = "default"
+SOURCE_CLI = "command line"
+BLOCK_SIZES = (8, 16, 32)
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kib": 1 << 10, "kb": 10**3,
+    "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
+    "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
+    "t": 1 << 40, "tib": 1 << 40, "tb": 10**12,
+}
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)
+_SIZE_HELP = "a number of bytes, or a number with K, M or G (also KiB/MiB/GiB, KB/MB/GB), e.g. 512MiB"
+
+
+def parse_size(value: str | int) -> int:
+    """Bytes in a size such as ``"512MiB"``, ``"1G"``, ``"1.5GB"``, ``"4096"`` or ``4096``.
+
+    K/M/G and KiB/MiB/GiB are powers of 1024; KB/MB/GB are powers of 1000. Case does not matter.
+    Raises ValueError with a one-line message for anything else (negative, empty, unknown unit).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"invalid size {value!r}: use {_SIZE_HELP}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"invalid size {value!r}: a size cannot be negative")
+        return value
+    match = _SIZE_RE.fullmatch(value)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise ValueError(f"invalid size {value!r}: use {_SIZE_HELP}")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def format_size(num_bytes: int) -> str:
+    """A short human form of a byte count: ``512 MiB``, ``1.5 GiB``, ``300 B``."""
+    size = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            break
+        size /= 1024
+    text = f"{size:.1f}".removesuffix(".0") if unit != "B" else str(num_bytes)
+    return f"{text} {unit}"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The effective configuration; `sources` says where each value came from."""
+
+    model: str | None = None
+    kv_cache: int = 512 << 20
+    block_size: int = 16
+    default_persona: str = "assistant"
+    theme: str = "chatpage"
+    bindings: Mapping[str, str] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+
+SETTING_KEYS = ("model", "kv_cache", "block_size", "default_persona", "theme", "bindings")
+
+
+def _model(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str | Path) or not str(value).strip():
+        raise ValueError("a path to a model directory or .gguf file, or null for the default model")
+    return str(Path(str(value).strip()).expanduser())
+
+
+def _kv_cache(value: Any) -> int:
+    try:
+        size = parse_size(value)
+    except ValueError:
+        raise ValueError(_SIZE_HELP) from None
+    if size <= 0:
+        raise ValueError("a size above zero")
+    return size
+
+
+def _block_size(value: Any) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or value not in BLOCK_SIZES:
+        raise ValueError(" or ".join(str(n) for n in BLOCK_SIZES))
+    return int(value)
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or "\n" in value:
+        raise ValueError("a non-empty name on one line")
+    return value.strip()
+
+
+def _key_string(value: Any) -> bool:
+    return isinstance(value, str) and bool(value.strip()) and not any(c.isspace() for c in value)
+
+
+def _bindings(value: Any, warn: Callable[[str], None], origin: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError("a mapping of binding id to key, e.g. {new_chat: ctrl+n}")
+    good: dict[str, str] = {}
+    for binding_id, key in value.items():
+        if not isinstance(binding_id, str) or not _key_string(key):
+            warn(f"{origin}: bindings.{binding_id} = {key!r} is not a valid key; use a key "
+                 "name like 'ctrl+n' or 'f2' (several separated by commas, no spaces); ignored")
+            continue
+        good[binding_id] = key
+    return good
+
+
+_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "model": _model,
+    "kv_cache": _kv_cache,
+    "block_size": _block_size,
+    "default_persona": _name,
+    "theme": _name,
+}
+
+
+def config_path() -> Path:
+    """Where the user's config file lives: ``config_dir()/config.yaml``."""
+    return config_dir() / "config.yaml"
+
+
+def _read_config(path: Path, warn: Callable[[str], None]) -> dict[Any, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as err:
+        reason = getattr(err, "strerror", None) or "not UTF-8 text"
+        warn(f"{path}: cannot read the file ({reason}); using the defaults")
+        return {}
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        warn(f"{path}: invalid YAML{where}; fix the syntax; using the defaults")
+        return {}
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        warn(f"{path}: expected a mapping of settings (key: value), got a "
+             f"{type(data).__name__}; using the defaults")
+        return {}
+    return data
+
+
+def load_settings(
+    path: Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> tuple[Settings, list[str]]:
+    """The effective settings: defaults <- config file (`path`, default `config_path()`) <-
+    `overrides` (command-line values; a None value means "not given").
+
+    Returns the settings and one-line warnings: an unreadable file, unknown keys, invalid values
+    (each falls back to the value from the layer below).
+    """
+    path = config_path() if path is None else path
+    warnings: list[str] = []
+    values: dict[str, Any] = {}
+    sources = dict.fromkeys(SETTING_KEYS, SOURCE_DEFAULT)
+    layers = [(path.name, _read_config(path, warnings.append)), (SOURCE_CLI, overrides or {})]
+    for origin, layer in layers:
+        for key, raw in layer.items():
+            if origin == SOURCE_CLI and raw is None:
+                continue
+            if key not in SETTING_KEYS:
+                warnings.append(f"{origin}: unknown setting {key!r}; known settings are "
+                                f"{', '.join(SETTING_KEYS)}; ignored")
+                continue
+            try:
+                if key == "bindings":
+                    value = _bindings(raw, warnings.append, origin)
+                else:
+                    value = _PARSERS[key](raw)
+            except ValueError as err:
+                warnings.append(f"{origin}: {key} = {raw!r} is not valid; expected {err}; "
+                                f"using the {sources[key]} value")
+                continue
+            values[key] = value
+            sources[key] = origin
+    return Settings(**values, sources=sources), warnings
