@@ -1,0 +1,329 @@
+"""Physical KV blocks (BlockPool) and per-sequence block tables (BlockManager).
+
+BlockPool owns reference counts, the free list, the chained-hash index of full blocks and the LRU
+of cached blocks (ref count 0 but still indexed). BlockManager maps each sequence's logical blocks
+to physical ones: allocation with prefix reuse, append, fork, copy-on-write, free, swap, pin.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+
+from chatpage.engine.sequence import Sequence
+
+
+def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
+    """Hash of a full block: its parent's hash and its own token ids."""
+    return hash((parent, tokens))
+
+
+class BlockPool:
+    """A fixed set of physical blocks with reference counts.
+
+    A block is *used* (ref > 0), *cached* (ref 0, still in the hash index, evictable LRU-first) or
+    *free* (ref 0, unindexed). Allocation prefers free blocks, then evicts the least recently
+    released cached block.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self.ref = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.pin_count = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._index: dict[int, int] = {}
+        self.num_used = 0
+        self.num_pinned = 0
+        self.num_shared = 0
+        self.evictions = 0
+
+    # -- counts --------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be handed out now (free plus evictable cached)."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._evictable)
+
+    @property
+    def num_unindexed_free(self) -> int:
+        return len(self._free)
+
+    # -- allocation and references ---------------------------------------------------------------
+    def allocate(self) -> int:
+        if self._free:
+            block = self._free.popleft()
+        elif self._evictable:
+            block, _ = self._evictable.popitem(last=False)
+            del self._index[self.block_hash[block]]
+            self.block_hash[block] = None
+            self.evictions += 1
+        else:
+            raise RuntimeError("BlockPool exhausted: the scheduler must check can_allocate first")
+        self.ref[block] = 1
+        self.num_used += 1
+        return block
+
+    def incref(self, block: int) -> None:
+        r = self.ref[block]
+        if r == 0:
+            del self._evictable[block]
+            self.num_used += 1
+        elif r == 1:
+            self.num_shared += 1
+        self.ref[block] = r + 1
+
+    def decref(self, block: int) -> None:
+        r = self.ref[block] - 1
+        assert r >= 0, f"block {block} released more often than referenced"
+        self.ref[block] = r
+        if r == 1:
+            self.num_shared -= 1
+        elif r == 0:
+            self.num_used -= 1
+            if self.block_hash[block] is not None:
+                self._evictable[block] = None  # most recently released: evicted last
+            else:
+                self._free.append(block)
+
+    # -- prefix index ----------------------------------------------------------------------------
+    def lookup(self, block_hash: int) -> int | None:
+        return self._index.get(block_hash)
+
+    def is_evictable(self, block: int) -> bool:
+        return block in self._evictable
+
+    def register(self, block: int, block_hash: int) -> None:
+        """Index a full block by its chain hash (first writer wins; duplicates stay unindexed)."""
+        if self.block_hash[block] is None and block_hash not in self._index:
+            self._index[block_hash] = block
+            self.block_hash[block] = block_hash
+
+    # -- pins ------------------------------------------------------------------------------------
+    def pin(self, block: int) -> None:
+        self.incref(block)
+        if self.pin_count[block] == 0:
+            self.num_pinned += 1
+        self.pin_count[block] += 1
+
+    def unpin(self, block: int) -> None:
+        self.pin_count[block] -= 1
+        if self.pin_count[block] == 0:
+            self.num_pinned -= 1
+        self.decref(block)
+
+
+@dataclass
+class SwapPlan:
+    """Block copies the cache must perform before the next forward pass."""
+
+    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write src -> dst
+    swap_out: list[tuple[int, int]] = field(default_factory=list)  # device -> cpu
+    swap_in: list[tuple[int, int]] = field(default_factory=list)  # cpu -> device
+
+    def clear(self) -> None:
+        self.copies.clear()
+        self.swap_out.clear()
+        self.swap_in.clear()
+
+
+class BlockManager:
+    """Block tables of every sequence over a device pool and a CPU swap pool."""
+
+    def __init__(
+        self, num_blocks: int, num_cpu_blocks: int, block_size: int, enable_caching: bool = True
+    ) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.pool = BlockPool(num_blocks)
+        self.cpu_pool = BlockPool(num_cpu_blocks)
+        self.tables: dict[int, list[int]] = {}
+        self._hashes: dict[int, list[int]] = {}  # chain hashes of each sequence's full blocks
+        self._registered: dict[int, int] = {}  # how many leading blocks are indexed
+        self._swapped: set[int] = set()  # sequences whose tables hold CPU block ids
+        self._pins: dict[int, list[int]] = {}  # pin handle -> pinned blocks
+        self.plan = SwapPlan()
+        self.prefix_hit_tokens = 0
+
+    # -- hashing ---------------------------------------------------------------------------------
+    def _block_hashes(self, seq: Sequence) -> list[int]:
+        hashes = self._hashes.setdefault(seq.seq_id, [])
+        bs = self.block_size
+        tokens = seq.token_ids
+        parent = hashes[-1] if hashes else None
+        for i in range(len(hashes), len(tokens) // bs):
+            parent = chain_hash(parent, tuple(tokens[i * bs : (i + 1) * bs]))
+            hashes.append(parent)
+        return hashes
+
+    def _prefix_hits(self, seq: Sequence) -> list[int]:
+        """Cached blocks matching the sequence's leading full blocks (never its last token)."""
+        if not self.enable_caching:
+            return []
+        hits: list[int] = []
+        max_blocks = (len(seq) - 1) // self.block_size
+        for h in self._block_hashes(seq)[:max_blocks]:
+            block = self.pool.lookup(h)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    # -- capacity checks ---------------------------------------------------------------------------
+    def computed_tokens(self, seq: Sequence) -> int:
+        """Tokens of ``seq`` already in the cache, counting prefix hits it would take on admission."""
+        if seq.seq_id in self.tables:
+            return seq.num_computed_tokens
+        return len(self._prefix_hits(seq)) * self.block_size
+
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Fresh blocks (copy-on-write included) to extend ``seq`` by ``num_new_tokens``."""
+        table = self.tables.get(seq.seq_id)
+        if table is None:
+            hits = self._prefix_hits(seq)
+            computed = len(hits) * self.block_size
+            total = -(-(computed + num_new_tokens) // self.block_size)
+            # hit blocks that sit in the evictable LRU stop being available once taken
+            taken = sum(1 for b in hits if self.pool.is_evictable(b))
+            return total - len(hits) + taken
+        start = seq.num_computed_tokens
+        total = -(-(start + num_new_tokens) // self.block_size)
+        need = total - len(table)
+        first = start // self.block_size
+        if first < len(table) and self.pool.ref[table[first]] > 1:
+            need += 1  # copy-on-write of the shared block we write into
+        return need
+
+    def can_allocate(self, demands: list[tuple[Sequence, int]], reserve: int = 0) -> bool:
+        need = sum(self.blocks_needed(s, k) for s, k in demands)
+        return need + reserve <= self.pool.num_free
+
+    # -- allocation --------------------------------------------------------------------------------
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Make room for ``num_new_tokens`` more tokens of ``seq``.
+
+        On a sequence's first call its leading full blocks are looked up in the prefix index and
+        shared; returns how many tokens that reused (0 on later calls).
+        """
+        hit_tokens = 0
+        table = self.tables.get(seq.seq_id)
+        if table is None:
+            hits = self._prefix_hits(seq)
+            for b in hits:
+                self.pool.incref(b)
+            table = self.tables[seq.seq_id] = hits
+            self._registered[seq.seq_id] = len(hits)
+            seq.num_computed_tokens = hit_tokens = len(hits) * self.block_size
+            self.prefix_hit_tokens += hit_tokens
+        bs = self.block_size
+        first = seq.num_computed_tokens // bs
+        if first < len(table) and self.pool.ref[table[first]] > 1:
+            fresh = self.pool.allocate()
+            self.plan.copies.append((table[first], fresh))
+            self.pool.decref(table[first])
+            table[first] = fresh
+        total = -(-(seq.num_computed_tokens + num_new_tokens) // bs)
+        while len(table) < total:
+            table.append(self.pool.allocate())
+        return hit_tokens
+
+    def commit(self, seq: Sequence) -> None:
+        """Index the blocks that became full of computed tokens (reuse across turns)."""
+        if not self.enable_caching:
+            return
+        full = seq.num_computed_tokens // self.block_size
+        done = self._registered[seq.seq_id]
+        if full <= done:
+            return
+        hashes = self._block_hashes(seq)
+        table = self.tables[seq.seq_id]
+        for i in range(done, full):
+            self.pool.register(table[i], hashes[i])
+        self._registered[seq.seq_id] = full
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """``child`` shares every block of ``parent`` (ref counts up)."""
+        table = self.tables[parent.seq_id]
+        pool = self.cpu_pool if parent.seq_id in self._swapped else self.pool
+        for b in table:
+            pool.incref(b)
+        self.tables[child.seq_id] = list(table)
+        self._hashes[child.seq_id] = list(self._hashes.get(parent.seq_id, ()))
+        self._registered[child.seq_id] = self._registered[parent.seq_id]
+        if parent.seq_id in self._swapped:
+            self._swapped.add(child.seq_id)
+
+    def free(self, seq: Sequence) -> None:
+        """Release the sequence's blocks, tail first (so tails are evicted before heads)."""
+        table = self.tables.pop(seq.seq_id, None)
+        self._hashes.pop(seq.seq_id, None)
+        self._registered.pop(seq.seq_id, None)
+        if table is None:
+            return
+        pool = self.cpu_pool if seq.seq_id in self._swapped else self.pool
+        self._swapped.discard(seq.seq_id)
+        for b in reversed(table):
+            pool.decref(b)
+
+    def reset(self, seq: Sequence) -> None:
+        """Drop the sequence's KV (preemption by recompute): free blocks, nothing computed."""
+        self.free(seq)
+        seq.num_computed_tokens = 0
+
+    # -- swapping ----------------------------------------------------------------------------------
+    def _unique_blocks(self, seqs: list[Sequence]) -> list[int]:
+        seen: dict[int, None] = {}
+        for s in seqs:
+            for b in self.tables[s.seq_id]:
+                seen[b] = None
+        return list(seen)
+
+    def can_swap_out(self, seqs: list[Sequence]) -> bool:
+        return len(self._unique_blocks(seqs)) <= self.cpu_pool.num_free
+
+    def can_swap_in(self, seqs: list[Sequence], reserve: int = 0) -> bool:
+        return len(self._unique_blocks(seqs)) + reserve <= self.pool.num_free
+
+    def _move(self, seqs: list[Sequence], src: BlockPool, dst: BlockPool) -> list[tuple[int, int]]:
+        mapping = {b: dst.allocate() for b in self._unique_blocks(seqs)}
+        used: set[int] = set()
+        for s in seqs:
+            table = self.tables[s.seq_id]
+            for i, b in enumerate(table):
+                if b in used:
+                    dst.incref(mapping[b])
+                used.add(b)
+                src.decref(b)
+                table[i] = mapping[b]
+        return list(mapping.items())
+
+    def swap_out(self, seqs: list[Sequence]) -> None:
+        """Move a whole group to the CPU pool; blocks shared within it move once."""
+        self.plan.swap_out.extend(self._move(seqs, self.pool, self.cpu_pool))
+        self._swapped.update(s.seq_id for s in seqs)
+
+    def swap_in(self, seqs: list[Sequence]) -> None:
+        self.plan.swap_in.extend(self._move(seqs, self.cpu_pool, self.pool))
+        self._swapped.difference_update(s.seq_id for s in seqs)
+
+    # -- pins --------------------------------------------------------------------------------------
+    def pin(self, seq: Sequence, handle: int) -> int:
+        """Pin the sequence's full prompt blocks under ``handle``; returns how many."""
+        full = min(seq.prompt_len, seq.num_computed_tokens) // self.block_size
+        blocks = self.tables[seq.seq_id][:full]
+        for b in blocks:
+            self.pool.pin(b)
+        self._pins[handle] = blocks
+        return len(blocks)
+
+    def unpin(self, handle: int) -> None:
+        for b in self._pins.pop(handle, []):
+            self.pool.unpin(b)
+
+    @property
+    def num_logical_blocks(self) -> int:
+        return sum(len(t) for sid, t in self.tables.items() if sid not in self._swapped)

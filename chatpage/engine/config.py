@@ -1,0 +1,57 @@
+"""EngineConfig: the knobs of the paged engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+PreemptionMode = Literal["auto", "recompute", "swap"]
+
+MiB = 1 << 20
+
+
+@dataclass
+class EngineConfig:
+    """Configuration of an :class:`LLMEngine`.
+
+    ``kv_cache_bytes`` is the budget of the device block pool (turned into a number of blocks once
+    the model's shape is known); ``swap_space_bytes`` that of the CPU swap pool.
+    ``preemption_mode`` "auto" recomputes single-sequence groups and swaps groups of several.
+    """
+
+    block_size: int = 16
+    kv_cache_bytes: int = 512 * MiB
+    swap_space_bytes: int = 512 * MiB
+    enable_prefix_caching: bool = True
+    preemption_mode: PreemptionMode = "auto"
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 1024
+    max_model_len: int | None = None  # None: the model's own context length
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        if self.block_size not in (8, 16, 32):
+            raise ValueError(f"EngineConfig.block_size must be 8, 16 or 32, got {self.block_size}")
+        if self.kv_cache_bytes <= 0:
+            raise ValueError(f"EngineConfig.kv_cache_bytes must be > 0, got {self.kv_cache_bytes}")
+        if self.swap_space_bytes < 0:
+            raise ValueError(
+                f"EngineConfig.swap_space_bytes must be >= 0, got {self.swap_space_bytes}"
+            )
+        if self.preemption_mode not in ("auto", "recompute", "swap"):
+            raise ValueError(
+                "EngineConfig.preemption_mode must be 'auto', 'recompute' or 'swap', "
+                f"got {self.preemption_mode!r}"
+            )
+        if self.max_num_seqs < 1:
+            raise ValueError(f"EngineConfig.max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < self.block_size:
+            raise ValueError(
+                "EngineConfig.max_num_batched_tokens must be >= block_size, "
+                f"got {self.max_num_batched_tokens}"
+            )
+        if self.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"EngineConfig.dtype must be float32, bfloat16 or float16, got {self.dtype}")

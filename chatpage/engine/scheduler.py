@@ -1,0 +1,180 @@
+"""FCFS iteration-level scheduler with token/sequence budgets and all-or-nothing preemption.
+
+Every step: running groups (oldest first) get their next token or prefill chunk; when blocks run
+out, the most recently arrived group is preempted as a whole (recompute or swap). Swapped groups
+come back before waiting ones are admitted.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from dataclasses import dataclass, field
+
+from chatpage.engine.block_manager import BlockManager
+from chatpage.engine.config import EngineConfig
+from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
+
+
+@dataclass
+class ScheduledSeq:
+    group: SequenceGroup
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """This chunk reaches the end of the sequence, so its last position needs logits."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == len(self.seq)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[SequenceGroup] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    """Owns the waiting / running / swapped queues."""
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.bm = block_manager
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []  # sorted by arrival time
+        self.swapped: deque[SequenceGroup] = deque()
+        self.preemptions = {"recompute": 0, "swap": 0}
+        # keep a few blocks free when admitting new work, so running groups can grow a little
+        self.watermark = max(1, block_manager.pool.num_blocks // 100)
+
+    # -- queues ----------------------------------------------------------------------------------
+    def add(self, group: SequenceGroup) -> None:
+        self.waiting.append(group)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def remove(self, group: SequenceGroup) -> None:
+        """Take a group out of whichever queue holds it and free its blocks."""
+        for queue in (self.waiting, self.swapped):
+            if group in queue:
+                queue.remove(group)
+        if group in self.running:
+            self.running.remove(group)
+        for seq in group.seqs:
+            self.bm.free(seq)
+
+    def _insert_running(self, group: SequenceGroup) -> None:
+        group.status = GroupStatus.RUNNING
+        keys = [g.arrival_time for g in self.running]
+        self.running.insert(bisect.bisect_right(keys, group.arrival_time), group)
+
+    # -- demands ---------------------------------------------------------------------------------
+    def _demands(self, group: SequenceGroup, budget: int, alone: bool) -> list[tuple[Sequence, int]]:
+        """What each live sequence of ``group`` computes this step within ``budget`` tokens.
+
+        A single sequence may prefill in chunks; a group of several moves together (all of its
+        sequences or none), so beams and samples stay in step. ``alone`` lets the first group of
+        an empty step exceed the budget rather than stall.
+        """
+        seqs = group.live_seqs
+        if len(seqs) == 1:
+            seq = seqs[0]
+            k = min(len(seq) - self.bm.computed_tokens(seq), budget)
+            return [(seq, k)] if k > 0 else []
+        demands = [(s, len(s) - self.bm.computed_tokens(s)) for s in seqs]
+        total = sum(k for _, k in demands)
+        return demands if total <= budget or alone else []
+
+    # -- preemption ------------------------------------------------------------------------------
+    def _mode(self, group: SequenceGroup) -> str:
+        mode = self.config.preemption_mode
+        if mode == "auto":
+            mode = "swap" if len(group.live_seqs) > 1 else "recompute"
+        if mode == "swap" and not self.bm.can_swap_out(group.live_seqs):
+            mode = "recompute"  # no CPU space left: dropping the KV is the only way
+        return mode
+
+    def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
+        self.running.remove(group)
+        mode = self._mode(group)
+        self.preemptions[mode] += 1
+        if mode == "swap":
+            self.bm.swap_out(group.live_seqs)
+            group.status = GroupStatus.SWAPPED
+            self.swapped.append(group)
+        else:
+            for seq in group.live_seqs:
+                self.bm.reset(seq)
+            group.status = GroupStatus.WAITING
+            self.waiting.appendleft(group)
+        out.preempted.append(group)
+
+    # -- the step --------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        seq_budget = self.config.max_num_seqs
+
+        def take(group: SequenceGroup, demands: list[tuple[Sequence, int]]) -> None:
+            nonlocal budget, seq_budget
+            for seq, k in demands:
+                hits = self.bm.allocate_slots(seq, k)
+                if not group.started:
+                    group.prefix_hit_tokens += hits
+                out.scheduled.append(ScheduledSeq(group, seq, k))
+                budget -= k
+            seq_budget -= len(demands)
+            group.started = True
+
+        # 1. running groups, oldest first; preempt the newest when blocks run out
+        i = 0
+        while i < len(self.running):
+            group = self.running[i]
+            demands = self._demands(group, budget, alone=not out.scheduled)
+            if not demands or len(demands) > seq_budget:
+                i += 1
+                continue
+            while not self.bm.can_allocate(demands):
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is group:
+                    break
+            else:
+                take(group, demands)
+                i += 1
+
+        # 2. swapped groups come back first, in order, if nothing was preempted this step
+        while self.swapped and not out.preempted:
+            group = self.swapped[0]
+            seqs = group.live_seqs
+            demands = [(s, s.num_uncomputed) for s in seqs]
+            if len(seqs) > seq_budget or sum(k for _, k in demands) > budget:
+                break
+            if not self.bm.can_swap_in(seqs, reserve=self.watermark):
+                break
+            self.swapped.popleft()
+            self.bm.swap_in(seqs)
+            if not self.bm.can_allocate(demands):  # swapped back but no room to step yet
+                self._insert_running(group)
+                break
+            take(group, demands)
+            self._insert_running(group)
+
+        # 3. waiting groups, strictly first come first served
+        while self.waiting and not self.swapped and not out.preempted:
+            group = self.waiting[0]
+            demands = self._demands(group, budget, alone=not out.scheduled)
+            if not demands or len(demands) > seq_budget:
+                break
+            reserve = self.watermark if self.running else 0
+            if not self.bm.can_allocate(demands, reserve=reserve):
+                break
+            self.waiting.popleft()
+            take(group, demands)
+            self._insert_running(group)
+        return out
