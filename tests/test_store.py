@@ -1,0 +1,330 @@
+"""SQLite store: CRUD, alternatives, search, export/import, migrations and fault handling."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import stat
+from pathlib import Path
+
+import pytest
+
+from chatpage import store as store_module
+from chatpage.store import (
+    DB_NAME,
+    SCHEMA_VERSION,
+    SNIPPET_MARKS,
+    Store,
+    make_title,
+    migrate,
+)
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    with Store.open(tmp_path / "data" / DB_NAME) as opened:
+        yield opened
+
+
+def chat(store: Store, *turns: str, title: str = "t", persona: str = "assistant") -> int:
+    sid = store.create_session(title, persona, {"temperature": 0.2})
+    for n, text in enumerate(turns):
+        store.add_message(sid, ("user", "assistant")[n % 2], text)
+    return sid
+
+
+def test_default_location_follows_xdg_and_is_private(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    with Store.open() as opened:
+        assert opened.persistent and opened.notice is None
+        assert opened.path == tmp_path / "xdg" / "chatpage" / DB_NAME
+    data = tmp_path / "xdg" / "chatpage"
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    conn = sqlite3.connect(data / DB_NAME)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_session_crud_and_order(store: Store) -> None:
+    a = store.create_session("first", "coder", {"temperature": 0.2, "top_k": 5})
+    b = store.create_session("second", "writer", None)
+    assert [s.id for s in store.list_sessions()] == [b, a]
+    store.add_message(a, "user", "hi")  # activity moves a chat to the top
+    sessions = store.list_sessions()
+    assert [s.id for s in sessions] == [a, b]
+    assert sessions[0].settings == {"temperature": 0.2, "top_k": 5}
+    assert sessions[0].message_count == 1 and sessions[1].settings == {}
+    store.rename_session(a, "renamed")
+    store.update_session(b, persona="tutor", settings={"seed": 1})
+    assert store.get_session(a).title == "renamed"
+    assert (store.get_session(b).persona, store.get_session(b).settings) == ("tutor", {"seed": 1})
+    assert [s.id for s in store.list_sessions()] == [a, b]  # renaming does not reorder
+    store.delete_session(a)
+    assert store.get_session(a) is None and store.messages(a) == []
+    assert store.search("hi") == []  # the FTS index follows cascaded deletes
+    with pytest.raises(KeyError):
+        store.delete_session(a)
+    with pytest.raises(KeyError):
+        store.rename_session(999, "x")
+
+
+def test_messages_ordered_and_updated(store: Store) -> None:
+    sid = chat(store, "q1", "a1", "q2")
+    reply = store.add_message(sid, "assistant", "", status="streaming")
+    store.update_message(reply, content="partial")
+    store.update_message(reply, content="full answer", status="done",
+                         metadata={"tokens": 3, "tok_s": 41.5, "ttft": 0.12, "prefix_hits": 32})
+    rows = store.messages(sid)
+    assert [(m.position, m.role, m.content) for m in rows] == [
+        (0, "user", "q1"), (1, "assistant", "a1"), (2, "user", "q2"),
+        (3, "assistant", "full answer")]
+    assert rows[-1].metadata == {"tokens": 3, "tok_s": 41.5, "ttft": 0.12, "prefix_hits": 32}
+    assert rows[-1].status == "done" and rows[-1].group_id is None and rows[-1].kept
+    with pytest.raises(ValueError, match="role must be one of"):
+        store.add_message(sid, "robot", "x")
+    with pytest.raises(ValueError, match="status must be one of"):
+        store.update_message(reply, status="finished")
+    with pytest.raises(KeyError):
+        store.add_message(12345, "user", "x")
+    with pytest.raises(KeyError):
+        store.update_message(12345, content="x")
+
+
+def test_alternatives_are_siblings_with_one_kept(store: Store) -> None:
+    sid = chat(store, "question")
+    first = store.add_message(sid, "assistant", "answer A")
+    second = store.add_message(sid, "assistant", "answer B", group_id=first)
+    third = store.add_message(sid, "assistant", "answer C", group_id=second, kept=False)
+    follow = store.add_message(sid, "user", "thanks")
+    rows = store.messages(sid)
+    assert [(m.id, m.position, m.group_id, m.kept) for m in rows] == [
+        (rows[0].id, 0, None, True),
+        (first, 1, first, False), (second, 1, first, True), (third, 1, first, False),
+        (follow, 2, None, True)]
+    assert [m.content for m in store.messages(sid, kept_only=True)] == [
+        "question", "answer B", "thanks"]
+    store.keep_alternative(first, third)
+    assert [m.id for m in store.messages(sid) if m.kept] == [rows[0].id, third, follow]
+    assert store.get_session(sid).message_count == 3
+    with pytest.raises(ValueError):
+        store.keep_alternative(first, follow)
+    with pytest.raises(ValueError):  # a user message cannot join an assistant reply's group
+        store.add_message(sid, "user", "x", group_id=first)
+    other = chat(store, "elsewhere")
+    with pytest.raises(ValueError):
+        store.add_message(other, "assistant", "x", group_id=first)
+
+
+def test_streaming_becomes_interrupted(store: Store) -> None:
+    sid = chat(store, "q")
+    live = store.add_message(sid, "assistant", "half", status="streaming")
+    stopped = store.add_message(sid, "assistant", "s", status="stopped")
+    assert store.mark_streaming_interrupted() == 1
+    statuses = {m.id: m.status for m in store.messages(sid)}
+    assert statuses[live] == "interrupted" and statuses[stopped] == "stopped"
+    assert store.mark_streaming_interrupted() == 0
+
+
+@pytest.mark.parametrize(
+    "term",
+    ['"', '""', "'", "(", ")", "[x]", "*", "-", "-paged", "paged*", "a OR b", "NOT", "NEAR(a b)",
+     "col:paged", "^paged", "+", "\x00", "  ", "'; DROP TABLE messages; --", "\\"],
+)
+def test_search_never_raises_on_user_text(store: Store, term: str) -> None:
+    chat(store, "paged attention with [brackets] and \"quotes\" -dash- * star", "ok")
+    assert isinstance(store.search(term), list)
+    assert store.messages(1)  # nothing was dropped
+
+
+def test_search_matches_words_literally(store: Store) -> None:
+    a = chat(store, "How does paged attention work?", "It splits the KV cache into blocks.",
+             title="paging")
+    b = chat(store, "Write a haiku about café mornings", "Steam rises slowly", title="poems")
+    hit = store.search("paged")[0]
+    assert (hit.session_id, hit.session_title, hit.role) == (a, "paging", "user")
+    start, end = SNIPPET_MARKS
+    assert f"{start}paged{end}" in hit.snippet
+    assert [h.session_id for h in store.search("cafe")] == [b]  # diacritics folded
+    assert store.search("kv blocks")[0].role == "assistant"  # every word, any order
+    assert store.search("blocks kv paged") == []
+    assert [h.session_id for h in store.search("[paged]")] == [a]  # brackets are not syntax
+    assert [h.session_id for h in store.search('"attention"')] == [a]
+    assert [h.session_id for h in store.search("hai")] == [b]  # last word is a prefix
+    assert store.search("-") == [] and store.search("") == []
+    message_id = store.messages(b)[1].id
+    store.update_message(message_id, content="Fog lifts")  # the index follows updates
+    assert store.search("steam") == [] and store.search("fog")[0].message_id == message_id
+
+
+def test_injection_strings_are_stored_literally(store: Store) -> None:
+    evil = "Robert'); DROP TABLE sessions; --"
+    sid = store.create_session(evil, "x'); DELETE FROM messages; --", {"k": "'; --"})
+    store.add_message(sid, "user", evil + ' "quoted" %s ? :name')
+    assert store.get_session(sid).title == evil
+    assert store.get_session(sid).persona == "x'); DELETE FROM messages; --"
+    assert store.messages(sid)[0].content == evil + ' "quoted" %s ? :name'
+    assert store.search("DROP TABLE")[0].session_id == sid
+
+
+def test_make_title() -> None:
+    assert make_title("  hello   world \n second line") == "hello world"
+    assert make_title("\n\n  \nfirst real line") == "first real line"
+    assert make_title("") == "New chat" and make_title(" \n ") == "New chat"
+    long = make_title("Explain how the paged attention kernel handles grouped query heads")
+    assert long.endswith("…") and len(long) <= 40 and long.startswith("Explain how the paged")
+    assert not long[:-1].endswith(" ")
+    unbroken = make_title("x" * 100)
+    assert unbroken == "x" * 39 + "…"
+
+
+def full_chat(store: Store) -> int:
+    sid = store.create_session("Tricky «chat»", "coder", {"temperature": 0.2, "seed": 7})
+    store.add_message(sid, "system", "be brief")
+    store.add_message(sid, "user", "line 1\nline 2 ünïcödé 🙂")
+    a = store.add_message(sid, "assistant", "A", metadata={"tokens": 1, "tok_s": 9.5})
+    store.add_message(sid, "assistant", "B", status="stopped", group_id=a)
+    store.add_message(sid, "assistant", "C", status="error", group_id=a, kept=False)
+    store.add_message(sid, "user", "more")
+    store.add_message(sid, "assistant", "half", status="streaming", metadata={"ttft": 0.5})
+    return sid
+
+
+def test_export_json_round_trip_is_exact(store: Store) -> None:
+    sid = full_chat(store)
+    exported = store.export_session(sid, "json")
+    doc = json.loads(exported)
+    assert doc["format"] == "chatpage-session" and doc["version"] == 1
+    assert [m["group"] for m in doc["messages"]] == [None, None, 1, 1, 1, None, None]
+    assert [m["kept"] for m in doc["messages"]] == [True, True, False, True, False, True, True]
+    new = store.import_json(exported)
+    assert new != sid
+    assert store.export_session(new, "json") == exported
+    original, copy = store.messages(sid), store.messages(new)
+    assert [(m.position, m.role, m.content, m.status, m.metadata, m.kept) for m in original] == \
+           [(m.position, m.role, m.content, m.status, m.metadata, m.kept) for m in copy]
+    assert len({m.group_id for m in copy if m.group_id is not None}) == 1
+
+
+def test_export_markdown_shows_the_kept_transcript(store: Store) -> None:
+    sid = full_chat(store)
+    md = store.export_session(sid, "md")
+    assert md.startswith("# Tricky «chat»\n")
+    assert "- Persona: coder" in md and "temperature=0.2" in md
+    assert "## User\n\nline 1\nline 2 ünïcödé 🙂\n" in md
+    assert "## Assistant\n\nB\n\n*(stopped)*" in md and "1 of 3 alternatives" in md
+    assert "\nA\n" not in md and "\nC\n" not in md
+    assert "*(streaming)*" in md
+    with pytest.raises(ValueError):
+        store.export_session(sid, "html")  # type: ignore[arg-type]
+    with pytest.raises(KeyError):
+        store.export_session(999, "md")
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("not json", "not valid JSON"),
+        ("[]", "not a chatpage export"),
+        ('{"format": "chatpage-session", "version": 99}', "unsupported export version"),
+        ('{"format": "chatpage-session", "version": 1, "title": 3, "persona": "p",'
+         ' "messages": []}', "'title' must be text"),
+        ('{"format": "chatpage-session", "version": 1, "title": "t", "persona": "p",'
+         ' "messages": [{"role": "robot", "content": "x"}]}', "message 1: role must be one of"),
+        ('{"format": "chatpage-session", "version": 1, "title": "t", "persona": "p",'
+         ' "messages": [{"role": "user", "content": "x", "metadata": []}]}',
+         "'metadata' must be an object"),
+    ],
+)
+def test_import_rejects_bad_input_atomically(store: Store, text: str, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
+        store.import_json(text)
+    assert store.list_sessions() == []
+
+
+def test_import_minimal(store: Store) -> None:
+    sid = store.import_json('{"format": "chatpage-session", "version": 1, "title": "t", '
+                            '"persona": "p", "messages": [{"role": "user", "content": "x"}]}')
+    (msg,) = store.messages(sid)
+    assert (msg.content, msg.status, msg.kept, msg.metadata) == ("x", "done", True, {})
+
+
+def test_migrates_an_empty_v0_database(tmp_path: Path) -> None:
+    path = tmp_path / DB_NAME
+    sqlite3.connect(path).close()  # exists, version 0, no tables
+    with Store.open(path) as opened:
+        assert opened.persistent and opened.notice is None
+        chat(opened, "hello")
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+    assert {"sessions", "messages", "messages_fts"} <= tables
+    assert migrate(conn) == SCHEMA_VERSION  # already current: nothing to do
+    with Store.open(path) as reopened:  # data survives a reopen
+        assert [m.content for m in reopened.messages(1)] == ["hello"]
+
+
+def test_newer_schema_is_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / DB_NAME
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with Store.open(path) as opened:
+        assert not opened.persistent and "upgrade chatpage" in opened.notice
+    assert path.exists() and not list(tmp_path.glob("*.corrupt-*"))
+
+
+@pytest.mark.parametrize("garbage", [b"this is not a database at all" * 200, b"SQLite format 3\x00"
+                                     + b"\xff" * 5000])
+def test_corrupt_file_is_moved_aside(tmp_path: Path, garbage: bytes) -> None:
+    path = tmp_path / DB_NAME
+    path.write_bytes(garbage)
+    (tmp_path / (DB_NAME + "-wal")).write_bytes(b"stale")  # must not leak into the new db
+    with Store.open(path) as opened:
+        assert opened.persistent
+        (moved,) = tmp_path.glob(DB_NAME + ".corrupt-*[0-9]")
+        assert moved.read_bytes() == garbage
+        assert opened.notice is not None and "\n" not in opened.notice
+        assert str(moved) in opened.notice
+        chat(opened, "fresh start")
+    with Store.open(path) as reopened:
+        assert reopened.notice is None and len(reopened.list_sessions()) == 1
+
+
+def test_unusable_data_dir_falls_back_to_memory(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("a regular file where the data dir should be")
+    with Store.open(blocker / "chatpage" / DB_NAME) as opened:
+        assert not opened.persistent
+        assert opened.notice.startswith("chatpage is running without saving chats")
+        assert str(blocker / "chatpage" / DB_NAME) in opened.notice and "\n" not in opened.notice
+        sid = chat(opened, "still works in memory")  # the app keeps working
+        assert opened.search("memory")[0].session_id == sid
+    assert blocker.read_text().startswith("a regular file")
+
+
+def test_read_only_dir_or_file_falls_back_to_memory(tmp_path: Path, monkeypatch) -> None:
+    data = tmp_path / "data"
+    path = data / DB_NAME
+    with Store.open(path) as first:
+        chat(first, "saved before")
+    data.chmod(0o500)
+    path.chmod(0o400)
+    # Running as root ignores these modes, so also open the file the way SQLite does for a
+    # read-only file (mode=ro): real SQLite then refuses every write.
+    real_connect = store_module._connect
+    monkeypatch.setattr(store_module, "_connect", lambda target: real_connect(target)
+                        if target == ":memory:" else
+                        sqlite3.connect(f"file:{target}?mode=ro", uri=True, isolation_level=None))
+    try:
+        with Store.open(path) as opened:
+            assert not opened.persistent
+            assert "running without saving" in opened.notice and str(path) in opened.notice
+            assert opened.list_sessions() == []  # in memory, empty
+            chat(opened, "not saved")
+    finally:
+        data.chmod(0o700)
+        path.chmod(0o600)
+        monkeypatch.undo()
+    assert not list(data.glob("*.corrupt-*"))  # an unwritable file is not treated as corrupt
+    with Store.open(path) as reopened:
+        assert [s.message_count for s in reopened.list_sessions()] == [1]
