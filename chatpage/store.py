@@ -530,7 +530,8 @@ def _to_json(session: SessionRow, messages: list[MessageRow]) -> str:
     return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
 
 
-def _local_time(stamp: str) -> str:
+def local_time(stamp: str) -> str:
+    """A stored UTC timestamp as local "YYYY-MM-DD HH:MM" (unchanged if it is not ISO 8601)."""
     try:
         return datetime.fromisoformat(stamp).astimezone().strftime("%Y-%m-%d %H:%M")
     except ValueError:
@@ -540,8 +541,8 @@ def _local_time(stamp: str) -> str:
 def _to_markdown(session: SessionRow, messages: list[MessageRow]) -> str:
     lines = [f"# {session.title}", "",
              f"- Persona: {session.persona}",
-             f"- Started: {_local_time(session.created_at)}",
-             f"- Updated: {_local_time(session.updated_at)}"]
+             f"- Started: {local_time(session.created_at)}",
+             f"- Updated: {local_time(session.updated_at)}"]
     if session.settings:
         listed = ", ".join(f"{k}={v}" for k, v in session.settings.items())
         lines.append(f"- Settings: {listed}")

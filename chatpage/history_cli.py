@@ -1,0 +1,176 @@
+"""`chatpage history | history search | export | import | config`: saved chats and settings
+from the command line.
+
+`register(subparsers)` adds the subcommands; each sets ``func`` to a handler that takes the
+parsed args and returns the exit code (0 ok, 1 failed; argparse itself exits 2 on bad usage).
+Errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from chatpage.settings import SETTING_KEYS, Settings, config_path, format_size, load_settings
+from chatpage.store import Store, local_time
+
+PROG = "chatpage"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `history` (with `history search`), `export`, `import` and `config` to a parser.
+
+    `config` also honours, when the main parser defines them, ``args.config_file`` (another
+    config.yaml) and command-line overrides named like the settings (``args.kv_cache``,
+    ``args.block_size``, ``args.model``, ``args.theme``, ``args.default_persona``; None = unset).
+    """
+    history = subparsers.add_parser(
+        "history", help="list saved chats",
+        description="List saved chats, most recent first; `history search TERM` searches them.")
+    history.set_defaults(func=cmd_history)
+    history_sub = history.add_subparsers(dest="history_command", metavar="{search}")
+    search = history_sub.add_parser(
+        "search", help="search the text of saved chats",
+        description="Find messages containing every word of TERM (case and accents ignored).")
+    search.add_argument("term", nargs="+", metavar="TERM", help="words to look for")
+    search.set_defaults(func=cmd_search)
+
+    export = subparsers.add_parser(
+        "export", help="write a saved chat as Markdown or JSON",
+        description="Write a saved chat as Markdown (to read) or JSON (to import again).")
+    export.add_argument("session", type=int, metavar="SESSION", help="chat id (see `history`)")
+    export.add_argument("-f", "--format", choices=("md", "json"), default="md",
+                        help="output format (default: md)")
+    export.add_argument("-o", "--output", type=Path, metavar="FILE",
+                        help="write to FILE instead of standard output")
+    export.set_defaults(func=cmd_export)
+
+    imp = subparsers.add_parser(
+        "import", help="add a chat from a JSON export",
+        description="Add a chat from a file written by `export --format json`.")
+    imp.add_argument("file", type=Path, metavar="FILE.json")
+    imp.set_defaults(func=cmd_import)
+
+    config = subparsers.add_parser(
+        "config", help="show the effective settings",
+        description="Show each setting, its value and where it came from, plus any warnings.")
+    config.set_defaults(func=cmd_config)
+
+
+def _fail(message: str, code: int = 1) -> int:
+    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
+    return code
+
+
+def _one_line(text: str) -> str:
+    """Text safe to print on one terminal line: no control characters or escape sequences."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
+def _open_store() -> Store:
+    store = Store.open()
+    if store.notice:
+        print(f"{PROG}: {store.notice}", file=sys.stderr)
+    return store
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[str]],
+           out: Callable[[str], Any] = print) -> None:
+    """Columns padded to their widest cell; the last column is left ragged."""
+    rows = [list(headers)] + [list(r) for r in rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(headers) - 1)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        out("  ".join(cells + [row[-1]]).rstrip())
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """List saved chats: id, last update, persona, message count, title."""
+    with _open_store() as store:
+        sessions = store.list_sessions()
+    if not sessions:
+        print("No saved chats yet.")
+        return 0
+    _table(("ID", "UPDATED", "PERSONA", "MESSAGES", "TITLE"),
+           ((str(s.id), local_time(s.updated_at), _one_line(s.persona), str(s.message_count),
+             _one_line(s.title)) for s in sessions))
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    """Print the messages matching the search words, with their chat and a snippet."""
+    term = " ".join(args.term)
+    with _open_store() as store:
+        hits = store.search(term)
+    if not hits:
+        print(f"No messages match {term!r}.")
+        return 0
+    _table(("ID", "CHAT", "ROLE", "SNIPPET"),
+           ((str(h.session_id), _one_line(h.session_title), h.role, _one_line(h.snippet))
+            for h in hits))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Write one chat as Markdown or JSON to stdout or to --output."""
+    with _open_store() as store:
+        try:
+            text = store.export_session(args.session, args.format)
+        except KeyError:
+            return _fail(f"no chat with id {args.session}; `{PROG} history` lists them")
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    try:
+        args.output.write_text(text, encoding="utf-8")
+    except OSError as err:
+        return _fail(f"cannot write {args.output}: {err.strerror or err}")
+    print(f"Exported chat {args.session} to {args.output}.", file=sys.stderr)
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    """Add a chat from a JSON export; prints the new chat's id."""
+    try:
+        text = args.file.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        return _fail(f"{args.file}: not UTF-8 text; is it a JSON export?")
+    except OSError as err:
+        return _fail(f"cannot read {args.file}: {err.strerror or err}")
+    with _open_store() as store:
+        if not store.persistent:
+            return _fail("nothing was imported because chats cannot be saved (see above)")
+        try:
+            session_id = store.import_json(text)
+        except ValueError as err:
+            return _fail(f"{args.file}: {err}")
+        title = store.get_session(session_id).title
+    print(f"Imported chat {session_id}: {_one_line(title)}")
+    return 0
+
+
+def _describe(key: str, settings: Settings) -> str:
+    value = getattr(settings, key)
+    if key == "model" and value is None:
+        return "(the default model)"
+    if key == "kv_cache":
+        return f"{format_size(value)} ({value} bytes)"
+    if key == "bindings":
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "(none)"
+    return str(value)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Print every effective setting with its value and source, then warnings on stderr."""
+    path = getattr(args, "config_file", None) or config_path()
+    overrides = {key: getattr(args, key, None) for key in SETTING_KEYS if key != "bindings"}
+    settings, warnings = load_settings(Path(path), overrides)
+    print(f"config file: {path}" + ("" if Path(path).exists() else " (not found)"))
+    _table(("SETTING", "SOURCE", "VALUE"),
+           ((key, settings.sources[key], _describe(key, settings)) for key in SETTING_KEYS))
+    for warning in warnings:
+        print(f"{PROG}: warning: {_one_line(warning)}", file=sys.stderr)
+    return 0
