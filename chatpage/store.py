@@ -180,9 +180,13 @@ _UNWRITABLE = {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_
 def _cannot_write(err: sqlite3.Error, path: Path) -> bool:
     """True when the file is fine but we may not write it (vs. a file we cannot use at all)."""
     code = getattr(err, "sqlite_errorcode", None)
-    unreadable = path.exists() and not os.access(path, os.R_OK)
     return isinstance(err, NewerSchemaError) or (
-        code is not None and code & 0xFF in _UNWRITABLE and not unreadable)
+        code is not None and code & 0xFF in _UNWRITABLE and not _unreadable(path))
+
+
+def _unreadable(path: Path) -> bool:
+    """A database file that exists but that we may not read (moved aside like a corrupt one)."""
+    return path.is_file() and not os.access(path, os.R_OK)
 
 
 def _move_aside(path: Path) -> Path:

@@ -328,3 +328,24 @@ def test_read_only_dir_or_file_falls_back_to_memory(tmp_path: Path, monkeypatch)
     assert not list(data.glob("*.corrupt-*"))  # an unwritable file is not treated as corrupt
     with Store.open(path) as reopened:
         assert [s.message_count for s in reopened.list_sessions()] == [1]
+
+
+def test_unreadable_file_is_moved_aside(tmp_path: Path, monkeypatch) -> None:
+    path = tmp_path / DB_NAME
+    path.write_bytes(b"someone else's bytes")
+    # Root reads any file, so stand in for a non-root user: the file reports unreadable and
+    # the first connection gets SQLite's real "unable to open" (a directory cannot be opened).
+    real_connect = store_module._connect
+    targets: list[object] = []
+
+    def connect(target):
+        targets.append(target)
+        return real_connect(tmp_path if len(targets) == 1 else target)
+
+    monkeypatch.setattr(store_module, "_connect", connect)
+    monkeypatch.setattr(store_module, "_unreadable", lambda p: p == path and len(targets) == 1)
+    with Store.open(path) as opened:
+        assert opened.persistent and "could not be read" in opened.notice
+        (moved,) = tmp_path.glob(DB_NAME + ".corrupt-*")
+        assert moved.read_bytes() == b"someone else's bytes"
+        chat(opened, "fresh")
