@@ -8,6 +8,8 @@ import stat
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from chatpage import store as store_module
 from chatpage.store import (
@@ -134,6 +136,38 @@ def test_search_never_raises_on_user_text(store: Store, term: str) -> None:
     chat(store, "paged attention with [brackets] and \"quotes\" -dash- * star", "ok")
     assert isinstance(store.search(term), list)
     assert store.messages(1)  # nothing was dropped
+
+
+fuzz = settings(max_examples=40, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@fuzz
+@given(term=st.text(max_size=24))
+def test_search_fuzz(store: Store, term: str) -> None:
+    if not store.list_sessions():
+        chat(store, "some * text (with) \"syntax\" - NEAR OR AND")
+    for hit in store.search(term):
+        assert hit.session_id == 1
+
+
+@fuzz
+@given(
+    title=st.text(max_size=20),
+    contents=st.lists(st.text(max_size=40), min_size=1, max_size=4),
+    metadata=st.dictionaries(st.text(max_size=5), st.integers() | st.floats(allow_nan=False)
+                             | st.text(max_size=5) | st.none(), max_size=3),
+)
+def test_json_round_trip_fuzz(store: Store, title: str, contents: list[str],
+                              metadata: dict) -> None:
+    sid = store.create_session(title, "p", {"nested": {"x": metadata}})
+    first = None
+    for text in contents:
+        msg = store.add_message(sid, "assistant", text, metadata=metadata, group_id=first)
+        first = first or msg
+    exported = store.export_session(sid, "json")
+    assert store.export_session(store.import_json(exported), "json") == exported
+    assert [m.content for m in store.messages(sid)] == contents
 
 
 def test_search_matches_words_literally(store: Store) -> None:
