@@ -1,0 +1,188 @@
+"""`chatpage`: the TUI by default; `ask`, `personas`, `bench`, `history`, `export`, ... subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from chatpage import history_cli
+from chatpage.personas import default_persona, find_persona, load_personas
+from chatpage.settings import load_settings, parse_size
+
+
+def _size(value: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _engine_config(settings):
+    from chatpage.engine import EngineConfig
+
+    return EngineConfig(kv_cache_bytes=settings.kv_cache, block_size=settings.block_size)
+
+
+def _settings(args):
+    settings, warnings = load_settings(overrides={
+        "model": getattr(args, "model", None), "kv_cache": getattr(args, "kv_cache", None),
+    })
+    for w in warnings:
+        print(f"chatpage: warning: {w}", file=sys.stderr)
+    return settings
+
+
+# -- chatpage (the TUI) ----------------------------------------------------------------------------
+def cmd_tui(args) -> int:
+    from chatpage.ui.app import ChatApp
+
+    settings = _settings(args)
+    ChatApp(model=settings.model, config=_engine_config(settings), settings=settings).run()
+    return 0
+
+
+# -- chatpage ask ----------------------------------------------------------------------------------
+def cmd_ask(args) -> int:
+    from chatpage.conversation import render_prompt
+    from chatpage.engine import LLMEngine, SamplingParams
+
+    settings = _settings(args)
+    personas, errors = load_personas()
+    for err in errors:
+        print(f"chatpage: warning: {err}", file=sys.stderr)
+    if args.persona:
+        persona = find_persona(personas, args.persona)
+        if persona is None:
+            names = ", ".join(p.name for p in personas)
+            print(f"chatpage: error: no persona named {args.persona!r}; choose one of: {names}",
+                  file=sys.stderr)
+            return 2
+    else:
+        persona = default_persona(personas, settings.default_persona)
+    system = args.system if args.system is not None else persona.system_prompt
+    defaults = persona.sampling() if args.system is None or args.persona else {}
+    question = args.question
+    if not sys.stdin.isatty():
+        context = sys.stdin.read()
+        if context.strip():
+            question = f"{context.rstrip()}\n\n{question}"
+    try:
+        params = SamplingParams(
+            n=args.n, beam_width=args.beam,
+            temperature=_pick(args.temperature, defaults.get("temperature"), 0.0),
+            top_p=_pick(args.top_p, defaults.get("top_p"), 1.0),
+            top_k=_pick(None, defaults.get("top_k"), 0),
+            seed=_pick(args.seed, defaults.get("seed"), None),
+            max_tokens=_pick(args.max_tokens, defaults.get("max_tokens"), 512),
+        )
+        engine = LLMEngine.from_pretrained(settings.model, _engine_config(settings))
+        ids = render_prompt(engine.tokenizer, [
+            {"role": "system", "content": system}, {"role": "user", "content": question},
+        ])
+        rid = engine.add_request(ids, params)
+    except ValueError as e:  # bad sampling values, missing model, prompt too long, KV too small
+        print(f"chatpage: error: {e}", file=sys.stderr)
+        return 2
+    shown = 0
+    final = None
+    while final is None:
+        for out in engine.step():
+            if out.request_id != rid:
+                continue
+            if params.width == 1:
+                text = out.outputs[0].text
+                sys.stdout.write(text[shown:])
+                sys.stdout.flush()
+                shown = len(text)
+            if out.finished:
+                final = out
+    if final.error:
+        print(f"\nchatpage: error: {final.error}", file=sys.stderr)
+        return 1
+    if params.width == 1:
+        sys.stdout.write("\n")
+        return 0
+    label = "beam" if params.use_beam_search else "sample"
+    for c in final.outputs:
+        score = f"score {c.score:.3f}, " if c.score is not None else ""
+        print(f"--- {label} {c.index + 1} ({score}logprob {c.cumulative_logprob:.2f}, "
+              f"{len(c.token_ids)} tokens, {c.finish_reason})")
+        print(c.text)
+    return 0
+
+
+def _pick(given, persona_value, fallback):
+    if given is not None:
+        return given
+    return persona_value if persona_value is not None else fallback
+
+
+# -- chatpage personas ------------------------------------------------------------------------------
+def cmd_personas(args) -> int:
+    personas, errors = load_personas()
+    for p in personas:
+        print(f"{p.name:<14} {p.description}  [{p.source}]")
+    for err in errors:
+        print(f"error: {err}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+# -- chatpage bench ----------------------------------------------------------------------------------
+BENCHES = ("kernel", "throughput", "memory", "serve", "prefix", "sharing")
+
+
+def cmd_bench(args) -> int:
+    import importlib
+
+    module = importlib.import_module(f"chatpage.bench.{args.which}")
+    return module.main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="chatpage",
+        description="Chat in the terminal with a local model served by a paged KV-cache engine.",
+    )
+    parser.add_argument("--model", help="HF model directory or .gguf file (default: SmolLM2-135M)")
+    parser.add_argument("--kv-cache", type=_size, metavar="SIZE",
+                        help="KV cache budget, e.g. 512MiB or 2G")
+    parser.set_defaults(func=cmd_tui)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    ask = sub.add_parser("ask", help="answer one question on stdout (piped input is context)")
+    ask.add_argument("question")
+    ask.add_argument("--persona", help="persona name (see `chatpage personas`)")
+    ask.add_argument("--system", help="system prompt (instead of the persona's)")
+    ask.add_argument("--model", help="HF model directory or .gguf file")
+    ask.add_argument("--kv-cache", type=_size, metavar="SIZE", help="KV cache budget")
+    ask.add_argument("--max-tokens", type=int)
+    ask.add_argument("--temperature", type=float)
+    ask.add_argument("--top-p", type=float)
+    ask.add_argument("--seed", type=int)
+    ask.add_argument("--n", type=int, default=1, help="parallel samples, printed one after another")
+    ask.add_argument("--beam", type=int, default=0, metavar="K", help="beam search of width K")
+    ask.set_defaults(func=cmd_ask)
+
+    personas = sub.add_parser("personas", help="list the personas and any broken persona files")
+    personas.set_defaults(func=cmd_personas)
+
+    bench = sub.add_parser("bench", help="benchmarks (JSON on the last line of stdout)",
+                           add_help=False)
+    bench.add_argument("which", choices=BENCHES)
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=cmd_bench)
+
+    history_cli.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
