@@ -26,7 +26,7 @@ def _tiny(kind: str, root: Path, tokenizer_dir: Path, **overrides) -> Path:
 
     torch.manual_seed(0)
     common = dict(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
         bos_token_id=1, eos_token_id=2, pad_token_id=2, rms_norm_eps=1e-5,
     )
