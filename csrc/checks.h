@@ -1,0 +1,102 @@
+// Argument checks shared by the CPU and CUDA implementations of the chatpage ops.
+//
+// They mirror what the torch reference (chatpage/engine/attention.py) accepts, so that a bad call
+// fails with a readable message instead of reading out of bounds.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace chatpage {
+
+// Geometry of one call to paged_attention, read off the tensors.
+struct AttentionShape {
+  int64_t num_tokens;    // T: rows of query/out
+  int64_t num_q_heads;   // Hq
+  int64_t num_kv_heads;  // Hkv
+  int64_t head_dim;      // D
+  int64_t num_blocks;    // blocks in the cache pool
+  int64_t block_size;    // tokens per block
+  int64_t num_seqs;      // S
+  int64_t max_blocks;    // columns of block_tables
+};
+
+inline void check_cache_pair(const at::Tensor& k_cache, const at::Tensor& v_cache) {
+  TORCH_CHECK(k_cache.dim() == 4, "chatpage: k_cache must be [num_blocks, block_size, kv_heads, head_dim]");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "chatpage: k_cache and v_cache shapes differ");
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "chatpage: k_cache and v_cache dtypes differ");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "chatpage: caches must be contiguous");
+  TORCH_CHECK(k_cache.device() == v_cache.device(), "chatpage: caches on different devices");
+}
+
+inline AttentionShape check_attention_args(const at::Tensor& out, const at::Tensor& query,
+                                           const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                           const at::Tensor& block_tables,
+                                           const at::Tensor& seq_lens,
+                                           const at::Tensor& query_start_loc) {
+  check_cache_pair(k_cache, v_cache);
+  TORCH_CHECK(query.dim() == 3, "chatpage: query must be [tokens, q_heads, head_dim]");
+  TORCH_CHECK(out.sizes() == query.sizes(), "chatpage: out and query shapes differ");
+  AttentionShape s;
+  s.num_tokens = query.size(0);
+  s.num_q_heads = query.size(1);
+  s.head_dim = query.size(2);
+  s.num_blocks = k_cache.size(0);
+  s.block_size = k_cache.size(1);
+  s.num_kv_heads = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == s.head_dim, "chatpage: query and cache head_dim differ");
+  TORCH_CHECK(s.num_kv_heads > 0 && s.num_q_heads % s.num_kv_heads == 0,
+              "chatpage: q_heads must be a multiple of kv_heads");
+  TORCH_CHECK(block_tables.dim() == 2, "chatpage: block_tables must be [seqs, max_blocks]");
+  TORCH_CHECK(seq_lens.dim() == 1 && query_start_loc.dim() == 1,
+              "chatpage: seq_lens and query_start_loc must be 1-d");
+  s.num_seqs = seq_lens.size(0);
+  s.max_blocks = block_tables.size(1);
+  TORCH_CHECK(block_tables.size(0) >= s.num_seqs, "chatpage: block_tables has fewer rows than seq_lens");
+  TORCH_CHECK(query_start_loc.size(0) == s.num_seqs + 1,
+              "chatpage: query_start_loc must have num_seqs + 1 entries");
+  for (const at::Tensor* t : {&block_tables, &seq_lens, &query_start_loc}) {
+    TORCH_CHECK(t->scalar_type() == at::kInt || t->scalar_type() == at::kLong,
+                "chatpage: index tensors must be int32 or int64");
+  }
+  return s;
+}
+
+// src_to_dst / mapping: [N, 2] integer pairs.
+inline void check_pairs(const at::Tensor& pairs) {
+  TORCH_CHECK(pairs.dim() == 2 && pairs.size(1) == 2, "chatpage: block mapping must be [N, 2]");
+  TORCH_CHECK(pairs.scalar_type() == at::kInt || pairs.scalar_type() == at::kLong,
+              "chatpage: block mapping must be int32 or int64");
+}
+
+inline void check_write_kv_args(const at::Tensor& key, const at::Tensor& value,
+                                const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                const at::Tensor& slot_mapping) {
+  check_cache_pair(k_cache, v_cache);
+  TORCH_CHECK(key.dim() == 3 && key.sizes() == value.sizes(), "chatpage: key/value must be [tokens, kv_heads, head_dim]");
+  TORCH_CHECK(key.size(1) == k_cache.size(2) && key.size(2) == k_cache.size(3),
+              "chatpage: key/value heads or head_dim do not match the cache");
+  TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == key.size(0),
+              "chatpage: slot_mapping must have one entry per token");
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kInt || slot_mapping.scalar_type() == at::kLong,
+              "chatpage: slot_mapping must be int32 or int64");
+}
+
+inline void check_swap_args(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& mapping) {
+  check_pairs(mapping);
+  TORCH_CHECK(src.dim() >= 1 && src.sizes().slice(1) == dst.sizes().slice(1),
+              "chatpage: swap_blocks pools have different block shapes");
+  TORCH_CHECK(src.scalar_type() == dst.scalar_type(), "chatpage: swap_blocks pools have different dtypes");
+  TORCH_CHECK(src.is_contiguous() && dst.is_contiguous(), "chatpage: swap_blocks pools must be contiguous");
+}
+
+// Bounds check for block ids read from a host-side [N, 2] mapping.
+inline void check_block_ids(const int64_t* pairs, int64_t n, int64_t src_blocks, int64_t dst_blocks) {
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK(pairs[2 * i] >= 0 && pairs[2 * i] < src_blocks, "chatpage: source block ", pairs[2 * i],
+                " out of range [0, ", src_blocks, ")");
+    TORCH_CHECK(pairs[2 * i + 1] >= 0 && pairs[2 * i + 1] < dst_blocks, "chatpage: destination block ",
+                pairs[2 * i + 1], " out of range [0, ", dst_blocks, ")");
+  }
+}
+
+}  // namespace chatpage

@@ -1,0 +1,393 @@
+// Paged attention on the CPU (see the kernel contract in chatpage/engine/attention.py).
+//
+// Work is cut into items: a tile of consecutive query rows of one sequence (one row for a decode
+// step, up to 16 for prefill) against a range of that sequence's key blocks. An item walks its
+// blocks in order; for every block it visits each KV head once, and every query head of that head's
+// GQA group (and every row of the tile) reuses the block while it sits in L1. Softmax is online,
+// one block at a time: scores for the block, new running max, rescale, accumulate V.
+//
+// When there are fewer sequences than threads can share, long contexts are split into several
+// items (flash-decoding); each writes its unnormalised partial state and a second pass merges them.
+// Items are handed out largest first from an atomic counter, so uneven lengths balance out.
+#include "checks.h"
+#include "cpu/ops_cpu.h"
+#include "cpu/vec.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+namespace chatpage::cpu {
+namespace {
+
+constexpr int kMaxBlockSize = 256;  // scores of one block live on the stack
+constexpr int kMaxTileRows = 16;
+constexpr int64_t kMinPieceCost = 128;  // query-row x key pairs below which a split does not pay
+
+// Largest divisor of nc that is at most 8: how many 8-float chunks of the accumulator stay in
+// registers at once while V rows stream past. nc == 0 means "not known at compile time".
+constexpr int chunk_group(int nc) {
+  if (nc == 0) return 1;
+  for (int g = 8; g > 1; --g) {
+    if (nc % g == 0) return g;
+  }
+  return 1;
+}
+
+// Everything the items of one call share.
+struct Geometry {
+  int block_size, kv_heads, q_heads, group, head_dim;
+  int state_stride;  // floats per (row, q head) state: acc[head_dim], running max, running sum
+  int64_t block_stride, token_stride;  // cache elements per block / per token
+  const float* query;
+  int64_t q_row_stride, q_head_stride;
+  float scale;
+  float* out;
+  int64_t o_row_stride, o_head_stride;
+};
+
+struct WorkItem {
+  int64_t first_row;  // row of query/out
+  int64_t first_pos;  // position of that row in its sequence (it sees keys 0..first_pos)
+  int rows;
+  const int32_t* table;
+  int64_t blk_begin, blk_end;
+  int64_t state;  // offset of its partial states, or -1: finalise straight into out
+  int64_t cost;
+};
+
+// Partial states of `pieces` items covering the same rows, stored one after another.
+struct MergeGroup {
+  int64_t first_row;
+  int rows;
+  int64_t state;
+  int pieces;
+};
+
+template <typename KV>
+inline float dot_row(const float* q, const KV* k, int nc) {
+  Vec8 acc = zero8();
+  for (int c = 0; c < nc; ++c) acc = fma8(load8(q + 8 * c), load8(k + 8 * c), acc);
+  return hsum8(acc);
+}
+
+// s[t] = q . k_t for the first n tokens of one block (and -inf up to the next multiple of 8).
+// Returns the largest score.
+template <typename KV, int NC>
+inline float block_scores(const float* q, const KV* k, int64_t ts, int n, int bs, int nc_rt,
+                          float* s) {
+  const int nc = NC ? NC : nc_rt;
+  Vec8 vmax = splat8(kNegInf);
+  for (int t = 0; t < n; t += 8) {
+    const KV* kt = k + t * ts;
+    Vec8 sc;
+    if (t + 8 <= bs) {
+      // eight keys at once: eight vector accumulators, one transpose-add at the end
+      Vec8 acc[8];
+      for (int j = 0; j < 8; ++j) acc[j] = zero8();
+      for (int c = 0; c < nc; ++c) {
+        const Vec8 qc = load8(q + 8 * c);
+        for (int j = 0; j < 8; ++j) acc[j] = fma8(qc, load8(kt + j * ts + 8 * c), acc[j]);
+      }
+      sc = transpose_sum8(acc);
+    } else {  // a block size that is not a multiple of 8: the last keys one by one
+      alignas(32) float tmp[8];
+      for (int j = 0; j < 8; ++j) tmp[j] = t + j < n ? dot_row(q, kt + j * ts, nc) : kNegInf;
+      sc = load8(tmp);
+    }
+    if (t + 8 > n) sc = keep_first8(sc, n - t, kNegInf);
+    store8(s + t, sc);
+    vmax = max8(vmax, sc);
+  }
+  return hmax8(vmax);
+}
+
+// Online-softmax step of one (row, q head) state over one block whose scores are in s.
+template <typename KV, int NC>
+inline void block_update(float* st, const KV* v, int64_t ts, int n, int nc_rt, float* s,
+                         float bmax) {
+  const int nc = NC ? NC : nc_rt;
+  constexpr int G = chunk_group(NC);
+  const int d = 8 * nc;
+  if (bmax == kNegInf) return;
+  const float m_old = st[d];
+  const float m_new = std::max(m_old, bmax);
+  const float alpha = m_old == m_new ? 1.0f : std::exp(m_old - m_new);
+  const Vec8 mv = splat8(m_new);
+  Vec8 sum = zero8();
+  for (int t = 0; t < n; t += 8) {
+    const Vec8 p = exp8(sub8(load8(s + t), mv));
+    store8(s + t, p);
+    sum = add8(sum, p);
+  }
+  st[d] = m_new;
+  st[d + 1] = st[d + 1] * alpha + hsum8(sum);
+  const Vec8 av = splat8(alpha);
+  for (int c0 = 0; c0 < nc; c0 += G) {
+    Vec8 acc[G];
+    for (int i = 0; i < G; ++i) acc[i] = load8(st + 8 * (c0 + i));
+    if (alpha != 1.0f) {
+      for (int i = 0; i < G; ++i) acc[i] = mul8(acc[i], av);
+    }
+    const KV* vc = v + 8 * c0;
+    for (int t = 0; t < n; ++t) {
+      const Vec8 p = splat8(s[t]);
+      const KV* vt = vc + t * ts;
+      for (int i = 0; i < G; ++i) acc[i] = fma8(p, load8(vt + 8 * i), acc[i]);
+    }
+    for (int i = 0; i < G; ++i) store8(st + 8 * (c0 + i), acc[i]);
+  }
+}
+
+template <typename KV, int NC>
+void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const WorkItem& w,
+              float* state, float* qbuf) {
+  const int d = g.head_dim, nc = d / 8, hq_n = g.q_heads, sd = g.state_stride;
+  for (int r = 0; r < w.rows; ++r) {
+    for (int h = 0; h < hq_n; ++h) {
+      const float* src = g.query + (w.first_row + r) * g.q_row_stride + h * g.q_head_stride;
+      float* dst = qbuf + (r * hq_n + h) * d;
+      for (int i = 0; i < d; ++i) dst[i] = src[i] * g.scale;
+      float* st = state + (r * hq_n + h) * sd;
+      std::fill(st, st + d, 0.0f);
+      st[d] = kNegInf;
+      st[d + 1] = 0.0f;
+    }
+  }
+  alignas(32) float s[kMaxBlockSize];
+  const int bs = g.block_size;
+  const int64_t ts = g.token_stride;
+  for (int64_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
+    const int64_t tok0 = blk * bs;
+    const int64_t phys = w.table[blk];
+    const KV* kb = k_cache + phys * g.block_stride;
+    const KV* vb = v_cache + phys * g.block_stride;
+    for (int kvh = 0; kvh < g.kv_heads; ++kvh) {
+      const KV* kh = kb + kvh * d;
+      const KV* vh = vb + kvh * d;
+      for (int r = 0; r < w.rows; ++r) {
+        const int64_t visible = w.first_pos + r + 1 - tok0;
+        if (visible <= 0) continue;
+        const int n = static_cast<int>(std::min<int64_t>(bs, visible));
+        for (int j = 0; j < g.group; ++j) {
+          const int i = r * hq_n + kvh * g.group + j;
+          const float bmax = block_scores<KV, NC>(qbuf + i * d, kh, ts, n, bs, nc, s);
+          block_update<KV, NC>(state + i * sd, vh, ts, n, nc, s, bmax);
+        }
+      }
+    }
+  }
+}
+
+void finalize(const Geometry& g, int64_t first_row, int rows, const float* state) {
+  const int d = g.head_dim;
+  for (int r = 0; r < rows; ++r) {
+    for (int h = 0; h < g.q_heads; ++h) {
+      const float* st = state + (r * g.q_heads + h) * g.state_stride;
+      const float l = st[d + 1];
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      float* dst = g.out + (first_row + r) * g.o_row_stride + h * g.o_head_stride;
+      for (int i = 0; i < d; ++i) dst[i] = st[i] * inv;
+    }
+  }
+}
+
+void merge(const Geometry& g, const MergeGroup& mg, const float* partials) {
+  const int d = g.head_dim;
+  const int64_t piece_stride = static_cast<int64_t>(mg.rows) * g.q_heads * g.state_stride;
+  std::vector<float> weight(mg.pieces);
+  for (int r = 0; r < mg.rows; ++r) {
+    for (int h = 0; h < g.q_heads; ++h) {
+      const float* first = partials + mg.state + (r * g.q_heads + h) * g.state_stride;
+      float m = kNegInf;
+      for (int p = 0; p < mg.pieces; ++p) m = std::max(m, first[p * piece_stride + d]);
+      float l = 0.0f;
+      for (int p = 0; p < mg.pieces; ++p) {
+        const float* st = first + p * piece_stride;
+        weight[p] = st[d] == kNegInf ? 0.0f : std::exp(st[d] - m);
+        l += st[d + 1] * weight[p];
+      }
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      float* dst = g.out + (mg.first_row + r) * g.o_row_stride + h * g.o_head_stride;
+      for (int i = 0; i < d; ++i) {
+        float acc = 0.0f;
+        for (int p = 0; p < mg.pieces; ++p) acc += first[p * piece_stride + i] * weight[p];
+        dst[i] = acc * inv;
+      }
+    }
+  }
+}
+
+struct Plan {
+  std::vector<WorkItem> items;
+  std::vector<MergeGroup> merges;
+  int64_t partial_floats = 0;
+  int max_rows = 1;
+};
+
+// Cuts the batch into row tiles, and tiles into context pieces when that helps the threads.
+Plan make_plan(const Geometry& g, const AttentionShape& shape, const int32_t* tables,
+               const std::vector<int64_t>& lens, const std::vector<int64_t>& starts, int threads) {
+  Plan plan;
+  const int tile = std::clamp(16384 / static_cast<int>(g.q_heads * g.head_dim), 1, kMaxTileRows);
+  std::vector<WorkItem> tiles;
+  int64_t total = 0;
+  for (int64_t s = 0; s < shape.num_seqs; ++s) {
+    const int64_t q_len = starts[s + 1] - starts[s], len = lens[s];
+    for (int64_t r0 = 0; r0 < q_len; r0 += tile) {
+      WorkItem w;
+      w.rows = static_cast<int>(std::min<int64_t>(tile, q_len - r0));
+      w.first_row = starts[s] + r0;
+      w.first_pos = len - q_len + r0;
+      w.table = tables + s * shape.max_blocks;
+      w.blk_begin = 0;
+      w.blk_end = (w.first_pos + w.rows - 1) / g.block_size + 1;
+      w.state = -1;
+      w.cost = w.rows * (w.first_pos + 1) + static_cast<int64_t>(w.rows) * (w.rows - 1) / 2;
+      total += w.cost;
+      tiles.push_back(w);
+    }
+  }
+  const int64_t target = std::max<int64_t>(kMinPieceCost, total / (4 * std::max(threads, 1)));
+  for (const WorkItem& w : tiles) {
+    plan.max_rows = std::max(plan.max_rows, w.rows);
+    const int64_t nblk = w.blk_end;
+    const int64_t pieces =
+        threads > 1 ? std::min<int64_t>(nblk, (w.cost + target - 1) / target) : 1;
+    if (pieces <= 1) {
+      plan.items.push_back(w);
+      continue;
+    }
+    const int64_t piece_floats = static_cast<int64_t>(w.rows) * g.q_heads * g.state_stride;
+    plan.merges.push_back({w.first_row, w.rows, plan.partial_floats, static_cast<int>(pieces)});
+    for (int64_t p = 0; p < pieces; ++p) {
+      WorkItem piece = w;
+      piece.blk_begin = nblk * p / pieces;
+      piece.blk_end = nblk * (p + 1) / pieces;
+      piece.cost = w.cost * (piece.blk_end - piece.blk_begin) / nblk;
+      piece.state = plan.partial_floats;
+      plan.partial_floats += piece_floats;
+      plan.items.push_back(piece);
+    }
+  }
+  std::stable_sort(plan.items.begin(), plan.items.end(),
+                   [](const WorkItem& a, const WorkItem& b) { return a.cost > b.cost; });
+  return plan;
+}
+
+template <typename KV, int NC>
+void run_plan(const Geometry& g, const Plan& plan, const at::Tensor& k_cache,
+              const at::Tensor& v_cache, float* partials, int threads) {
+  const KV* kc = k_cache.data_ptr<KV>();
+  const KV* vc = v_cache.data_ptr<KV>();
+  const int64_t n_items = static_cast<int64_t>(plan.items.size());
+  std::atomic<int64_t> next{0};
+  auto worker = [&](int64_t, int64_t) {
+    const int64_t states = static_cast<int64_t>(plan.max_rows) * g.q_heads;
+    std::vector<float> local(states * g.state_stride), qbuf(states * g.head_dim);
+    for (int64_t i = next.fetch_add(1); i < n_items; i = next.fetch_add(1)) {
+      const WorkItem& w = plan.items[i];
+      float* st = w.state >= 0 ? partials + w.state : local.data();
+      run_item<KV, NC>(g, kc, vc, w, st, qbuf.data());
+      if (w.state < 0) finalize(g, w.first_row, w.rows, st);
+    }
+  };
+  if (threads <= 1 || n_items <= 1) {
+    worker(0, 1);
+  } else {
+    at::parallel_for(0, std::min<int64_t>(threads, n_items), 1, worker);
+  }
+  if (!plan.merges.empty()) {
+    at::parallel_for(0, static_cast<int64_t>(plan.merges.size()), 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) merge(g, plan.merges[i], partials);
+    });
+  }
+}
+
+template <typename KV>
+void run_dtype(const Geometry& g, const Plan& plan, const at::Tensor& k_cache,
+               const at::Tensor& v_cache, float* partials, int threads) {
+  switch (g.head_dim) {
+    case 64: return run_plan<KV, 8>(g, plan, k_cache, v_cache, partials, threads);
+    case 80: return run_plan<KV, 10>(g, plan, k_cache, v_cache, partials, threads);
+    case 96: return run_plan<KV, 12>(g, plan, k_cache, v_cache, partials, threads);
+    case 128: return run_plan<KV, 16>(g, plan, k_cache, v_cache, partials, threads);
+    case 256: return run_plan<KV, 32>(g, plan, k_cache, v_cache, partials, threads);
+    default: return run_plan<KV, 0>(g, plan, k_cache, v_cache, partials, threads);
+  }
+}
+
+std::vector<int64_t> to_host_vector(const at::Tensor& t) {
+  const at::Tensor c = t.to(at::kLong).contiguous();
+  const int64_t* p = c.data_ptr<int64_t>();
+  return std::vector<int64_t>(p, p + c.numel());
+}
+
+}  // namespace
+
+void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
+                     const at::Tensor& v_cache, const at::Tensor& block_tables,
+                     const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
+                     double scale) {
+  const AttentionShape shape =
+      check_attention_args(out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc);
+  TORCH_CHECK(shape.head_dim % 8 == 0, "chatpage: head_dim must be a multiple of 8 on the CPU");
+  TORCH_CHECK(shape.block_size <= kMaxBlockSize, "chatpage: block_size above ", kMaxBlockSize);
+  const at::Tensor tables = block_tables.to(at::kInt).contiguous();
+  const std::vector<int64_t> lens = to_host_vector(seq_lens);
+  const std::vector<int64_t> starts = to_host_vector(query_start_loc);
+  const int32_t* tab = tables.data_ptr<int32_t>();
+  TORCH_CHECK(starts[0] >= 0 && starts[shape.num_seqs] <= shape.num_tokens,
+              "chatpage: query_start_loc outside the query rows");
+  for (int64_t s = 0; s < shape.num_seqs; ++s) {
+    const int64_t q_len = starts[s + 1] - starts[s];
+    TORCH_CHECK(q_len >= 0 && lens[s] >= q_len, "chatpage: sequence ", s, " has ", q_len,
+                " queries but seq_len ", lens[s]);
+    if (q_len == 0) continue;
+    const int64_t nblk = (lens[s] + shape.block_size - 1) / shape.block_size;
+    TORCH_CHECK(nblk <= shape.max_blocks, "chatpage: block_tables too narrow for sequence ", s);
+    for (int64_t b = 0; b < nblk; ++b) {
+      const int32_t blk = tab[s * shape.max_blocks + b];
+      TORCH_CHECK(blk >= 0 && blk < shape.num_blocks, "chatpage: block id ", blk, " out of range");
+    }
+  }
+
+  at::Tensor q = query.scalar_type() == at::kFloat ? query : query.to(at::kFloat);
+  if (q.stride(2) != 1) q = q.contiguous();
+  const bool direct = out.scalar_type() == at::kFloat && out.stride(2) == 1;
+  at::Tensor out_f = direct ? out : out.to(at::kFloat).contiguous();
+
+  Geometry g;
+  g.block_size = static_cast<int>(shape.block_size);
+  g.kv_heads = static_cast<int>(shape.num_kv_heads);
+  g.q_heads = static_cast<int>(shape.num_q_heads);
+  g.group = g.q_heads / g.kv_heads;
+  g.head_dim = static_cast<int>(shape.head_dim);
+  g.state_stride = g.head_dim + 8;  // keeps each state 32-byte aligned
+  g.token_stride = shape.num_kv_heads * shape.head_dim;
+  g.block_stride = shape.block_size * g.token_stride;
+  g.query = q.data_ptr<float>();
+  g.q_row_stride = q.stride(0);
+  g.q_head_stride = q.stride(1);
+  g.scale = static_cast<float>(scale);
+  g.out = out_f.data_ptr<float>();
+  g.o_row_stride = out_f.stride(0);
+  g.o_head_stride = out_f.stride(1);
+
+  const int threads = at::get_num_threads();
+  const Plan plan = make_plan(g, shape, tab, lens, starts, threads);
+  at::Tensor partials = at::empty({std::max<int64_t>(plan.partial_floats, 1)}, q.options());
+  float* part = partials.data_ptr<float>();
+  switch (k_cache.scalar_type()) {
+    case at::kFloat: run_dtype<float>(g, plan, k_cache, v_cache, part, threads); break;
+    case at::kBFloat16: run_dtype<c10::BFloat16>(g, plan, k_cache, v_cache, part, threads); break;
+    case at::kHalf: run_dtype<c10::Half>(g, plan, k_cache, v_cache, part, threads); break;
+    default: TORCH_CHECK(false, "chatpage: unsupported cache dtype ", k_cache.scalar_type());
+  }
+  if (!direct) out.copy_(out_f);
+}
+
+}  // namespace chatpage::cpu

@@ -1,0 +1,185 @@
+// Eight-lane float vector used by the CPU kernels.
+//
+// With AVX2+FMA (g++ -march=native on any AVX2 machine) Vec8 is one ymm register and every
+// helper is one or a few instructions; elsewhere it is a float[8] that the compiler vectorises
+// as well as it can. The kernels are written once against this small interface.
+#pragma once
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define CHATPAGE_AVX2 1
+#else
+#define CHATPAGE_AVX2 0
+#endif
+
+namespace chatpage::cpu {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+#if CHATPAGE_AVX2
+
+struct Vec8 {
+  __m256 v;
+};
+
+inline Vec8 zero8() { return {_mm256_setzero_ps()}; }
+inline Vec8 splat8(float x) { return {_mm256_set1_ps(x)}; }
+inline Vec8 load8(const float* p) { return {_mm256_loadu_ps(p)}; }
+inline Vec8 load8(const c10::BFloat16* p) {
+  // bf16 is the upper half of an fp32: widen to 32 bits and shift into place.
+  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16))};
+}
+#if defined(__F16C__)
+inline Vec8 load8(const c10::Half* p) {
+  return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)))};
+}
+#else
+inline Vec8 load8(const c10::Half* p) {
+  alignas(32) float tmp[8];
+  for (int i = 0; i < 8; ++i) tmp[i] = static_cast<float>(p[i]);
+  return {_mm256_load_ps(tmp)};
+}
+#endif
+inline void store8(float* p, Vec8 a) { _mm256_storeu_ps(p, a.v); }
+inline Vec8 add8(Vec8 a, Vec8 b) { return {_mm256_add_ps(a.v, b.v)}; }
+inline Vec8 sub8(Vec8 a, Vec8 b) { return {_mm256_sub_ps(a.v, b.v)}; }
+inline Vec8 mul8(Vec8 a, Vec8 b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline Vec8 max8(Vec8 a, Vec8 b) { return {_mm256_max_ps(a.v, b.v)}; }
+// a * b + c
+inline Vec8 fma8(Vec8 a, Vec8 b, Vec8 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
+
+// Lanes >= n become `fill` (0 <= n <= 8).
+inline Vec8 keep_first8(Vec8 a, int n, float fill) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane));
+  return {_mm256_blendv_ps(_mm256_set1_ps(fill), a.v, keep)};
+}
+
+inline float hsum8(Vec8 a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline float hmax8(Vec8 a) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Lane i of the result is the sum of the eight lanes of a[i].
+inline Vec8 transpose_sum8(const Vec8* a) {
+  __m256 t0 = _mm256_hadd_ps(a[0].v, a[1].v);
+  __m256 t1 = _mm256_hadd_ps(a[2].v, a[3].v);
+  __m256 t2 = _mm256_hadd_ps(a[4].v, a[5].v);
+  __m256 t3 = _mm256_hadd_ps(a[6].v, a[7].v);
+  __m256 u0 = _mm256_hadd_ps(t0, t1);  // low half: a0..a3 (lanes 0-3), high half: a0..a3 (4-7)
+  __m256 u1 = _mm256_hadd_ps(t2, t3);  // the same for a4..a7
+  __m256 lo = _mm256_permute2f128_ps(u0, u1, 0x20);
+  __m256 hi = _mm256_permute2f128_ps(u0, u1, 0x31);
+  return {_mm256_add_ps(lo, hi)};
+}
+
+// exp(x) with a Cephes-style range reduction and degree-6 polynomial (~1 ulp on [-87, 88]).
+// -inf and anything below the fp32 range give exactly 0.
+inline Vec8 exp8(Vec8 a) {
+  const __m256 hi = _mm256_set1_ps(88.3762626647949f);
+  const __m256 lo = _mm256_set1_ps(-87.3365447505531f);
+  __m256 x = _mm256_min_ps(a.v, hi);
+  __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, lo);
+  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
+                                              _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  __m256i n = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127));
+  __m256 pow2n = _mm256_castsi256_ps(_mm256_slli_epi32(n, 23));
+  return {_mm256_andnot_ps(underflow, _mm256_mul_ps(y, pow2n))};
+}
+
+#else  // portable fallback
+
+struct Vec8 {
+  float v[8];
+};
+
+inline Vec8 splat8(float x) {
+  Vec8 r;
+  for (int i = 0; i < 8; ++i) r.v[i] = x;
+  return r;
+}
+inline Vec8 zero8() { return splat8(0.0f); }
+template <typename T>
+inline Vec8 load8(const T* p) {
+  Vec8 r;
+  for (int i = 0; i < 8; ++i) r.v[i] = static_cast<float>(p[i]);
+  return r;
+}
+inline void store8(float* p, Vec8 a) { std::memcpy(p, a.v, sizeof(a.v)); }
+#define CHATPAGE_LANEWISE(name, expr)        \
+  inline Vec8 name(Vec8 a, Vec8 b) {         \
+    Vec8 r;                                  \
+    for (int i = 0; i < 8; ++i) r.v[i] = expr; \
+    return r;                                \
+  }
+CHATPAGE_LANEWISE(add8, a.v[i] + b.v[i])
+CHATPAGE_LANEWISE(sub8, a.v[i] - b.v[i])
+CHATPAGE_LANEWISE(mul8, a.v[i] * b.v[i])
+CHATPAGE_LANEWISE(max8, a.v[i] > b.v[i] ? a.v[i] : b.v[i])
+#undef CHATPAGE_LANEWISE
+inline Vec8 fma8(Vec8 a, Vec8 b, Vec8 c) {
+  Vec8 r;
+  for (int i = 0; i < 8; ++i) r.v[i] = std::fma(a.v[i], b.v[i], c.v[i]);
+  return r;
+}
+inline Vec8 keep_first8(Vec8 a, int n, float fill) {
+  for (int i = n; i < 8; ++i) a.v[i] = fill;
+  return a;
+}
+inline float hsum8(Vec8 a) {
+  float s = 0.0f;
+  for (float x : a.v) s += x;
+  return s;
+}
+inline float hmax8(Vec8 a) {
+  float m = a.v[0];
+  for (float x : a.v) m = x > m ? x : m;
+  return m;
+}
+inline Vec8 transpose_sum8(const Vec8* a) {
+  Vec8 r;
+  for (int i = 0; i < 8; ++i) r.v[i] = hsum8(a[i]);
+  return r;
+}
+inline Vec8 exp8(Vec8 a) {
+  Vec8 r;
+  for (int i = 0; i < 8; ++i) r.v[i] = std::exp(a.v[i]);
+  return r;
+}
+
+#endif
+
+// Scalar conversion used for tails and single elements.
+inline float to_float(float x) { return x; }
+inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+inline float to_float(c10::Half x) { return static_cast<float>(x); }
+
+}  // namespace chatpage::cpu

@@ -1,0 +1,26 @@
+// The chatpage op library: one schema registration for every backend, plus the CPU kernels.
+// The CUDA kernels register themselves in csrc/cuda/torch_binding.cpp when CUDA is built.
+//
+// Python calls them as torch.ops.chatpage.<op> (see chatpage/engine/attention.py, whose reference_*
+// functions are the specification).
+#include "cpu/ops_cpu.h"
+
+#include <torch/library.h>
+
+TORCH_LIBRARY(chatpage, m) {
+  m.def(
+      "write_kv(Tensor key, Tensor value, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+      "Tensor slot_mapping) -> ()");
+  m.def(
+      "paged_attention(Tensor(a!) out, Tensor query, Tensor k_cache, Tensor v_cache, "
+      "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> ()");
+  m.def("copy_blocks(Tensor(a!)[] caches, Tensor src_to_dst) -> ()");
+  m.def("swap_blocks(Tensor src, Tensor(a!) dst, Tensor mapping) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(chatpage, CPU, m) {
+  m.impl("write_kv", &chatpage::cpu::write_kv);
+  m.impl("paged_attention", &chatpage::cpu::paged_attention);
+  m.impl("copy_blocks", &chatpage::cpu::copy_blocks);
+  m.impl("swap_blocks", &chatpage::cpu::swap_blocks);
+}
