@@ -1,0 +1,200 @@
+"""Per-layer attention micro-benchmark: the paged kernel against contiguous SDPA and the reference.
+
+Shapes are one SmolLM2-135M layer (9 query heads, 3 KV heads, head_dim 64), fp32, block size 16.
+Each case times, as the median of repeated calls:
+
+* ``paged_ms``: ``engine.attention.paged_attention`` (the native kernel when it is loaded),
+* ``contiguous_sdpa_ms``: ``F.scaled_dot_product_attention(enable_gqa=True)`` on the same keys and
+  values laid out contiguously per sequence (the layout a paged cache gives up),
+* ``gather_sdpa_ms``: the torch reference (gather the blocks, then SDPA),
+
+and reports ``ratio_vs_contiguous = paged / contiguous`` and ``speedup_vs_gather = gather / paged``.
+``run()`` prints one JSON object as the last line of stdout; progress goes to stderr.
+
+:func:`make_paged_batch` builds a random batch over a shuffled block pool; the kernel tests use it
+as well.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from chatpage.engine import attention, ops
+
+NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
+DECODE_BATCHES = (1, 8, 32)
+CONTEXTS = (128, 512, 2048)
+PREFILL = (1, 512)  # batch, prompt tokens
+
+
+@dataclass
+class PagedBatch:
+    """One paged_attention call's inputs (keyword names match the op's arguments)."""
+
+    query: torch.Tensor  # [T, Hq, D]
+    k_cache: torch.Tensor  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # int32 [S, max_blocks], padded with -1
+    seq_lens: torch.Tensor  # int32 [S]
+    query_start_loc: torch.Tensor  # int32 [S + 1]
+    scale: float
+
+    def args(self, out: torch.Tensor) -> tuple:
+        """Positional arguments of paged_attention, writing into ``out``."""
+        return (out, self.query, self.k_cache, self.v_cache, self.block_tables, self.seq_lens,
+                self.query_start_loc, self.scale)
+
+    def contiguous_kv(self, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sequence ``seq``'s keys and values as ``[Hkv, len, D]`` (gathered once, outside timing)."""
+        length = int(self.seq_lens[seq])
+        bs = self.k_cache.shape[1]
+        table = self.block_tables[seq, : (length + bs - 1) // bs].long()
+        k = self.k_cache[table].flatten(0, 1)[:length].transpose(0, 1).contiguous()
+        v = self.v_cache[table].flatten(0, 1)[:length].transpose(0, 1).contiguous()
+        return k, v
+
+
+def make_paged_batch(
+    seq_lens: Sequence[int],
+    q_lens: Sequence[int],
+    *,
+    num_q_heads: int = NUM_Q_HEADS,
+    num_kv_heads: int = NUM_KV_HEADS,
+    head_dim: int = HEAD_DIM,
+    block_size: int = BLOCK_SIZE,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    spare_blocks: int = 3,
+    pad_blocks: int = 2,
+    seed: int = 0,
+) -> PagedBatch:
+    """Random caches and queries; sequence ``s`` has ``seq_lens[s]`` tokens, the last ``q_lens[s]``
+    of them queries. Blocks are dealt from a shuffled pool (with ``spare_blocks`` unused ones), and
+    each table row is padded with ``pad_blocks`` or more ``-1`` entries."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = [(n + block_size - 1) // block_size for n in seq_lens]
+    num_blocks = sum(blocks) + spare_blocks
+    pool = torch.randperm(num_blocks, generator=gen).tolist()
+    width = max(blocks, default=0) + pad_blocks
+    tables = torch.full((len(seq_lens), width), -1, dtype=torch.int32)
+    used = 0
+    for s, n in enumerate(blocks):
+        tables[s, :n] = torch.tensor(pool[used : used + n], dtype=torch.int32)
+        used += n
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, generator=gen).to(dtype)
+    v_cache = torch.randn(shape, generator=gen).to(dtype)
+    query = torch.randn(sum(q_lens), num_q_heads, head_dim, generator=gen).to(dtype)
+    starts = [0]
+    for q in q_lens:
+        starts.append(starts[-1] + q)
+    return PagedBatch(
+        query=query.to(device),
+        k_cache=k_cache.to(device),
+        v_cache=v_cache.to(device),
+        block_tables=tables.to(device),
+        seq_lens=torch.tensor(list(seq_lens), dtype=torch.int32, device=device),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        scale=head_dim**-0.5,
+    )
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_ms(fn: Callable[[], object], device: torch.device, repeats: int, budget_s: float) -> float:
+    """Median wall time of ``fn`` in ms over up to ``repeats`` calls (at least 5, within ``budget_s``)."""
+    for _ in range(2):
+        fn()
+    _sync(device)
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < repeats and (len(times) < 5 or time.perf_counter() - start < budget_s):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def _case(batch: int, context: int, prefill: bool, device: torch.device, repeats: int,
+          budget_s: float) -> dict:
+    q_len = context if prefill else 1
+    pb = make_paged_batch([context] * batch, [q_len] * batch, device=device, seed=batch * 7919 + context)
+    out = torch.empty_like(pb.query)
+    kv = [pb.contiguous_kv(s) for s in range(batch)]
+    k = torch.stack([k for k, _ in kv])  # [B, Hkv, L, D]
+    v = torch.stack([v for _, v in kv])
+    q = pb.query.view(batch, q_len, NUM_Q_HEADS, HEAD_DIM).transpose(1, 2)  # [B, Hq, q_len, D]
+
+    def paged() -> None:
+        attention.paged_attention(*pb.args(out))
+
+    def contiguous() -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=prefill, scale=pb.scale, enable_gqa=True)
+
+    def gather() -> None:
+        attention.reference_paged_attention(*pb.args(out))
+
+    paged_ms = median_ms(paged, device, repeats, budget_s)
+    contiguous_ms = median_ms(contiguous, device, repeats, budget_s)
+    gather_ms = median_ms(gather, device, repeats, budget_s)
+    return {
+        "kind": "prefill" if prefill else "decode",
+        "batch": batch,
+        "context": context,
+        "paged_ms": round(paged_ms, 4),
+        "contiguous_sdpa_ms": round(contiguous_ms, 4),
+        "gather_sdpa_ms": round(gather_ms, 4),
+        "ratio_vs_contiguous": round(paged_ms / contiguous_ms, 3),
+        "speedup_vs_gather": round(gather_ms / paged_ms, 3),
+    }
+
+
+def run(json_out: bool = True, *, device: str = "cpu", repeats: int = 30, budget_s: float = 1.5) -> dict:
+    """Time every case; print the result as one JSON line on stdout when ``json_out``."""
+    dev = torch.device(device)
+    ops.load()
+    cases = []
+    grid = [(b, c, False) for b in DECODE_BATCHES for c in CONTEXTS] + [(*PREFILL, True)]
+    for batch, context, prefill in grid:
+        print(f"kernel bench: {'prefill' if prefill else 'decode'} batch {batch} context {context}",
+              file=sys.stderr, flush=True)
+        cases.append(_case(batch, context, prefill, dev, repeats, budget_s))
+    result = {
+        "benchmark": "paged_attention per layer",
+        "device": str(dev),
+        "threads": torch.get_num_threads(),
+        "kernels": ops.status(),
+        "native": ops.available(dev),
+        "shape": {"num_q_heads": NUM_Q_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
+                  "block_size": BLOCK_SIZE, "dtype": "float32"},
+        "cases": cases,
+    }
+    if json_out:
+        print(json.dumps(result), flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m chatpage.bench.kernel", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--repeats", type=int, default=30, help="timed calls per measurement (max)")
+    args = parser.parse_args(argv)
+    run(json_out=True, device=args.device, repeats=args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""The native kernels (csrc/, torch.ops.chatpage.*) against the torch reference in engine/attention.py.
+
+The ``check_*`` helpers take a device; tests/gpu/test_cuda_kernels.py runs them on CUDA.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from chatpage.bench.kernel import make_paged_batch
+from chatpage.engine import attention, ops
+
+DEVICE = "cpu"
+# a spread of lengths: 1 token, partial first block, exact multiples, >1000, odd sizes
+LENGTHS = [1, 7, 16, 33, 250, 1037]
+
+
+def tolerance(dtype: torch.dtype) -> dict:
+    """assert_close tolerances: tight for fp32, about two ulps of the format otherwise."""
+    if dtype == torch.float32:
+        return {"atol": 1e-5, "rtol": 1e-5}
+    if dtype == torch.float16:
+        return {"atol": 2e-3, "rtol": 2e-3}
+    return {"atol": 2e-2, "rtol": 2e-2}
+
+
+def native(name: str):
+    """The registered op ``torch.ops.chatpage.<name>`` (building/loading the library first)."""
+    assert ops.load(), ops.status()
+    return getattr(torch.ops.chatpage, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# checks shared with the CUDA tests
+# ---------------------------------------------------------------------------------------------
+
+
+def check_paged_attention(device, seq_lens, q_lens, *, dtype=torch.float32, query_dtype=None,
+                          int64_indexes=False, strided=False, seed=0, **shape) -> None:
+    """paged_attention equals the reference on one batch (NaN-filled output: every row is written)."""
+    pb = make_paged_batch(seq_lens, q_lens, dtype=dtype, device=device, seed=seed, **shape)
+    query = pb.query if query_dtype is None else pb.query.to(query_dtype)
+    tables, lens, starts = pb.block_tables, pb.seq_lens, pb.query_start_loc
+    if int64_indexes:
+        tables, lens, starts = tables.long(), lens.long(), starts.long()
+    if strided:
+        # a query sliced out of a fused projection, a table that is a column slice of a wider one
+        fused = torch.randn(query.shape[0], query.shape[1] + 2, query.shape[2], device=device)
+        fused[:, 1:-1] = query
+        query = fused[:, 1:-1]
+        wide = torch.full((tables.shape[0], tables.shape[1] + 3), -1, dtype=tables.dtype, device=device)
+        wide[:, : tables.shape[1]] = tables
+        tables = wide[:, : tables.shape[1]]
+        assert not query.is_contiguous() and not tables.is_contiguous()
+    expected = torch.zeros_like(query)
+    got = torch.full_like(query, float("nan"))
+    args = (query, pb.k_cache, pb.v_cache, tables, lens, starts, pb.scale)
+    attention.reference_paged_attention(expected, *args)
+    native("paged_attention")(got, *args)
+    torch.testing.assert_close(got, expected, **tolerance(query.dtype if query_dtype else dtype))
+
+
+def check_write_kv(device, dtype=torch.float32, key_dtype=None) -> None:
+    """write_kv stores exactly what the reference stores; slot -1 is skipped."""
+    gen = torch.Generator().manual_seed(1)
+    num_blocks, block_size, heads, dim = 6, 16, 3, 64
+    fused = torch.randn(20, 2 * heads + 1, dim, generator=gen)  # key/value as views of one tensor
+    key, value = fused[:, :heads], fused[:, heads : 2 * heads]
+    if key_dtype is not None:
+        key, value = key.to(key_dtype), value.to(key_dtype)
+    slots = torch.randperm(num_blocks * block_size, generator=gen)[:20]
+    slots[[3, 11]] = -1
+    caches = [torch.randn(num_blocks, block_size, heads, dim, generator=gen).to(dtype) for _ in range(2)]
+    ref = [c.clone() for c in caches]
+    attention.reference_write_kv(key, value, ref[0], ref[1], slots)
+    dev = [c.to(device) for c in caches]
+    native("write_kv")(key.to(device), value.to(device), dev[0], dev[1], slots.to(device))
+    for got, want in zip(dev, ref, strict=True):
+        assert torch.equal(got.cpu(), want)
+
+
+def check_copy_blocks(device, dtype=torch.float32) -> None:
+    """copy_blocks copies every listed block in every cache, bit for bit."""
+    gen = torch.Generator().manual_seed(2)
+    caches = [torch.randn(12, 16, 3, 64, generator=gen).to(dtype) for _ in range(4)]
+    pairs = torch.tensor([[0, 7], [3, 4], [5, 11], [3, 9]], dtype=torch.int64)
+    ref = [c.clone() for c in caches]
+    attention.reference_copy_blocks(ref, pairs)
+    dev = [c.to(device) for c in caches]
+    native("copy_blocks")(dev, pairs.to(device))
+    for got, want in zip(dev, ref, strict=True):
+        assert torch.equal(got.cpu(), want)
+
+
+def check_swap_blocks(src_device, dst_device, dtype=torch.float32) -> None:
+    """swap_blocks moves blocks between pools (possibly across devices), bit for bit."""
+    gen = torch.Generator().manual_seed(3)
+    src = torch.randn(10, 16, 3, 64, generator=gen).to(dtype)
+    dst = torch.randn(7, 16, 3, 64, generator=gen).to(dtype)
+    for mapping in (torch.tensor([[9, 0], [2, 6], [4, 3]]), torch.tensor([[1, 1]], dtype=torch.int32)):
+        want = dst.clone()
+        attention.reference_swap_blocks(src, want, mapping)
+        s, d = src.to(src_device), dst.to(dst_device)
+        native("swap_blocks")(s, d, mapping)
+        assert torch.equal(d.cpu(), want)
+
+
+# ---------------------------------------------------------------------------------------------
+# paged_attention
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("gqa", [1, 3, 4, 8])
+def test_decode_batch(block_size, head_dim, gqa):
+    check_paged_attention(DEVICE, LENGTHS, [1] * len(LENGTHS), block_size=block_size,
+                          head_dim=head_dim, num_kv_heads=2, num_q_heads=2 * gqa)
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("gqa", [1, 3, 8])
+def test_mixed_prefill_and_decode(block_size, gqa):
+    # a fresh prompt, a prompt over a cached prefix, decodes, and a sequence with no query
+    seq_lens = [1037, 40, 300, 5, 64, 12]
+    q_lens = [1, 40, 120, 1, 17, 0]
+    check_paged_attention(DEVICE, seq_lens, q_lens, block_size=block_size, num_kv_heads=3,
+                          num_q_heads=3 * gqa, seed=block_size + gqa)
+
+
+@pytest.mark.parametrize("head_dim", [80, 96])
+def test_other_head_dims(head_dim):
+    check_paged_attention(DEVICE, [300, 17, 2], [30, 1, 1], head_dim=head_dim, num_kv_heads=2,
+                          num_q_heads=8)
+
+
+def test_runtime_head_dim():
+    # a head_dim without its own instantiation takes the generic path
+    check_paged_attention(DEVICE, [70, 5], [9, 1], head_dim=40, num_kv_heads=1, num_q_heads=4)
+
+
+def test_long_context_split_across_threads():
+    # batch 1 and 2 with long contexts: the context is split into pieces and merged
+    check_paged_attention(DEVICE, [3001], [1])
+    check_paged_attention(DEVICE, [2500, 40], [1, 1], num_kv_heads=1, num_q_heads=4)
+    check_paged_attention(DEVICE, [1500], [6], block_size=32)
+
+
+def test_single_thread_matches():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        check_paged_attention(DEVICE, [1200, 3], [1, 3])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_strided_inputs_and_int64_indexes():
+    check_paged_attention(DEVICE, [100, 37, 500], [1, 37, 4], strided=True, int64_indexes=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_caches(dtype):
+    check_paged_attention(DEVICE, LENGTHS, [1, 1, 16, 5, 1, 1], dtype=dtype)
+
+
+def test_bf16_cache_fp32_query():
+    # the reference upcasts K/V to the query's fp32: the kernel must agree to fp32 precision
+    check_paged_attention(DEVICE, [600, 20], [1, 20], dtype=torch.bfloat16, query_dtype=torch.float32)
+
+
+def test_rows_past_the_batch_are_left_alone():
+    pb = make_paged_batch([50, 9], [1, 2])
+    query = torch.cat([pb.query, torch.randn(3, *pb.query.shape[1:])])
+    out = torch.full_like(query, 7.0)
+    native("paged_attention")(out, query, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens,
+                              pb.query_start_loc, pb.scale)
+    assert torch.equal(out[3:], torch.full_like(out[3:], 7.0))
+    assert torch.isfinite(out[:3]).all()
+
+
+def test_bad_block_id_is_an_error_not_a_crash():
+    pb = make_paged_batch([40], [1])
+    pb.block_tables[0, 1] = 10_000
+    with pytest.raises(RuntimeError, match="out of range"):
+        native("paged_attention")(torch.empty_like(pb.query), *pb.args(pb.query)[1:])
+
+
+# ---------------------------------------------------------------------------------------------
+# cache ops
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_write_kv(dtype):
+    check_write_kv(DEVICE, dtype)
+
+
+def test_write_kv_converts_dtype():
+    check_write_kv(DEVICE, torch.bfloat16, key_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_copy_blocks(dtype):
+    check_copy_blocks(DEVICE, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swap_blocks(dtype):
+    check_swap_blocks(DEVICE, DEVICE, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# loading, dispatch, fallback
+# ---------------------------------------------------------------------------------------------
+
+
+def test_native_ops_are_the_ones_used(monkeypatch):
+    assert ops.load() and ops.available(torch.device("cpu")) and ops.available("cpu")
+    assert ops.status() == "native"
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the reference ran although the native op is loaded")
+
+    for name in ("write_kv", "paged_attention", "copy_blocks", "swap_blocks"):
+        monkeypatch.setattr(attention, f"reference_{name}", forbidden)
+    pb = make_paged_batch([20, 3], [4, 1])
+    out = torch.empty_like(pb.query)
+    attention.paged_attention(*pb.args(out))
+    attention.write_kv(pb.query[:, :3], pb.query[:, 3:6], pb.k_cache, pb.v_cache,
+                       torch.arange(5, dtype=torch.int64))
+    pairs = torch.tensor([[0, 2]])
+    attention.copy_blocks([pb.k_cache, pb.v_cache], pairs)
+    attention.swap_blocks(pb.k_cache, pb.v_cache, pairs)
+
+
+def test_dispatch_falls_back_to_the_reference(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ops, "available", lambda device: False)
+    monkeypatch.setattr(attention, "reference_paged_attention", lambda *a: calls.append(a))
+    pb = make_paged_batch([20], [1])
+    attention.paged_attention(*pb.args(torch.empty_like(pb.query)))
+    assert len(calls) == 1
+
+
+def test_env_var_forces_the_reference(monkeypatch):
+    monkeypatch.setenv(ops.ENV_DISABLE, "1")
+    messages = []
+    loader = ops.KernelLoader()
+    loader.set_notify(messages.append)
+    assert loader.load() is False
+    assert not loader.available("cpu")
+    assert loader.status() == f"reference: {ops.ENV_DISABLE} is set"
+    assert messages == []
+
+
+BUILD_FAILURE_SCRIPT = """
+import sys
+from pathlib import Path
+from chatpage.engine import ops
+
+messages = []
+loader = ops.KernelLoader(csrc=Path(sys.argv[1]), cache_dir=Path(sys.argv[2]))
+loader.set_notify(messages.append)
+print(loader.load(), loader.available("cpu"))
+print(loader.status())
+print(len(messages))
+print(messages[0])
+print(messages[-1])
+"""
+
+
+def test_build_error_falls_back_with_one_line(tmp_path):
+    # in a fresh process: this one already holds the real library
+    csrc = tmp_path / "csrc"
+    (csrc / "cpu").mkdir(parents=True)
+    (csrc / "ops.cpp").write_text('#include "no_such_header.h"\n')
+    proc = subprocess.run([sys.executable, "-c", BUILD_FAILURE_SCRIPT, str(csrc), str(tmp_path / "cache")],
+                          capture_output=True, text=True, timeout=120, check=True)
+    loaded, status, count, first, last = proc.stdout.splitlines()
+    assert loaded == "False False"  # and no exception
+    assert status.startswith("reference: build failed: ") and "no_such_header.h" in status
+    assert (count, first) == ("2", ops.BUILD_MESSAGE)
+    assert "using the torch reference" in last
+
+
+def test_second_library_is_refused_not_fatal(tmp_path):
+    # loading another TORCH_LIBRARY(chatpage) would abort the process; the loader declines instead
+    assert ops.load()
+    csrc = tmp_path / "csrc"
+    (csrc / "cpu").mkdir(parents=True)
+    (csrc / "ops.cpp").write_text("// another copy of the sources\n")
+    messages = []
+    loader = ops.KernelLoader(csrc=csrc, cache_dir=tmp_path / "cache")
+    loader.set_notify(messages.append)
+    assert loader.load() is False
+    assert "already loaded" in loader.status()
+    assert len(messages) == 1
+
+
+def test_missing_sources_fall_back(tmp_path):
+    messages = []
+    loader = ops.KernelLoader(csrc=tmp_path / "nowhere")
+    loader.set_notify(messages.append)
+    assert loader.load() is False
+    assert loader.status().startswith("reference: sources not found")
+    assert len(messages) == 1
+
+
+def test_cached_build_loads_without_compiling():
+    assert ops.load()
+    messages = []
+    loader = ops.KernelLoader()
+    loader.set_notify(messages.append)
+    assert loader.load() and loader.status() == "native"
+    assert messages == []  # the hashed library was found in the cache
+
+
+def test_loading_is_once_and_thread_safe():
+    import threading
+
+    loader = ops.KernelLoader()
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(loader.available("cpu"))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [True] * 4
