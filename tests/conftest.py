@@ -32,7 +32,7 @@ def _tiny(kind: str, root: Path, tokenizer_dir: Path, **overrides) -> Path:
     )
     common.update(overrides)
     if kind == "llama":
-        config = LlamaConfig(tie_word_embeddings=True, **common)
+        config = LlamaConfig(tie_word_embeddings=False, **common)
         model = LlamaForCausalLM(config)
     else:
         config = Qwen2Config(tie_word_embeddings=False, use_sliding_window=False, **common)
@@ -41,9 +41,11 @@ def _tiny(kind: str, root: Path, tokenizer_dir: Path, **overrides) -> Path:
             for layer in model.model.layers:
                 for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     proj.bias.normal_(0, 0.5)
-    # a wider logit spread than the default init, so greedy choices are not near-ties
+    # Untied, with a wider lm_head than the default init: logits spread enough that greedy choices
+    # are not near-ties, yet no token is certain (a tied random model just repeats its input,
+    # which makes beam search degenerate). The default model covers tied embeddings.
     with torch.no_grad():
-        model.model.embed_tokens.weight.normal_(0, 1.0)
+        model.lm_head.weight.normal_(0, 0.2)
     out = root / kind
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
