@@ -1,0 +1,532 @@
+"""ChatApp: many chats over one local paged-KV engine, with a live view of its block pool.
+
+The engine runs on its own thread (`EngineClient`); its events are posted to this app's message
+queue (`EngineEvent`) and applied to the sessions by `Chats`. Nothing here waits on the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from markdown_it import MarkdownIt
+from rich.text import Text
+from textual import on
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen, Screen
+from textual.theme import Theme
+from textual.widgets import ContentSwitcher, Footer, Static
+
+from chatpage.engine.config import EngineConfig
+from chatpage.engine.client import EngineClient, StreamEvent
+from chatpage.personas import Persona, default_persona, find_persona, load_personas
+from chatpage.settings import Settings
+from chatpage.ui.chats import Chats
+from chatpage.ui.commands import (
+    SETTING_COMMANDS,
+    Command,
+    message_text,
+    parse_command,
+    parse_compare,
+    parse_k,
+    read_attachment,
+)
+from chatpage.ui.messages import (
+    CopyText,
+    EngineEvent,
+    EngineStatus,
+    KeepAlternative,
+    PromptSubmitted,
+    SessionSelected,
+)
+from chatpage.ui.screens.help import HelpScreen
+from chatpage.ui.screens.persona_picker import PersonaPicker
+from chatpage.ui.screens.sampling_settings import SamplingSettingsScreen
+from chatpage.ui.session import SETTING_BY_FIELD, AltMode, Change, ChatSession
+from chatpage.ui.text import clean, markup_literal
+from chatpage.ui.widgets.alternatives import AlternativesView
+from chatpage.ui.widgets.block_gauge import BlockGauge
+from chatpage.ui.widgets.prompt_input import PromptInput
+from chatpage.ui.widgets.session_list import SessionList
+from chatpage.ui.widgets.session_view import SessionView
+
+STATS_INTERVAL_S = 0.3
+FALLBACK_PERSONA = Persona(
+    "assistant", "A helpful assistant", "You are a helpful, honest assistant.",
+)
+CHATPAGE_THEME = Theme(
+    name="chatpage",
+    primary="#5FA8D3",
+    secondary="#8E7CC3",
+    accent="#F2A541",
+    warning="#F2A541",
+    error="#E5534B",
+    success="#57AB5A",
+    foreground="#D8DEE9",
+    background="#14181F",
+    surface="#1B2029",
+    panel="#232A35",
+    dark=True,
+    variables={
+        "gauge-pinned": "#8E7CC3",
+        "gauge-shared": "#57AB5A",
+        "gauge-private": "#5FA8D3",
+        "gauge-cached": "#F2A541",
+        "gauge-free": "#3A4250",
+        "footer-key-foreground": "#F2A541",
+    },
+)
+_ALT_CYCLE = {"off": "samples", "samples": "beam", "beam": "off"}
+_MODAL_BLOCKED = {"close_session", "cycle_alternatives", "next_session", "prev_session", "stop"}
+
+
+class ChatApp(App[None]):
+    """The chat UI. ``ChatApp(model, config, settings).run()``."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "chatpage"
+    BINDINGS = [
+        Binding("ctrl+n", "new_session", "New chat", id="new_session"),
+        Binding("ctrl+w", "close_session", "Close", id="close_session", priority=True),
+        Binding("ctrl+tab,ctrl+pagedown", "next_session", "Next chat", show=False,
+                id="next_session", priority=True),
+        Binding("ctrl+shift+tab,ctrl+pageup", "prev_session", "Previous chat", show=False,
+                id="prev_session", priority=True),
+        *[Binding(f"alt+{n}", f"goto_session({n})", f"Chat {n}", show=False,
+                  id=f"goto_session_{n}") for n in range(1, 10)],
+        Binding("escape", "stop", "Stop", id="stop"),
+        Binding("ctrl+r", "regenerate", "Regenerate", id="regenerate"),
+        Binding("alt+e", "edit_last", "Edit last", show=False, id="edit_last"),
+        Binding("ctrl+a", "cycle_alternatives", "Alternatives", id="cycle_alternatives",
+                priority=True),
+        Binding("alt+c", "copy_reply", "Copy reply", show=False, id="copy_reply"),
+        Binding("alt+k", "copy_code", "Copy code", show=False, id="copy_code"),
+        Binding("f2", "sampling_settings", "Sampling", id="sampling_settings"),
+        Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, id="toggle_sidebar"),
+        Binding("f1", "help", "Help", id="help"),
+    ]
+
+    def __init__(self, model: str | None = None, config: EngineConfig | None = None,
+                 settings: Settings | None = None,
+                 personas_dirs: list[Path] | None = None) -> None:
+        super().__init__()
+        self.settings = settings or Settings()
+        self.client = EngineClient(model, config or EngineConfig())
+        self.chats = Chats(self.client, self._deliver)
+        self.personas_dirs = personas_dirs
+        self.personas: list[Persona] = []
+        self.current: ChatSession | None = None
+        self.notices: list[str] = []
+        """Every notice shown, as "severity: text" (for logs and tests)."""
+        self.register_theme(CHATPAGE_THEME)
+        self._theme_problem: str | None = None
+        wanted = self.settings.theme or "chatpage"
+        if wanted in self.available_themes:
+            self.theme = wanted
+        else:
+            self.theme = "chatpage"
+            self._theme_problem = (f"theme {wanted!r} does not exist; using 'chatpage' "
+                                   "(the command palette's Theme lists the others)")
+
+    # -- layout -----------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="main"):
+            yield SessionList(id="sidebar")
+            with Vertical(id="chat"):
+                yield ContentSwitcher(id="sessions")
+                yield Static(id="prompt-info")
+                yield PromptInput(id="prompt", placeholder="Message (enter sends, ctrl+j new "
+                                                           "line, /help for commands)")
+        yield BlockGauge(id="gauge")
+        yield Footer()
+
+    async def on_mount(self) -> None:
+        self.gauge = self.query_one(BlockGauge)
+        self._apply_keymap()
+        if self._theme_problem:
+            self.say(self._theme_problem, "warning")
+        self.personas = self._load_personas()
+        self.client.start(lambda text: self.post_message(EngineStatus(text)))
+        for prompt in dict.fromkeys(p.system_prompt for p in self.personas):
+            self.client.pin_system_prompt(prompt)
+        self.set_interval(STATS_INTERVAL_S, self._poll_stats)
+        await self.open_session(self.default_persona())
+        self.query_one(PromptInput).focus()
+
+    async def on_unmount(self) -> None:
+        self.client.close()
+
+    def _apply_keymap(self) -> None:
+        keymap = dict(self.settings.bindings)
+        known = self.binding_ids()
+        unknown = sorted(set(keymap) - known)
+        if unknown:
+            self.say(f"config.yaml bindings: unknown id {', '.join(unknown)}; the ids are "
+                     f"listed in help (f1)", "warning")
+        self.set_keymap({k: v for k, v in keymap.items() if k in known})
+
+    @classmethod
+    def binding_ids(cls) -> set[str]:
+        return {b.id for b in [*cls.BINDINGS, *AlternativesView.BINDINGS] if b.id}
+
+    def _load_personas(self) -> list[Persona]:
+        personas, errors = load_personas(self.personas_dirs)
+        for error in errors:
+            self.say(f"persona file skipped: {error}", "warning", timeout=12)
+        if not personas:
+            self.say("no personas could be loaded; using a plain assistant", "warning")
+            personas = [FALLBACK_PERSONA]
+        return personas
+
+    def default_persona(self) -> Persona:
+        return default_persona(self.personas, self.settings.default_persona)
+
+    # -- notices ----------------------------------------------------------------------------------
+    def say(self, message: str, severity: str = "information", timeout: float | None = None
+            ) -> None:
+        """Show a one-line notice (never parsed as markup) and log it in `notices`."""
+        message = clean(message)
+        self.notices.append(f"{severity}: {message}")
+        self.notify(message, severity=severity, markup=False,  # type: ignore[arg-type]
+                    **({"timeout": timeout} if timeout else {}))
+
+    # -- the engine ------------------------------------------------------------------------------
+    def _deliver(self, event: StreamEvent) -> None:
+        """Called on the engine thread: hand the event over without blocking."""
+        self.post_message(EngineEvent(event))
+
+    def on_engine_event(self, message: EngineEvent) -> None:
+        self.chats.apply(message.event)
+
+    def on_engine_status(self, message: EngineStatus) -> None:
+        gauge = self.gauge
+        text = message.text
+        if text == "ready":
+            client = self.client
+            gauge.status = (f"{client.model_name} · ready · context {client.max_model_len} "
+                            f"tokens · {len(self.personas)} personas pinned")
+            for warning in client.warnings:
+                self.say(warning, "warning")
+            self._poll_stats()
+        elif text.startswith(("error", "engine error")):
+            gauge.status = text
+            self.say(text, "error", timeout=20)
+        else:
+            gauge.status = f"{text}…"
+
+    def _poll_stats(self) -> None:
+        stats = self.client.stats()
+        if stats is not None:
+            self.gauge.stats = stats
+
+    # -- sessions ---------------------------------------------------------------------------------
+    def session_view(self, session: ChatSession) -> SessionView:
+        return self.query_one(f"#session-{session.id}", SessionView)
+
+    async def open_session(self, persona: Persona) -> ChatSession:
+        session = self.chats.open(persona)
+        session.observers.append(self._session_changed)
+        await self.query_one(ContentSwitcher).add_content(SessionView(session))
+        self.switch_to(session)
+        return session
+
+    def switch_to(self, session: ChatSession) -> None:
+        prompt = self.query_one(PromptInput)
+        if self.current is not None and self.current is not session:
+            self.current.draft = prompt.text
+        self.current = session
+        self.query_one(ContentSwitcher).current = f"session-{session.id}"
+        prompt.load_text(session.draft)
+        prompt.move_cursor(prompt.document.end)
+        prompt.use_prompts(session.history)
+        self._sync_sidebar()
+        self._show_prompt_info()
+        self.refresh_bindings()
+        panes = self.session_view(session).transcript.alternatives
+        if isinstance(self.screen, ModalScreen):
+            return
+        (panes if panes is not None else prompt).focus()
+
+    def _session_changed(self, session: ChatSession, change: Change) -> None:
+        if change.kind in ("title", "busy", "generation"):
+            self._sync_sidebar()
+        if session is self.current and change.kind in ("attachments", "settings"):
+            self._show_prompt_info()
+        if change.kind == "busy":
+            self.refresh_bindings()
+        if change.kind == "generation" and session is self.current and not session.choosing:
+            self.query_one(PromptInput).focus()
+
+    def _sync_sidebar(self) -> None:
+        self.query_one(SessionList).sync(self.chats.sessions, self.current)
+
+    def _show_prompt_info(self) -> None:
+        session = self.current
+        text = Text()
+        if session is not None:
+            if session.alt_mode.kind != "off":
+                text.append(f"next reply: {session.alt_mode.describe()}  ", "bold")
+            for attachment in session.attachments:
+                text.append(f"📎 {clean(attachment.name)} ({len(attachment.text):,} chars)  ")
+        info = self.query_one("#prompt-info", Static)
+        info.update(text)
+        info.display = bool(text.plain)
+
+    @on(SessionSelected)
+    def _selected(self, message: SessionSelected) -> None:
+        session = self.chats.get(message.session_id)
+        if session is not None and session is not self.current:
+            self.switch_to(session)
+
+    def _step(self, step: int) -> None:
+        sessions = self.chats.sessions
+        if self.current is not None and len(sessions) > 1:
+            index = sessions.index(self.current)
+            self.switch_to(sessions[(index + step) % len(sessions)])
+
+    # -- prompt and commands --------------------------------------------------------------------
+    @on(PromptSubmitted)
+    async def _submitted(self, message: PromptSubmitted) -> None:
+        text = message.text
+        session = self.current
+        if session is None or (not text.strip() and not session.attachments):
+            return
+        prompt = self.query_one(PromptInput)
+        try:
+            command = parse_command(text)
+            if command is not None:
+                prompt.take()
+                self._remember(session, text)
+                await self.run_command(command)
+            else:
+                self.chats.send(session, message_text(text))
+                prompt.take()
+                self._remember(session, text)
+        except ValueError as err:  # ChatError included: one line for the user
+            self.say(str(err), "error")
+
+    @staticmethod
+    def _remember(session: ChatSession, text: str) -> None:
+        if not session.history or session.history[-1] != text:
+            session.history.append(text)
+
+    async def run_command(self, command: Command) -> None:
+        """Run a slash command on the current session (ValueError: a one-line problem)."""
+        session, name, arg = self.current, command.name, command.arg
+        assert session is not None
+        chats = self.chats
+        if name in SETTING_COMMANDS:
+            field = SETTING_COMMANDS[name]
+            info = SETTING_BY_FIELD[field]
+            if not arg:
+                value = getattr(session.sampling, field)
+                self.say(f"{info.label} is {value if value is not None else 'off'} "
+                         f"(set it with /{name} VALUE: {info.allowed})")
+                return
+            chats.set_setting(session, field, arg)
+            value = getattr(session.sampling, field)
+            self.say(f"{info.label} set to {value if value is not None else 'off'}")
+        elif name in ("samples", "beam"):
+            chats.set_alt_mode(session, AltMode(name, parse_k(arg, name)))
+            self.say(f"next reply: {session.alt_mode.describe()} (side by side)")
+        elif name == "single":
+            chats.set_alt_mode(session, AltMode(k=session.alt_mode.k))
+        elif name == "compare":
+            setting, values = parse_compare(arg)
+            chats.compare(session, setting, values)
+        elif name == "keep":
+            try:
+                number = int(arg)
+            except ValueError:
+                raise ValueError(f"use /keep N with N the pane's number, got {arg!r}") from None
+            chats.keep(session, number)
+        elif name == "file":
+            attachment = read_attachment(arg, self.client.max_model_len or None)
+            chats.attach(session, attachment)
+            self.say(f"attached {attachment.name} to your next message")
+        elif name == "detach":
+            session.attachments.clear()
+            session.changed("attachments")
+        elif name == "new":
+            if not arg:
+                self.action_new_session()
+                return
+            persona = find_persona(self.personas, arg)
+            if persona is None:
+                names = ", ".join(p.name for p in self.personas)
+                raise ValueError(f"no persona named {arg!r}; the personas are: {names}")
+            await self.open_session(persona)
+        elif name == "title":
+            if not arg:
+                raise ValueError("give the new title: /title TEXT")
+            session.title = arg
+            session.changed("title")
+        elif name == "copy":
+            self.action_copy_code() if arg.lower().startswith("code") else self.action_copy_reply()
+        elif name == "clear":
+            chats.clear(session)
+        else:
+            action = {"help": self.action_help, "stop": self.action_stop,
+                      "regen": self.action_regenerate, "edit": self.action_edit_last,
+                      "settings": self.action_sampling_settings, "quit": self.exit}[name]
+            action()
+
+    # -- actions ----------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in _MODAL_BLOCKED and isinstance(self.screen, ModalScreen):
+            return False
+        if action == "stop":
+            return True if self.current is not None and self.current.streaming else None
+        return True
+
+    def action_new_session(self) -> None:
+        def picked(persona: Persona | None) -> None:
+            if persona is not None:
+                self.call_next(self.open_session, persona)
+
+        self.push_screen(PersonaPicker(self.personas, self.default_persona()), picked)
+
+    async def action_close_session(self) -> None:
+        session = self.current
+        if session is None:
+            return
+        index = self.chats.sessions.index(session)
+        self.chats.close(session)
+        await self.session_view(session).remove()
+        self.current = None
+        if self.chats.sessions:
+            self.switch_to(self.chats.sessions[min(index, len(self.chats.sessions) - 1)])
+        else:
+            await self.open_session(self.default_persona())
+
+    def action_next_session(self) -> None:
+        self._step(+1)
+
+    def action_prev_session(self) -> None:
+        self._step(-1)
+
+    def action_goto_session(self, number: int) -> None:
+        if 1 <= number <= len(self.chats.sessions):
+            self.switch_to(self.chats.sessions[number - 1])
+
+    def action_stop(self) -> None:
+        if self.current is not None:
+            self.chats.stop(self.current)
+
+    def action_regenerate(self) -> None:
+        self._guard(lambda s: self.chats.regenerate(s))
+
+    def action_edit_last(self) -> None:
+        def edit(session: ChatSession) -> None:
+            text = self.chats.edit_last(session)
+            prompt = self.query_one(PromptInput)
+            prompt.load_text(text)
+            prompt.move_cursor(prompt.document.end)
+            prompt.focus()
+
+        self._guard(edit)
+
+    def action_cycle_alternatives(self) -> None:
+        session = self.current
+        if session is not None:
+            mode = session.alt_mode
+            self.chats.set_alt_mode(session, AltMode(_ALT_CYCLE[mode.kind], mode.k))
+
+    def action_sampling_settings(self) -> None:
+        session = self.current
+        if session is None:
+            return
+
+        def done(settings) -> None:
+            if settings is not None and session in self.chats.sessions:
+                session.sampling = settings
+                session.changed("settings")
+
+        self.push_screen(SamplingSettingsScreen(session.sampling, session.persona), done)
+
+    def action_help(self) -> None:
+        keymap = dict(self.settings.bindings)
+        rows = [(keymap.get(b.id, b.key), b.id, b.description)
+                for b in [*self.BINDINGS, *AlternativesView.BINDINGS] if b.id]
+        self.push_screen(HelpScreen(rows))
+
+    def action_toggle_sidebar(self) -> None:
+        sidebar = self.query_one(SessionList)
+        sidebar.display = not sidebar.display
+
+    def action_copy_reply(self) -> None:
+        reply = self.current.last("assistant") if self.current is not None else None
+        if reply is None or not reply.content:
+            self.say("there is no reply to copy yet", "warning")
+            return
+        self.post_message(CopyText(reply.content, "reply"))
+
+    def action_copy_code(self) -> None:
+        reply = self.current.last("assistant") if self.current is not None else None
+        blocks = [t.content for t in MarkdownIt("gfm-like").parse(reply.content)
+                  if t.type in ("fence", "code_block")] if reply is not None else []
+        if not blocks:
+            self.say("the last reply has no code block", "warning")
+            return
+        self.post_message(CopyText(blocks[-1].rstrip("\n"), "code block"))
+
+    def _guard(self, run) -> None:
+        if self.current is None:
+            return
+        try:
+            run(self.current)
+        except ValueError as err:
+            self.say(str(err), "error")
+
+    @on(KeepAlternative)
+    def _keep(self, message: KeepAlternative) -> None:
+        session = self.chats.get(message.session_id)
+        if session is None:
+            return
+        try:
+            self.chats.keep(session, message.number)
+        except ValueError as err:
+            self.say(str(err), "error")
+            return
+        if session is self.current:
+            self.query_one(PromptInput).focus()
+
+    @on(CopyText)
+    def _copy(self, message: CopyText) -> None:
+        self.copy_to_clipboard(message.text)
+        self.say(f"copied the {message.what} ({len(message.text):,} characters)")
+
+    # -- command palette ---------------------------------------------------------------------------
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for binding in self.BINDINGS:
+            if binding.id and not binding.id.startswith("goto_session"):
+                yield SystemCommand(binding.description, f"{binding.description} "
+                                    f"({binding.key.split(',')[0]})",
+                                    lambda a=binding.action: self.run_action(a))
+        yield SystemCommand("Next reply: samples", "ask for the next reply as 3 samples",
+                            lambda: self._set_mode("samples"))
+        yield SystemCommand("Next reply: beam search", "ask for the next reply by a beam of 3",
+                            lambda: self._set_mode("beam"))
+        yield SystemCommand("Next reply: single", "one reply again (alternatives off)",
+                            lambda: self._set_mode("off"))
+        for persona in self.personas:
+            yield SystemCommand(f"New chat: {markup_literal(persona.name)}",
+                                markup_literal(persona.description),
+                                lambda p=persona: self.call_next(self.open_session, p))
+        for i, session in enumerate(self.chats.sessions, 1):
+            yield SystemCommand(f"Switch to chat {i}: {markup_literal(session.title)}",
+                                f"persona {markup_literal(session.persona.name)}",
+                                lambda s=session: self.switch_to(s))
+
+    def _set_mode(self, kind: str) -> None:
+        if self.current is not None:
+            self.chats.set_alt_mode(self.current, AltMode(kind, self.current.alt_mode.k))
+
+
+def run_app(model: str | None = None, config: EngineConfig | None = None,
+            settings: Settings | None = None, personas_dirs: list[Path] | None = None) -> None:
+    """Run the chat UI until the user quits."""
+    ChatApp(model, config, settings, personas_dirs).run()

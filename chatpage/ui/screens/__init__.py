@@ -1,0 +1,1 @@
+"""Modal screens: persona picker, sampling settings, help."""

@@ -1,0 +1,47 @@
+"""HelpScreen: the keys (as remapped by the user's config) and the slash commands."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Markdown
+
+from chatpage.ui.commands import COMMANDS
+
+INTRO = """\
+# chatpage
+
+Many chats at once over one local paged-KV engine. Each chat has a persona; its system prompt is
+prefilled once and pinned, so every chat with that persona starts from the shared cache.
+The gauge at the bottom is the engine's KV block pool, live.
+"""
+
+
+def _cell(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "'")
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [
+        Binding("escape,f1,q", "close", "Close", id="help_close"),
+    ]
+
+    def __init__(self, keys: list[tuple[str, str, str]]) -> None:
+        """``keys``: (key, binding id, description) rows."""
+        super().__init__(classes="dialog-screen")
+        self.keys = keys
+
+    def compose(self) -> ComposeResult:
+        lines = [INTRO, "## Keys", "", "| key | id (for `bindings:` in config.yaml) | action |",
+                 "|---|---|---|"]
+        lines += [f"| `{_cell(k)}` | `{_cell(i)}` | {_cell(d)} |" for k, i, d in self.keys]
+        lines += ["", "## Commands", "", "| command | what it does |", "|---|---|"]
+        lines += [f"| `{_cell(c.usage)}` | {_cell(c.help)} |" for c in COMMANDS]
+        lines += ["", "Start a message with `//` to send text that begins with `/`."]
+        with Vertical(classes="dialog help"):
+            yield Markdown("\n".join(lines))
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,1 @@
+"""One focused widget per module."""

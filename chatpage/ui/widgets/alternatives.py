@@ -1,0 +1,103 @@
+"""AlternativesView: k panes side by side (samples, beams, or a /compare), one kept by 1..k or a click."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import events, on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Static
+
+from chatpage.ui.messages import KeepAlternative
+from chatpage.ui.session import MAX_ALTERNATIVES, Candidate, Generation
+from chatpage.ui.text import clean
+from chatpage.ui.widgets.message import stats_line
+from chatpage.ui.widgets.prompt_input import PromptInput
+from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
+
+
+def score_text(kind: str, cand: Candidate) -> str:
+    """The number that ranks a pane: the beam score, or the cumulative log-probability."""
+    if cand.error:
+        return "failed"
+    if kind == "beam" and cand.score is not None:
+        return f"score {cand.score:.3f}"
+    return f"logprob {cand.cumulative_logprob:.2f}"
+
+
+class AltPane(Vertical):
+    """One alternative."""
+
+    def __init__(self, number: int, kind: str, candidate: Candidate) -> None:
+        super().__init__(classes="alt-pane")
+        self.number = number
+        self.kind = kind
+        self.candidate = candidate
+
+    def compose(self) -> ComposeResult:
+        yield Static(self._title(), classes="alt-title")
+        yield StreamingMarkdown(self.candidate.text, classes="alt-body")
+        yield Static(self._foot(), classes="alt-foot")
+
+    def _title(self) -> Text:
+        title = Text(f"{self.number} ", style="bold reverse")
+        title.append(f" {clean(self.candidate.label)}", style="bold")
+        title.append(f"  {score_text(self.kind, self.candidate)}")
+        return title
+
+    def _foot(self) -> Text:
+        if self.candidate.error:
+            return Text(f"error: {clean(self.candidate.error)}")
+        state = {"abort": "stopped", None: "…"}.get(self.candidate.finish_reason, "done")
+        return Text(f"{state} · {stats_line(self.candidate.stats)}")
+
+    def refresh_candidate(self) -> None:
+        self.set_class(self.candidate.finished, "-finished")
+        self.query_one(".alt-title", Static).update(self._title())
+        self.query_one(".alt-foot", Static).update(self._foot())
+        self.query_one(StreamingMarkdown).show(self.candidate.text, now=self.candidate.finished)
+
+    def on_click(self, event: events.Click) -> None:
+        event.stop()
+        view = self.query_ancestor(AlternativesView)
+        view.post_message(KeepAlternative(view.session_id, self.number))
+
+
+class AlternativesView(Horizontal, can_focus=True):
+    """The panes of a session's alternatives; focused while they are on show."""
+
+    BINDINGS = [
+        Binding(str(n), f"keep({n})", f"Keep {n}", show=n <= 3, id=f"keep_{n}")
+        for n in range(1, MAX_ALTERNATIVES + 1)
+    ]
+
+    def __init__(self, session_id: int, generation: Generation) -> None:
+        super().__init__(classes=f"alternatives -{generation.kind}")
+        self.session_id = session_id
+        self.generation = generation
+
+    def compose(self) -> ComposeResult:
+        for i, cand in enumerate(self.generation.candidates):
+            yield AltPane(i + 1, self.generation.kind, cand)
+
+    def refresh_candidate(self, index: int) -> None:
+        panes = list(self.query(AltPane))
+        if 0 <= index < len(panes):
+            panes[index].refresh_candidate()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "keep" and parameters:
+            return int(parameters[0]) <= len(self.generation.candidates)  # type: ignore[call-overload]
+        return True
+
+    def action_keep(self, number: int) -> None:
+        self.post_message(KeepAlternative(self.session_id, number))
+
+    def on_key(self, event: events.Key) -> None:
+        """Typing something else goes back to the prompt (the keystroke is not lost)."""
+        if event.is_printable and event.character and not event.character.isdigit():
+            prompt = self.app.query_one(PromptInput)
+            prompt.focus()
+            prompt.insert(event.character)
+            event.stop()

@@ -1,0 +1,109 @@
+"""BlockGauge: a live view of the engine's KV block pool, its queues and its speed.
+
+Segments of the device pool, left to right (they add up to ``num_blocks`` exactly):
+
+- pinned: ``blocks_pinned`` - persona prefixes held for every chat to share;
+- shared: ``max(0, blocks_shared - blocks_pinned)`` - blocks read by several sequences
+  (prefix-cache hits, forks of samples and beams). The engine counts a pinned block that a chat
+  reads as shared too (the pin holds a reference), so pins are taken out of the shared count;
+  this can show a fork-shared block as private while some pinned blocks are unread;
+- private: ``blocks_used - pinned - shared`` - blocks one sequence holds alone;
+- cached: ``blocks_cached`` - unreferenced but still indexed by hash, reusable until evicted;
+- free: ``blocks_free`` (never used or evicted; = ``num_blocks - blocks_used - blocks_cached``).
+
+The CPU swap pool is shown as ``swapped/num_cpu_blocks``. `stats` holds the engine's snapshot
+unchanged; `segments` is what the bar draws.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.reactive import reactive
+from textual.widget import Widget
+
+from chatpage.engine.outputs import EngineStats
+from chatpage.settings import format_size
+from chatpage.ui.text import clean
+
+SEGMENTS = ("pinned", "shared", "private", "cached", "free")
+FLASH_S = 1.0
+
+
+def segments(stats: EngineStats) -> dict[str, int]:
+    """Block counts per segment (see the module docstring); they sum to ``stats.num_blocks``."""
+    pinned = stats.blocks_pinned
+    shared = max(0, min(stats.blocks_shared - pinned, stats.blocks_used - pinned))
+    private = stats.blocks_used - pinned - shared
+    cached = stats.blocks_cached
+    free = stats.blocks_free
+    return {"pinned": pinned, "shared": shared, "private": private, "cached": cached,
+            "free": free}
+
+
+def cells(counts: dict[str, int], width: int) -> dict[str, int]:
+    """Split ``width`` cells in proportion to ``counts`` (cumulative rounding: no drift)."""
+    total = sum(counts.values()) or 1
+    out: dict[str, int] = {}
+    done = acc = 0
+    for name, count in counts.items():
+        acc += count
+        edge = round(acc * width / total)
+        out[name] = edge - done
+        done = edge
+    return out
+
+
+class BlockGauge(Widget):
+    """Pool bar, numbers, and the engine's status line; polled by the app."""
+
+    COMPONENT_CLASSES = {f"block-gauge--{name}" for name in SEGMENTS} | {
+        "block-gauge--label", "block-gauge--swap", "block-gauge--status",
+    }
+
+    stats: reactive[EngineStats | None] = reactive(None)
+    status: reactive[str] = reactive("starting the engine…")
+    preemptions: reactive[int] = reactive(0)
+
+    @property
+    def segments(self) -> dict[str, int] | None:
+        return segments(self.stats) if self.stats is not None else None
+
+    def watch_stats(self, old: EngineStats | None, new: EngineStats | None) -> None:
+        if new is None:
+            return
+        total = new.preemptions_recompute + new.preemptions_swap
+        if old is not None and total > self.preemptions:
+            self.add_class("-preempted")
+            self.set_timer(FLASH_S, lambda: self.remove_class("-preempted"))
+        self.preemptions = total
+
+    def _style(self, name: str):
+        return self.get_component_rich_style(f"block-gauge--{name}", partial=True)
+
+    def render(self) -> Text:
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(" " + clean(self.status), self._style("status"))
+        stats = self.stats
+        if stats is None:
+            return text
+        counts = segments(stats)
+        size = stats.bytes_per_block
+        summary = (f"  {stats.blocks_used}/{stats.num_blocks} blocks · "
+                   f"{format_size(stats.blocks_used * size)} of "
+                   f"{format_size(stats.num_blocks * size)}")
+        width = max(10, self.size.width - len(summary) - 5)
+        text.append("\n KV ", self._style("label"))
+        for name, n in cells(counts, width).items():
+            text.append(" " * n, self._style(name))
+        text.append(summary)
+        text.append("\n ")
+        for name in SEGMENTS:
+            text.append("  ", self._style(name))
+            text.append(f" {name} {counts[name]}  ")
+        text.append(f"│ swap ", self._style("swap"))
+        text.append(f"{stats.blocks_swapped}/{stats.num_cpu_blocks} CPU blocks")
+        text.append(f"\n {stats.tokens_per_s:.1f} tok/s │ running {stats.num_running} · "
+                    f"waiting {stats.num_waiting} · swapped {stats.num_swapped} │ preempted "
+                    f"{stats.preemptions_recompute} recompute · {stats.preemptions_swap} swap │ "
+                    f"prefix hits {stats.prefix_hit_tokens} tokens │ kernels {stats.kernels}")
+        return text

@@ -1,0 +1,110 @@
+"""MessageView: one transcript entry (the user's text verbatim, a reply as Markdown) and its stats.
+
+Click the "copy" label to copy the message; click a code block to copy that block.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual import events, on
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Static
+from textual.widgets._markdown import MarkdownFence
+
+from chatpage.ui.messages import CopyText
+from chatpage.ui.session import Entry, ReplyStats
+from chatpage.ui.text import clean
+from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
+
+STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "error": "failed",
+                "streaming": "…"}
+
+
+def stats_line(stats: ReplyStats | None) -> str:
+    """``24 tokens · 31.5 tok/s · first token 0.21 s · cache 16/40 prompt tokens``."""
+    if stats is None:
+        return ""
+    parts = [f"{stats.tokens} token{'s' if stats.tokens != 1 else ''}"]
+    if stats.tokens_per_s:
+        parts.append(f"{stats.tokens_per_s:.1f} tok/s")
+    if stats.ttft_s is not None:
+        parts.append(f"first token {stats.ttft_s:.2f} s")
+    if stats.prompt_tokens:
+        parts.append(f"cache {stats.prefix_hit_tokens}/{stats.prompt_tokens} prompt tokens")
+    return " · ".join(parts)
+
+
+class MessageView(Vertical):
+    """Shows an `Entry`; `refresh_entry` redraws it after the entry changed."""
+
+    def __init__(self, entry: Entry, speaker: str) -> None:
+        super().__init__(classes=f"message -{entry.role}")
+        self.entry = entry
+        self.speaker = speaker
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(classes="message-head"):
+            yield Static(self._head(), classes="message-speaker")
+            yield Static("copy", classes="message-copy")
+        if self.entry.role == "user":
+            yield Static(Text(clean(self.entry.content)), classes="message-body")
+            yield Static(self._attachments(), classes="message-attachments")
+        else:
+            yield StreamingMarkdown(self.entry.content, classes="message-body")
+        yield Static(self._foot(), classes="message-foot")
+
+    # -- drawing ---------------------------------------------------------------------------------
+    def _head(self) -> Text:
+        head = Text(self.speaker, style="bold")
+        if self.entry.label:
+            head.append(f"  {clean(self.entry.label)}", style="italic")
+        note = STATUS_NOTES.get(self.entry.status)
+        if note:
+            head.append(f"  {note}")
+        return head
+
+    def _attachments(self) -> Text:
+        return Text("  ".join(f"📎 {clean(a.name)} ({len(a.text):,} chars)"
+                              for a in self.entry.attachments))
+
+    def _foot(self) -> Text:
+        if self.entry.role == "user":
+            return Text()
+        foot = Text(stats_line(self.entry.stats))
+        if self.entry.error:
+            foot = Text(f"error: {clean(self.entry.error)}")
+        return foot
+
+    def refresh_entry(self) -> None:
+        """Redraw from the entry (the body is coalesced while streaming)."""
+        entry = self.entry
+        self.set_class(entry.status == "streaming", "-streaming")
+        self.set_class(entry.status == "stopped", "-stopped")
+        self.set_class(entry.status == "error", "-error")
+        self.set_class(bool(entry.attachments), "-attached")
+        self.query_one(".message-speaker", Static).update(self._head())
+        self.query_one(".message-foot", Static).update(self._foot())
+        if entry.role == "user":
+            self.query_one(".message-body", Static).update(Text(clean(entry.content)))
+        else:
+            self.query_one(StreamingMarkdown).show(entry.content, now=entry.status != "streaming")
+
+    def on_mount(self) -> None:
+        self.refresh_entry()
+
+    # -- copying ---------------------------------------------------------------------------------
+    @on(events.Click, ".message-copy")
+    def _copy_message(self, event: events.Click) -> None:
+        event.stop()
+        self.post_message(CopyText(self.entry.content, "message"))
+
+    @on(events.Click)
+    def _copy_code(self, event: events.Click) -> None:
+        node = event.widget
+        while node is not None and node is not self:
+            if isinstance(node, MarkdownFence):
+                event.stop()
+                self.post_message(CopyText(node.code, "code block"))
+                return
+            node = node.parent

@@ -1,0 +1,86 @@
+"""PromptInput: the multi-line message box.
+
+enter sends; ctrl+j (and shift+enter where the terminal reports it) adds a newline; up on the
+first line and down on the last walk through the session's earlier prompts.
+"""
+
+from __future__ import annotations
+
+from textual import events
+from textual.widgets import TextArea
+
+from chatpage.ui.messages import PromptSubmitted
+
+NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
+
+
+class PromptInput(TextArea):
+    """A TextArea that submits on enter and recalls history."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(soft_wrap=True, tab_behavior="focus", show_line_numbers=False,
+                         compact=True, highlight_cursor_line=False, **kwargs)
+        self.prompts: list[str] = []
+        self._recall: int | None = None  # index into history while walking it
+        self._draft = ""  # what was typed before walking the history
+
+    def use_prompts(self, prompts: list[str]) -> None:
+        """Walk ``prompts`` (a session's list, shared, appended to by the app)."""
+        self.prompts = prompts
+        self._recall = None
+
+    async def _on_key(self, event: events.Key) -> None:
+        key = event.key
+        if key == "enter":
+            self._stop(event)
+            self.post_message(PromptSubmitted(self.text))
+            return
+        if key in NEWLINE_KEYS:
+            self._stop(event)
+            self.insert("\n")
+            return
+        row = self.wrapped_document.location_to_offset(self.cursor_location).y
+        if key == "up" and row == 0 and self._walk(-1):
+            self._stop(event)
+            return
+        if key == "down" and row >= self.wrapped_document.height - 1 and self._walk(+1):
+            self._stop(event)
+            return
+        await super()._on_key(event)
+
+    @staticmethod
+    def _stop(event: events.Key) -> None:
+        event.stop()
+        event.prevent_default()
+
+    def _walk(self, step: int) -> bool:
+        """Show the previous (-1) or next (+1) prompt; False when there is nowhere to go."""
+        if not self.prompts:
+            return False
+        if self._recall is None:
+            if step > 0:
+                return False
+            self._draft = self.text
+            index = len(self.prompts) - 1
+        else:
+            index = self._recall + step
+        if index < 0:
+            return True  # at the oldest: stay
+        if index >= len(self.prompts):
+            self._recall = None
+            self._set(self._draft)
+            return True
+        self._recall = index
+        self._set(self.prompts[index])
+        return True
+
+    def _set(self, text: str) -> None:
+        self.load_text(text)
+        self.move_cursor(self.document.end)
+
+    def take(self) -> str:
+        """The text, clearing the box (and leaving history mode)."""
+        text = self.text
+        self._recall = None
+        self.clear()
+        return text

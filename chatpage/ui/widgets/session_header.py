@@ -1,0 +1,45 @@
+"""SessionHeader: the persona, the prefix-cache share of the last prompt, the sampling settings."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from chatpage.ui.session import ChatSession
+from chatpage.ui.text import clean, one_line
+
+
+def cache_line(session: ChatSession) -> str:
+    stats = session.last_stats()
+    if stats is None:
+        return "prefix cache: no reply yet"
+    share = stats.prefix_hit_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
+    return (f"prefix cache: {stats.prefix_hit_tokens} of {stats.prompt_tokens} prompt tokens "
+            f"({share:.0%}) came from the shared cache")
+
+
+class SessionHeader(Static):
+    """One session's header; `refresh_session` redraws it."""
+
+    def __init__(self, session: ChatSession, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.session = session
+
+    def on_mount(self) -> None:
+        self.refresh_session()
+
+    def refresh_session(self) -> None:
+        s = self.session
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(one_line(s.persona.name, 40), "bold")
+        text.append(f"  {one_line(s.persona.description, 80)}", "italic")
+        text.append(f"\n{cache_line(s)}")
+        text.append(f"\n{s.sampling.describe()} · next reply: {s.alt_mode.describe()}")
+        if s.streaming:
+            text.append(" · generating…", "bold")
+        elif s.choosing:
+            text.append(" · choose an alternative (1-"
+                        f"{len(s.generation.candidates)}, click, or /keep N)", "bold")
+        self.update(text)
+        self.set_class(s.streaming, "-streaming")
+        self.tooltip = clean(s.persona.system_prompt)

@@ -1,0 +1,55 @@
+"""SessionView: one session's header and transcript, kept in step with its `ChatSession`."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+
+from chatpage.ui.session import Change, ChatSession
+from chatpage.ui.widgets.session_header import SessionHeader
+from chatpage.ui.widgets.transcript import Transcript
+
+
+class SessionView(Vertical):
+    """Observes its session and applies each change to the widgets."""
+
+    def __init__(self, session: ChatSession) -> None:
+        super().__init__(id=f"session-{session.id}", classes="session-view")
+        self.session = session
+
+    def compose(self) -> ComposeResult:
+        yield SessionHeader(self.session, classes="session-header")
+        yield Transcript(self.session, classes="transcript")
+
+    def on_mount(self) -> None:
+        self.session.observers.append(self._changed)
+
+    def on_unmount(self) -> None:
+        if self._changed in self.session.observers:
+            self.session.observers.remove(self._changed)
+
+    @property
+    def transcript(self) -> Transcript:
+        return self.query_one(Transcript)
+
+    def _changed(self, session: ChatSession, change: Change) -> None:
+        transcript = self.transcript
+        kind = change.kind
+        if kind == "entry_added" and change.entry is not None:
+            transcript.add(change.entry)
+        elif kind == "entry_updated" and change.entry is not None:
+            transcript.update(change.entry)
+        elif kind == "entries_reset":
+            transcript.reset()
+        elif kind == "generation":
+            panes = transcript.show_alternatives()
+            if panes is not None and self.display:
+                panes.focus()
+        elif kind == "candidate_updated" and change.index is not None:
+            alternatives = transcript.alternatives
+            if alternatives is not None:
+                alternatives.refresh_candidate(change.index)
+        if kind in ("settings", "busy", "entry_added", "entries_reset", "generation") or (
+                kind == "entry_updated" and change.entry is not None
+                and change.entry.status != "streaming"):
+            self.query_one(SessionHeader).refresh_session()

@@ -1,0 +1,65 @@
+"""StreamingMarkdown: a Markdown widget fed the whole text so far, redrawn at most ~10 times/s.
+
+The engine may produce tokens faster than Markdown can re-render; `show` only records the latest
+text and a timer applies it: appended text goes through `Markdown.append` (only the last block is
+re-parsed), rewritten text (beam search reorders beams) through `Markdown.update`. Raw HTML is
+not interpreted, and control characters are made visible (`chatpage.ui.text.clean`).
+"""
+
+from __future__ import annotations
+
+from markdown_it import MarkdownIt
+from textual.widgets import Markdown
+
+from chatpage.ui.messages import MarkdownFlushed
+from chatpage.ui.text import clean
+
+FLUSH_S = 0.1
+
+
+def _parser() -> MarkdownIt:
+    return MarkdownIt("gfm-like", {"html": False})
+
+
+class StreamingMarkdown(Markdown):
+    """Markdown that keeps up with a stream by coalescing updates."""
+
+    def __init__(self, text: str = "", **kwargs) -> None:
+        super().__init__(clean(text), parser_factory=_parser, **kwargs)
+        self._target = clean(text)
+        self._shown = self._target
+        self._scheduled = False
+        self._flushing = False
+
+    @property
+    def text(self) -> str:
+        """The latest text given to `show` (cleaned), whether or not it is drawn yet."""
+        return self._target
+
+    def show(self, text: str, now: bool = False) -> None:
+        """Make ``text`` the content: soon, or on the next message when ``now``."""
+        self._target = clean(text)
+        if self._target == self._shown:
+            return
+        if now:
+            self.call_next(self._flush)
+        elif not self._scheduled:
+            self._scheduled = True
+            self.set_timer(FLUSH_S, self._flush)
+
+    async def _flush(self) -> None:
+        self._scheduled = False
+        if self._flushing:  # the running flush picks the new text up
+            return
+        self._flushing = True
+        try:
+            while self._shown != self._target:
+                text = self._target
+                if self._shown and text.startswith(self._shown):
+                    await self.append(text[len(self._shown):])
+                else:
+                    await self.update(text)
+                self._shown = text
+        finally:
+            self._flushing = False
+        self.post_message(MarkdownFlushed())

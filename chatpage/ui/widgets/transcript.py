@@ -1,0 +1,105 @@
+"""Transcript: a session's messages, then its alternatives while they are on show.
+
+It follows the stream (anchored to the bottom) unless the user scrolls up. The anchor is set only
+once the messages overflow the view, so a short chat reads from the top.
+"""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from chatpage.ui.messages import MarkdownFlushed
+from chatpage.ui.session import ChatSession, Entry
+from chatpage.ui.text import clean
+from chatpage.ui.widgets.alternatives import AlternativesView
+from chatpage.ui.widgets.message import MessageView
+
+
+class Transcript(VerticalScroll):
+    """Message views for a session's entries."""
+
+    def __init__(self, session: ChatSession, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.session = session
+        self._views: dict[int, MessageView] = {}  # id(entry) -> view
+
+    def _view(self, entry: Entry) -> MessageView:
+        speaker = "You" if entry.role == "user" else self.session.persona.name
+        view = MessageView(entry, speaker)
+        self._views[id(entry)] = view
+        return view
+
+    def compose(self):
+        greeting = self.session.persona.greeting
+        if greeting:
+            yield Static(Text(clean(greeting)), classes="greeting")
+        for entry in self.session.entries:
+            yield self._view(entry)
+        if self.session.choosing:
+            yield AlternativesView(self.session.id, self.session.generation)
+
+    def on_mount(self) -> None:
+        self.follow()
+
+    def follow(self) -> None:
+        """Anchor to the bottom once the content is taller than the view (after the next layout)."""
+        self.call_after_refresh(self._check_follow)
+
+    def on_markdown_flushed(self, message: MarkdownFlushed) -> None:
+        message.stop()
+        if not self.is_anchored:
+            self.follow()
+
+    def _check_follow(self) -> None:
+        overflowing = self.virtual_size.height > self.scrollable_content_region.height
+        if overflowing and not self.is_anchored:
+            self.anchor()
+        elif not overflowing and self.is_anchored:
+            self.anchor(False)
+
+    @property
+    def alternatives(self) -> AlternativesView | None:
+        found = self.query(AlternativesView)
+        return found.first() if found else None
+
+    def add(self, entry: Entry) -> None:
+        alternatives = self.alternatives
+        view = self._view(entry)
+        if alternatives is not None:
+            self.mount(view, before=alternatives)
+        else:
+            self.mount(view)
+        self.follow()
+
+    def update(self, entry: Entry) -> None:
+        view = self._views.get(id(entry))
+        if view is not None and view.is_mounted:
+            view.refresh_entry()
+            if not self.is_anchored:
+                self.follow()
+
+    def reset(self) -> None:
+        """Drop the message views whose entries are gone; add any that are new."""
+        alive = {id(e) for e in self.session.entries}
+        for key, view in list(self._views.items()):
+            if key not in alive:
+                del self._views[key]
+                view.remove()
+        for entry in self.session.entries:
+            if id(entry) not in self._views:
+                self.add(entry)
+        self.follow()
+
+    def show_alternatives(self) -> AlternativesView | None:
+        """Replace the alternatives panes with the session's current ones (if any)."""
+        old = self.alternatives
+        if old is not None:
+            old.remove()
+        if not self.session.choosing:
+            return None
+        view = AlternativesView(self.session.id, self.session.generation)
+        self.mount(view)
+        self.follow()
+        return view
