@@ -100,6 +100,9 @@ def test_sampling_settings_validate_through_sampling_params():
 
 # -- Chats against a fake client -------------------------------------------------------------------
 class FakeClient:
+    error = None
+    ready = True
+
     def __init__(self):
         self.submitted: list[tuple[list, object, object]] = []
         self.cancelled: list[str] = []

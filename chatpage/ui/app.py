@@ -19,20 +19,12 @@ from textual.screen import ModalScreen, Screen
 from textual.theme import Theme
 from textual.widgets import ContentSwitcher, Footer, Static
 
-from chatpage.engine.config import EngineConfig
 from chatpage.engine.client import EngineClient, StreamEvent
-from chatpage.personas import Persona, default_persona, find_persona, load_personas
+from chatpage.engine.config import EngineConfig
+from chatpage.personas import Persona, default_persona, load_personas
 from chatpage.settings import Settings
 from chatpage.ui.chats import Chats
-from chatpage.ui.commands import (
-    SETTING_COMMANDS,
-    Command,
-    message_text,
-    parse_command,
-    parse_compare,
-    parse_k,
-    read_attachment,
-)
+from chatpage.ui.commands import Command, message_text, parse_command
 from chatpage.ui.messages import (
     CopyText,
     EngineEvent,
@@ -41,11 +33,13 @@ from chatpage.ui.messages import (
     PromptSubmitted,
     SessionSelected,
 )
+from chatpage.ui.palette import palette_commands
 from chatpage.ui.screens.help import HelpScreen
 from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.screens.sampling_settings import SamplingSettingsScreen
-from chatpage.ui.session import SETTING_BY_FIELD, AltMode, Change, ChatSession
-from chatpage.ui.text import clean, markup_literal
+from chatpage.ui.session import AltMode, Change, ChatSession
+from chatpage.ui.slash_commands import run_slash_command
+from chatpage.ui.text import clean
 from chatpage.ui.widgets.alternatives import AlternativesView
 from chatpage.ui.widgets.block_gauge import BlockGauge
 from chatpage.ui.widgets.prompt_input import PromptInput
@@ -69,14 +63,7 @@ CHATPAGE_THEME = Theme(
     surface="#1B2029",
     panel="#232A35",
     dark=True,
-    variables={
-        "gauge-pinned": "#8E7CC3",
-        "gauge-shared": "#57AB5A",
-        "gauge-private": "#5FA8D3",
-        "gauge-cached": "#F2A541",
-        "gauge-free": "#3A4250",
-        "footer-key-foreground": "#F2A541",
-    },
+    variables={"footer-key-foreground": "#F2A541"},
 )
 _ALT_CYCLE = {"off": "samples", "samples": "beam", "beam": "off"}
 _MODAL_BLOCKED = {"close_session", "cycle_alternatives", "next_session", "prev_session", "stop"}
@@ -120,6 +107,8 @@ class ChatApp(App[None]):
         self.current: ChatSession | None = None
         self.notices: list[str] = []
         """Every notice shown, as "severity: text" (for logs and tests)."""
+        self.keymap: dict[str, str] = {}
+        """The user's binding id -> key overrides in force."""
         self.register_theme(CHATPAGE_THEME)
         self._theme_problem: str | None = None
         wanted = self.settings.theme or "chatpage"
@@ -165,7 +154,8 @@ class ChatApp(App[None]):
         if unknown:
             self.say(f"config.yaml bindings: unknown id {', '.join(unknown)}; the ids are "
                      f"listed in help (f1)", "warning")
-        self.set_keymap({k: v for k, v in keymap.items() if k in known})
+        self.keymap = {k: v for k, v in keymap.items() if k in known}
+        self.set_keymap(self.keymap)
 
     @classmethod
     def binding_ids(cls) -> set[str]:
@@ -314,64 +304,7 @@ class ChatApp(App[None]):
 
     async def run_command(self, command: Command) -> None:
         """Run a slash command on the current session (ValueError: a one-line problem)."""
-        session, name, arg = self.current, command.name, command.arg
-        assert session is not None
-        chats = self.chats
-        if name in SETTING_COMMANDS:
-            field = SETTING_COMMANDS[name]
-            info = SETTING_BY_FIELD[field]
-            if not arg:
-                value = getattr(session.sampling, field)
-                self.say(f"{info.label} is {value if value is not None else 'off'} "
-                         f"(set it with /{name} VALUE: {info.allowed})")
-                return
-            chats.set_setting(session, field, arg)
-            value = getattr(session.sampling, field)
-            self.say(f"{info.label} set to {value if value is not None else 'off'}")
-        elif name in ("samples", "beam"):
-            chats.set_alt_mode(session, AltMode(name, parse_k(arg, name)))
-            self.say(f"next reply: {session.alt_mode.describe()} (side by side)")
-        elif name == "single":
-            chats.set_alt_mode(session, AltMode(k=session.alt_mode.k))
-        elif name == "compare":
-            setting, values = parse_compare(arg)
-            chats.compare(session, setting, values)
-        elif name == "keep":
-            try:
-                number = int(arg)
-            except ValueError:
-                raise ValueError(f"use /keep N with N the pane's number, got {arg!r}") from None
-            chats.keep(session, number)
-        elif name == "file":
-            attachment = read_attachment(arg, self.client.max_model_len or None)
-            chats.attach(session, attachment)
-            self.say(f"attached {attachment.name} to your next message")
-        elif name == "detach":
-            session.attachments.clear()
-            session.changed("attachments")
-        elif name == "new":
-            if not arg:
-                self.action_new_session()
-                return
-            persona = find_persona(self.personas, arg)
-            if persona is None:
-                names = ", ".join(p.name for p in self.personas)
-                raise ValueError(f"no persona named {arg!r}; the personas are: {names}")
-            await self.open_session(persona)
-        elif name == "title":
-            if not arg:
-                raise ValueError("give the new title: /title TEXT")
-            session.title = arg
-            session.changed("title")
-        elif name == "copy":
-            self.action_copy_code() if arg.lower().startswith("code") else self.action_copy_reply()
-        elif name == "clear":
-            chats.clear(session)
-        else:
-            action = {"help": self.action_help, "stop": self.action_stop,
-                      "regen": self.action_regenerate, "edit": self.action_edit_last,
-                      "settings": self.action_sampling_settings, "quit": self.exit}[name]
-            action()
+        await run_slash_command(self, command)
 
     # -- actions ----------------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -446,9 +379,15 @@ class ChatApp(App[None]):
 
         self.push_screen(SamplingSettingsScreen(session.sampling, session.persona), done)
 
+    def key_for(self, binding_id: str) -> str | None:
+        """The key(s) bound to ``binding_id`` after the user's keymap."""
+        for binding in [*self.BINDINGS, *AlternativesView.BINDINGS]:
+            if binding.id == binding_id:
+                return self.keymap.get(binding_id, binding.key)
+        return None
+
     def action_help(self) -> None:
-        keymap = dict(self.settings.bindings)
-        rows = [(keymap.get(b.id, b.key), b.id, b.description)
+        rows = [(self.key_for(b.id) or "", b.id, b.description)
                 for b in [*self.BINDINGS, *AlternativesView.BINDINGS] if b.id]
         self.push_screen(HelpScreen(rows))
 
@@ -501,27 +440,10 @@ class ChatApp(App[None]):
     # -- command palette ---------------------------------------------------------------------------
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        for binding in self.BINDINGS:
-            if binding.id and not binding.id.startswith("goto_session"):
-                yield SystemCommand(binding.description, f"{binding.description} "
-                                    f"({binding.key.split(',')[0]})",
-                                    lambda a=binding.action: self.run_action(a))
-        yield SystemCommand("Next reply: samples", "ask for the next reply as 3 samples",
-                            lambda: self._set_mode("samples"))
-        yield SystemCommand("Next reply: beam search", "ask for the next reply by a beam of 3",
-                            lambda: self._set_mode("beam"))
-        yield SystemCommand("Next reply: single", "one reply again (alternatives off)",
-                            lambda: self._set_mode("off"))
-        for persona in self.personas:
-            yield SystemCommand(f"New chat: {markup_literal(persona.name)}",
-                                markup_literal(persona.description),
-                                lambda p=persona: self.call_next(self.open_session, p))
-        for i, session in enumerate(self.chats.sessions, 1):
-            yield SystemCommand(f"Switch to chat {i}: {markup_literal(session.title)}",
-                                f"persona {markup_literal(session.persona.name)}",
-                                lambda s=session: self.switch_to(s))
+        yield from palette_commands(self)
 
-    def _set_mode(self, kind: str) -> None:
+    def set_alt_mode(self, kind: str) -> None:
+        """Ask for the current session's next reply as one reply, samples or a beam."""
         if self.current is not None:
             self.chats.set_alt_mode(self.current, AltMode(kind, self.current.alt_mode.k))
 

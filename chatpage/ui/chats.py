@@ -7,7 +7,6 @@ and are applied here with `apply`, on the UI thread.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 
 from chatpage.engine.client import EngineClient, StreamEvent
@@ -23,6 +22,7 @@ from chatpage.ui.session import (
     Entry,
     EntryStatus,
     Generation,
+    Observer,
     ReplyStats,
 )
 from chatpage.ui.text import one_line
@@ -44,12 +44,22 @@ class Chats:
         self.client = client
         self.deliver = deliver
         self.sessions: list[ChatSession] = []
-        self._ids = itertools.count(1)
+        self.observers: list[Observer] = []
+        """Given to every session opened or adopted from now on (e.g. a store that saves them)."""
+        self._next_id = 1
         self._by_request: dict[str, ChatSession] = {}
 
     # -- sessions ------------------------------------------------------------------------------
     def open(self, persona: Persona) -> ChatSession:
-        session = ChatSession.new(next(self._ids), persona)
+        """A new, empty session with ``persona``'s sampling defaults."""
+        return self.adopt(ChatSession.new(self._next_id, persona))
+
+    def adopt(self, session: ChatSession) -> ChatSession:
+        """Add an existing session (e.g. one restored from the store); ids stay unique."""
+        if self.get(session.id) is not None:
+            raise ValueError(f"session id {session.id} is already open")
+        self._next_id = max(self._next_id, session.id + 1)
+        session.observers.extend(o for o in self.observers if o not in session.observers)
         self.sessions.append(session)
         return session
 
@@ -84,11 +94,10 @@ class Chats:
 
     def regenerate(self, session: ChatSession) -> None:
         """Drop the last reply (or the alternatives on show) and ask again."""
-        if session.streaming:
-            raise ChatError("a reply is still streaming: press esc to stop it first")
-        if session.choosing:
+        if session.choosing and not session.streaming:
             self._drop_generation(session)
-        elif session.entries and session.entries[-1].role == "assistant":
+        self._check_idle(session)
+        if session.entries and session.entries[-1].role == "assistant":
             session.entries.pop()
             session.changed("entries_reset")
         if not session.entries or session.entries[-1].role != "user":
@@ -159,6 +168,14 @@ class Chats:
     def attach(self, session: ChatSession, attachment: Attachment) -> None:
         session.attachments.append(attachment)
         session.changed("attachments")
+
+    def detach(self, session: ChatSession) -> None:
+        session.attachments.clear()
+        session.changed("attachments")
+
+    def rename(self, session: ChatSession, title: str) -> None:
+        session.title = title.strip() or session.title
+        session.changed("title")
 
     def compare(self, session: ChatSession, name: str, values: list[str]) -> None:
         """Answer the last message once per value of setting ``name``, each in its own pane."""
@@ -243,6 +260,9 @@ class Chats:
 
     # -- helpers -------------------------------------------------------------------------------
     def _check_idle(self, session: ChatSession) -> None:
+        if self.client.error is not None and not self.client.ready:
+            raise ChatError(f"the model did not load ({self.client.error}); restart chatpage "
+                            "with a working --model")
         if session.streaming:
             raise ChatError("a reply is still streaming in this chat: wait for it, or press "
                             "esc to stop it")

@@ -100,7 +100,7 @@ class BlockGauge(Widget):
         for name in SEGMENTS:
             text.append("  ", self._style(name))
             text.append(f" {name} {counts[name]}  ")
-        text.append(f"│ swap ", self._style("swap"))
+        text.append("│ swap ", self._style("swap"))
         text.append(f"{stats.blocks_swapped}/{stats.num_cpu_blocks} CPU blocks")
         text.append(f"\n {stats.tokens_per_s:.1f} tok/s │ running {stats.num_running} · "
                     f"waiting {stats.num_waiting} · swapped {stats.num_swapped} │ preempted "

@@ -1,0 +1,211 @@
+"""The chat UI without a model: markup safety, persona notices, load failures, screens, keymap.
+
+The engine is pointed at a model path that does not exist (it fails at once), and where a reply is
+needed the client's submit is replaced so the test can feed StreamEvents through the same handler
+the engine thread uses (`EngineEvent`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+
+from textual.widgets import Input
+from textual.widgets._markdown import MarkdownBlock
+
+from chatpage.engine.client import StreamEvent
+from chatpage.engine.config import EngineConfig
+from chatpage.paths import config_dir
+from chatpage.settings import Settings
+from chatpage.ui.app import ChatApp
+from chatpage.ui.messages import EngineEvent, PromptSubmitted
+from chatpage.ui.screens.help import HelpScreen
+from chatpage.ui.screens.persona_picker import PersonaPicker
+from chatpage.ui.screens.sampling_settings import SamplingSettingsScreen
+from chatpage.ui.widgets.block_gauge import BlockGauge
+from chatpage.ui.widgets.message import MessageView
+from chatpage.ui.widgets.session_list import SessionList
+
+SIZE = (140, 44)
+USER_TEXT = "[bold]x[/bold] [/ \x1b[31m red \x07 bell [@click=app.quit]q[/] lone ["
+MODEL_TEXT = ("**ok** [red]no[/red] [/ \x1b[2J cleared? \x07 <b>html</b> [link](x)\n\n"
+              "```python\nprint('[bold]')\n```\n")
+
+
+def offline_app(tmp_path, **settings) -> ChatApp:
+    return ChatApp(model=str(tmp_path / "no-such-model"), config=EngineConfig(),
+                   settings=Settings(**settings))
+
+
+async def wait_for(pilot, condition, what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.05)
+
+
+def event(rid: str, text: str, finished: bool) -> StreamEvent:
+    return StreamEvent(rid, 0, text, text, False, 7, finished, "stop" if finished else None,
+                       -3.5, None, finished, 40, 32, 0.05, 0.4)
+
+
+async def test_markup_and_control_characters_render_literally(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        app.client.error = None  # pretend the model loaded: submits go to the fake below
+        submitted = []
+        app.client.submit = lambda messages, params, on_event: (
+            submitted.append(messages) or f"fake-{len(submitted)}")
+        session = app.current
+        app.post_message(PromptSubmitted(USER_TEXT))
+        await wait_for(pilot, lambda: submitted, "the submit")
+        assert submitted[0][-1] == {"role": "user", "content": USER_TEXT}  # sent verbatim
+
+        half = MODEL_TEXT[:40]
+        app.post_message(EngineEvent(event("fake-1", half, False)))
+        app.post_message(EngineEvent(event("fake-1", MODEL_TEXT, True)))
+        await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
+        await pilot.pause(0.3)
+
+        user_view, reply_view = app.session_view(session).query(MessageView)
+        shown = str(user_view.query_one(".message-body").render())
+        assert shown == "[bold]x[/bold] [/ ␛[31m red ␇ bell [@click=app.quit]q[/] lone ["
+        blocks = [b._content.plain for b in reply_view.query(MarkdownBlock)
+                  if hasattr(b, "_content")]
+        paragraph = next(p for p in blocks if "[red]no[/red]" in p)
+        assert "[/ ␛[2J cleared? ␇ <b>html</b>" in paragraph
+        assert "\x1b" not in "".join(blocks)
+        assert any("print('[bold]')" in b for b in blocks)
+        assert "7 tokens" in str(reply_view.query_one(".message-foot").render())
+        assert session.title.startswith("[bold]x[/bold]")
+        sidebar = str(app.query_one(SessionList).get_option(str(session.id)).prompt)
+        assert "[bold]x[/bold]" in sidebar
+
+        # the command palette (markup-only API) shows the title without choking on it
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert any(t.startswith("Switch to chat 1: \\[bold]x\\[/bold]") for t in titles)
+        app.action_command_palette()
+        await pilot.pause(0.2)
+        await pilot.press(*"switch")
+        await pilot.pause(0.3)
+        await pilot.press("escape")
+
+        # notices never parse markup either
+        await pilot.press("escape")
+        app.post_message(PromptSubmitted("/new [bold]nobody[/"))
+        await wait_for(pilot, lambda: "nobody" in app.notices[-1], "the notice")
+        assert "no persona named '[bold]nobody[/'" in app.notices[-1]
+
+
+async def test_load_failure_is_shown_and_messages_get_an_error(tmp_path, monkeypatch):
+    from chatpage.engine import client
+
+    release = threading.Event()
+    load = client.LLMEngine.from_pretrained
+
+    def held(*args, **kwargs):
+        release.wait(10)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(client.LLMEngine, "from_pretrained", held)
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        session = app.current
+        app.post_message(PromptSubmitted("hello?"))
+        await wait_for(pilot, lambda: session.streaming, "the queued message")
+        release.set()
+        await wait_for(pilot, lambda: not session.streaming, "the error")
+        reply = session.entries[-1]
+        assert reply.status == "error" and "model path not found" in reply.error
+        assert "model path not found" in app.query_one(BlockGauge).status
+        assert any(n.startswith("error:") and "model path not found" in n for n in app.notices)
+        app.post_message(PromptSubmitted("and now?"))
+        await wait_for(pilot, lambda: "did not load" in app.notices[-1], "the refusal")
+        assert len(session.entries) == 2  # nothing was queued into the dead engine
+
+
+async def test_broken_persona_file_gives_a_notice_and_the_rest_load(tmp_path):
+    user_dir = config_dir() / "personas"
+    user_dir.mkdir(parents=True)
+    (user_dir / "broken.yaml").write_text("name: [unclosed\n")
+    (user_dir / "mine.yaml").write_text(
+        "name: mine\ndescription: My own persona\nsystem_prompt: You are mine.\n")
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        names = {p.name for p in app.personas}
+        assert {"mine", "coder", "assistant"} <= names
+        notice = next(n for n in app.notices if "broken.yaml" in n)
+        assert notice.startswith("warning: persona file skipped:") and "invalid YAML" in notice
+        assert app.current.persona.name == "assistant"
+
+
+async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
+    app = offline_app(tmp_path, bindings={"new_session": "f5", "bogus_id": "f6"}, theme="nord")
+    async with app.run_test(size=SIZE) as pilot:
+        assert app.theme == "nord"
+        assert any("unknown id bogus_id" in n for n in app.notices)
+        await pilot.press("f5")
+        assert isinstance(app.screen, PersonaPicker)
+        await pilot.press(*"cod", "enter")
+        await wait_for(pilot, lambda: app.current.persona.name == "coder", "the coder chat")
+        session = app.current
+        assert session.sampling.temperature == 0.2  # the persona's default
+
+        await pilot.press("f2")
+        assert isinstance(app.screen, SamplingSettingsScreen)
+        temperature = app.screen.query_one("#set-temperature", Input)
+        temperature.value = "hot"
+        await pilot.click("#settings-save")
+        error = str(app.screen.query_one("#settings-error").render())
+        assert error == "temperature must be a number >= 0 (0 = greedy), got 'hot'"
+        temperature.value = "0.3"
+        seed = app.screen.query_one("#set-seed", Input)
+        seed.value = "7"
+        seed.focus()
+        await pilot.press("enter")  # enter in any field saves too
+        await pilot.pause()
+        assert not isinstance(app.screen, SamplingSettingsScreen), str(app.screen.query_one("#settings-error").render())
+        assert (session.sampling.temperature, session.sampling.seed) == (0.3, 7)
+        header = str(app.session_view(session).query_one(".session-header").render())
+        assert "temp 0.3" in header and "seed 7" in header
+
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        assert ("f5", "new_session", "New chat") in app.screen.keys
+        await pilot.press("escape")
+
+        commands = {c.title for c in app.get_system_commands(app.screen)}
+        assert {"New chat", "Stop", "Regenerate", "Alternatives", "Sampling",
+                "New chat: coder"} <= commands
+
+        # the gauge flashes when the engine preempts
+        gauge = app.query_one(BlockGauge)
+        base = StatsFactory.make()
+        gauge.stats = base
+        gauge.stats = replace(base, preemptions_recompute=1)
+        assert gauge.has_class("-preempted")
+
+
+async def test_default_theme_is_chatpage_and_unknown_theme_warns(tmp_path):
+    app = offline_app(tmp_path, theme="no-such-theme")
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.theme == "chatpage"
+        assert any("theme 'no-such-theme' does not exist" in n for n in app.notices)
+
+
+class StatsFactory:
+    @staticmethod
+    def make():
+        from chatpage.engine.outputs import EngineStats
+
+        return EngineStats(num_blocks=64, block_size=16, bytes_per_block=4096, blocks_used=10,
+                           blocks_shared=2, blocks_cached=4, blocks_pinned=3, blocks_free=50,
+                           num_cpu_blocks=8, blocks_swapped=1, num_running=2, num_waiting=1,
+                           num_swapped=0, prefix_hit_tokens=32, preemptions_recompute=0,
+                           preemptions_swap=0, evictions=0, logical_blocks=12,
+                           tokens_per_s=12.5)
