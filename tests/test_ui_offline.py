@@ -7,12 +7,11 @@ the engine thread uses (`EngineEvent`).
 
 from __future__ import annotations
 
-import threading
-import time
 from dataclasses import replace
 
+from test_ui import hold_model_load, wait_for
 from textual.widgets import Input
-from textual.widgets._markdown import MarkdownBlock
+from textual.widgets._markdown import MarkdownBlock, MarkdownFence
 
 from chatpage.engine.client import StreamEvent
 from chatpage.engine.config import EngineConfig
@@ -36,14 +35,6 @@ MODEL_TEXT = ("**ok** [red]no[/red] [/ \x1b[2J cleared? \x07 <b>html</b> [link](
 def offline_app(tmp_path, **settings) -> ChatApp:
     return ChatApp(model=str(tmp_path / "no-such-model"), config=EngineConfig(),
                    settings=Settings(**settings))
-
-
-async def wait_for(pilot, condition, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause(0.05)
 
 
 def event(rid: str, text: str, finished: bool) -> StreamEvent:
@@ -81,6 +72,15 @@ async def test_markup_and_control_characters_render_literally(tmp_path):
         assert any("print('[bold]')" in b for b in blocks)
         assert "7 tokens" in str(reply_view.query_one(".message-foot").render())
         assert session.title.startswith("[bold]x[/bold]")
+
+        # click a code block to copy it; click "copy" to copy the whole message
+        fence = reply_view.query_one(MarkdownFence)
+        await pilot.click(fence)
+        assert app.clipboard == "print('[bold]')"
+        await pilot.click(reply_view.query_one(".message-copy"))
+        assert app.clipboard == MODEL_TEXT
+        await pilot.press("alt+k")
+        assert app.clipboard == "print('[bold]')"
         sidebar = str(app.query_one(SessionList).get_option(str(session.id)).prompt)
         assert "[bold]x[/bold]" in sidebar
 
@@ -101,16 +101,7 @@ async def test_markup_and_control_characters_render_literally(tmp_path):
 
 
 async def test_load_failure_is_shown_and_messages_get_an_error(tmp_path, monkeypatch):
-    from chatpage.engine import client
-
-    release = threading.Event()
-    load = client.LLMEngine.from_pretrained
-
-    def held(*args, **kwargs):
-        release.wait(10)
-        return load(*args, **kwargs)
-
-    monkeypatch.setattr(client.LLMEngine, "from_pretrained", held)
+    release = hold_model_load(monkeypatch)
     app = offline_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         session = app.current

@@ -196,7 +196,7 @@ class ChatApp(App[None]):
         if text == "ready":
             client = self.client
             gauge.status = (f"{client.model_name} · ready · context {client.max_model_len} "
-                            f"tokens · {len(self.personas)} personas pinned")
+                            f"tokens · {len(self.personas)} personas")
             for warning in client.warnings:
                 self.say(warning, "warning")
             self._poll_stats()
@@ -286,16 +286,17 @@ class ChatApp(App[None]):
         prompt = self.query_one(PromptInput)
         try:
             command = parse_command(text)
-            if command is not None:
-                prompt.take()
-                self._remember(session, text)
-                await self.run_command(command)
-            else:
+            if command is None:
                 self.chats.send(session, message_text(text))
-                prompt.take()
-                self._remember(session, text)
+            prompt.take()
+            self._remember(session, text)
+            if command is not None:
+                await self.run_command(command)
         except ValueError as err:  # ChatError included: one line for the user
             self.say(str(err), "error")
+            if not prompt.text:  # a command that failed comes back to be fixed
+                prompt.load_text(text)
+                prompt.move_cursor(prompt.document.end)
 
     @staticmethod
     def _remember(session: ChatSession, text: str) -> None:

@@ -12,7 +12,7 @@ from textual.widgets import Static
 from chatpage.ui.messages import KeepAlternative
 from chatpage.ui.session import MAX_ALTERNATIVES, Candidate, Generation
 from chatpage.ui.text import clean
-from chatpage.ui.widgets.message import stats_line
+from chatpage.ui.widgets.message import REDRAW_S, stats_line
 from chatpage.ui.widgets.prompt_input import PromptInput
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
 
@@ -34,6 +34,7 @@ class AltPane(Vertical):
         self.number = number
         self.kind = kind
         self.candidate = candidate
+        self._redraw_pending = False
 
     def compose(self) -> ComposeResult:
         yield Static(self._title(), classes="alt-title")
@@ -53,6 +54,15 @@ class AltPane(Vertical):
         return Text(f"{state} · {stats_line(self.candidate.stats)}")
 
     def refresh_candidate(self) -> None:
+        """Redraw from the candidate: at once when it is final, else at most every REDRAW_S."""
+        if self.candidate.finished:
+            self._redraw()
+        elif not self._redraw_pending:
+            self._redraw_pending = True
+            self.set_timer(REDRAW_S, self._redraw)
+
+    def _redraw(self) -> None:
+        self._redraw_pending = False
         self.set_class(self.candidate.finished, "-finished")
         self.query_one(".alt-title", Static).update(self._title())
         self.query_one(".alt-foot", Static).update(self._foot())

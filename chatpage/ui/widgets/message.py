@@ -17,6 +17,7 @@ from chatpage.ui.session import Entry, ReplyStats
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
 
+REDRAW_S = 0.1
 STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "error": "failed",
                 "streaming": "…"}
 
@@ -42,6 +43,7 @@ class MessageView(Vertical):
         super().__init__(classes=f"message -{entry.role}")
         self.entry = entry
         self.speaker = speaker
+        self._redraw_pending = False
 
     def compose(self) -> ComposeResult:
         with Horizontal(classes="message-head"):
@@ -77,7 +79,15 @@ class MessageView(Vertical):
         return foot
 
     def refresh_entry(self) -> None:
-        """Redraw from the entry (the body is coalesced while streaming)."""
+        """Redraw from the entry: at once when it is final, else at most every REDRAW_S."""
+        if self.entry.status != "streaming":
+            self._redraw()
+        elif not self._redraw_pending:
+            self._redraw_pending = True
+            self.set_timer(REDRAW_S, self._redraw)
+
+    def _redraw(self) -> None:
+        self._redraw_pending = False
         entry = self.entry
         self.set_class(entry.status == "streaming", "-streaming")
         self.set_class(entry.status == "stopped", "-stopped")
@@ -91,7 +101,7 @@ class MessageView(Vertical):
             self.query_one(StreamingMarkdown).show(entry.content, now=entry.status != "streaming")
 
     def on_mount(self) -> None:
-        self.refresh_entry()
+        self._redraw()
 
     # -- copying ---------------------------------------------------------------------------------
     @on(events.Click, ".message-copy")

@@ -11,7 +11,7 @@ from chatpage.ui.messages import SessionSelected
 from chatpage.ui.session import ChatSession
 from chatpage.ui.text import one_line
 
-TITLE_WIDTH = 24
+TITLE_WIDTH = 22
 
 
 def marker(session: ChatSession) -> str:
