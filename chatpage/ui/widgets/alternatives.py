@@ -12,9 +12,10 @@ from textual.widgets import Static
 from chatpage.ui.messages import KeepAlternative
 from chatpage.ui.session import MAX_ALTERNATIVES, Candidate, Generation
 from chatpage.ui.text import clean
-from chatpage.ui.widgets.message import REDRAW_S, stats_line
+from chatpage.ui.widgets.message import stats_line
 from chatpage.ui.widgets.prompt_input import PromptInput
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
+from chatpage.ui.widgets.throttle import Throttled
 
 
 def score_text(kind: str, cand: Candidate) -> str:
@@ -26,7 +27,7 @@ def score_text(kind: str, cand: Candidate) -> str:
     return f"logprob {cand.cumulative_logprob:.2f}"
 
 
-class AltPane(Vertical):
+class AltPane(Throttled, Vertical):
     """One alternative."""
 
     def __init__(self, number: int, kind: str, candidate: Candidate) -> None:
@@ -34,7 +35,6 @@ class AltPane(Vertical):
         self.number = number
         self.kind = kind
         self.candidate = candidate
-        self._redraw_pending = False
 
     def compose(self) -> ComposeResult:
         yield Static(self._title(), classes="alt-title")
@@ -54,15 +54,10 @@ class AltPane(Vertical):
         return Text(f"{state} · {stats_line(self.candidate.stats)}")
 
     def refresh_candidate(self) -> None:
-        """Redraw from the candidate: at once when it is final, else at most every REDRAW_S."""
-        if self.candidate.finished:
-            self._redraw()
-        elif not self._redraw_pending:
-            self._redraw_pending = True
-            self.set_timer(REDRAW_S, self._redraw)
+        """Redraw from the candidate (throttled while it streams)."""
+        self.request_redraw(final=self.candidate.finished)
 
-    def _redraw(self) -> None:
-        self._redraw_pending = False
+    def redraw(self) -> None:
         self.set_class(self.candidate.finished, "-finished")
         self.query_one(".alt-title", Static).update(self._title())
         self.query_one(".alt-foot", Static).update(self._foot())

@@ -16,8 +16,8 @@ from chatpage.ui.messages import CopyText
 from chatpage.ui.session import Entry, ReplyStats
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
+from chatpage.ui.widgets.throttle import Throttled
 
-REDRAW_S = 0.1
 STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "error": "failed",
                 "streaming": "…"}
 
@@ -36,14 +36,13 @@ def stats_line(stats: ReplyStats | None) -> str:
     return " · ".join(parts)
 
 
-class MessageView(Vertical):
+class MessageView(Throttled, Vertical):
     """Shows an `Entry`; `refresh_entry` redraws it after the entry changed."""
 
     def __init__(self, entry: Entry, speaker: str) -> None:
         super().__init__(classes=f"message -{entry.role}")
         self.entry = entry
         self.speaker = speaker
-        self._redraw_pending = False
 
     def compose(self) -> ComposeResult:
         with Horizontal(classes="message-head"):
@@ -79,15 +78,10 @@ class MessageView(Vertical):
         return foot
 
     def refresh_entry(self) -> None:
-        """Redraw from the entry: at once when it is final, else at most every REDRAW_S."""
-        if self.entry.status != "streaming":
-            self._redraw()
-        elif not self._redraw_pending:
-            self._redraw_pending = True
-            self.set_timer(REDRAW_S, self._redraw)
+        """Redraw from the entry (throttled while it streams)."""
+        self.request_redraw(final=self.entry.status != "streaming")
 
-    def _redraw(self) -> None:
-        self._redraw_pending = False
+    def redraw(self) -> None:
         entry = self.entry
         self.set_class(entry.status == "streaming", "-streaming")
         self.set_class(entry.status == "stopped", "-stopped")
@@ -101,7 +95,7 @@ class MessageView(Vertical):
             self.query_one(StreamingMarkdown).show(entry.content, now=entry.status != "streaming")
 
     def on_mount(self) -> None:
-        self._redraw()
+        self.redraw()
 
     # -- copying ---------------------------------------------------------------------------------
     @on(events.Click, ".message-copy")
