@@ -1,0 +1,641 @@
+"""BlockManager and BlockPool: a stateful model of the engine's use, plus focused unit tests.
+
+The state machine drives a small BlockManager the way the scheduler and the engine do (capacity
+checks first; the plan's swaps and copies applied before each forward pass) and simulates the KV
+data: every slot holds the token prefix whose K/V it stores, so a computed position reads back
+its own context through its block table only if prefix reuse, copy-on-write and swapping are
+right.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from chatpage.engine.block_manager import BlockManager, BlockPool, chain_hash
+from chatpage.engine.sequence import Sequence
+
+BS = 4
+NUM_BLOCKS = 12
+NUM_CPU_BLOCKS = 10
+MAX_LEN = 24  # tokens per sequence: at most 6 blocks, half the device pool
+MAX_SEQS = 8
+
+
+class _Detok:
+    """A stand-in detokenizer: Sequence.fork only needs copy()."""
+
+    def copy(self) -> _Detok:
+        return self
+
+
+def make_seq(tokens: list[int], prompt_len: int | None = None) -> Sequence:
+    return Sequence(list(tokens), len(tokens) if prompt_len is None else prompt_len, _Detok())
+
+
+def compute(bm: BlockManager, seq: Sequence, k: int | None = None) -> int:
+    """One engine step for ``seq`` alone: allocate, run the model (nothing to simulate), commit."""
+    k = len(seq) - bm.computed_tokens(seq) if k is None else k
+    hits = bm.allocate_slots(seq, k)
+    seq.num_computed_tokens += k
+    bm.commit(seq)
+    return hits
+
+
+def chain_of(tokens: tuple[int, ...]) -> int | None:
+    """The chain hash of the last full block of ``tokens``."""
+    h = None
+    for i in range(len(tokens) // BS):
+        h = chain_hash(h, tuple(tokens[i * BS : (i + 1) * BS]))
+    return h
+
+
+# -------------------------------------------------------------------------------------------------
+# stateful model
+# -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Family:
+    """Sequences that share blocks through fork: one request group. ``state`` is where its
+    blocks are: 'waiting' (none: new or preempted by recompute), 'running' (device), 'swapped'."""
+
+    seqs: list[Sequence]
+    state: str = "waiting"
+
+
+@dataclass
+class Memory:
+    """Simulated K/V contents: block id -> one entry per slot (the prefix it encodes, or None)."""
+
+    dev: dict[int, list] = field(default_factory=dict)
+    cpu: dict[int, list] = field(default_factory=dict)
+
+    @staticmethod
+    def _gather_scatter(
+        src: dict[int, list], dst: dict[int, list], pairs: list[tuple[int, int]]
+    ) -> None:
+        # like the kernels (index_select then index_copy_): all sources are read before any write
+        data = [list(src.get(s, [None] * BS)) for s, _ in pairs]
+        for (_, d), block in zip(pairs, data, strict=True):
+            dst[d] = block
+
+    def apply(self, bm: BlockManager) -> None:
+        """What LLMEngine.step does with the plan before the forward pass, in its order."""
+        plan = bm.plan
+        assert len({d for _, d in plan.copies}) == len(plan.copies), "a block copied into twice"
+        self._gather_scatter(self.dev, self.cpu, plan.swap_out)
+        self._gather_scatter(self.cpu, self.dev, plan.swap_in)
+        self._gather_scatter(self.dev, self.dev, plan.copies)
+        plan.clear()
+
+
+STEMS = [(), (0, 1, 2, 0), (0, 1, 2, 0, 1, 1, 2, 2), (2, 2, 2, 2, 2)]
+prompts = st.builds(
+    lambda stem, tail: list(stem + tuple(tail)) or [0],
+    st.sampled_from(STEMS),
+    st.lists(st.integers(0, 2), max_size=10),
+)
+picks = st.integers(0, 10_000)
+new_tokens = st.lists(st.integers(0, 2), min_size=MAX_SEQS, max_size=MAX_SEQS)
+
+
+class BlockManagerMachine(RuleBasedStateMachine):
+    enable_caching = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bm = BlockManager(NUM_BLOCKS, NUM_CPU_BLOCKS, BS, enable_caching=self.enable_caching)
+        self.families: list[Family] = []
+        self.mem = Memory()
+        self.pins: dict[int, tuple[list[int], list[list]]] = {}  # handle -> blocks, contents
+        self.next_handle = 0
+
+    # -- helpers -----------------------------------------------------------------------------------
+    def _live(self) -> list[Sequence]:
+        return [s for f in self.families for s in f.seqs]
+
+    def _in(self, *states: str) -> list[Family]:
+        return [f for f in self.families if f.state in states]
+
+    def _demands(self, fam: Family, chunk: int) -> list[tuple[Sequence, int]]:
+        """The scheduler's demands: a lone sequence may prefill in chunks, a group moves whole."""
+        if len(fam.seqs) == 1:
+            seq = fam.seqs[0]
+            return [(seq, min(chunk, len(seq) - self.bm.computed_tokens(seq)))]
+        return [(s, len(s) - self.bm.computed_tokens(s)) for s in fam.seqs]
+
+    def _allocate(self, seq: Sequence, k: int) -> None:
+        """allocate_slots for one sequence, checking what it may and may not change."""
+        bm, pool = self.bm, self.bm.pool
+        first_call = seq.seq_id not in bm.tables
+        expect_hits = bm.computed_tokens(seq) if first_call else 0
+        need = bm.blocks_needed(seq, k)
+        free_before = pool.num_free
+        others = {sid: list(t) for sid, t in bm.tables.items() if sid != seq.seq_id}
+        old_table = [] if first_call else list(bm.tables[seq.seq_id])
+        first = seq.num_computed_tokens // BS
+        old = old_table[first] if first < len(old_table) else None
+        shared = old is not None and pool.ref[old] > 1
+        old_ref = pool.ref[old] if old is not None else 0
+        copies_before = len(bm.plan.copies)
+
+        hits = bm.allocate_slots(seq, k)
+
+        table = bm.tables[seq.seq_id]
+        assert hits == expect_hits
+        assert hits % BS == 0 and hits < len(seq), "a prefix hit may never cover the last token"
+        if first_call:
+            assert seq.num_computed_tokens == hits
+            first = hits // BS
+            old_table = table[:first]  # the hits; their contents are checked by the invariants
+        assert free_before - pool.num_free == need, "blocks_needed must be exact for one call"
+        assert len(table) == -(-(seq.num_computed_tokens + k) // BS)
+        assert {sid: t for sid, t in bm.tables.items() if sid != seq.seq_id} == others
+        assert table[:first] == old_table[:first]
+        # every block this call writes into is private to the writer
+        assert all(pool.ref[b] == 1 for b in table[first:])
+        new_copies = bm.plan.copies[copies_before:]
+        if shared:
+            assert table[first] != old and new_copies == [(old, table[first])]
+            assert pool.ref[old] == old_ref - 1
+        else:
+            assert new_copies == []
+            if old is not None:
+                assert table[first] == old
+
+    def _schedule(self, fam: Family, chunk: int, tokens: list[int]) -> list[tuple[Sequence, int]]:
+        """Sample (append) where all is computed, then allocate for ``fam`` if it fits."""
+        if fam.state == "running":
+            for seq, tok in zip(fam.seqs, tokens, strict=False):
+                if seq.num_uncomputed == 0:
+                    if len(seq) >= MAX_LEN:
+                        return []
+                    seq.append(tok, 0.0)
+        demands = self._demands(fam, chunk)
+        if not self.bm.can_allocate(demands):
+            return []
+        for seq, k in demands:
+            self._allocate(seq, k)
+        fam.state = "running"
+        return demands
+
+    def _execute(self, demands: list[tuple[Sequence, int]]) -> None:
+        """The rest of the engine step: apply the plan, write the new K/V, commit."""
+        self.mem.apply(self.bm)
+        for seq, k in demands:
+            table = self.bm.tables[seq.seq_id]
+            for p in range(seq.num_computed_tokens, seq.num_computed_tokens + k):
+                slots = self.mem.dev.setdefault(table[p // BS], [None] * BS)
+                slots[p % BS] = tuple(seq.token_ids[: p + 1])
+            seq.num_computed_tokens += k
+            self.bm.commit(seq)
+
+    def _swap_out(self, fam: Family) -> bool:
+        bm = self.bm
+        if not bm.can_swap_out(fam.seqs):
+            return False
+        unique = {b for s in fam.seqs for b in bm.tables[s.seq_id]}
+        cpu_free = bm.cpu_pool.num_free
+        pairs_before = len(bm.plan.swap_out)
+        bm.swap_out(fam.seqs)
+        assert sorted(s for s, _ in bm.plan.swap_out[pairs_before:]) == sorted(unique)
+        assert cpu_free - bm.cpu_pool.num_free == len(unique), "shared blocks move once"
+        fam.state = "swapped"
+        return True
+
+    # -- rules -------------------------------------------------------------------------------------
+    @precondition(lambda self: len(self._live()) < MAX_SEQS)
+    @rule(prompt=prompts)
+    def add(self, prompt: list[int]) -> None:
+        self.families.append(Family([make_seq(prompt)]))
+
+    @precondition(lambda self: self._in("waiting", "running"))
+    @rule(pick=picks, chunk=st.integers(1, 16), tokens=new_tokens)
+    def run(self, pick: int, chunk: int, tokens: list[int]) -> None:
+        fams = self._in("waiting", "running")
+        self._execute(self._schedule(fams[pick % len(fams)], chunk, tokens))
+
+    @precondition(lambda self: self._in("waiting", "running"))
+    @rule(chunk=st.integers(1, 16), tokens=new_tokens)
+    def step_all(self, chunk: int, tokens: list[int]) -> None:
+        """One engine step over every group that fits, oldest first: one plan, one pass."""
+        demands = []
+        for fam in self._in("waiting", "running"):
+            demands += self._schedule(fam, chunk, tokens)
+        self._execute(demands)
+
+    @precondition(lambda self: self._in("running", "swapped") and len(self._live()) < MAX_SEQS)
+    @rule(pick=picks)
+    def fork(self, pick: int) -> None:
+        fams = self._in("running", "swapped")
+        fam = fams[pick % len(fams)]
+        parent = fam.seqs[pick % len(fam.seqs)]
+        pool = self.bm.pool if fam.state == "running" else self.bm.cpu_pool
+        refs = [pool.ref[b] for b in self.bm.tables[parent.seq_id]]
+        child = parent.fork()
+        self.bm.fork(parent, child)
+        assert self.bm.tables[child.seq_id] == self.bm.tables[parent.seq_id]
+        assert [pool.ref[b] for b in self.bm.tables[child.seq_id]] == [r + 1 for r in refs]
+        fam.seqs.append(child)
+
+    @precondition(lambda self: self.families)
+    @rule(pick=picks)
+    def free(self, pick: int) -> None:
+        seqs = self._live()
+        seq = seqs[pick % len(seqs)]
+        self.bm.free(seq)
+        assert seq.seq_id not in self.bm.tables
+        for fam in self.families:
+            if seq in fam.seqs:
+                fam.seqs.remove(seq)
+        self.families = [f for f in self.families if f.seqs]
+
+    @precondition(lambda self: self._in("running", "swapped"))
+    @rule(pick=picks)
+    def reset(self, pick: int) -> None:
+        fams = self._in("running", "swapped")
+        fam = fams[pick % len(fams)]
+        for seq in fam.seqs:
+            self.bm.reset(seq)
+            assert seq.num_computed_tokens == 0 and seq.seq_id not in self.bm.tables
+        fam.state = "waiting"
+
+    @precondition(lambda self: self._in("running"))
+    @rule(pick=picks)
+    def swap_out(self, pick: int) -> None:
+        fams = self._in("running")
+        self._swap_out(fams[pick % len(fams)])
+        self.mem.apply(self.bm)
+
+    @precondition(lambda self: self._in("swapped"))
+    @rule(pick=picks, then_run=st.booleans(), tokens=new_tokens)
+    def swap_in(self, pick: int, then_run: bool, tokens: list[int]) -> None:
+        fams = self._in("swapped")
+        fam = fams[pick % len(fams)]
+        bm = self.bm
+        if not bm.can_swap_in(fam.seqs):
+            return
+        unique = {b for s in fam.seqs for b in bm.tables[s.seq_id]}
+        free = bm.pool.num_free
+        bm.swap_in(fam.seqs)
+        assert sorted(s for s, _ in bm.plan.swap_in) == sorted(unique)
+        assert free - bm.pool.num_free == len(unique)
+        fam.state = "running"
+        # like the scheduler: the group is stepped in the same plan when it fits
+        self._execute(self._schedule(fam, MAX_LEN, tokens) if then_run else [])
+
+    @precondition(lambda self: len(self._in("running")) >= 1 and len(self.families) >= 2)
+    @rule(victim=picks, runner=picks, chunk=st.integers(1, 16), tokens=new_tokens)
+    def preempt_and_run(self, victim: int, runner: int, chunk: int, tokens: list[int]) -> None:
+        """One scheduler step: swap out a running group to make room for another; the
+        freed device blocks may be reused by that step's allocations and copies."""
+        running = self._in("running")
+        v = running[victim % len(running)]
+        others = [f for f in self._in("waiting", "running") if f is not v]
+        if not others or not self._swap_out(v):
+            return
+        self._execute(self._schedule(others[runner % len(others)], chunk, tokens))
+
+    @precondition(lambda self: self._in("running"))
+    @rule(pick=picks)
+    def pin(self, pick: int) -> None:
+        seqs = [s for f in self._in("running") for s in f.seqs]
+        seq = seqs[pick % len(seqs)]
+        handle, self.next_handle = self.next_handle, self.next_handle + 1
+        n = self.bm.pin(seq, handle)
+        assert n == min(seq.prompt_len, seq.num_computed_tokens) // BS
+        blocks = self.bm.tables[seq.seq_id][:n]
+        self.pins[handle] = (blocks, [list(self.mem.dev[b]) for b in blocks])
+
+    @precondition(lambda self: self.pins)
+    @rule(pick=picks)
+    def unpin(self, pick: int) -> None:
+        handles = sorted(self.pins)
+        handle = handles[pick % len(handles)]
+        self.bm.unpin(handle)
+        del self.pins[handle]
+
+    # -- invariants --------------------------------------------------------------------------------
+    @invariant()
+    def plan_is_applied(self) -> None:
+        plan = self.bm.plan
+        assert not (plan.copies or plan.swap_out or plan.swap_in)
+
+    @invariant()
+    def tables_match_states(self) -> None:
+        live = {s.seq_id for s in self._live()}
+        assert set(self.bm.tables) <= live
+        for fam in self.families:
+            for seq in fam.seqs:
+                if fam.state == "waiting":
+                    assert seq.seq_id not in self.bm.tables and seq.num_computed_tokens == 0
+                    continue
+                table = self.bm.tables[seq.seq_id]
+                assert len(table) == -(-seq.num_computed_tokens // BS)
+                assert len(set(table)) == len(table)
+                assert seq.num_computed_tokens <= len(seq)
+        assert self.bm.num_logical_blocks == sum(
+            len(self.bm.tables[s.seq_id]) for f in self._in("running") for s in f.seqs
+        )
+
+    def _check_pool(self, pool: BlockPool, refs: Counter, pins: Counter) -> None:
+        free = list(pool._free)
+        assert len(set(free)) == len(free)
+        free_set = set(free)
+        hashed = 0
+        for b in range(pool.num_blocks):
+            assert pool.ref[b] == refs[b] + pins[b], f"block {b}: ref {pool.ref[b]}"
+            assert pool.pin_count[b] == pins[b]
+            h = pool.block_hash[b]
+            if h is not None:
+                hashed += 1
+                assert pool.lookup(h) == b
+            if pool.ref[b] > 0:
+                assert b not in free_set and not pool.is_evictable(b)
+            else:
+                assert (b in free_set) == (h is None)
+                assert pool.is_evictable(b) == (h is not None)
+        assert len(pool._index) == hashed
+        assert pool.num_used == sum(r > 0 for r in pool.ref)
+        assert pool.num_shared == sum(r > 1 for r in pool.ref)
+        assert pool.num_pinned == sum(p > 0 for p in pool.pin_count)
+        assert pool.num_unindexed_free + pool.num_used + pool.num_cached == pool.num_blocks
+        assert pool.num_free == pool.num_unindexed_free + pool.num_cached
+
+    @invariant()
+    def ref_counts_are_references(self) -> None:
+        dev, cpu = Counter(), Counter()
+        for fam in self._in("running", "swapped"):
+            for seq in fam.seqs:
+                (dev if fam.state == "running" else cpu).update(self.bm.tables[seq.seq_id])
+        pins = Counter(b for blocks, _ in self.pins.values() for b in blocks)
+        self._check_pool(self.bm.pool, dev, pins)
+        self._check_pool(self.bm.cpu_pool, cpu, Counter())
+        assert not any(h is not None for h in self.bm.cpu_pool.block_hash)
+        if not self.enable_caching:
+            assert not any(h is not None for h in self.bm.pool.block_hash)
+
+    @invariant()
+    def computed_positions_read_back(self) -> None:
+        """Every computed token of every sequence is found, with its whole context, through its
+        table: no copy-on-write leak into a sibling, no lost swap, no wrong prefix hit."""
+        for fam in self._in("running", "swapped"):
+            mem = self.mem.dev if fam.state == "running" else self.mem.cpu
+            for seq in fam.seqs:
+                table = self.bm.tables[seq.seq_id]
+                for p in range(seq.num_computed_tokens):
+                    got = mem.get(table[p // BS], [None] * BS)[p % BS]
+                    assert got == tuple(seq.token_ids[: p + 1]), f"seq {seq.seq_id} position {p}"
+
+    @invariant()
+    def indexed_blocks_hold_their_tokens(self) -> None:
+        """A block reachable by hash (used or cached) holds the full block its chain names."""
+        pool = self.bm.pool
+        for b in range(pool.num_blocks):
+            if pool.block_hash[b] is None:
+                continue
+            slots = self.mem.dev[b]
+            last = slots[-1]
+            assert last is not None and len(last) % BS == 0
+            start = len(last) - BS
+            assert slots == [last[: start + j + 1] for j in range(BS)]
+            assert chain_of(last) == pool.block_hash[b]
+
+    @invariant()
+    def pinned_blocks_unchanged(self) -> None:
+        for blocks, contents in self.pins.values():
+            assert [self.mem.dev[b] for b in blocks] == contents
+
+    def teardown(self) -> None:
+        for seq in self._live():
+            self.bm.free(seq)
+        for handle in list(self.pins):
+            self.bm.unpin(handle)
+        bm = self.bm
+        assert not bm.tables and not bm._hashes and not bm._registered and not bm._swapped
+        for pool in (bm.pool, bm.cpu_pool):
+            assert pool.num_used == 0 and pool.num_shared == 0 and pool.num_pinned == 0
+            assert not any(pool.ref) and not any(pool.pin_count)
+            assert pool.num_free == pool.num_blocks
+
+
+class NoCachingMachine(BlockManagerMachine):
+    enable_caching = False
+
+
+TestBlockManagerStateful = BlockManagerMachine.TestCase
+TestBlockManagerStateful.settings = settings(
+    max_examples=150, stateful_step_count=50, deadline=None
+)
+TestBlockManagerNoCaching = NoCachingMachine.TestCase
+TestBlockManagerNoCaching.settings = settings(TestBlockManagerStateful.settings, max_examples=50)
+
+
+# -------------------------------------------------------------------------------------------------
+# unit tests
+# -------------------------------------------------------------------------------------------------
+
+
+def test_prefix_reuse_hits_full_blocks_but_never_the_last_token() -> None:
+    bm = BlockManager(32, 0, BS)
+    base = list(range(12))  # exactly three full blocks
+    a = make_seq(base)
+    assert compute(bm, a) == 0
+    a_table = list(bm.tables[a.seq_id])
+
+    same = make_seq(base)  # the last token must be computed for its logits: two blocks reused
+    assert bm.computed_tokens(same) == 8
+    assert bm.blocks_needed(same, 4) == 1  # the hits are in use by `a`: nothing else taken
+    assert compute(bm, same) == 8
+    assert bm.tables[same.seq_id][:2] == a_table[:2]
+    assert bm.tables[same.seq_id][2] != a_table[2]
+    assert bm.pool.ref[a_table[0]] == bm.pool.ref[a_table[1]] == 2
+
+    longer = make_seq(base + [99])
+    assert compute(bm, longer) == 12
+    assert bm.tables[longer.seq_id][:3] == a_table
+
+    differs = make_seq(base[:4] + [77] + base[5:])  # second block differs: the chain breaks
+    assert compute(bm, differs) == 4
+    assert compute(bm, make_seq(base[:3])) == 0  # no full block
+    assert bm.prefix_hit_tokens == 8 + 12 + 4
+
+    # reuse survives the owners being freed: the blocks wait in the cache
+    for seq in (a, same, longer, differs):
+        bm.free(seq)
+    again = make_seq(base + [5])
+    assert bm.computed_tokens(again) == 12
+    # three cached hits leave the free count, plus one fresh block for the last token
+    assert bm.blocks_needed(again, 1) == 4
+    free = bm.pool.num_free
+    assert compute(bm, again) == 12
+    assert free - bm.pool.num_free == 4
+    assert bm.tables[again.seq_id][:3] == a_table
+
+    off = BlockManager(32, 0, BS, enable_caching=False)
+    compute(off, make_seq(base))
+    assert compute(off, make_seq(base + [1])) == 0
+
+
+def test_lru_evicts_freed_tails_before_heads() -> None:
+    bm = BlockManager(6, 0, BS)
+    a = make_seq(list(range(12)))
+    compute(bm, a)
+    a0, a1, a2 = bm.tables[a.seq_id]
+    bm.free(a)  # tail first: a2 is the least recently released
+    assert bm.pool.num_cached == 3 and bm.pool.num_unindexed_free == 3
+
+    hashes = [bm.pool.block_hash[b] for b in (a0, a1, a2)]
+    b = make_seq([50 + i for i in range(16)])  # four blocks: three free ones, then one eviction
+    compute(bm, b)
+    assert bm.pool.evictions == 1
+    assert bm.pool.lookup(hashes[2]) is None and a2 in bm.tables[b.seq_id]
+    assert bm.pool.lookup(hashes[0]) == a0 and bm.pool.lookup(hashes[1]) == a1
+
+    c = make_seq([90, 91, 92, 93, 94])  # two more blocks: a1 goes before a0
+    compute(bm, c)
+    assert bm.pool.evictions == 3
+    assert bm.pool.lookup(hashes[0]) is None and bm.pool.lookup(hashes[1]) is None
+    assert bm.tables[c.seq_id] == [a1, a0]
+    assert bm.pool.num_free == 0
+    assert not bm.can_allocate([(make_seq([1]), 1)])
+    with pytest.raises(RuntimeError):
+        bm.pool.allocate()
+
+
+def test_lru_reuse_refreshes_a_cached_block() -> None:
+    bm = BlockManager(4, 0, BS)
+    x, y = make_seq([1] * 4 + [0]), make_seq([2] * 4 + [0])
+    compute(bm, x)
+    compute(bm, y)
+    x0, y0 = bm.tables[x.seq_id][0], bm.tables[y.seq_id][0]
+    bm.free(x)
+    bm.free(y)
+    # two cached blocks, x's released first; a hit on x's block makes it the newest again
+    hit = make_seq([1] * 4 + [3])
+    assert compute(bm, hit) == 4
+    bm.free(hit)
+    z = make_seq([7] * 12)  # three blocks: the two free ones, then y's is evicted
+    compute(bm, z)
+    assert bm.pool.evictions == 1
+    assert bm.pool.lookup(chain_of((2,) * 4)) is None and bm.tables[z.seq_id][2] == y0
+    assert bm.pool.lookup(chain_of((1,) * 4)) == x0
+
+
+def test_pinned_blocks_are_never_evicted() -> None:
+    bm = BlockManager(8, 0, BS)
+    persona = list(range(100, 108))  # two full prompt blocks
+    p = make_seq(persona)
+    compute(bm, p)
+    p.append(5, 0.0)  # its sampled token, never computed: the request finishes here
+    assert bm.pin(p, handle=7) == 2
+    pinned = bm.tables[p.seq_id][:2]
+    bm.free(p)
+    assert bm.pool.num_pinned == 2 and bm.pool.num_used == 2
+    assert not any(bm.pool.is_evictable(b) for b in pinned)
+
+    other = make_seq(list(range(8)))  # cached, unpinned: the only thing that may be evicted
+    compute(bm, other)
+    bm.free(other)
+    hog = make_seq([9] * 24)  # the six blocks that are not pinned
+    assert bm.can_allocate([(hog, 24)])
+    assert not bm.can_allocate([(make_seq([9] * 25), 25)])
+    compute(bm, hog)
+    assert bm.pool.evictions == 2 and bm.pool.num_free == 0
+    assert [bm.pool.ref[b] for b in pinned] == [1, 1]
+
+    bm.free(hog)
+    user = make_seq(persona + [1, 2, 3])
+    assert compute(bm, user) == 8
+    assert bm.tables[user.seq_id][:2] == pinned
+    bm.free(user)
+
+    bm.unpin(7)
+    bm.unpin(7)  # unknown handle: ignored
+    assert bm.pool.num_pinned == 0 and bm.pool.num_used == 0
+    assert all(bm.pool.is_evictable(b) for b in pinned)
+    last = make_seq([4] * 32)  # every block: unpinned, the persona's may be evicted again
+    compute(bm, last)
+    assert set(pinned) <= set(bm.tables[last.seq_id])
+    assert bm.pool.lookup(chain_of(tuple(persona[:4]))) is None
+
+
+def test_copy_on_write_after_fork_splits_only_the_partial_block() -> None:
+    bm = BlockManager(16, 0, BS)
+    parent = make_seq([1, 2, 3, 4, 5, 6])  # one full block, one partial
+    compute(bm, parent)
+    child = parent.fork()  # n = 2: both samples continue from one prefill
+    bm.fork(parent, child)
+    b0, b1 = bm.tables[parent.seq_id]
+    assert bm.tables[child.seq_id] == [b0, b1]
+    assert bm.pool.ref[b0] == bm.pool.ref[b1] == 2 and bm.pool.num_shared == 2
+
+    parent.append(10, 0.0)
+    child.append(20, 0.0)
+    assert bm.blocks_needed(parent, 1) == 1  # the copy
+    free = bm.pool.num_free
+    compute(bm, parent)
+    fresh = bm.tables[parent.seq_id][1]
+    assert bm.tables[parent.seq_id] == [b0, fresh] and fresh not in (b0, b1)
+    assert bm.plan.copies == [(b1, fresh)]
+    assert free - bm.pool.num_free == 1
+    assert bm.pool.ref[b1] == bm.pool.ref[fresh] == 1 and bm.pool.ref[b0] == 2
+
+    assert bm.blocks_needed(child, 1) == 0  # the last sharer writes in place
+    compute(bm, child)
+    assert bm.tables[child.seq_id] == [b0, b1]
+    assert bm.plan.copies == [(b1, fresh)]
+    assert bm.pool.num_shared == 1  # the full prompt block stays shared
+
+
+def test_fork_on_a_block_boundary_shares_every_prompt_block() -> None:
+    bm = BlockManager(16, 0, BS)
+    parent = make_seq(list(range(8)))  # exactly two full blocks
+    compute(bm, parent)
+    children = [parent.fork() for _ in range(3)]
+    for c in children:
+        bm.fork(parent, c)
+    prompt_blocks = list(bm.tables[parent.seq_id])
+    for i, seq in enumerate([parent, *children]):
+        seq.append(i, 0.0)
+        assert bm.blocks_needed(seq, 1) == 1
+        compute(bm, seq)
+        assert bm.tables[seq.seq_id][:2] == prompt_blocks
+    assert bm.plan.copies == []
+    assert [bm.pool.ref[b] for b in prompt_blocks] == [4, 4]
+    assert len({bm.tables[s.seq_id][2] for s in [parent, *children]}) == 4
+
+
+def test_swap_moves_shared_blocks_once_and_keeps_sharing() -> None:
+    bm = BlockManager(16, 16, BS)
+    parent = make_seq([1, 2, 3, 4, 5, 6])
+    compute(bm, parent)
+    child = parent.fork()
+    bm.fork(parent, child)
+    for seq, tok in ((parent, 7), (child, 8)):
+        seq.append(tok, 0.0)
+        compute(bm, seq)
+    bm.plan.clear()
+    tables = {s.seq_id: list(bm.tables[s.seq_id]) for s in (parent, child)}
+    assert bm.can_swap_out([parent, child])
+    bm.swap_out([parent, child])
+    assert len(bm.plan.swap_out) == 3  # one shared block, two private ones
+    moved = dict(bm.plan.swap_out)
+    for seq in (parent, child):
+        assert bm.tables[seq.seq_id] == [moved[b] for b in tables[seq.seq_id]]
+    assert bm.cpu_pool.num_used == 3 and bm.cpu_pool.num_shared == 1
+    assert bm.pool.num_used == 0 and bm.num_logical_blocks == 0
+
+    bm.swap_in([parent, child])
+    assert len(bm.plan.swap_in) == 3 and bm.cpu_pool.num_used == 0
+    assert bm.pool.num_used == 3 and bm.pool.num_shared == 1
+    assert bm.tables[parent.seq_id][0] == bm.tables[child.seq_id][0]
+    bm.free(parent)
+    bm.free(child)
+    assert bm.pool.num_used == 0
