@@ -70,11 +70,9 @@ async def ready(pilot, app: ChatApp) -> None:
 
 
 async def send(pilot, text: str) -> None:
-    prompt = pilot.app.query_one(PromptInput)
-    prompt.focus()
-    prompt.load_text(text)
-    await pilot.press("enter")
-    await pilot.pause()
+    """What enter does with ``text`` in the prompt (typing is tested where the engine is idle:
+    Pilot's key presses wait for the process to go idle, up to 2 s a key while it streams)."""
+    await pilot.app.submit_prompt(text)
 
 
 def freed(app: ChatApp) -> bool:
@@ -127,8 +125,11 @@ async def test_two_personas_stream_switch_cache_and_gauge(tiny_llama_dir, person
         await send(pilot, "hello beta")
         assert second.streaming
         assert "●" in str(app.query_one(SessionList).get_option(str(second.id)).prompt)
+        streaming_at_switch = []
+        switch_to = app.switch_to
+        app.switch_to = lambda s: (streaming_at_switch.append(second.streaming), switch_to(s))
         await pilot.press("alt+1")  # switch away mid-stream
-        assert app.current is first
+        assert app.current is first and streaming_at_switch == [True]
         await send(pilot, "hello again alpha")
         await wait_for(pilot, lambda: idle(app), "both replies")
         for session in (first, second):
@@ -218,8 +219,9 @@ async def test_samples_beam_and_keep(tiny_llama_dir, personas_dir):
         await send(pilot, "/samples 3")
         assert session.alt_mode.kind == "samples" and session.alt_mode.k == 3
         await send(pilot, "give me options")
-        panes = app.session_view(session).query(AltPane)
-        assert len(panes) == 3
+        view = app.session_view(session)
+        await wait_for(pilot, lambda: len(view.query(AltPane)) == 3, "three panes")
+        panes = view.query(AltPane)
         assert isinstance(app.focused, AlternativesView)
         await wait_for(pilot, lambda: not session.streaming, "three samples")
         texts = [c.text for c in session.generation.candidates]
@@ -297,9 +299,9 @@ async def test_file_attachment_and_too_long_prompt(tiny_llama_dir, personas_dir,
         assert session.attachments == []
         user = session.entries[0]
         assert "alpha beta gamma" in user.model_content()
+        await wait_for(pilot, lambda: idle(app), "the reply")
         view = app.session_view(session).query(MessageView).first()
         assert "notes.txt" in str(view.query_one(".message-attachments").render())
-        await wait_for(pilot, lambda: idle(app), "the reply")
 
         await send(pilot, f"/file {dense}")
         await send(pilot, "and this one")

@@ -279,7 +279,10 @@ class ChatApp(App[None]):
     # -- prompt and commands --------------------------------------------------------------------
     @on(PromptSubmitted)
     async def _submitted(self, message: PromptSubmitted) -> None:
-        text = message.text
+        await self.submit_prompt(message.text)
+
+    async def submit_prompt(self, text: str) -> None:
+        """What enter in the prompt does: run a slash command or send a message."""
         session = self.current
         if session is None or (not text.strip() and not session.attachments):
             return

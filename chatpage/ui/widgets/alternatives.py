@@ -35,11 +35,15 @@ class AltPane(Throttled, Vertical):
         self.number = number
         self.kind = kind
         self.candidate = candidate
+        self._title_line = Static(classes="alt-title")
+        self._body = StreamingMarkdown(candidate.text, classes="alt-body")
+        self._foot_line = Static(classes="alt-foot")
+        self.redraw()
 
     def compose(self) -> ComposeResult:
-        yield Static(self._title(), classes="alt-title")
-        yield StreamingMarkdown(self.candidate.text, classes="alt-body")
-        yield Static(self._foot(), classes="alt-foot")
+        yield self._title_line
+        yield self._body
+        yield self._foot_line
 
     def _title(self) -> Text:
         title = Text(f"{self.number} ", style="bold reverse")
@@ -59,9 +63,9 @@ class AltPane(Throttled, Vertical):
 
     def redraw(self) -> None:
         self.set_class(self.candidate.finished, "-finished")
-        self.query_one(".alt-title", Static).update(self._title())
-        self.query_one(".alt-foot", Static).update(self._foot())
-        self.query_one(StreamingMarkdown).show(self.candidate.text, now=self.candidate.finished)
+        self._title_line.update(self._title())
+        self._foot_line.update(self._foot())
+        self._body.show(self.candidate.text, now=self.candidate.finished)
 
     def on_click(self, event: events.Click) -> None:
         event.stop()

@@ -43,17 +43,22 @@ class MessageView(Throttled, Vertical):
         super().__init__(classes=f"message -{entry.role}")
         self.entry = entry
         self.speaker = speaker
+        self._speaker = Static(classes="message-speaker")
+        self._foot_line = Static(classes="message-foot")
+        self._body: Static | StreamingMarkdown = (
+            Static(classes="message-body") if entry.role == "user"
+            else StreamingMarkdown(entry.content, classes="message-body")
+        )
+        self.redraw()
 
     def compose(self) -> ComposeResult:
         with Horizontal(classes="message-head"):
-            yield Static(self._head(), classes="message-speaker")
+            yield self._speaker
             yield Static("copy", classes="message-copy")
+        yield self._body
         if self.entry.role == "user":
-            yield Static(Text(clean(self.entry.content)), classes="message-body")
             yield Static(self._attachments(), classes="message-attachments")
-        else:
-            yield StreamingMarkdown(self.entry.content, classes="message-body")
-        yield Static(self._foot(), classes="message-foot")
+        yield self._foot_line
 
     # -- drawing ---------------------------------------------------------------------------------
     def _head(self) -> Text:
@@ -87,15 +92,12 @@ class MessageView(Throttled, Vertical):
         self.set_class(entry.status == "stopped", "-stopped")
         self.set_class(entry.status == "error", "-error")
         self.set_class(bool(entry.attachments), "-attached")
-        self.query_one(".message-speaker", Static).update(self._head())
-        self.query_one(".message-foot", Static).update(self._foot())
-        if entry.role == "user":
-            self.query_one(".message-body", Static).update(Text(clean(entry.content)))
+        self._speaker.update(self._head())
+        self._foot_line.update(self._foot())
+        if isinstance(self._body, StreamingMarkdown):
+            self._body.show(entry.content, now=entry.status != "streaming")
         else:
-            self.query_one(StreamingMarkdown).show(entry.content, now=entry.status != "streaming")
-
-    def on_mount(self) -> None:
-        self.redraw()
+            self._body.update(Text(clean(entry.content)))
 
     # -- copying ---------------------------------------------------------------------------------
     @on(events.Click, ".message-copy")

@@ -39,13 +39,17 @@ class StreamingMarkdown(Markdown):
     def show(self, text: str, now: bool = False) -> None:
         """Make ``text`` the content: soon, or on the next message when ``now``."""
         self._target = clean(text)
-        if self._target == self._shown:
-            return
+        if self._target == self._shown or not self.is_mounted:
+            return  # (on_mount catches up)
         if now:
             self.call_next(self._flush)
         elif not self._scheduled:
             self._scheduled = True
             self.set_timer(FLUSH_S, self._flush)
+
+    def on_mount(self) -> None:
+        if self._target != self._shown:
+            self.call_next(self._flush)
 
     async def _flush(self) -> None:
         self._scheduled = False
