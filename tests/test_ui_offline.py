@@ -24,6 +24,7 @@ from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.screens.sampling_settings import SamplingSettingsScreen
 from chatpage.ui.widgets.block_gauge import BlockGauge
 from chatpage.ui.widgets.message import MessageView
+from chatpage.ui.widgets.prompt_input import PromptInput
 from chatpage.ui.widgets.session_list import SessionList
 
 SIZE = (140, 44)
@@ -168,6 +169,13 @@ async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
         assert isinstance(app.screen, HelpScreen)
         assert ("f5", "new_session", "New chat") in app.screen.keys
         await pilot.press("escape")
+
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        prompt.load_text("a")
+        prompt.move_cursor(prompt.document.end)
+        await pilot.press("shift+enter", "b", "ctrl+j", "c")
+        assert prompt.text == "a\nb\nc"
 
         commands = {c.title for c in app.get_system_commands(app.screen)}
         assert {"New chat", "Stop", "Regenerate", "Alternatives", "Sampling",

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from markdown_it import MarkdownIt
 from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult, SystemCommand
@@ -37,9 +36,9 @@ from chatpage.ui.palette import palette_commands
 from chatpage.ui.screens.help import HelpScreen
 from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.screens.sampling_settings import SamplingSettingsScreen
-from chatpage.ui.session import AltMode, Change, ChatSession
+from chatpage.ui.session import AltMode, Change, ChatSession, SamplingSettings
 from chatpage.ui.slash_commands import run_slash_command
-from chatpage.ui.text import clean
+from chatpage.ui.text import clean, code_blocks
 from chatpage.ui.widgets.alternatives import AlternativesView
 from chatpage.ui.widgets.block_gauge import BlockGauge
 from chatpage.ui.widgets.prompt_input import PromptInput
@@ -70,7 +69,12 @@ _MODAL_BLOCKED = {"close_session", "cycle_alternatives", "next_session", "prev_s
 
 
 class ChatApp(App[None]):
-    """The chat UI. ``ChatApp(model, config, settings).run()``."""
+    """The chat UI. ``ChatApp(model, config, settings).run()``.
+
+    ``model`` None uses ``settings.model`` (None there too: the default model); ``config`` None
+    builds one from ``settings.kv_cache`` and ``settings.block_size``. ``personas_dirs`` None
+    loads the shipped personas and the user's (``config_dir()/personas``).
+    """
 
     CSS_PATH = "app.tcss"
     TITLE = "chatpage"
@@ -100,7 +104,10 @@ class ChatApp(App[None]):
                  personas_dirs: list[Path] | None = None) -> None:
         super().__init__()
         self.settings = settings or Settings()
-        self.client = EngineClient(model, config or EngineConfig())
+        if config is None:
+            config = EngineConfig(kv_cache_bytes=self.settings.kv_cache,
+                                  block_size=self.settings.block_size)
+        self.client = EngineClient(model if model is not None else self.settings.model, config)
         self.chats = Chats(self.client, self._deliver)
         self.personas_dirs = personas_dirs
         self.personas: list[Persona] = []
@@ -376,10 +383,9 @@ class ChatApp(App[None]):
         if session is None:
             return
 
-        def done(settings) -> None:
+        def done(settings: SamplingSettings | None) -> None:
             if settings is not None and session in self.chats.sessions:
-                session.sampling = settings
-                session.changed("settings")
+                self.chats.set_sampling(session, settings)
 
         self.push_screen(SamplingSettingsScreen(session.sampling, session.persona), done)
 
@@ -408,12 +414,11 @@ class ChatApp(App[None]):
 
     def action_copy_code(self) -> None:
         reply = self.current.last("assistant") if self.current is not None else None
-        blocks = [t.content for t in MarkdownIt("gfm-like").parse(reply.content)
-                  if t.type in ("fence", "code_block")] if reply is not None else []
+        blocks = code_blocks(reply.content) if reply is not None else []
         if not blocks:
             self.say("the last reply has no code block", "warning")
             return
-        self.post_message(CopyText(blocks[-1].rstrip("\n"), "code block"))
+        self.post_message(CopyText(blocks[-1], "code block"))
 
     def _guard(self, run) -> None:
         if self.current is None:

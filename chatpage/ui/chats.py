@@ -24,6 +24,7 @@ from chatpage.ui.session import (
     Generation,
     Observer,
     ReplyStats,
+    SamplingSettings,
 )
 from chatpage.ui.text import one_line
 
@@ -154,7 +155,12 @@ class Chats:
         return entry
 
     def set_setting(self, session: ChatSession, name: str, raw: str | float | int | None) -> None:
-        session.sampling = session.sampling.with_value(name, raw)
+        """Set one sampling setting from user input (ValueError names it and the rule)."""
+        self.set_sampling(session, session.sampling.with_value(name, raw))
+
+    def set_sampling(self, session: ChatSession, settings: SamplingSettings) -> None:
+        settings.params()  # validated before it is kept
+        session.sampling = settings
         session.changed("settings")
 
     def set_alt_mode(self, session: ChatSession, mode: AltMode) -> None:

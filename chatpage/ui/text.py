@@ -39,3 +39,11 @@ def markup_literal(text: str) -> str:
     """``text`` (cleaned) for the few Textual APIs that only take markup (the command palette):
     every ``[`` is escaped, so no tag, closing tag or lone bracket is ever interpreted."""
     return clean(text).replace("[", "\\[")
+
+
+def code_blocks(markdown: str) -> list[str]:
+    """The contents of the fenced/indented code blocks in ``markdown``, in order."""
+    from markdown_it import MarkdownIt
+
+    return [token.content.rstrip("\n") for token in MarkdownIt("gfm-like").parse(markdown)
+            if token.type in ("fence", "code_block")]

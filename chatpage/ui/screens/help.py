@@ -16,6 +16,11 @@ INTRO = """\
 Many chats at once over one local paged-KV engine. Each chat has a persona; its system prompt is
 prefilled once and pinned, so every chat with that persona starts from the shared cache.
 The gauge at the bottom is the engine's KV block pool, live.
+
+In the message box: **enter** sends, **ctrl+j** (or **shift+enter** where the terminal reports it)
+starts a new line, **up**/**down** on the first/last line walk through your earlier prompts.
+With alternatives on show, **1**-**6** or a click keeps one; typing goes back to the message box.
+Click **copy** on a message to copy it, or click a code block to copy the block.
 """
 
 
