@@ -1,0 +1,143 @@
+"""What every benchmark shares: the command line, loading the model once, engines over it, timing,
+and the one-JSON-line output contract (progress on stderr, the JSON object last on stdout)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from chatpage.engine import EngineConfig, LLMEngine
+from chatpage.engine.kv_cache import bytes_per_block
+from chatpage.engine.loader import LoadedModel, load_model
+
+
+def say(message: str) -> None:
+    """Progress line on stderr (stdout is reserved for the JSON result)."""
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def parser(prog: str, description: str, default_scale: float) -> argparse.ArgumentParser:
+    """The arguments every benchmark accepts: --json, --scale, --model, --seed."""
+    p = argparse.ArgumentParser(prog=f"chatpage bench {prog}", description=description)
+    p.add_argument("--json", action="store_true",
+                   help="accepted for symmetry: the JSON object is always the last stdout line")
+    p.add_argument("--scale", type=float, default=default_scale,
+                   help=f"shrink lengths and counts (default {default_scale})")
+    p.add_argument("--model", default=None, help="HF model directory or .gguf (default model)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed")
+    return p
+
+
+def check_scale(p: argparse.ArgumentParser, scale: float) -> None:
+    if not 0 < scale <= 4:
+        p.error(f"--scale must be in (0, 4], got {scale}")
+
+
+def emit(result: dict) -> int:
+    """Print ``result`` as the last stdout line; returns the exit status."""
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+def load(model: str | None) -> LoadedModel:
+    say(f"loading {model or 'the default model'}")
+    return load_model(model, progress=say)
+
+
+def block_bytes(loaded: LoadedModel, block_size: int = 16, dtype=torch.float32) -> int:
+    """Bytes of one KV block of ``loaded``'s model (all layers, K and V)."""
+    c = loaded.config
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return bytes_per_block(c.num_hidden_layers, block_size, kv_heads, head_dim, dtype)
+
+
+def engine(loaded: LoadedModel, *, blocks: int | None = None, **config) -> LLMEngine:
+    """A fresh engine over the already loaded weights (the loaded state is left intact).
+
+    ``blocks`` sizes the KV pool in blocks instead of bytes.
+    """
+    if blocks is not None:
+        config["kv_cache_bytes"] = blocks * block_bytes(loaded, config.get("block_size", 16))
+    return LLMEngine(replace(loaded, state=dict(loaded.state)), EngineConfig(**config))
+
+
+def model_info(loaded: LoadedModel) -> dict:
+    return {"model": loaded.name, "threads": torch.get_num_threads(), "dtype": "float32"}
+
+
+def median_s(fn: Callable[[], object], repeats: int = 7, warmup: int = 1) -> float:
+    """Median wall time of ``fn`` in seconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) by linear interpolation; 0.0 for no values."""
+    if not values:
+        return 0.0
+    xs = sorted(values)
+    k = (len(xs) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def live_tokens(eng: LLMEngine) -> int:
+    """Token states held in the device KV cache by running sequences right now."""
+    tables = eng.bm.tables  # swapped groups are not in ``running``
+    return sum(
+        seq.num_computed_tokens
+        for group in eng.scheduler.running
+        for seq in group.seqs
+        if seq.seq_id in tables
+    )
+
+
+def drain(eng: LLMEngine, on_step: Callable[[LLMEngine, list], None] | None = None) -> int:
+    """Step ``eng`` until every request has finished; returns the number of steps."""
+    steps = 0
+    while eng.has_unfinished():
+        outs = eng.step()
+        steps += 1
+        if on_step is not None:
+            on_step(eng, outs)
+    return steps
+
+
+def round_floats(obj, digits: int = 4):
+    """Round every float of a JSON-able structure (readable reports)."""
+    if isinstance(obj, float):
+        return round(obj, digits)
+    if isinstance(obj, dict):
+        return {k: round_floats(v, digits) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [round_floats(v, digits) for v in obj]
+    return obj
+
+
+def record_batches(eng: LLMEngine) -> list[tuple[int, int]]:
+    """Log (sequences, tokens) of every step ``eng`` schedules from now on; returns the log."""
+    log: list[tuple[int, int]] = []
+    inner = eng.scheduler.schedule
+
+    def schedule():
+        out = inner()
+        log.append((len(out.scheduled), out.num_tokens))
+        return out
+
+    eng.scheduler.schedule = schedule
+    return log

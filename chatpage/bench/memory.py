@@ -1,0 +1,116 @@
+"""KV memory utilization (the paper's Figure 2): the share of KV memory holding live token states.
+
+One ShareGPT-shaped trace, one KV budget, the same FCFS iteration-level scheduling for everyone:
+
+* chatpage: the real engine runs the trace; after every step the live token states (computed
+  tokens of running sequences) are divided by the memory its blocks occupy
+  (``blocks_used * block_size``);
+* Max / Pow2 / Oracle: contiguous reservations (see reservation.py), simulated at the token level
+  under the same budget, sequence limit and token budget; the denominator is the reserved slots
+  plus any free memory left unusable by external fragmentation.
+
+Utilization is averaged over iterations (steps). Reported as fractions, with each policy's mean and
+maximum batch.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from chatpage.bench import common, plots
+from chatpage.bench.reservation import POLICIES, simulate
+from chatpage.bench.workloads import SHAREGPT, describe, make_trace, max_len_at
+from chatpage.engine import SamplingParams
+
+DEFAULT_SCALE = 1.0
+REQUESTS_AT_SCALE_1 = 24
+MAX_SLABS = 3  # the default budget holds this many Max reservations
+
+
+def run_chatpage(loaded, trace, blocks: int, block_size: int) -> dict:
+    eng = common.engine(loaded, blocks=blocks, block_size=block_size)
+    log = common.record_batches(eng)
+    samples: list[float] = []
+    used_blocks: list[int] = []
+
+    def on_step(e, _outs) -> None:
+        used = e.stats().blocks_used - e.stats().blocks_pinned
+        if used:
+            samples.append(common.live_tokens(e) / (used * block_size))
+            used_blocks.append(used)
+
+    t0 = time.perf_counter()
+    for r in trace:
+        eng.add_request(r.prompt_ids, SamplingParams(temperature=0, max_tokens=r.output_len,
+                                                     ignore_eos=True))
+    common.drain(eng, on_step)
+    stats = eng.stats()
+    batches = [n for n, _ in log]
+    return {
+        "utilization": statistics.fmean(samples),
+        "mean_batch": statistics.fmean(batches),
+        "max_batch": max(batches),
+        "iterations": len(batches),
+        "seconds": time.perf_counter() - t0,
+        "preemptions": stats.preemptions_recompute + stats.preemptions_swap,
+        "mean_blocks_used": statistics.fmean(used_blocks),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = common.parser("memory", "KV memory utilization: paged blocks vs contiguous reservations",
+                      DEFAULT_SCALE)
+    p.add_argument("--requests", type=int, default=None,
+                   help=f"number of requests (default {REQUESTS_AT_SCALE_1} x scale, at least 4)")
+    p.add_argument("--kv-tokens", type=int, default=None,
+                   help=f"KV budget in tokens (default {MAX_SLABS} x the Max reservation)")
+    p.add_argument("--max-len", type=int, default=None,
+                   help="the Max policy's reservation (default 2048 x scale)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--plot", default=None, help="write a PNG bar chart here")
+    args = p.parse_args(argv)
+    common.check_scale(p, args.scale)
+    n = args.requests or max(4, round(REQUESTS_AT_SCALE_1 * args.scale))
+    max_len = args.max_len or max_len_at(args.scale)
+    budget = args.kv_tokens or MAX_SLABS * max_len
+    blocks = budget // args.block_size
+    budget = blocks * args.block_size
+
+    loaded = common.load(args.model)
+    trace = make_trace(SHAREGPT, n, scale=args.scale, seed=args.seed,
+                       vocab_size=loaded.config.vocab_size)
+    shape = describe(trace)
+    common.say(f"trace: {shape}; budget {budget} tokens ({blocks} blocks), Max reserves {max_len}")
+    common.say("chatpage: running the trace on the engine")
+    mine = run_chatpage(loaded, trace, blocks, args.block_size)
+    result = {
+        "benchmark": "memory",
+        "workload": "sharegpt",
+        "scale": args.scale,
+        "seed": args.seed,
+        **common.model_info(loaded),
+        **shape,
+        "kv_budget_tokens": budget,
+        "block_size": args.block_size,
+        "max_policy_len": max_len,
+        "chatpage_utilization": mine["utilization"],
+        "chatpage_mean_batch": mine["mean_batch"],
+        "chatpage_max_batch": mine["max_batch"],
+        "chatpage_iterations": mine["iterations"],
+        "chatpage_preemptions": mine["preemptions"],
+        "chatpage_seconds": mine["seconds"],
+    }
+    for policy in POLICIES:
+        sim = simulate(trace, policy, budget, max_len=max_len)
+        result[f"{policy}_utilization"] = sim.utilization
+        result[f"{policy}_mean_batch"] = sim.mean_batch
+        result[f"{policy}_max_batch"] = sim.max_batch
+        result[f"{policy}_iterations"] = sim.iterations
+        result[f"{policy}_reserved_unused"] = sim.reserved_share
+        result[f"{policy}_external_fragmentation"] = sim.external_share
+        common.say(f"{policy}: utilization {sim.utilization:.3f}, mean batch {sim.mean_batch:.1f}")
+    result["goal_chatpage_utilization"] = 0.97
+    if args.plot:
+        result["plot"] = plots.memory(result, args.plot)
+    return common.emit(common.round_floats(result))

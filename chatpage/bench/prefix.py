@@ -1,0 +1,140 @@
+"""Prefix reuse: persona prompts computed once, and each conversation's own history turn by turn.
+
+(a) Sessions that all start with one persona's ~300-token system prompt: time to first token with
+    the persona prefilled and pinned (``engine.pin_prefix``) against cold (an engine without
+    prefix caching). Sessions run one after another, so TTFT is the prefill itself, no queueing;
+    ``ttft_ratio`` = median cached / median cold.
+(b) One conversation of several turns on the caching engine: per turn, the prompt's length, its
+    new tokens (those not in the previous turn's prompt + reply, or in the persona prefix for
+    the first turn), and the tokens actually computed (prompt - prefix_hit_tokens). Only full
+    blocks are shared, so a turn computes at most its new tokens plus one block.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from chatpage.bench import common, plots
+from chatpage.bench.workloads import chat_sessions
+from chatpage.conversation import Conversation, render_prompt, system_prefix
+from chatpage.engine import EngineConfig, SamplingParams
+
+DEFAULT_SCALE = 1.0
+SESSIONS = 16
+TURNS = 8
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _first_token(eng, prompt: list[int]) -> tuple[float, int]:
+    """TTFT (engine-measured) and prefix-hit tokens of one request decoding a single token."""
+    (out,) = eng.generate([prompt], SamplingParams(temperature=0, max_tokens=1))
+    return out.ttft_s, out.prefix_hit_tokens
+
+
+def ttft_sessions(loaded, sessions) -> dict:
+    tok = loaded.tokenizer
+    system = sessions[0].system_prompt
+    prompts = [render_prompt(tok, [{"role": "system", "content": system},
+                                   {"role": "user", "content": s.user_turns[0]}])
+               for s in sessions]
+    warm = prompts[0][-8:]
+    cold = common.engine(loaded, enable_prefix_caching=False)
+    _first_token(cold, warm)
+    cold_ttft = [_first_token(cold, p)[0] for p in prompts]
+    del cold
+    cached = common.engine(loaded)
+    _first_token(cached, warm)
+    rid = cached.pin_prefix(system_prefix(tok, system))
+    common.drain(cached)
+    hits = []
+    cached_ttft = []
+    for p in prompts:
+        t, h = _first_token(cached, p)
+        cached_ttft.append(t)
+        hits.append(h)
+    cached.unpin_prefix(rid)
+    return {
+        "sessions": len(sessions),
+        "persona": sessions[0].persona,
+        "persona_prefix_tokens": len(system_prefix(tok, system)),
+        "mean_prompt_tokens": statistics.fmean(len(p) for p in prompts),
+        "cold_ttft_s": statistics.median(cold_ttft),
+        "cached_ttft_s": statistics.median(cached_ttft),
+        "cached_prefix_hit_tokens": statistics.median(hits),
+        "ttft_ratio": statistics.median(cached_ttft) / statistics.median(cold_ttft),
+    }
+
+
+def conversation(loaded, session) -> list[dict]:
+    eng = common.engine(loaded)
+    tok = loaded.tokenizer
+    prefix = system_prefix(tok, session.system_prompt)
+    eng.pin_prefix(prefix)
+    common.drain(eng)
+    conv = Conversation(session.system_prompt)
+    previous = prefix  # what the cache can hold for the next prompt
+    turns = []
+    for i, (ask, reply_len) in enumerate(zip(session.user_turns, session.reply_tokens,
+                                             strict=True)):
+        conv.add("user", ask)
+        prompt = render_prompt(tok, conv.for_model())
+        (out,) = eng.generate([prompt], SamplingParams(temperature=0, max_tokens=reply_len))
+        new = len(prompt) - _common_prefix(prompt, previous)
+        computed = len(prompt) - out.prefix_hit_tokens
+        turns.append({
+            "turn": i + 1,
+            "prompt_tokens": len(prompt),
+            "new_tokens": new,
+            "computed_tokens": computed,
+            "prefix_hit_tokens": out.prefix_hit_tokens,
+            "reply_tokens": len(out.outputs[0].token_ids),
+            "ttft_s": out.ttft_s,
+            "within_new_plus_block": computed <= new + eng.config.block_size,
+        })
+        conv.add("assistant", out.outputs[0].text)
+        previous = prompt + out.outputs[0].token_ids
+    return turns
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = common.parser("prefix", "persona prefix caching and multi-turn reuse", DEFAULT_SCALE)
+    p.add_argument("--sessions", type=int, default=None,
+                   help=f"sessions for the TTFT comparison (default {SESSIONS} x scale)")
+    p.add_argument("--turns", type=int, default=None,
+                   help=f"turns of the conversation (default {TURNS} x scale)")
+    p.add_argument("--plot", default=None, help="write a PNG plot here")
+    args = p.parse_args(argv)
+    common.check_scale(p, args.scale)
+    n = args.sessions or max(2, round(SESSIONS * args.scale))
+    turns = args.turns or max(2, round(TURNS * args.scale))
+    mean_reply = max(4, round(48 * min(args.scale, 1.0)))
+
+    loaded = common.load(args.model)
+    sessions = chat_sessions(n, turns, num_personas=1, mean_reply=mean_reply, seed=args.seed)
+    common.say(f"(a) {n} sessions, persona {sessions[0].persona}: cold vs pinned prefix")
+    ttft = ttft_sessions(loaded, sessions)
+    common.say(f"(a) TTFT cold {ttft['cold_ttft_s']:.3f} s, cached {ttft['cached_ttft_s']:.3f} s")
+    common.say(f"(b) one conversation of {turns} turns")
+    rows = conversation(loaded, sessions[0])
+    result = {
+        "benchmark": "prefix",
+        "scale": args.scale,
+        "seed": args.seed,
+        **common.model_info(loaded),
+        **ttft,
+        "goal_ttft_ratio": 0.25,
+        "turns": rows,
+        "block_size": EngineConfig().block_size,
+        "all_turns_within_new_plus_block": all(r["within_new_plus_block"] for r in rows),
+    }
+    if args.plot:
+        result["plot"] = plots.prefix(result, args.plot)
+    return common.emit(common.round_floats(result))

@@ -1,0 +1,196 @@
+"""Online serving (the paper's Figure 12): Poisson arrivals at a sweep of request rates.
+
+Both systems are the same engine on the same model, trace and KV budget; only admission differs:
+
+* chatpage: its own scheduler (blocks on demand, preemption when they run out);
+* Oracle: admission limited by reservations of prompt + true output length per request
+  (reservation.ReservationScheduler), like Orca (Oracle).
+
+Time is a virtual clock: it advances by the measured wall time of every engine step, and jumps
+over idle gaps to the next arrival (no sleeping; step costs are real). Per rate and system the JSON
+has the normalized latency (mean over requests of end-to-end latency / output tokens), TTFT and
+TPOT percentiles. The sustainable rate is the highest rate whose normalized latency stays within
+``--latency-bound`` (default: ``--latency-factor`` times chatpage's normalized latency at the
+lowest rate), interpolated between the swept rates.
+
+The rates are fractions of chatpage's capacity, measured first by running the whole trace at once.
+The KV budget is small on purpose so memory is the bottleneck, as in the paper.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+
+from chatpage.bench import common, plots
+from chatpage.bench.reservation import ReservationScheduler
+from chatpage.bench.workloads import (
+    SHAPES,
+    BenchRequest,
+    describe,
+    make_trace,
+    max_len_at,
+    with_poisson_arrivals,
+)
+from chatpage.engine import SamplingParams
+
+DEFAULT_SCALE = 0.25
+REQUESTS_AT_SCALE_1 = 80  # 20 requests at the default scale
+RATE_FRACTIONS = (0.3, 0.6, 0.9, 1.2)
+LATENCY_FACTOR = 2.0
+
+
+def _engine(loaded, blocks: int, oracle: bool, reservations: dict[str, int]):
+    eng = common.engine(loaded, blocks=blocks)
+    if oracle:
+        eng.scheduler = ReservationScheduler(eng.config, eng.bm, reservations)
+    return eng
+
+
+def replay(loaded, trace: list[BenchRequest], blocks: int, oracle: bool) -> dict:
+    """Run ``trace`` (with arrival times) on a virtual clock; per-request latencies."""
+    reservations = {f"r{i}": r.total_len for i, r in enumerate(trace)}
+    eng = _engine(loaded, blocks, oracle, reservations)
+    eng.generate([list(range(100, 116))], SamplingParams(temperature=0, max_tokens=2))  # warm-up
+    log = common.record_batches(eng)
+    pending = deque(enumerate(trace))
+    arrival: dict[str, float] = {}
+    first: dict[str, float] = {}
+    done: dict[str, float] = {}
+    clock = 0.0
+    while pending or eng.has_unfinished():
+        if not eng.has_unfinished() and pending[0][1].arrival_s > clock:
+            clock = pending[0][1].arrival_s  # idle: jump to the next arrival
+        while pending and pending[0][1].arrival_s <= clock:
+            i, r = pending.popleft()
+            rid = f"r{i}"
+            eng.add_request(r.prompt_ids, SamplingParams(temperature=0, max_tokens=r.output_len,
+                                                         ignore_eos=True), request_id=rid)
+            arrival[rid] = r.arrival_s
+        t0 = time.perf_counter()
+        outs = eng.step()
+        clock += time.perf_counter() - t0
+        for out in outs:
+            if out.outputs and out.outputs[0].token_ids:
+                first.setdefault(out.request_id, clock)
+            if out.finished:
+                done[out.request_id] = clock
+    stats = eng.stats()
+    norm, ttft, tpot = [], [], []
+    for i, r in enumerate(trace):
+        rid = f"r{i}"
+        e2e = done[rid] - arrival[rid]
+        norm.append(e2e / r.output_len)
+        ttft.append(first[rid] - arrival[rid])
+        if r.output_len > 1:
+            tpot.append((done[rid] - first[rid]) / (r.output_len - 1))
+    batches = [n for n, _ in log]
+    return {
+        "normalized_latency_s": statistics.fmean(norm),
+        "ttft_p50_s": common.percentile(ttft, 50),
+        "ttft_p90_s": common.percentile(ttft, 90),
+        "ttft_p99_s": common.percentile(ttft, 99),
+        "tpot_p50_s": common.percentile(tpot, 50),
+        "tpot_p90_s": common.percentile(tpot, 90),
+        "tpot_p99_s": common.percentile(tpot, 99),
+        "mean_batch": statistics.fmean(batches),
+        "makespan_s": clock,
+        "preemptions": stats.preemptions_recompute + stats.preemptions_swap,
+    }
+
+
+def sustainable_rate(points: list[tuple[float, float]], bound: float) -> tuple[float, str]:
+    """Highest rate within ``bound`` from (rate, latency) points, linearly interpolated.
+
+    Returns the rate and how it was found: "interpolated", "at least" (every rate passed) or
+    "extrapolated" (even the lowest failed: its rate scaled by bound / latency).
+    """
+    points = sorted(points)
+    prev = None
+    for rate, lat in points:
+        if lat > bound:
+            if prev is None:
+                return rate * bound / lat, "extrapolated"
+            r0, l0 = prev
+            return r0 + (rate - r0) * (bound - l0) / (lat - l0), "interpolated"
+        prev = (rate, lat)
+    return points[-1][0], "at least"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = common.parser("serve", "Poisson arrivals: chatpage vs Oracle reservations",
+                      DEFAULT_SCALE)
+    p.add_argument("--workload", choices=sorted(SHAPES), default="sharegpt")
+    p.add_argument("--requests", type=int, default=None,
+                   help=f"requests per rate (default {REQUESTS_AT_SCALE_1} x scale, at least 6)")
+    p.add_argument("--kv-blocks", type=int, default=None,
+                   help="KV budget in blocks (default: twice the longest allowed sequence)")
+    p.add_argument("--rates", default=None,
+                   help="comma-separated request rates (default: fractions "
+                        f"{RATE_FRACTIONS} of chatpage's measured capacity)")
+    p.add_argument("--latency-bound", type=float, default=None,
+                   help="normalized latency bound in s/token")
+    p.add_argument("--latency-factor", type=float, default=LATENCY_FACTOR,
+                   help="bound = this x chatpage's normalized latency at the lowest rate")
+    p.add_argument("--plot", default=None, help="write a PNG plot here")
+    args = p.parse_args(argv)
+    common.check_scale(p, args.scale)
+    n = args.requests or max(6, round(REQUESTS_AT_SCALE_1 * args.scale))
+
+    loaded = common.load(args.model)
+    base = make_trace(SHAPES[args.workload], n, scale=args.scale, seed=args.seed,
+                      vocab_size=loaded.config.vocab_size)
+    shape = describe(base)
+    longest_blocks = -(-max(max_len_at(args.scale), shape["longest"]) // 16)
+    blocks = args.kv_blocks or 2 * longest_blocks
+    common.say(f"trace: {shape}; {blocks} KV blocks")
+
+    if args.rates:
+        rates = [float(x) for x in args.rates.split(",")]
+        capacity = None
+    else:
+        common.say("chatpage: capacity (the whole trace at once)")
+        burst = replay(loaded, base, blocks, oracle=False)
+        capacity = n / burst["makespan_s"]
+        rates = [round(f * capacity, 4) for f in RATE_FRACTIONS]
+        common.say(f"chatpage capacity {capacity:.3f} req/s; rates {rates}")
+
+    rows = []
+    for rate in rates:
+        trace = with_poisson_arrivals(base, rate, seed=args.seed)
+        for system in ("chatpage", "oracle"):
+            res = replay(loaded, trace, blocks, oracle=system == "oracle")
+            common.say(f"rate {rate}: {system} normalized latency "
+                       f"{res['normalized_latency_s']:.3f} s/token, mean batch {res['mean_batch']:.1f}")
+            rows.append({"rate": rate, "system": system, **res})
+
+    lowest = min(rates)
+    base_latency = next(r["normalized_latency_s"] for r in rows
+                        if r["rate"] == lowest and r["system"] == "chatpage")
+    bound = args.latency_bound or args.latency_factor * base_latency
+    found = {}
+    for system in ("chatpage", "oracle"):
+        found[system] = sustainable_rate(
+            [(r["rate"], r["normalized_latency_s"]) for r in rows if r["system"] == system], bound)
+    result = {
+        "benchmark": "serve",
+        "workload": args.workload,
+        "scale": args.scale,
+        "seed": args.seed,
+        **common.model_info(loaded),
+        **shape,
+        "kv_blocks": blocks,
+        "capacity_req_s": capacity,
+        "latency_bound_s": bound,
+        "rates": rows,
+        "sustainable_rate_chatpage": found["chatpage"][0],
+        "sustainable_rate_chatpage_how": found["chatpage"][1],
+        "sustainable_rate_oracle": found["oracle"][0],
+        "sustainable_rate_oracle_how": found["oracle"][1],
+        "rate_ratio": found["chatpage"][0] / found["oracle"][0] if found["oracle"][0] else None,
+        "goal_rate_ratio": 2.0,
+    }
+    if args.plot:
+        result["plot"] = plots.serve(result, args.plot)
+    return common.emit(common.round_floats(result))

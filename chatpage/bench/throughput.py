@@ -1,0 +1,288 @@
+"""Offline throughput: chatpage against transformers' ``generate`` on the same requests, plus a
+roofline of chatpage's decode step.
+
+Both systems get the same model (fp32), the same threads and the same ShareGPT-shaped trace (all
+requests available at once, each decoding exactly its output length with EOS ignored):
+
+* chatpage: every request added up front; continuous batching does the rest.
+* transformers: static batches in arrival order, left padded; a batch decodes until its longest
+  request is done, so only each request's own output tokens count as useful. The batch size is
+  transformers' best of ``--hf-batches``: the first candidate runs the whole trace, each further
+  one is abandoned as soon as its projected time is clearly worse than the best so far.
+
+Roofline fields (measured in the same run): ``gemm_bound_tok_s`` is the rate of the model's
+matmuls alone (fused qkv, o, gate_up, down per layer, plus the lm_head for every row) at batch
+128; ``fraction_of_gemm_bound`` is chatpage's decode rate with 128 concurrent sequences over it.
+``weight_read_floor_ms`` is the weight bytes over the memory read bandwidth (timed as the sum of a
+large tensor); ``batch1_floor_ratio`` is chatpage's batch-1 decode step over that floor.
+
+``--peer llamacpp`` adds llama.cpp (llama-cpp-python, when importable) on the same GGUF, serial
+and batched; see chatpage/bench/peers.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from chatpage.bench import common, plots
+from chatpage.bench.workloads import SHAREGPT, BenchRequest, describe, make_trace
+from chatpage.engine import SamplingParams
+from chatpage.engine.loader import default_model_path
+
+DEFAULT_SCALE = 0.25
+REQUESTS_AT_SCALE_1 = 192  # 48 requests at the default scale
+HF_BATCHES = (16, 8, 48)  # the first runs in full; order the likely best first
+ROOFLINE_BATCH = 128
+ABANDON_MARGIN = 1.15  # a candidate projected this much slower than the best is stopped
+
+
+# -- chatpage ----------------------------------------------------------------------------------
+def _warm_up(eng) -> None:
+    """Load the kernels and touch every code path once, outside any timing."""
+    eng.generate([list(range(100, 140))], SamplingParams(temperature=0, max_tokens=4,
+                                                          ignore_eos=True))
+
+
+def run_chatpage(eng, trace: list[BenchRequest]) -> dict:
+    """All of ``trace`` at once through ``eng``; wall time and batch sizes."""
+    log = common.record_batches(eng)
+    start = len(log)
+    t0 = time.perf_counter()
+    for r in trace:
+        eng.add_request(r.prompt_ids, SamplingParams(temperature=0, max_tokens=r.output_len,
+                                                     ignore_eos=True))
+    common.drain(eng)
+    elapsed = time.perf_counter() - t0
+    batches = [n for n, _ in log[start:]]
+    return {"seconds": elapsed, "mean_batch": statistics.fmean(batches), "steps": len(batches)}
+
+
+def decode_step_ms(eng, concurrency: int, prompt_len: int, new_tokens: int) -> float:
+    """Median step time (ms) while exactly ``concurrency`` sequences decode together."""
+    log = common.record_batches(eng)
+    times: list[float] = []
+    for i in range(concurrency):
+        prompt = [100 + (i * 7 + j) % 40000 for j in range(prompt_len)]
+        eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=new_tokens,
+                                               ignore_eos=True))
+    while eng.has_unfinished():
+        t0 = time.perf_counter()
+        eng.step()
+        dt = time.perf_counter() - t0
+        seqs, tokens = log[-1]
+        if seqs == concurrency and tokens == concurrency:  # a pure decode step of all of them
+            times.append(dt)
+    return statistics.median(times[1:] or times) * 1e3
+
+
+# -- roofline ----------------------------------------------------------------------------------
+def gemm_step_s(model, batch: int, repeats: int = 5) -> float:
+    """Median time of one step's matmuls alone at ``batch`` rows, with the model's own weights."""
+    weights = [w for layer in model.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    inputs = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=w.dtype) for w in weights}
+    last = torch.randn(batch, model.lm_head.shape[1], dtype=model.lm_head.dtype)
+
+    def step() -> None:
+        for w in weights:
+            F.linear(inputs[w.shape[1]], w)
+        F.linear(last, model.lm_head)
+
+    with torch.inference_mode():
+        return common.median_s(step, repeats=repeats, warmup=1)
+
+
+def read_bandwidth(num_bytes: int = 256 << 20, repeats: int = 7) -> float:
+    """Memory read bandwidth in bytes/s: the median time of summing a large fp32 tensor."""
+    big = torch.ones(num_bytes // 4, dtype=torch.float32)
+    seconds = common.median_s(lambda: big.sum(), repeats=repeats, warmup=2)
+    return num_bytes / seconds
+
+
+def roofline(loaded, prompt_len: int, batch: int = ROOFLINE_BATCH) -> dict:
+    eng = common.engine(loaded, max_num_seqs=max(batch, 1))
+    _warm_up(eng)
+    common.say(f"roofline: {batch} concurrent sequences")
+    decode_ms = decode_step_ms(eng, batch, prompt_len, new_tokens=12)
+    common.say("roofline: batch 1")
+    batch1_ms = decode_step_ms(eng, 1, prompt_len, new_tokens=24)
+    common.say("roofline: matmuls alone and memory bandwidth")
+    gemm_s = gemm_step_s(eng.model, batch)
+    bandwidth = read_bandwidth()
+    floor_ms = eng.model.weight_bytes / bandwidth * 1e3
+    decode_tok_s = batch / (decode_ms / 1e3)
+    gemm_tok_s = batch / gemm_s
+    return {
+        "roofline_batch": batch,
+        "roofline_context": prompt_len,
+        "decode_batch_step_ms": decode_ms,
+        "decode_batch_tok_s": decode_tok_s,
+        "gemm_bound_tok_s": gemm_tok_s,
+        "fraction_of_gemm_bound": decode_tok_s / gemm_tok_s,
+        "batch1_step_ms": batch1_ms,
+        "weight_bytes": eng.model.weight_bytes,
+        "read_bandwidth_gb_s": bandwidth / 1e9,
+        "weight_read_floor_ms": floor_ms,
+        "batch1_floor_ratio": batch1_ms / floor_ms,
+    }
+
+
+# -- transformers --------------------------------------------------------------------------------
+class _Deadline:
+    """A transformers stopping criterion that ends generation once ``deadline`` has passed."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.hit = False
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.hit = self.hit or time.perf_counter() > self.deadline
+        return torch.full((input_ids.shape[0],), self.hit, dtype=torch.bool)
+
+
+def hf_model(loaded):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(loaded.directory, dtype=torch.float32)
+    model.eval()
+    return model
+
+
+def hf_batch(model, batch: list[BenchRequest], pad_id: int, stop: _Deadline | None = None) -> None:
+    """One static batch through ``generate``: left padded, greedy, exactly the longest output."""
+    from transformers import StoppingCriteriaList
+
+    width = max(r.prompt_len for r in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, r in enumerate(batch):
+        ids[i, width - r.prompt_len:] = torch.tensor(r.prompt_ids)
+        mask[i, width - r.prompt_len:] = 1
+    new = max(r.output_len for r in batch)
+    with torch.inference_mode():
+        model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+            do_sample=False, pad_token_id=pad_id,
+            stopping_criteria=StoppingCriteriaList([stop]) if stop else None,
+        )
+
+
+def run_hf(model, trace: list[BenchRequest], batch_size: int, pad_id: int,
+           best_s: float | None) -> dict:
+    """The trace in static batches of ``batch_size``; abandoned once clearly slower than
+    ``best_s`` (then ``seconds`` is None and ``projected_s`` a lower estimate)."""
+    useful = sum(r.output_len for r in trace)
+    done = 0
+    t0 = time.perf_counter()
+    for i in range(0, len(trace), batch_size):
+        batch = trace[i:i + batch_size]
+        stop = _Deadline(t0 + best_s * ABANDON_MARGIN) if best_s else None
+        hf_batch(model, batch, pad_id, stop)
+        elapsed = time.perf_counter() - t0
+        if stop and stop.hit:
+            return {"batch": batch_size, "seconds": None, "abandoned_after_s": elapsed,
+                    "projected_s": None}
+        done += sum(r.output_len for r in batch)
+        projected = elapsed * useful / done
+        if best_s and done < useful and projected > best_s * ABANDON_MARGIN:
+            return {"batch": batch_size, "seconds": None, "abandoned_after_s": elapsed,
+                    "projected_s": projected}
+    return {"batch": batch_size, "seconds": time.perf_counter() - t0}
+
+
+def best_hf(loaded, trace: list[BenchRequest], batches: list[int]) -> tuple[dict, list[dict]]:
+    model = hf_model(loaded)
+    pad_id = loaded.tokenizer.pad_token_id
+    if pad_id is None:
+        pad_id = loaded.tokenizer.eos_token_id or 0
+    hf_batch(model, trace[:2], pad_id)  # warm-up
+    useful = sum(r.output_len for r in trace)
+    best: dict | None = None
+    tried = []
+    for b in batches:
+        common.say(f"transformers: static batches of {b}")
+        res = run_hf(model, trace, b, pad_id, best["seconds"] if best else None)
+        if res["seconds"] is not None:
+            res["tok_s"] = useful / res["seconds"]
+            if best is None or res["seconds"] < best["seconds"]:
+                best = res
+        tried.append(res)
+    del model
+    return best, tried
+
+
+def _gguf(model: str | None) -> Path | None:
+    """The GGUF file behind ``--model`` (llama.cpp reads only those)."""
+    if model is None:
+        return default_model_path()
+    path = Path(model).expanduser()
+    return path if path.suffix == ".gguf" else None
+
+
+# -- the command ----------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    p = common.parser("throughput", "chatpage vs transformers generate, plus a roofline",
+                      DEFAULT_SCALE)
+    p.add_argument("--requests", type=int, default=None,
+                   help=f"number of requests (default {REQUESTS_AT_SCALE_1} x scale)")
+    p.add_argument("--hf-batches", default=",".join(map(str, HF_BATCHES)),
+                   help="transformers batch sizes to try, first one in full (default %(default)s)")
+    p.add_argument("--no-roofline", action="store_true", help="skip the roofline measurements")
+    p.add_argument("--roofline-batch", type=int, default=ROOFLINE_BATCH,
+                   help="concurrent sequences of the roofline decode (default %(default)s)")
+    p.add_argument("--plot", default=None, help="write a PNG bar chart here")
+    p.add_argument("--peer", choices=["llamacpp"], action="append", default=[],
+                   help="also run a peer engine (needs llama-cpp-python)")
+    args = p.parse_args(argv)
+    common.check_scale(p, args.scale)
+    n = args.requests or max(4, round(REQUESTS_AT_SCALE_1 * args.scale))
+    batches = [int(b) for b in args.hf_batches.split(",") if b.strip()]
+
+    loaded = common.load(args.model)
+    trace = make_trace(SHAREGPT, n, scale=args.scale, seed=args.seed,
+                       vocab_size=loaded.config.vocab_size)
+    shape = describe(trace)
+    common.say(f"trace: {shape}")
+
+    eng = common.engine(loaded)
+    _warm_up(eng)
+    common.say("chatpage: the whole trace")
+    mine = run_chatpage(eng, trace)
+    del eng
+    chat_tok_s = shape["output_tokens"] / mine["seconds"]
+    common.say(f"chatpage: {chat_tok_s:.1f} tok/s, mean batch {mine['mean_batch']:.1f}")
+
+    hf, tried = best_hf(loaded, trace, batches)
+    result = {
+        "benchmark": "throughput",
+        "workload": "sharegpt",
+        "scale": args.scale,
+        "seed": args.seed,
+        **common.model_info(loaded),
+        **shape,
+        "chatpage_tok_s": chat_tok_s,
+        "chatpage_seconds": mine["seconds"],
+        "chatpage_mean_batch": mine["mean_batch"],
+        "chatpage_steps": mine["steps"],
+        "hf_tok_s": hf["tok_s"],
+        "hf_seconds": hf["seconds"],
+        "hf_batch": hf["batch"],
+        "hf_candidates": tried,
+        "ratio": chat_tok_s / hf["tok_s"],
+        "goal_ratio": 8.0,
+    }
+    if not args.no_roofline:
+        result.update(roofline(loaded, round(shape["mean_input"]), args.roofline_batch))
+        result["goal_fraction_of_gemm_bound"] = 0.75
+        result["goal_batch1_floor_ratio"] = 1.3
+    if "llamacpp" in args.peer:
+        from chatpage.bench import peers
+
+        result.update(peers.llamacpp(_gguf(args.model), trace, chat_tok_s))
+    if args.plot:
+        result["plot"] = plots.throughput(result, args.plot)
+    return common.emit(common.round_floats(result))
