@@ -29,9 +29,17 @@ test: setup
 lint: setup
 	$(BIN)/ruff check chatpage tests
 
+# All benchmarks on the default model (about 25 min on 2 cores); writes docs/benchmarks.md and
+# docs/bench-*.png. One benchmark: `.venv/bin/chatpage bench NAME --json` (see docs/benchmarks.md).
 bench: setup
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -m chatpage.bench.report docs/benchmarks.md
+
+# Throughput against llama.cpp too; builds llama-cpp-python from source first (about 7 min).
+bench-peers: setup
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || \
+		CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install llama-cpp-python
+	$(BIN)/chatpage bench throughput --json --peer llamacpp
 
 clean:
 	rm -rf $(VENV) build *.egg-info
