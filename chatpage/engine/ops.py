@@ -32,6 +32,7 @@ import torch
 
 ENV_DISABLE = "CHATPAGE_NO_KERNELS"
 BUILD_MESSAGE = "chatpage: building native attention kernels (first run, ~1 min)..."
+BUILD_MESSAGE_CUDA = "chatpage: building native attention kernels with CUDA (first run, ~3 min)..."
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 
 _RECIPE = 1  # bump when the way the extension is built changes
@@ -68,8 +69,11 @@ def _cpu_features() -> str:
 def _first_error_line(text: str) -> str:
     """The most useful single line of a compiler or loader error."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    diagnostics = [ln for ln in lines if "error:" in ln.lower()]  # compiler/linker format
-    return (diagnostics or lines[-1:] or ["unknown error"])[0][:300]
+    for marker in ("error:", "not found", "no such file"):  # compiler/linker/shell formats
+        hits = [ln for ln in lines if marker in ln.lower()]
+        if hits:
+            return hits[0][:300]
+    return (lines[-1] if lines else "unknown error")[:300]
 
 
 def _loaded_elsewhere(library: Path) -> str | None:
@@ -205,7 +209,7 @@ class KernelLoader:
         lock = build_dir / "lock"
         if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
             lock.unlink(missing_ok=True)
-        self._say(BUILD_MESSAGE)
+        self._say(BUILD_MESSAGE_CUDA if cuda else BUILD_MESSAGE)
         from torch.utils import cpp_extension  # slow import, only when compiling
 
         try:

@@ -165,7 +165,22 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
     const int64_t phys = w.table[blk];
     const KV* kb = k_cache + phys * g.block_stride;
     const KV* vb = v_cache + phys * g.block_stride;
+    // the next block is somewhere else in the pool: start fetching it, a head's share at a time
+    const char* next_k = nullptr;
+    const char* next_v = nullptr;
+    const int64_t bytes = g.block_stride * static_cast<int64_t>(sizeof(KV));
+    if (blk + 1 < w.blk_end) {
+      next_k = reinterpret_cast<const char*>(k_cache + w.table[blk + 1] * g.block_stride);
+      next_v = reinterpret_cast<const char*>(v_cache + w.table[blk + 1] * g.block_stride);
+    }
     for (int kvh = 0; kvh < g.kv_heads; ++kvh) {
+      if (next_k != nullptr) {
+        const int64_t lo = bytes * kvh / g.kv_heads, hi = bytes * (kvh + 1) / g.kv_heads;
+        for (int64_t off = lo; off < hi; off += 64) {
+          __builtin_prefetch(next_k + off);
+          __builtin_prefetch(next_v + off);
+        }
+      }
       const KV* kh = kb + kvh * d;
       const KV* vh = vb + kvh * d;
       for (int r = 0; r < w.rows; ++r) {
