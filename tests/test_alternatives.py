@@ -27,13 +27,15 @@ def _hf(path):
 
 @torch.inference_mode()
 def reference_beam_search(hf, prompt, width, max_tokens, stop_ids, length_penalty=1.0):
-    """Plain beam search over transformers' logits, without any cache.
+    """Plain beam search over transformers' logits (its own KV cache, reordered by parent).
 
     Each step scores every continuation of every live beam, walks the 2*width best: one ending in
     a stop token becomes a finished hypothesis if it ranks within the first width; the others
     refill the beams up to width. Done at max_tokens (live beams become hypotheses) or when
     width hypotheses exist and none of the live beams can beat the worst of them.
     """
+    out = hf(torch.tensor([prompt]), use_cache=True)
+    cache, logits = out.past_key_values, out.logits[:, -1]
     beams = [([], 0.0)]
     hyps: list[tuple[float, list[int], float]] = []
 
@@ -43,12 +45,11 @@ def reference_beam_search(hf, prompt, width, max_tokens, stop_ids, length_penalt
         del hyps[width:]
 
     for step in range(1, max_tokens + 1):
-        ids = torch.tensor([prompt + toks for toks, _ in beams])
-        logprobs = torch.log_softmax(hf(ids).logits[:, -1].float(), dim=-1)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
         scores = logprobs + torch.tensor([c for _, c in beams]).unsqueeze(1)
         values, flat = torch.topk(scores.flatten(), 2 * width)
         vocab = scores.shape[1]
-        live = []
+        live, parents = [], []
         for rank, (v, f) in enumerate(zip(values.tolist(), flat.tolist(), strict=True)):
             b, tok = f // vocab, f % vocab
             if tok in stop_ids:
@@ -56,6 +57,7 @@ def reference_beam_search(hf, prompt, width, max_tokens, stop_ids, length_penalt
                     add(beams[b][0] + [tok], v, step)
             else:
                 live.append((beams[b][0] + [tok], v))
+                parents.append(b)
             if len(live) == width:
                 break
         beams = live
@@ -67,6 +69,10 @@ def reference_beam_search(hf, prompt, width, max_tokens, stop_ids, length_penalt
             best_live = max(c / step**length_penalty for _, c in beams)
             if hyps[-1][0] >= best_live:
                 break
+        cache.reorder_cache(torch.tensor(parents))
+        out = hf(torch.tensor([[toks[-1]] for toks, _ in beams]), cache=cache,
+                 use_cache=True)
+        cache, logits = out.past_key_values, out.logits[:, -1]
     return [(toks, cum, score) for score, toks, cum in hyps]
 
 
