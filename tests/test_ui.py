@@ -120,7 +120,8 @@ async def test_two_personas_stream_switch_cache_and_gauge(tiny_llama_dir, person
         assert second.persona.name == "beta"
         await ready(pilot, app)
 
-        await send(pilot, "/max 30")
+        await send(pilot, "/max 50")
+        await send(pilot, "/seed 1")
         await send(pilot, "/temp 1")  # sampled: a greedy reply of the random model may end early
         await send(pilot, "hello beta")
         assert second.streaming
