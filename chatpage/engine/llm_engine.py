@@ -117,7 +117,7 @@ class LLMEngine:
         if need > have:
             raise ValueError(
                 f"the request needs {need} KV blocks ({need * self.block_bytes / 2**20:.0f} MiB) "
-                f"at its longest but the KV cache has {have} free of pins "
+                f"at its longest but the KV cache holds {have} besides pinned prefixes "
                 f"({have * self.block_bytes / 2**20:.0f} MiB); raise the KV cache size "
                 "(--kv-cache / EngineConfig.kv_cache_bytes) or lower max_tokens"
             )

@@ -1,0 +1,78 @@
+"""`chatpage ask` and `chatpage personas` end to end (tiny model; the real one in one case)."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from chatpage.cli import main
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def no_stdin(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", _Tty(""))
+
+
+def test_ask_streams_the_default_models_answer(no_stdin, capsys):
+    assert main(["ask", "What is the capital of France?", "--max-tokens", "16"]) == 0
+    assert "Paris" in capsys.readouterr().out
+
+
+def test_ask_reads_piped_context(monkeypatch, capsys, tiny_llama_dir):
+    from chatpage import conversation
+
+    seen = {}
+
+    original = conversation.render_prompt
+
+    def spy(tokenizer, messages, add_generation_prompt=True):
+        seen["messages"] = messages
+        return original(tokenizer, messages, add_generation_prompt)
+
+    monkeypatch.setattr(conversation, "render_prompt", spy)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("def f(x):\n    return x * 2\n"))
+    assert main(["ask", "review this", "--model", str(tiny_llama_dir), "--max-tokens", "4"]) == 0
+    user = seen["messages"][-1]["content"]
+    assert user.startswith("def f(x):") and user.endswith("review this")
+
+
+@pytest.mark.parametrize("flag,label", [("--n", "sample"), ("--beam", "beam")])
+def test_ask_prints_alternatives_with_scores(flag, label, no_stdin, capsys, tiny_llama_dir):
+    args = ["ask", "hello", "--model", str(tiny_llama_dir), "--max-tokens", "5", flag, "3",
+            "--temperature", "0.8", "--seed", "1"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert [line.split(" (")[0] for line in out.splitlines() if line.startswith("---")] == [
+        f"--- {label} 1", f"--- {label} 2", f"--- {label} 3"]
+    assert "logprob" in out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--temperature", "-1"], "SamplingParams.temperature must be a number >= 0"),
+    (["--model", "/no/such/model"], "model path not found: /no/such/model"),
+    (["--persona", "nobody"], "no persona named 'nobody'"),
+    (["--kv-cache", "64KiB"], "raise the KV cache size"),
+])
+def test_ask_bad_input_is_one_clear_line(args, message, no_stdin, capsys, tiny_llama_dir):
+    if "--model" not in args:
+        args = args + ["--model", str(tiny_llama_dir)]
+    assert main(["ask", "hi", *args]) == 2
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+    assert len(errors) == 1 and message in errors[0]
+
+
+def test_personas_lists_shipped_and_reports_broken(capsys, tmp_path, monkeypatch):
+    broken = tmp_path / "config" / "chatpage" / "personas"
+    broken.mkdir(parents=True)
+    (broken / "bad.yaml").write_text("name: bad\ndescription: x\n")
+    assert main(["personas"]) == 1
+    captured = capsys.readouterr()
+    assert "assistant" in captured.out and "coder" in captured.out
+    assert "bad.yaml" in captured.err and "system_prompt" in captured.err
