@@ -6,6 +6,7 @@ queue (`EngineEvent`) and applied to the sessions by `Chats`. Nothing here waits
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -152,7 +153,7 @@ class ChatApp(App[None]):
         self.query_one(PromptInput).focus()
 
     async def on_unmount(self) -> None:
-        self.client.close()
+        await asyncio.to_thread(self.client.close)  # joins the engine thread: not on the loop
 
     def _apply_keymap(self) -> None:
         keymap = dict(self.settings.bindings)

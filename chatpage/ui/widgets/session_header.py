@@ -36,10 +36,10 @@ class SessionHeader(Static):
         text.append(f"\n{cache_line(s)}")
         text.append(f"\n{s.sampling.describe()} · next reply: {s.alt_mode.describe()}")
         if s.streaming:
-            text.append(" · generating…", "bold")
+            text.append("\ngenerating… (esc stops)", "bold")
         elif s.choosing:
-            text.append(" · choose an alternative (1-"
-                        f"{len(s.generation.candidates)}, click, or /keep N)", "bold")
+            text.append(f"\nchoose an alternative: 1-{len(s.generation.candidates)}, a click, "
+                        "or /keep N", "bold")
         self.update(text)
         self.set_class(s.streaming, "-streaming")
         self.tooltip = clean(s.persona.system_prompt)
