@@ -13,16 +13,15 @@ from pathlib import Path
 from rich.text import Text
 from textual import on
 from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
-from textual.theme import Theme
 from textual.widgets import ContentSwitcher, Footer, Static
 
 from chatpage.engine.client import EngineClient, StreamEvent
 from chatpage.engine.config import EngineConfig
 from chatpage.personas import Persona, default_persona, load_personas
 from chatpage.settings import Settings
+from chatpage.ui.bindings import APP_BINDINGS
 from chatpage.ui.chats import Chats
 from chatpage.ui.commands import Command, message_text, parse_command
 from chatpage.ui.messages import (
@@ -40,6 +39,7 @@ from chatpage.ui.screens.sampling_settings import SamplingSettingsScreen
 from chatpage.ui.session import AltMode, Change, ChatSession, SamplingSettings
 from chatpage.ui.slash_commands import run_slash_command
 from chatpage.ui.text import clean, code_blocks
+from chatpage.ui.theme import CHATPAGE_THEME
 from chatpage.ui.widgets.alternatives import AlternativesView
 from chatpage.ui.widgets.block_gauge import BlockGauge
 from chatpage.ui.widgets.prompt_input import PromptInput
@@ -49,21 +49,6 @@ from chatpage.ui.widgets.session_view import SessionView
 STATS_INTERVAL_S = 0.3
 FALLBACK_PERSONA = Persona(
     "assistant", "A helpful assistant", "You are a helpful, honest assistant.",
-)
-CHATPAGE_THEME = Theme(
-    name="chatpage",
-    primary="#5FA8D3",
-    secondary="#8E7CC3",
-    accent="#F2A541",
-    warning="#F2A541",
-    error="#E5534B",
-    success="#57AB5A",
-    foreground="#D8DEE9",
-    background="#14181F",
-    surface="#1B2029",
-    panel="#232A35",
-    dark=True,
-    variables={"footer-key-foreground": "#F2A541"},
 )
 _ALT_CYCLE = {"off": "samples", "samples": "beam", "beam": "off"}
 _MODAL_BLOCKED = {"close_session", "cycle_alternatives", "next_session", "prev_session", "stop"}
@@ -79,26 +64,8 @@ class ChatApp(App[None]):
 
     CSS_PATH = "app.tcss"
     TITLE = "chatpage"
-    BINDINGS = [
-        Binding("ctrl+n", "new_session", "New chat", id="new_session"),
-        Binding("ctrl+w", "close_session", "Close", id="close_session", priority=True),
-        Binding("ctrl+tab,ctrl+pagedown", "next_session", "Next chat", show=False,
-                id="next_session", priority=True),
-        Binding("ctrl+shift+tab,ctrl+pageup", "prev_session", "Previous chat", show=False,
-                id="prev_session", priority=True),
-        *[Binding(f"alt+{n}", f"goto_session({n})", f"Chat {n}", show=False,
-                  id=f"goto_session_{n}") for n in range(1, 10)],
-        Binding("escape", "stop", "Stop", id="stop"),
-        Binding("ctrl+r", "regenerate", "Regenerate", id="regenerate"),
-        Binding("alt+e", "edit_last", "Edit last", show=False, id="edit_last"),
-        Binding("ctrl+a", "cycle_alternatives", "Alternatives", id="cycle_alternatives",
-                priority=True),
-        Binding("alt+c", "copy_reply", "Copy reply", show=False, id="copy_reply"),
-        Binding("alt+k", "copy_code", "Copy code", show=False, id="copy_code"),
-        Binding("f2", "sampling_settings", "Sampling", id="sampling_settings"),
-        Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, id="toggle_sidebar"),
-        Binding("f1", "help", "Help", id="help"),
-    ]
+    BINDINGS = APP_BINDINGS
+    gauge: BlockGauge  # set on mount
 
     def __init__(self, model: str | None = None, config: EngineConfig | None = None,
                  settings: Settings | None = None,
