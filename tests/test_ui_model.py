@@ -189,7 +189,8 @@ def test_chats_compare_submits_one_request_per_value_and_reports_errors():
 # -- gauge maths -----------------------------------------------------------------------------------
 def stats(**kw) -> EngineStats:
     base = dict(num_blocks=100, block_size=16, bytes_per_block=1024, blocks_used=30,
-                blocks_shared=12, blocks_cached=10, blocks_pinned=8, blocks_free=60,
+                blocks_shared=12, blocks_private=10, blocks_cached=10, blocks_pinned=8,
+                blocks_free=60,
                 num_cpu_blocks=50, blocks_swapped=0, num_running=1, num_waiting=0,
                 num_swapped=0, prefix_hit_tokens=0, preemptions_recompute=0,
                 preemptions_swap=0, evictions=0, logical_blocks=40, tokens_per_s=0.0)
@@ -198,8 +199,8 @@ def stats(**kw) -> EngineStats:
     return EngineStats(**base)
 
 
-@pytest.mark.parametrize("kw", [{}, {"blocks_shared": 3}, {"blocks_shared": 0, "blocks_used": 8},
-                                {"blocks_used": 100, "blocks_cached": 0, "blocks_shared": 100}])
+@pytest.mark.parametrize("kw", [{}, {"blocks_private": 22}, {"blocks_private": 0, "blocks_used": 8},
+                                {"blocks_used": 100, "blocks_cached": 0, "blocks_private": 0}])
 def test_gauge_segments_add_up_to_the_pool(kw):
     s = stats(**kw)
     seg = segments(s)
@@ -207,4 +208,5 @@ def test_gauge_segments_add_up_to_the_pool(kw):
     assert all(v >= 0 for v in seg.values())
     assert seg["pinned"] == s.blocks_pinned and seg["cached"] == s.blocks_cached
     assert seg["pinned"] + seg["shared"] + seg["private"] == s.blocks_used
+    assert seg["private"] == s.blocks_private
     assert sum(cells(seg, 37).values()) == 37

@@ -203,7 +203,7 @@ class StatsFactory:
         from chatpage.engine.outputs import EngineStats
 
         return EngineStats(num_blocks=64, block_size=16, bytes_per_block=4096, blocks_used=10,
-                           blocks_shared=2, blocks_cached=4, blocks_pinned=3, blocks_free=50,
+                           blocks_shared=2, blocks_private=5, blocks_cached=4, blocks_pinned=3, blocks_free=50,
                            num_cpu_blocks=8, blocks_swapped=1, num_running=2, num_waiting=1,
                            num_swapped=0, prefix_hit_tokens=32, preemptions_recompute=0,
                            preemptions_swap=0, evictions=0, logical_blocks=12,

@@ -325,5 +325,13 @@ class BlockManager:
             self.pool.unpin(b)
 
     @property
+    def num_private_blocks(self) -> int:
+        """Device blocks held by exactly one sequence and no pin."""
+        pinned = {b for blocks in self._pins.values() for b in blocks}
+        shared_pinned = sum(1 for b in pinned if self.pool.ref[b] > 1)
+        pool = self.pool
+        return pool.num_used - pool.num_pinned - (pool.num_shared - shared_pinned)
+
+    @property
     def num_logical_blocks(self) -> int:
         return sum(len(t) for sid, t in self.tables.items() if sid not in self._swapped)

@@ -16,7 +16,10 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from chatpage.conversation import render_prompt, system_prefix
+from chatpage.engine import ops
 from chatpage.engine.config import EngineConfig
 from chatpage.engine.llm_engine import LLMEngine
 from chatpage.engine.outputs import EngineStats, RequestOutput
@@ -122,11 +125,14 @@ class EngineClient:
         try:
             t0 = time.perf_counter()
             engine = LLMEngine.from_pretrained(self.model, self.config, progress=self._status)
+            # build (first run) or load the native kernels now, not in the first reply
+            ops.set_notify(self._status)
+            ops.available(torch.device(self.config.device))
         except Exception as e:  # reported to the UI, which keeps running
             self.error = str(e).splitlines()[0] if str(e) else type(e).__name__
             self._status(f"error: {self.error}")
             self._ready.set()
-            self._fail_pending()
+            self._answer_with_errors()
             return
         self.load_seconds = time.perf_counter() - t0
         self.engine = engine
@@ -183,12 +189,13 @@ class EngineClient:
             engine.pin_prefix(system_prefix(engine.tokenizer, cmd[1]))
         self._stats = engine.stats()
 
-    def _fail_pending(self) -> None:
-        while True:
+    def _answer_with_errors(self) -> None:
+        """No model: every submit, queued or later, gets a final error event."""
+        while not self._stopping:
             try:
-                cmd = self._commands.get_nowait()
+                cmd = self._commands.get(timeout=0.5)
             except queue.Empty:
-                return
+                continue
             if cmd[0] == "submit":
                 _, rid, _msgs, _params, on_event, t0 = cmd
                 self._callbacks[rid] = (on_event, t0, {})

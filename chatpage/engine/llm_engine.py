@@ -385,6 +385,7 @@ class LLMEngine:
             bytes_per_block=self.block_bytes,
             blocks_used=pool.num_used,
             blocks_shared=pool.num_shared,
+            blocks_private=self.bm.num_private_blocks,
             blocks_cached=pool.num_cached,
             blocks_pinned=pool.num_pinned,
             blocks_free=pool.num_unindexed_free,

@@ -37,7 +37,8 @@ class EngineStats:
     block_size: int
     bytes_per_block: int
     blocks_used: int  # ref count > 0, pinned included
-    blocks_shared: int  # ref count > 1
+    blocks_shared: int  # ref count > 1 (a pinned prefix block read by a chat counts)
+    blocks_private: int  # ref count 1 and not pinned: used = private + pinned + shared unpinned
     blocks_cached: int  # ref count 0, still indexed by hash
     blocks_pinned: int
     blocks_free: int

@@ -17,6 +17,12 @@ def make_generator(seed: int | None, index: int) -> torch.Generator:
     return g
 
 
+# Sampling looks at the best few hundred tokens first: the top-k set or the top-p nucleus almost
+# always lies inside them, which saves sorting the whole vocabulary. When it does not, the full
+# vocabulary is used; either way the distribution sampled from is exactly the filtered one.
+_CANDIDATES = 256
+
+
 def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     """Mask (to -inf) tokens outside the top-k and the top-p nucleus of one row."""
     if top_k and top_k < logits.shape[-1]:
@@ -32,6 +38,26 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return logits
 
 
+def _sample_row(row: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> int:
+    """One token from ``row`` (raw logits) under temperature, top-k and top-p."""
+    row = row / p.temperature
+    vocab = row.shape[-1]
+    k = p.top_k if 0 < p.top_k < vocab else vocab
+    if k == vocab and p.top_p >= 1.0:
+        return int(torch.multinomial(row.softmax(-1), 1, generator=generator))
+    if k <= _CANDIDATES or (k == vocab and p.top_p < 1.0):
+        values, ids = torch.topk(row, min(k, _CANDIDATES))  # best first
+        log_z = torch.logsumexp(values if k <= _CANDIDATES else row, 0)
+        probs = (values - log_z).exp()  # true probabilities within the top-k set
+        cum = probs.cumsum(0)
+        if p.top_p >= 1.0 or cum[-1] >= p.top_p or len(ids) == k:
+            keep = (cum - probs) < p.top_p  # the nucleus: stop once top_p is reached
+            choice = torch.multinomial(probs[keep], 1, generator=generator)
+            return int(ids[keep][choice])
+    probs = _filter(row, p.top_k, p.top_p).softmax(-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
 def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
@@ -44,11 +70,8 @@ def sample(
     logprobs = torch.log_softmax(logits, dim=-1)
     tokens = logits.argmax(dim=-1).tolist()
     for i, p in enumerate(params):
-        if p.greedy:
-            continue
-        row = _filter(logits[i] / p.temperature, p.top_k, p.top_p)
-        probs = row.softmax(-1)
-        tokens[i] = int(torch.multinomial(probs, 1, generator=generators[i]))
+        if not p.greedy:
+            tokens[i] = _sample_row(logits[i], p, generators[i])
     chosen = logprobs.gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1).tolist()
     return tokens, chosen
 

@@ -3,11 +3,9 @@
 Segments of the device pool, left to right (they add up to ``num_blocks`` exactly):
 
 - pinned: ``blocks_pinned`` - persona prefixes held for every chat to share;
-- shared: ``max(0, blocks_shared - blocks_pinned)`` - blocks read by several sequences
-  (prefix-cache hits, forks of samples and beams). The engine counts a pinned block that a chat
-  reads as shared too (the pin holds a reference), so pins are taken out of the shared count;
-  this can show a fork-shared block as private while some pinned blocks are unread;
-- private: ``blocks_used - pinned - shared`` - blocks one sequence holds alone;
+- shared: ``blocks_used - blocks_pinned - blocks_private`` - unpinned blocks read by several
+  sequences (prefix-cache hits, forks of samples and beams);
+- private: ``blocks_private`` - blocks one sequence holds alone;
 - cached: ``blocks_cached`` - unreferenced but still indexed by hash, reusable until evicted;
 - free: ``blocks_free`` (never used or evicted; = ``num_blocks - blocks_used - blocks_cached``).
 
@@ -32,8 +30,8 @@ FLASH_S = 1.0
 def segments(stats: EngineStats) -> dict[str, int]:
     """Block counts per segment (see the module docstring); they sum to ``stats.num_blocks``."""
     pinned = stats.blocks_pinned
-    shared = max(0, min(stats.blocks_shared - pinned, stats.blocks_used - pinned))
-    private = stats.blocks_used - pinned - shared
+    private = stats.blocks_private
+    shared = stats.blocks_used - pinned - private
     cached = stats.blocks_cached
     free = stats.blocks_free
     return {"pinned": pinned, "shared": shared, "private": private, "cached": cached,

@@ -1,0 +1,46 @@
+"""The sampler draws from exactly the filtered distribution, by any of its paths."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from chatpage.engine.sampler import _filter, _sample_row, make_generator
+from chatpage.engine.sampling_params import SamplingParams
+
+
+def _empirical(row, params, draws=4000):
+    g = make_generator(0, 0)
+    counts = torch.zeros_like(row)
+    for _ in range(draws):
+        counts[_sample_row(row, params, g)] += 1
+    return counts / draws
+
+
+@pytest.mark.parametrize("top_k,top_p,spread", [
+    (0, 1.0, 1.0),      # plain temperature over the whole vocabulary
+    (5, 1.0, 1.0),      # top-k inside the candidate window
+    (0, 0.9, 3.0),      # a peaked distribution: the nucleus is inside the window
+    (0, 0.95, 0.01),    # a flat one: the nucleus spills past the window (full-vocabulary path)
+    (400, 0.5, 0.01),   # top-k larger than the window
+    (3, 0.6, 1.0),      # both
+])
+def test_sample_row_matches_the_filtered_distribution(top_k, top_p, spread):
+    torch.manual_seed(top_k)
+    row = torch.randn(1000) * spread
+    params = SamplingParams(temperature=0.7, top_k=top_k, top_p=top_p)
+    expected = _filter(row / 0.7, top_k, top_p).softmax(-1)
+    got = _empirical(row, params)
+    assert set(got.nonzero().flatten().tolist()) <= set(expected.nonzero().flatten().tolist())
+    assert (got - expected).abs().max() < 0.04
+
+
+def test_same_seed_same_draws():
+    row = torch.randn(5000)
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    g1, g2 = make_generator(7, 1), make_generator(7, 1)
+    assert [_sample_row(row, params, g1) for _ in range(20)] == [
+        _sample_row(row, params, g2) for _ in range(20)]
+    g1, g2 = make_generator(7, 1), make_generator(7, 2)
+    assert [_sample_row(row, params, g1) for _ in range(20)] != [
+        _sample_row(row, params, g2) for _ in range(20)]
