@@ -113,19 +113,29 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def median_ms(fn: Callable[[], object], device: torch.device, repeats: int, budget_s: float) -> float:
-    """Median wall time of ``fn`` in ms over up to ``repeats`` calls (at least 5, within ``budget_s``)."""
-    for _ in range(2):
-        fn()
-    _sync(device)
-    times: list[float] = []
+def median_ms(fns: Sequence[Callable[[], object]], device: torch.device, repeats: int,
+              budget_s: float) -> list[float]:
+    """Median wall time in ms of each of ``fns``, timed in turn within each round so that all of
+    them see the same background load; up to ``repeats`` rounds (at least 5, within ``budget_s``).
+
+    Each function first warms up for a quarter second (at most 50 calls): torch's first SDPA
+    calls in a process take milliseconds each."""
+    for fn in fns:
+        start = time.perf_counter()
+        calls = 0
+        while calls < 3 or (calls < 50 and time.perf_counter() - start < 0.25):
+            fn()
+            _sync(device)
+            calls += 1
+    times: list[list[float]] = [[] for _ in fns]
     start = time.perf_counter()
-    while len(times) < repeats and (len(times) < 5 or time.perf_counter() - start < budget_s):
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    while len(times[0]) < repeats and (len(times[0]) < 5 or time.perf_counter() - start < budget_s):
+        for fn, samples in zip(fns, times, strict=True):
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            samples.append((time.perf_counter() - t0) * 1e3)
+    return [statistics.median(samples) for samples in times]
 
 
 def _case(batch: int, context: int, prefill: bool, device: torch.device, repeats: int,
@@ -147,9 +157,7 @@ def _case(batch: int, context: int, prefill: bool, device: torch.device, repeats
     def gather() -> None:
         attention.reference_paged_attention(*pb.args(out))
 
-    paged_ms = median_ms(paged, device, repeats, budget_s)
-    contiguous_ms = median_ms(contiguous, device, repeats, budget_s)
-    gather_ms = median_ms(gather, device, repeats, budget_s)
+    paged_ms, contiguous_ms, gather_ms = median_ms([paged, contiguous, gather], device, repeats, budget_s)
     return {
         "kind": "prefill" if prefill else "decode",
         "batch": batch,
@@ -162,7 +170,7 @@ def _case(batch: int, context: int, prefill: bool, device: torch.device, repeats
     }
 
 
-def run(json_out: bool = True, *, device: str = "cpu", repeats: int = 30, budget_s: float = 1.5) -> dict:
+def run(json_out: bool = True, *, device: str = "cpu", repeats: int = 30, budget_s: float = 3.0) -> dict:
     """Time every case; print the result as one JSON line on stdout when ``json_out``."""
     dev = torch.device(device)
     ops.load()

@@ -336,7 +336,11 @@ void run_dtype(const Geometry& g, const Plan& plan, const at::Tensor& k_cache,
 }
 
 std::vector<int64_t> to_host_vector(const at::Tensor& t) {
-  const at::Tensor c = t.to(at::kLong).contiguous();
+  const at::Tensor c = t.contiguous();
+  if (c.scalar_type() == at::kInt) {
+    const int32_t* p = c.data_ptr<int32_t>();
+    return std::vector<int64_t>(p, p + c.numel());
+  }
   const int64_t* p = c.data_ptr<int64_t>();
   return std::vector<int64_t>(p, p + c.numel());
 }
@@ -394,8 +398,12 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
 
   const int threads = at::get_num_threads();
   const Plan plan = make_plan(g, shape, tab, lens, starts, threads);
-  at::Tensor partials = at::empty({std::max<int64_t>(plan.partial_floats, 1)}, q.options());
-  float* part = partials.data_ptr<float>();
+  at::Tensor partials;
+  float* part = nullptr;
+  if (plan.partial_floats > 0) {
+    partials = at::empty({plan.partial_floats}, q.options());
+    part = partials.data_ptr<float>();
+  }
   switch (k_cache.scalar_type()) {
     case at::kFloat: run_dtype<float>(g, plan, k_cache, v_cache, part, threads); break;
     case at::kBFloat16: run_dtype<c10::BFloat16>(g, plan, k_cache, v_cache, part, threads); break;
