@@ -25,6 +25,7 @@ import platform
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -233,6 +234,12 @@ class KernelLoader:
 
 _LOADER = KernelLoader()
 
+# `python -m chatpage.engine.ops` runs this file a second time as __main__ after the package
+# import has already loaded it (engine/__init__ -> attention -> ops); runpy warns about exactly
+# that. main() below works through the package's copy, so the warning is noise.
+warnings.filterwarnings("ignore", message="'chatpage.engine.ops' found in sys.modules",
+                        category=RuntimeWarning)
+
 
 def available(device: torch.device | str) -> bool:
     """True when the native ops are loaded for ``device`` (the first call builds/loads them)."""
@@ -271,4 +278,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from chatpage.engine import ops as _package_copy  # one loader per process, not two
+
+    sys.exit(_package_copy.main())
