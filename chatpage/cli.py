@@ -128,7 +128,7 @@ def cmd_personas(args) -> int:
 
 
 # -- chatpage bench ----------------------------------------------------------------------------------
-BENCHES = ("kernel", "throughput", "memory", "serve", "prefix", "sharing")
+BENCHES = ("kernel", "throughput", "memory", "serve", "prefix", "sharing", "ui")
 
 
 def cmd_bench(args) -> int:

@@ -1,0 +1,123 @@
+"""`chatpage bench ui`: start-up and responsiveness of the TUI while many sessions stream.
+
+Runs the real app headless (Textual's test driver) over the real engine and reports:
+time to first paint and to model-ready (cold: empty cache dir, so the model is dequantized and
+the kernels built; cached: the usual start), keystroke-to-screen latency percentiles while
+``--sessions`` chats stream at once, and the engine's aggregate tokens/s meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+
+
+def _since_process_start() -> float:
+    """Seconds since this process started (Linux /proc; interpreter start-up included)."""
+    with open("/proc/self/stat") as f:
+        start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def _measure(args) -> dict:
+    from textual import events
+
+    from chatpage.settings import load_settings
+    from chatpage.ui.app import ChatApp
+    from chatpage.ui.widgets.prompt_input import PromptInput
+
+    settings, _ = load_settings(overrides={"model": args.model})
+    app = ChatApp(model=settings.model, settings=settings)
+    async with app.run_test(headless=True, size=(160, 48)) as pilot:
+        painted = asyncio.Event()
+        app.call_after_refresh(painted.set)
+        await painted.wait()
+        first_paint = _since_process_start()
+        while not app.client.ready:
+            if app.client.error:
+                raise SystemExit(f"chatpage: error: {app.client.error}")
+            await asyncio.sleep(0.05)
+        model_ready = _since_process_start()
+        print(f"first paint {first_paint:.2f}s, model ready {model_ready:.2f}s", file=sys.stderr)
+
+        personas = app.personas
+        for i in range(args.sessions - 1):
+            await app.open_session(personas[i % len(personas)])
+        for session in list(app.chats.sessions):
+            app.switch_to(session)
+            await app.submit_prompt(f"/max {args.max_tokens}")
+            await app.submit_prompt("Write a long story about a lighthouse keeper.")
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        await pilot.pause()
+        engine = app.client.engine
+        while app.client.stats() is None or app.client.stats().num_running < args.sessions:
+            await asyncio.sleep(0.1)
+        generated0, t_start = engine.num_generated, time.perf_counter()
+        latencies = []
+        for i in range(args.keys):
+            before = prompt.text
+            refreshed = asyncio.Event()
+            t = time.perf_counter()
+            prompt.post_message(events.Key("x", "x"))
+            while prompt.text == before:  # 1 ms polls: do not starve the engine thread
+                await asyncio.sleep(0.001)
+            app.call_after_refresh(refreshed.set)
+            await refreshed.wait()
+            latencies.append((time.perf_counter() - t) * 1e3)
+            if i % 10 == 9:
+                print(f"{i + 1}/{args.keys} keys", file=sys.stderr)
+            await asyncio.sleep(0.1)
+        elapsed = time.perf_counter() - t_start
+        tok_s = (engine.num_generated - generated0) / elapsed
+        running = app.client.stats().num_running
+    return {
+        "bench": "ui",
+        "model": settings.model or "default",
+        "cold": args.cold,
+        "first_paint_s": round(first_paint, 3),
+        "model_ready_s": round(model_ready, 3),
+        "sessions": args.sessions,
+        "running_at_end": running,
+        "keystrokes": len(latencies),
+        "keystroke_p50_ms": round(statistics.median(latencies), 2),
+        "keystroke_p99_ms": round(_percentile(latencies, 0.99), 2),
+        "aggregate_tok_s": round(tok_s, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="chatpage bench ui", description=__doc__)
+    parser.add_argument("--json", action="store_true", help="(JSON is always the last line)")
+    parser.add_argument("--model", help="model directory or .gguf (default: the default model)")
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--keys", type=int, default=60, help="keystrokes to time")
+    parser.add_argument("--max-tokens", type=int, default=400)
+    parser.add_argument("--cold", action="store_true",
+                        help="start with an empty cache dir (dequantize + build kernels)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["XDG_DATA_HOME"] = os.path.join(tmp, "data")  # no sessions restored
+        if args.cold:
+            os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")
+        result = asyncio.run(_measure(args))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
