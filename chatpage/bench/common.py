@@ -32,12 +32,21 @@ def parser(prog: str, description: str, default_scale: float) -> argparse.Argume
                    help=f"shrink lengths and counts (default {default_scale})")
     p.add_argument("--model", default=None, help="HF model directory or .gguf (default model)")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads for every system measured (default: torch's default)")
     return p
 
 
-def check_scale(p: argparse.ArgumentParser, scale: float) -> None:
-    if not 0 < scale <= 4:
-        p.error(f"--scale must be in (0, 4], got {scale}")
+def parse(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Parse and validate the common arguments; applies --threads."""
+    args = p.parse_args(argv)
+    if not 0 < args.scale <= 4:
+        p.error(f"--scale must be in (0, 4], got {args.scale}")
+    if args.threads is not None:
+        if args.threads < 1:
+            p.error(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    return args
 
 
 def emit(result: dict) -> int:

@@ -69,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the Max policy's reservation (default 2048 x scale)")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--plot", default=None, help="write a PNG bar chart here")
-    args = p.parse_args(argv)
-    common.check_scale(p, args.scale)
+    args = common.parse(p, argv)
     n = args.requests or max(4, round(REQUESTS_AT_SCALE_1 * args.scale))
     max_len = args.max_len or max_len_at(args.scale)
     budget = args.kv_tokens or MAX_SLABS * max_len

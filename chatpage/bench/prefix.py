@@ -111,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=None,
                    help=f"turns of the conversation (default {TURNS} x scale)")
     p.add_argument("--plot", default=None, help="write a PNG plot here")
-    args = p.parse_args(argv)
-    common.check_scale(p, args.scale)
+    args = common.parse(p, argv)
     n = args.sessions or max(2, round(SESSIONS * args.scale))
     turns = args.turns or max(2, round(TURNS * args.scale))
     mean_reply = max(4, round(48 * min(args.scale, 1.0)))

@@ -134,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-factor", type=float, default=LATENCY_FACTOR,
                    help="bound = this x chatpage's normalized latency at the lowest rate")
     p.add_argument("--plot", default=None, help="write a PNG plot here")
-    args = p.parse_args(argv)
-    common.check_scale(p, args.scale)
+    args = common.parse(p, argv)
     n = args.requests or max(6, round(REQUESTS_AT_SCALE_1 * args.scale))
 
     loaded = common.load(args.model)

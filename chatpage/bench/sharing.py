@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=None,
                    help="requests per configuration (default: alpaca 8, sharegpt 4)")
     p.add_argument("--plot", default=None, help="write a PNG plot here")
-    args = p.parse_args(argv)
-    common.check_scale(p, args.scale)
+    args = common.parse(p, argv)
 
     loaded = common.load(args.model)
     vocab = loaded.config.vocab_size

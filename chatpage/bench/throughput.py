@@ -13,8 +13,9 @@ requests available at once, each decoding exactly its output length with EOS ign
 Roofline fields (measured in the same run): ``gemm_bound_tok_s`` is the rate of the model's
 matmuls alone (fused qkv, o, gate_up, down per layer, plus the lm_head for every row) at batch
 128; ``fraction_of_gemm_bound`` is chatpage's decode rate with 128 concurrent sequences over it.
-``weight_read_floor_ms`` is the weight bytes over the memory read bandwidth (timed as the sum of a
-large tensor); ``batch1_floor_ratio`` is chatpage's batch-1 decode step over that floor.
+``weight_read_floor_ms`` is the weight bytes over the machine's memory read bandwidth (the sum of a
+large tensor, timed with the run's threads and with every core, the faster counts);
+``batch1_floor_ratio`` is chatpage's batch-1 decode step over that floor.
 
 ``--peer llamacpp`` adds llama.cpp (llama-cpp-python, when importable) on the same GGUF, serial
 and batched; see chatpage/bench/peers.py.
@@ -22,6 +23,7 @@ and batched; see chatpage/bench/peers.py.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -97,10 +99,18 @@ def gemm_step_s(model, batch: int, repeats: int = 5) -> float:
 
 
 def read_bandwidth(num_bytes: int = 256 << 20, repeats: int = 7) -> float:
-    """Memory read bandwidth in bytes/s: the median time of summing a large fp32 tensor."""
+    """Memory read bandwidth in bytes/s: the median time of summing a large fp32 tensor, with the
+    benchmark's threads and with every core, whichever is faster (the machine's, not the run's)."""
     big = torch.ones(num_bytes // 4, dtype=torch.float32)
-    seconds = common.median_s(lambda: big.sum(), repeats=repeats, warmup=2)
-    return num_bytes / seconds
+    threads = torch.get_num_threads()
+    best = 0.0
+    for n in sorted({threads, os.cpu_count() or threads}):
+        torch.set_num_threads(n)
+        try:
+            best = max(best, num_bytes / common.median_s(lambda: big.sum(), repeats, warmup=2))
+        finally:
+            torch.set_num_threads(threads)
+    return best
 
 
 def roofline(loaded, prompt_len: int, batch: int = ROOFLINE_BATCH) -> dict:
@@ -237,8 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot", default=None, help="write a PNG bar chart here")
     p.add_argument("--peer", choices=["llamacpp"], action="append", default=[],
                    help="also run a peer engine (needs llama-cpp-python)")
-    args = p.parse_args(argv)
-    common.check_scale(p, args.scale)
+    args = common.parse(p, argv)
     n = args.requests or max(4, round(REQUESTS_AT_SCALE_1 * args.scale))
     batches = [int(b) for b in args.hf_batches.split(",") if b.strip()]
 
