@@ -331,3 +331,14 @@ def test_loading_is_once_and_thread_safe():
     for t in threads:
         t.join()
     assert results == [True] * 4
+
+
+def test_bench_case_reports_all_timings():
+    from chatpage.bench import kernel
+
+    case = kernel._case(1, 128, False, torch.device("cpu"), repeats=5, budget_s=0.1)
+    assert case.keys() >= {"batch", "context", "paged_ms", "contiguous_sdpa_ms", "gather_sdpa_ms",
+                           "ratio_vs_contiguous", "speedup_vs_gather"}
+    assert case["paged_ms"] > 0 and case["contiguous_sdpa_ms"] > 0 and case["gather_sdpa_ms"] > 0
+    goals = kernel._goals([{**case, "batch": 32, "context": 512}])
+    assert goals["ratio_vs_contiguous_b32_ctx512"] == case["ratio_vs_contiguous"]

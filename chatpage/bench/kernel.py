@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -170,10 +171,24 @@ def _case(batch: int, context: int, prefill: bool, device: torch.device, repeats
     }
 
 
+def _goals(cases: list[dict]) -> dict:
+    """The targets: within 10% of contiguous SDPA at batch 32 / context 512, 2x the gather path."""
+    key = next(c for c in cases if c["kind"] == "decode" and c["batch"] == 32 and c["context"] == 512)
+    slowest = min(c["speedup_vs_gather"] for c in cases)
+    return {
+        "ratio_vs_contiguous_b32_ctx512": key["ratio_vs_contiguous"],
+        "ratio_goal": 1.10,
+        "min_speedup_vs_gather": slowest,
+        "speedup_goal": 2.0,
+        "met": key["ratio_vs_contiguous"] <= 1.10 and slowest >= 2.0,
+    }
+
+
 def run(json_out: bool = True, *, device: str = "cpu", repeats: int = 30, budget_s: float = 3.0) -> dict:
     """Time every case; print the result as one JSON line on stdout when ``json_out``."""
     dev = torch.device(device)
     ops.load()
+    load_before = os.getloadavg()[0]
     cases = []
     grid = [(b, c, False) for b in DECODE_BATCHES for c in CONTEXTS] + [(*PREFILL, True)]
     for batch, context, prefill in grid:
@@ -189,6 +204,9 @@ def run(json_out: bool = True, *, device: str = "cpu", repeats: int = 30, budget
         "shape": {"num_q_heads": NUM_Q_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
                   "block_size": BLOCK_SIZE, "dtype": "float32"},
         "cases": cases,
+        "goals": _goals(cases),
+        # the machine's 1-minute load average before and after: timings mean little when it is high
+        "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
     if json_out:
         print(json.dumps(result), flush=True)
