@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from chatpage.settings import SETTING_KEYS, Settings, config_path, format_size, load_settings
-from chatpage.store import Store, local_time
+from chatpage.store import Store
+from chatpage.store_io import export_session, import_json, local_time
 
 PROG = "chatpage"
 
@@ -118,7 +119,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     """Write one chat as Markdown or JSON to stdout or to --output."""
     with _open_store() as store:
         try:
-            text = store.export_session(args.session, args.format)
+            text = export_session(store, args.session, args.format)
         except KeyError:
             return _fail(f"no chat with id {args.session}; `{PROG} history` lists them")
     if args.output is None:
@@ -144,7 +145,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         if not store.persistent:
             return _fail("nothing was imported because chats cannot be saved (see above)")
         try:
-            session_id = store.import_json(text)
+            session_id = import_json(store, text)
         except ValueError as err:
             return _fail(f"{args.file}: {err}")
         title = store.get_session(session_id).title

@@ -4,36 +4,39 @@ The database is ``data_dir()/chatpage.db`` (WAL mode, schema versioned by ``PRAG
 Alternatives are sibling assistant messages of one reply: they share a ``group_id`` (the id of the
 group's first message) and a position, and exactly the one the user keeps has ``kept = 1``.
 
+A chat the user closed keeps its messages (``closed = 1``): it stays in the history, search and
+exports, and the app leaves it out of the chats it reopens at start.
+
 Faults never stop the app: a corrupt database is moved aside and a new one started; a database
 that cannot be written is replaced by an in-memory one. Either way `Store.notice` says so.
+The schema and the opening rules are in `chatpage.store_schema`, the export and import formats
+in `chatpage.store_io`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from chatpage.paths import data_dir
+from chatpage.store_schema import open_database, transaction
 
 DB_NAME = "chatpage.db"
 ROLES = ("user", "assistant", "system")
 STATUSES = ("done", "streaming", "stopped", "interrupted", "error")
-EXPORT_FORMAT = "chatpage-session"
-EXPORT_VERSION = 1
 SNIPPET_MARKS = ("«", "»")
 """Put around the matched words in `SearchHit.snippet`."""
 
 
 @dataclass(frozen=True)
 class SessionRow:
-    """One chat. Timestamps are ISO 8601 in UTC; message_count counts the kept messages."""
+    """One chat. Timestamps are ISO 8601 in UTC; message_count counts the kept messages;
+    closed: the user closed it in the app (it is still saved)."""
 
     id: int
     title: str
@@ -42,6 +45,7 @@ class SessionRow:
     created_at: str
     updated_at: str
     message_count: int
+    closed: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,20 @@ class MessageRow:
 
 
 @dataclass(frozen=True)
+class NewMessage:
+    """A message for `Store.insert_session`: alternatives of one reply share a `group` key
+    (any number, local to the call), and one of them is `kept`."""
+
+    role: str
+    content: str
+    status: str = "done"
+    metadata: dict[str, Any] | None = None
+    created_at: str | None = None
+    group: int | None = None
+    kept: bool = True
+
+
+@dataclass(frozen=True)
 class SearchHit:
     """A message matching a search; snippet marks the matches with SNIPPET_MARKS."""
 
@@ -69,143 +87,6 @@ class SearchHit:
     message_id: int
     role: str
     snippet: str
-
-
-# -- schema ------------------------------------------------------------------------------------
-
-def _migrate_to_1(conn: sqlite3.Connection) -> None:
-    for statement in (
-        """CREATE TABLE sessions (
-            id INTEGER PRIMARY KEY,
-            title TEXT NOT NULL,
-            persona TEXT NOT NULL,
-            settings TEXT NOT NULL DEFAULT '{}',
-            created_at TEXT NOT NULL,
-            updated_at TEXT NOT NULL)""",
-        """CREATE TABLE messages (
-            id INTEGER PRIMARY KEY,
-            session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-            position INTEGER NOT NULL,
-            role TEXT NOT NULL,
-            content TEXT NOT NULL,
-            status TEXT NOT NULL DEFAULT 'done',
-            metadata TEXT NOT NULL DEFAULT '{}',
-            group_id INTEGER,
-            kept INTEGER NOT NULL DEFAULT 1,
-            created_at TEXT NOT NULL)""",
-        "CREATE INDEX messages_by_session ON messages(session_id, position, id)",
-        "CREATE INDEX messages_by_group ON messages(group_id) WHERE group_id IS NOT NULL",
-        "CREATE INDEX messages_streaming ON messages(status) WHERE status = 'streaming'",
-        """CREATE VIRTUAL TABLE messages_fts USING fts5(
-            content, content='messages', content_rowid='id',
-            tokenize='unicode61 remove_diacritics 2')""",
-        """CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
-            INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
-        END""",
-        """CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
-            INSERT INTO messages_fts(messages_fts, rowid, content)
-            VALUES ('delete', old.id, old.content);
-        END""",
-        """CREATE TRIGGER messages_fts_update AFTER UPDATE OF content ON messages BEGIN
-            INSERT INTO messages_fts(messages_fts, rowid, content)
-            VALUES ('delete', old.id, old.content);
-            INSERT INTO messages_fts(rowid, content) VALUES (new.id, new.content);
-        END""",
-    ):
-        conn.execute(statement)
-
-
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_to_1]
-"""MIGRATIONS[v] takes a database from schema version v to v + 1; append, never edit."""
-SCHEMA_VERSION = len(MIGRATIONS)
-
-
-class NewerSchemaError(sqlite3.DatabaseError):
-    """The database was written by a newer chatpage."""
-
-
-@contextmanager
-def _transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield conn
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-
-
-def migrate(conn: sqlite3.Connection) -> int:
-    """Bring `conn` up to SCHEMA_VERSION, one transaction per step; returns the old version."""
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise NewerSchemaError(f"it has schema version {version}, this chatpage knows "
-                               f"{SCHEMA_VERSION}; upgrade chatpage")
-    for step in range(version, SCHEMA_VERSION):
-        with _transaction(conn):
-            MIGRATIONS[step](conn)
-            conn.execute(f"PRAGMA user_version = {step + 1:d}")
-    return version
-
-
-# -- opening -----------------------------------------------------------------------------------
-
-def _connect(target: str | Path) -> sqlite3.Connection:
-    """The one place a connection is made (tests replace it to simulate a read-only file)."""
-    return sqlite3.connect(target, isolation_level=None, timeout=5.0)
-
-
-def _prepare(conn: sqlite3.Connection, *, check: bool) -> sqlite3.Connection:
-    try:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("PRAGMA foreign_keys = ON")
-        if check:
-            result = conn.execute("PRAGMA quick_check(1)").fetchone()[0]
-            if result != "ok":
-                raise sqlite3.DatabaseError(f"integrity check failed: {result}")
-        migrate(conn)
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION:d}")  # proves we can write
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
-_UNWRITABLE = {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM,
-               sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_BUSY,
-               sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_AUTH}
-
-
-def _cannot_write(err: sqlite3.Error, path: Path) -> bool:
-    """True when the file is fine but we may not write it (vs. a file we cannot use at all)."""
-    code = getattr(err, "sqlite_errorcode", None)
-    return isinstance(err, NewerSchemaError) or (
-        code is not None and code & 0xFF in _UNWRITABLE and not _unreadable(path))
-
-
-def _unreadable(path: Path) -> bool:
-    """A database file that exists but that we may not read (moved aside like a corrupt one)."""
-    return path.is_file() and not os.access(path, os.R_OK)
-
-
-def _move_aside(path: Path) -> Path:
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    target = path.with_name(f"{path.name}.corrupt-{stamp}")
-    n = 1
-    while target.exists():
-        target = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
-        n += 1
-    path.rename(target)
-    for suffix in ("-wal", "-shm"):  # a stale WAL would be replayed into the new database
-        side = path.with_name(path.name + suffix)
-        if side.exists():
-            side.rename(target.with_name(target.name + suffix))
-    return target
-
-
-def _reason(err: BaseException) -> str:
-    return getattr(err, "strerror", None) or str(err) or type(err).__name__
 
 
 def _now() -> str:
@@ -239,12 +120,14 @@ class Store:
     """The chat database. Use `Store.open()`; call it from one thread (the UI's)."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path, *, persistent: bool,
-                 notice: str | None = None) -> None:
+                 notice: str | None = None, fault: str | None = None) -> None:
         self._conn = conn
         self.path = path
         self._persistent = persistent
         self.notice = notice
         """One line for the user when something went wrong opening the database, else None."""
+        self.fault = fault
+        """Why chats are not saved, in a few words (None while `persistent`)."""
 
     @classmethod
     def open(cls, path: Path | None = None) -> Store:
@@ -254,31 +137,9 @@ class Store:
         started; an unwritable location gives an in-memory store. `notice` then says what happened.
         """
         path = Path(path) if path is not None else data_dir() / DB_NAME
-        try:
-            if not path.parent.is_dir():
-                path.parent.mkdir(parents=True, mode=0o700)
-                path.parent.chmod(0o700)
-            return cls(_prepare(_connect(path), check=True), path, persistent=True)
-        except OSError as err:
-            return cls._in_memory(path, _reason(err))
-        except sqlite3.Error as err:
-            if _cannot_write(err, path):
-                return cls._in_memory(path, _reason(err))
-            first_error = err
-        try:
-            moved = _move_aside(path)
-            store = cls(_prepare(_connect(path), check=False), path, persistent=True)
-        except (OSError, sqlite3.Error) as err:
-            return cls._in_memory(path, f"{_reason(first_error)}; then {_reason(err)}")
-        store.notice = (f"The chat database {path} could not be read ({_reason(first_error)}); "
-                        f"it was moved to {moved} and a new one was started.")
-        return store
-
-    @classmethod
-    def _in_memory(cls, path: Path, reason: str) -> Store:
-        conn = _prepare(_connect(":memory:"), check=False)
-        notice = f"chatpage is running without saving chats: cannot use {path} ({reason})."
-        return cls(conn, path, persistent=False, notice=notice)
+        opened = open_database(path)
+        return cls(opened.conn, path, persistent=opened.persistent, notice=opened.notice,
+                   fault=opened.fault)
 
     @property
     def persistent(self) -> bool:
@@ -301,7 +162,7 @@ class Store:
                        settings: dict[str, Any] | None = None) -> int:
         """Add an empty chat and return its id."""
         now = _now()
-        with _transaction(self._conn) as conn:
+        with transaction(self._conn) as conn:
             cur = conn.execute(
                 "INSERT INTO sessions (title, persona, settings, created_at, updated_at) "
                 "VALUES (?, ?, ?, ?, ?)", (title, persona, json.dumps(settings or {}), now, now))
@@ -309,15 +170,20 @@ class Store:
 
     _SESSION_SELECT = (
         "SELECT s.id, s.title, s.persona, s.settings, s.created_at, s.updated_at, "
-        "(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id AND m.kept) FROM sessions s ")
+        "(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id AND m.kept), s.closed "
+        "FROM sessions s ")
 
     @staticmethod
     def _session(row: tuple[Any, ...]) -> SessionRow:
-        return SessionRow(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], row[6])
+        return SessionRow(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], row[6],
+                          bool(row[7]))
 
-    def list_sessions(self) -> list[SessionRow]:
-        """All chats, most recently updated first."""
-        rows = self._conn.execute(self._SESSION_SELECT + "ORDER BY s.updated_at DESC, s.id DESC")
+    def list_sessions(self, closed: bool | None = None) -> list[SessionRow]:
+        """Chats, most recently updated first: all of them, or only the closed (True) or the
+        open (False) ones."""
+        where = "" if closed is None else f"WHERE s.closed = {int(closed):d} "
+        rows = self._conn.execute(
+            self._SESSION_SELECT + where + "ORDER BY s.updated_at DESC, s.id DESC")
         return [self._session(row) for row in rows]
 
     def get_session(self, session_id: int) -> SessionRow | None:
@@ -329,7 +195,7 @@ class Store:
                        persona: str | None = None, settings: dict[str, Any] | None = None) -> None:
         """Change a chat's title, persona and/or settings (None = leave as is); KeyError if
         there is no such chat. Does not move the chat in the recency order."""
-        with _transaction(self._conn) as conn:
+        with transaction(self._conn) as conn:
             self._require_session(session_id)
             for column, value in (("title", title), ("persona", persona),
                                   ("settings", None if settings is None else json.dumps(settings))):
@@ -341,9 +207,47 @@ class Store:
         """Set a chat's title; KeyError if there is no such chat."""
         self.update_session(session_id, title=title)
 
+    def set_closed(self, session_id: int, closed: bool) -> None:
+        """Mark a chat closed (kept, but not reopened at start) or open again; KeyError if
+        there is no such chat. Does not move the chat in the recency order."""
+        with transaction(self._conn) as conn:
+            self._require_session(session_id)
+            conn.execute("UPDATE sessions SET closed = ? WHERE id = ?", (int(closed), session_id))
+
+    def insert_session(self, title: str, persona: str, settings: dict[str, Any],
+                       messages: Sequence[NewMessage], created_at: str | None = None,
+                       updated_at: str | None = None) -> int:
+        """Add a whole chat at once (all or nothing), timestamps as given (None = now);
+        returns its id. Messages keep their order; those sharing a `group` become alternatives
+        of one reply. ValueError names the first bad message."""
+        now = _now()
+        with transaction(self._conn) as conn:
+            cur = conn.execute(
+                "INSERT INTO sessions (title, persona, settings, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (title, persona, json.dumps(settings), created_at or now, updated_at or now))
+            session_id = int(cur.lastrowid)
+            groups: dict[int, tuple[int, int]] = {}  # group key -> (group_id, position)
+            position = -1
+            for n, msg in enumerate(messages, 1):
+                _check("role", msg.role, ROLES, f"message {n}: ")
+                _check("status", msg.status, STATUSES, f"message {n}: ")
+                if msg.group in groups:
+                    group_id, at = groups[msg.group]
+                else:
+                    position += 1
+                    group_id, at = None, position
+                new_id = self._insert(session_id, at, msg.role, msg.content, msg.status,
+                                      msg.metadata or {}, group_id, msg.kept,
+                                      msg.created_at or now)
+                if msg.group is not None and msg.group not in groups:
+                    groups[msg.group] = (new_id, at)
+                    conn.execute("UPDATE messages SET group_id = id WHERE id = ?", (new_id,))
+        return session_id
+
     def delete_session(self, session_id: int) -> None:
         """Delete a chat and all its messages; KeyError if there is no such chat."""
-        with _transaction(self._conn) as conn:
+        with transaction(self._conn) as conn:
             if conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
                 raise KeyError(f"no chat with id {session_id}")
 
@@ -370,7 +274,7 @@ class Store:
         _check("role", role, ROLES)
         _check("status", status, STATUSES)
         now = _now()
-        with _transaction(self._conn) as conn:
+        with transaction(self._conn) as conn:
             self._require_session(session_id)
             if group_id is None:
                 position = conn.execute(
@@ -411,7 +315,7 @@ class Store:
         KeyError if there is no such message."""
         if status is not None:
             _check("status", status, STATUSES)
-        with _transaction(self._conn) as conn:
+        with transaction(self._conn) as conn:
             row = conn.execute("SELECT session_id FROM messages WHERE id = ?",
                                (message_id,)).fetchone()
             if row is None:
@@ -435,7 +339,7 @@ class Store:
 
     def keep_alternative(self, group_id: int, message_id: int) -> None:
         """Make `message_id` the kept reply of its group; ValueError if it is not in the group."""
-        with _transaction(self._conn) as conn:
+        with transaction(self._conn) as conn:
             row = conn.execute("SELECT group_id FROM messages WHERE id = ?",
                                (message_id,)).fetchone()
             if row is None or row[0] != group_id:
@@ -443,10 +347,29 @@ class Store:
             conn.execute("UPDATE messages SET kept = (id = ?) WHERE group_id = ?",
                          (message_id, group_id))
 
+    def truncate_after(self, session_id: int, message_id: int | None) -> int:
+        """Delete the chat's messages placed after `message_id` (its alternatives stay);
+        None deletes them all. Returns how many were deleted. For a transcript whose end
+        was dropped (an edited or regenerated turn, a cleared chat)."""
+        with transaction(self._conn) as conn:
+            if message_id is None:
+                position = -1
+            else:
+                row = conn.execute("SELECT position FROM messages WHERE id = ? AND "
+                                   "session_id = ?", (message_id, session_id)).fetchone()
+                if row is None:
+                    raise KeyError(f"no message {message_id} in chat {session_id}")
+                position = row[0]
+            cur = conn.execute("DELETE FROM messages WHERE session_id = ? AND position > ?",
+                               (session_id, position))
+            if cur.rowcount:
+                self._touch(session_id, _now())
+        return cur.rowcount
+
     def mark_streaming_interrupted(self) -> int:
         """At start-up: every message still 'streaming' (the app died mid-reply) becomes
         'interrupted'. Returns how many were changed."""
-        with _transaction(self._conn) as conn:
+        with transaction(self._conn) as conn:
             cur = conn.execute(
                 "UPDATE messages SET status = 'interrupted' WHERE status = 'streaming'")
         return cur.rowcount
@@ -467,157 +390,7 @@ class Store:
             (start, end, query, limit))
         return [SearchHit(*row) for row in rows]
 
-    # -- export / import -------------------------------------------------------------------
-
-    def export_session(self, session_id: int, fmt: Literal["md", "json"]) -> str:
-        """The chat as Markdown (the kept transcript, for reading) or JSON (everything, for
-        `import_json`). KeyError for an unknown chat, ValueError for an unknown format."""
-        session = self.get_session(session_id)
-        if session is None:
-            raise KeyError(f"no chat with id {session_id}")
-        if fmt == "json":
-            return _to_json(session, self.messages(session_id))
-        if fmt == "md":
-            return _to_markdown(session, self.messages(session_id))
-        raise ValueError(f"unknown export format {fmt!r}; use 'md' or 'json'")
-
-    def import_json(self, text: str) -> int:
-        """Add a chat from `export_session(..., "json")` output; returns the new chat's id.
-        Raises ValueError with a one-line reason if the text is not such an export."""
-        data = _parse_export(text)
-        with _transaction(self._conn) as conn:
-            cur = conn.execute(
-                "INSERT INTO sessions (title, persona, settings, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (data["title"], data["persona"], json.dumps(data["settings"]),
-                 data["created_at"], data["updated_at"]))
-            session_id = int(cur.lastrowid)
-            groups: dict[int, tuple[int, int]] = {}  # exported group -> (group_id, position)
-            position = -1
-            for msg in data["messages"]:
-                group = msg["group"]
-                if group in groups:
-                    group_id, at = groups[group]
-                else:
-                    position += 1
-                    group_id, at = None, position
-                new_id = self._insert(session_id, at, msg["role"], msg["content"], msg["status"],
-                                      msg["metadata"], group_id, msg["kept"], msg["created_at"])
-                if group is not None and group not in groups:
-                    groups[group] = (new_id, at)
-                    conn.execute("UPDATE messages SET group_id = id WHERE id = ?", (new_id,))
-        return session_id
-
 
 def _check(field: str, value: str, allowed: tuple[str, ...], where: str = "") -> None:
     if value not in allowed:
         raise ValueError(f"{where}{field} must be one of {', '.join(allowed)}; got {value!r}")
-
-
-def _to_json(session: SessionRow, messages: list[MessageRow]) -> str:
-    group_numbers: dict[int, int] = {}
-    for msg in messages:
-        if msg.group_id is not None:
-            group_numbers.setdefault(msg.group_id, len(group_numbers) + 1)
-    doc = {
-        "format": EXPORT_FORMAT, "version": EXPORT_VERSION,
-        "title": session.title, "persona": session.persona, "settings": session.settings,
-        "created_at": session.created_at, "updated_at": session.updated_at,
-        "messages": [
-            {"role": m.role, "content": m.content, "status": m.status, "metadata": m.metadata,
-             "created_at": m.created_at,
-             "group": None if m.group_id is None else group_numbers[m.group_id],
-             "kept": m.kept}
-            for m in messages
-        ],
-    }
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
-
-
-def local_time(stamp: str) -> str:
-    """A stored UTC timestamp as local "YYYY-MM-DD HH:MM" (unchanged if it is not ISO 8601)."""
-    try:
-        return datetime.fromisoformat(stamp).astimezone().strftime("%Y-%m-%d %H:%M")
-    except ValueError:
-        return stamp
-
-
-def _to_markdown(session: SessionRow, messages: list[MessageRow]) -> str:
-    lines = [f"# {session.title}", "",
-             f"- Persona: {session.persona}",
-             f"- Started: {local_time(session.created_at)}",
-             f"- Updated: {local_time(session.updated_at)}"]
-    if session.settings:
-        listed = ", ".join(f"{k}={v}" for k, v in session.settings.items())
-        lines.append(f"- Settings: {listed}")
-    siblings: dict[int, int] = {}
-    for msg in messages:
-        if msg.group_id is not None:
-            siblings[msg.group_id] = siblings.get(msg.group_id, 0) + 1
-    for msg in messages:
-        if not msg.kept:
-            continue
-        lines += ["", f"## {msg.role.capitalize()}", "", msg.content.rstrip("\n")]
-        if msg.status != "done":
-            lines += ["", f"*({msg.status})*"]
-        if msg.group_id is not None and siblings[msg.group_id] > 1:
-            lines += ["", f"*(1 of {siblings[msg.group_id]} alternatives; the JSON export has "
-                          "all of them)*"]
-    return "\n".join(lines) + "\n"
-
-
-def _parse_export(text: str) -> dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"not valid JSON (line {err.lineno}, column {err.colno}): "
-                         f"{err.msg}") from None
-    if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
-        raise ValueError("not a chatpage export: expected a JSON object with "
-                         f'"format": "{EXPORT_FORMAT}"')
-    if not isinstance(data.get("version"), int) or data["version"] > EXPORT_VERSION:
-        raise ValueError(f"unsupported export version {data.get('version')!r}; this chatpage "
-                         f"reads version {EXPORT_VERSION}")
-    now = _now()
-    out = {
-        "title": _field(data, "title", str, "the chat"),
-        "persona": _field(data, "persona", str, "the chat"),
-        "settings": _field(data, "settings", dict, "the chat", {}),
-        "created_at": _field(data, "created_at", str, "the chat", now),
-        "updated_at": _field(data, "updated_at", str, "the chat", now),
-        "messages": [],
-    }
-    messages = _field(data, "messages", list, "the chat")
-    for n, msg in enumerate(messages, 1):
-        where = f"message {n}"
-        if not isinstance(msg, dict):
-            raise ValueError(f"{where} is not a JSON object")
-        role = _field(msg, "role", str, where)
-        status = _field(msg, "status", str, where, "done")
-        _check("role", role, ROLES, f"{where}: ")
-        _check("status", status, STATUSES, f"{where}: ")
-        group = msg.get("group")
-        if group is not None and (not isinstance(group, int) or isinstance(group, bool)):
-            raise ValueError(f"{where}: 'group' must be a whole number or null")
-        out["messages"].append({
-            "role": role, "status": status, "group": group,
-            "content": _field(msg, "content", str, where),
-            "metadata": _field(msg, "metadata", dict, where, {}),
-            "created_at": _field(msg, "created_at", str, where, now),
-            "kept": _field(msg, "kept", bool, where, True),
-        })
-    return out
-
-
-_MISSING = object()
-
-
-def _field(data: dict[str, Any], key: str, kind: type, where: str,
-           default: Any = _MISSING) -> Any:
-    value = data.get(key, _MISSING)
-    if value is _MISSING and default is not _MISSING:
-        return default
-    if not isinstance(value, kind):
-        names = {str: "text", dict: "an object", list: "a list", bool: "true or false"}
-        raise ValueError(f"{where}: {key!r} must be {names[kind]}")
-    return value

@@ -11,15 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chatpage import store as store_module
-from chatpage.store import (
-    DB_NAME,
-    SCHEMA_VERSION,
-    SNIPPET_MARKS,
-    Store,
-    make_title,
-    migrate,
-)
+from chatpage import store_schema
+from chatpage.store import DB_NAME, SNIPPET_MARKS, Store, make_title
+from chatpage.store_io import export_session, import_json
+from chatpage.store_schema import SCHEMA_VERSION, migrate
 
 
 @pytest.fixture
@@ -165,8 +160,8 @@ def test_json_round_trip_fuzz(store: Store, title: str, contents: list[str],
     for text in contents:
         msg = store.add_message(sid, "assistant", text, metadata=metadata, group_id=first)
         first = first or msg
-    exported = store.export_session(sid, "json")
-    assert store.export_session(store.import_json(exported), "json") == exported
+    exported = export_session(store, sid, "json")
+    assert export_session(store, import_json(store, exported), "json") == exported
     assert [m.content for m in store.messages(sid)] == contents
 
 
@@ -225,14 +220,14 @@ def full_chat(store: Store) -> int:
 
 def test_export_json_round_trip_is_exact(store: Store) -> None:
     sid = full_chat(store)
-    exported = store.export_session(sid, "json")
+    exported = export_session(store, sid, "json")
     doc = json.loads(exported)
     assert doc["format"] == "chatpage-session" and doc["version"] == 1
     assert [m["group"] for m in doc["messages"]] == [None, None, 1, 1, 1, None, None]
     assert [m["kept"] for m in doc["messages"]] == [True, True, False, True, False, True, True]
-    new = store.import_json(exported)
+    new = import_json(store, exported)
     assert new != sid
-    assert store.export_session(new, "json") == exported
+    assert export_session(store, new, "json") == exported
     original, copy = store.messages(sid), store.messages(new)
     assert [(m.position, m.role, m.content, m.status, m.metadata, m.kept) for m in original] == \
            [(m.position, m.role, m.content, m.status, m.metadata, m.kept) for m in copy]
@@ -241,7 +236,7 @@ def test_export_json_round_trip_is_exact(store: Store) -> None:
 
 def test_export_markdown_shows_the_kept_transcript(store: Store) -> None:
     sid = full_chat(store)
-    md = store.export_session(sid, "md")
+    md = export_session(store, sid, "md")
     assert md.startswith("# Tricky «chat»\n")
     assert "- Persona: coder" in md and "temperature=0.2" in md
     assert "## User\n\nline 1\nline 2 ünïcödé 🙂\n" in md
@@ -249,9 +244,9 @@ def test_export_markdown_shows_the_kept_transcript(store: Store) -> None:
     assert "\nA\n" not in md and "\nC\n" not in md
     assert "*(streaming)*" in md
     with pytest.raises(ValueError):
-        store.export_session(sid, "html")  # type: ignore[arg-type]
+        export_session(store, sid, "html")  # type: ignore[arg-type]
     with pytest.raises(KeyError):
-        store.export_session(999, "md")
+        export_session(store, 999, "md")
 
 
 @pytest.mark.parametrize(
@@ -271,12 +266,12 @@ def test_export_markdown_shows_the_kept_transcript(store: Store) -> None:
 )
 def test_import_rejects_bad_input_atomically(store: Store, text: str, needle: str) -> None:
     with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
-        store.import_json(text)
+        import_json(store, text)
     assert store.list_sessions() == []
 
 
 def test_import_minimal(store: Store) -> None:
-    sid = store.import_json('{"format": "chatpage-session", "version": 1, "title": "t", '
+    sid = import_json(store, '{"format": "chatpage-session", "version": 1, "title": "t", '
                             '"persona": "p", "messages": [{"role": "user", "content": "x"}]}')
     (msg,) = store.messages(sid)
     assert (msg.content, msg.status, msg.kept, msg.metadata) == ("x", "done", True, {})
@@ -345,8 +340,8 @@ def test_read_only_dir_or_file_falls_back_to_memory(tmp_path: Path, monkeypatch)
     path.chmod(0o400)
     # Running as root ignores these modes, so also open the file the way SQLite does for a
     # read-only file (mode=ro): real SQLite then refuses every write.
-    real_connect = store_module._connect
-    monkeypatch.setattr(store_module, "_connect", lambda target: real_connect(target)
+    real_connect = store_schema.connect
+    monkeypatch.setattr(store_schema, "connect", lambda target: real_connect(target)
                         if target == ":memory:" else
                         sqlite3.connect(f"file:{target}?mode=ro", uri=True, isolation_level=None))
     try:
@@ -369,17 +364,84 @@ def test_unreadable_file_is_moved_aside(tmp_path: Path, monkeypatch) -> None:
     path.write_bytes(b"someone else's bytes")
     # Root reads any file, so stand in for a non-root user: the file reports unreadable and
     # the first connection gets SQLite's real "unable to open" (a directory cannot be opened).
-    real_connect = store_module._connect
+    real_connect = store_schema.connect
     targets: list[object] = []
 
     def connect(target):
         targets.append(target)
         return real_connect(tmp_path if len(targets) == 1 else target)
 
-    monkeypatch.setattr(store_module, "_connect", connect)
-    monkeypatch.setattr(store_module, "_unreadable", lambda p: p == path and len(targets) == 1)
+    monkeypatch.setattr(store_schema, "connect", connect)
+    monkeypatch.setattr(store_schema, "_unreadable", lambda p: p == path and len(targets) == 1)
     with Store.open(path) as opened:
         assert opened.persistent and "could not be read" in opened.notice
         (moved,) = tmp_path.glob(DB_NAME + ".corrupt-*")
         assert moved.read_bytes() == b"someone else's bytes"
         chat(opened, "fresh")
+
+
+def test_closed_chats_and_truncation(store: Store) -> None:
+    a = chat(store, "q1", "a1", "q2", "a2")
+    b = chat(store, "other")
+    store.set_closed(a, True)
+    assert [s.id for s in store.list_sessions(closed=False)] == [b]
+    assert [s.id for s in store.list_sessions(closed=True)] == [a]
+    assert store.get_session(a).closed and len(store.list_sessions()) == 2
+    store.set_closed(a, False)
+    assert not store.get_session(a).closed
+    with pytest.raises(KeyError):
+        store.set_closed(999, True)
+
+    first, _, second, last = store.messages(a)
+    alt = store.add_message(a, "assistant", "a2 again", group_id=last.id)
+    assert store.truncate_after(a, second.id) == 2  # the reply and its alternative
+    assert [m.content for m in store.messages(a)] == ["q1", "a1", "q2"]
+    assert store.search("again") == []
+    assert store.add_message(a, "assistant", "new") and store.messages(a)[-1].position == 3
+    assert store.truncate_after(a, None) == 4 and store.messages(a) == []
+    assert store.get_session(a) is not None  # the chat itself stays
+    with pytest.raises(KeyError):
+        store.truncate_after(b, first.id)  # a message of another chat
+    assert alt not in [m.id for m in store.messages(a)]
+
+
+def test_insert_session_is_all_or_nothing(store: Store) -> None:
+    from chatpage.store import NewMessage
+
+    with pytest.raises(ValueError, match="message 2: status must be one of"):
+        store.insert_session("t", "p", {}, [NewMessage("user", "x"),
+                                            NewMessage("assistant", "y", status="bogus")])
+    assert store.list_sessions() == []
+    sid = store.insert_session("t", "p", {"seed": 1}, [
+        NewMessage("user", "q"), NewMessage("assistant", "a", group=7, kept=False),
+        NewMessage("assistant", "b", group=7), NewMessage("user", "more")],
+        created_at="2024-01-02T03:04:05+00:00")
+    rows = store.messages(sid)
+    assert [(m.position, m.content, m.kept) for m in rows] == [
+        (0, "q", True), (1, "a", False), (1, "b", True), (2, "more", True)]
+    assert rows[1].group_id == rows[2].group_id == rows[1].id
+    assert store.get_session(sid).created_at == "2024-01-02T03:04:05+00:00"
+
+
+def test_migrates_a_v1_database_with_chats(tmp_path: Path) -> None:
+    path = tmp_path / DB_NAME
+    conn = sqlite3.connect(path, isolation_level=None)
+    store_schema.MIGRATIONS[0](conn)  # the schema as chatpage 1 left it
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("INSERT INTO sessions (title, persona, created_at, updated_at) "
+                 "VALUES ('old chat', 'assistant', '2024-01-01', '2024-01-01')")
+    conn.close()
+    with Store.open(path) as opened:
+        (row,) = opened.list_sessions(closed=False)
+        assert (row.title, row.closed) == ("old chat", False)
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def test_in_memory_store_says_why(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with Store.open(blocker / DB_NAME) as opened:
+        assert opened.fault.startswith(f"cannot use {blocker / DB_NAME} (")
+        assert opened.fault in opened.notice
+    with Store.open(tmp_path / DB_NAME) as fine:
+        assert fine.fault is None
