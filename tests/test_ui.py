@@ -36,12 +36,17 @@ def write_persona(directory: Path, name: str, max_tokens: int = 6) -> None:
     )
 
 
-@pytest.fixture
-def personas_dir(tmp_path) -> Path:
+def alpha_and_beta(tmp_path: Path) -> Path:
+    """A personas folder with the "alpha" and "beta" test personas."""
     directory = tmp_path / "personas"
     write_persona(directory, "alpha")
     write_persona(directory, "beta")
     return directory
+
+
+@pytest.fixture
+def personas_dir(tmp_path) -> Path:
+    return alpha_and_beta(tmp_path)
 
 
 def make_app(model_dir: Path, personas_dir: Path | None, **settings) -> ChatApp:

@@ -60,13 +60,19 @@ async def test_markup_and_control_characters_render_literally(tmp_path):
         app.post_message(EngineEvent(event("fake-1", half, False)))
         app.post_message(EngineEvent(event("fake-1", MODEL_TEXT, True)))
         await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
-        await pilot.pause(0.3)
 
         user_view, reply_view = app.session_view(session).query(MessageView)
         shown = str(user_view.query_one(".message-body").render())
         assert shown == "[bold]x[/bold] [/ ␛[31m red ␇ bell [@click=app.quit]q[/] lone ["
-        blocks = [b._content.plain for b in reply_view.query(MarkdownBlock)
-                  if hasattr(b, "_content")]
+
+        def blocks() -> list[str]:
+            return [b._content.plain for b in reply_view.query(MarkdownBlock)
+                    if hasattr(b, "_content")]
+
+        # the Markdown is drawn after the reply is done (a loaded machine takes a while)
+        await wait_for(pilot, lambda: any("print('[bold]')" in b for b in blocks()),
+                       "the whole reply drawn")
+        blocks = blocks()
         paragraph = next(p for p in blocks if "[red]no[/red]" in p)
         assert "[/ ␛[2J cleared? ␇ <b>html</b>" in paragraph
         assert "\x1b" not in "".join(blocks)
@@ -76,6 +82,8 @@ async def test_markup_and_control_characters_render_literally(tmp_path):
 
         # click a code block to copy it; click "copy" to copy the whole message
         fence = reply_view.query_one(MarkdownFence)
+        await wait_for(pilot, lambda: fence.region.height > 0, "the code block laid out")
+        await pilot.pause()
         await pilot.click(fence)
         assert app.clipboard == "print('[bold]')"
         await pilot.click(reply_view.query_one(".message-copy"))

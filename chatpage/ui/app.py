@@ -2,12 +2,13 @@
 
 The engine runs on its own thread (`EngineClient`); its events are posted to this app's message
 queue (`EngineEvent`) and applied to the sessions by `Chats`. Nothing here waits on the engine.
+Chats are saved as they change and the open ones come back at start (`chatpage.ui.history`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from rich.text import Text
@@ -19,8 +20,10 @@ from textual.widgets import ContentSwitcher, Footer, Static
 
 from chatpage.engine.client import EngineClient, StreamEvent
 from chatpage.engine.config import EngineConfig
-from chatpage.personas import Persona, default_persona, load_personas
+from chatpage.personas import Persona, default_persona, find_persona, load_personas
 from chatpage.settings import Settings
+from chatpage.store import Store
+from chatpage.ui import history
 from chatpage.ui.bindings import APP_BINDINGS
 from chatpage.ui.chats import Chats
 from chatpage.ui.commands import Command, message_text, parse_command
@@ -33,6 +36,7 @@ from chatpage.ui.messages import (
     SessionSelected,
 )
 from chatpage.ui.palette import palette_commands
+from chatpage.ui.persistence import Recorder
 from chatpage.ui.screens.help import HelpScreen
 from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.screens.sampling_settings import SamplingSettingsScreen
@@ -51,7 +55,8 @@ FALLBACK_PERSONA = Persona(
     "assistant", "A helpful assistant", "You are a helpful, honest assistant.",
 )
 _ALT_CYCLE = {"off": "samples", "samples": "beam", "beam": "off"}
-_MODAL_BLOCKED = {"close_session", "cycle_alternatives", "next_session", "prev_session", "stop"}
+_MODAL_BLOCKED = {"close_session", "cycle_alternatives", "next_session", "prev_session", "stop",
+                  "search_history"}
 
 
 class ChatApp(App[None]):
@@ -59,7 +64,9 @@ class ChatApp(App[None]):
 
     ``model`` None uses ``settings.model`` (None there too: the default model); ``config`` None
     builds one from ``settings.kv_cache`` and ``settings.block_size``. ``personas_dirs`` None
-    loads the shipped personas and the user's (``config_dir()/personas``).
+    loads the shipped personas and the user's (``config_dir()/personas``). ``store`` None opens
+    the chat database in the data dir (``Store.open()``) at mount. ``warnings`` (e.g. from
+    `load_settings`) are shown as notices at start.
     """
 
     CSS_PATH = "app.tcss"
@@ -69,9 +76,13 @@ class ChatApp(App[None]):
 
     def __init__(self, model: str | None = None, config: EngineConfig | None = None,
                  settings: Settings | None = None,
-                 personas_dirs: list[Path] | None = None) -> None:
+                 personas_dirs: list[Path] | None = None, store: Store | None = None,
+                 warnings: Sequence[str] = ()) -> None:
         super().__init__()
         self.settings = settings or Settings()
+        self.store = store
+        self.recorder: Recorder | None = None  # set on mount
+        self._warnings = list(warnings)
         if config is None:
             config = EngineConfig(kv_cache_bytes=self.settings.kv_cache,
                                   block_size=self.settings.block_size)
@@ -108,6 +119,8 @@ class ChatApp(App[None]):
 
     async def on_mount(self) -> None:
         self.gauge = self.query_one(BlockGauge)
+        for warning in self._warnings:
+            self.say(warning, "warning", timeout=12)
         self._apply_keymap()
         if self._theme_problem:
             self.say(self._theme_problem, "warning")
@@ -116,10 +129,17 @@ class ChatApp(App[None]):
         for prompt in dict.fromkeys(p.system_prompt for p in self.personas):
             self.client.pin_system_prompt(prompt)
         self.set_interval(STATS_INTERVAL_S, self._poll_stats)
-        await self.open_session(self.default_persona())
+        restored = history.start(self)
+        for session in restored:
+            self.add_session(session)
+        if restored:
+            self.switch_to(restored[0])
+        else:
+            await self.open_session(self.default_persona())
         self.query_one(PromptInput).focus()
 
     async def on_unmount(self) -> None:
+        history.stop(self)
         await asyncio.to_thread(self.client.close)  # joins the engine thread: not on the loop
 
     def _apply_keymap(self) -> None:
@@ -143,6 +163,10 @@ class ChatApp(App[None]):
         if not personas:
             self.say("no personas could be loaded; using a plain assistant", "warning")
             personas = [FALLBACK_PERSONA]
+        wanted = self.settings.default_persona
+        if find_persona(personas, wanted) is None:
+            self.say(f"default_persona {wanted!r} is not a persona; new chats use "
+                     f"{default_persona(personas, wanted).name!r}", "warning", timeout=12)
         return personas
 
     def default_persona(self) -> Persona:
@@ -188,21 +212,39 @@ class ChatApp(App[None]):
 
     # -- sessions ---------------------------------------------------------------------------------
     def session_view(self, session: ChatSession) -> SessionView:
-        return self.query_one(f"#session-{session.id}", SessionView)
+        """The session's view, mounted now if it never was (restored chats get theirs when
+        first shown)."""
+        found = self.query(f"#session-{session.id}")
+        if found:
+            return found.first(SessionView)
+        view = SessionView(session)
+        self._mount_hidden(view)
+        return view
+
+    def _mount_hidden(self, view: SessionView):
+        view.display = False  # the switcher shows it when it becomes current
+        return self.query_one(ContentSwitcher).mount(view)
 
     async def open_session(self, persona: Persona) -> ChatSession:
         session = self.chats.open(persona)
         session.observers.append(self._session_changed)
-        await self.query_one(ContentSwitcher).add_content(SessionView(session))
+        await self._mount_hidden(SessionView(session))
         self.switch_to(session)
         return session
+
+    def add_session(self, session: ChatSession) -> None:
+        """Add a session built elsewhere (a saved chat) to the sidebar; its view is mounted
+        when it is first shown."""
+        self.chats.adopt(session)
+        session.observers.append(self._session_changed)
+        self._sync_sidebar()
 
     def switch_to(self, session: ChatSession) -> None:
         prompt = self.query_one(PromptInput)
         if self.current is not None and self.current is not session:
             self.current.draft = prompt.text
         self.current = session
-        self.query_one(ContentSwitcher).current = f"session-{session.id}"
+        self.query_one(ContentSwitcher).current = self.session_view(session).id
         prompt.load_text(session.draft)
         prompt.move_cursor(prompt.document.end)
         prompt.use_prompts(session.history)
@@ -301,17 +343,35 @@ class ChatApp(App[None]):
         self.push_screen(PersonaPicker(self.personas, self.default_persona()), picked)
 
     async def action_close_session(self) -> None:
-        session = self.current
-        if session is None:
-            return
+        """Close the current chat; it stays saved (see `chatpage.ui.history`)."""
+        if self.current is not None:
+            await self.close_session(self.current)
+
+    async def close_session(self, session: ChatSession) -> None:
         index = self.chats.sessions.index(session)
         self.chats.close(session)
-        await self.session_view(session).remove()
-        self.current = None
-        if self.chats.sessions:
+        await self.query(f"#session-{session.id}").remove()
+        if self.current is session:
+            self.current = None
+        if not self.chats.sessions:
+            await self.open_session(self.default_persona())
+        elif self.current is None:
             self.switch_to(self.chats.sessions[min(index, len(self.chats.sessions) - 1)])
         else:
-            await self.open_session(self.default_persona())
+            self._sync_sidebar()
+
+    def action_delete_session(self) -> None:
+        history.delete(self)
+
+    def action_search_history(self) -> None:
+        history.search(self)
+
+    def action_export(self, fmt: str) -> None:
+        history.export(self, fmt)
+
+    def open_saved(self, store_id: int) -> None:
+        """Switch to a saved chat, opening it again if it was closed."""
+        history.open_saved(self, store_id)
 
     def action_next_session(self) -> None:
         self._step(+1)

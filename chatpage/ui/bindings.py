@@ -24,6 +24,7 @@ APP_BINDINGS: list[Binding] = [
     Binding("alt+c", "copy_reply", "Copy reply", show=False, id="copy_reply"),
     Binding("alt+k", "copy_code", "Copy code", show=False, id="copy_code"),
     Binding("f2", "sampling_settings", "Sampling", id="sampling_settings"),
+    Binding("ctrl+f", "search_history", "Search chats", id="search_history"),
     Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, id="toggle_sidebar"),
     Binding("f1", "help", "Help", id="help"),
 ]

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from chatpage.engine.client import EngineClient, StreamEvent
 from chatpage.personas import Persona
+from chatpage.store import make_title
 from chatpage.ui.session import (
     MAX_ALTERNATIVES,
     MIN_ALTERNATIVES,
@@ -26,7 +27,6 @@ from chatpage.ui.session import (
     ReplyStats,
     SamplingSettings,
 )
-from chatpage.ui.text import one_line
 
 TITLE_WIDTH = 32
 _FINAL_STATUS: dict[str | None, EntryStatus] = {
@@ -51,6 +51,11 @@ class Chats:
         self._by_request: dict[str, ChatSession] = {}
 
     # -- sessions ------------------------------------------------------------------------------
+    @property
+    def next_id(self) -> int:
+        """The id the next new session gets (for building one to `adopt`)."""
+        return self._next_id
+
     def open(self, persona: Persona) -> ChatSession:
         """A new, empty session with ``persona``'s sampling defaults."""
         return self.adopt(ChatSession.new(self._next_id, persona))
@@ -65,12 +70,11 @@ class Chats:
         return session
 
     def close(self, session: ChatSession) -> None:
-        """Stop what the session is generating and forget it."""
-        if session.generation is not None:
-            for rid in session.generation.request_ids:
-                self._forget(rid, cancel=True)
-            session.generation = None
+        """Stop what the session is generating (a reply in progress ends "stopped") and
+        forget it; observers hear "closed" last."""
+        self._drop_generation(session)
         self.sessions.remove(session)
+        session.changed("closed")
 
     def get(self, session_id: int) -> ChatSession | None:
         return next((s for s in self.sessions if s.id == session_id), None)
@@ -89,7 +93,7 @@ class Chats:
         session.entries.append(entry)
         session.changed("entry_added", entry)
         if session.title == "New chat":
-            session.title = one_line(text or entry.attachments[0].name, TITLE_WIDTH)
+            session.title = make_title(text or entry.attachments[0].name, TITLE_WIDTH)
             session.changed("title")
         self._ask(session)
 

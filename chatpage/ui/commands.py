@@ -46,6 +46,8 @@ COMMANDS: tuple[CommandInfo, ...] = (
     CommandInfo("edit", "/edit", "put your last message back in the input and drop its reply"),
     CommandInfo("copy", "/copy [code]", "copy the last reply (or its last code block)"),
     CommandInfo("title", "/title TEXT", "rename this chat"),
+    CommandInfo("search", "/search [WORDS]", "search your saved chats (ctrl+f)"),
+    CommandInfo("export", "/export md|json", "write this chat to a file as Markdown or JSON"),
     CommandInfo("settings", "/settings", "open this chat's sampling settings"),
     CommandInfo("quit", "/quit", "quit chatpage"),
 )

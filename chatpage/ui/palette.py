@@ -1,4 +1,5 @@
-"""The app's entries in the command palette: every bound action, plus personas and sessions."""
+"""The app's entries in the command palette: every bound action, personas, open and saved chats,
+export and delete."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from textual.app import SystemCommand
 
+from chatpage.store_io import local_time
+from chatpage.ui.history import EXPORT_NAMES, closed_chats
 from chatpage.ui.text import markup_literal
 
 if TYPE_CHECKING:
@@ -38,3 +41,14 @@ def palette_commands(app: ChatApp) -> Iterable[SystemCommand]:
         yield SystemCommand(f"Switch to chat {i}: {markup_literal(session.title)}",
                             f"persona {markup_literal(session.persona.name)}",
                             lambda s=session: app.switch_to(s))
+    for fmt, name in EXPORT_NAMES.items():
+        yield SystemCommand(f"Export chat as {name}",
+                            "write this chat to a file in the current folder",
+                            lambda fmt=fmt: app.action_export(fmt))
+    yield SystemCommand("Delete chat", "delete this chat from the saved chats (asks first)",
+                        app.action_delete_session)
+    for row in closed_chats(app):
+        yield SystemCommand(f"Open saved chat: {markup_literal(row.title)}",
+                            f"{row.message_count} messages · {local_time(row.updated_at)} · "
+                            f"persona {markup_literal(row.persona)}",
+                            lambda sid=row.id: app.open_saved(sid))

@@ -2,7 +2,8 @@
 
 A `ChatSession` is plain data plus an observer hook: everything that changes it calls
 `ChatSession.changed`, and every observer (the session's view today, persistence later) is told
-what changed through a `Change`. Nothing here imports Textual or touches the engine.
+what changed through a `Change`. Nothing here imports Textual or touches the engine. A session and
+its entries carry their ids in the store (`store_id`) once saved.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ ChangeKind = Literal[
     "title",
     "attachments",
     "busy",  # streaming started or ended
+    "closed",  # the session was closed (its generation stopped); it is no longer open
 ]
 
 MIN_ALTERNATIVES, MAX_ALTERNATIVES = 2, 6
@@ -178,6 +180,7 @@ class Entry:
     stats: ReplyStats | None = None
     label: str | None = None  # the alternative this reply was kept from
     error: str | None = None
+    store_id: int | None = field(default=None, compare=False, repr=False)
 
     @property
     def in_context(self) -> bool:
@@ -245,6 +248,7 @@ class ChatSession:
     attachments: list[Attachment] = field(default_factory=list)  # for the next message
     history: list[str] = field(default_factory=list)  # prompts typed, oldest first
     draft: str = ""
+    store_id: int | None = None  # the saved chat, once it has a message
     observers: list[Observer] = field(default_factory=list, repr=False)
 
     @classmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from chatpage.personas import find_persona
+from chatpage.ui import history
 from chatpage.ui.commands import (
     SETTING_COMMANDS,
     Command,
@@ -12,6 +13,7 @@ from chatpage.ui.commands import (
     parse_k,
     read_attachment,
 )
+from chatpage.ui.history import EXPORT_NAMES
 from chatpage.ui.session import SETTING_BY_FIELD, AltMode
 
 if TYPE_CHECKING:
@@ -64,6 +66,13 @@ async def run_slash_command(app: ChatApp, command: Command) -> None:
         if not arg:
             raise ValueError("give the new title: /title TEXT")
         chats.rename(session, arg)
+    elif name == "search":
+        history.search(app, arg)
+    elif name == "export":
+        fmt = arg.lower().lstrip(".") or "md"
+        if fmt not in EXPORT_NAMES:
+            raise ValueError(f"use /export md or /export json, got {arg!r}")
+        history.export(app, fmt)
     elif name == "copy":
         app.action_copy_code() if arg.lower().startswith("code") else app.action_copy_reply()
     elif name == "clear":

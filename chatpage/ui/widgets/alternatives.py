@@ -85,15 +85,15 @@ class AlternativesView(Horizontal, can_focus=True):
         super().__init__(classes=f"alternatives -{generation.kind}")
         self.session_id = session_id
         self.generation = generation
+        self.panes = [AltPane(i + 1, generation.kind, cand)  # made now: no update is missed
+                      for i, cand in enumerate(generation.candidates)]
 
     def compose(self) -> ComposeResult:
-        for i, cand in enumerate(self.generation.candidates):
-            yield AltPane(i + 1, self.generation.kind, cand)
+        yield from self.panes
 
     def refresh_candidate(self, index: int) -> None:
-        panes = list(self.query(AltPane))
-        if 0 <= index < len(panes):
-            panes[index].refresh_candidate()
+        if 0 <= index < len(self.panes):
+            self.panes[index].refresh_candidate()
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "keep" and parameters:

@@ -55,11 +55,13 @@ class BlockGauge(Widget):
     """Pool bar, numbers, and the engine's status line; polled by the app."""
 
     COMPONENT_CLASSES = {f"block-gauge--{name}" for name in SEGMENTS} | {
-        "block-gauge--label", "block-gauge--swap", "block-gauge--status",
+        "block-gauge--label", "block-gauge--swap", "block-gauge--status", "block-gauge--warning",
     }
 
     stats: reactive[EngineStats | None] = reactive(None)
     status: reactive[str] = reactive("starting the engine…")
+    saving: reactive[str] = reactive("")
+    """Shown after the status when chats are not being saved ("not saving: ...")."""
     preemptions: reactive[int] = reactive(0)
 
     @property
@@ -81,6 +83,8 @@ class BlockGauge(Widget):
     def render(self) -> Text:
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(" " + clean(self.status), self._style("status"))
+        if self.saving:
+            text.append(f"  │  {clean(self.saving)}", self._style("warning"))
         stats = self.stats
         if stats is None:
             return text

@@ -89,7 +89,7 @@ class MessageView(Throttled, Vertical):
     def redraw(self) -> None:
         entry = self.entry
         self.set_class(entry.status == "streaming", "-streaming")
-        self.set_class(entry.status == "stopped", "-stopped")
+        self.set_class(entry.status in ("stopped", "interrupted"), "-stopped")
         self.set_class(entry.status == "error", "-error")
         self.set_class(bool(entry.attachments), "-attached")
         self._speaker.update(self._head())

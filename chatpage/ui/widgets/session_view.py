@@ -11,15 +11,18 @@ from chatpage.ui.widgets.transcript import Transcript
 
 
 class SessionView(Vertical):
-    """Observes its session and applies each change to the widgets."""
+    """Observes its session and applies each change to the widgets (its parts exist from the
+    start, so `transcript` can be asked before the view is mounted)."""
 
     def __init__(self, session: ChatSession) -> None:
         super().__init__(id=f"session-{session.id}", classes="session-view")
         self.session = session
+        self.header = SessionHeader(session, classes="session-header")
+        self.transcript = Transcript(session, classes="transcript")
 
     def compose(self) -> ComposeResult:
-        yield SessionHeader(self.session, classes="session-header")
-        yield Transcript(self.session, classes="transcript")
+        yield self.header
+        yield self.transcript
 
     def on_mount(self) -> None:
         self.session.observers.append(self._changed)
@@ -27,10 +30,6 @@ class SessionView(Vertical):
     def on_unmount(self) -> None:
         if self._changed in self.session.observers:
             self.session.observers.remove(self._changed)
-
-    @property
-    def transcript(self) -> Transcript:
-        return self.query_one(Transcript)
 
     def _changed(self, session: ChatSession, change: Change) -> None:
         transcript = self.transcript
@@ -52,4 +51,4 @@ class SessionView(Vertical):
         if kind in ("settings", "busy", "entry_added", "entries_reset", "generation") or (
                 kind == "entry_updated" and change.entry is not None
                 and change.entry.status != "streaming"):
-            self.query_one(SessionHeader).refresh_session()
+            self.header.refresh_session()

@@ -30,6 +30,7 @@ class StreamingMarkdown(Markdown):
         self._shown = self._target
         self._scheduled = False
         self._flushing = False
+        self._started = False  # on_mount ran: from then on `show` schedules its own flush
 
     @property
     def text(self) -> str:
@@ -39,7 +40,7 @@ class StreamingMarkdown(Markdown):
     def show(self, text: str, now: bool = False) -> None:
         """Make ``text`` the content: soon, or on the next message when ``now``."""
         self._target = clean(text)
-        if self._target == self._shown or not self.is_mounted:
+        if self._target == self._shown or not self._started:
             return  # (on_mount catches up)
         if now:
             self.call_next(self._flush)
@@ -48,6 +49,9 @@ class StreamingMarkdown(Markdown):
             self.set_timer(FLUSH_S, self._flush)
 
     def on_mount(self) -> None:
+        # Not `is_mounted`: that turns True only after every mount handler (Markdown's own
+        # awaits its first render), and a `show` in between would be dropped.
+        self._started = True
         if self._target != self._shown:
             self.call_next(self._flush)
 

@@ -75,7 +75,7 @@ class Transcript(VerticalScroll):
 
     def update(self, entry: Entry) -> None:
         view = self._views.get(id(entry))
-        if view is not None and view.is_mounted:
+        if view is not None:  # mounting or not: a view draws from its entry (never drop one)
             view.refresh_entry()
             if not self.is_anchored:
                 self.follow()
