@@ -23,10 +23,14 @@ def _engine_config(settings):
     return EngineConfig(kv_cache_bytes=settings.kv_cache, block_size=settings.block_size)
 
 
-def _settings(args):
-    settings, warnings = load_settings(overrides={
+def _load_settings(args):
+    return load_settings(overrides={
         "model": getattr(args, "model", None), "kv_cache": getattr(args, "kv_cache", None),
     })
+
+
+def _settings(args):
+    settings, warnings = _load_settings(args)
     for w in warnings:
         print(f"chatpage: warning: {w}", file=sys.stderr)
     return settings
@@ -36,8 +40,9 @@ def _settings(args):
 def cmd_tui(args) -> int:
     from chatpage.ui.app import ChatApp
 
-    settings = _settings(args)
-    ChatApp(model=settings.model, config=_engine_config(settings), settings=settings).run()
+    settings, warnings = _load_settings(args)  # shown as notices inside the app
+    ChatApp(model=settings.model, config=_engine_config(settings), settings=settings,
+            warnings=warnings).run()
     return 0
 
 
