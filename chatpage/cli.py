@@ -74,7 +74,9 @@ def cmd_ask(args) -> int:
     try:
         params = SamplingParams(
             n=args.n, beam_width=args.beam,
-            temperature=_pick(args.temperature, defaults.get("temperature"), 0.0),
+            # one answer is greedy unless asked otherwise; n samples need the persona's spread
+            temperature=_pick(args.temperature,
+                              defaults.get("temperature", 0.8) if args.n > 1 else None, 0.0),
             top_p=_pick(args.top_p, defaults.get("top_p"), 1.0),
             top_k=_pick(None, defaults.get("top_k"), 0),
             seed=_pick(args.seed, defaults.get("seed"), None),
@@ -161,7 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--model", help="HF model directory or .gguf file")
     ask.add_argument("--kv-cache", type=_size, metavar="SIZE", help="KV cache budget")
     ask.add_argument("--max-tokens", type=int)
-    ask.add_argument("--temperature", type=float)
+    ask.add_argument("--temperature", type=float,
+                     help="default 0 (greedy); with --n, the persona's temperature")
     ask.add_argument("--top-p", type=float)
     ask.add_argument("--seed", type=int)
     ask.add_argument("--n", type=int, default=1, help="parallel samples, printed one after another")
