@@ -16,7 +16,6 @@ maximum batch.
 from __future__ import annotations
 
 import statistics
-import time
 
 from chatpage.bench import common, plots
 from chatpage.bench.reservation import POLICIES, simulate
@@ -40,7 +39,7 @@ def run_chatpage(loaded, trace, blocks: int, block_size: int) -> dict:
             samples.append(common.live_tokens(e) / (used * block_size))
             used_blocks.append(used)
 
-    t0 = time.perf_counter()
+    t0 = common.now()
     for r in trace:
         eng.add_request(r.prompt_ids, SamplingParams(temperature=0, max_tokens=r.output_len,
                                                      ignore_eos=True))
@@ -52,7 +51,7 @@ def run_chatpage(loaded, trace, blocks: int, block_size: int) -> dict:
         "mean_batch": statistics.fmean(batches),
         "max_batch": max(batches),
         "iterations": len(batches),
-        "seconds": time.perf_counter() - t0,
+        "seconds": common.now() - t0,
         "preemptions": stats.preemptions_recompute + stats.preemptions_swap,
         "mean_blocks_used": statistics.fmean(used_blocks),
     }

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-import time
 from pathlib import Path
 
 import torch
@@ -93,7 +92,7 @@ def _serial(lib, model, trace: list[BenchRequest], threads: int) -> float:
     n_ctx = max(r.total_len for r in trace) + 16
     ctx = _Context(lib, model, n_ctx, 512, 1, threads)
     try:
-        t0 = time.perf_counter()
+        t0 = common.now()
         for r in trace:
             _clear_memory(lib, ctx.ctx)
             n = r.prompt_len
@@ -101,7 +100,7 @@ def _serial(lib, model, trace: list[BenchRequest], threads: int) -> float:
             (tok,) = ctx.decode(entries)
             for step in range(r.output_len - 1):
                 (tok,) = ctx.decode([(tok, n + step, 0, True)])
-        return time.perf_counter() - t0
+        return common.now() - t0
     finally:
         ctx.close()
 
@@ -110,7 +109,7 @@ def _batched(lib, model, trace: list[BenchRequest], threads: int) -> float:
     n_ctx = sum(r.total_len for r in trace) + 16 * len(trace)
     ctx = _Context(lib, model, n_ctx, 512, len(trace), threads)
     try:
-        t0 = time.perf_counter()
+        t0 = common.now()
         entries = []
         for s, r in enumerate(trace):
             entries += [(t, i, s, i == r.prompt_len - 1) for i, t in enumerate(r.prompt_ids)]
@@ -124,7 +123,7 @@ def _batched(lib, model, trace: list[BenchRequest], threads: int) -> float:
             for s, tok in zip(live, ctx.decode(step), strict=True):
                 last[s] = tok
                 made[s] += 1
-        return time.perf_counter() - t0
+        return common.now() - t0
     finally:
         ctx.close()
 

@@ -48,6 +48,7 @@ def memory(result: dict, path: str) -> str | None:
     a.set_title("KV memory utilization")
     bars = b.bar(names, batch, color=["#bbb", "#999", "#777", "#2a7"])
     b.bar_label(bars, fmt="%.1f")
+    b.set_ylim(0, max(batch) * 1.15)
     b.set_ylabel("mean running requests")
     b.set_title(f"Batch size ({result['kv_budget_tokens']} KV tokens)")
     return _save(plt, fig, path)

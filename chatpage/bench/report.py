@@ -22,6 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+# One torch thread and the CPU-time clock (bench/common.now): on a shared 2-core machine, two
+# OpenMP threads collapse whenever another process runs, and wall times swing by 2-10x.
+DEFAULT_BENCH_ARGS = "--threads 1"
 ORDER = ("throughput", "memory", "serve", "prefix", "sharing", "kernel")
 PLOTTED = ("throughput", "memory", "serve", "prefix", "sharing")
 
@@ -303,8 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, default=None,
                    help="render these saved results instead of running")
     p.add_argument("--save", type=Path, default=None, help="also write the raw results here")
-    p.add_argument("--bench-args", default="",
-                   help="arguments for every benchmark but kernel, e.g. \"--model DIR\"")
+    p.add_argument("--bench-args", default=DEFAULT_BENCH_ARGS,
+                   help="arguments for every benchmark but kernel (default %(default)r)")
     args = p.parse_args(argv)
     extra = shlex.split(args.bench_args)
     plot_dir = args.report.parent

@@ -10,17 +10,20 @@ time-averaged as 1 - sum(physical) / sum(logical) over the steps.
 
 Scaling: ShareGPT-shaped lengths are multiplied by ``--scale`` (default 0.25: mean input 40,
 output 84); Alpaca-shaped lengths, already short, by min(1, 4 x scale) (full size by default).
+Prompts are real text (windows of the shipped personas' prompts): how long beams keep sharing
+depends on how they diverge, and on random-token prompts the model's next-token distribution is
+so flat that beams split within a few tokens and never meet again, which is not what beam search
+over text does. ``--random-prompts`` measures that case.
 
 Throughput: beam width 4 against four independent requests of the same prompt (sampled with
-different seeds), both producing four sequences per prompt, on the ShareGPT-shaped trace.
+different seeds), both producing four sequences per prompt, on the ShareGPT-shaped trace, each
+on a fresh engine.
 """
 
 from __future__ import annotations
 
-import time
-
 from chatpage.bench import common, plots
-from chatpage.bench.workloads import ALPACA, SHAREGPT, describe, make_trace
+from chatpage.bench.workloads import ALPACA, SHAREGPT, describe, make_trace, persona_text_tokens
 from chatpage.engine import SamplingParams
 
 DEFAULT_SCALE = 0.25
@@ -38,12 +41,12 @@ def measure_saving(eng, trace, params_for) -> dict:
         physical += s.blocks_used - s.blocks_pinned
         logical += s.logical_blocks
 
-    t0 = time.perf_counter()
+    t0 = common.now()
     for i, r in enumerate(trace):
         eng.add_request(r.prompt_ids, params_for(r, i))
     steps = common.drain(eng, on_step)
     return {"saving": 1 - physical / logical if logical else 0.0,
-            "seconds": time.perf_counter() - t0, "steps": steps}
+            "seconds": common.now() - t0, "steps": steps}
 
 
 def _parallel(n: int):
@@ -55,17 +58,19 @@ def _beam(width: int):
     return lambda r, i: SamplingParams(beam_width=width, max_tokens=r.output_len, ignore_eos=True)
 
 
+def _warm(eng):
+    eng.generate([list(range(100, 116))], SamplingParams(temperature=0, max_tokens=2))
+    return eng
+
+
 def beam_vs_independent(loaded, trace) -> dict:
     """Beam width 4 per prompt against four sampled requests per prompt (same engine config)."""
     useful = 4 * sum(r.output_len for r in trace)
-    eng = common.engine(loaded)
     common.say("throughput: beam width 4")
-    beam = measure_saving(eng, trace, _beam(4))
+    beam = measure_saving(_warm(common.engine(loaded)), trace, _beam(4))
     common.say("throughput: four independent requests per prompt")
     four = [r for r in trace for _ in range(4)]
-    indep = measure_saving(
-        eng, four, lambda r, i: SamplingParams(temperature=1.0, seed=i, max_tokens=r.output_len,
-                                               ignore_eos=True))
+    indep = measure_saving(_warm(common.engine(loaded)), four, _parallel(1))
     return {
         "beam4_tok_s": useful / beam["seconds"],
         "independent4_tok_s": useful / indep["seconds"],
@@ -80,19 +85,23 @@ def main(argv: list[str] | None = None) -> int:
                       DEFAULT_SCALE)
     p.add_argument("--requests", type=int, default=None,
                    help="requests per configuration (default: alpaca 8, sharegpt 4)")
+    p.add_argument("--random-prompts", action="store_true",
+                   help="random token ids as prompts instead of real text")
     p.add_argument("--plot", default=None, help="write a PNG plot here")
     args = common.parse(p, argv)
 
     loaded = common.load(args.model)
     vocab = loaded.config.vocab_size
+    text = None if args.random_prompts else persona_text_tokens(loaded.tokenizer)
     traces = {
         "alpaca": make_trace(ALPACA, args.requests or REQUESTS["alpaca"],
-                             scale=min(1.0, 4 * args.scale), seed=args.seed, vocab_size=vocab),
+                             scale=min(1.0, 4 * args.scale), seed=args.seed, vocab_size=vocab,
+                             text_tokens=text),
         "sharegpt": make_trace(SHAREGPT, args.requests or REQUESTS["sharegpt"],
-                               scale=args.scale, seed=args.seed, vocab_size=vocab),
+                               scale=args.scale, seed=args.seed, vocab_size=vocab,
+                               text_tokens=text),
     }
-    eng = common.engine(loaded)
-    eng.generate([list(range(100, 116))], SamplingParams(temperature=0, max_tokens=2))  # warm-up
+    eng = _warm(common.engine(loaded))
     results = []
     for workload, trace in traces.items():
         for mode, make in (("parallel", _parallel), ("beam", _beam)):
@@ -107,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "benchmark": "sharing",
         "scale": args.scale,
         "alpaca_length_scale": min(1.0, 4 * args.scale),
+        "prompts": "random" if args.random_prompts else "text",
         "seed": args.seed,
         **common.model_info(loaded),
         "workloads": {name: describe(t) for name, t in traces.items()},
