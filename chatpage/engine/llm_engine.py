@@ -206,8 +206,11 @@ class LLMEngine:
             targets += [(group, seq, row) for seq, row in seq_rows]
         touched: dict[str, SequenceGroup] = {}
         if targets:
+            rows = [row for _, _, row in targets]
+            # the usual case, one row per sequence in order, needs no copy of the logits
+            same = rows == list(range(logits.shape[0]))
             tokens, logprobs = sample(
-                logits[torch.tensor([row for _, _, row in targets])],
+                logits if same else logits[torch.tensor(rows)],
                 [g.params for g, _, _ in targets],
                 [s.generator for _, s, _ in targets],
             )
