@@ -24,7 +24,7 @@ run: setup
 test: setup
 	$(BIN)/python -m chatpage.engine.ops --build
 	./scripts/check_cuda.sh
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
 
 lint: setup
 	$(BIN)/ruff check chatpage tests

@@ -65,7 +65,9 @@ async def _measure(args) -> dict:
         prompt.focus()
         await pilot.pause()
         engine = app.client.engine
-        while app.client.stats() is None or app.client.stats().num_running < args.sessions:
+        # measure while every session decodes (persona pins and prompts prefilled first)
+        while (app.client.stats() is None or app.client.stats().num_running < args.sessions
+               or engine.num_generated < 2 * args.sessions):
             await asyncio.sleep(0.1)
         generated0, t_start = engine.num_generated, time.perf_counter()
         latencies = []
