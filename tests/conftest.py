@@ -21,8 +21,13 @@ def default_model_dir() -> Path:
 
 
 def _tiny(kind: str, root: Path, tokenizer_dir: Path, **overrides) -> Path:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config
-    from transformers import Qwen2ForCausalLM
+    from transformers import (
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     torch.manual_seed(0)
     common = dict(

@@ -18,7 +18,6 @@ import tempfile
 import time
 
 
-
 def _since_process_start() -> float:
     """Seconds since this process started (Linux /proc; interpreter start-up included)."""
     with open("/proc/self/stat") as f:
