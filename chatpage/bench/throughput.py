@@ -8,15 +8,15 @@ requests available at once, each decoding exactly its output length with EOS ign
 * transformers: static batches in arrival order, left padded; a batch decodes until its longest
   request is done, so only each request's own output tokens count as useful. The batch size is
   transformers' best of ``--hf-batches``: the first candidate runs the whole trace, each further
-  one is abandoned once its time passes the best so far, or, after 30% of the work, once its
-  projection is more than 10% worse.
+  one is abandoned once its time passes the best so far, or, after a quarter of the work, once
+  its linear projection is worse.
 
 Roofline fields (measured in the same run): ``gemm_bound_tok_s`` is the rate of the model's
 matmuls alone (fused qkv, o, gate_up, down per layer, plus the lm_head for every row) at batch
 128; ``fraction_of_gemm_bound`` is chatpage's decode rate with 128 concurrent sequences over it.
-``weight_read_floor_ms`` is the weight bytes over the machine's memory read bandwidth (the sum of a
-large tensor, timed with the run's threads and with every core, the faster counts);
-``batch1_floor_ratio`` is chatpage's batch-1 decode step over that floor.
+``weight_read_floor_ms`` is the weight bytes over the memory read bandwidth the run's threads
+reach (reducing a large tensor: sum or max, the faster); ``batch1_floor_ratio`` is chatpage's
+batch-1 decode step over that floor. The ``_all_cores`` fields use every core's bandwidth instead.
 
 ``--peer llamacpp`` adds llama.cpp (llama-cpp-python, when importable) on the same GGUF, serial
 and batched; see chatpage/bench/peers.py.
@@ -40,8 +40,8 @@ DEFAULT_SCALE = 0.25
 REQUESTS_AT_SCALE_1 = 192  # 48 requests at the default scale
 HF_BATCHES = (48, 16, 8)  # the first runs in full; order the likely best first
 ROOFLINE_BATCH = 128
-ABANDON_MARGIN = 1.1  # a candidate projected this much slower than the best is stopped...
-PROJECT_AFTER = 0.3  # ...once this share of the useful tokens is done (or past the best time)
+ABANDON_MARGIN = 1.0  # a candidate projected this much slower than the best is stopped...
+PROJECT_AFTER = 0.25  # ...once this share of the useful tokens is done (or past the best time)
 
 
 # -- chatpage ----------------------------------------------------------------------------------
@@ -99,19 +99,17 @@ def gemm_step_s(model, batch: int, repeats: int = 5) -> float:
         return common.median_s(step, repeats=repeats, warmup=1)
 
 
-def read_bandwidth(num_bytes: int = 256 << 20, repeats: int = 7) -> float:
-    """Memory read bandwidth in bytes/s: the median time of summing a large fp32 tensor, with the
-    benchmark's threads and with every core, whichever is faster (the machine's, not the run's)."""
+def read_bandwidth(threads: int | None = None, num_bytes: int = 256 << 20,
+                   repeats: int = 7) -> float:
+    """Memory read bandwidth in bytes/s with ``threads`` (default: the run's): the best median
+    time of reducing (sum, max) a large fp32 tensor."""
     big = torch.ones(num_bytes // 4, dtype=torch.float32)
-    threads = torch.get_num_threads()
-    best = 0.0
-    for n in sorted({threads, os.cpu_count() or threads}):
-        torch.set_num_threads(n)
-        try:
-            best = max(best, num_bytes / common.median_s(lambda: big.sum(), repeats, warmup=2))
-        finally:
-            torch.set_num_threads(threads)
-    return best
+    mine = torch.get_num_threads()
+    torch.set_num_threads(threads or mine)
+    try:
+        return max(num_bytes / common.median_s(f, repeats, warmup=2) for f in (big.sum, big.amax))
+    finally:
+        torch.set_num_threads(mine)
 
 
 def roofline(loaded, prompt_len: int, batch: int = ROOFLINE_BATCH) -> dict:
@@ -124,6 +122,7 @@ def roofline(loaded, prompt_len: int, batch: int = ROOFLINE_BATCH) -> dict:
     common.say("roofline: matmuls alone and memory bandwidth")
     gemm_s = gemm_step_s(eng.model, batch)
     bandwidth = read_bandwidth()
+    every_core = read_bandwidth(os.cpu_count())
     floor_ms = eng.model.weight_bytes / bandwidth * 1e3
     decode_tok_s = batch / (decode_ms / 1e3)
     gemm_tok_s = batch / gemm_s
@@ -139,6 +138,8 @@ def roofline(loaded, prompt_len: int, batch: int = ROOFLINE_BATCH) -> dict:
         "read_bandwidth_gb_s": bandwidth / 1e9,
         "weight_read_floor_ms": floor_ms,
         "batch1_floor_ratio": batch1_ms / floor_ms,
+        "read_bandwidth_all_cores_gb_s": every_core / 1e9,
+        "batch1_floor_ratio_all_cores": batch1_ms / (eng.model.weight_bytes / every_core * 1e3),
     }
 
 
