@@ -161,10 +161,10 @@ class LlamaModel:
         for i, layer in enumerate(self.layers):
             x = self._rms_norm(h, layer.input_norm)
             qkv = self._linear(x, layer.qkv, layer.qkv_bias)
-            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = self._rotate(q.view(T, hq, d), cos, sin)
-            k = self._rotate(k.view(T, hkv, d), cos, sin)
-            v = v.view(T, hkv, d)
+            # RoPE on the query and key heads in one pass; q and k are views of its result
+            qk = self._rotate(qkv[:, : q_size + kv_size].view(T, hq + hkv, d), cos, sin)
+            q, k = qk[:, :hq], qk[:, hq:]
+            v = qkv[:, q_size + kv_size :].view(T, hkv, d)
             attention.write_kv(k, v, k_caches[i], v_caches[i], meta.slot_mapping)
             attention.paged_attention(
                 attn_out, q, k_caches[i], v_caches[i], meta.block_tables, meta.seq_lens,
