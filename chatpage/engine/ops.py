@@ -31,6 +31,8 @@ from pathlib import Path
 
 import torch
 
+from chatpage.paths import cache_dir
+
 ENV_DISABLE = "CHATPAGE_NO_KERNELS"
 BUILD_MESSAGE = "chatpage: building native attention kernels (first run, ~1 min)..."
 BUILD_MESSAGE_CUDA = "chatpage: building native attention kernels with CUDA (first run, ~3 min)..."
@@ -51,8 +53,7 @@ def _default_notify(message: str) -> None:
 
 def cache_root() -> Path:
     """``$XDG_CACHE_HOME/chatpage/torch_extensions`` (``~/.cache`` when the variable is unset)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "chatpage" / "torch_extensions"
+    return cache_dir() / "torch_extensions"
 
 
 def _cpu_features() -> str:
