@@ -16,7 +16,8 @@ matmuls alone (fused qkv, o, gate_up, down per layer, plus the lm_head for every
 128; ``fraction_of_gemm_bound`` is chatpage's decode rate with 128 concurrent sequences over it.
 ``weight_read_floor_ms`` is the weight bytes over the memory read bandwidth the run's threads
 reach (reducing a large tensor: sum or max, the faster); ``batch1_floor_ratio`` is chatpage's
-batch-1 decode step over that floor. The ``_all_cores`` fields use every core's bandwidth instead.
+batch-1 decode step over that floor; ``batch1_gemm_ms`` is the step's matmuls alone (the rate at
+which they read the weights is ``batch1_gemm_read_gb_s``).
 
 ``--peer llamacpp`` adds llama.cpp (llama-cpp-python, when importable) on the same GGUF, serial
 and batched; see chatpage/bench/peers.py.
@@ -24,12 +25,10 @@ and batched; see chatpage/bench/peers.py.
 
 from __future__ import annotations
 
-import os
 import statistics
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from chatpage.bench import common, plots
 from chatpage.bench.workloads import SHAREGPT, BenchRequest, describe, make_trace
@@ -85,31 +84,26 @@ def decode_step_ms(eng, concurrency: int, prompt_len: int, new_tokens: int) -> f
 
 # -- roofline ----------------------------------------------------------------------------------
 def gemm_step_s(model, batch: int, repeats: int = 5) -> float:
-    """Median time of one step's matmuls alone at ``batch`` rows, with the model's own weights."""
+    """Median time of one step's matmuls alone at ``batch`` rows: the model's own weights through
+    the model's own matmul (``LlamaModel._linear``: ``F.linear``, or W @ x.T for a few rows)."""
     weights = [w for layer in model.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     inputs = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=w.dtype) for w in weights}
     last = torch.randn(batch, model.lm_head.shape[1], dtype=model.lm_head.dtype)
 
     def step() -> None:
         for w in weights:
-            F.linear(inputs[w.shape[1]], w)
-        F.linear(last, model.lm_head)
+            model._linear(inputs[w.shape[1]], w)
+        model._linear(last, model.lm_head)
 
     with torch.inference_mode():
         return common.median_s(step, repeats=repeats, warmup=1)
 
 
-def read_bandwidth(threads: int | None = None, num_bytes: int = 256 << 20,
-                   repeats: int = 7) -> float:
-    """Memory read bandwidth in bytes/s with ``threads`` (default: the run's): the best median
-    time of reducing (sum, max) a large fp32 tensor."""
+def read_bandwidth(num_bytes: int = 256 << 20, repeats: int = 7) -> float:
+    """Memory read bandwidth in bytes/s with the run's threads: the best median time of reducing
+    (sum, max) a large fp32 tensor."""
     big = torch.ones(num_bytes // 4, dtype=torch.float32)
-    mine = torch.get_num_threads()
-    torch.set_num_threads(threads or mine)
-    try:
-        return max(num_bytes / common.median_s(f, repeats, warmup=2) for f in (big.sum, big.amax))
-    finally:
-        torch.set_num_threads(mine)
+    return max(num_bytes / common.median_s(f, repeats, warmup=2) for f in (big.sum, big.amax))
 
 
 def roofline(loaded, prompt_len: int, batch: int = ROOFLINE_BATCH) -> dict:
@@ -121,8 +115,8 @@ def roofline(loaded, prompt_len: int, batch: int = ROOFLINE_BATCH) -> dict:
     batch1_ms = decode_step_ms(eng, 1, prompt_len, new_tokens=24)
     common.say("roofline: matmuls alone and memory bandwidth")
     gemm_s = gemm_step_s(eng.model, batch)
+    batch1_gemm_s = gemm_step_s(eng.model, 1)
     bandwidth = read_bandwidth()
-    every_core = read_bandwidth(os.cpu_count())
     floor_ms = eng.model.weight_bytes / bandwidth * 1e3
     decode_tok_s = batch / (decode_ms / 1e3)
     gemm_tok_s = batch / gemm_s
@@ -138,8 +132,8 @@ def roofline(loaded, prompt_len: int, batch: int = ROOFLINE_BATCH) -> dict:
         "read_bandwidth_gb_s": bandwidth / 1e9,
         "weight_read_floor_ms": floor_ms,
         "batch1_floor_ratio": batch1_ms / floor_ms,
-        "read_bandwidth_all_cores_gb_s": every_core / 1e9,
-        "batch1_floor_ratio_all_cores": batch1_ms / (eng.model.weight_bytes / every_core * 1e3),
+        "batch1_gemm_ms": batch1_gemm_s * 1e3,
+        "batch1_gemm_read_gb_s": eng.model.weight_bytes / batch1_gemm_s / 1e9,
     }
 
 
