@@ -235,7 +235,7 @@ def _figures(name: str, r: dict) -> list[str]:
             rows.append(["llama.cpp batched", r["llamacpp_batched_tok_s"], r["requests"]])
         out = [f"{r['requests']} ShareGPT-shaped requests at scale {r['scale']} (mean input "
                f"{r['mean_input']}, mean output {r['mean_output']}, longest {r['longest']}), "
-               f"{r['threads']} threads, fp32, EOS ignored.", "",
+               f"{r['threads']} thread{'s' if r['threads'] != 1 else ''}, fp32, EOS ignored.", "",
                _table(["system", "useful output tok/s", "batch"], rows), "",
                f"Ratio: **{r['ratio']:.2f}x**."]
         if "gemm_bound_tok_s" in r:
