@@ -220,3 +220,10 @@ def test_no_chat_template_falls_back_with_a_warning(tmp_path, tiny_models):
     assert any("no chat template" in w for w in engine.warnings)
     ids = render_prompt(engine.tokenizer, [{"role": "user", "content": "hi"}])
     assert engine.tokenizer.decode(ids).startswith("User: hi")
+
+
+def test_generate_ignores_other_requests_in_flight(small_engine):
+    other = small_engine.add_request([9, 8, 7], SamplingParams(temperature=0, max_tokens=1))
+    out = small_engine.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=6))
+    assert [o.request_id for o in out] != [other] and len(out[0].outputs[0].token_ids) == 6
+    assert not small_engine.has_unfinished()

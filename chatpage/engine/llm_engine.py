@@ -415,8 +415,9 @@ class LLMEngine:
             params = [params or SamplingParams()] * len(prompts)
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
         done: dict[str, RequestOutput] = {}
+        wanted = set(ids)
         while len(done) < len(ids):
             for out in self.step():
-                if out.finished:
+                if out.finished and out.request_id in wanted:  # others may be in flight
                     done[out.request_id] = out
         return [done[i] for i in ids]
