@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from chatpage.conversation import render_prompt
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
+from chatpage.engine.chat_template import render_prompt
 
 BLOCK_BYTES_TINY = 16 * 2 * 2 * 2 * 64 * 4  # tiny Llama: 2 layers, 2 KV heads, head dim 64, fp32
 

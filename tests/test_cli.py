@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from chatpage.cli import main
+from chatpage.cli.main import main
 
 
 class _Tty(io.StringIO):
@@ -26,7 +26,7 @@ def test_ask_streams_the_default_models_answer(no_stdin, capsys):
 
 
 def test_ask_reads_piped_context(monkeypatch, capsys, tiny_llama_dir):
-    from chatpage import conversation
+    from chatpage.engine import chat_template as conversation
 
     seen = {}
 

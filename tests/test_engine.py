@@ -11,8 +11,8 @@ import random
 import pytest
 import torch
 
-from chatpage.conversation import render_prompt
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
+from chatpage.engine.chat_template import render_prompt
 
 MAX_NEW = 12
 PROMPT_LENS = [1, 2, 7, 15, 16, 17, 31, 33, 64, 100, 150, 211, 256, 300]

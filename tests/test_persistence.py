@@ -22,13 +22,13 @@ import pytest
 from test_ui import alpha_and_beta, idle, make_app, ready, send, wait_for
 from test_ui_offline import offline_app
 
+from chatpage.chat.recorder import restore
+from chatpage.config.paths import data_dir
+from chatpage.config.personas import Persona
+from chatpage.config.settings import config_path, load_settings
 from chatpage.engine.config import EngineConfig
-from chatpage.paths import data_dir
-from chatpage.personas import Persona
-from chatpage.settings import config_path, load_settings
 from chatpage.store import DB_NAME, Store
 from chatpage.ui.app import ChatApp
-from chatpage.ui.persistence import restore
 from chatpage.ui.screens.chat_search import ChatSearch
 from chatpage.ui.screens.confirm import Confirm
 from chatpage.ui.widgets.block_gauge import BlockGauge
@@ -267,8 +267,8 @@ DRIVER = textwrap.dedent('''
     from pathlib import Path
 
     from chatpage.engine.config import EngineConfig
-    from chatpage.settings import Settings
-    from chatpage.ui import persistence
+    from chatpage.config.settings import Settings
+    from chatpage.chat import recorder as persistence
     from chatpage.ui.app import ChatApp
 
     persistence.SAVE_INTERVAL_S = 0.25  # more writes per second than the app's 2 s: robust

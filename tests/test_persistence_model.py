@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 from test_ui_model import PERSONA, FakeClient, event
 
+from chatpage.chat.chats import Chats
+from chatpage.chat.recorder import Recorder, restore
+from chatpage.chat.session import AltMode, Attachment
+from chatpage.config.personas import Persona
 from chatpage.engine.client import StreamEvent
-from chatpage.personas import Persona
 from chatpage.store import Store
-from chatpage.ui import persistence
-from chatpage.ui.chats import Chats
-from chatpage.ui.persistence import Recorder, restore
-from chatpage.ui.session import AltMode, Attachment
+from chatpage.chat import recorder as persistence
 
 OTHER = Persona("other", "another persona", "You are other.", temperature=0.1)
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from chatpage.paths import shipped_personas_dir
-from chatpage.personas import (
+from chatpage.config.paths import shipped_personas_dir
+from chatpage.config.personas import (
     Persona,
     PersonaError,
     default_persona,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from chatpage.settings import (
+from chatpage.config.settings import (
     SETTING_KEYS,
     Settings,
     config_path,

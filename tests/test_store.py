@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chatpage import store_schema
 from chatpage.store import DB_NAME, SNIPPET_MARKS, Store, make_title
-from chatpage.store_io import export_session, import_json
-from chatpage.store_schema import SCHEMA_VERSION, migrate
+from chatpage.store import schema as store_schema
+from chatpage.store.io import export_session, import_json
+from chatpage.store.schema import SCHEMA_VERSION, migrate
 
 
 @pytest.fixture

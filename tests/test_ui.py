@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from chatpage.config.settings import Settings
 from chatpage.engine.config import EngineConfig
-from chatpage.settings import Settings
 from chatpage.ui.app import ChatApp
 from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.widgets.alternatives import AlternativesView, AltPane

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from chatpage.engine.client import StreamEvent
-from chatpage.engine.outputs import EngineStats
-from chatpage.personas import Persona
-from chatpage.ui.chats import ChatError, Chats
-from chatpage.ui.commands import (
+from chatpage.chat.chats import ChatError, Chats
+from chatpage.chat.commands import (
     message_text,
     parse_command,
     parse_compare,
     parse_k,
     read_attachment,
 )
-from chatpage.ui.session import AltMode, SamplingSettings
+from chatpage.chat.session import AltMode, SamplingSettings
+from chatpage.config.personas import Persona
+from chatpage.engine.client import StreamEvent
+from chatpage.engine.outputs import EngineStats
 from chatpage.ui.text import clean, markup_literal, one_line
 from chatpage.ui.widgets.block_gauge import cells, segments
 

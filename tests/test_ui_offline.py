@@ -13,10 +13,10 @@ from test_ui import hold_model_load, wait_for
 from textual.widgets import Input
 from textual.widgets._markdown import MarkdownBlock, MarkdownFence
 
+from chatpage.config.paths import config_dir
+from chatpage.config.settings import Settings
 from chatpage.engine.client import StreamEvent
 from chatpage.engine.config import EngineConfig
-from chatpage.paths import config_dir
-from chatpage.settings import Settings
 from chatpage.ui.app import ChatApp
 from chatpage.ui.messages import EngineEvent, PromptSubmitted
 from chatpage.ui.screens.help import HelpScreen

@@ -35,7 +35,7 @@ def _percentile(values: list[float], q: float) -> float:
 async def _measure(args) -> dict:
     from textual import events
 
-    from chatpage.settings import load_settings
+    from chatpage.config.settings import load_settings
     from chatpage.ui.app import ChatApp
     from chatpage.ui.widgets.prompt_input import PromptInput
 

@@ -156,8 +156,8 @@ class ChatSession:
 
 def persona_prompts() -> list[tuple[str, str]]:
     """(name, system prompt) of every shipped persona (user overrides are ignored)."""
-    from chatpage.paths import shipped_personas_dir
-    from chatpage.personas import load_personas
+    from chatpage.config.paths import shipped_personas_dir
+    from chatpage.config.personas import load_personas
 
     personas, _errors = load_personas([shipped_personas_dir()])
     return [(p.name, p.system_prompt) for p in personas]

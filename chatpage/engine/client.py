@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from chatpage.conversation import render_prompt, system_prefix
 from chatpage.engine import ops
+from chatpage.engine.chat_template import render_prompt, system_prefix
 from chatpage.engine.config import EngineConfig
 from chatpage.engine.llm_engine import LLMEngine
 from chatpage.engine.outputs import EngineStats, RequestOutput

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
+from chatpage.config.paths import cache_dir
 from chatpage.engine.models.llama import SUPPORTED_MODEL_TYPES
-from chatpage.paths import cache_dir
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from chatpage.paths import cache_dir
+from chatpage.config.paths import cache_dir
 
 ENV_DISABLE = "CHATPAGE_NO_KERNELS"
 BUILD_MESSAGE = "chatpage: building native attention kernels (first run, ~1 min)..."

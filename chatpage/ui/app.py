@@ -18,15 +18,17 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import ContentSwitcher, Footer, Static
 
+from chatpage.chat.chats import Chats
+from chatpage.chat.commands import Command, message_text, parse_command
+from chatpage.chat.recorder import Recorder
+from chatpage.chat.session import AltMode, Change, ChatSession, SamplingSettings
+from chatpage.config.personas import Persona, default_persona, find_persona, load_personas
+from chatpage.config.settings import Settings
 from chatpage.engine.client import EngineClient, StreamEvent
 from chatpage.engine.config import EngineConfig
-from chatpage.personas import Persona, default_persona, find_persona, load_personas
-from chatpage.settings import Settings
 from chatpage.store import Store
 from chatpage.ui import history
 from chatpage.ui.bindings import APP_BINDINGS
-from chatpage.ui.chats import Chats
-from chatpage.ui.commands import Command, message_text, parse_command
 from chatpage.ui.messages import (
     CopyText,
     EngineEvent,
@@ -36,11 +38,9 @@ from chatpage.ui.messages import (
     SessionSelected,
 )
 from chatpage.ui.palette import palette_commands
-from chatpage.ui.persistence import Recorder
 from chatpage.ui.screens.help import HelpScreen
 from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.screens.sampling_settings import SamplingSettingsScreen
-from chatpage.ui.session import AltMode, Change, ChatSession, SamplingSettings
 from chatpage.ui.slash_commands import run_slash_command
 from chatpage.ui.text import clean, code_blocks
 from chatpage.ui.theme import CHATPAGE_THEME

@@ -12,13 +12,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from chatpage.paths import data_dir
+from chatpage.chat.recorder import SAVE_INTERVAL_S, Recorder, load_session, restore
+from chatpage.chat.session import ChatSession
+from chatpage.config.paths import data_dir
 from chatpage.store import SearchHit, SessionRow, Store
-from chatpage.store_io import export_session
-from chatpage.ui.persistence import SAVE_INTERVAL_S, Recorder, load_session, restore
+from chatpage.store.io import export_session
 from chatpage.ui.screens.chat_search import ChatSearch
 from chatpage.ui.screens.confirm import Confirm
-from chatpage.ui.session import ChatSession
 
 if TYPE_CHECKING:
     from chatpage.ui.app import ChatApp

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from textual.app import SystemCommand
 
-from chatpage.store_io import local_time
+from chatpage.store.io import local_time
 from chatpage.ui.history import EXPORT_NAMES, closed_chats
 from chatpage.ui.text import markup_literal
 

@@ -1,20 +1,20 @@
-"""What each slash command does in the app (parsing lives in `chatpage.ui.commands`)."""
+"""What each slash command does in the app (parsing lives in `chatpage.chat.commands`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from chatpage.personas import find_persona
-from chatpage.ui import history
-from chatpage.ui.commands import (
+from chatpage.chat.commands import (
     SETTING_COMMANDS,
     Command,
     parse_compare,
     parse_k,
     read_attachment,
 )
+from chatpage.chat.session import SETTING_BY_FIELD, AltMode
+from chatpage.config.personas import find_persona
+from chatpage.ui import history
 from chatpage.ui.history import EXPORT_NAMES
-from chatpage.ui.session import SETTING_BY_FIELD, AltMode
 
 if TYPE_CHECKING:
     from chatpage.ui.app import ChatApp

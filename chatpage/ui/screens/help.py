@@ -8,7 +8,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
 
-from chatpage.ui.commands import COMMANDS
+from chatpage.chat.commands import COMMANDS
 
 INTRO = """\
 # chatpage

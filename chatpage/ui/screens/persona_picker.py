@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets.option_list import Option
 
-from chatpage.personas import Persona
+from chatpage.config.personas import Persona
 from chatpage.ui.screens.list_dialog import ListDialog
 from chatpage.ui.text import one_line
 

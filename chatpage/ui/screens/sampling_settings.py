@@ -10,8 +10,8 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from chatpage.personas import Persona
-from chatpage.ui.session import SETTINGS, SamplingSettings
+from chatpage.chat.session import SETTINGS, SamplingSettings
+from chatpage.config.personas import Persona
 
 
 class SamplingSettingsScreen(ModalScreen[SamplingSettings | None]):

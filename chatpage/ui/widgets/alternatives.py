@@ -9,8 +9,8 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
+from chatpage.chat.session import MAX_ALTERNATIVES, Candidate, Generation
 from chatpage.ui.messages import KeepAlternative
-from chatpage.ui.session import MAX_ALTERNATIVES, Candidate, Generation
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.message import stats_line
 from chatpage.ui.widgets.prompt_input import PromptInput

@@ -19,8 +19,8 @@ from rich.text import Text
 from textual.reactive import reactive
 from textual.widget import Widget
 
+from chatpage.config.settings import format_size
 from chatpage.engine.outputs import EngineStats
-from chatpage.settings import format_size
 from chatpage.ui.text import clean
 
 SEGMENTS = ("pinned", "shared", "private", "cached", "free")

@@ -12,8 +12,8 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 from textual.widgets._markdown import MarkdownFence
 
+from chatpage.chat.session import Entry, ReplyStats
 from chatpage.ui.messages import CopyText
-from chatpage.ui.session import Entry, ReplyStats
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
 from chatpage.ui.widgets.throttle import Throttled

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from chatpage.ui.session import ChatSession
+from chatpage.chat.session import ChatSession
 from chatpage.ui.text import clean, one_line
 
 

@@ -7,8 +7,8 @@ from textual import on
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
+from chatpage.chat.session import ChatSession
 from chatpage.ui.messages import SessionSelected
-from chatpage.ui.session import ChatSession
 from chatpage.ui.text import one_line
 
 TITLE_WIDTH = 22

@@ -5,7 +5,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Vertical
 
-from chatpage.ui.session import Change, ChatSession
+from chatpage.chat.session import Change, ChatSession
 from chatpage.ui.widgets.session_header import SessionHeader
 from chatpage.ui.widgets.transcript import Transcript
 

@@ -10,8 +10,8 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from chatpage.chat.session import ChatSession, Entry
 from chatpage.ui.messages import MarkdownFlushed
-from chatpage.ui.session import ChatSession, Entry
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.alternatives import AlternativesView
 from chatpage.ui.widgets.message import MessageView

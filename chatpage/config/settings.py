@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from chatpage.paths import config_dir
+from chatpage.config.paths import config_dir
 
 SOURCE_DEFAULT = "default"
 SOURCE_CLI = "command line"

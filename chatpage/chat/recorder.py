@@ -23,9 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, fields
 
-from chatpage.personas import Persona, find_persona
-from chatpage.store import SessionRow, Store
-from chatpage.ui.session import (
+from chatpage.chat.session import (
     Attachment,
     Candidate,
     Change,
@@ -35,6 +33,8 @@ from chatpage.ui.session import (
     ReplyStats,
     SamplingSettings,
 )
+from chatpage.config.personas import Persona, find_persona
+from chatpage.store import SessionRow, Store
 
 SAVE_INTERVAL_S = 2.0
 """The longest a streaming reply's text waits before it is written."""

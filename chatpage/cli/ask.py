@@ -1,57 +1,19 @@
-"""`chatpage`: the TUI by default; `ask`, `personas`, `bench`, `history`, `export`, ... subcommands."""
+"""`chatpage ask`: one answer on stdout; piped input is context."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from chatpage import history_cli
-from chatpage.personas import default_persona, find_persona, load_personas
-from chatpage.settings import load_settings, parse_size
+from chatpage.cli.common import engine_config, settings_or_warn, size_arg
+from chatpage.config.personas import default_persona, find_persona, load_personas
 
 
-def _size(value: str) -> int:
-    try:
-        return parse_size(value)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _engine_config(settings):
-    from chatpage.engine import EngineConfig
-
-    return EngineConfig(kv_cache_bytes=settings.kv_cache, block_size=settings.block_size)
-
-
-def _load_settings(args):
-    return load_settings(overrides={
-        "model": getattr(args, "model", None), "kv_cache": getattr(args, "kv_cache", None),
-    })
-
-
-def _settings(args):
-    settings, warnings = _load_settings(args)
-    for w in warnings:
-        print(f"chatpage: warning: {w}", file=sys.stderr)
-    return settings
-
-
-# -- chatpage (the TUI) ----------------------------------------------------------------------------
-def cmd_tui(args) -> int:
-    from chatpage.ui.app import ChatApp
-
-    settings, warnings = _load_settings(args)  # shown as notices inside the app
-    ChatApp(model=settings.model, config=_engine_config(settings), settings=settings,
-            warnings=warnings).run()
-    return 0
-
-
-# -- chatpage ask ----------------------------------------------------------------------------------
 def cmd_ask(args) -> int:
-    from chatpage.conversation import render_prompt
     from chatpage.engine import LLMEngine, SamplingParams
+    from chatpage.engine.chat_template import render_prompt
 
-    settings = _settings(args)
+    settings = settings_or_warn(args)
     personas, errors = load_personas()
     for err in errors:
         print(f"chatpage: warning: {err}", file=sys.stderr)
@@ -82,7 +44,7 @@ def cmd_ask(args) -> int:
             seed=_pick(args.seed, defaults.get("seed"), None),
             max_tokens=_pick(args.max_tokens, defaults.get("max_tokens"), 512),
         )
-        engine = LLMEngine.from_pretrained(settings.model, _engine_config(settings))
+        engine = LLMEngine.from_pretrained(settings.model, engine_config(settings))
         ids = render_prompt(engine.tokenizer, [
             {"role": "system", "content": system}, {"role": "user", "content": question},
         ])
@@ -124,44 +86,13 @@ def _pick(given, persona_value, fallback):
     return persona_value if persona_value is not None else fallback
 
 
-# -- chatpage personas ------------------------------------------------------------------------------
-def cmd_personas(args) -> int:
-    personas, errors = load_personas()
-    for p in personas:
-        print(f"{p.name:<14} {p.description}  [{p.source}]")
-    for err in errors:
-        print(f"error: {err}", file=sys.stderr)
-    return 1 if errors else 0
-
-
-# -- chatpage bench ----------------------------------------------------------------------------------
-BENCHES = ("kernel", "throughput", "memory", "serve", "prefix", "sharing", "ui")
-
-
-def cmd_bench(args) -> int:
-    import importlib
-
-    module = importlib.import_module(f"chatpage.bench.{args.which}")
-    return module.main(args.rest)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="chatpage",
-        description="Chat in the terminal with a local model served by a paged KV-cache engine.",
-    )
-    parser.add_argument("--model", help="HF model directory or .gguf file (default: SmolLM2-135M)")
-    parser.add_argument("--kv-cache", type=_size, metavar="SIZE",
-                        help="KV cache budget, e.g. 512MiB or 2G")
-    parser.set_defaults(func=cmd_tui)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-
+def register(sub: argparse._SubParsersAction) -> None:
     ask = sub.add_parser("ask", help="answer one question on stdout (piped input is context)")
     ask.add_argument("question")
     ask.add_argument("--persona", help="persona name (see `chatpage personas`)")
     ask.add_argument("--system", help="system prompt (instead of the persona's)")
     ask.add_argument("--model", help="HF model directory or .gguf file")
-    ask.add_argument("--kv-cache", type=_size, metavar="SIZE", help="KV cache budget")
+    ask.add_argument("--kv-cache", type=size_arg, metavar="SIZE", help="KV cache budget")
     ask.add_argument("--max-tokens", type=int)
     ask.add_argument("--temperature", type=float,
                      help="default 0 (greedy); with --n, the persona's temperature")
@@ -170,27 +101,3 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("--n", type=int, default=1, help="parallel samples, printed one after another")
     ask.add_argument("--beam", type=int, default=0, metavar="K", help="beam search of width K")
     ask.set_defaults(func=cmd_ask)
-
-    personas = sub.add_parser("personas", help="list the personas and any broken persona files")
-    personas.set_defaults(func=cmd_personas)
-
-    bench = sub.add_parser("bench", help="benchmarks (JSON on the last line of stdout)",
-                           add_help=False)
-    bench.add_argument("which", choices=BENCHES)
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
-    bench.set_defaults(func=cmd_bench)
-
-    history_cli.register(sub)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

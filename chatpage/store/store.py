@@ -9,8 +9,8 @@ exports, and the app leaves it out of the chats it reopens at start.
 
 Faults never stop the app: a corrupt database is moved aside and a new one started; a database
 that cannot be written is replaced by an in-memory one. Either way `Store.notice` says so.
-The schema and the opening rules are in `chatpage.store_schema`, the export and import formats
-in `chatpage.store_io`.
+The schema and the opening rules are in `chatpage.store.schema`, the export and import formats
+in `chatpage.store.io`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from chatpage.paths import data_dir
-from chatpage.store_schema import open_database, transaction
+from chatpage.config.paths import data_dir
+from chatpage.store.schema import open_database, transaction
 
 DB_NAME = "chatpage.db"
 ROLES = ("user", "assistant", "system")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from chatpage import history_cli
+from chatpage.cli import history as history_cli
 from chatpage.store import Store
 
 

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
-from chatpage.conversation import Conversation, Message
+from chatpage.chat.conversation import Conversation, Message
+from chatpage.config.personas import Persona
 from chatpage.engine.sampling_params import SamplingParams
-from chatpage.personas import Persona
 
 EntryStatus = Literal["done", "streaming", "stopped", "interrupted", "error"]
 """The same vocabulary as the store's message status."""

@@ -11,7 +11,7 @@ import json
 from datetime import datetime
 from typing import Any, Literal
 
-from chatpage.store import MessageRow, NewMessage, SessionRow, Store
+from chatpage.store.store import MessageRow, NewMessage, SessionRow, Store
 
 EXPORT_FORMAT = "chatpage-session"
 EXPORT_VERSION = 1

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from chatpage.paths import config_dir, shipped_personas_dir
+from chatpage.config.paths import config_dir, shipped_personas_dir
 
 DEFAULT_PERSONA = "assistant"
 """The persona a new chat uses unless the user configured another one."""

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from chatpage.engine.client import EngineClient, StreamEvent
-from chatpage.personas import Persona
-from chatpage.store import make_title
-from chatpage.ui.session import (
+from chatpage.chat.session import (
     MAX_ALTERNATIVES,
     MIN_ALTERNATIVES,
     SETTING_BY_FIELD,
@@ -27,6 +24,9 @@ from chatpage.ui.session import (
     ReplyStats,
     SamplingSettings,
 )
+from chatpage.config.personas import Persona
+from chatpage.engine.client import EngineClient, StreamEvent
+from chatpage.store import make_title
 
 TITLE_WIDTH = 32
 _FINAL_STATUS: dict[str | None, EntryStatus] = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from chatpage.ui.session import MAX_ALTERNATIVES, MIN_ALTERNATIVES, Attachment
+from chatpage.chat.session import MAX_ALTERNATIVES, MIN_ALTERNATIVES, Attachment
 
 MAX_ATTACHMENT_BYTES = 1 << 20
 CHARS_PER_TOKEN = 4  # a rough guess before the engine counts exactly

@@ -29,4 +29,4 @@ def config_dir() -> Path:
 
 def shipped_personas_dir() -> Path:
     """The personas/ folder shipped with chatpage."""
-    return Path(__file__).resolve().parent.parent / "personas"
+    return Path(__file__).resolve().parents[2] / "personas"

@@ -1,4 +1,4 @@
-"""A chat: persona, messages, sampling settings; the one place prompts are rendered to tokens."""
+"""A chat's messages after its system prompt, as the chat template wants them."""
 
 from __future__ import annotations
 
@@ -15,21 +15,6 @@ class Message:
 
     def as_dict(self) -> dict[str, str]:
         return {"role": self.role, "content": self.content}
-
-
-def render_prompt(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = True
-                  ) -> list[int]:
-    """Token ids of ``messages`` through the tokenizer's chat template."""
-    text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt
-    )
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-def system_prefix(tokenizer, system_prompt: str) -> list[int]:
-    """The tokens every conversation with this system prompt starts with (a persona prefix)."""
-    return render_prompt(tokenizer, [{"role": "system", "content": system_prompt}],
-                         add_generation_prompt=False)
 
 
 @dataclass

@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from chatpage.settings import SETTING_KEYS, Settings, config_path, format_size, load_settings
+from chatpage.config.settings import SETTING_KEYS, Settings, config_path, format_size, load_settings
 from chatpage.store import Store
-from chatpage.store_io import export_session, import_json, local_time
+from chatpage.store.io import export_session, import_json, local_time
 
 PROG = "chatpage"
 

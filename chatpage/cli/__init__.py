@@ -1,0 +1,1 @@
+"""`chatpage` and its subcommands."""

@@ -1,0 +1,34 @@
+"""What the subcommands share: settings with command-line overrides, the engine's config."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from chatpage.config.settings import load_settings, parse_size
+
+
+def size_arg(value: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def engine_config(settings):
+    from chatpage.engine import EngineConfig
+
+    return EngineConfig(kv_cache_bytes=settings.kv_cache, block_size=settings.block_size)
+
+
+def load_with_overrides(args):
+    return load_settings(overrides={
+        "model": getattr(args, "model", None), "kv_cache": getattr(args, "kv_cache", None),
+    })
+
+
+def settings_or_warn(args):
+    settings, warnings = load_with_overrides(args)
+    for w in warnings:
+        print(f"chatpage: warning: {w}", file=sys.stderr)
+    return settings

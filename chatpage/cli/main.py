@@ -1,0 +1,63 @@
+"""`chatpage`: the TUI by default; `ask`, `personas`, `bench`, `history`, `export`, ... subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from chatpage.cli import ask, bench
+from chatpage.cli import history as history_cli
+from chatpage.cli.common import engine_config, load_with_overrides, size_arg
+from chatpage.config.personas import load_personas
+
+
+# -- chatpage (the TUI) ----------------------------------------------------------------------------
+def cmd_tui(args) -> int:
+    from chatpage.ui.app import ChatApp
+
+    settings, warnings = load_with_overrides(args)  # shown as notices inside the app
+    ChatApp(model=settings.model, config=engine_config(settings), settings=settings,
+            warnings=warnings).run()
+    return 0
+
+
+# -- chatpage personas ------------------------------------------------------------------------------
+def cmd_personas(args) -> int:
+    personas, errors = load_personas()
+    for p in personas:
+        print(f"{p.name:<14} {p.description}  [{p.source}]")
+    for err in errors:
+        print(f"error: {err}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="chatpage",
+        description="Chat in the terminal with a local model served by a paged KV-cache engine.",
+    )
+    parser.add_argument("--model", help="HF model directory or .gguf file (default: SmolLM2-135M)")
+    parser.add_argument("--kv-cache", type=size_arg, metavar="SIZE",
+                        help="KV cache budget, e.g. 512MiB or 2G")
+    parser.set_defaults(func=cmd_tui)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    personas = sub.add_parser("personas", help="list the personas and any broken persona files")
+    personas.set_defaults(func=cmd_personas)
+
+    ask.register(sub)
+    bench.register(sub)
+    history_cli.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

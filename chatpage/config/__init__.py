@@ -1,0 +1,1 @@
+"""Where chatpage keeps things (XDG paths), its settings file and the personas."""
