@@ -17,7 +17,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from chatpage.engine.block_manager import BlockManager, BlockPool, chain_hash
+from chatpage.engine.block_manager import BlockManager, BlockPool, chain_hash, cpu_entry
 from chatpage.engine.sequence import Sequence
 
 BS = 4
@@ -196,16 +196,24 @@ class BlockManagerMachine(RuleBasedStateMachine):
             seq.num_computed_tokens += k
             self.bm.commit(seq)
 
+    def _ref(self, entry: int) -> int:
+        """The ref count of a table entry, in the pool it names."""
+        return self.bm.cpu_pool.ref[cpu_entry(entry)] if entry < 0 else self.bm.pool.ref[entry]
+
     def _swap_out(self, fam: Family) -> bool:
         bm = self.bm
         if not bm.can_swap_out(fam.seqs):
             return False
-        unique = {b for s in fam.seqs for b in bm.tables[s.seq_id]}
+        refs = Counter(b for s in fam.seqs for b in bm.tables[s.seq_id])
+        # only blocks no one else holds (no other group, no pin) leave the device
+        leaving = {b for b, n in refs.items() if bm.pool.ref[b] == n}
         cpu_free = bm.cpu_pool.num_free
         pairs_before = len(bm.plan.swap_out)
         bm.swap_out(fam.seqs)
-        assert sorted(s for s, _ in bm.plan.swap_out[pairs_before:]) == sorted(unique)
-        assert cpu_free - bm.cpu_pool.num_free == len(unique), "shared blocks move once"
+        assert sorted(s for s, _ in bm.plan.swap_out[pairs_before:]) == sorted(leaving)
+        assert cpu_free - bm.cpu_pool.num_free == len(leaving), "shared blocks move once"
+        staying = set(refs) - leaving
+        assert all(b in staying or b < 0 for s in fam.seqs for b in bm.tables[s.seq_id])
         fam.state = "swapped"
         return True
 
@@ -236,12 +244,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
         fams = self._in("running", "swapped")
         fam = fams[pick % len(fams)]
         parent = fam.seqs[pick % len(fam.seqs)]
-        pool = self.bm.pool if fam.state == "running" else self.bm.cpu_pool
-        refs = [pool.ref[b] for b in self.bm.tables[parent.seq_id]]
+        refs = [self._ref(b) for b in self.bm.tables[parent.seq_id]]
         child = parent.fork()
         self.bm.fork(parent, child)
         assert self.bm.tables[child.seq_id] == self.bm.tables[parent.seq_id]
-        assert [pool.ref[b] for b in self.bm.tables[child.seq_id]] == [r + 1 for r in refs]
+        assert [self._ref(b) for b in self.bm.tables[child.seq_id]] == [r + 1 for r in refs]
         fam.seqs.append(child)
 
     @precondition(lambda self: self.families)
@@ -281,11 +288,13 @@ class BlockManagerMachine(RuleBasedStateMachine):
         bm = self.bm
         if not bm.can_swap_in(fam.seqs):
             return
-        unique = {b for s in fam.seqs for b in bm.tables[s.seq_id]}
-        free = bm.pool.num_free
+        cpu = {cpu_entry(b) for s in fam.seqs for b in bm.tables[s.seq_id] if b < 0}
+        free, need = bm.pool.num_free, bm.swap_in_blocks_needed(fam.seqs)
         bm.swap_in(fam.seqs)
-        assert sorted(s for s, _ in bm.plan.swap_in) == sorted(unique)
-        assert free - bm.pool.num_free == len(unique)
+        # a block still indexed on the device comes back by reference; the rest are copied
+        assert {s for s, _ in bm.plan.swap_in} <= cpu
+        assert free - bm.pool.num_free == need
+        assert all(b >= 0 for s in fam.seqs for b in bm.tables[s.seq_id])
         fam.state = "running"
         # like the scheduler: the group is stepped in the same plan when it fits
         self._execute(self._schedule(fam, MAX_LEN, tokens) if then_run else [])
@@ -373,7 +382,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
         dev, cpu = Counter(), Counter()
         for fam in self._in("running", "swapped"):
             for seq in fam.seqs:
-                (dev if fam.state == "running" else cpu).update(self.bm.tables[seq.seq_id])
+                for b in self.bm.tables[seq.seq_id]:
+                    if b < 0:
+                        cpu[cpu_entry(b)] += 1
+                    else:
+                        dev[b] += 1
         pins = Counter(b for blocks, _ in self.pins.values() for b in blocks)
         self._check_pool(self.bm.pool, dev, pins)
         self._check_pool(self.bm.cpu_pool, cpu, Counter())
@@ -386,11 +399,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
         """Every computed token of every sequence is found, with its whole context, through its
         table: no copy-on-write leak into a sibling, no lost swap, no wrong prefix hit."""
         for fam in self._in("running", "swapped"):
-            mem = self.mem.dev if fam.state == "running" else self.mem.cpu
             for seq in fam.seqs:
                 table = self.bm.tables[seq.seq_id]
                 for p in range(seq.num_computed_tokens):
-                    got = mem.get(table[p // BS], [None] * BS)[p % BS]
+                    b = table[p // BS]
+                    mem, b = (self.mem.cpu, cpu_entry(b)) if b < 0 else (self.mem.dev, b)
+                    got = mem.get(b, [None] * BS)[p % BS]
                     assert got == tuple(seq.token_ids[: p + 1]), f"seq {seq.seq_id} position {p}"
 
     @invariant()
@@ -628,14 +642,46 @@ def test_swap_moves_shared_blocks_once_and_keeps_sharing() -> None:
     assert len(bm.plan.swap_out) == 3  # one shared block, two private ones
     moved = dict(bm.plan.swap_out)
     for seq in (parent, child):
-        assert bm.tables[seq.seq_id] == [moved[b] for b in tables[seq.seq_id]]
+        assert bm.tables[seq.seq_id] == [cpu_entry(moved[b]) for b in tables[seq.seq_id]]
     assert bm.cpu_pool.num_used == 3 and bm.cpu_pool.num_shared == 1
     assert bm.pool.num_used == 0 and bm.num_logical_blocks == 0
 
     bm.swap_in([parent, child])
-    assert len(bm.plan.swap_in) == 3 and bm.cpu_pool.num_used == 0
+    # the full shared block is still cached on the device: it comes back without a copy
+    assert len(bm.plan.swap_in) == 2 and bm.cpu_pool.num_used == 0
     assert bm.pool.num_used == 3 and bm.pool.num_shared == 1
     assert bm.tables[parent.seq_id][0] == bm.tables[child.seq_id][0]
     bm.free(parent)
     bm.free(child)
     assert bm.pool.num_used == 0
+
+
+def test_swap_leaves_blocks_held_by_others_on_the_device() -> None:
+    bm = BlockManager(16, 16, BS)
+    owner = make_seq(list(range(9)))
+    compute(bm, owner)
+    bm.pin(owner, "persona")
+    sharer = make_seq(list(range(8)) + [50, 51, 52])
+    assert compute(bm, sharer) == 8  # two blocks shared with the owner (and pinned)
+    bm.free(owner)
+    bm.plan.clear()
+    shared = bm.tables[sharer.seq_id][:2]
+    bm.swap_out([sharer])
+    assert len(bm.plan.swap_out) == 1 and bm.tables[sharer.seq_id][:2] == shared
+    assert [bm.pool.ref[b] for b in shared] == [2, 2]
+    bm.swap_in([sharer])
+    assert bm.tables[sharer.seq_id][:2] == shared and bm.cpu_pool.num_used == 0
+    bm.free(sharer)
+    bm.unpin("persona")
+    assert bm.pool.num_used == 0
+
+
+def test_chain_hash_is_sha256_of_parent_and_tokens() -> None:
+    import hashlib
+    from array import array
+
+    first = chain_hash(None, (1, 2, 3, 4))
+    assert first == hashlib.sha256(array("q", (1, 2, 3, 4)).tobytes()).digest()
+    assert chain_hash(first, (5, 6, 7, 8)) != chain_hash(None, (5, 6, 7, 8))
+    # Python's hash((None, t)) is the same for -1 and -2 in a tuple slot; sha256 is not
+    assert chain_hash(None, (-1,)) != chain_hash(None, (-2,))

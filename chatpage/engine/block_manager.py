@@ -7,15 +7,26 @@ to physical ones: allocation with prefix reuse, append, fork, copy-on-write, fre
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+import hashlib
+from array import array
+from collections import Counter, OrderedDict, deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from chatpage.engine.sequence import Sequence
 
 
-def chain_hash(parent: int | None, tokens: tuple[int, ...]) -> int:
-    """Hash of a full block: its parent's hash and its own token ids."""
-    return hash((parent, tokens))
+def chain_hash(parent: bytes | None, tokens: tuple[int, ...]) -> bytes:
+    """Hash of a full block: SHA-256 of its parent's hash and its own token ids.
+
+    Collision resistant (unlike Python's ``hash``), so two different prefixes never share KV.
+    """
+    return hashlib.sha256((parent or b"") + array("q", tokens).tobytes()).digest()
+
+
+def cpu_entry(block: int) -> int:
+    """How a block-table entry names CPU block ``block`` (negative; device ids are >= 0)."""
+    return -1 - block
 
 
 class BlockPool:
@@ -29,11 +40,11 @@ class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.ref = [0] * num_blocks
-        self.block_hash: list[int | None] = [None] * num_blocks
+        self.block_hash: list[bytes | None] = [None] * num_blocks
         self.pin_count = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
         self._evictable: OrderedDict[int, None] = OrderedDict()
-        self._index: dict[int, int] = {}
+        self._index: dict[bytes, int] = {}
         self.num_used = 0
         self.num_pinned = 0
         self.num_shared = 0
@@ -91,13 +102,13 @@ class BlockPool:
                 self._free.append(block)
 
     # -- prefix index ----------------------------------------------------------------------------
-    def lookup(self, block_hash: int) -> int | None:
+    def lookup(self, block_hash: bytes) -> int | None:
         return self._index.get(block_hash)
 
     def is_evictable(self, block: int) -> bool:
         return block in self._evictable
 
-    def register(self, block: int, block_hash: int) -> None:
+    def register(self, block: int, block_hash: bytes) -> None:
         """Index a full block by its chain hash (first writer wins; duplicates stay unindexed)."""
         if self.block_hash[block] is None and block_hash not in self._index:
             self._index[block_hash] = block
@@ -132,7 +143,12 @@ class SwapPlan:
 
 
 class BlockManager:
-    """Block tables of every sequence over a device pool and a CPU swap pool."""
+    """Block tables of every sequence over a device pool and a CPU swap pool.
+
+    A table entry ``b >= 0`` is device block ``b``; a swapped-out sequence's table also holds
+    CPU blocks, as ``cpu_entry(c)`` (negative). Blocks another holder still references stay on
+    the device while a group is swapped out.
+    """
 
     def __init__(
         self, num_blocks: int, num_cpu_blocks: int, block_size: int, enable_caching: bool = True
@@ -142,15 +158,15 @@ class BlockManager:
         self.pool = BlockPool(num_blocks)
         self.cpu_pool = BlockPool(num_cpu_blocks)
         self.tables: dict[int, list[int]] = {}
-        self._hashes: dict[int, list[int]] = {}  # chain hashes of each sequence's full blocks
+        self._hashes: dict[int, list[bytes]] = {}  # chain hashes of each sequence's full blocks
         self._registered: dict[int, int] = {}  # how many leading blocks are indexed
-        self._swapped: set[int] = set()  # sequences whose tables hold CPU block ids
-        self._pins: dict[int, list[int]] = {}  # pin handle -> pinned blocks
+        self._swapped: set[int] = set()  # sequences swapped out (tables may hold CPU entries)
+        self._pins: dict[Hashable, list[int]] = {}  # pin handle -> pinned blocks
         self.plan = SwapPlan()
         self.prefix_hit_tokens = 0
 
     # -- hashing ---------------------------------------------------------------------------------
-    def _block_hashes(self, seq: Sequence) -> list[int]:
+    def _block_hashes(self, seq: Sequence) -> list[bytes]:
         hashes = self._hashes.setdefault(seq.seq_id, [])
         bs = self.block_size
         tokens = seq.token_ids
@@ -248,9 +264,8 @@ class BlockManager:
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """``child`` shares every block of ``parent`` (ref counts up)."""
         table = self.tables[parent.seq_id]
-        pool = self.cpu_pool if parent.seq_id in self._swapped else self.pool
         for b in table:
-            pool.incref(b)
+            self._incref(b)
         self.tables[child.seq_id] = list(table)
         self._hashes[child.seq_id] = list(self._hashes.get(parent.seq_id, ()))
         self._registered[child.seq_id] = self._registered[parent.seq_id]
@@ -264,10 +279,21 @@ class BlockManager:
         self._registered.pop(seq.seq_id, None)
         if table is None:
             return
-        pool = self.cpu_pool if seq.seq_id in self._swapped else self.pool
         self._swapped.discard(seq.seq_id)
         for b in reversed(table):
-            pool.decref(b)
+            self._decref(b)
+
+    def _incref(self, entry: int) -> None:
+        if entry < 0:
+            self.cpu_pool.incref(cpu_entry(entry))
+        else:
+            self.pool.incref(entry)
+
+    def _decref(self, entry: int) -> None:
+        if entry < 0:
+            self.cpu_pool.decref(cpu_entry(entry))
+        else:
+            self.pool.decref(entry)
 
     def reset(self, seq: Sequence) -> None:
         """Drop the sequence's KV (preemption by recompute): free blocks, nothing computed."""
@@ -275,43 +301,96 @@ class BlockManager:
         seq.num_computed_tokens = 0
 
     # -- swapping ----------------------------------------------------------------------------------
-    def _unique_blocks(self, seqs: list[Sequence]) -> list[int]:
-        seen: dict[int, None] = {}
+    def _group_refs(self, seqs: list[Sequence]) -> Counter[int]:
+        """How often the group's tables name each entry (device ids and CPU entries)."""
+        refs: Counter[int] = Counter()
         for s in seqs:
-            for b in self.tables[s.seq_id]:
-                seen[b] = None
-        return list(seen)
+            refs.update(self.tables[s.seq_id])
+        return refs
+
+    def _leaving(self, seqs: list[Sequence]) -> Counter[int]:
+        """Device blocks that only this group holds: the ones a swap-out moves."""
+        return Counter({b: n for b, n in self._group_refs(seqs).items()
+                        if b >= 0 and self.pool.ref[b] == n})
+
+    def _entry_hashes(self, seqs: list[Sequence]) -> dict[int, bytes]:
+        """The chain hash of every indexed table entry of the group (full, committed blocks)."""
+        hashes: dict[int, bytes] = {}
+        for s in seqs:
+            table, known = self.tables[s.seq_id], self._hashes.get(s.seq_id, [])
+            for i in range(min(self._registered.get(s.seq_id, 0), len(known))):
+                hashes.setdefault(table[i], known[i])
+        return hashes
+
+    def _returning(self, seqs: list[Sequence]) -> tuple[Counter[int], dict[int, int]]:
+        """CPU entries of a swapped group, and those whose content is still indexed on the
+        device (entry -> device block): they come back by reference, not by copy."""
+        cpu = Counter({b: n for b, n in self._group_refs(seqs).items() if b < 0})
+        cached: dict[int, int] = {}
+        if self.enable_caching:
+            for entry, h in self._entry_hashes(seqs).items():
+                block = self.pool.lookup(h) if entry in cpu else None
+                if block is not None:
+                    cached[entry] = block
+        return cpu, cached
 
     def can_swap_out(self, seqs: list[Sequence]) -> bool:
-        return len(self._unique_blocks(seqs)) <= self.cpu_pool.num_free
+        return len(self._leaving(seqs)) <= self.cpu_pool.num_free
+
+    def swap_in_blocks_needed(self, seqs: list[Sequence]) -> int:
+        """Device blocks a swap-in of the group takes (cached blocks it revives included)."""
+        cpu, cached = self._returning(seqs)
+        return sum(1 for e in cpu if e not in cached or self.pool.is_evictable(cached[e]))
 
     def can_swap_in(self, seqs: list[Sequence], reserve: int = 0) -> bool:
-        return len(self._unique_blocks(seqs)) + reserve <= self.pool.num_free
+        return self.swap_in_blocks_needed(seqs) + reserve <= self.pool.num_free
 
-    def _move(self, seqs: list[Sequence], src: BlockPool, dst: BlockPool) -> list[tuple[int, int]]:
-        mapping = {b: dst.allocate() for b in self._unique_blocks(seqs)}
-        used: set[int] = set()
+    def _retable(self, seqs: list[Sequence], mapping: dict[int, int]) -> None:
         for s in seqs:
             table = self.tables[s.seq_id]
-            for i, b in enumerate(table):
-                if b in used:
-                    dst.incref(mapping[b])
-                used.add(b)
-                src.decref(b)
-                table[i] = mapping[b]
-        return list(mapping.items())
+            table[:] = [mapping.get(b, b) for b in table]
 
     def swap_out(self, seqs: list[Sequence]) -> None:
-        """Move a whole group to the CPU pool; blocks shared within it move once."""
-        self.plan.swap_out.extend(self._move(seqs, self.pool, self.cpu_pool))
+        """Move the blocks only this group holds to the CPU pool (each once, however many of
+        its sequences share it); blocks also held elsewhere stay on the device."""
+        mapping: dict[int, int] = {}
+        for b, n in self._leaving(seqs).items():
+            c = self.cpu_pool.allocate()
+            for _ in range(n - 1):
+                self.cpu_pool.incref(c)
+            for _ in range(n):
+                self.pool.decref(b)
+            self.plan.swap_out.append((b, c))
+            mapping[b] = cpu_entry(c)
+        self._retable(seqs, mapping)
         self._swapped.update(s.seq_id for s in seqs)
 
     def swap_in(self, seqs: list[Sequence]) -> None:
-        self.plan.swap_in.extend(self._move(seqs, self.cpu_pool, self.pool))
+        """Bring a swapped group back: blocks still indexed on the device are shared again,
+        the rest are copied into fresh blocks (and indexed again)."""
+        cpu, cached = self._returning(seqs)
+        hashes = self._entry_hashes(seqs) if self.enable_caching else {}
+        mapping: dict[int, int] = {}
+        # take the cached blocks first, so that allocating the others cannot evict them
+        for entry, n in sorted(cpu.items(), key=lambda item: item[0] not in cached):
+            c = cpu_entry(entry)
+            block = cached.get(entry)
+            if block is None:
+                block = self.pool.allocate()
+                self.plan.swap_in.append((c, block))
+                if entry in hashes:
+                    self.pool.register(block, hashes[entry])
+                n -= 1
+            for _ in range(n):
+                self.pool.incref(block)
+            for _ in range(cpu[entry]):
+                self.cpu_pool.decref(c)
+            mapping[entry] = block
+        self._retable(seqs, mapping)
         self._swapped.difference_update(s.seq_id for s in seqs)
 
     # -- pins --------------------------------------------------------------------------------------
-    def pin(self, seq: Sequence, handle: int) -> int:
+    def pin(self, seq: Sequence, handle: Hashable) -> int:
         """Pin the sequence's full prompt blocks under ``handle``; returns how many."""
         full = min(seq.prompt_len, seq.num_computed_tokens) // self.block_size
         blocks = self.tables[seq.seq_id][:full]
@@ -320,7 +399,7 @@ class BlockManager:
         self._pins[handle] = blocks
         return len(blocks)
 
-    def unpin(self, handle: int) -> None:
+    def unpin(self, handle: Hashable) -> None:
         for b in self._pins.pop(handle, []):
             self.pool.unpin(b)
 

@@ -172,21 +172,27 @@ class EngineClient:
                 return
 
     def _handle(self, cmd: tuple) -> None:
+        """Run one command; a failure is reported (on its request, or as a status line for a pin)
+        and the thread keeps serving."""
         engine = self.engine
         kind = cmd[0]
-        if kind == "submit":
-            _, rid, messages, params, on_event, t0 = cmd
-            self._callbacks[rid] = (on_event, t0, {})
-            try:
+        try:
+            if kind == "submit":
+                _, rid, messages, params, on_event, t0 = cmd
+                self._callbacks[rid] = (on_event, t0, {})
                 ids = render_prompt(engine.tokenizer, messages)
                 engine.add_request(ids, params, request_id=rid)
-            except ValueError as e:
-                self._emit_final(rid, "error", str(e))
-        elif kind == "cancel":
-            if engine.abort(cmd[1]):
-                self._emit_final(cmd[1], "abort", None)
-        elif kind == "pin":
-            engine.pin_prefix(system_prefix(engine.tokenizer, cmd[1]))
+            elif kind == "cancel":
+                if engine.abort(cmd[1]):
+                    self._emit_final(cmd[1], "abort", None)
+            elif kind == "pin":
+                engine.pin_prefix(system_prefix(engine.tokenizer, cmd[1]))
+        except Exception as e:  # bad input or a template error: this command fails, not the thread
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            if kind == "submit":
+                self._emit_final(cmd[1], "error", why)
+            else:
+                self._status(f"error: {kind} failed: {why}")
         self._stats = engine.stats()
 
     def _answer_with_errors(self) -> None:

@@ -105,6 +105,12 @@ class LLMEngine:
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}), the model's vocabulary")
         n = len(ids)
+        if params.width > self.config.max_num_seqs:
+            raise ValueError(
+                f"the request runs {params.width} sequences at once (n or beam_width) but "
+                f"max_num_seqs={self.config.max_num_seqs}; lower n / beam_width or raise "
+                "max_num_seqs"
+            )
         if n >= self.max_model_len:
             raise ValueError(
                 f"the prompt is {n} tokens but the context window is {self.max_model_len} "
@@ -148,7 +154,11 @@ class LLMEngine:
                                 pin_prefix=True)
 
     def unpin_prefix(self, request_id: str) -> None:
-        self.bm.unpin(hash(request_id))
+        """Release a prefix pinned by :meth:`pin_prefix` (or cancel the pin if it is not done)."""
+        group = self.groups.get(request_id)
+        if group is not None:
+            group.pin_prefix = False
+        self.bm.unpin(request_id)
 
     # -- the step ----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -160,7 +170,7 @@ class LLMEngine:
         self.kv.copy(plan.copies)
         plan.clear()
         if not sched.scheduled:
-            return self._fail_unschedulable()
+            return self._fail_unschedulable(bool(sched.preempted))
         logits = self.runner.execute(sched.scheduled)
         sampling: list[ScheduledSeq] = []
         for item in sched.scheduled:
@@ -171,9 +181,11 @@ class LLMEngine:
         touched = self._process(sampling, logits)
         return [self._output(g) for g in touched]
 
-    def _fail_unschedulable(self) -> list[RequestOutput]:
-        """Nothing could run: the head of the queue needs more blocks than exist unpinned."""
-        if self.scheduler.running or not self.scheduler.waiting:
+    def _fail_unschedulable(self, preempted: bool) -> list[RequestOutput]:
+        """Nothing could run with the device otherwise empty: the head of the queue needs more
+        blocks than exist unpinned. (After a preemption, the next step tries again.)"""
+        sched = self.scheduler
+        if preempted or sched.running or sched.swapped or not sched.waiting:
             return []
         group = self.scheduler.waiting[0]
         self.scheduler.remove(group)
@@ -229,6 +241,7 @@ class LLMEngine:
             for seq in group.seqs:
                 if seq.finished and seq.seq_id in self.bm.tables:
                     self._release(group, seq)
+            self._close_if_done(group)  # a beam step may have dropped every sequence
         self._count_tokens(now, len(targets) + sum(len(r) for _, r in beams))
         return list(touched.values())
 
@@ -255,8 +268,12 @@ class LLMEngine:
     def _release(self, group: SequenceGroup, seq: Sequence) -> None:
         """Free a finished sequence (pinning a persona prefix first); close the group when done."""
         if group.pin_prefix:
-            self.bm.pin(seq, hash(group.request_id))
+            self.bm.pin(seq, group.request_id)
         self.bm.free(seq)
+        self._close_if_done(group)
+
+    def _close_if_done(self, group: SequenceGroup) -> None:
+        """A group with no live sequence left is finished."""
         if not group.live_seqs and group.status is not GroupStatus.FINISHED:
             group.status = GroupStatus.FINISHED
             group.finish_time = time.monotonic()
@@ -413,7 +430,14 @@ class LLMEngine:
         """Run ``prompts`` to completion together; outputs in the order of ``prompts``."""
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        ids: list[str] = []
+        try:
+            for prompt, sp in zip(prompts, params, strict=True):
+                ids.append(self.add_request(prompt, sp))
+        except Exception:  # a refused prompt withdraws the ones queued before it
+            for rid in ids:
+                self.abort(rid)
+            raise
         done: dict[str, RequestOutput] = {}
         wanted = set(ids)
         while len(done) < len(ids):

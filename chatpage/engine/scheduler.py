@@ -108,11 +108,15 @@ class Scheduler:
             group.status = GroupStatus.SWAPPED
             self.swapped.append(group)
         else:
-            for seq in group.live_seqs:
-                self.bm.reset(seq)
-            group.status = GroupStatus.WAITING
-            self.waiting.appendleft(group)
+            self._recompute(group)
         out.preempted.append(group)
+
+    def _recompute(self, group: SequenceGroup) -> None:
+        """Drop the group's KV and put it at the head of the waiting queue."""
+        for seq in group.live_seqs:
+            self.bm.reset(seq)
+        group.status = GroupStatus.WAITING
+        self.waiting.appendleft(group)
 
     # -- the step --------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -148,22 +152,32 @@ class Scheduler:
                 take(group, demands)
                 i += 1
 
-        # 2. swapped groups come back first, in order, if nothing was preempted this step
+        # 2. swapped groups come back first, in order, if nothing was preempted this step; their
+        # prefill resumes in chunks like any other. With nothing else on the device, the
+        # watermark is waived, and a group that still cannot come back (pins took its room) is
+        # recomputed instead: step 3 runs it, or fails it if it can never fit.
         while self.swapped and not out.preempted:
             group = self.swapped[0]
             seqs = group.live_seqs
-            demands = [(s, s.num_uncomputed) for s in seqs]
-            if len(seqs) > seq_budget or sum(k for _, k in demands) > budget:
+            if len(seqs) > seq_budget:
                 break
-            if not self.bm.can_swap_in(seqs, reserve=self.watermark):
-                break
+            idle = not self.running and not out.scheduled
+            if not self.bm.can_swap_in(seqs, reserve=0 if idle else self.watermark):
+                if not idle:
+                    break
+                self.swapped.popleft()
+                self._recompute(group)
+                continue
             self.swapped.popleft()
             self.bm.swap_in(seqs)
-            if not self.bm.can_allocate(demands):  # swapped back but no room to step yet
-                self._insert_running(group)
-                break
-            take(group, demands)
+            demands = self._demands(group, budget, alone=not out.scheduled)
+            if idle and not self.bm.can_allocate(demands):
+                self._recompute(group)  # alone on the device and still no room to step
+                continue
             self._insert_running(group)
+            if not demands or not self.bm.can_allocate(demands):
+                break  # swapped back; it steps when there is room
+            take(group, demands)
 
         # 3. waiting groups, strictly first come first served
         while self.waiting and not self.swapped and not out.preempted:
