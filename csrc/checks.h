@@ -89,6 +89,44 @@ inline void check_swap_args(const at::Tensor& src, const at::Tensor& dst, const 
   TORCH_CHECK(src.is_contiguous() && dst.is_contiguous(), "chatpage: swap_blocks pools must be contiguous");
 }
 
+// The values of the index tensors, which the kernels trust: every sequence's queries fit in its
+// length and in the query rows, its block-table row is wide enough, and every block id it reads is
+// in the pool. Reads the (small) index tensors on the host, wherever they live.
+inline void check_attention_indices(const AttentionShape& s, const at::Tensor& block_tables,
+                                    const at::Tensor& seq_lens, const at::Tensor& query_start_loc) {
+  const at::Tensor tables = block_tables.to(at::kCPU).to(at::kLong).contiguous();
+  const at::Tensor lens_t = seq_lens.to(at::kCPU).to(at::kLong).contiguous();
+  const at::Tensor starts_t = query_start_loc.to(at::kCPU).to(at::kLong).contiguous();
+  const int64_t* tab = tables.data_ptr<int64_t>();
+  const int64_t* lens = lens_t.data_ptr<int64_t>();
+  const int64_t* starts = starts_t.data_ptr<int64_t>();
+  TORCH_CHECK(starts[0] >= 0 && starts[s.num_seqs] <= s.num_tokens,
+              "chatpage: query_start_loc outside the query rows");
+  for (int64_t i = 0; i < s.num_seqs; ++i) {
+    const int64_t q_len = starts[i + 1] - starts[i];
+    TORCH_CHECK(q_len >= 0 && lens[i] >= q_len, "chatpage: sequence ", i, " has ", q_len,
+                " queries but seq_len ", lens[i]);
+    if (q_len == 0) continue;
+    const int64_t nblk = (lens[i] + s.block_size - 1) / s.block_size;
+    TORCH_CHECK(nblk <= s.max_blocks, "chatpage: block_tables too narrow for sequence ", i);
+    for (int64_t b = 0; b < nblk; ++b) {
+      const int64_t blk = tab[i * s.max_blocks + b];
+      TORCH_CHECK(blk >= 0 && blk < s.num_blocks, "chatpage: block id ", blk, " out of range");
+    }
+  }
+}
+
+// Every slot of slot_mapping is negative (not stored) or inside the cache.
+inline void check_slots(const at::Tensor& slot_mapping, const at::Tensor& k_cache) {
+  const at::Tensor slots = slot_mapping.to(at::kCPU).to(at::kLong).contiguous();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
+  for (int64_t t = 0; t < slots.numel(); ++t) {
+    TORCH_CHECK(slot[t] < num_slots, "chatpage: slot ", slot[t], " beyond the cache (", num_slots,
+                " slots)");
+  }
+}
+
 // Bounds check for block ids read from a host-side [N, 2] mapping.
 inline void check_block_ids(const int64_t* pairs, int64_t n, int64_t src_blocks, int64_t dst_blocks) {
   for (int64_t i = 0; i < n; ++i) {

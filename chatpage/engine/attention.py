@@ -69,14 +69,15 @@ def reference_paged_attention(
     sequences with several queries (prefill, chunked prefill over a cached prefix) run one by one.
     """
     block_size = k_cache.shape[1]
-    starts = query_start_loc.tolist()
-    lens = seq_lens.tolist()
+    device = query.device
+    starts = query_start_loc.cpu().tolist()
+    lens = seq_lens.cpu().tolist()
     q_lens = [starts[i + 1] - starts[i] for i in range(len(lens))]
     decode = [i for i, q in enumerate(q_lens) if q == 1]
     others = [i for i, q in enumerate(q_lens) if q > 1]
 
     if decode:
-        idx = torch.tensor(decode, dtype=torch.long)
+        idx = torch.tensor(decode, dtype=torch.long, device=device)
         ctx = seq_lens[idx].long()
         max_len = int(ctx.max())
         nb = (max_len + block_size - 1) // block_size
@@ -86,7 +87,7 @@ def reference_paged_attention(
         v = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2).to(query.dtype)
         rows = query_start_loc[idx].long()
         q = query[rows].unsqueeze(2)  # [B, Hq, 1, D]
-        mask = torch.arange(max_len).unsqueeze(0) < ctx.unsqueeze(1)  # [B, L]
+        mask = torch.arange(max_len, device=device).unsqueeze(0) < ctx.unsqueeze(1)  # [B, L]
         o = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
         )
@@ -100,8 +101,8 @@ def reference_paged_attention(
         v = _gather(v_cache, table, length).transpose(0, 1).to(query.dtype)
         q = query[starts[i] : starts[i + 1]].transpose(0, 1)  # [Hq, q_len, D]
         # query j sits at absolute position length - q_len + j and sees keys 0..that position
-        q_pos = torch.arange(length - q_len, length).unsqueeze(1)
-        mask = torch.arange(length).unsqueeze(0) <= q_pos  # [q_len, L]
+        q_pos = torch.arange(length - q_len, length, device=device).unsqueeze(1)
+        mask = torch.arange(length, device=device).unsqueeze(0) <= q_pos  # [q_len, L]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         out[starts[i] : starts[i + 1]] = o.transpose(0, 1).to(out.dtype)
 
@@ -110,8 +111,8 @@ def reference_copy_blocks(caches: list[torch.Tensor], src_to_dst: torch.Tensor) 
     """``src_to_dst`` ``[N, 2]``: block ``dst`` becomes a copy of block ``src`` in every cache."""
     if src_to_dst.numel() == 0:
         return
-    src = src_to_dst[:, 0].long()
-    dst = src_to_dst[:, 1].long()
+    src = src_to_dst[:, 0].long().to(caches[0].device)
+    dst = src_to_dst[:, 1].long().to(caches[0].device)
     for cache in caches:
         cache.index_copy_(0, dst, cache.index_select(0, src))
 

@@ -32,6 +32,7 @@ class LLMEngine:
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
         self.config = config = config or EngineConfig()
+        self.device = torch.device(config.device)
         self.tokenizer = loaded.tokenizer
         self.model_name = loaded.name
         self.warnings = list(loaded.warnings)
@@ -92,7 +93,7 @@ class LLMEngine:
             raise ValueError(f"request id {rid!r} is already in use")
         first = Sequence(list(ids), len(ids), IncrementalDetokenizer(self.tokenizer, ids, params.stop))
         if not params.use_beam_search:
-            first.generator = make_generator(params.seed, 0)
+            first.generator = make_generator(params.seed, 0, self.device)
         group = SequenceGroup(rid, list(ids), params, [first], pin_prefix=pin_prefix)
         self.groups[rid] = group
         self.scheduler.add(group)
@@ -223,7 +224,7 @@ class LLMEngine:
             # the usual case, one row per sequence in order, needs no copy of the logits
             same = rows == list(range(logits.shape[0]))
             tokens, logprobs = sample(
-                logits if same else logits[torch.tensor(rows)],
+                logits if same else logits[torch.tensor(rows, device=logits.device)],
                 [g.params for g, _, _ in targets],
                 [s.generator for _, s, _ in targets],
             )
@@ -249,7 +250,7 @@ class LLMEngine:
         child = parent.fork()
         child.index = index
         if not group.params.use_beam_search:
-            child.generator = make_generator(group.params.seed, index)
+            child.generator = make_generator(group.params.seed, index, self.device)
         self.bm.fork(parent, child)
         group.seqs.append(child)
         return child
@@ -294,7 +295,8 @@ class LLMEngine:
         p = group.params
         k = p.beam_width
         seqs = [s for s, _ in seq_rows]
-        logprobs = torch.log_softmax(logits[torch.tensor([r for _, r in seq_rows])], dim=-1)
+        rows = torch.tensor([r for _, r in seq_rows], device=logits.device)
+        logprobs = torch.log_softmax(logits[rows], dim=-1)
         length = seqs[0].num_output_tokens + 1
         chosen: list[tuple[Sequence, int, float]] = []
         for rank, (b, tok, cum) in enumerate(

@@ -7,9 +7,11 @@ import torch
 from chatpage.engine.sampling_params import SamplingParams
 
 
-def make_generator(seed: int | None, index: int) -> torch.Generator:
-    """The generator of output ``index`` of a request: reproducible from (seed, index)."""
-    g = torch.Generator()
+def make_generator(seed: int | None, index: int,
+                   device: torch.device | str = "cpu") -> torch.Generator:
+    """The generator of output ``index`` of a request, on the device that samples:
+    reproducible from (seed, index)."""
+    g = torch.Generator(device=device)
     if seed is None:
         g.seed()
     else:
@@ -66,13 +68,15 @@ def sample(
     """Pick one token per row of ``logits`` [N, V]; return tokens and their log-probabilities.
 
     Log-probabilities are ``log_softmax`` of the model's raw logits, whatever the sampling.
+    Everything runs on the logits' device (``generators`` included); only the results come back.
     """
     logprobs = torch.log_softmax(logits, dim=-1)
-    tokens = logits.argmax(dim=-1).tolist()
+    tokens = logits.argmax(dim=-1).cpu().tolist()
     for i, p in enumerate(params):
         if not p.greedy:
             tokens[i] = _sample_row(logits[i], p, generators[i])
-    chosen = logprobs.gather(1, torch.tensor(tokens).unsqueeze(1)).squeeze(1).tolist()
+    picked = torch.tensor(tokens, device=logits.device).unsqueeze(1)
+    chosen = logprobs.gather(1, picked).squeeze(1).cpu().tolist()
     return tokens, chosen
 
 
@@ -84,10 +88,11 @@ def beam_candidates(
     ``logprobs`` [B, V] are the beams' next-token log-probabilities and ``cumulative`` their scores
     so far; returns (beam index, token, new cumulative log-probability), best first.
     """
-    scores = logprobs + torch.tensor(cumulative, dtype=logprobs.dtype).unsqueeze(1)
+    so_far = torch.tensor(cumulative, dtype=logprobs.dtype, device=logprobs.device)
+    scores = logprobs + so_far.unsqueeze(1)
     vocab = scores.shape[1]
     values, flat = torch.topk(scores.flatten(), min(count, scores.numel()))
     return [
         (int(f) // vocab, int(f) % vocab, float(v))
-        for v, f in zip(values.tolist(), flat.tolist(), strict=True)
+        for v, f in zip(values.cpu().tolist(), flat.cpu().tolist(), strict=True)
     ]

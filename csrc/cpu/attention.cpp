@@ -359,20 +359,7 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
   const std::vector<int64_t> lens = to_host_vector(seq_lens);
   const std::vector<int64_t> starts = to_host_vector(query_start_loc);
   const int32_t* tab = tables.data_ptr<int32_t>();
-  TORCH_CHECK(starts[0] >= 0 && starts[shape.num_seqs] <= shape.num_tokens,
-              "chatpage: query_start_loc outside the query rows");
-  for (int64_t s = 0; s < shape.num_seqs; ++s) {
-    const int64_t q_len = starts[s + 1] - starts[s];
-    TORCH_CHECK(q_len >= 0 && lens[s] >= q_len, "chatpage: sequence ", s, " has ", q_len,
-                " queries but seq_len ", lens[s]);
-    if (q_len == 0) continue;
-    const int64_t nblk = (lens[s] + shape.block_size - 1) / shape.block_size;
-    TORCH_CHECK(nblk <= shape.max_blocks, "chatpage: block_tables too narrow for sequence ", s);
-    for (int64_t b = 0; b < nblk; ++b) {
-      const int32_t blk = tab[s * shape.max_blocks + b];
-      TORCH_CHECK(blk >= 0 && blk < shape.num_blocks, "chatpage: block id ", blk, " out of range");
-    }
-  }
+  check_attention_indices(shape, block_tables, seq_lens, query_start_loc);
 
   at::Tensor q = query.scalar_type() == at::kFloat ? query : query.to(at::kFloat);
   if (q.stride(2) != 1) q = q.contiguous();

@@ -29,18 +29,15 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, const at::Tensor& 
   const int64_t tokens = key.size(0);
   if (tokens == 0) return;
   const int64_t heads = key.size(1), dim = key.size(2);
-  const int64_t num_slots = k_cache.size(0) * k_cache.size(1);
   // Same dtype as the cache and unit stride along head_dim, so that one head is one memcpy.
   auto prepare = [&](const at::Tensor& t) {
     at::Tensor r = t.scalar_type() == k_cache.scalar_type() ? t : t.to(k_cache.scalar_type());
     return r.stride(2) == 1 ? r : r.contiguous();
   };
   const at::Tensor k = prepare(key), v = prepare(value);
+  check_slots(slot_mapping, k_cache);
   const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
   const int64_t* slot = slots.data_ptr<int64_t>();
-  for (int64_t t = 0; t < tokens; ++t) {
-    TORCH_CHECK(slot[t] < num_slots, "chatpage: slot ", slot[t], " beyond the cache (", num_slots, " slots)");
-  }
   const int64_t elem = k_cache.element_size();
   const int64_t head_bytes = dim * elem, row = heads * dim;
   auto* kc = static_cast<char*>(k_cache.data_ptr());

@@ -39,6 +39,7 @@ void paged_attention_cuda(const at::Tensor& out, const at::Tensor& query, const 
   TORCH_CHECK(query.is_cuda() && out.device() == query.device() && k_cache.device() == query.device(),
               "chatpage: query, out and caches must be on the same CUDA device");
   TORCH_CHECK(shape.head_dim <= 256, "chatpage: head_dim above 256 is not supported on CUDA");
+  check_attention_indices(shape, block_tables, seq_lens, query_start_loc);
   const c10::cuda::CUDAGuard guard(query.device());
   const at::Tensor tables = on_device_as(block_tables, query, at::kInt);
   const at::Tensor lens = on_device_as(seq_lens, query, at::kInt);
@@ -88,6 +89,7 @@ void write_kv_cuda(const at::Tensor& key, const at::Tensor& value, const at::Ten
   check_write_kv_args(key, value, k_cache, v_cache, slot_mapping);
   TORCH_CHECK(k_cache.is_cuda() && key.device() == k_cache.device() && value.device() == k_cache.device(),
               "chatpage: key, value and caches must be on the same CUDA device");
+  check_slots(slot_mapping, k_cache);
   const c10::cuda::CUDAGuard guard(k_cache.device());
   auto prepare = [&](const at::Tensor& t) {
     at::Tensor r = t.to(k_cache.scalar_type());
