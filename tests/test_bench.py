@@ -192,3 +192,29 @@ def test_report_renders_goals(tmp_path):
     assert "| memory | chatpage KV utilization | 0.98 | >= 0.97 | met |" in text
     assert "**Failed:** no JSON" in text
     assert '"chatpage_utilization": 0.98' in text
+
+
+# -- --json and text ------------------------------------------------------------------------------
+def test_soak_bench_reports_every_request_ended(capsys):
+    from chatpage.bench import soak
+
+    r = _run(soak, ["--json", "--requests", "40"], capsys)
+    _has(r, "requests", "finished", "errored", "hung", "leaked_blocks", "steps", "seconds")
+    assert r["requests"] == 40 and r["hung"] == 0 and r["leaked_blocks"] == 0
+
+
+def test_without_json_a_bench_prints_readable_text(capsys):
+    from chatpage.bench import soak
+
+    assert soak.main(["--requests", "9"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("requests: 9\n") and "hung: 0\n" in out
+    assert "preemptions:\n  recompute:\n    swap: " in out
+
+
+def test_kernel_bench_takes_json(capsys):
+    from chatpage.bench import kernel
+
+    r = _run(kernel, ["--json", "--repeats", "1"], capsys)
+    _has(r, "cases", "goals", "kernels")
+    assert len(r["cases"]) == 10

@@ -27,7 +27,7 @@ def parser(prog: str, description: str, default_scale: float) -> argparse.Argume
     """The arguments every benchmark accepts: --json, --scale, --model, --seed."""
     p = argparse.ArgumentParser(prog=f"chatpage bench {prog}", description=description)
     p.add_argument("--json", action="store_true",
-                   help="accepted for symmetry: the JSON object is always the last stdout line")
+                   help="print the result as one JSON line (default: readable text)")
     p.add_argument("--scale", type=float, default=default_scale,
                    help=f"shrink lengths and counts (default {default_scale})")
     p.add_argument("--model", default=None, help="HF model directory or .gguf (default model)")
@@ -62,10 +62,30 @@ def clock_name() -> str:
     return "cpu" if torch.get_num_threads() == 1 else "wall"
 
 
-def emit(result: dict) -> int:
-    """Print ``result`` as the last stdout line; returns the exit status."""
-    print(json.dumps(result), flush=True)
+def emit(result: dict, as_json: bool = True) -> int:
+    """Print ``result``: one JSON line (``--json``) or readable text; returns the exit status."""
+    if as_json:
+        print(json.dumps(result), flush=True)
+    else:
+        print("\n".join(human_lines(result)), flush=True)
     return 0
+
+
+def human_lines(value, indent: str = "") -> list[str]:
+    """``value`` (a JSON-able result) as indented ``key: value`` lines."""
+    lines: list[str] = []
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    for key, v in items:
+        label = f"{key}:" if isinstance(value, dict) else "-"
+        if isinstance(v, (dict, list)) and v:
+            if isinstance(v, list) and all(not isinstance(x, (dict, list)) for x in v):
+                lines.append(f"{indent}{label} {', '.join(map(str, v))}")
+            else:
+                lines.append(f"{indent}{label}")
+                lines += human_lines(v, indent + "  ")
+        else:
+            lines.append(f"{indent}{label} {v}")
+    return lines
 
 
 def load(model: str | None) -> LoadedModel:

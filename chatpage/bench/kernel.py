@@ -9,7 +9,8 @@ Each case times, as the median of repeated calls:
 * ``gather_sdpa_ms``: the torch reference (gather the blocks, then SDPA),
 
 and reports ``ratio_vs_contiguous = paged / contiguous`` and ``speedup_vs_gather = gather / paged``.
-``run()`` prints one JSON object as the last line of stdout; progress goes to stderr.
+``chatpage bench kernel --json`` prints one JSON object as the last line of stdout (readable text
+without ``--json``); progress goes to stderr.
 
 :func:`make_paged_batch` builds a random batch over a shuffled block pool; the kernel tests use it
 as well.
@@ -18,7 +19,6 @@ as well.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from chatpage.bench import common
 from chatpage.engine import attention, ops
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
@@ -184,8 +185,8 @@ def _goals(cases: list[dict]) -> dict:
     }
 
 
-def run(json_out: bool = True, *, device: str = "cpu", repeats: int = 30, budget_s: float = 3.0) -> dict:
-    """Time every case; print the result as one JSON line on stdout when ``json_out``."""
+def run(*, device: str = "cpu", repeats: int = 30, budget_s: float = 3.0) -> dict:
+    """Time every case; returns the result."""
     dev = torch.device(device)
     ops.load()
     load_before = os.getloadavg()[0]
@@ -208,18 +209,18 @@ def run(json_out: bool = True, *, device: str = "cpu", repeats: int = 30, budget
         # the machine's 1-minute load average before and after: timings mean little when it is high
         "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }
-    if json_out:
-        print(json.dumps(result), flush=True)
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chatpage.bench.kernel", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="chatpage bench kernel",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true",
+                        help="print the result as one JSON line (default: readable text)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per measurement (max)")
     args = parser.parse_args(argv)
-    run(json_out=True, device=args.device, repeats=args.repeats)
-    return 0
+    return common.emit(run(device=args.device, repeats=args.repeats), args.json)
 
 
 if __name__ == "__main__":

@@ -111,4 +111,4 @@ def main(argv: list[str] | None = None) -> int:
     result["goal_chatpage_utilization"] = 0.97
     if args.plot:
         result["plot"] = plots.memory(result, args.plot)
-    return common.emit(common.round_floats(result))
+    return common.emit(common.round_floats(result), args.json)

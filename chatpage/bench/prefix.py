@@ -141,4 +141,4 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.plot:
         result["plot"] = plots.prefix(result, args.plot)
-    return common.emit(common.round_floats(result))
+    return common.emit(common.round_floats(result), args.json)

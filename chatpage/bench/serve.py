@@ -198,4 +198,4 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.plot:
         result["plot"] = plots.serve(result, args.plot)
-    return common.emit(common.round_floats(result))
+    return common.emit(common.round_floats(result), args.json)

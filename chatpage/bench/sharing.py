@@ -127,4 +127,4 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.plot:
         result["plot"] = plots.sharing(result, args.plot)
-    return common.emit(common.round_floats(result))
+    return common.emit(common.round_floats(result), args.json)

@@ -292,4 +292,4 @@ def main(argv: list[str] | None = None) -> int:
         result.update(peers.llamacpp(_gguf(args.model), trace, chat_tok_s))
     if args.plot:
         result["plot"] = plots.throughput(result, args.plot)
-    return common.emit(common.round_floats(result))
+    return common.emit(common.round_floats(result), args.json)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -103,7 +102,8 @@ async def _measure(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="chatpage bench ui", description=__doc__)
-    parser.add_argument("--json", action="store_true", help="(JSON is always the last line)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the result as one JSON line (default: readable text)")
     parser.add_argument("--model", help="model directory or .gguf (default: the default model)")
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--keys", type=int, default=60, help="keystrokes to time")
@@ -116,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.cold:
             os.environ["XDG_CACHE_HOME"] = os.path.join(tmp, "cache")
         result = asyncio.run(_measure(args))
-    print(json.dumps(result))
-    return 0
+    from chatpage.bench import common  # after measuring: its imports must not shift start-up
+
+    return common.emit(result, args.json)
 
 
 if __name__ == "__main__":

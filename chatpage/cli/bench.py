@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCHES = ("kernel", "throughput", "memory", "serve", "prefix", "sharing", "ui")
+BENCHES = ("kernel", "throughput", "memory", "serve", "prefix", "sharing", "ui", "soak")
 
 
 def cmd_bench(args) -> int:
@@ -14,7 +14,7 @@ def cmd_bench(args) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    bench = sub.add_parser("bench", help="benchmarks (JSON on the last line of stdout)",
+    bench = sub.add_parser("bench", help="benchmarks (readable text; --json: one JSON line on stdout)",
                            add_help=False)
     bench.add_argument("which", choices=BENCHES)
     bench.add_argument("rest", nargs=argparse.REMAINDER)

@@ -403,6 +403,30 @@ class BlockManager:
         for b in self._pins.pop(handle, []):
             self.pool.unpin(b)
 
+    def audit(self) -> list[str]:
+        """Inconsistencies, if any: every block's ref count must equal the table entries and
+        pins naming it, in the pool the entry names (a soak test checks this every step)."""
+        problems: list[str] = []
+        dev: Counter[int] = Counter()
+        cpu: Counter[int] = Counter()
+        for table in self.tables.values():
+            for b in table:
+                if b < 0:
+                    cpu[cpu_entry(b)] += 1
+                else:
+                    dev[b] += 1
+        for blocks in self._pins.values():
+            dev.update(blocks)
+        for name, pool, refs in (("device", self.pool, dev), ("cpu", self.cpu_pool, cpu)):
+            wrong = [b for b in range(pool.num_blocks) if pool.ref[b] != refs[b]]
+            problems += [f"{name} block {b}: ref {pool.ref[b]} but {refs[b]} references"
+                         for b in wrong]
+            if pool.num_used != sum(r > 0 for r in pool.ref):
+                problems.append(f"{name} pool counts {pool.num_used} used blocks")
+            if pool.num_free + pool.num_used != pool.num_blocks:
+                problems.append(f"{name} pool: free + used != {pool.num_blocks}")
+        return problems
+
     @property
     def num_private_blocks(self) -> int:
         """Device blocks held by exactly one sequence and no pin."""

@@ -359,7 +359,7 @@ class LLMEngine:
         finished = group.status is GroupStatus.FINISHED
         if finished:
             self.groups.pop(group.request_id, None)
-        if group.params.use_beam_search and finished:
+        if group.params.use_beam_search and finished and group.beam_hypotheses:
             outputs = [
                 CompletionOutput(i, h.token_ids, h.text, h.cumulative_logprob, h.finish_reason,
                                  score=h.score)

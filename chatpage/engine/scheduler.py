@@ -92,8 +92,11 @@ class Scheduler:
 
     # -- preemption ------------------------------------------------------------------------------
     def _mode(self, group: SequenceGroup) -> str:
+        """How to preempt ``group``. Groups of several sequences always swap while there is swap
+        space, whatever the mode: recomputed, each sequence would prefill its own copy of the
+        shared blocks, which may never fit again."""
         mode = self.config.preemption_mode
-        if mode == "auto":
+        if mode == "auto" or len(group.live_seqs) > 1:
             mode = "swap" if len(group.live_seqs) > 1 else "recompute"
         if mode == "swap" and not self.bm.can_swap_out(group.live_seqs):
             mode = "recompute"  # no CPU space left: dropping the KV is the only way
