@@ -139,3 +139,17 @@ def test_generate_withdraws_its_requests_when_a_later_prompt_is_refused(tiny_lla
         engine.generate([[5, 6, 7], [8, 9], []], _greedy(4))
     assert not engine.has_unfinished()
     _assert_no_leak(engine)
+
+
+@pytest.mark.parametrize("mode", ["swap", "recompute"])
+def test_a_request_squeezed_out_by_a_later_pin_fails_itself_clearly(tiny_llama_dir, mode):
+    engine = _engine(tiny_llama_dir, 12, preemption_mode=mode)
+    grower = engine.add_request(list(range(100, 116)), _greedy(150))  # 11 blocks at its longest
+    engine.step()
+    engine.pin_prefix(list(range(200, 248)))  # 3 blocks pinned from now on: 9 left
+    done = _drain(engine, limit=300)
+    assert engine.stats().blocks_pinned == 3
+    assert "does not fit in the KV cache next to the pinned prefixes" in done[grower].error
+    later = engine.generate([[5, 6, 7]], _greedy(3))[0]
+    assert later.error is None and len(later.outputs[0].token_ids) == 3
+    _assert_no_leak(engine)
