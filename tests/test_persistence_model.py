@@ -43,7 +43,10 @@ def saved(store: Store, chat: int, kept_only: bool = True) -> list[tuple[str, st
 
 
 def stopped(rid: str, text: str) -> StreamEvent:
-    return StreamEvent(rid, 0, text, "", False, 0, True, "abort", 0.0, None, True, 0, 0, None, 1.0)
+    return StreamEvent(
+        request_id=rid, index=0, text=text, delta="", replaced=False, num_tokens=0, finished=True,
+        finish_reason="abort", cumulative_logprob=0.0, score=None, request_finished=True,
+        prompt_tokens=0, prefix_hit_tokens=0, ttft_s=None, elapsed_s=1.0)
 
 
 def test_a_turn_is_saved_as_it_streams(rig):

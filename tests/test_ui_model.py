@@ -116,10 +116,12 @@ class FakeClient:
 
 
 def event(rid, text, index=0, finished=False, reason=None, request_finished=None, **kw):
-    return StreamEvent(rid, index, text, "", False, len(text), finished, reason,
-                       kw.get("logprob", -1.0), kw.get("score"),
-                       finished if request_finished is None else request_finished,
-                       20, 16, 0.1, 0.5, kw.get("error"))
+    return StreamEvent(
+        request_id=rid, index=index, text=text, delta="", replaced=False, num_tokens=len(text),
+        finished=finished, finish_reason=reason, cumulative_logprob=kw.get("logprob", -1.0),
+        score=kw.get("score"),
+        request_finished=finished if request_finished is None else request_finished,
+        prompt_tokens=20, prefix_hit_tokens=16, ttft_s=0.1, elapsed_s=0.5, error=kw.get("error"))
 
 
 def test_chats_turns_stop_keep_and_observer_hook():
@@ -138,8 +140,10 @@ def test_chats_turns_stop_keep_and_observer_hook():
         chats.send(session, "again")
     chats.apply(event("r1", "Hel"))
     assert chats.stop(session) and client.cancelled == ["r1"]
-    chats.apply(StreamEvent("r1", 0, "Hel", "", False, 0, True, "abort", 0.0, None, True,
-                            0, 0, None, 0.6))
+    chats.apply(StreamEvent(
+        request_id="r1", index=0, text="Hel", delta="", replaced=False, num_tokens=0,
+        finished=True, finish_reason="abort", cumulative_logprob=0.0, score=None,
+        request_finished=True, prompt_tokens=0, prefix_hit_tokens=0, ttft_s=None, elapsed_s=0.6))
     reply = session.entries[-1]
     assert (reply.content, reply.status, reply.stats.tokens) == ("Hel", "stopped", 3)
     assert not session.streaming
@@ -177,8 +181,11 @@ def test_chats_compare_submits_one_request_per_value_and_reports_errors():
                                                                 "temp=1.2"]
     assert session.entries[-1].role == "user"  # the old reply gives way to the comparison
     for rid in ("r2", "r3", "r4"):
-        chats.apply(StreamEvent(rid, 0, "", "", False, 0, True, "error", 0.0, None, True, 0, 0,
-                                None, 0.0, "the prompt is 2000 tokens but ..."))
+        chats.apply(StreamEvent(
+            request_id=rid, index=0, text="", delta="", replaced=False, num_tokens=0,
+            finished=True, finish_reason="error", cumulative_logprob=0.0, score=None,
+            request_finished=True, prompt_tokens=0, prefix_hit_tokens=0, ttft_s=None,
+            elapsed_s=0.0, error="the prompt is 2000 tokens but ..."))
     assert session.generation is None
     assert session.entries[-1].status == "error"
     assert "2000 tokens" in session.entries[-1].error

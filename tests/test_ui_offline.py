@@ -39,8 +39,11 @@ def offline_app(tmp_path, **settings) -> ChatApp:
 
 
 def event(rid: str, text: str, finished: bool) -> StreamEvent:
-    return StreamEvent(rid, 0, text, text, False, 7, finished, "stop" if finished else None,
-                       -3.5, None, finished, 40, 32, 0.05, 0.4)
+    return StreamEvent(
+        request_id=rid, index=0, text=text, delta=text, replaced=False, num_tokens=7,
+        finished=finished, finish_reason="stop" if finished else None, cumulative_logprob=-3.5,
+        score=None, request_finished=finished, prompt_tokens=40, prefix_hit_tokens=32,
+        ttft_s=0.05, elapsed_s=0.4)
 
 
 async def test_markup_and_control_characters_render_literally(tmp_path):

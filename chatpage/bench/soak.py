@@ -84,6 +84,7 @@ class Tally:
     leaked_blocks: int = 0
     steps: int = 0
     problems: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # the errored requests' messages
     greedy_checked: int = 0
     greedy_mismatches: int = 0
     preemptions: dict[str, dict[str, int]] = field(default_factory=dict)  # per mode: swap / recompute
@@ -151,7 +152,9 @@ def soak_mode(loaded: LoadedModel, mode: str, requests: int, seed: int = 0,
             if out.finished and out.request_id in live:
                 live.discard(out.request_id)
                 tally.finished += 1
-                tally.errored += out.error is not None
+                if out.error is not None:
+                    tally.errored += 1
+                    tally.errors.append(f"{mode}: {out.error}")
                 outputs[out.request_id] = out.outputs[0].token_ids if out.outputs else []
         tally.steps += 1
         problems = audit(engine)
@@ -198,6 +201,7 @@ def run(loaded: LoadedModel, requests: int, seed: int = 0) -> dict:
         "hung": tally.hung, "leaked_blocks": tally.leaked_blocks, "steps": tally.steps,
         "seconds": round(time.perf_counter() - t0, 2),
         "aborted": tally.aborted, "rejected": tally.rejected, "problems": tally.problems,
+        "errors": tally.errors[:10],
         "greedy_checked": tally.greedy_checked, "greedy_mismatches": tally.greedy_mismatches,
         "preemptions": tally.preemptions,
     }

@@ -26,9 +26,9 @@ from chatpage.engine.outputs import EngineStats, RequestOutput
 from chatpage.engine.sampling_params import SamplingParams
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StreamEvent:
-    """What changed in one output of a request (index 0 for a plain reply)."""
+    """What changed in one output of a request (index 0 for a plain reply); keyword-only."""
 
     request_id: str
     index: int
@@ -214,8 +214,10 @@ class EngineClient:
         on_event, t0, texts = entry
         for index in sorted(texts) or [0]:
             on_event(StreamEvent(
-                rid, index, texts.get(index, ""), "", False, 0, True, reason, 0.0, None, True,
-                0, 0, None, time.monotonic() - t0, error,
+                request_id=rid, index=index, text=texts.get(index, ""), delta="", replaced=False,
+                num_tokens=0, finished=True, finish_reason=reason, cumulative_logprob=0.0,
+                score=None, request_finished=True, prompt_tokens=0, prefix_hit_tokens=0,
+                ttft_s=None, elapsed_s=time.monotonic() - t0, error=error,
             ))
 
     def _dispatch(self, out: RequestOutput) -> None:
@@ -231,8 +233,12 @@ class EngineClient:
             appended = c.text.startswith(before)
             texts[c.index] = c.text
             on_event(StreamEvent(
-                out.request_id, c.index, c.text, c.text[len(before):] if appended else "",
-                not appended, len(c.token_ids), c.finish_reason is not None or out.finished,
-                c.finish_reason, c.cumulative_logprob, c.score, out.finished,
-                len(out.prompt_token_ids), out.prefix_hit_tokens, out.ttft_s, elapsed, out.error,
+                request_id=out.request_id, index=c.index, text=c.text,
+                delta=c.text[len(before):] if appended else "", replaced=not appended,
+                num_tokens=len(c.token_ids),
+                finished=c.finish_reason is not None or out.finished,
+                finish_reason=c.finish_reason, cumulative_logprob=c.cumulative_logprob,
+                score=c.score, request_finished=out.finished,
+                prompt_tokens=len(out.prompt_token_ids), prefix_hit_tokens=out.prefix_hit_tokens,
+                ttft_s=out.ttft_s, elapsed_s=elapsed, error=out.error,
             ))
