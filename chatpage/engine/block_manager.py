@@ -340,7 +340,8 @@ class BlockManager:
     def swap_in_blocks_needed(self, seqs: list[Sequence]) -> int:
         """Device blocks a swap-in of the group takes (cached blocks it revives included)."""
         cpu, cached = self._returning(seqs)
-        return sum(1 for e in cpu if e not in cached or self.pool.is_evictable(cached[e]))
+        revived = {b for b in cached.values() if self.pool.is_evictable(b)}
+        return sum(1 for e in cpu if e not in cached) + len(revived)
 
     def can_swap_in(self, seqs: list[Sequence], reserve: int = 0) -> bool:
         return self.swap_in_blocks_needed(seqs) + reserve <= self.pool.num_free

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-PreemptionMode = Literal["auto", "recompute", "swap"]
+
+class PreemptionMode(enum.StrEnum):
+    """How a group is preempted when blocks run out (a str: "auto" etc. still work)."""
+
+    AUTO = "auto"
+    RECOMPUTE = "recompute"
+    SWAP = "swap"
 
 MiB = 1 << 20
 
@@ -18,14 +24,15 @@ class EngineConfig:
 
     ``kv_cache_bytes`` is the budget of the device block pool (turned into a number of blocks once
     the model's shape is known); ``swap_space_bytes`` that of the CPU swap pool.
-    ``preemption_mode`` "auto" recomputes single-sequence groups and swaps groups of several.
+    ``preemption_mode`` "auto" recomputes single-sequence groups and swaps groups of several;
+    groups of several swap in every mode while there is swap space.
     """
 
     block_size: int = 16
     kv_cache_bytes: int = 512 * MiB
     swap_space_bytes: int = 512 * MiB
     enable_prefix_caching: bool = True
-    preemption_mode: PreemptionMode = "auto"
+    preemption_mode: PreemptionMode = PreemptionMode.AUTO
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None  # None: the model's own context length
@@ -41,7 +48,7 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.swap_space_bytes must be >= 0, got {self.swap_space_bytes}"
             )
-        if self.preemption_mode not in ("auto", "recompute", "swap"):
+        if self.preemption_mode not in tuple(PreemptionMode):
             raise ValueError(
                 "EngineConfig.preemption_mode must be 'auto', 'recompute' or 'swap', "
                 f"got {self.preemption_mode!r}"

@@ -12,13 +12,13 @@ import torch
 
 from chatpage.engine import ops
 from chatpage.engine.block_manager import BlockManager
-from chatpage.engine.config import EngineConfig
+from chatpage.engine.config import EngineConfig, PreemptionMode
 from chatpage.engine.detokenizer import IncrementalDetokenizer
 from chatpage.engine.kv_cache import KVCache, bytes_per_block
 from chatpage.engine.loader import LoadedModel, load_model
 from chatpage.engine.model_runner import ModelRunner
 from chatpage.engine.models.llama import LlamaModel
-from chatpage.engine.outputs import CompletionOutput, EngineStats, RequestOutput
+from chatpage.engine.outputs import CompletionOutput, EngineStats, FinishReason, RequestOutput
 from chatpage.engine.sampler import beam_candidates, make_generator, sample
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.engine.scheduler import ScheduledSeq, Scheduler
@@ -138,7 +138,7 @@ class LLMEngine:
         self.scheduler.remove(group)
         group.status = GroupStatus.FINISHED
         for seq in group.live_seqs:
-            seq.finish_reason = "abort"
+            seq.finish_reason = FinishReason.ABORT
         return True
 
     def has_unfinished(self) -> bool:
@@ -191,7 +191,7 @@ class LLMEngine:
         group = self.scheduler.waiting[0]
         self.scheduler.remove(group)
         for seq in group.live_seqs:
-            seq.finish_reason = "error"
+            seq.finish_reason = FinishReason.ERROR
         out = self._finish(group)
         out.error = (
             f"request {group.request_id} does not fit in the KV cache next to the pinned "
@@ -259,12 +259,12 @@ class LLMEngine:
         """Set ``seq.finish_reason`` if ``token`` ends it (EOS, stop token/string, length)."""
         p = group.params
         if token in p.stop_token_ids or (token in self.eos_ids and not p.ignore_eos):
-            seq.finish_reason = "stop"
+            seq.finish_reason = FinishReason.STOP
             return
         if seq.detok.update(seq.token_ids):
-            seq.finish_reason = "stop"
+            seq.finish_reason = FinishReason.STOP
         elif seq.num_output_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
-            seq.finish_reason = "length"
+            seq.finish_reason = FinishReason.LENGTH
 
     def _release(self, group: SequenceGroup, seq: Sequence) -> None:
         """Free a finished sequence (pinning a persona prefix first); close the group when done."""
@@ -307,7 +307,7 @@ class LLMEngine:
             if ends:
                 if rank < k:
                     self._add_hypothesis(group, parent.output_ids + [tok], cum, length,
-                                         parent.detok.text, "stop")
+                                         parent.detok.text, FinishReason.STOP)
             else:
                 chosen.append((parent, tok, cum))
             if len(chosen) == k:
@@ -327,13 +327,13 @@ class LLMEngine:
             seq.append(tok, cum - seq.cumulative_logprob)
             seq.cumulative_logprob = cum
             if seq.detok.update(seq.token_ids):
-                self._add_hypothesis(group, seq.output_ids, cum, length, seq.detok.text, "stop")
-                seq.finish_reason = "stop"
+                self._add_hypothesis(group, seq.output_ids, cum, length, seq.detok.text, FinishReason.STOP)
+                seq.finish_reason = FinishReason.STOP
         live = [s for s in group.seqs if not s.finished]
         if live and (length >= p.max_tokens or len(live[0]) >= self.max_model_len):
             for s in live:
                 self._add_hypothesis(group, s.output_ids, s.cumulative_logprob, length,
-                                     s.detok.text, "length")
+                                     s.detok.text, FinishReason.LENGTH)
             done = True
         elif live and len(group.beam_hypotheses) >= k:
             best_live = max(self._beam_score(group, s.cumulative_logprob, length) for s in live)
@@ -342,12 +342,12 @@ class LLMEngine:
             done = not live
         if done:
             for s in live:
-                s.finish_reason = "stop"
+                s.finish_reason = FinishReason.STOP
         for i, s in enumerate(sorted(live, key=lambda s: -s.cumulative_logprob)):
             s.index = i
 
     def _add_hypothesis(self, group: SequenceGroup, token_ids: list[int], cumulative: float,
-                        length: int, text: str, reason: str) -> None:
+                        length: int, text: str, reason: FinishReason) -> None:
         hyps = group.beam_hypotheses
         hyps.append(BeamHypothesis(token_ids, cumulative,
                                    self._beam_score(group, cumulative, length), text, reason))
@@ -418,8 +418,8 @@ class LLMEngine:
             num_waiting=len(self.scheduler.waiting),
             num_swapped=len(self.scheduler.swapped),
             prefix_hit_tokens=self.bm.prefix_hit_tokens,
-            preemptions_recompute=self.scheduler.preemptions["recompute"],
-            preemptions_swap=self.scheduler.preemptions["swap"],
+            preemptions_recompute=self.scheduler.preemptions[PreemptionMode.RECOMPUTE],
+            preemptions_swap=self.scheduler.preemptions[PreemptionMode.SWAP],
             evictions=pool.evictions,
             logical_blocks=self.bm.num_logical_blocks,
             tokens_per_s=self.tokens_per_s(),

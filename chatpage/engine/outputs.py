@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
+
+
+class FinishReason(enum.StrEnum):
+    """Why an output ended. A str: it compares equal to, and stores as, its value."""
+
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens or the context window
+    ABORT = "abort"  # cancelled
+    ERROR = "error"  # could not run (the request's error says why)
 
 
 @dataclass
@@ -13,7 +23,7 @@ class CompletionOutput:
     token_ids: list[int]
     text: str
     cumulative_logprob: float
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    finish_reason: FinishReason | None = None
     logprobs: list[float] | None = None
     score: float | None = None  # beam search: length-penalized score
 

@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from chatpage.engine.block_manager import BlockManager
-from chatpage.engine.config import EngineConfig
+from chatpage.engine.config import EngineConfig, PreemptionMode
 from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
 
 
@@ -47,7 +47,7 @@ class Scheduler:
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []  # sorted by arrival time
         self.swapped: deque[SequenceGroup] = deque()
-        self.preemptions = {"recompute": 0, "swap": 0}
+        self.preemptions = {PreemptionMode.RECOMPUTE: 0, PreemptionMode.SWAP: 0}
         # keep a few blocks free when admitting new work, so running groups can grow a little
         self.watermark = max(1, block_manager.pool.num_blocks // 100)
 
@@ -91,22 +91,23 @@ class Scheduler:
         return demands if total <= budget or alone else []
 
     # -- preemption ------------------------------------------------------------------------------
-    def _mode(self, group: SequenceGroup) -> str:
+    def _mode(self, group: SequenceGroup) -> PreemptionMode:
         """How to preempt ``group``. Groups of several sequences always swap while there is swap
         space, whatever the mode: recomputed, each sequence would prefill its own copy of the
         shared blocks, which may never fit again."""
-        mode = self.config.preemption_mode
-        if mode == "auto" or len(group.live_seqs) > 1:
-            mode = "swap" if len(group.live_seqs) > 1 else "recompute"
-        if mode == "swap" and not self.bm.can_swap_out(group.live_seqs):
-            mode = "recompute"  # no CPU space left: dropping the KV is the only way
+        mode = PreemptionMode(self.config.preemption_mode)
+        several = len(group.live_seqs) > 1
+        if mode is PreemptionMode.AUTO or several:
+            mode = PreemptionMode.SWAP if several else PreemptionMode.RECOMPUTE
+        if mode is PreemptionMode.SWAP and not self.bm.can_swap_out(group.live_seqs):
+            mode = PreemptionMode.RECOMPUTE  # no CPU space left: dropping the KV is the only way
         return mode
 
     def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
         self.running.remove(group)
         mode = self._mode(group)
         self.preemptions[mode] += 1
-        if mode == "swap":
+        if mode is PreemptionMode.SWAP:
             self.bm.swap_out(group.live_seqs)
             group.status = GroupStatus.SWAPPED
             self.swapped.append(group)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from chatpage.engine.detokenizer import IncrementalDetokenizer
+from chatpage.engine.outputs import FinishReason
 from chatpage.engine.sampling_params import SamplingParams
 
 
@@ -40,7 +41,7 @@ class Sequence:
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.cumulative_logprob = 0.0
         self.logprobs: list[float] = []
-        self.finish_reason: str | None = None
+        self.finish_reason: FinishReason | None = None
         self.detok = detok
         self.generator: torch.Generator | None = None
 
@@ -85,7 +86,7 @@ class BeamHypothesis:
     cumulative_logprob: float
     score: float
     text: str
-    finish_reason: str
+    finish_reason: FinishReason
 
 
 @dataclass
