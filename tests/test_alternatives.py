@@ -207,7 +207,10 @@ def test_preempted_groups_resume_exactly(mode, tiny_llama_dir, tiny):
               SamplingParams(beam_width=3, max_tokens=24),
               SamplingParams(n=3, temperature=0.8, seed=9, max_tokens=24)]
     expected = tiny.generate(prompts, params)
-    small = _engine(tiny_llama_dir, kv_cache_bytes=24 * BLOCK_BYTES_TINY, preemption_mode=mode)
+    # groups of several sequences swap while there is swap space: none forces recompute
+    swap_space = {} if mode == "swap" else {"swap_space_bytes": 0}
+    small = _engine(tiny_llama_dir, kv_cache_bytes=24 * BLOCK_BYTES_TINY, preemption_mode=mode,
+                    **swap_space)
     got = small.generate(prompts, params)
     s = small.stats()
     assert (s.preemptions_swap if mode == "swap" else s.preemptions_recompute) > 0

@@ -11,6 +11,7 @@ from collections.abc import Sequence as Seq
 import torch
 
 from chatpage.engine import ops
+from chatpage.engine.beam import BeamSearch
 from chatpage.engine.block_manager import BlockManager
 from chatpage.engine.config import EngineConfig, PreemptionMode
 from chatpage.engine.detokenizer import IncrementalDetokenizer
@@ -19,15 +20,15 @@ from chatpage.engine.loader import LoadedModel, load_model
 from chatpage.engine.model_runner import ModelRunner
 from chatpage.engine.models.llama import LlamaModel
 from chatpage.engine.outputs import CompletionOutput, EngineStats, FinishReason, RequestOutput
-from chatpage.engine.sampler import beam_candidates, make_generator, sample
+from chatpage.engine.sampler import make_generator, sample
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.engine.scheduler import ScheduledSeq, Scheduler
-from chatpage.engine.sequence import BeamHypothesis, GroupStatus, Sequence, SequenceGroup
+from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
 
 _TPS_WINDOW_S = 3.0
 
 
-class LLMEngine:
+class LLMEngine(BeamSearch):
     """The paged engine: one model, one block pool, many requests batched every step."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
@@ -279,80 +280,6 @@ class LLMEngine:
             group.status = GroupStatus.FINISHED
             group.finish_time = time.monotonic()
             self.scheduler.running.remove(group)
-
-    # -- beam search -----------------------------------------------------------------------------
-    def _beam_score(self, group: SequenceGroup, cumulative: float, length: int) -> float:
-        return cumulative / (max(length, 1) ** group.params.length_penalty)
-
-    def _beam_step(self, group: SequenceGroup, seq_rows: list[tuple[Sequence, int]],
-                   logits: torch.Tensor) -> None:
-        """Keep the best ``beam_width`` continuations of all live beams; fork and free to match.
-
-        Candidates ending in EOS (or a stop token) among the top ``beam_width`` become finished
-        hypotheses. The search ends when ``beam_width`` hypotheses exist and no live beam can
-        beat the worst of them at its current length, or at max_tokens.
-        """
-        p = group.params
-        k = p.beam_width
-        seqs = [s for s, _ in seq_rows]
-        rows = torch.tensor([r for _, r in seq_rows], device=logits.device)
-        logprobs = torch.log_softmax(logits[rows], dim=-1)
-        length = seqs[0].num_output_tokens + 1
-        chosen: list[tuple[Sequence, int, float]] = []
-        for rank, (b, tok, cum) in enumerate(
-            beam_candidates(logprobs, [s.cumulative_logprob for s in seqs], 2 * k)
-        ):
-            parent = seqs[b]
-            ends = tok in p.stop_token_ids or (tok in self.eos_ids and not p.ignore_eos)
-            if ends:
-                if rank < k:
-                    self._add_hypothesis(group, parent.output_ids + [tok], cum, length,
-                                         parent.detok.text, FinishReason.STOP)
-            else:
-                chosen.append((parent, tok, cum))
-            if len(chosen) == k:
-                break
-        # fork the parents chosen more than once, free those not chosen, then append tokens
-        uses: dict[int, int] = {}
-        placed: list[tuple[Sequence, int, float]] = []
-        for parent, tok, cum in chosen:
-            n = uses.get(parent.seq_id, 0)
-            uses[parent.seq_id] = n + 1
-            placed.append((parent if n == 0 else self._fork(group, parent, 0), tok, cum))
-        for s in seqs:
-            if s.seq_id not in uses:
-                self.bm.free(s)
-                group.seqs.remove(s)
-        for seq, tok, cum in placed:
-            seq.append(tok, cum - seq.cumulative_logprob)
-            seq.cumulative_logprob = cum
-            if seq.detok.update(seq.token_ids):
-                self._add_hypothesis(group, seq.output_ids, cum, length, seq.detok.text, FinishReason.STOP)
-                seq.finish_reason = FinishReason.STOP
-        live = [s for s in group.seqs if not s.finished]
-        if live and (length >= p.max_tokens or len(live[0]) >= self.max_model_len):
-            for s in live:
-                self._add_hypothesis(group, s.output_ids, s.cumulative_logprob, length,
-                                     s.detok.text, FinishReason.LENGTH)
-            done = True
-        elif live and len(group.beam_hypotheses) >= k:
-            best_live = max(self._beam_score(group, s.cumulative_logprob, length) for s in live)
-            done = group.beam_hypotheses[-1].score >= best_live
-        else:
-            done = not live
-        if done:
-            for s in live:
-                s.finish_reason = FinishReason.STOP
-        for i, s in enumerate(sorted(live, key=lambda s: -s.cumulative_logprob)):
-            s.index = i
-
-    def _add_hypothesis(self, group: SequenceGroup, token_ids: list[int], cumulative: float,
-                        length: int, text: str, reason: FinishReason) -> None:
-        hyps = group.beam_hypotheses
-        hyps.append(BeamHypothesis(token_ids, cumulative,
-                                   self._beam_score(group, cumulative, length), text, reason))
-        hyps.sort(key=lambda h: -h.score)
-        del hyps[group.params.beam_width:]
 
     # -- outputs and stats -------------------------------------------------------------------------
     def _output(self, group: SequenceGroup) -> RequestOutput:
