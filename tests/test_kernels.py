@@ -64,6 +64,25 @@ def check_paged_attention(device, seq_lens, q_lens, *, dtype=torch.float32, quer
     torch.testing.assert_close(got, expected, **tolerance(query.dtype if query_dtype else dtype))
 
 
+def check_bad_indices_raise(device) -> None:
+    """Block ids outside the pool, a seq_len shorter than its queries and slots beyond the cache
+    raise (the kernels would read or write out of bounds)."""
+    attend = native("paged_attention")
+    pb = make_paged_batch([40], [1], device=device)
+    pb.block_tables[0, 1] = 10_000
+    with pytest.raises(RuntimeError, match="out of range"):
+        attend(torch.empty_like(pb.query), *pb.args(pb.query)[1:])
+    pb = make_paged_batch([40, 5], [1, 3], device=device)
+    pb.seq_lens[1] = 2
+    with pytest.raises(RuntimeError, match="3 queries but seq_len 2"):
+        attend(torch.empty_like(pb.query), *pb.args(pb.query)[1:])
+    caches = [torch.zeros(2, 16, 1, 64, device=device) for _ in range(2)]
+    key = torch.ones(2, 1, 64, device=device)
+    with pytest.raises(RuntimeError, match="beyond the cache"):
+        native("write_kv")(key, key, caches[0], caches[1],
+                           torch.tensor([3, 32], device=device))
+
+
 def check_write_kv(device, dtype=torch.float32, key_dtype=None) -> None:
     """write_kv stores exactly what the reference stores; slot -1 is skipped."""
     gen = torch.Generator().manual_seed(1)
@@ -183,11 +202,8 @@ def test_rows_past_the_batch_are_left_alone():
     assert torch.isfinite(out[:3]).all()
 
 
-def test_bad_block_id_is_an_error_not_a_crash():
-    pb = make_paged_batch([40], [1])
-    pb.block_tables[0, 1] = 10_000
-    with pytest.raises(RuntimeError, match="out of range"):
-        native("paged_attention")(torch.empty_like(pb.query), *pb.args(pb.query)[1:])
+def test_bad_indices_are_errors_not_crashes():
+    check_bad_indices_raise(DEVICE)
 
 
 # ---------------------------------------------------------------------------------------------

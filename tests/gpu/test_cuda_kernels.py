@@ -101,3 +101,7 @@ def test_dispatch_uses_native_cuda(monkeypatch):
     out = torch.empty_like(pb.query)
     attention.paged_attention(*pb.args(out))
     assert torch.isfinite(out).all()
+
+
+def test_bad_indices_are_errors_not_crashes():
+    cases.check_bad_indices_raise(DEVICE)
