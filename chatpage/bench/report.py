@@ -32,9 +32,7 @@ PLOTTED = ("throughput", "memory", "serve", "prefix", "sharing")
 
 def command(name: str, plot_dir: Path, extra: list[str]) -> list[str]:
     """The command line that runs benchmark ``name``."""
-    cmd = [sys.executable, "-m", "chatpage.cli", "bench", name]
-    if name != "kernel":  # the kernel bench always prints JSON and draws nothing
-        cmd.append("--json")
+    cmd = [sys.executable, "-m", "chatpage.cli", "bench", name, "--json"]
     if name in PLOTTED:
         cmd += ["--plot", str(plot_dir / f"bench-{name}.png")]
     return cmd + extra
