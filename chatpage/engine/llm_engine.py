@@ -243,7 +243,7 @@ class LLMEngine(BeamSearch):
             for seq in group.seqs:
                 if seq.finished and seq.seq_id in self.bm.tables:
                     self._release(group, seq)
-            self._close_if_done(group)  # a beam step may have dropped every sequence
+            self._close_if_done(group)  # (a beam step may have dropped every sequence)
         self._count_tokens(now, len(targets) + sum(len(r) for _, r in beams))
         return list(touched.values())
 
@@ -268,11 +268,10 @@ class LLMEngine(BeamSearch):
             seq.finish_reason = FinishReason.LENGTH
 
     def _release(self, group: SequenceGroup, seq: Sequence) -> None:
-        """Free a finished sequence (pinning a persona prefix first); close the group when done."""
+        """Free a finished sequence (pinning a persona prefix first)."""
         if group.pin_prefix:
             self.bm.pin(seq, group.request_id)
         self.bm.free(seq)
-        self._close_if_done(group)
 
     def _close_if_done(self, group: SequenceGroup) -> None:
         """A group with no live sequence left is finished."""
