@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chatpage.store import DB_NAME, SNIPPET_MARKS, Store, make_title
+from chatpage.store import DB_NAME, SNIPPET_MARKS, NotFound, Store, make_title
 from chatpage.store import schema as store_schema
 from chatpage.store.io import export_session, import_json
 from chatpage.store.schema import SCHEMA_VERSION, migrate
@@ -434,7 +434,7 @@ def test_migrates_a_v1_database_with_chats(tmp_path: Path) -> None:
     with Store.open(path) as opened:
         (row,) = opened.list_sessions(closed=False)
         assert (row.title, row.closed) == ("old chat", False)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 def test_in_memory_store_says_why(tmp_path: Path) -> None:
@@ -445,3 +445,23 @@ def test_in_memory_store_says_why(tmp_path: Path) -> None:
         assert opened.fault in opened.notice
     with Store.open(tmp_path / DB_NAME) as fine:
         assert fine.fault is None
+
+
+def test_drafts_are_kept_per_chat(tmp_path: Path) -> None:
+    path = tmp_path / DB_NAME
+    with Store.open(path) as opened:
+        a, b = chat(opened, "q"), chat(opened, "r")
+        assert opened.draft(a) == ""
+        before = [s.id for s in opened.list_sessions()]
+        opened.set_draft(a, "half a thought\nsecond line")
+        opened.set_draft(b, "other")
+        assert [s.id for s in opened.list_sessions()] == before  # a draft does not reorder
+        with pytest.raises(NotFound, match="no chat with id 999"):
+            opened.set_draft(999, "x")
+        with pytest.raises(KeyError):  # NotFound is a KeyError
+            opened.draft(999)
+    with Store.open(path) as reopened:  # drafts survive a restart
+        assert reopened.draft(a) == "half a thought\nsecond line"
+        assert reopened.get_session(b).draft == "other"
+        reopened.set_draft(b, "")
+        assert reopened.draft(b) == ""

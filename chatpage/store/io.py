@@ -11,7 +11,8 @@ import json
 from datetime import datetime
 from typing import Any, Literal
 
-from chatpage.store.store import MessageRow, NewMessage, SessionRow, Store
+from chatpage.store.rows import MessageRow, NewMessage, SessionRow
+from chatpage.store.store import Store
 
 EXPORT_FORMAT = "chatpage-session"
 EXPORT_VERSION = 1

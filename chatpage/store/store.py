@@ -18,75 +18,27 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from chatpage.config.paths import data_dir
+from chatpage.store.rows import (
+    MessageRow,
+    MessageStatus,
+    NewMessage,
+    NotFound,
+    Role,
+    SearchHit,
+    SessionRow,
+)
 from chatpage.store.schema import open_database, transaction
 
 DB_NAME = "chatpage.db"
-ROLES = ("user", "assistant", "system")
-STATUSES = ("done", "streaming", "stopped", "interrupted", "error")
+ROLES = tuple(Role)
+STATUSES = tuple(MessageStatus)
 SNIPPET_MARKS = ("«", "»")
 """Put around the matched words in `SearchHit.snippet`."""
-
-
-@dataclass(frozen=True)
-class SessionRow:
-    """One chat. Timestamps are ISO 8601 in UTC; message_count counts the kept messages;
-    closed: the user closed it in the app (it is still saved)."""
-
-    id: int
-    title: str
-    persona: str
-    settings: dict[str, Any]
-    created_at: str
-    updated_at: str
-    message_count: int
-    closed: bool = False
-
-
-@dataclass(frozen=True)
-class MessageRow:
-    """One message. group_id is None for an ordinary message; alternatives share it."""
-
-    id: int
-    session_id: int
-    position: int
-    role: str
-    content: str
-    status: str
-    metadata: dict[str, Any]
-    group_id: int | None
-    kept: bool
-    created_at: str
-
-
-@dataclass(frozen=True)
-class NewMessage:
-    """A message for `Store.insert_session`: alternatives of one reply share a `group` key
-    (any number, local to the call), and one of them is `kept`."""
-
-    role: str
-    content: str
-    status: str = "done"
-    metadata: dict[str, Any] | None = None
-    created_at: str | None = None
-    group: int | None = None
-    kept: bool = True
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    """A message matching a search; snippet marks the matches with SNIPPET_MARKS."""
-
-    session_id: int
-    session_title: str
-    message_id: int
-    role: str
-    snippet: str
 
 
 def _now() -> str:
@@ -122,6 +74,7 @@ class Store:
     def __init__(self, conn: sqlite3.Connection, path: Path, *, persistent: bool,
                  notice: str | None = None, fault: str | None = None) -> None:
         self._conn = conn
+        conn.row_factory = sqlite3.Row
         self.path = path
         self._persistent = persistent
         self.notice = notice
@@ -169,14 +122,8 @@ class Store:
         return int(cur.lastrowid)
 
     _SESSION_SELECT = (
-        "SELECT s.id, s.title, s.persona, s.settings, s.created_at, s.updated_at, "
-        "(SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id AND m.kept), s.closed "
-        "FROM sessions s ")
-
-    @staticmethod
-    def _session(row: tuple[Any, ...]) -> SessionRow:
-        return SessionRow(row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], row[6],
-                          bool(row[7]))
+        "SELECT s.*, (SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id AND m.kept) "
+        "AS message_count FROM sessions s ")
 
     def list_sessions(self, closed: bool | None = None) -> list[SessionRow]:
         """Chats, most recently updated first: all of them, or only the closed (True) or the
@@ -184,16 +131,16 @@ class Store:
         where = "" if closed is None else f"WHERE s.closed = {int(closed):d} "
         rows = self._conn.execute(
             self._SESSION_SELECT + where + "ORDER BY s.updated_at DESC, s.id DESC")
-        return [self._session(row) for row in rows]
+        return [SessionRow.from_row(row) for row in rows]
 
     def get_session(self, session_id: int) -> SessionRow | None:
         """The chat with this id, or None."""
         row = self._conn.execute(self._SESSION_SELECT + "WHERE s.id = ?", (session_id,)).fetchone()
-        return None if row is None else self._session(row)
+        return None if row is None else SessionRow.from_row(row)
 
     def update_session(self, session_id: int, *, title: str | None = None,
                        persona: str | None = None, settings: dict[str, Any] | None = None) -> None:
-        """Change a chat's title, persona and/or settings (None = leave as is); KeyError if
+        """Change a chat's title, persona and/or settings (None = leave as is); NotFound if
         there is no such chat. Does not move the chat in the recency order."""
         with transaction(self._conn) as conn:
             self._require_session(session_id)
@@ -204,11 +151,11 @@ class Store:
                                  (value, session_id))
 
     def rename_session(self, session_id: int, title: str) -> None:
-        """Set a chat's title; KeyError if there is no such chat."""
+        """Set a chat's title; NotFound if there is no such chat."""
         self.update_session(session_id, title=title)
 
     def set_closed(self, session_id: int, closed: bool) -> None:
-        """Mark a chat closed (kept, but not reopened at start) or open again; KeyError if
+        """Mark a chat closed (kept, but not reopened at start) or open again; NotFound if
         there is no such chat. Does not move the chat in the recency order."""
         with transaction(self._conn) as conn:
             self._require_session(session_id)
@@ -246,15 +193,32 @@ class Store:
         return session_id
 
     def delete_session(self, session_id: int) -> None:
-        """Delete a chat and all its messages; KeyError if there is no such chat."""
+        """Delete a chat and all its messages; NotFound if there is no such chat."""
         with transaction(self._conn) as conn:
             if conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
-                raise KeyError(f"no chat with id {session_id}")
+                raise NotFound(f"no chat with id {session_id}")
+
+    def set_draft(self, session_id: int, text: str) -> None:
+        """Keep the text left unsent in a chat's prompt ("" for none); NotFound if there is no
+        such chat. Does not move the chat in the recency order."""
+        with transaction(self._conn) as conn:
+            if conn.execute("UPDATE sessions SET draft = ? WHERE id = ?",
+                            (text, session_id)).rowcount == 0:
+                raise NotFound(f"no chat with id {session_id}")
+
+    def draft(self, session_id: int) -> str:
+        """The text left unsent in a chat's prompt ("" for none); NotFound if there is no
+        such chat."""
+        row = self._conn.execute("SELECT draft FROM sessions WHERE id = ?",
+                                 (session_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"no chat with id {session_id}")
+        return row["draft"]
 
     def _require_session(self, session_id: int) -> None:
         if self._conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone() \
                 is None:
-            raise KeyError(f"no chat with id {session_id}")
+            raise NotFound(f"no chat with id {session_id}")
 
     def _touch(self, session_id: int, when: str) -> None:
         self._conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (when, session_id))
@@ -268,7 +232,7 @@ class Store:
 
         With `group_id` (the id of any message of an existing reply) the new message is an
         alternative of that reply: same position, same group. If `kept`, it becomes the kept
-        one and its siblings are un-kept. Raises KeyError/ValueError for a bad session, role,
+        one and its siblings are un-kept. Raises NotFound/ValueError for a bad session, role,
         status or group.
         """
         _check("role", role, ROLES)
@@ -312,14 +276,14 @@ class Store:
     def update_message(self, message_id: int, content: str | None = None,
                        status: str | None = None, metadata: dict[str, Any] | None = None) -> None:
         """Replace a message's content, status and/or metadata (None = leave as is);
-        KeyError if there is no such message."""
+        NotFound if there is no such message."""
         if status is not None:
             _check("status", status, STATUSES)
         with transaction(self._conn) as conn:
             row = conn.execute("SELECT session_id FROM messages WHERE id = ?",
                                (message_id,)).fetchone()
             if row is None:
-                raise KeyError(f"no message with id {message_id}")
+                raise NotFound(f"no message with id {message_id}")
             for column, value in (("content", content), ("status", status),
                                   ("metadata", None if metadata is None else json.dumps(metadata))):
                 if value is not None:
@@ -331,11 +295,9 @@ class Store:
         """A chat's messages in order (alternatives next to each other, oldest first).
         With `kept_only`, just the transcript: one message per position."""
         rows = self._conn.execute(
-            "SELECT id, session_id, position, role, content, status, metadata, group_id, kept, "
-            "created_at FROM messages WHERE session_id = ? AND (kept OR NOT ?) "
+            "SELECT * FROM messages WHERE session_id = ? AND (kept OR NOT ?) "
             "ORDER BY position, id", (session_id, kept_only))
-        return [MessageRow(r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7],
-                           bool(r[8]), r[9]) for r in rows]
+        return [MessageRow.from_row(row) for row in rows]
 
     def keep_alternative(self, group_id: int, message_id: int) -> None:
         """Make `message_id` the kept reply of its group; ValueError if it is not in the group."""
@@ -358,7 +320,7 @@ class Store:
                 row = conn.execute("SELECT position FROM messages WHERE id = ? AND "
                                    "session_id = ?", (message_id, session_id)).fetchone()
                 if row is None:
-                    raise KeyError(f"no message {message_id} in chat {session_id}")
+                    raise NotFound(f"no message {message_id} in chat {session_id}")
                 position = row[0]
             cur = conn.execute("DELETE FROM messages WHERE session_id = ? AND position > ?",
                                (session_id, position))
@@ -383,12 +345,12 @@ class Store:
         start, end = SNIPPET_MARKS
         rows = self._conn.execute(
             "SELECT m.session_id, s.title, m.id, m.role, "
-            "snippet(messages_fts, 0, ?, ?, '…', 12) "
+            "snippet(messages_fts, 0, ?, ?, '…', 12) AS snippet "
             "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
             "JOIN sessions s ON s.id = m.session_id "
             "WHERE messages_fts MATCH ? ORDER BY rank, m.id LIMIT ?",
             (start, end, query, limit))
-        return [SearchHit(*row) for row in rows]
+        return [SearchHit.from_row(row) for row in rows]
 
 
 def _check(field: str, value: str, allowed: tuple[str, ...], where: str = "") -> None:
