@@ -60,38 +60,39 @@ class SessionRow:
 
 @dataclass(frozen=True)
 class MessageRow:
-    """One message. group_id is None for an ordinary message; alternatives share it."""
+    """One message. parent_id: the message it follows (None at the top of the chat);
+    position: its depth (0 at the top); kept: the current one of its siblings."""
 
     id: int
     session_id: int
+    parent_id: int | None
     position: int
     role: str
     content: str
     status: str
     metadata: dict[str, Any]
-    group_id: int | None
     kept: bool
     created_at: str
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> MessageRow:
-        return cls(id=row["id"], session_id=row["session_id"], position=row["position"],
-                   role=row["role"], content=row["content"], status=row["status"],
-                   metadata=json.loads(row["metadata"]), group_id=row["group_id"],
+        return cls(id=row["id"], session_id=row["session_id"], parent_id=row["parent_id"],
+                   position=row["position"], role=row["role"], content=row["content"],
+                   status=row["status"], metadata=json.loads(row["metadata"]),
                    kept=bool(row["kept"]), created_at=row["created_at"])
 
 
 @dataclass(frozen=True)
 class NewMessage:
-    """A message for `Store.insert_session`: alternatives of one reply share a `group` key
-    (any number, local to the call), and one of them is `kept`."""
+    """A message for `Store.insert_session`: `parent` is the index of the message it follows
+    in the same call (None at the top); of siblings, the last `kept` one is current."""
 
     role: str
     content: str
     status: str = "done"
     metadata: dict[str, Any] | None = None
     created_at: str | None = None
-    group: int | None = None
+    parent: int | None = None
     kept: bool = True
 
 
