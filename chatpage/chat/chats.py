@@ -3,35 +3,37 @@
 This is the UI's one user of `EngineClient`. It never waits on the engine: `submit`/`cancel` only
 queue, and the client's events come back through `deliver` (the app posts them to its own thread)
 and are applied here with `apply`, on the UI thread.
+
+A chat is a tree (`chatpage.chat.tree`): editing an earlier message or regenerating a reply adds
+a new version of that turn and shows it, keeping every other version (`switch` moves between
+them); alternatives left unkept stay as versions too. `continue_reply` lets a reply go on.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from chatpage.chat.context import fit
+from chatpage.chat.replies import apply_candidate, apply_reply
+from chatpage.chat.sampling import SETTING_BY_FIELD, AltMode, SamplingSettings
 from chatpage.chat.session import (
     MAX_ALTERNATIVES,
     MIN_ALTERNATIVES,
-    SETTING_BY_FIELD,
-    AltMode,
     Attachment,
     Candidate,
     ChatSession,
     Entry,
-    EntryStatus,
     Generation,
     Observer,
     ReplyStats,
-    SamplingSettings,
 )
+from chatpage.chat.tree import below
 from chatpage.config.personas import Persona
 from chatpage.engine.client import EngineClient, StreamEvent
-from chatpage.store import make_title
+from chatpage.store import MessageStatus, make_title
 
 TITLE_WIDTH = 32
-_FINAL_STATUS: dict[str | None, EntryStatus] = {
-    "stop": "done", "length": "done", "abort": "stopped", "error": "error",
-}
+CONTINUABLE = (MessageStatus.DONE, MessageStatus.STOPPED, MessageStatus.INTERRUPTED)
 
 
 class ChatError(ValueError):
@@ -39,11 +41,14 @@ class ChatError(ValueError):
 
 
 class Chats:
-    """The open sessions, in sidebar order."""
+    """The open sessions, in sidebar order. `notify` gets one-line notices (a turn that had
+    to leave old messages out to fit the context)."""
 
-    def __init__(self, client: EngineClient, deliver: Callable[[StreamEvent], None]) -> None:
+    def __init__(self, client: EngineClient, deliver: Callable[[StreamEvent], None],
+                 notify: Callable[[str], None] = lambda _line: None) -> None:
         self.client = client
         self.deliver = deliver
+        self.notify = notify
         self.sessions: list[ChatSession] = []
         self.observers: list[Observer] = []
         """Given to every session opened or adopted from now on (e.g. a store that saves them)."""
@@ -66,8 +71,15 @@ class Chats:
             raise ValueError(f"session id {session.id} is already open")
         self._next_id = max(self._next_id, session.id + 1)
         session.observers.extend(o for o in self.observers if o not in session.observers)
+        session.context_tokens = self.client.max_model_len
         self.sessions.append(session)
         return session
+
+    def model_ready(self) -> None:
+        """The model loaded: every session learns the size of its context window."""
+        for session in self.sessions:
+            session.context_tokens = self.client.max_model_len
+            session.changed("context")
 
     def close(self, session: ChatSession) -> None:
         """Stop what the session is generating (a reply in progress ends "stopped") and
@@ -81,7 +93,8 @@ class Chats:
 
     # -- turns ---------------------------------------------------------------------------------
     def send(self, session: ChatSession, text: str) -> None:
-        """Add the user's message (with the pending attachments) and ask for the reply."""
+        """Add the user's message (with the pending attachments) and ask for the reply. While
+        an earlier message is being edited (`edit`), the message is a new version of it."""
         self._check_idle(session)
         text = text.strip()
         if not text and not session.attachments:
@@ -90,45 +103,92 @@ class Chats:
         if session.attachments:
             session.attachments = []
             session.changed("attachments")
-        session.entries.append(entry)
+        edited, session.editing = session.editing, None
+        if edited is None:
+            session.transcript.append(entry)
+        else:
+            session.transcript.add_version(edited, entry)
         session.changed("entry_added", entry)
+        if edited is not None:
+            session.changed("entries_reset")
         if session.title == "New chat":
             session.title = make_title(text or entry.attachments[0].name, TITLE_WIDTH)
             session.changed("title")
-        self._ask(session)
+        self._ask(session, entry)
 
-    def regenerate(self, session: ChatSession) -> None:
-        """Drop the last reply (or the alternatives on show) and ask again."""
+    def regenerate(self, session: ChatSession, reply: Entry | None = None) -> None:
+        """Ask again for `reply` (default: the last one on show): the new reply is another
+        version of it, shown in its place; the old one and what followed it stay."""
         if session.choosing and not session.streaming:
             self._drop_generation(session)
         self._check_idle(session)
-        if session.entries and session.entries[-1].role == "assistant":
-            session.entries.pop()
-            session.changed("entries_reset")
-        if not session.entries or session.entries[-1].role != "user":
+        tip = session.transcript.tip()
+        if reply is None and tip is not None and tip.role == "assistant":
+            reply = tip
+        question = reply.parent if reply is not None else tip
+        if question is None or question.role != "user":
             raise ChatError("there is no message to answer yet")
-        self._ask(session)
+        self._ask(session, question)
 
-    def edit_last(self, session: ChatSession) -> str:
-        """Drop the last exchange; returns the user's text (attachments go back to pending)."""
-        index = next((i for i in range(len(session.entries) - 1, -1, -1)
-                      if session.entries[i].role == "user"), None)
-        if index is None:
+    def edit(self, session: ChatSession, message: Entry | None = None) -> str:
+        """Start rewriting one of the user's messages (default: the last one on show); returns
+        its text for the prompt (its attachments go back to pending). Sending then forks the
+        chat there; what followed the original stays as the other version."""
+        if message is None:
+            message = session.last("user")
+        if message is None or message.role != "user":
             raise ChatError("there is no message of yours to edit")
         self.stop(session)
         self._drop_generation(session)
-        user = session.entries[index]
-        del session.entries[index:]
-        session.changed("entries_reset")
-        session.attachments = list(user.attachments) + session.attachments
+        session.editing = message
+        session.attachments = list(message.attachments) + session.attachments
         session.changed("attachments")
-        return user.content
+        return message.content
+
+    def continue_reply(self, session: ChatSession) -> None:
+        """Let the last reply on show (finished, stopped or cut off) go on from where it ended."""
+        self._check_idle(session)
+        reply = session.transcript.tip()
+        if reply is None or reply.role != "assistant" or reply.status not in CONTINUABLE \
+                or not reply.content:
+            raise ChatError("there is no reply to continue: /continue extends the last reply "
+                            "once it has stopped or finished")
+        self._fit(session, reply)
+        before = reply.stats if reply.stats is not None else ReplyStats()
+        rid = self.client.submit(session.for_model(upto=reply), session.sampling.params(),
+                                 self.deliver, continue_reply=True)
+        reply.status = MessageStatus.STREAMING
+        reply.stats = ReplyStats(**before.as_dict())
+        session.changed("entry_updated", reply)
+        gen = Generation("reply", [rid], entry=reply, parent=reply.parent,
+                         continued=before, base_text=reply.content)
+        self._by_request[rid] = session
+        self._start(session, gen)
+
+    def switch(self, session: ChatSession, message: Entry, step: int) -> Entry:
+        """Show the version `step` away from `message` (-1: the previous, 1: the next) and
+        return it; each version keeps what followed it."""
+        self._check_idle(session)
+        shown = session.transcript.switch(message, step)
+        if shown is not message:
+            session.changed("entries_reset")
+        return shown
+
+    def delete(self, session: ChatSession, message: Entry) -> None:
+        """Remove `message` and everything after it (on every branch); another version of
+        its turn, if any, takes its place."""
+        self._check_idle(session)
+        if session.editing is not None and session.editing in below(message):
+            session.editing = None
+        session.transcript.remove(message)
+        session.changed("entry_removed", message)
 
     def clear(self, session: ChatSession) -> None:
         self.stop(session)
         self._drop_generation(session)
-        session.entries.clear()
-        session.changed("entries_reset")
+        session.editing = None
+        session.transcript.clear()
+        session.changed("cleared")
 
     def stop(self, session: ChatSession) -> bool:
         """Cancel what is streaming; the engine frees its blocks and reports "abort"."""
@@ -141,7 +201,8 @@ class Chats:
         return True
 
     def keep(self, session: ChatSession, number: int) -> Entry:
-        """Keep alternative ``number`` (1-based) as the reply; the others are dropped."""
+        """Keep alternative ``number`` (1-based) as the reply; the others stay as its
+        versions (those that did not fail)."""
         gen = session.generation
         if gen is None or not gen.alternatives:
             raise ChatError("there are no alternatives to choose from")
@@ -150,14 +211,20 @@ class Chats:
         chosen = gen.candidates[number - 1]
         if chosen.error:
             raise ChatError(f"alternative {number} failed: {chosen.error}")
-        status = "done" if chosen.finish_reason in ("stop", "length") else "stopped"
-        entry = Entry("assistant", chosen.text, status=status, stats=chosen.stats,
-                      label=chosen.label)
         self._drop_generation(session)
-        session.entries.append(entry)
-        session.changed("entry_added", entry)
-        return entry
+        kept = None
+        for cand in gen.candidates:
+            if cand.error and cand is not chosen:
+                continue
+            entry = Entry("assistant", cand.text, status=_candidate_status(cand),
+                          stats=cand.stats, label=cand.label)
+            session.transcript.attach(entry, gen.parent, current=cand is chosen)
+            kept = entry if cand is chosen else kept
+            session.changed("entry_added", entry)
+        session.changed("entries_reset")
+        return kept
 
+    # -- settings ------------------------------------------------------------------------------
     def set_setting(self, session: ChatSession, name: str, raw: str | float | int | None) -> None:
         """Set one sampling setting from user input (ValueError names it and the rule)."""
         self.set_sampling(session, session.sampling.with_value(name, raw))
@@ -188,9 +255,11 @@ class Chats:
         session.changed("title")
 
     def compare(self, session: ChatSession, name: str, values: list[str]) -> None:
-        """Answer the last message once per value of setting ``name``, each in its own pane."""
+        """Answer the last message once per value of setting ``name``, each in its own pane;
+        the one kept becomes a new version of the reply."""
         self._check_idle(session)
-        if not any(e.role == "user" for e in session.entries):
+        question = session.last("user")
+        if question is None:
             raise ChatError("send a message first: /compare answers your last message again")
         if not MIN_ALTERNATIVES <= len(values) <= MAX_ALTERNATIVES:
             raise ChatError(f"/compare takes {MIN_ALTERNATIVES} to {MAX_ALTERNATIVES} values, "
@@ -200,17 +269,15 @@ class Chats:
         labels = [f"{_short(name)}={getattr(s, name)}" for s in settings]
         if len(set(labels)) != len(labels):
             raise ChatError(f"/compare needs different values of {info.label}")
-        if session.entries[-1].role == "assistant":
-            session.entries.pop()  # its last reply is replaced by the comparison
-            session.changed("entries_reset")
-        messages = session.for_model()
-        gen = Generation("compare", [])
+        self._fit(session, question)
+        messages = session.for_model(upto=question)
+        gen = Generation("compare", [], parent=question)
         for label, setting in zip(labels, settings, strict=True):
             rid = self.client.submit(messages, setting.params(), self.deliver)
             gen.request_ids.append(rid)
             gen.candidates.append(Candidate(label, rid, 0))
             self._by_request[rid] = session
-        self._start(session, gen)
+        self._offer(session, gen)
 
     # -- engine events -------------------------------------------------------------------------
     def apply(self, event: StreamEvent) -> ChatSession | None:
@@ -223,50 +290,21 @@ class Chats:
             gen.finished_requests.add(event.request_id)
             self._by_request.pop(event.request_id, None)
         if gen.entry is not None:
-            self._apply_reply(session, gen, gen.entry, event)
-        else:
-            self._apply_candidate(session, gen, event)
-        return session
-
-    def _apply_reply(self, session: ChatSession, gen: Generation, entry: Entry,
-                     event: StreamEvent) -> None:
-        entry.content = event.text
-        _update_stats(entry.stats, event)
-        if event.request_finished:
-            entry.status = _FINAL_STATUS.get(event.finish_reason, "done")
-            entry.error = event.error
-            session.generation = None
-            session.changed("entry_updated", entry)
-            session.changed("busy")
-        else:
-            session.changed("entry_updated", entry)
-
-    def _apply_candidate(self, session: ChatSession, gen: Generation, event: StreamEvent) -> None:
-        failed = event.finish_reason == "error" and event.request_finished
-        for i, cand in enumerate(gen.candidates):
-            if cand.request_id != event.request_id:
-                continue
-            mine = cand.index == event.index
-            if mine and not _is_notice(event):
-                cand.text = event.text
-                cand.cumulative_logprob = event.cumulative_logprob
-                cand.score = event.score
-                _update_stats(cand.stats, event)
-            if failed:
-                cand.finish_reason, cand.error = "error", event.error
-            elif mine and event.finished or event.request_finished:
-                cand.finish_reason = cand.finish_reason or event.finish_reason or "stop"
-            elif not mine:
-                continue
-            session.changed("candidate_updated", index=i)
+            if apply_reply(session, gen, gen.entry, event):
+                session.generation = None
+                session.changed("busy")
+            return session
+        apply_candidate(session, gen, event)
         if not gen.streaming:
             if all(c.error for c in gen.candidates):
                 self._drop_generation(session)
-                entry = Entry("assistant", "", status="error", error=gen.candidates[0].error)
-                session.entries.append(entry)
+                entry = Entry("assistant", "", status=MessageStatus.ERROR,
+                              error=gen.candidates[0].error)
+                session.transcript.attach(entry, gen.parent)
                 session.changed("entry_added", entry)
             else:
                 session.changed("busy")
+        return session
 
     # -- helpers -------------------------------------------------------------------------------
     def _check_idle(self, session: ChatSession) -> None:
@@ -281,31 +319,53 @@ class Chats:
             raise ChatError(f"keep one of the alternatives first: press 1-{n}, click a pane, "
                             "or type /keep N")
 
-    def _ask(self, session: ChatSession) -> None:
-        """Submit the session's messages as one reply or as alternatives (the next-reply mode)."""
+    def _fit(self, session: ChatSession, upto: Entry) -> None:
+        """Leave the oldest turns out of what is sent if the turn would not fit the context."""
+        session.context_tokens = self.client.max_model_len or session.context_tokens
+        path = session.entries
+        path = path[:path.index(upto) + 1]
+        outcome = fit(session.persona.system_prompt, path, session.sampling.max_tokens,
+                      session.context_tokens)
+        session.changed("context")
+        if outcome.notice():
+            self.notify(outcome.notice())
+
+    def _ask(self, session: ChatSession, question: Entry) -> None:
+        """Ask for a reply to `question` (a new version of the turn after it), as one reply
+        or as alternatives (the next-reply mode)."""
         mode = session.alt_mode
-        messages = session.for_model()
+        self._fit(session, question)
+        messages = session.for_model(upto=question)
         if mode.kind == "off":
-            params = session.sampling.params()
-            rid = self.client.submit(messages, params, self.deliver)
-            entry = Entry("assistant", "", status="streaming", stats=ReplyStats())
-            session.entries.append(entry)
+            rid = self.client.submit(messages, session.sampling.params(), self.deliver)
+            entry = Entry("assistant", "", status=MessageStatus.STREAMING, stats=ReplyStats())
+            forked = bool(question.replies.versions)
+            session.transcript.attach(entry, question)
             session.changed("entry_added", entry)
-            gen = Generation("reply", [rid], entry=entry)
-        else:
-            if mode.kind == "samples":
-                params = session.sampling.params(n=mode.k)
-            else:
-                params = session.sampling.params(beam_width=mode.k)
-            rid = self.client.submit(messages, params, self.deliver)
-            noun = "sample" if mode.kind == "samples" else "beam"
-            gen = Generation(mode.kind, [rid], candidates=[
-                Candidate(f"{noun} {i + 1}", rid, i) for i in range(mode.k)
-            ])
-            session.alt_mode = AltMode(k=mode.k)  # one reply only: back to single replies
-            session.changed("settings")
-        for rid in gen.request_ids:
+            if forked:
+                session.changed("entries_reset")
             self._by_request[rid] = session
+            self._start(session, Generation("reply", [rid], entry=entry, parent=question))
+            return
+        if mode.kind == "samples":
+            params = session.sampling.params(n=mode.k)
+        else:
+            params = session.sampling.params(beam_width=mode.k)
+        rid = self.client.submit(messages, params, self.deliver)
+        noun = "sample" if mode.kind == "samples" else "beam"
+        gen = Generation(mode.kind, [rid], parent=question, candidates=[
+            Candidate(f"{noun} {i + 1}", rid, i) for i in range(mode.k)
+        ])
+        session.alt_mode = AltMode(k=mode.k)  # one reply only: back to single replies
+        session.changed("settings")
+        self._by_request[rid] = session
+        self._offer(session, gen)
+
+    def _offer(self, session: ChatSession, gen: Generation) -> None:
+        """Alternatives for the turn after `gen.parent`: no version of it is on show until
+        one is kept."""
+        session.transcript.hide_after(gen.parent)
+        session.changed("entries_reset")
         self._start(session, gen)
 
     def _start(self, session: ChatSession, gen: Generation) -> None:
@@ -319,34 +379,26 @@ class Chats:
         if gen is None:
             return
         for rid in gen.request_ids:
-            self._forget(rid, cancel=rid not in gen.finished_requests)
+            self._by_request.pop(rid, None)
+            if rid not in gen.finished_requests:
+                self.client.cancel(rid)
         session.generation = None
-        if gen.entry is not None and gen.entry in session.entries:
-            gen.entry.status = "stopped"
+        if gen.entry is not None and gen.entry.status == MessageStatus.STREAMING:
+            gen.entry.status = MessageStatus.STOPPED
             session.changed("entry_updated", gen.entry)
         if gen.alternatives:
+            session.transcript.unhide_after(gen.parent)
             session.changed("generation")
+            session.changed("entries_reset")
         session.changed("busy")
 
-    def _forget(self, rid: str, cancel: bool) -> None:
-        self._by_request.pop(rid, None)
-        if cancel:
-            self.client.cancel(rid)
 
-
-def _is_notice(event: StreamEvent) -> bool:
-    """A cancel/failure notice from the client: it carries no counts, only the final reason."""
-    return event.finish_reason in ("abort", "error") and event.num_tokens == 0
-
-
-def _update_stats(stats: ReplyStats | None, event: StreamEvent) -> None:
-    if stats is None or _is_notice(event):
-        return
-    stats.tokens = event.num_tokens
-    stats.prompt_tokens = event.prompt_tokens
-    stats.prefix_hit_tokens = event.prefix_hit_tokens
-    stats.ttft_s = event.ttft_s
-    stats.elapsed_s = event.elapsed_s
+def _candidate_status(cand: Candidate) -> MessageStatus:
+    if cand.error is not None or cand.finish_reason == "error":
+        return MessageStatus.ERROR
+    if cand.finish_reason in ("stop", "length"):
+        return MessageStatus.DONE
+    return MessageStatus.STOPPED
 
 
 def _short(name: str) -> str:

@@ -392,7 +392,7 @@ class ChatApp(App[None]):
 
     def action_edit_last(self) -> None:
         def edit(session: ChatSession) -> None:
-            text = self.chats.edit_last(session)
+            text = self.chats.edit(session)
             prompt = self.query_one(PromptInput)
             prompt.load_text(text)
             prompt.move_cursor(prompt.document.end)

@@ -11,7 +11,7 @@ from chatpage.chat.commands import (
     parse_k,
     read_attachment,
 )
-from chatpage.chat.session import SETTING_BY_FIELD, AltMode
+from chatpage.chat.sampling import SETTING_BY_FIELD, AltMode
 from chatpage.config.personas import find_persona
 from chatpage.ui import history
 from chatpage.ui.history import EXPORT_NAMES
