@@ -434,7 +434,25 @@ def test_migrates_a_v1_database_with_chats(tmp_path: Path) -> None:
     with Store.open(path) as opened:
         (row,) = opened.list_sessions(closed=False)
         assert (row.title, row.closed) == ("old chat", False)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_drafts_are_kept_per_chat_and_go_with_it(tmp_path: Path) -> None:
+    with Store.open(tmp_path / DB_NAME) as store:
+        one, two = store.create_session("one", "a"), store.create_session("two", "a")
+        assert store.draft(one) == ""
+        store.set_draft(one, "half a thought")
+        store.set_draft(two, "other")
+        store.set_draft(one, "half a thought, longer")
+        assert (store.draft(one), store.draft(two)) == ("half a thought, longer", "other")
+        store.set_draft(two, "")
+        assert store.draft(two) == ""
+        with pytest.raises(KeyError):
+            store.set_draft(999, "x")
+    with Store.open(tmp_path / DB_NAME) as store:
+        assert store.draft(one) == "half a thought, longer"
+        store.delete_session(one)
+        assert store.draft(one) == ""
 
 
 def test_in_memory_store_says_why(tmp_path: Path) -> None:

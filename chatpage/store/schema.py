@@ -64,7 +64,14 @@ def _migrate_to_2(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE sessions ADD COLUMN closed INTEGER NOT NULL DEFAULT 0")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_to_1, _migrate_to_2]
+def _migrate_to_3(conn: sqlite3.Connection) -> None:
+    conn.execute("""CREATE TABLE drafts (
+        session_id INTEGER PRIMARY KEY REFERENCES sessions(id) ON DELETE CASCADE,
+        text TEXT NOT NULL)""")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_to_1, _migrate_to_2,
+                                                          _migrate_to_3]
 """MIGRATIONS[v] takes a database from schema version v to v + 1; append, never edit."""
 SCHEMA_VERSION = len(MIGRATIONS)
 

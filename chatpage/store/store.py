@@ -366,6 +366,25 @@ class Store:
                 self._touch(session_id, _now())
         return cur.rowcount
 
+    # -- drafts ----------------------------------------------------------------------------
+
+    def set_draft(self, session_id: int, text: str) -> None:
+        """Keep the unsent text of a chat's message box ("" forgets it); KeyError if there is
+        no such chat. Does not move the chat in the recency order."""
+        with transaction(self._conn) as conn:
+            self._require_session(session_id)
+            if text:
+                conn.execute("INSERT INTO drafts (session_id, text) VALUES (?, ?) ON CONFLICT"
+                             "(session_id) DO UPDATE SET text = excluded.text", (session_id, text))
+            else:
+                conn.execute("DELETE FROM drafts WHERE session_id = ?", (session_id,))
+
+    def draft(self, session_id: int) -> str:
+        """The chat's unsent text ("" when there is none)."""
+        row = self._conn.execute("SELECT text FROM drafts WHERE session_id = ?",
+                                 (session_id,)).fetchone()
+        return row[0] if row else ""
+
     def mark_streaming_interrupted(self) -> int:
         """At start-up: every message still 'streaming' (the app died mid-reply) becomes
         'interrupted'. Returns how many were changed."""
