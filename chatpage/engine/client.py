@@ -25,6 +25,10 @@ from chatpage.engine.llm_engine import LLMEngine
 from chatpage.engine.outputs import EngineStats, RequestOutput
 from chatpage.engine.sampling_params import SamplingParams
 
+__all__ = ["EngineClient", "EngineConfig", "EngineStats", "EventCallback", "SamplingParams",
+           "StreamEvent"]
+"""The engine's whole surface for the UI (ui/ imports the engine only through this module)."""
+
 
 @dataclass(frozen=True)
 class StreamEvent:

@@ -1,19 +1,22 @@
 """MessageView: one transcript entry (the user's text verbatim, a reply as Markdown) and its stats.
 
-Click the "copy" label to copy the message; click a code block to copy that block.
+Click the "copy" label to copy the message; click a code block to copy that block (a drag that
+selects text inside the block copies nothing: the selection is the user's, ctrl+c copies it).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
 from textual.widgets import Static
-from textual.widgets._markdown import MarkdownFence
+from textual.widgets.markdown import MarkdownFence
 
 from chatpage.chat.session import Entry, ReplyStats
-from chatpage.ui.messages import CopyText
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
 from chatpage.ui.widgets.throttle import Throttled
@@ -38,6 +41,13 @@ def stats_line(stats: ReplyStats | None) -> str:
 
 class MessageView(Throttled, Vertical):
     """Shows an `Entry`; `refresh_entry` redraws it after the entry changed."""
+
+    @dataclass
+    class Copy(Message):
+        """Put ``text`` on the clipboard; ``what`` names it in the notice ("message", ...)."""
+
+        text: str
+        what: str
 
     def __init__(self, entry: Entry, speaker: str) -> None:
         super().__init__(classes=f"message -{entry.role}")
@@ -103,14 +113,16 @@ class MessageView(Throttled, Vertical):
     @on(events.Click, ".message-copy")
     def _copy_message(self, event: events.Click) -> None:
         event.stop()
-        self.post_message(CopyText(self.entry.content, "message"))
+        self.post_message(self.Copy(self.entry.content, "message"))
 
     @on(events.Click)
     def _copy_code(self, event: events.Click) -> None:
+        if self.screen.get_selected_text():  # the end of a drag that selected text
+            return
         node = event.widget
         while node is not None and node is not self:
             if isinstance(node, MarkdownFence):
                 event.stop()
-                self.post_message(CopyText(node.code, "code block"))
+                self.post_message(self.Copy(node.code, "code block"))
                 return
             node = node.parent

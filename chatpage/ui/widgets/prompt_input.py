@@ -6,16 +6,23 @@ first line and down on the last walk through the session's earlier prompts.
 
 from __future__ import annotations
 
-from textual import events
-from textual.widgets import TextArea
+from dataclasses import dataclass
 
-from chatpage.ui.messages import PromptSubmitted
+from textual import events
+from textual.message import Message
+from textual.widgets import TextArea
 
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
 
 
 class PromptInput(TextArea):
     """A TextArea that submits on enter and recalls history."""
+
+    @dataclass
+    class Submitted(Message):
+        """Enter: a message or a slash command."""
+
+        text: str
 
     def __init__(self, **kwargs) -> None:
         super().__init__(soft_wrap=True, tab_behavior="focus", show_line_numbers=False,
@@ -33,7 +40,7 @@ class PromptInput(TextArea):
         key = event.key
         if key == "enter":
             self._stop(event)
-            self.post_message(PromptSubmitted(self.text))
+            self.post_message(self.Submitted(self.text))
             return
         if key in NEWLINE_KEYS:
             self._stop(event)

@@ -11,10 +11,10 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from chatpage.chat.session import ChatSession, Entry
-from chatpage.ui.messages import MarkdownFlushed
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.alternatives import AlternativesView
 from chatpage.ui.widgets.message import MessageView
+from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
 
 
 class Transcript(VerticalScroll):
@@ -47,7 +47,7 @@ class Transcript(VerticalScroll):
         """Anchor to the bottom once the content is taller than the view (after the next layout)."""
         self.call_after_refresh(self._check_follow)
 
-    def on_markdown_flushed(self, message: MarkdownFlushed) -> None:
+    def on_streaming_markdown_flushed(self, message: StreamingMarkdown.Flushed) -> None:
         message.stop()
         if not self.is_anchored:
             self.follow()
