@@ -93,6 +93,8 @@ async def run_slash_command(host: SlashHost, command: Command) -> None:
         await host.run_action("copy_code" if arg.lower().startswith("code") else "copy_reply")
     elif name == "clear":
         chats.clear(session)
+    elif name == "continue":
+        chats.continue_reply(session)
     else:
         await host.run_action(_ACTIONS[name])
 
