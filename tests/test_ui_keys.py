@@ -13,9 +13,9 @@ from textual import events
 from textual.widgets.markdown import MarkdownFence
 
 from chatpage.store import Store
-from chatpage.ui.screens.code_picker import CodeBlockPicker
 from chatpage.ui.clipboard import system_tool
 from chatpage.ui.messages import EngineEvent
+from chatpage.ui.screens.code_picker import CodeBlockPicker
 from chatpage.ui.widgets.message import MessageView
 from chatpage.ui.widgets.session_list import SessionList
 
