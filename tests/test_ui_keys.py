@@ -15,6 +15,7 @@ from textual.widgets.markdown import MarkdownFence
 from chatpage.store import Store
 from chatpage.ui.clipboard import system_tool
 from chatpage.ui.messages import EngineEvent
+from chatpage.ui.screens.code_picker import CodeBlockPicker
 from chatpage.ui.widgets.message import MessageView
 from chatpage.ui.widgets.session_list import SessionList
 
@@ -152,3 +153,51 @@ async def test_copy_uses_the_system_clipboard_where_there_is_one(tmp_path, monke
         assert pasted.read_text() == REPLY
         assert app.notices[-1].endswith(f"copied the reply ({len(REPLY)} characters) to the "
                                         "system clipboard (xclip)")
+
+
+TWO_BLOCKS = "First:\n\n```\nalpha()\n```\n\nThen:\n\n```sh\nbeta --now\n```\n"
+
+
+async def test_keyboard_navigation_copy_code_and_edit_messages(tmp_path, monkeypatch):
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        await reply(pilot, app, "no code here")
+        await reply(pilot, app, TWO_BLOCKS)
+        views = list(app.chat.session_view(session).query(MessageView))
+        assert [v.entry for v in views] == session.entries
+
+        app.chat.prompt.focus()
+        await pilot.press("alt+up")
+        assert app.focused is views[3]
+        await pilot.press("k", "k")
+        assert app.focused is views[1]
+        await pilot.press("j")
+        assert app.focused is views[2]
+        await pilot.press("alt+down", "j")  # j at the last message stays there
+        assert app.focused is views[3]
+
+        await pilot.press("c")
+        assert app.clipboard == TWO_BLOCKS
+        await pilot.press("b")  # two blocks: pick one
+        assert isinstance(app.screen, CodeBlockPicker)
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: app.clipboard == "beta --now", "the second block")
+        await pilot.press("alt+up")
+        assert app.focused is views[2]
+        await pilot.press("k", "b")
+        assert "this message has no code block" in app.notices[-1]
+        await pilot.press("e")  # a reply is not edited
+        assert "only your own messages can be edited" in app.notices[-1]
+
+        await pilot.press("k", "e")  # an earlier message: back in the box, nothing dropped
+        assert app.focused is app.chat.prompt and app.chat.prompt.text == "a question"
+        assert len(session.entries) == 4
+        app.chat.prompt.load_text("")
+        await pilot.press("alt+up", "k", "e")  # the last one: taken back with its reply
+        assert app.chat.prompt.text == "a question" and len(session.entries) == 2
+        await pilot.press("alt+up", "alt+down")  # past the last: the box
+        assert app.focused is app.chat.prompt

@@ -31,6 +31,8 @@ from chatpage.ui.screens.help import HelpScreen
 from chatpage.ui.text import clean
 from chatpage.ui.theme import CHATPAGE_THEME
 from chatpage.ui.widgets.alternatives import AlternativesView
+from chatpage.ui.widgets.message import MessageView
+from chatpage.ui.widgets.transcript import Transcript
 
 STATS_INTERVAL_S = 0.3
 FALLBACK_PERSONA = Persona(
@@ -115,8 +117,8 @@ class ChatApp(App[None]):
     @classmethod
     def all_bindings(cls):
         """Every binding with an id, wherever it lives (for the keymap and the help)."""
-        return [b for b in [*cls.BINDINGS, *ChatScreen.BINDINGS, *AlternativesView.BINDINGS]
-                if b.id]
+        return [b for b in [*cls.BINDINGS, *ChatScreen.BINDINGS, *AlternativesView.BINDINGS,
+                            *Transcript.BINDINGS, *MessageView.BINDINGS] if b.id]
 
     @classmethod
     def binding_ids(cls) -> set[str]:

@@ -16,6 +16,7 @@ from chatpage.chat.session import AltMode, ChatSession, SamplingSettings
 from chatpage.config.personas import Persona
 from chatpage.ui.clipboard import copy_to_system, has_system_clipboard
 from chatpage.ui.history import SavedChats
+from chatpage.ui.screens.code_picker import CodeBlockPicker
 from chatpage.ui.screens.confirm import Confirm
 from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.screens.sampling_settings import SamplingSettingsScreen
@@ -121,6 +122,28 @@ class ChatActions:
         prompt.move_cursor(prompt.document.end)
         prompt.focus()
 
+    def action_focus_message(self, step: int) -> None:
+        """Move the focus through the current chat's messages; past the last: the box."""
+        if self.current is None:
+            return
+        transcript = self.session_view(self.current).transcript  # type: ignore[attr-defined]
+        if not transcript.focus_step(step):
+            self.prompt.focus()
+
+    def on_message_view_edit(self, message: MessageView.Edit) -> None:
+        """Edit a message of yours: the last one is taken back with its reply (as alt+e); an
+        earlier one is put in the box to be sent again as a new message."""
+        session, entry = self.current, message.entry
+        if session is None or entry not in session.entries:
+            return
+        if entry.role != "user":
+            self.say("only your own messages can be edited; ctrl+r asks for another reply",
+                     "warning")
+        elif entry is session.last("user"):
+            self.action_edit_last()
+        else:
+            self.put_back(entry.content)
+
     def action_cycle_alternatives(self) -> None:
         session = self.current
         if session is not None:
@@ -155,6 +178,17 @@ class ChatActions:
 
     def on_message_view_copy(self, message: MessageView.Copy) -> None:
         self.copy_text(message.text, message.what)
+
+    @work(exclusive=True, group="dialog")
+    async def on_message_view_copy_code(self, message: MessageView.CopyCode) -> None:
+        blocks = message.blocks
+        if not blocks:
+            self.say("this message has no code block", "warning")
+            return
+        block = blocks[0] if len(blocks) == 1 else await self.app.push_screen_wait(
+            CodeBlockPicker(blocks))
+        if block is not None:
+            self.copy_text(block, "code block")
 
     def copy_text(self, text: str, what: str) -> None:
         """Copy ``text``: the app's own clipboard and OSC 52 at once; the system clipboard too

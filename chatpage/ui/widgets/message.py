@@ -2,6 +2,8 @@
 
 Click the "copy" label to copy the message; click a code block to copy that block (a drag that
 selects text inside the block copies nothing: the selection is the user's, ctrl+c copies it).
+A message takes the focus (alt+up/down, j/k in the transcript, a click); then c copies it, b one
+of its code blocks, e edits it.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.widgets import Static
 from textual.widgets.markdown import MarkdownFence
 
 from chatpage.chat.session import Entry, ReplyStats
-from chatpage.ui.text import clean
+from chatpage.ui.text import clean, code_blocks
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
 from chatpage.ui.widgets.throttle import Throttled
 
@@ -39,8 +42,14 @@ def stats_line(stats: ReplyStats | None) -> str:
     return " · ".join(parts)
 
 
-class MessageView(Throttled, Vertical):
+class MessageView(Throttled, Vertical, can_focus=True):
     """Shows an `Entry`; `refresh_entry` redraws it after the entry changed."""
+
+    BINDINGS = [
+        Binding("c", "copy_message", "Copy", id="message_copy"),
+        Binding("b", "copy_code", "Copy code", id="message_copy_code"),
+        Binding("e", "edit", "Edit", id="message_edit"),
+    ]
 
     @dataclass
     class Copy(Message):
@@ -48,6 +57,18 @@ class MessageView(Throttled, Vertical):
 
         text: str
         what: str
+
+    @dataclass
+    class CopyCode(Message):
+        """Copy one of ``blocks`` (the message's code blocks: none, one, or a choice)."""
+
+        blocks: list[str]
+
+    @dataclass
+    class Edit(Message):
+        """Edit ``entry`` (the user's message)."""
+
+        entry: Entry
 
     def __init__(self, entry: Entry, speaker: str) -> None:
         super().__init__(classes=f"message -{entry.role}")
@@ -110,10 +131,19 @@ class MessageView(Throttled, Vertical):
             self._body.update(Text(clean(entry.content)))
 
     # -- copying ---------------------------------------------------------------------------------
+    def action_copy_message(self) -> None:
+        self.post_message(self.Copy(self.entry.content, "message"))
+
+    def action_copy_code(self) -> None:
+        self.post_message(self.CopyCode(code_blocks(self.entry.content)))
+
+    def action_edit(self) -> None:
+        self.post_message(self.Edit(self.entry))
+
     @on(events.Click, ".message-copy")
     def _copy_message(self, event: events.Click) -> None:
         event.stop()
-        self.post_message(self.Copy(self.entry.content, "message"))
+        self.action_copy_message()
 
     @on(events.Click)
     def _copy_code(self, event: events.Click) -> None:
