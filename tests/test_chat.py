@@ -65,7 +65,7 @@ def test_chats_turns_stop_keep_and_observer_hook():
     # the stopped reply and the unkept samples stay as versions of the reply
     versions = session.entries[0].replies.versions
     assert [v.content for v in versions] == ["Hel", "alt 0", "alt 1", "alt 2"]
-    assert session.transcript.place(kept).label() == "◀ 3/4 ▶"
+    assert kept.place().label() == "◀ 3/4 ▶"
 
 
 def test_regenerating_an_earlier_reply_forks_and_keeps_what_followed():
@@ -77,7 +77,7 @@ def test_regenerating_an_earlier_reply_forks_and_keeps_what_followed():
     assert len(client.submitted[-1][0]) == 2
     chats.apply(done("r4", "re: one, again"))
     assert texts(session) == ["one", "re: one, again"]
-    place = session.transcript.place(session.entries[1])
+    place = session.entries[1].place()
     assert (place.number, place.count, place.forked) == (2, 2, True)
     back = chats.switch(session, session.entries[1], -1)
     assert back is first_reply
@@ -100,7 +100,7 @@ def test_editing_an_earlier_message_forks_at_it():
     assert texts(session) == ["one, rephrased", ""]
     assert session.editing is None
     assert client.submitted[-1][0][1:] == [{"role": "user", "content": "one, rephrased"}]
-    assert session.transcript.place(session.entries[0]).label() == "◀ 2/2 ▶"
+    assert session.entries[0].place().label() == "◀ 2/2 ▶"
     chats.apply(done("r3", "re: rephrased"))
     chats.switch(session, session.entries[0], -1)
     assert texts(session) == ["one", "re: one", "two", "re: two"]

@@ -73,7 +73,7 @@ def test_a_branch_computes_only_its_new_tokens(rig) -> None:
     chats.regenerate(session, session.entries[1])  # fork at the first reply
     settle(chats, events, session)
     stats = session.entries[1].stats
-    assert session.transcript.place(session.entries[1]).count == 2
+    assert session.entries[1].place().count == 2
     assert stats.prompt_tokens - stats.prefix_hit_tokens <= block  # its prompt was all cached
 
 

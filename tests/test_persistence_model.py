@@ -162,11 +162,11 @@ def test_forks_switches_and_continues_are_saved_and_restored(rig):
 
     (back,), _ = restore(store, [PERSONA], PERSONA, first_id=1)
     assert [e.content for e in back.entries] == ["one", "re: one", "two", "re: two"]
-    top = back.transcript.place(back.entries[0])
+    top = back.entries[0].place()
     assert (top.number, top.count) == (1, 2)
     back.transcript.switch(back.entries[0], 1)
     assert [e.content for e in back.entries] == ["one, again", "third try"]
-    assert back.transcript.place(back.entries[1]).label() == "◀ 2/2 ▶"
+    assert back.entries[1].place().label() == "◀ 2/2 ▶"
     assert back.history == ["one", "two", "one, again"]  # typed prompts, oldest first
 
     chats.delete(session, session.entries[2])  # "two" and its reply leave the store

@@ -143,7 +143,7 @@ class Recorder:
     def _select_shown(self, session: ChatSession) -> None:
         """Save which version is on show at every fork of the path."""
         for entry in session.entries:
-            if entry.store_id is not None and session.transcript.place(entry).forked:
+            if entry.store_id is not None and entry.place().forked:
                 self.store.select(entry.store_id)
 
     # -- for the app ---------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Literal
 
 from chatpage.chat.conversation import Conversation, Message
 from chatpage.chat.sampling import AltMode, SamplingSettings
-from chatpage.chat.tree import Fork, Transcript
+from chatpage.chat.tree import Fork, Place, Transcript
 from chatpage.config.personas import Persona
 from chatpage.store import MessageStatus
 
@@ -98,6 +98,8 @@ class Entry:
     error: str | None = None
     store_id: int | None = field(default=None, compare=False, repr=False)
     parent: Entry | None = field(default=None, compare=False, repr=False)
+    fork: Fork | None = field(default=None, compare=False, repr=False)
+    """The versions of this message's turn (it among them), once it is in a transcript."""
     replies: Fork = field(default_factory=Fork, compare=False, repr=False)
     dropped: bool = field(default=False, compare=False)
     """Left out of what the model was last sent, to fit its context (shown greyed)."""
@@ -106,6 +108,12 @@ class Entry:
     def in_context(self) -> bool:
         """Part of the conversation the model sees (failed replies are not)."""
         return self.status != MessageStatus.ERROR
+
+    def place(self) -> Place:
+        """Where it stands among the versions of its turn (``◀ 2/3 ▶``); 1/1 when alone."""
+        if self.fork is None:
+            return Place(1, 1)
+        return Place(self.fork.versions.index(self) + 1, len(self.fork.versions))
 
     def model_content(self) -> str:
         parts = [self.content] if self.content else []

@@ -70,7 +70,9 @@ class Transcript:
 
     def fork_of(self, entry: Entry) -> Fork:
         """The fork `entry` is a version in."""
-        return self.top if entry.parent is None else entry.parent.replies
+        if entry.fork is None:
+            raise ValueError("the message is not in this transcript")
+        return entry.fork
 
     def append(self, entry: Entry) -> Entry:
         """Add `entry` after the last message on show."""
@@ -80,7 +82,7 @@ class Transcript:
         """Add `entry` as a new version of the turn after `parent` (None: the first turn);
         `current` makes it the one on show there."""
         fork = self.top if parent is None else parent.replies
-        entry.parent = parent
+        entry.parent, entry.fork = parent, fork
         fork.versions.append(entry)
         if current or len(fork.versions) == 1:
             fork.current = len(fork.versions) - 1
@@ -99,10 +101,6 @@ class Transcript:
         fork = self.top if parent is None else parent.replies
         if fork.current < 0:
             fork.current = len(fork.versions) - 1 if fork.versions else 0
-
-    def place(self, entry: Entry) -> Place:
-        fork = self.fork_of(entry)
-        return Place(fork.versions.index(entry) + 1, len(fork.versions))
 
     def switch(self, entry: Entry, step: int) -> Entry:
         """Show the version `step` away from `entry` in its fork (clamped to the ends), and

@@ -41,6 +41,8 @@ class SessionView(Vertical):
             transcript.update(change.entry)
         elif kind in ("entries_reset", "entry_removed", "cleared"):
             transcript.reset()
+        elif kind == "context":
+            transcript.refresh_entries()
         elif kind == "generation":
             panes = transcript.show_alternatives()
             if panes is not None and self.display:
