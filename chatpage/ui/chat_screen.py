@@ -25,6 +25,7 @@ from chatpage.store import SessionRow
 from chatpage.ui.bindings import CHAT_BINDINGS, EDITING_KEYS_YIELD
 from chatpage.ui.chat_actions import ChatActions
 from chatpage.ui.history import SavedChats
+from chatpage.ui.persona_actions import PersonaActions
 from chatpage.ui.screens.chat_search import ChatSearch
 from chatpage.ui.slash_commands import run_slash_command
 from chatpage.ui.text import clean
@@ -37,9 +38,10 @@ from chatpage.ui.widgets.session_view import SessionView
 Say = Callable[..., None]
 
 
-class ChatScreen(ChatActions, Screen[None]):
+class ChatScreen(ChatActions, PersonaActions, Screen[None]):
     """Many chats, one shown (`current`). It is given the open chats, the personas (a list the
-    app keeps up to date), how to say things, and at `begin` the store behind the chats."""
+    app keeps up to date, and how to reload it), how to say things, and at `begin` the store
+    behind the chats."""
 
     BINDINGS = CHAT_BINDINGS
     current: reactive[ChatSession | None] = reactive(None, init=False)
@@ -47,9 +49,13 @@ class ChatScreen(ChatActions, Screen[None]):
     saved: SavedChats  # given at `begin`
 
     def __init__(self, chats: Chats, personas: list[Persona],
-                 default_persona: Callable[[], Persona], say: Say) -> None:
+                 default_persona: Callable[[], Persona], say: Say,
+                 reload_personas: Callable[[], None]) -> None:
         super().__init__()
         self.chats = chats
+        self.reload_personas = reload_personas
+        self.pinned: set[str] = set()
+        """System prompts pinned in the engine (see `PersonaActions.pin`)."""
         self.personas = personas
         self.default_persona = default_persona
         self.say = say
