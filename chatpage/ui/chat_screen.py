@@ -18,12 +18,13 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Static, TextArea
 
 from chatpage.chat.chats import Chats
-from chatpage.chat.commands import Command, message_text, parse_command
+from chatpage.chat.commands import COMMAND_NAMES, Command, message_text, parse_command
 from chatpage.chat.session import Change, ChatSession
 from chatpage.config.personas import Persona
 from chatpage.store import SessionRow
 from chatpage.ui.bindings import CHAT_BINDINGS, EDITING_KEYS_YIELD
 from chatpage.ui.chat_actions import ChatActions
+from chatpage.ui.completion import completions
 from chatpage.ui.history import SavedChats
 from chatpage.ui.persona_actions import PersonaActions
 from chatpage.ui.screens.chat_search import ChatSearch
@@ -63,6 +64,9 @@ class ChatScreen(ChatActions, PersonaActions, Screen[None]):
         self.prompt = PromptInput(id="prompt", placeholder="Message (enter sends, ctrl+j new "
                                                             "line, /help for commands)")
         self._prompt_had_text = False
+        self.prompt.completer = lambda text: completions(
+            text, COMMAND_NAMES, [p.name for p in self.personas])
+        self._completion_note = ""
 
     # -- layout -----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -177,7 +181,7 @@ class ChatScreen(ChatActions, PersonaActions, Screen[None]):
 
     def _show_prompt_info(self) -> None:
         session = self.current
-        text = Text()
+        text = Text(clean(self._completion_note) + ("  " if self._completion_note else ""))
         if session is not None:
             if session.alt_mode.kind != "off":
                 text.append(f"next reply: {session.alt_mode.describe()}  ", "bold")
@@ -205,8 +209,18 @@ class ChatScreen(ChatActions, PersonaActions, Screen[None]):
     async def _submitted(self, message: PromptInput.Submitted) -> None:
         await self.submit_prompt(message.text)
 
+    @on(PromptInput.Completed)
+    def _completed(self, message: PromptInput.Completed) -> None:
+        if len(message.options) > 1:
+            self._completion_note = "tab: " + " · ".join(o.rsplit(" ", 1)[-1] or o.strip()
+                                                        for o in message.options[:12])
+            self._show_prompt_info()
+
     @on(TextArea.Changed, "#prompt")
     def _prompt_changed(self) -> None:
+        if self._completion_note:
+            self._completion_note = ""
+            self._show_prompt_info()
         has_text = bool(self.prompt.text)
         if has_text != self._prompt_had_text:  # the editing keys change hands
             self._prompt_had_text = has_text
