@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,11 @@ from chatpage.config.personas import (
     PersonaError,
     default_persona,
     find_persona,
+    load_persona_file,
     load_personas,
     parse_persona,
     persona_dirs,
+    save_persona,
 )
 
 GOOD = """\
@@ -171,3 +174,25 @@ def test_default_persona_choice() -> None:
 
 def test_missing_dir_is_not_an_error(tmp_path: Path) -> None:
     assert load_personas([tmp_path / "nope"]) == ([], [])
+
+
+def test_save_persona_writes_what_the_reader_reads_back(tmp_path):
+    shipped, errors = load_personas([persona_dirs()[0]])
+    assert shipped and not errors
+    out = tmp_path / "mine"
+    for persona in shipped:  # multi-line prompts, greetings, every sampling key
+        assert save_persona(persona, out) == persona
+    assert len(list(out.glob("*.yaml"))) == len(shipped)
+
+    first = shipped[0]
+    edited = save_persona(replace(first, description="edited"), out)
+    assert edited.source == out / f"{first.name}.yaml"
+    assert load_persona_file(edited.source).description == "edited"  # replaced, same file
+
+    (out / "x-y.yaml").write_text("name: other\ndescription: d\nsystem_prompt: s\n")
+    kept = save_persona(replace(first, name="x y"), out)
+    assert kept.source.name == "x-y-2.yaml" and load_persona_file(out / "x-y.yaml").name == "other"
+
+    with pytest.raises(ValueError, match="'top_p' must be a number > 0 and <= 1"):
+        save_persona(replace(first, name="bad", top_p=3.0), out)
+    assert not (out / "bad.yaml").exists()

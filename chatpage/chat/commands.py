@@ -59,6 +59,12 @@ COMMANDS: tuple[CommandInfo, ...] = (
     CommandInfo("search", "/search [WORDS]", "search your saved chats (ctrl+f)"),
     CommandInfo("export", "/export md|json", "write this chat to a file as Markdown or JSON"),
     CommandInfo("settings", "/settings", "open this chat's sampling settings"),
+    CommandInfo("system", "/system [TEXT]", "set this chat's system prompt (an editor when no "
+                "text is given)"),
+    CommandInfo("persona", "/persona [NAME]", "continue this chat as another persona (a picker "
+                "when none is named)"),
+    CommandInfo("saveas", "/saveas [NAME]", "save this chat's persona, system prompt and "
+                "settings as a persona of your own (opens the editor)"),
     CommandInfo("quit", "/quit", "quit chatpage"),
 )
 COMMAND_NAMES = {c.name for c in COMMANDS}

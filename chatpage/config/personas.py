@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -221,3 +222,71 @@ def default_persona(personas: Iterable[Persona], preferred: str | None = None) -
     if not personas:
         raise LookupError("no personas could be loaded; check the personas/ folder")
     return personas[0]
+
+
+# -- writing ---------------------------------------------------------------------------------------
+
+def persona_data(persona: Persona) -> dict[str, Any]:
+    """The persona as the mapping a persona file holds (unset keys left out)."""
+    data: dict[str, Any] = {"name": persona.name, "description": persona.description}
+    if persona.greeting:
+        data["greeting"] = persona.greeting
+    data.update(persona.sampling())
+    data["system_prompt"] = persona.system_prompt
+    return data
+
+
+def _block_text(dumper: yaml.SafeDumper, text: str) -> yaml.Node:
+    style = "|" if "\n" in text else None  # multi-line text as a literal block, as people write it
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(str, _block_text)
+
+
+def persona_yaml(persona: Persona) -> str:
+    """The text of a persona file for ``persona`` (it reads back as the same persona)."""
+    return yaml.dump(persona_data(persona), Dumper=_Dumper, sort_keys=False, allow_unicode=True,
+                     width=100)
+
+
+def save_persona(persona: Persona, directory: Path | None = None) -> Persona:
+    """Write ``persona`` as a YAML file in ``directory`` (default: the user's personas folder,
+    ``config_dir()/personas``) and return it as read back from there.
+
+    The file is ``NAME.yaml`` (the name made safe for a file name); a file there that holds the
+    same persona name is replaced, another persona's file never is. Raises ValueError (one line)
+    when the persona is not valid or the file cannot be written.
+    """
+    directory = config_dir() / "personas" if directory is None else directory
+    text = persona_yaml(persona)
+    parse_persona(yaml.safe_load(text), directory)  # the one validator, before touching disk
+    stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in persona.name).strip("-")
+    stem = stem or "persona"
+    for n in range(1, 100):
+        path = directory / (f"{stem}.yaml" if n == 1 else f"{stem}-{n}.yaml")
+        if not path.exists() or _holds(path, persona.name):
+            break
+    else:
+        raise ValueError(f"too many persona files named {stem}-N.yaml in {_display(directory)}")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as err:
+        raise ValueError(f"cannot write {_display(path)} ({err.strerror or err}); check the "
+                         "folder's permissions") from None
+    return load_persona_file(path)
+
+
+def _holds(path: Path, name: str) -> bool:
+    """Whether the persona file at ``path`` is the persona called ``name``."""
+    try:
+        return load_persona_file(path).name == name
+    except ValueError:
+        return False

@@ -92,18 +92,17 @@ class ChatApp(App[None]):
         self._apply_keymap()
         if self._theme_problem:
             self.say(self._theme_problem, "warning")
-        self.personas[:] = self._load_personas()
         if self.store is None:
             self.store = Store.open()
         self.saved = SavedChats(self.store, self.chats, self.say)
-        self.chat = ChatScreen(self.chats, self.personas, self.default_persona, self.say)
+        self.chat = ChatScreen(self.chats, self.personas, self.default_persona, self.say,
+                               self.reload_personas)
         await self.push_screen(self.chat)
+        self.reload_personas()
         if not self.store.persistent:
             self.chat.gauge.saving = ("not saving: "
                                       f"{self.store.fault or 'chats are kept in memory only'}")
         self.client.start(lambda text: self.post_message(EngineStatus(text)))
-        for prompt in dict.fromkeys(p.system_prompt for p in self.personas):
-            self.client.pin_system_prompt(prompt)
         self.set_interval(STATS_INTERVAL_S, self._poll_stats)
         self.set_interval(SAVE_INTERVAL_S / 2, self.saved.recorder.flush)
         await self.chat.begin(self.saved)
@@ -151,6 +150,13 @@ class ChatApp(App[None]):
             yield from palette_commands(self.chat, self.key_for)
 
     # -- personas --------------------------------------------------------------------------------
+    def reload_personas(self) -> None:
+        """Load the personas again (the list is shared with the chat screen); their system
+        prompts are pinned in the engine."""
+        self.personas[:] = self._load_personas()
+        for persona in self.personas:
+            self.chat.pin(persona.system_prompt)
+
     def _load_personas(self) -> list[Persona]:
         personas, errors = load_personas(self.personas_dirs)
         for error in errors:

@@ -36,6 +36,8 @@ CHAT_BINDINGS: list[Binding] = [
     Binding("f2", "sampling_settings", "Sampling", id="sampling_settings"),
     Binding("ctrl+f", "search_history", "Search chats", id="search_history"),
     Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, id="toggle_sidebar"),
+    Binding("ctrl+e", "external_editor", "Editor", show=False, id="external_editor",
+            priority=True),
     Binding("alt+up", "focus_message(-1)", "Previous message", show=False, id="message_prev"),
     Binding("alt+down", "focus_message(1)", "Next message", show=False, id="message_next"),
 ]

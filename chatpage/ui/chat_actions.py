@@ -10,11 +10,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from textual import work
+from textual.app import SuspendNotSupported
 
 from chatpage.chat.chats import Chats
 from chatpage.chat.session import AltMode, ChatSession, SamplingSettings
 from chatpage.config.personas import Persona
 from chatpage.ui.clipboard import copy_to_system, has_system_clipboard
+from chatpage.ui.external_editor import edit_text, editor_command
 from chatpage.ui.history import SavedChats
 from chatpage.ui.screens.code_picker import CodeBlockPicker
 from chatpage.ui.screens.confirm import Confirm
@@ -147,6 +149,21 @@ class ChatActions:
         session, entry = self.current, message.entry
         if session is not None and entry in session.entries:
             self._guard(lambda s: self.chats.switch(s, entry, message.step))
+
+    def action_external_editor(self) -> None:
+        """Edit the draft in $EDITOR: the app steps aside until the editor exits."""
+        command = editor_command()
+        try:
+            with self.app.suspend():
+                text = edit_text(self.prompt.text, command)
+        except SuspendNotSupported:
+            self.say("this terminal cannot hand the screen to an editor; the draft stays here",
+                     "warning")
+            return
+        except ValueError as err:
+            self.say(str(err), "error")
+            return
+        self.put_back(text)
 
     def action_cycle_alternatives(self) -> None:
         session = self.current

@@ -18,13 +18,15 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Static, TextArea
 
 from chatpage.chat.chats import Chats
-from chatpage.chat.commands import Command, message_text, parse_command
+from chatpage.chat.commands import COMMAND_NAMES, Command, message_text, parse_command
 from chatpage.chat.session import Change, ChatSession
 from chatpage.config.personas import Persona
 from chatpage.store import SessionRow
 from chatpage.ui.bindings import CHAT_BINDINGS, EDITING_KEYS_YIELD
 from chatpage.ui.chat_actions import ChatActions
+from chatpage.ui.completion import completions
 from chatpage.ui.history import SavedChats
+from chatpage.ui.persona_actions import PersonaActions
 from chatpage.ui.screens.chat_search import ChatSearch
 from chatpage.ui.slash_commands import run_slash_command
 from chatpage.ui.text import clean
@@ -37,9 +39,10 @@ from chatpage.ui.widgets.session_view import SessionView
 Say = Callable[..., None]
 
 
-class ChatScreen(ChatActions, Screen[None]):
+class ChatScreen(ChatActions, PersonaActions, Screen[None]):
     """Many chats, one shown (`current`). It is given the open chats, the personas (a list the
-    app keeps up to date), how to say things, and at `begin` the store behind the chats."""
+    app keeps up to date, and how to reload it), how to say things, and at `begin` the store
+    behind the chats."""
 
     BINDINGS = CHAT_BINDINGS
     current: reactive[ChatSession | None] = reactive(None, init=False)
@@ -47,9 +50,13 @@ class ChatScreen(ChatActions, Screen[None]):
     saved: SavedChats  # given at `begin`
 
     def __init__(self, chats: Chats, personas: list[Persona],
-                 default_persona: Callable[[], Persona], say: Say) -> None:
+                 default_persona: Callable[[], Persona], say: Say,
+                 reload_personas: Callable[[], None]) -> None:
         super().__init__()
         self.chats = chats
+        self.reload_personas = reload_personas
+        self.pinned: set[str] = set()
+        """System prompts pinned in the engine (see `PersonaActions.pin`)."""
         self.personas = personas
         self.default_persona = default_persona
         self.say = say
@@ -57,6 +64,9 @@ class ChatScreen(ChatActions, Screen[None]):
         self.prompt = PromptInput(id="prompt", placeholder="Message (enter sends, ctrl+j new "
                                                             "line, /help for commands)")
         self._prompt_had_text = False
+        self.prompt.completer = lambda text: completions(
+            text, COMMAND_NAMES, [p.name for p in self.personas])
+        self._completion_note = ""
 
     # -- layout -----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -171,7 +181,7 @@ class ChatScreen(ChatActions, Screen[None]):
 
     def _show_prompt_info(self) -> None:
         session = self.current
-        text = Text()
+        text = Text(clean(self._completion_note) + ("  " if self._completion_note else ""))
         if session is not None:
             if session.alt_mode.kind != "off":
                 text.append(f"next reply: {session.alt_mode.describe()}  ", "bold")
@@ -199,8 +209,18 @@ class ChatScreen(ChatActions, Screen[None]):
     async def _submitted(self, message: PromptInput.Submitted) -> None:
         await self.submit_prompt(message.text)
 
+    @on(PromptInput.Completed)
+    def _completed(self, message: PromptInput.Completed) -> None:
+        if len(message.options) > 1:
+            self._completion_note = "tab: " + " · ".join(o.rsplit(" ", 1)[-1] or o.strip()
+                                                        for o in message.options[:12])
+            self._show_prompt_info()
+
     @on(TextArea.Changed, "#prompt")
     def _prompt_changed(self) -> None:
+        if self._completion_note:
+            self._completion_note = ""
+            self._show_prompt_info()
         has_text = bool(self.prompt.text)
         if has_text != self._prompt_had_text:  # the editing keys change hands
             self._prompt_had_text = has_text

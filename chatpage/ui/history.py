@@ -76,6 +76,11 @@ class SavedChats:
         if session.store_id is not None:
             self.store.set_draft(session.store_id, session.draft)
 
+    def save_persona(self, session: ChatSession) -> None:
+        """Keep the name of the persona ``session`` continues with (once it is saved)."""
+        if session.store_id is not None:
+            self.store.update_session(session.store_id, persona=session.persona.name)
+
     def closed_chats(self) -> list[SessionRow]:
         """Saved chats not open now, most recent first (at most REOPEN_LIMIT)."""
         open_ids = {s.store_id for s in self.chats.sessions}

@@ -39,6 +39,9 @@ class PaletteHost(Protocol):
     def closed_chats(self) -> list[SessionRow]: ...
     def action_export(self, fmt: str) -> Any: ...
     def action_delete_session(self) -> Any: ...
+    def edit_system_prompt(self) -> Any: ...
+    def action_switch_persona(self) -> Any: ...
+    def action_save_as_persona(self) -> Any: ...
 
 
 def palette_commands(host: PaletteHost,
@@ -57,6 +60,12 @@ def palette_commands(host: PaletteHost,
         for title, help_text, kind in _MODES:
             yield SystemCommand(title, help_text, lambda kind=kind: host.chats.set_alt_mode(
                 session, AltMode(kind, session.alt_mode.k)))
+    yield SystemCommand("Edit this chat's system prompt", "the chat's own system prompt (/system)",
+                        host.edit_system_prompt)
+    yield SystemCommand("Switch this chat's persona", "continue as another persona (/persona)",
+                        host.action_switch_persona)
+    yield SystemCommand("Save this chat as a persona", "a persona file of your own, from this "
+                        "chat's system prompt and settings (/saveas)", host.action_save_as_persona)
     for persona in host.personas:
         yield SystemCommand(f"New chat: {markup_literal(persona.name)}",
                             markup_literal(persona.description),

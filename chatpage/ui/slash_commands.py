@@ -21,7 +21,8 @@ from chatpage.config.personas import Persona, find_persona
 from chatpage.ui.history import EXPORT_NAMES
 
 _ACTIONS = {"help": "app.help", "stop": "stop", "regen": "regenerate", "edit": "edit_last",
-            "settings": "sampling_settings", "new": "new_session", "quit": "app.quit"}
+            "settings": "sampling_settings", "new": "new_session", "quit": "app.quit",
+            "persona": "switch_persona"}
 """Commands that only run a bound action (of the chat screen, or ``app.``)."""
 
 
@@ -35,6 +36,10 @@ class SlashHost(Protocol):
     def say(self, message: str, severity: str = "information",
             timeout: float | None = None) -> None: ...
     async def run_action(self, action: str) -> Any: ...
+    def set_system_prompt(self, session: ChatSession, text: str) -> None: ...
+    def edit_system_prompt(self) -> Any: ...
+    def switch_persona(self, session: ChatSession, persona: Persona) -> None: ...
+    def action_save_as_persona(self, name: str = "") -> Any: ...
     async def open_session(self, persona: Persona) -> ChatSession: ...
     def search(self, term: str) -> Any: ...
     def action_export(self, fmt: str) -> Any: ...
@@ -95,6 +100,12 @@ async def run_slash_command(host: SlashHost, command: Command) -> None:
         chats.clear(session)
     elif name == "continue":
         chats.continue_reply(session)
+    elif name == "system":
+        host.set_system_prompt(session, arg) if arg else host.edit_system_prompt()
+    elif name == "persona" and arg:
+        host.switch_persona(session, persona_named(host.personas, arg))
+    elif name == "saveas":
+        host.action_save_as_persona(arg)
     else:
         await host.run_action(_ACTIONS[name])
 
