@@ -9,6 +9,7 @@ a new version is added and made current, and the user can move back to any other
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -63,10 +64,12 @@ class Transcript:
 
     def tip(self) -> Entry | None:
         """The last message on show."""
-        fork, last = self.top, None
-        while (entry := fork.chosen()) is not None:
-            fork, last = entry.replies, entry
-        return last
+        last = deque(self._walk(), maxlen=1)
+        return last[0] if last else None
+
+    def after(self, parent: Entry | None) -> Fork:
+        """The fork of the turn that follows `parent` (None: the first turn)."""
+        return self.top if parent is None else parent.replies
 
     def fork_of(self, entry: Entry) -> Fork:
         """The fork `entry` is a version in."""
@@ -81,7 +84,7 @@ class Transcript:
     def attach(self, entry: Entry, parent: Entry | None, current: bool = True) -> Entry:
         """Add `entry` as a new version of the turn after `parent` (None: the first turn);
         `current` makes it the one on show there."""
-        fork = self.top if parent is None else parent.replies
+        fork = self.after(parent)
         entry.parent, entry.fork = parent, fork
         fork.versions.append(entry)
         if current or len(fork.versions) == 1:
@@ -94,11 +97,11 @@ class Transcript:
 
     def hide_after(self, parent: Entry | None) -> None:
         """Show no version of the turn after `parent` (alternatives for it are on offer)."""
-        (self.top if parent is None else parent.replies).current = -1
+        self.after(parent).current = -1
 
     def unhide_after(self, parent: Entry | None) -> None:
         """Undo `hide_after`: the newest version of the turn is on show again."""
-        fork = self.top if parent is None else parent.replies
+        fork = self.after(parent)
         if fork.current < 0:
             fork.current = len(fork.versions) - 1 if fork.versions else 0
 
@@ -109,15 +112,6 @@ class Transcript:
         index = fork.versions.index(entry) + step
         fork.current = max(0, min(len(fork.versions) - 1, index))
         return fork.versions[fork.current]
-
-    def show(self, entry: Entry) -> None:
-        """Make `entry` and every message above it the current versions."""
-        while True:
-            fork = self.fork_of(entry)
-            fork.current = fork.versions.index(entry)
-            if entry.parent is None:
-                return
-            entry = entry.parent
 
     def remove(self, entry: Entry) -> None:
         """Take `entry` (and everything after it) out of the tree; if it was on show, the
