@@ -69,7 +69,6 @@ class Requests:
         session.changed("entries_reset")
         return kept
 
-
     # -- engine events -------------------------------------------------------------------------
     def apply(self, event: StreamEvent) -> ChatSession | None:
         """Apply one engine event; returns the session it changed (None if it was stale)."""
