@@ -72,7 +72,7 @@ def test_parse_all_fields(tmp_path: Path) -> None:
     ("text", "expected"),
     [
         ("name: x\ndescription: d\nsystem_prompt: p\ntemperature: hot\n",
-         "'temperature' must be a number >= 0, got 'hot'; fix the value or remove the key"),
+         "'temperature' must be a number >= 0 (0 = greedy), got 'hot'; fix the value or remove the key"),
         ("name: x\ndescription: d\nsystem_prompt: p\ntemperature: -1\n", "'temperature' must be"),
         ("name: x\ndescription: d\nsystem_prompt: p\ntop_p: 0\n", "'top_p' must be a number > 0"),
         ("name: x\ndescription: d\nsystem_prompt: p\ntop_p: 1.5\n", "'top_p'"),
@@ -108,7 +108,7 @@ def test_error_names_the_file_relative_to_cwd(tmp_path: Path, monkeypatch) -> No
     monkeypatch.chdir(tmp_path)
     bad = write(tmp_path / "personas", "pirate.yaml", GOOD.replace("0.9", "hot"))
     _, (error,) = load_personas([bad.parent])
-    assert str(error) == ("personas/pirate.yaml: 'temperature' must be a number >= 0, got 'hot'; "
+    assert str(error) == ("personas/pirate.yaml: 'temperature' must be a number >= 0 (0 = greedy), got 'hot'; "
                           "fix the value or remove the key")
 
 

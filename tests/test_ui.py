@@ -126,15 +126,16 @@ async def test_stop_regenerate_edit_and_history(tiny_llama_dir, personas_dir):
         await wait_for(pilot, lambda: idle(app), "the regenerated reply")
         assert [e.role for e in session.entries] == ["user", "assistant"]
         assert session.entries[-1].status == "done"
+        assert session.entries[0].replies.versions == [reply, session.entries[-1]]  # a fork
 
         # copy the reply (OSC 52 through App.copy_to_clipboard)
         await pilot.press("alt+c")
         assert app.clipboard == session.entries[-1].content
 
-        # edit the last message: it goes back to the input, the exchange is dropped
+        # edit the last message: it goes back to the input; sending it will fork there
         await pilot.press("alt+e")
         prompt = app.chat.query_one(PromptInput)
-        assert prompt.text == "tell me a long story" and session.entries == []
+        assert prompt.text == "tell me a long story" and session.editing is session.entries[0]
         prompt.load_text("")
         await pilot.press("up")  # earlier prompts come back
         assert prompt.text == "/max 5"

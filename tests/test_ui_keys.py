@@ -197,9 +197,10 @@ async def test_keyboard_navigation_copy_code_and_edit_messages(tmp_path, monkeyp
 
         await pilot.press("k", "e")  # an earlier message: back in the box, nothing dropped
         assert app.focused is app.chat.prompt and app.chat.prompt.text == "a question"
-        assert len(session.entries) == 4
+        assert len(session.entries) == 4 and session.editing is session.entries[0]
         app.chat.prompt.load_text("")
-        await pilot.press("alt+up", "k", "e")  # the last one: taken back with its reply
-        assert app.chat.prompt.text == "a question" and len(session.entries) == 2
+        await pilot.press("alt+up", "k", "e")  # the last one: sending it will fork there
+        assert app.chat.prompt.text == "a question" and len(session.entries) == 4
+        assert session.editing is session.entries[2]
         await pilot.press("alt+up", "alt+down")  # past the last: the box
         assert app.focused is app.chat.prompt

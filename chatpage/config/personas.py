@@ -19,8 +19,7 @@ replace a shipped persona of the same name. A broken file never stops the others
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,13 +27,14 @@ from typing import Any
 import yaml
 
 from chatpage.config.paths import config_dir, shipped_personas_dir
+from chatpage.engine.sampling_params import RULE_BY_FIELD, SAMPLING_RULES
 
 DEFAULT_PERSONA = "assistant"
 """The persona a new chat uses unless the user configured another one."""
 
 REQUIRED_KEYS = ("name", "description", "system_prompt")
-OPTIONAL_KEYS = ("greeting", "temperature", "top_p", "top_k", "max_tokens", "seed")
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed")
+OPTIONAL_KEYS = ("greeting", *(rule.field for rule in SAMPLING_RULES))
+SAMPLING_KEYS = tuple(rule.field for rule in SAMPLING_RULES)
 _SUFFIXES = (".yaml", ".yml")
 _MAX_NAME = 40
 
@@ -80,14 +80,6 @@ def _display(path: Path) -> str:
     return str(path)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _text(key: str, value: object, *, one_line: bool) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{key!r} must be non-empty text, got {value!r}; write some text for it")
@@ -104,23 +96,15 @@ def _name(value: object) -> str:
     return name
 
 
-# key -> (is the value allowed?, how the rule reads in a message)
-_NUMBER_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "temperature": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
-    "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "a number > 0 and <= 1"),
-    "top_k": (lambda v: _is_int(v) and v >= 0, "a whole number >= 0 (0 = off)"),
-    "max_tokens": (lambda v: _is_int(v) and v >= 1, "a whole number >= 1"),
-    "seed": (lambda v: _is_int(v) and v >= 0, "a whole number >= 0"),
-}
-
-
 def _number(key: str, value: object) -> float | int | None:
+    """A sampling default, checked by the engine's rule for it (None: not set)."""
     if value is None:
         return None
-    allowed, rule = _NUMBER_RULES[key]
-    if not allowed(value):
-        raise ValueError(f"{key!r} must be {rule}, got {value!r}; fix the value or remove the key")
-    return float(value) if key in ("temperature", "top_p") else value
+    rule = RULE_BY_FIELD[key]
+    if not rule.ok(value):
+        raise ValueError(f"{key!r} must be {rule.allowed}, got {value!r}; fix the value or "
+                         "remove the key")
+    return rule.kind(value)
 
 
 def parse_persona(data: object, source: Path) -> Persona:

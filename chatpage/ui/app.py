@@ -73,7 +73,8 @@ class ChatApp(App[None]):
             config = EngineConfig(kv_cache_bytes=self.settings.kv_cache,
                                   block_size=self.settings.block_size)
         self.client = EngineClient(model if model is not None else self.settings.model, config)
-        self.chats = Chats(self.client, lambda _event: None)  # `_start` sets the delivery
+        self.chats = Chats(self.client, lambda _event: None,  # `_start` sets the delivery
+                           notify=lambda line: self.say(line, "warning", timeout=10))
         self.personas_dirs = personas_dirs
         self.personas: list[Persona] = []
         self.notices: list[str] = []
@@ -213,6 +214,7 @@ class ChatApp(App[None]):
                             f"tokens · {len(self.personas)} personas")
             for warning in client.warnings:
                 self.say(warning, "warning")
+            self.chats.model_ready()
             self._poll_stats()
         elif text.startswith(("error", "engine error")):
             gauge.status = text

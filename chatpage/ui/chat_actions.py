@@ -113,7 +113,7 @@ class ChatActions:
 
     def action_edit_last(self) -> None:
         def edit(session: ChatSession) -> None:
-            self.put_back(self.chats.edit_last(session))
+            self.put_back(self.chats.edit(session))
 
         self._guard(edit)
 
@@ -133,18 +133,22 @@ class ChatActions:
             self.prompt.focus()
 
     def on_message_view_edit(self, message: MessageView.Edit) -> None:
-        """Edit a message of yours: the last one is taken back with its reply (as alt+e); an
-        earlier one is put in the box to be sent again as a new message."""
+        """Edit a message of yours: it goes back in the box, and sending it forks the chat
+        there (what followed the original stays, as the other version)."""
         session, entry = self.current, message.entry
         if session is None or entry not in session.entries:
             return
         if entry.role != "user":
             self.say("only your own messages can be edited; ctrl+r asks for another reply",
                      "warning")
-        elif entry is session.last("user"):
-            self.action_edit_last()
-        else:
-            self.put_back(entry.content)
+            return
+        self._guard(lambda s: self.put_back(self.chats.edit(s, entry)))
+
+    def on_message_view_switch(self, message: MessageView.Switch) -> None:
+        """Show another version of a turn (◀ ▶ at a fork)."""
+        session, entry = self.current, message.entry
+        if session is not None and entry in session.entries:
+            self._guard(lambda s: self.chats.switch(s, entry, message.step))
 
     def action_external_editor(self) -> None:
         """Edit the draft in $EDITOR: the app steps aside until the editor exits."""

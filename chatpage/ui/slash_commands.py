@@ -15,7 +15,8 @@ from chatpage.chat.commands import (
     parse_k,
     read_attachment,
 )
-from chatpage.chat.session import SETTING_BY_FIELD, AltMode, ChatSession
+from chatpage.chat.sampling import SETTING_BY_FIELD, AltMode
+from chatpage.chat.session import ChatSession
 from chatpage.config.personas import Persona, find_persona
 from chatpage.ui.history import EXPORT_NAMES
 
@@ -100,6 +101,8 @@ async def run_slash_command(host: SlashHost, command: Command) -> None:
         await host.run_action("copy_code" if arg.lower().startswith("code") else "copy_reply")
     elif name == "clear":
         chats.clear(session)
+    elif name == "continue":
+        chats.continue_reply(session)
     elif name == "system":
         host.set_system_prompt(session, arg) if arg else host.edit_system_prompt()
     elif name == "persona" and arg:

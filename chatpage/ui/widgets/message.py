@@ -3,7 +3,9 @@
 Click the "copy" label to copy the message; click a code block to copy that block (a drag that
 selects text inside the block copies nothing: the selection is the user's, ctrl+c copies it).
 A message takes the focus (alt+up/down, j/k in the transcript, a click); then c copies it, b one
-of its code blocks, e edits it.
+of its code blocks, e edits it. Where the chat forks, ``◀ 2/3 ▶`` shows which version of the turn
+this is: click its arrows, or press [ and ] on the focused message, to show another. A message
+left out of what the model sees (the chat outgrew the context) is greyed.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ class MessageView(Throttled, Vertical, can_focus=True):
         Binding("c", "copy_message", "Copy", id="message_copy"),
         Binding("b", "copy_code", "Copy code", id="message_copy_code"),
         Binding("e", "edit", "Edit", id="message_edit"),
+        Binding("left_square_bracket", "switch(-1)", "Previous version", id="message_prev"),
+        Binding("right_square_bracket", "switch(1)", "Next version", id="message_next"),
     ]
 
     @dataclass
@@ -70,11 +74,19 @@ class MessageView(Throttled, Vertical, can_focus=True):
 
         entry: Entry
 
+    @dataclass
+    class Switch(Message):
+        """Show the version ``step`` away from ``entry`` (-1 previous, 1 next)."""
+
+        entry: Entry
+        step: int
+
     def __init__(self, entry: Entry, speaker: str) -> None:
         super().__init__(classes=f"message -{entry.role}")
         self.entry = entry
         self.speaker = speaker
         self._speaker = Static(classes="message-speaker")
+        self._versions = Static(classes="message-versions")
         self._foot_line = Static(classes="message-foot")
         self._body: Static | StreamingMarkdown = (
             Static(classes="message-body") if entry.role == "user"
@@ -85,6 +97,7 @@ class MessageView(Throttled, Vertical, can_focus=True):
     def compose(self) -> ComposeResult:
         with Horizontal(classes="message-head"):
             yield self._speaker
+            yield self._versions
             yield Static("copy", classes="message-copy")
         yield self._body
         if self.entry.role == "user":
@@ -123,6 +136,10 @@ class MessageView(Throttled, Vertical, can_focus=True):
         self.set_class(entry.status in ("stopped", "interrupted"), "-stopped")
         self.set_class(entry.status == "error", "-error")
         self.set_class(bool(entry.attachments), "-attached")
+        self.set_class(entry.dropped, "-dropped")
+        place = entry.place()
+        self.set_class(place.forked, "-forked")
+        self._versions.update(place.label() if place.forked else "")
         self._speaker.update(self._head())
         self._foot_line.update(self._foot())
         if isinstance(self._body, StreamingMarkdown):
@@ -139,6 +156,16 @@ class MessageView(Throttled, Vertical, can_focus=True):
 
     def action_edit(self) -> None:
         self.post_message(self.Edit(self.entry))
+
+    def action_switch(self, step: int) -> None:
+        if self.entry.place().forked:
+            self.post_message(self.Switch(self.entry, step))
+
+    @on(events.Click, ".message-versions")
+    def _switch(self, event: events.Click) -> None:
+        """◀ (the left half) shows the previous version, ▶ the next."""
+        event.stop()
+        self.action_switch(-1 if event.x < self._versions.size.width // 2 else 1)
 
     @on(events.Click, ".message-copy")
     def _copy_message(self, event: events.Click) -> None:

@@ -106,6 +106,11 @@ class Transcript(VerticalScroll):
             if not self.is_anchored:
                 self.follow()
 
+    def refresh_entries(self) -> None:
+        """Redraw every message view (which messages the model sees changed)."""
+        for view in self._views.values():
+            view.refresh_entry()
+
     def reset(self) -> None:
         """Drop the message views whose entries are gone; add any that are new."""
         alive = {id(e) for e in self.session.entries}
