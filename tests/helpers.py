@@ -77,6 +77,12 @@ async def wait_for(pilot, condition, what: str, timeout: float = 30.0) -> None:
         await pilot.pause(0.05)
 
 
+async def opened(pilot, screen_type) -> None:
+    """Wait until a dialog of ``screen_type`` is on top and drawn (dialogs open in workers)."""
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, screen_type), "the dialog")
+    await pilot.pause()
+
+
 def idle(app: ChatApp) -> bool:
     stats = app.client.stats()
     return (stats is not None and stats.num_running == 0 and stats.num_waiting == 0

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import alpha_and_beta, idle, make_app, offline_app, ready, send, wait_for
+from helpers import alpha_and_beta, idle, make_app, offline_app, opened, ready, send, wait_for
 
 from chatpage.chat.recorder import restore
 from chatpage.config.paths import data_dir
@@ -154,7 +154,7 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
 
         # search (ctrl+f): a closed chat opens again; the snippet shows brackets literally
         await pilot.press("ctrl+f")
-        assert isinstance(app.screen, ChatSearch)
+        await opened(pilot, ChatSearch)
         await pilot.press(*"cafe")
         await pilot.pause(0.2)
         hits = app.screen.hits
@@ -187,7 +187,7 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
         delete = next(c for c in app.get_system_commands(app.screen) if c.title == "Delete chat")
         delete.callback()
         await pilot.pause()
-        assert isinstance(app.screen, Confirm)
+        await opened(pilot, Confirm)
         await pilot.press("escape")
         await pilot.pause()
         assert app.chat.current is session

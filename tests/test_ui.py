@@ -9,7 +9,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import alpha_and_beta, freed, hold_model_load, idle, make_app, ready, send, wait_for
+from helpers import (
+    alpha_and_beta,
+    freed,
+    hold_model_load,
+    idle,
+    make_app,
+    opened,
+    ready,
+    send,
+    wait_for,
+)
 
 from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.widgets.alternatives import AlternativesView, AltPane
@@ -42,7 +52,7 @@ async def test_two_personas_stream_switch_cache_and_gauge(tiny_llama_dir, person
 
         # a second session with the other persona, through the picker
         await pilot.press("ctrl+n")
-        assert isinstance(app.screen, PersonaPicker)
+        await opened(pilot, PersonaPicker)
         await pilot.press(*"bet", "enter")
         await wait_for(pilot, lambda: len(app.chats.sessions) == 2 and app.chat.current is not first,
                        "the second session")

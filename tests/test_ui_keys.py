@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import stat
 
-from helpers import fake_submits, offline_app, reply_event, wait_for
+from helpers import fake_submits, offline_app, opened, reply_event, wait_for
 from textual import events
 from textual.widgets.markdown import MarkdownFence
 
@@ -16,6 +16,7 @@ from chatpage.store import Store
 from chatpage.ui.clipboard import system_tool
 from chatpage.ui.messages import EngineEvent
 from chatpage.ui.screens.code_picker import CodeBlockPicker
+from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.widgets.message import MessageView
 from chatpage.ui.widgets.session_list import SessionList
 
@@ -28,7 +29,7 @@ async def reply(pilot, app, text: str = REPLY) -> None:
     submitted = fake_submits(app)
     session = app.chat.current
     await app.chat.submit_prompt("a question")
-    app.post_message(EngineEvent(reply_event(f"fake-{len(submitted)}", text, True)))
+    app.post_message(EngineEvent(reply_event(f"fake-{len(submitted)}", text, True), app.client))
     await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
 
 
@@ -54,7 +55,8 @@ async def test_editing_keys_win_while_the_box_has_text(tmp_path):
         await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         first = app.chat.current
         await app.chat.submit_prompt("/new")
-        await pilot.press("enter")  # the persona picker: the default persona
+        await opened(pilot, PersonaPicker)
+        await pilot.press("enter")  # the default persona
         await wait_for(pilot, lambda: len(app.chats.sessions) == 2, "a second chat")
         prompt = app.chat.prompt
         await type_text(pilot, app, "hello big world")
@@ -183,7 +185,7 @@ async def test_keyboard_navigation_copy_code_and_edit_messages(tmp_path, monkeyp
         await pilot.press("c")
         assert app.clipboard == TWO_BLOCKS
         await pilot.press("b")  # two blocks: pick one
-        assert isinstance(app.screen, CodeBlockPicker)
+        await opened(pilot, CodeBlockPicker)
         await pilot.press("down", "enter")
         await wait_for(pilot, lambda: app.clipboard == "beta --now", "the second block")
         await pilot.press("alt+up")

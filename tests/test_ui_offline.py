@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from helpers import fake_submits, hold_model_load, offline_app, reply_event, wait_for
+from helpers import fake_submits, hold_model_load, offline_app, opened, reply_event, wait_for
 from textual.widgets import Input
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence
 
@@ -46,8 +46,8 @@ async def test_markup_and_control_characters_render_literally(tmp_path):
         assert submitted[0][-1] == {"role": "user", "content": USER_TEXT}  # sent verbatim
 
         half = MODEL_TEXT[:40]
-        app.post_message(EngineEvent(reply_event("fake-1", half, False)))
-        app.post_message(EngineEvent(reply_event("fake-1", MODEL_TEXT, True)))
+        app.post_message(EngineEvent(reply_event("fake-1", half, False), app.client))
+        app.post_message(EngineEvent(reply_event("fake-1", MODEL_TEXT, True), app.client))
         await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
 
         user_view, reply_view = app.chat.session_view(session).query(MessageView)
@@ -138,14 +138,14 @@ async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
         assert app.theme == "nord"
         assert any("unknown id bogus_id" in n for n in app.notices)
         await pilot.press("f5")
-        assert isinstance(app.screen, PersonaPicker)
+        await opened(pilot, PersonaPicker)
         await pilot.press(*"cod", "enter")
         await wait_for(pilot, lambda: app.chat.current.persona.name == "coder", "the coder chat")
         session = app.chat.current
         assert session.sampling.temperature == 0.2  # the persona's default
 
         await pilot.press("f2")
-        assert isinstance(app.screen, SamplingSettingsScreen)
+        await opened(pilot, SamplingSettingsScreen)
         temperature = app.screen.query_one("#set-temperature", Input)
         temperature.value = "hot"
         await pilot.click("#settings-save")

@@ -11,6 +11,7 @@ from helpers import (
     idle,
     make_app,
     offline_app,
+    opened,
     ready,
     reply_event,
     send,
@@ -29,12 +30,6 @@ from chatpage.ui.screens.system_prompt import SystemPromptEditor
 SIZE = (140, 44)
 TERSE = ("You are terse. Answer in five words or fewer, never more, and never apologise. "
          "Prefer numbers to words. Skip greetings. ") * 2
-
-
-async def opened(pilot, screen_type) -> None:
-    """Wait until a dialog of ``screen_type`` is on top and drawn (dialogs open in workers)."""
-    await wait_for(pilot, lambda: isinstance(pilot.app.screen, screen_type), "the dialog")
-    await pilot.pause()
 
 
 @pytest.fixture
@@ -80,7 +75,7 @@ async def test_switch_persona_and_save_as_persona_with_the_editor(tmp_path):
         session = app.chat.current
         submitted = fake_submits(app)
         await app.chat.submit_prompt("hello")
-        app.post_message(EngineEvent(reply_event("fake-1", "hi", True)))
+        app.post_message(EngineEvent(reply_event("fake-1", "hi", True), app.client))
         await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
         assert submitted[0][0]["content"] == session.persona.system_prompt
 

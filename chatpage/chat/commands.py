@@ -63,6 +63,8 @@ COMMANDS: tuple[CommandInfo, ...] = (
                 "text is given)"),
     CommandInfo("persona", "/persona [NAME]", "continue this chat as another persona (a picker "
                 "when none is named)"),
+    CommandInfo("model", "/model [PATH]", "switch the model: a model folder or .gguf file, or "
+                "default (a picker when no path is given); chats stay"),
     CommandInfo("saveas", "/saveas [NAME]", "save this chat's persona, system prompt and "
                 "settings as a persona of your own (opens the editor)"),
     CommandInfo("quit", "/quit", "quit chatpage"),

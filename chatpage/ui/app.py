@@ -10,9 +10,11 @@ Nothing here waits on the engine.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from textual import work
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 
@@ -20,7 +22,7 @@ from chatpage.chat.chats import Chats
 from chatpage.chat.recorder import SAVE_INTERVAL_S
 from chatpage.config.personas import Persona, default_persona, find_persona, load_personas
 from chatpage.config.settings import Settings
-from chatpage.engine.client import EngineClient, EngineConfig, StreamEvent
+from chatpage.engine.client import EngineClient, EngineConfig
 from chatpage.store import Store
 from chatpage.ui.bindings import APP_BINDINGS
 from chatpage.ui.chat_screen import ChatScreen
@@ -28,6 +30,7 @@ from chatpage.ui.history import SavedChats
 from chatpage.ui.messages import EngineEvent, EngineStatus
 from chatpage.ui.palette import palette_commands
 from chatpage.ui.screens.help import HelpScreen
+from chatpage.ui.screens.model_picker import ModelPicker, model_problem
 from chatpage.ui.text import clean
 from chatpage.ui.theme import CHATPAGE_THEME
 from chatpage.ui.widgets.alternatives import AlternativesView
@@ -35,6 +38,8 @@ from chatpage.ui.widgets.message import MessageView
 from chatpage.ui.widgets.transcript import Transcript
 
 STATS_INTERVAL_S = 0.3
+STOP_WAIT_S = 10.0
+"""How long a model switch waits for the replies in progress to stop."""
 FALLBACK_PERSONA = Persona(
     "assistant", "A helpful assistant", "You are a helpful, honest assistant.",
 )
@@ -68,7 +73,7 @@ class ChatApp(App[None]):
             config = EngineConfig(kv_cache_bytes=self.settings.kv_cache,
                                   block_size=self.settings.block_size)
         self.client = EngineClient(model if model is not None else self.settings.model, config)
-        self.chats = Chats(self.client, self._deliver,
+        self.chats = Chats(self.client, lambda _event: None,  # `_start` sets the delivery
                            notify=lambda line: self.say(line, "warning", timeout=10))
         self.personas_dirs = personas_dirs
         self.personas: list[Persona] = []
@@ -102,7 +107,7 @@ class ChatApp(App[None]):
         if not self.store.persistent:
             self.chat.gauge.saving = ("not saving: "
                                       f"{self.store.fault or 'chats are kept in memory only'}")
-        self.client.start(lambda text: self.post_message(EngineStatus(text)))
+        self._start(self.client)
         self.set_interval(STATS_INTERVAL_S, self._poll_stats)
         self.set_interval(SAVE_INTERVAL_S / 2, self.saved.recorder.flush)
         await self.chat.begin(self.saved)
@@ -147,6 +152,8 @@ class ChatApp(App[None]):
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         if screen is getattr(self, "chat", None):
+            yield SystemCommand("Switch model", "a model folder, a .gguf file or the default "
+                                "model; the chats stay (/model)", self.action_switch_model)
             yield from palette_commands(self.chat, self.key_for)
 
     # -- personas --------------------------------------------------------------------------------
@@ -183,14 +190,22 @@ class ChatApp(App[None]):
                     **({"timeout": timeout} if timeout else {}))
 
     # -- the engine ------------------------------------------------------------------------------
-    def _deliver(self, event: StreamEvent) -> None:
-        """Called on the engine thread: hand the event over without blocking."""
-        self.post_message(EngineEvent(event))
+    def _start(self, client: EngineClient) -> None:
+        """Start ``client``; its events and status lines come to this app, tagged with it."""
+        self.chats.deliver = lambda event: self.post_message(EngineEvent(event, client))
+        client.start(lambda text: self.post_message(EngineStatus(text, client)))
+
+    def make_client(self, target: str | None) -> EngineClient:
+        """A new (not started) client for the model ``target`` (None: the default model)."""
+        return EngineClient(target, self.client.config)
 
     def on_engine_event(self, message: EngineEvent) -> None:
-        self.chats.apply(message.event)
+        if message.client is self.client:  # (a model switched away from says nothing more)
+            self.chats.apply(message.event)
 
     def on_engine_status(self, message: EngineStatus) -> None:
+        if message.client is not self.client:
+            return
         gauge = self.chat.gauge
         text = message.text
         if text == "ready":
@@ -206,6 +221,42 @@ class ChatApp(App[None]):
             self.say(text, "error", timeout=20)
         else:
             gauge.status = f"{text}…"
+
+    @work(exclusive=True, group="dialog")
+    async def action_switch_model(self) -> None:
+        """The model picker; the model picked replaces the one in use."""
+        target = await self.push_screen_wait(ModelPicker(self.client.model, self.settings.model))
+        if target is not None:
+            self.switch_model(target)
+
+    def on_chat_screen_model_wanted(self, message: ChatScreen.ModelWanted) -> None:
+        self.switch_model(message.target)
+
+    def switch_model(self, target: str) -> None:
+        """Replace the model with ``target`` ("" for the default): replies in progress stop,
+        a new client starts, the chats stay, their system prompts are pinned on the new
+        model, and the old engine is closed (off the UI thread)."""
+        problem = model_problem(target) if target else None
+        if problem:
+            self.say(problem, "error")
+        else:
+            self._swap_client(target)
+
+    @work(exclusive=True, group="model")
+    async def _swap_client(self, target: str) -> None:
+        for session in self.chats.sessions:
+            self.chats.stop(session)
+        deadline = time.monotonic() + STOP_WAIT_S
+        while any(s.streaming for s in self.chats.sessions) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        old, new = self.client, self.make_client(target or None)
+        self.client = self.chats.client = new
+        self.chat.gauge.stats = None
+        self._start(new)
+        for prompt in self.chat.pinned:
+            new.pin_system_prompt(prompt)
+        self.say(f"switching to {target or 'the default model'}; the chats stay")
+        await asyncio.to_thread(old.close)
 
     def _poll_stats(self) -> None:
         stats = self.client.stats()

@@ -8,11 +8,13 @@ prompt history. Enter in the message box sends (or runs a slash command). Dialog
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Static, TextArea
@@ -46,6 +48,12 @@ class ChatScreen(ChatActions, PersonaActions, Screen[None]):
 
     BINDINGS = CHAT_BINDINGS
     current: reactive[ChatSession | None] = reactive(None, init=False)
+
+    @dataclass
+    class ModelWanted(Message):
+        """Switch to the model at ``target`` ("" for the default model)."""
+
+        target: str
 
     saved: SavedChats  # given at `begin`
 

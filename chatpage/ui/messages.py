@@ -6,18 +6,20 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from chatpage.engine.client import StreamEvent
+from chatpage.engine.client import EngineClient, StreamEvent
 
 
 @dataclass
 class EngineEvent(Message):
-    """A StreamEvent from the engine thread, handed to the UI thread."""
+    """A StreamEvent from ``client``'s engine thread, handed to the UI thread."""
 
     event: StreamEvent
+    client: EngineClient
 
 
 @dataclass
 class EngineStatus(Message):
-    """A progress line from the engine thread (loading, building kernels, ready, error)."""
+    """A progress line from ``client``'s engine thread (loading, kernels, ready, error)."""
 
     text: str
+    client: EngineClient

@@ -22,7 +22,7 @@ from chatpage.ui.history import EXPORT_NAMES
 
 _ACTIONS = {"help": "app.help", "stop": "stop", "regen": "regenerate", "edit": "edit_last",
             "settings": "sampling_settings", "new": "new_session", "quit": "app.quit",
-            "persona": "switch_persona"}
+            "persona": "switch_persona", "model": "app.switch_model"}
 """Commands that only run a bound action (of the chat screen, or ``app.``)."""
 
 
@@ -35,7 +35,10 @@ class SlashHost(Protocol):
 
     def say(self, message: str, severity: str = "information",
             timeout: float | None = None) -> None: ...
+    ModelWanted: Any
+
     async def run_action(self, action: str) -> Any: ...
+    def post_message(self, message: Any) -> bool: ...
     def set_system_prompt(self, session: ChatSession, text: str) -> None: ...
     def edit_system_prompt(self) -> Any: ...
     def switch_persona(self, session: ChatSession, persona: Persona) -> None: ...
@@ -104,6 +107,8 @@ async def run_slash_command(host: SlashHost, command: Command) -> None:
         host.set_system_prompt(session, arg) if arg else host.edit_system_prompt()
     elif name == "persona" and arg:
         host.switch_persona(session, persona_named(host.personas, arg))
+    elif name == "model" and arg:
+        host.post_message(host.ModelWanted("" if arg.lower() == "default" else arg))
     elif name == "saveas":
         host.action_save_as_persona(arg)
     else:
