@@ -201,6 +201,28 @@ def test_overflow_drops_the_oldest_turns_but_keeps_them():
     assert all(e.content not in {m["content"] for m in sent} for e in dropped
                if e.role == "user")
 
+    chats.edit(session, session.entries[0])  # a short branch at the top: nothing left out
+    chats.send(session, "short")
+    chats.apply(done("r5", "ok"))
+    assert not any(e.dropped for e in session.entries)
+    notices.clear()
+    chats.switch(session, session.entries[0], -1)  # back to the long one: greyed again, quietly
+    marks = [e.dropped for e in session.entries]
+    assert marks[0] and not marks[-1] and marks == sorted(marks, reverse=True)  # oldest first
+    assert notices == []
+
+
+def test_a_restored_chat_learns_its_context_when_the_model_loads():
+    client = FakeClient()
+    chats, session = chat_with(client, "x" * 600, "y" * 600, "z")
+    assert session.context_tokens == 0 and not any(e.dropped for e in session.entries)
+    client.max_model_len = 300
+    seen = []
+    session.observers.append(lambda s, change: seen.append(change.kind))
+    chats.model_ready()
+    assert session.context_tokens == 300 and "context" in seen
+    assert session.entries[0].dropped and not session.entries[-1].dropped
+
 
 def test_fit_counts_replies_exactly_and_keeps_the_last_message():
     question = Entry("user", "q" * 30)

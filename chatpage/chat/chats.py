@@ -67,10 +67,10 @@ class Chats(Requests):
         return session
 
     def model_ready(self) -> None:
-        """The model loaded: every session learns the size of its context window."""
+        """The model loaded: every session learns the size of its context window, and which
+        of its messages the next turn will leave out (greyed) to fit it."""
         for session in self.sessions:
-            session.context_tokens = self.client.max_model_len
-            session.changed("context")
+            self._fit(session, None, notice=False)
 
     def close(self, session: ChatSession) -> None:
         """Stop what the session is generating (a reply in progress ends "stopped") and
@@ -163,6 +163,7 @@ class Chats(Requests):
         shown = session.transcript.switch(message, step)
         if shown is not message:
             session.changed("entries_reset")
+            self._fit(session, None, notice=False)  # another branch: its own length
         return shown
 
     def delete(self, session: ChatSession, message: Entry) -> None:

@@ -109,15 +109,17 @@ class Requests:
             raise ChatError(f"keep one of the alternatives first: press 1-{n}, click a pane, "
                             "or type /keep N")
 
-    def _fit(self, session: ChatSession, upto: Entry) -> None:
-        """Leave the oldest turns out of what is sent if the turn would not fit the context."""
+    def _fit(self, session: ChatSession, upto: Entry | None, notice: bool = True) -> None:
+        """Leave the oldest turns out of what is sent if the turn after `upto` (None: after
+        the last message on show) would not fit the context; `notice` says so to the user."""
         session.context_tokens = self.client.max_model_len or session.context_tokens
         path = session.entries
-        path = path[:path.index(upto) + 1]
+        if upto is not None:
+            path = path[:path.index(upto) + 1]
         outcome = fit(session.persona.system_prompt, path, session.sampling.max_tokens,
                       session.context_tokens)
         session.changed("context")
-        if outcome.notice():
+        if notice and outcome.notice():
             self.notify(outcome.notice())
 
     def _ask(self, session: ChatSession, question: Entry) -> None:
