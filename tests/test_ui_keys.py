@@ -16,6 +16,7 @@ from chatpage.store import Store
 from chatpage.ui.clipboard import system_tool
 from chatpage.ui.messages import EngineEvent
 from chatpage.ui.screens.code_picker import CodeBlockPicker
+from chatpage.ui.screens.confirm import Confirm
 from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.widgets.message import MessageView
 from chatpage.ui.widgets.session_list import SessionList
@@ -204,3 +205,42 @@ async def test_keyboard_navigation_copy_code_and_edit_messages(tmp_path, monkeyp
         assert session.editing is session.entries[2]
         await pilot.press("alt+up", "alt+down")  # past the last: the box
         assert app.focused is app.chat.prompt
+
+
+async def test_regenerate_and_delete_a_focused_message(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        await reply(pilot, app, "first answer")
+        await reply(pilot, app, "second answer")
+        app.chat.prompt.focus()
+        await pilot.press("alt+up", "k", "r")  # a question: only replies are asked again
+        assert "r asks again for a reply" in app.notices[-1]
+
+        submitted = fake_submits(app)
+        await pilot.press("k", "r")  # the first reply, asked again: a fork there
+        await wait_for(pilot, lambda: submitted, "the new request")
+        assert [m["content"] for m in submitted[0][1:]] == ["a question"]
+        app.post_message(EngineEvent(reply_event("fake-1", "another first answer", True),
+                                     app.client))
+        await wait_for(pilot, lambda: session.entries[-1].content == "another first answer"
+                       and session.entries[-1].status == "done", "the other version")
+        assert [e.content for e in session.entries] == ["a question", "another first answer"]
+        assert session.entries[1].place().forked
+
+        app.chat.prompt.focus()
+        await pilot.press("alt+up", "d")  # delete it: the other version comes back
+        await opened(pilot, Confirm)
+        assert app.screen.question == "Delete this reply?"
+        assert app.screen.detail == "It is the last message. This cannot be undone."
+        await pilot.press("escape")
+        await pilot.pause()
+        assert len(session.entries) == 2 and isinstance(app.focused, MessageView)
+        await pilot.press("d")  # the focus came back to the reply
+        await opened(pilot, Confirm)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: len(session.entries) == 4, "the deletion")
+        assert [e.content for e in session.entries] == [
+            "a question", "first answer", "a question", "second answer"]
+        assert not session.entries[1].place().forked

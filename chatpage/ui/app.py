@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from textual import work
 from textual.app import App, SystemCommand
+from textual.binding import Binding
 from textual.screen import Screen
 
 from chatpage.chat.chats import Chats
 from chatpage.chat.recorder import SAVE_INTERVAL_S
 from chatpage.config.personas import Persona, default_persona, find_persona, load_personas
 from chatpage.config.settings import Settings
-from chatpage.engine.client import EngineClient, EngineConfig
+from chatpage.engine.client import EngineClient, EngineConfig, StreamEvent
 from chatpage.store import Store
 from chatpage.ui.bindings import APP_BINDINGS
 from chatpage.ui.chat_screen import ChatScreen
@@ -73,7 +74,7 @@ class ChatApp(App[None]):
             config = EngineConfig(kv_cache_bytes=self.settings.kv_cache,
                                   block_size=self.settings.block_size)
         self.client = EngineClient(model if model is not None else self.settings.model, config)
-        self.chats = Chats(self.client, lambda _event: None,  # `_start` sets the delivery
+        self.chats = Chats(self.client, self._delivery(self.client),
                            notify=lambda line: self.say(line, "warning", timeout=10))
         self.personas_dirs = personas_dirs
         self.personas: list[Persona] = []
@@ -119,7 +120,7 @@ class ChatApp(App[None]):
 
     # -- keys ----------------------------------------------------------------------------------------
     @classmethod
-    def all_bindings(cls):
+    def all_bindings(cls) -> list[Binding]:
         """Every binding with an id, wherever it lives (for the keymap and the help)."""
         return [b for b in [*cls.BINDINGS, *ChatScreen.BINDINGS, *AlternativesView.BINDINGS,
                             *Transcript.BINDINGS, *MessageView.BINDINGS] if b.id]
@@ -190,9 +191,12 @@ class ChatApp(App[None]):
                     **({"timeout": timeout} if timeout else {}))
 
     # -- the engine ------------------------------------------------------------------------------
+    def _delivery(self, client: EngineClient) -> Callable[[StreamEvent], None]:
+        """How ``client``'s events reach this app (called on its engine thread: no waiting)."""
+        return lambda event: self.post_message(EngineEvent(event, client))
+
     def _start(self, client: EngineClient) -> None:
-        """Start ``client``; its events and status lines come to this app, tagged with it."""
-        self.chats.deliver = lambda event: self.post_message(EngineEvent(event, client))
+        """Start ``client``; its status lines come to this app, tagged with it."""
         client.start(lambda text: self.post_message(EngineStatus(text, client)))
 
     def make_client(self, target: str | None) -> EngineClient:
@@ -251,6 +255,7 @@ class ChatApp(App[None]):
             await asyncio.sleep(0.05)
         old, new = self.client, self.make_client(target or None)
         self.client = self.chats.client = new
+        self.chats.deliver = self._delivery(new)
         self.chat.gauge.stats = None
         self._start(new)
         for prompt in self.chat.pinned:

@@ -38,8 +38,10 @@ CHAT_BINDINGS: list[Binding] = [
     Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, id="toggle_sidebar"),
     Binding("ctrl+e", "external_editor", "Editor", show=False, id="external_editor",
             priority=True),
-    Binding("alt+up", "focus_message(-1)", "Previous message", show=False, id="message_prev"),
-    Binding("alt+down", "focus_message(1)", "Next message", show=False, id="message_next"),
+    Binding("alt+up", "focus_message(-1)", "Previous message", show=False,
+            id="focus_prev_message"),
+    Binding("alt+down", "focus_message(1)", "Next message", show=False,
+            id="focus_next_message"),
 ]
 
 EDITING_KEYS_YIELD = frozenset({"close_session", "cycle_alternatives"})

@@ -144,6 +144,30 @@ class ChatActions:
             return
         self._guard(lambda s: self.put_back(self.chats.edit(s, entry)))
 
+    def on_message_view_regenerate(self, message: MessageView.Regenerate) -> None:
+        """Ask again for a reply: the new one is another version of it (◀ ▶)."""
+        session, entry = self.current, message.entry
+        if session is None or entry not in session.entries:
+            return
+        if entry.role != "assistant":
+            self.say("r asks again for a reply; e edits a message of yours", "warning")
+            return
+        self._guard(lambda s: self.chats.regenerate(s, entry))
+
+    @work(exclusive=True, group="dialog")
+    async def on_message_view_delete(self, message: MessageView.Delete) -> None:
+        """Ask, then delete a message and everything after it (on every branch)."""
+        session, entry = self.current, message.entry
+        if session is None or entry not in session.entries:
+            return
+        after = len(session.entries) - session.entries.index(entry) - 1
+        detail = (f"The {after} message(s) after it go too, on every branch." if after
+                  else "It is the last message.") + " This cannot be undone."
+        who = "your message" if entry.role == "user" else "this reply"
+        if await self.app.push_screen_wait(Confirm(f"Delete {who}?", detail, "Delete")):
+            if session in self.chats.sessions and entry in session.entries:
+                self._guard(lambda s: self.chats.delete(s, entry))
+
     def on_message_view_switch(self, message: MessageView.Switch) -> None:
         """Show another version of a turn (◀ ▶ at a fork)."""
         session, entry = self.current, message.entry

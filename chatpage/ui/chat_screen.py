@@ -27,7 +27,7 @@ from chatpage.store import SessionRow
 from chatpage.ui.bindings import CHAT_BINDINGS, EDITING_KEYS_YIELD
 from chatpage.ui.chat_actions import ChatActions
 from chatpage.ui.completion import completions
-from chatpage.ui.history import SavedChats
+from chatpage.ui.history import SavedChats, Say
 from chatpage.ui.persona_actions import PersonaActions
 from chatpage.ui.screens.chat_search import ChatSearch
 from chatpage.ui.slash_commands import run_slash_command
@@ -37,8 +37,6 @@ from chatpage.ui.widgets.block_gauge import BlockGauge
 from chatpage.ui.widgets.prompt_input import PromptInput
 from chatpage.ui.widgets.session_list import SessionList
 from chatpage.ui.widgets.session_view import SessionView
-
-Say = Callable[..., None]
 
 
 class ChatScreen(ChatActions, PersonaActions, Screen[None]):

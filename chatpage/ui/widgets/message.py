@@ -3,7 +3,8 @@
 Click the "copy" label to copy the message; click a code block to copy that block (a drag that
 selects text inside the block copies nothing: the selection is the user's, ctrl+c copies it).
 A message takes the focus (alt+up/down, j/k in the transcript, a click); then c copies it, b one
-of its code blocks, e edits it. Where the chat forks, ``◀ 2/3 ▶`` shows which version of the turn
+of its code blocks, e edits it (sending forks the chat there), r asks again for a reply (another
+version of it), d deletes it and what follows. Where the chat forks, ``◀ 2/3 ▶`` shows which version of the turn
 this is: click its arrows, or press [ and ] on the focused message, to show another. A message
 left out of what the model sees (the chat outgrew the context) is greyed.
 """
@@ -51,6 +52,8 @@ class MessageView(Throttled, Vertical, can_focus=True):
         Binding("c", "copy_message", "Copy", id="message_copy"),
         Binding("b", "copy_code", "Copy code", id="message_copy_code"),
         Binding("e", "edit", "Edit", id="message_edit"),
+        Binding("r", "regenerate", "Regenerate", id="message_regenerate"),
+        Binding("d", "delete", "Delete", id="message_delete"),
         Binding("left_square_bracket", "switch(-1)", "Previous version", id="message_prev"),
         Binding("right_square_bracket", "switch(1)", "Next version", id="message_next"),
     ]
@@ -71,6 +74,18 @@ class MessageView(Throttled, Vertical, can_focus=True):
     @dataclass
     class Edit(Message):
         """Edit ``entry`` (the user's message)."""
+
+        entry: Entry
+
+    @dataclass
+    class Regenerate(Message):
+        """Ask again for ``entry`` (a reply): a new version of it."""
+
+        entry: Entry
+
+    @dataclass
+    class Delete(Message):
+        """Delete ``entry`` and what follows it."""
 
         entry: Entry
 
@@ -156,6 +171,12 @@ class MessageView(Throttled, Vertical, can_focus=True):
 
     def action_edit(self) -> None:
         self.post_message(self.Edit(self.entry))
+
+    def action_regenerate(self) -> None:
+        self.post_message(self.Regenerate(self.entry))
+
+    def action_delete(self) -> None:
+        self.post_message(self.Delete(self.entry))
 
     def action_switch(self, step: int) -> None:
         if self.entry.place().forked:
