@@ -28,6 +28,7 @@ test: setup
 
 lint: setup
 	$(BIN)/ruff check chatpage tests
+	$(BIN)/lint-imports
 
 # All benchmarks on the default model (about 20 min on 2 cores); writes docs/benchmarks.md and
 # docs/bench-*.png. One benchmark: `.venv/bin/chatpage bench NAME --json` (see docs/benchmarks.md).

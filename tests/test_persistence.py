@@ -19,8 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_ui import alpha_and_beta, idle, make_app, ready, send, wait_for
-from test_ui_offline import offline_app
+from helpers import alpha_and_beta, idle, make_app, offline_app, opened, ready, send, wait_for
 
 from chatpage.chat.recorder import restore
 from chatpage.config.paths import data_dir
@@ -44,7 +43,7 @@ def personas_dir(tmp_path) -> Path:
 
 
 def sidebar_titles(app) -> list[str]:
-    sidebar = app.query_one(SessionList)
+    sidebar = app.chat.query_one(SessionList)
     return [str(sidebar.get_option_at_index(i).prompt).split("\n")[0]
             for i in range(sidebar.option_count)]
 
@@ -53,12 +52,12 @@ async def test_chats_come_back_after_a_restart_and_continue(tiny_llama_dir, pers
     app = make_app(tiny_llama_dir, personas_dir)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
-        first = app.current
+        first = app.chat.current
         await send(pilot, "What is paged attention?")
         await wait_for(pilot, lambda: idle(app), "the first reply")
         await send(pilot, "/title Paging notes")
         await send(pilot, "/new beta")
-        second = app.current
+        second = app.chat.current
         await send(pilot, "/temp 0.9")
         await send(pilot, "/samples 2")
         await send(pilot, "Write a haiku")
@@ -72,13 +71,13 @@ async def test_chats_come_back_after_a_restart_and_continue(tiny_llama_dir, pers
         assert [s.title for s in store.list_sessions()] == ["Write a haiku", "Paging notes"]
         siblings = [(m.content, m.kept) for m in store.messages(second.store_id)
                     if m.role == "assistant"]
-        assert siblings == [(texts[1], True), (texts[0], False)]
+        assert siblings == [(texts[0], False), (texts[1], True)]  # both kept, as versions
 
     again = make_app(tiny_llama_dir, personas_dir)
     async with again.run_test(size=SIZE) as pilot:
         await pilot.pause()
         haiku, paging = again.chats.sessions
-        assert again.current is haiku  # the most recent chat is shown
+        assert again.chat.current is haiku  # the most recent chat is shown
         assert sidebar_titles(again)[0].endswith("Write a haiku")
         assert sidebar_titles(again)[1].endswith("Paging notes")
         assert (haiku.persona.name, paging.persona.name) == ("beta", "alpha")
@@ -86,12 +85,12 @@ async def test_chats_come_back_after_a_restart_and_continue(tiny_llama_dir, pers
         assert paging.entries == originals[first.store_id]
         assert haiku.entries[-1].label == "sample 2" and haiku.entries[-1].content == texts[1]
         assert haiku.sampling.temperature == 0.9
-        await wait_for(pilot, lambda: len(again.session_view(haiku).query(MessageView)) == 2,
+        await wait_for(pilot, lambda: len(again.chat.session_view(haiku).query(MessageView)) == 2,
                        "the restored messages")
 
         # continuing a restored chat sends its whole history; the persona prefix is cached
         await pilot.press("alt+2")
-        assert again.current is paging
+        assert again.chat.current is paging
         await ready(pilot, again)
         await send(pilot, "And what about swapping?")
         await wait_for(pilot, lambda: idle(again), "the reply to the restored chat")
@@ -99,7 +98,7 @@ async def test_chats_come_back_after_a_restart_and_continue(tiny_llama_dir, pers
         assert reply.status == "done" and reply.stats.tokens > 0
         assert reply.stats.prompt_tokens > reply.stats.prefix_hit_tokens > 0
     with Store.open() as store:
-        assert [m.role for m in store.messages(first.store_id, kept_only=True)] == [
+        assert [m.role for m in store.active_path(first.store_id)] == [
             "user", "assistant", "user", "assistant"]
 
 
@@ -125,12 +124,12 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         assert [s.title for s in app.chats.sessions] == ["Paging notes"]  # closed: not reopened
-        session = app.current
+        session = app.chat.current
         assert [e.content for e in session.entries][0] == "How does paged attention work?"
         assert session.entries[-1].status == "interrupted"
-        await wait_for(pilot, lambda: len(app.session_view(session).query(MessageView)) == 4,
+        await wait_for(pilot, lambda: len(app.chat.session_view(session).query(MessageView)) == 4,
                        "the restored messages")
-        last = app.session_view(session).query(MessageView).last()
+        last = app.chat.session_view(session).query(MessageView).last()
         assert "interrupted" in str(last.query_one(".message-speaker").render())
 
         # export from the command palette
@@ -155,7 +154,7 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
 
         # search (ctrl+f): a closed chat opens again; the snippet shows brackets literally
         await pilot.press("ctrl+f")
-        assert isinstance(app.screen, ChatSearch)
+        await opened(pilot, ChatSearch)
         await pilot.press(*"cafe")
         await pilot.pause(0.2)
         hits = app.screen.hits
@@ -164,7 +163,7 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
         assert "Poems [b]" in prompt and "haiku about [bold]café[/bold] mornings" in prompt
         await pilot.press("enter")
         await pilot.pause()
-        assert app.current.store_id == poems
+        assert app.chat.current.store_id == poems
         assert [s.title for s in app.chats.sessions] == ["Paging notes", "Poems [b]"]
         with Store.open() as store:
             assert not store.get_session(poems).closed
@@ -173,7 +172,7 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
         await pilot.press("ctrl+f")
         await pilot.press(*"paged", "enter")
         await pilot.pause()
-        assert app.current is session
+        assert app.chat.current is session
 
         # closing keeps the chat saved; the palette offers it again
         await pilot.press("alt+2", "ctrl+w")
@@ -188,15 +187,15 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
         delete = next(c for c in app.get_system_commands(app.screen) if c.title == "Delete chat")
         delete.callback()
         await pilot.pause()
-        assert isinstance(app.screen, Confirm)
+        await opened(pilot, Confirm)
         await pilot.press("escape")
         await pilot.pause()
-        assert app.current is session
+        assert app.chat.current is session
         delete.callback()
         await pilot.pause()
         await pilot.press("y")
-        await wait_for(pilot, lambda: app.current is not session, "the deletion")
-        assert app.current.entries == [] and len(app.chats.sessions) == 1  # a fresh chat
+        await wait_for(pilot, lambda: app.chat.current is not session, "the deletion")
+        assert app.chat.current.entries == [] and len(app.chats.sessions) == 1  # a fresh chat
         with Store.open() as store:
             assert store.get_session(paging) is None and store.get_session(poems) is not None
 
@@ -212,8 +211,8 @@ async def test_corrupt_database_is_moved_aside_and_the_app_starts_fresh(tmp_path
         notice = next(n for n in app.notices if "could not be read" in n)
         assert notice.startswith("warning:") and str(moved) in notice
         assert app.store.persistent and len(app.chats.sessions) == 1
-        assert app.current.entries == []
-        assert "not saving" not in app.query_one(BlockGauge).render().plain
+        assert app.chat.current.entries == []
+        assert "not saving" not in app.chat.query_one(BlockGauge).render().plain
     assert moved.read_bytes().startswith(b"definitely not SQLite")
 
 
@@ -229,10 +228,10 @@ async def test_unwritable_data_dir_runs_without_saving(tmp_path, monkeypatch):
         notice = next(n for n in app.notices if "without saving" in n)
         assert notice.startswith("warning:") and str(blocker) in notice
         assert not app.store.persistent
-        status = app.query_one(BlockGauge).render().plain.split("\n")[0]
+        status = app.chat.query_one(BlockGauge).render().plain.split("\n")[0]
         assert "not saving: cannot use" in status
         await send(pilot, "kept in memory")  # the chat works; the memory store follows it
-        assert app.store.search("memory")[0].session_id == app.current.store_id
+        assert app.store.search("memory")[0].session_id == app.chat.current.store_id
     assert blocker.read_text() == "a regular file"
 
 
@@ -248,12 +247,12 @@ async def test_bad_settings_are_notices_and_defaults_apply(tmp_path):
         shown = "\n".join(app.notices)
         assert "kv_cache = 'lots' is not valid" in shown and "unknown setting 'colour'" in shown
         assert "default_persona 'nobody' is not a persona; new chats use 'assistant'" in shown
-        assert app.current.persona.name == "assistant"
+        assert app.chat.current.persona.name == "assistant"
 
     coder = offline_app(tmp_path, default_persona="coder")
     async with coder.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        assert coder.current.persona.name == "coder"
+        assert coder.chat.current.persona.name == "coder"
         assert not any("default_persona" in n for n in coder.notices)
 
 
@@ -286,12 +285,12 @@ DRIVER = textwrap.dedent('''
         app = ChatApp(model=sys.argv[1], config=EngineConfig(kv_cache_bytes=4 << 20),
                       settings=Settings(default_persona="alpha"), personas_dirs=[Path(sys.argv[2])])
         async with app.run_test(headless=True, size=(120, 40)) as pilot:
-            session = app.current
+            session = app.chat.current
             await until(pilot, lambda: app.client.ready)
-            await app.submit_prompt("a first question")
+            await app.chat.submit_prompt("a first question")
             await until(pilot, lambda: session.entries[-1].status == "done")
             for command in ("/max 600", "/temp 1", "/seed 3", "tell me a very long story"):
-                await app.submit_prompt(command)
+                await app.chat.submit_prompt(command)
             print("streaming", flush=True)
             await until(pilot, lambda: not session.streaming)
             print("finished before the kill", flush=True)

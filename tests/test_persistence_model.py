@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import pytest
-from test_ui_model import PERSONA, FakeClient, event
+from helpers import PERSONA, FakeClient, done, event, stopped
 
+from chatpage.chat import recorder as persistence
 from chatpage.chat.chats import Chats
 from chatpage.chat.recorder import Recorder, restore
-from chatpage.chat.session import AltMode, Attachment
+from chatpage.chat.sampling import AltMode
+from chatpage.chat.session import Attachment
 from chatpage.config.personas import Persona
-from chatpage.engine.client import StreamEvent
 from chatpage.store import Store
-from chatpage.chat import recorder as persistence
 
 OTHER = Persona("other", "another persona", "You are other.", temperature=0.1)
 
@@ -38,15 +38,8 @@ def rig(tmp_path):
     store.close()
 
 
-def saved(store: Store, chat: int, kept_only: bool = True) -> list[tuple[str, str, str]]:
-    return [(m.role, m.content, m.status) for m in store.messages(chat, kept_only=kept_only)]
-
-
-def stopped(rid: str, text: str) -> StreamEvent:
-    return StreamEvent(
-        request_id=rid, index=0, text=text, delta="", replaced=False, num_tokens=0, finished=True,
-        finish_reason="abort", cumulative_logprob=0.0, score=None, request_finished=True,
-        prompt_tokens=0, prefix_hit_tokens=0, ttft_s=None, elapsed_s=1.0)
+def saved(store: Store, chat: int, active_only: bool = True) -> list[tuple[str, str, str]]:
+    return [(m.role, m.content, m.status) for m in store.messages(chat, active_only=active_only)]
 
 
 def test_a_turn_is_saved_as_it_streams(rig):
@@ -117,11 +110,11 @@ def test_title_settings_attachments_and_restore(rig):
     assert problems == []
 
 
-def test_alternatives_are_saved_as_siblings_with_the_kept_one(rig):
+def test_alternatives_are_saved_as_versions_of_the_reply(rig):
     chats, _client, store, _recorder, _clock, _problems = rig
     session = chats.open(PERSONA)
     chats.send(session, "Write a haiku")
-    chats.apply(event("r1", "first", finished=True, reason="stop"))
+    chats.apply(done("r1", "first"))
     chats.set_alt_mode(session, AltMode("samples", 3))
     chats.regenerate(session)
     for i in range(3):
@@ -129,34 +122,68 @@ def test_alternatives_are_saved_as_siblings_with_the_kept_one(rig):
                           request_finished=i == 2))
     kept = chats.keep(session, 2)
     rows = store.messages(session.store_id)
-    assert [(m.content, m.kept, m.metadata["label"]) for m in rows if m.role == "assistant"] == [
-        ("alt 1", True, "sample 2"), ("alt 0", False, "sample 1"), ("alt 2", False, "sample 3")]
-    assert len({m.group_id for m in rows if m.role == "assistant"}) == 1
-    assert "first" not in [m.content for m in rows]  # the regenerated reply was dropped
-    assert kept.store_id == rows[1].id
+    question = rows[0].id
+    assert [(m.content, m.parent_id, m.kept, m.metadata.get("label")) for m in rows[1:]] == [
+        ("first", question, False, None), ("alt 0", question, False, "sample 1"),
+        ("alt 1", question, True, "sample 2"), ("alt 2", question, False, "sample 3")]
+    assert kept.store_id == rows[3].id
 
     (back,), _ = restore(store, [PERSONA], PERSONA, first_id=1)
     assert back.entries[-1] == kept and back.entries[-1].label == "sample 2"
+    assert [v.content for v in back.entries[0].replies.versions] == [
+        "first", "alt 0", "alt 1", "alt 2"]
 
-    chats.send(session, "Another")  # positions continue after the group
+    chats.send(session, "Another")  # goes on under the kept reply
     assert saved(store, session.store_id)[-2:] == [("user", "Another", "done"),
                                                    ("assistant", "", "streaming")]
 
 
-def test_dropped_ends_close_finish_and_delete(rig):
+def test_forks_switches_and_continues_are_saved_and_restored(rig):
+    chats, _client, store, _recorder, _clock, problems = rig
+    session = chats.open(PERSONA)
+    for n, question in enumerate(("one", "two"), 1):
+        chats.send(session, question)
+        chats.apply(done(f"r{n}", f"re: {question}"))
+    chats.edit(session, session.entries[0])
+    chats.send(session, "one, again")
+    chats.apply(done("r3", "re: again"))
+    chats.regenerate(session)
+    chats.apply(event("r4", "third"))
+    chats.stop(session)
+    chats.apply(stopped("r4", "third"))
+    chats.continue_reply(session)
+    chats.apply(done("r5", " try"))
+    assert saved(store, session.store_id) == [("user", "one, again", "done"),
+                                              ("assistant", "third try", "done")]
+    chats.switch(session, session.entries[0], -1)  # back to the first version of the chat
+    assert saved(store, session.store_id) == [
+        ("user", "one", "done"), ("assistant", "re: one", "done"),
+        ("user", "two", "done"), ("assistant", "re: two", "done")]
+
+    (back,), _ = restore(store, [PERSONA], PERSONA, first_id=1)
+    assert [e.content for e in back.entries] == ["one", "re: one", "two", "re: two"]
+    top = back.entries[0].place()
+    assert (top.number, top.count) == (1, 2)
+    back.transcript.switch(back.entries[0], 1)
+    assert [e.content for e in back.entries] == ["one, again", "third try"]
+    assert back.entries[1].place().label() == "◀ 2/2 ▶"
+    assert back.history == ["one", "two", "one, again"]  # typed prompts, oldest first
+
+    chats.delete(session, session.entries[2])  # "two" and its reply leave the store
+    assert saved(store, session.store_id) == [("user", "one", "done"),
+                                              ("assistant", "re: one", "done")]
+    assert problems == []
+
+
+def test_clear_close_finish_and_delete(rig):
     chats, _client, store, recorder, clock, _problems = rig
     session = chats.open(PERSONA)
     chats.send(session, "one")
-    chats.apply(event("r1", "reply one", finished=True, reason="stop"))
-    chats.send(session, "two")
-    chats.apply(event("r2", "reply two", finished=True, reason="stop"))
-    assert chats.edit_last(session) == "two"  # the last exchange leaves the store too
-    assert saved(store, session.store_id) == [("user", "one", "done"),
-                                              ("assistant", "reply one", "done")]
+    chats.apply(done("r1", "reply one"))
     chats.regenerate(session)
     assert saved(store, session.store_id)[-1] == ("assistant", "", "streaming")
     clock.now += 5
-    chats.apply(event("r3", "again"))
+    chats.apply(event("r2", "again"))
     chats.close(session)  # closing stops the reply; the chat stays saved, marked closed
     assert saved(store, session.store_id)[-1] == ("assistant", "again", "stopped")
     assert store.get_session(session.store_id).closed
@@ -165,12 +192,12 @@ def test_dropped_ends_close_finish_and_delete(rig):
     other = chats.open(PERSONA)
     chats.send(other, "cut off by quitting")
     clock.now += 0.5
-    chats.apply(event("r4", "half"))
+    chats.apply(event("r3", "half"))
     recorder.finish()
     assert saved(store, other.store_id)[-1] == ("assistant", "half", "interrupted")
 
     chats.clear(other)
-    assert saved(store, other.store_id) == []
+    assert saved(store, other.store_id, active_only=False) == []
     chat = other.store_id
     chats.send(other, "after clearing")
     recorder.delete(other)

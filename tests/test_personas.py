@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,9 +13,11 @@ from chatpage.config.personas import (
     PersonaError,
     default_persona,
     find_persona,
+    load_persona_file,
     load_personas,
     parse_persona,
     persona_dirs,
+    save_persona,
 )
 
 GOOD = """\
@@ -69,7 +72,7 @@ def test_parse_all_fields(tmp_path: Path) -> None:
     ("text", "expected"),
     [
         ("name: x\ndescription: d\nsystem_prompt: p\ntemperature: hot\n",
-         "'temperature' must be a number >= 0, got 'hot'; fix the value or remove the key"),
+         "'temperature' must be a number >= 0 (0 = greedy), got 'hot'; fix the value or remove the key"),
         ("name: x\ndescription: d\nsystem_prompt: p\ntemperature: -1\n", "'temperature' must be"),
         ("name: x\ndescription: d\nsystem_prompt: p\ntop_p: 0\n", "'top_p' must be a number > 0"),
         ("name: x\ndescription: d\nsystem_prompt: p\ntop_p: 1.5\n", "'top_p'"),
@@ -105,7 +108,7 @@ def test_error_names_the_file_relative_to_cwd(tmp_path: Path, monkeypatch) -> No
     monkeypatch.chdir(tmp_path)
     bad = write(tmp_path / "personas", "pirate.yaml", GOOD.replace("0.9", "hot"))
     _, (error,) = load_personas([bad.parent])
-    assert str(error) == ("personas/pirate.yaml: 'temperature' must be a number >= 0, got 'hot'; "
+    assert str(error) == ("personas/pirate.yaml: 'temperature' must be a number >= 0 (0 = greedy), got 'hot'; "
                           "fix the value or remove the key")
 
 
@@ -171,3 +174,25 @@ def test_default_persona_choice() -> None:
 
 def test_missing_dir_is_not_an_error(tmp_path: Path) -> None:
     assert load_personas([tmp_path / "nope"]) == ([], [])
+
+
+def test_save_persona_writes_what_the_reader_reads_back(tmp_path):
+    shipped, errors = load_personas([persona_dirs()[0]])
+    assert shipped and not errors
+    out = tmp_path / "mine"
+    for persona in shipped:  # multi-line prompts, greetings, every sampling key
+        assert save_persona(persona, out) == persona
+    assert len(list(out.glob("*.yaml"))) == len(shipped)
+
+    first = shipped[0]
+    edited = save_persona(replace(first, description="edited"), out)
+    assert edited.source == out / f"{first.name}.yaml"
+    assert load_persona_file(edited.source).description == "edited"  # replaced, same file
+
+    (out / "x-y.yaml").write_text("name: other\ndescription: d\nsystem_prompt: s\n")
+    kept = save_persona(replace(first, name="x y"), out)
+    assert kept.source.name == "x-y-2.yaml" and load_persona_file(out / "x-y.yaml").name == "other"
+
+    with pytest.raises(ValueError, match="'top_p' must be a number > 0 and <= 1"):
+        save_persona(replace(first, name="bad", top_p=3.0), out)
+    assert not (out / "bad.yaml").exists()

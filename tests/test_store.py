@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chatpage.store import DB_NAME, SNIPPET_MARKS, Store, make_title
+from chatpage.store import DB_NAME, SNIPPET_MARKS, NotFound, Store, make_title
 from chatpage.store import schema as store_schema
 from chatpage.store.io import export_session, import_json
 from chatpage.store.schema import SCHEMA_VERSION, migrate
@@ -76,7 +76,7 @@ def test_messages_ordered_and_updated(store: Store) -> None:
         (0, "user", "q1"), (1, "assistant", "a1"), (2, "user", "q2"),
         (3, "assistant", "full answer")]
     assert rows[-1].metadata == {"tokens": 3, "tok_s": 41.5, "ttft": 0.12, "prefix_hits": 32}
-    assert rows[-1].status == "done" and rows[-1].group_id is None and rows[-1].kept
+    assert rows[-1].status == "done" and rows[-1].parent_id == rows[-2].id and rows[-1].kept
     with pytest.raises(ValueError, match="role must be one of"):
         store.add_message(sid, "robot", "x")
     with pytest.raises(ValueError, match="status must be one of"):
@@ -87,29 +87,52 @@ def test_messages_ordered_and_updated(store: Store) -> None:
         store.update_message(12345, content="x")
 
 
-def test_alternatives_are_siblings_with_one_kept(store: Store) -> None:
+def test_messages_form_a_tree_with_one_active_path(store: Store) -> None:
     sid = chat(store, "question")
+    q = store.messages(sid)[0].id
     first = store.add_message(sid, "assistant", "answer A")
-    second = store.add_message(sid, "assistant", "answer B", group_id=first)
-    third = store.add_message(sid, "assistant", "answer C", group_id=second, kept=False)
-    follow = store.add_message(sid, "user", "thanks")
+    second = store.add_message(sid, "assistant", "answer B", parent_id=q)  # a regenerated reply
+    third = store.add_message(sid, "assistant", "answer C", parent_id=q, kept=False)
+    follow = store.add_message(sid, "user", "thanks")  # after the current reply, B
     rows = store.messages(sid)
-    assert [(m.id, m.position, m.group_id, m.kept) for m in rows] == [
-        (rows[0].id, 0, None, True),
-        (first, 1, first, False), (second, 1, first, True), (third, 1, first, False),
-        (follow, 2, None, True)]
-    assert [m.content for m in store.messages(sid, kept_only=True)] == [
-        "question", "answer B", "thanks"]
-    store.keep_alternative(first, third)
-    assert [m.id for m in store.messages(sid) if m.kept] == [rows[0].id, third, follow]
-    assert store.get_session(sid).message_count == 3
-    with pytest.raises(ValueError):
-        store.keep_alternative(first, follow)
-    with pytest.raises(ValueError):  # a user message cannot join an assistant reply's group
-        store.add_message(sid, "user", "x", group_id=first)
+    assert [(m.id, m.parent_id, m.position, m.kept) for m in rows] == [
+        (q, None, 0, True), (first, q, 1, False), (second, q, 1, True), (third, q, 1, False),
+        (follow, second, 2, True)]
+    assert [m.content for m in store.active_path(sid)] == ["question", "answer B", "thanks"]
+    assert store.messages(sid, active_only=True) == store.active_path(sid)
+    assert [m.id for m in store.siblings(third)] == [first, second, third]
+    assert [m.id for m in store.siblings(follow)] == [follow]
+    store.select(first)  # the other branch: it has no follow-up
+    assert [m.content for m in store.active_path(sid)] == ["question", "answer A"]
+    assert store.get_session(sid).message_count == 2
+    edited = store.add_message(sid, "user", "question, edited", parent_id=None)  # a fork at top
+    assert [m.id for m in store.active_path(sid)] == [edited]
+    store.select(q)
+    assert [m.id for m in store.active_path(sid)] == [q, first]  # each fork remembers
+    store.select(second)
+    assert [m.id for m in store.active_path(sid)] == [q, second, follow]
+    with pytest.raises(NotFound, match="no message 12345 in chat"):
+        store.add_message(sid, "user", "x", parent_id=12345)
     other = chat(store, "elsewhere")
-    with pytest.raises(ValueError):
-        store.add_message(other, "assistant", "x", group_id=first)
+    with pytest.raises(NotFound):  # a parent from another chat
+        store.add_message(other, "assistant", "x", parent_id=q)
+    with pytest.raises(NotFound):
+        store.select(12345)
+
+
+def test_deleting_a_message_removes_what_follows_it(store: Store) -> None:
+    sid = chat(store, "q1", "a1", "q2", "a2")
+    q1, a1, q2, a2 = store.messages(sid)
+    other = store.add_message(sid, "assistant", "a1 again", parent_id=q1.id)
+    store.add_message(sid, "user", "q2 on the other branch")
+    store.select(a1.id)
+    assert store.delete_message(a1.id) == 3  # a1, q2, a2
+    assert [m.id for m in store.active_path(sid)][:2] == [q1.id, other]  # the sibling takes over
+    assert store.search("a2") == []  # the index follows
+    assert store.clear_messages(sid) == 3 and store.messages(sid) == []
+    assert store.get_session(sid) is not None
+    with pytest.raises(NotFound):
+        store.delete_message(a2.id)
 
 
 def test_streaming_becomes_interrupted(store: Store) -> None:
@@ -156,13 +179,12 @@ def test_search_fuzz(store: Store, term: str) -> None:
 def test_json_round_trip_fuzz(store: Store, title: str, contents: list[str],
                               metadata: dict) -> None:
     sid = store.create_session(title, "p", {"nested": {"x": metadata}})
-    first = None
+    top = store.add_message(sid, "user", "q")
     for text in contents:
-        msg = store.add_message(sid, "assistant", text, metadata=metadata, group_id=first)
-        first = first or msg
+        store.add_message(sid, "assistant", text, metadata=metadata, parent_id=top)
     exported = export_session(store, sid, "json")
     assert export_session(store, import_json(store, exported), "json") == exported
-    assert [m.content for m in store.messages(sid)] == contents
+    assert [m.content for m in store.messages(sid)] == ["q", *contents]
 
 
 def test_search_matches_words_literally(store: Store) -> None:
@@ -209,10 +231,10 @@ def test_make_title() -> None:
 def full_chat(store: Store) -> int:
     sid = store.create_session("Tricky «chat»", "coder", {"temperature": 0.2, "seed": 7})
     store.add_message(sid, "system", "be brief")
-    store.add_message(sid, "user", "line 1\nline 2 ünïcödé 🙂")
-    a = store.add_message(sid, "assistant", "A", metadata={"tokens": 1, "tok_s": 9.5})
-    store.add_message(sid, "assistant", "B", status="stopped", group_id=a)
-    store.add_message(sid, "assistant", "C", status="error", group_id=a, kept=False)
+    question = store.add_message(sid, "user", "line 1\nline 2 ünïcödé 🙂")
+    store.add_message(sid, "assistant", "A", metadata={"tokens": 1, "tok_s": 9.5})
+    store.add_message(sid, "assistant", "B", status="stopped", parent_id=question)
+    store.add_message(sid, "assistant", "C", status="error", parent_id=question, kept=False)
     store.add_message(sid, "user", "more")
     store.add_message(sid, "assistant", "half", status="streaming", metadata={"ttft": 0.5})
     return sid
@@ -222,8 +244,8 @@ def test_export_json_round_trip_is_exact(store: Store) -> None:
     sid = full_chat(store)
     exported = export_session(store, sid, "json")
     doc = json.loads(exported)
-    assert doc["format"] == "chatpage-session" and doc["version"] == 1
-    assert [m["group"] for m in doc["messages"]] == [None, None, 1, 1, 1, None, None]
+    assert doc["format"] == "chatpage-session" and doc["version"] == 2
+    assert [m["parent"] for m in doc["messages"]] == [None, 1, 2, 2, 2, 4, 6]
     assert [m["kept"] for m in doc["messages"]] == [True, True, False, True, False, True, True]
     new = import_json(store, exported)
     assert new != sid
@@ -231,7 +253,20 @@ def test_export_json_round_trip_is_exact(store: Store) -> None:
     original, copy = store.messages(sid), store.messages(new)
     assert [(m.position, m.role, m.content, m.status, m.metadata, m.kept) for m in original] == \
            [(m.position, m.role, m.content, m.status, m.metadata, m.kept) for m in copy]
-    assert len({m.group_id for m in copy if m.group_id is not None}) == 1
+    assert [m.content for m in store.active_path(new)] == [
+        "be brief", "line 1\nline 2 ünïcödé 🙂", "B", "more", "half"]
+
+
+def test_import_reads_version_1_as_a_chain(store: Store) -> None:
+    messages = [{"role": "user", "content": "q"},
+                {"role": "assistant", "content": "A", "group": 1, "kept": False},
+                {"role": "assistant", "content": "B", "group": 1},
+                {"role": "user", "content": "more"}, {"role": "assistant", "content": "end"}]
+    sid = import_json(store, json.dumps({"format": "chatpage-session", "version": 1,
+                                         "title": "old", "persona": "p", "messages": messages}))
+    assert [m.content for m in store.active_path(sid)] == ["q", "B", "more", "end"]
+    b = store.active_path(sid)[1]
+    assert [m.content for m in store.siblings(b.id)] == ["A", "B"]
 
 
 def test_export_markdown_shows_the_kept_transcript(store: Store) -> None:
@@ -240,12 +275,12 @@ def test_export_markdown_shows_the_kept_transcript(store: Store) -> None:
     assert md.startswith("# Tricky «chat»\n")
     assert "- Persona: coder" in md and "temperature=0.2" in md
     assert "## User\n\nline 1\nline 2 ünïcödé 🙂\n" in md
-    assert "## Assistant\n\nB\n\n*(stopped)*" in md and "1 of 3 alternatives" in md
+    assert "## Assistant\n\nB\n\n*(stopped)*" in md and "1 of 3 versions" in md
     assert "\nA\n" not in md and "\nC\n" not in md
     assert "*(streaming)*" in md
     with pytest.raises(ValueError):
         export_session(store, sid, "html")  # type: ignore[arg-type]
-    with pytest.raises(KeyError):
+    with pytest.raises(NotFound):
         export_session(store, 999, "md")
 
 
@@ -255,6 +290,9 @@ def test_export_markdown_shows_the_kept_transcript(store: Store) -> None:
         ("not json", "not valid JSON"),
         ("[]", "not a chatpage export"),
         ('{"format": "chatpage-session", "version": 99}', "unsupported export version"),
+        ('{"format": "chatpage-session", "version": 2, "title": "t", "persona": "p",'
+         ' "messages": [{"id": 1, "parent": 5, "role": "user", "content": "x"}]}',
+         "message 1: 'parent' must be the id of an earlier message"),
         ('{"format": "chatpage-session", "version": 1, "title": 3, "persona": "p",'
          ' "messages": []}', "'title' must be text"),
         ('{"format": "chatpage-session", "version": 1, "title": "t", "persona": "p",'
@@ -380,7 +418,7 @@ def test_unreadable_file_is_moved_aside(tmp_path: Path, monkeypatch) -> None:
         chat(opened, "fresh")
 
 
-def test_closed_chats_and_truncation(store: Store) -> None:
+def test_closed_chats(store: Store) -> None:
     a = chat(store, "q1", "a1", "q2", "a2")
     b = chat(store, "other")
     store.set_closed(a, True)
@@ -392,17 +430,6 @@ def test_closed_chats_and_truncation(store: Store) -> None:
     with pytest.raises(KeyError):
         store.set_closed(999, True)
 
-    first, _, second, last = store.messages(a)
-    alt = store.add_message(a, "assistant", "a2 again", group_id=last.id)
-    assert store.truncate_after(a, second.id) == 2  # the reply and its alternative
-    assert [m.content for m in store.messages(a)] == ["q1", "a1", "q2"]
-    assert store.search("again") == []
-    assert store.add_message(a, "assistant", "new") and store.messages(a)[-1].position == 3
-    assert store.truncate_after(a, None) == 4 and store.messages(a) == []
-    assert store.get_session(a) is not None  # the chat itself stays
-    with pytest.raises(KeyError):
-        store.truncate_after(b, first.id)  # a message of another chat
-    assert alt not in [m.id for m in store.messages(a)]
 
 
 def test_insert_session_is_all_or_nothing(store: Store) -> None:
@@ -412,14 +439,17 @@ def test_insert_session_is_all_or_nothing(store: Store) -> None:
         store.insert_session("t", "p", {}, [NewMessage("user", "x"),
                                             NewMessage("assistant", "y", status="bogus")])
     assert store.list_sessions() == []
+    with pytest.raises(ValueError, match="message 1: parent must be an earlier message"):
+        store.insert_session("t", "p", {}, [NewMessage("user", "x", parent=0)])
+    assert store.list_sessions() == []
     sid = store.insert_session("t", "p", {"seed": 1}, [
-        NewMessage("user", "q"), NewMessage("assistant", "a", group=7, kept=False),
-        NewMessage("assistant", "b", group=7), NewMessage("user", "more")],
+        NewMessage("user", "q"), NewMessage("assistant", "a", parent=0, kept=False),
+        NewMessage("assistant", "b", parent=0), NewMessage("user", "more", parent=2)],
         created_at="2024-01-02T03:04:05+00:00")
     rows = store.messages(sid)
     assert [(m.position, m.content, m.kept) for m in rows] == [
         (0, "q", True), (1, "a", False), (1, "b", True), (2, "more", True)]
-    assert rows[1].group_id == rows[2].group_id == rows[1].id
+    assert rows[1].parent_id == rows[2].parent_id == rows[0].id
     assert store.get_session(sid).created_at == "2024-01-02T03:04:05+00:00"
 
 
@@ -430,11 +460,22 @@ def test_migrates_a_v1_database_with_chats(tmp_path: Path) -> None:
     conn.execute("PRAGMA user_version = 1")
     conn.execute("INSERT INTO sessions (title, persona, created_at, updated_at) "
                  "VALUES ('old chat', 'assistant', '2024-01-01', '2024-01-01')")
+    for position, role, content, group, kept in [
+            (0, "user", "q", None, 1), (1, "assistant", "A", 2, 0), (1, "assistant", "B", 2, 1),
+            (2, "user", "more", None, 1), (3, "assistant", "end", None, 1)]:
+        conn.execute("INSERT INTO messages (session_id, position, role, content, group_id, kept,"
+                     " created_at) VALUES (1, ?, ?, ?, ?, ?, '2024-01-01')",
+                     (position, role, content, group, kept))
     conn.close()
     with Store.open(path) as opened:
         (row,) = opened.list_sessions(closed=False)
-        assert (row.title, row.closed) == ("old chat", False)
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+        assert (row.title, row.closed, row.draft, row.message_count) == (
+            "old chat", False, "", 4)
+        path_rows = opened.active_path(row.id)
+        assert [m.content for m in path_rows] == ["q", "B", "more", "end"]  # a chain
+        assert [m.content for m in opened.siblings(path_rows[1].id)] == ["A", "B"]
+        assert opened.search("end")[0].message_id == path_rows[-1].id
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 def test_in_memory_store_says_why(tmp_path: Path) -> None:
@@ -445,3 +486,23 @@ def test_in_memory_store_says_why(tmp_path: Path) -> None:
         assert opened.fault in opened.notice
     with Store.open(tmp_path / DB_NAME) as fine:
         assert fine.fault is None
+
+
+def test_drafts_are_kept_per_chat(tmp_path: Path) -> None:
+    path = tmp_path / DB_NAME
+    with Store.open(path) as opened:
+        a, b = chat(opened, "q"), chat(opened, "r")
+        assert opened.draft(a) == ""
+        before = [s.id for s in opened.list_sessions()]
+        opened.set_draft(a, "half a thought\nsecond line")
+        opened.set_draft(b, "other")
+        assert [s.id for s in opened.list_sessions()] == before  # a draft does not reorder
+        with pytest.raises(NotFound, match="no chat with id 999"):
+            opened.set_draft(999, "x")
+        with pytest.raises(KeyError):  # NotFound is a KeyError
+            opened.draft(999)
+    with Store.open(path) as reopened:  # drafts survive a restart
+        assert reopened.draft(a) == "half a thought\nsecond line"
+        assert reopened.get_session(b).draft == "other"
+        reopened.set_draft(b, "")
+        assert reopened.draft(b) == ""

@@ -9,16 +9,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from test_ui import hold_model_load, wait_for
+from helpers import fake_submits, hold_model_load, offline_app, opened, reply_event, wait_for
 from textual.widgets import Input
-from textual.widgets._markdown import MarkdownBlock, MarkdownFence
+from textual.widgets.markdown import MarkdownBlock, MarkdownFence
 
 from chatpage.config.paths import config_dir
-from chatpage.config.settings import Settings
-from chatpage.engine.client import StreamEvent
-from chatpage.engine.config import EngineConfig
-from chatpage.ui.app import ChatApp
-from chatpage.ui.messages import EngineEvent, PromptSubmitted
+from chatpage.ui.messages import EngineEvent
 from chatpage.ui.screens.help import HelpScreen
 from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.screens.sampling_settings import SamplingSettingsScreen
@@ -33,38 +29,28 @@ MODEL_TEXT = ("**ok** [red]no[/red] [/ \x1b[2J cleared? \x07 <b>html</b> [link](
               "```python\nprint('[bold]')\n```\n")
 
 
-def offline_app(tmp_path, **settings) -> ChatApp:
-    return ChatApp(model=str(tmp_path / "no-such-model"), config=EngineConfig(),
-                   settings=Settings(**settings))
-
-
-def event(rid: str, text: str, finished: bool) -> StreamEvent:
-    return StreamEvent(
-        request_id=rid, index=0, text=text, delta=text, replaced=False, num_tokens=7,
-        finished=finished, finish_reason="stop" if finished else None, cumulative_logprob=-3.5,
-        score=None, request_finished=finished, prompt_tokens=40, prefix_hit_tokens=32,
-        ttft_s=0.05, elapsed_s=0.4)
+def submit(app, text: str) -> None:
+    """Enter in the message box with ``text`` (the message it posts)."""
+    prompt = app.chat.query_one(PromptInput)
+    prompt.post_message(PromptInput.Submitted(text))
 
 
 async def test_markup_and_control_characters_render_literally(tmp_path):
     app = offline_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
-        app.client.error = None  # pretend the model loaded: submits go to the fake below
-        submitted = []
-        app.client.submit = lambda messages, params, on_event: (
-            submitted.append(messages) or f"fake-{len(submitted)}")
-        session = app.current
-        app.post_message(PromptSubmitted(USER_TEXT))
+        submitted = fake_submits(app)
+        session = app.chat.current
+        submit(app, USER_TEXT)
         await wait_for(pilot, lambda: submitted, "the submit")
         assert submitted[0][-1] == {"role": "user", "content": USER_TEXT}  # sent verbatim
 
         half = MODEL_TEXT[:40]
-        app.post_message(EngineEvent(event("fake-1", half, False)))
-        app.post_message(EngineEvent(event("fake-1", MODEL_TEXT, True)))
+        app.post_message(EngineEvent(reply_event("fake-1", half, False), app.client))
+        app.post_message(EngineEvent(reply_event("fake-1", MODEL_TEXT, True), app.client))
         await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
 
-        user_view, reply_view = app.session_view(session).query(MessageView)
+        user_view, reply_view = app.chat.session_view(session).query(MessageView)
         shown = str(user_view.query_one(".message-body").render())
         assert shown == "[bold]x[/bold] [/ ␛[31m red ␇ bell [@click=app.quit]q[/] lone ["
 
@@ -93,7 +79,7 @@ async def test_markup_and_control_characters_render_literally(tmp_path):
         assert app.clipboard == MODEL_TEXT
         await pilot.press("alt+k")
         assert app.clipboard == "print('[bold]')"
-        sidebar = str(app.query_one(SessionList).get_option(str(session.id)).prompt)
+        sidebar = str(app.chat.query_one(SessionList).get_option(str(session.id)).prompt)
         assert "[bold]x[/bold]" in sidebar
 
         # the command palette (markup-only API) shows the title without choking on it
@@ -107,7 +93,7 @@ async def test_markup_and_control_characters_render_literally(tmp_path):
 
         # notices never parse markup either
         await pilot.press("escape")
-        app.post_message(PromptSubmitted("/new [bold]nobody[/"))
+        submit(app, "/new [bold]nobody[/")
         await wait_for(pilot, lambda: "nobody" in app.notices[-1], "the notice")
         assert "no persona named '[bold]nobody[/'" in app.notices[-1]
 
@@ -116,16 +102,16 @@ async def test_load_failure_is_shown_and_messages_get_an_error(tmp_path, monkeyp
     release = hold_model_load(monkeypatch)
     app = offline_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
-        session = app.current
-        app.post_message(PromptSubmitted("hello?"))
+        session = app.chat.current
+        submit(app, "hello?")
         await wait_for(pilot, lambda: session.streaming, "the queued message")
         release.set()
         await wait_for(pilot, lambda: not session.streaming, "the error")
         reply = session.entries[-1]
         assert reply.status == "error" and "model path not found" in reply.error
-        assert "model path not found" in app.query_one(BlockGauge).status
+        assert "model path not found" in app.chat.query_one(BlockGauge).status
         assert any(n.startswith("error:") and "model path not found" in n for n in app.notices)
-        app.post_message(PromptSubmitted("and now?"))
+        submit(app, "and now?")
         await wait_for(pilot, lambda: "did not load" in app.notices[-1], "the refusal")
         assert len(session.entries) == 2  # nothing was queued into the dead engine
 
@@ -143,7 +129,7 @@ async def test_broken_persona_file_gives_a_notice_and_the_rest_load(tmp_path):
         assert {"mine", "coder", "assistant"} <= names
         notice = next(n for n in app.notices if "broken.yaml" in n)
         assert notice.startswith("warning: persona file skipped:") and "invalid YAML" in notice
-        assert app.current.persona.name == "assistant"
+        assert app.chat.current.persona.name == "assistant"
 
 
 async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
@@ -152,14 +138,14 @@ async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
         assert app.theme == "nord"
         assert any("unknown id bogus_id" in n for n in app.notices)
         await pilot.press("f5")
-        assert isinstance(app.screen, PersonaPicker)
+        await opened(pilot, PersonaPicker)
         await pilot.press(*"cod", "enter")
-        await wait_for(pilot, lambda: app.current.persona.name == "coder", "the coder chat")
-        session = app.current
+        await wait_for(pilot, lambda: app.chat.current.persona.name == "coder", "the coder chat")
+        session = app.chat.current
         assert session.sampling.temperature == 0.2  # the persona's default
 
         await pilot.press("f2")
-        assert isinstance(app.screen, SamplingSettingsScreen)
+        await opened(pilot, SamplingSettingsScreen)
         temperature = app.screen.query_one("#set-temperature", Input)
         temperature.value = "hot"
         await pilot.click("#settings-save")
@@ -173,7 +159,7 @@ async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
         await pilot.pause()
         assert not isinstance(app.screen, SamplingSettingsScreen), str(app.screen.query_one("#settings-error").render())
         assert (session.sampling.temperature, session.sampling.seed) == (0.3, 7)
-        header = str(app.session_view(session).query_one(".session-header").render())
+        header = str(app.chat.session_view(session).query_one(".session-header").render())
         assert "temp 0.3" in header and "seed 7" in header
 
         await pilot.press("f1")
@@ -181,7 +167,7 @@ async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
         assert ("f5", "new_session", "New chat") in app.screen.keys
         await pilot.press("escape")
 
-        prompt = app.query_one(PromptInput)
+        prompt = app.chat.query_one(PromptInput)
         prompt.focus()
         prompt.load_text("a")
         prompt.move_cursor(prompt.document.end)
@@ -193,7 +179,7 @@ async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
                 "New chat: coder"} <= commands
 
         # the gauge flashes when the engine preempts
-        gauge = app.query_one(BlockGauge)
+        gauge = app.chat.query_one(BlockGauge)
         base = StatsFactory.make()
         gauge.stats = base
         gauge.stats = replace(base, preemptions_recompute=1)

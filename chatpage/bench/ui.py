@@ -36,7 +36,6 @@ async def _measure(args) -> dict:
 
     from chatpage.config.settings import load_settings
     from chatpage.ui.app import ChatApp
-    from chatpage.ui.widgets.prompt_input import PromptInput
 
     settings, _ = load_settings(overrides={"model": args.model})
     app = ChatApp(model=settings.model, settings=settings)
@@ -54,12 +53,12 @@ async def _measure(args) -> dict:
 
         personas = app.personas
         for i in range(args.sessions - 1):
-            await app.open_session(personas[i % len(personas)])
+            await app.chat.open_session(personas[i % len(personas)])
         for session in list(app.chats.sessions):
-            app.switch_to(session)
-            await app.submit_prompt(f"/max {args.max_tokens}")
-            await app.submit_prompt("Write a long story about a lighthouse keeper.")
-        prompt = app.query_one(PromptInput)
+            app.chat.current = session
+            await app.chat.submit_prompt(f"/max {args.max_tokens}")
+            await app.chat.submit_prompt("Write a long story about a lighthouse keeper.")
+        prompt = app.chat.prompt
         prompt.focus()
         await pilot.pause()
         engine = app.client.engine

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from chatpage.chat.sampling import SETTING_BY_FIELD
 from chatpage.chat.session import MAX_ALTERNATIVES, MIN_ALTERNATIVES, Attachment
 
 MAX_ATTACHMENT_BYTES = 1 << 20
@@ -22,15 +23,21 @@ class CommandInfo:
     help: str
 
 
+def _rule(field: str) -> str:
+    rule = SETTING_BY_FIELD[field]
+    return f"{rule.label}, {rule.allowed}"
+
+
 COMMANDS: tuple[CommandInfo, ...] = (
     CommandInfo("help", "/help", "show keys and commands"),
     CommandInfo("new", "/new [PERSONA]", "open a new chat (picks a persona when none is named)"),
     CommandInfo("clear", "/clear", "empty this chat's transcript"),
-    CommandInfo("temp", "/temp VALUE", "temperature, a number >= 0"),
-    CommandInfo("top_p", "/top_p VALUE", "top-p, a number > 0 and <= 1"),
-    CommandInfo("top_k", "/top_k VALUE", "top-k, a whole number >= 0 (0 = off)"),
-    CommandInfo("max", "/max N", "the most tokens a reply may have"),
-    CommandInfo("seed", "/seed N|off", "a fixed seed, or off for random"),
+    CommandInfo("temp", "/temp VALUE", _rule("temperature")),
+    CommandInfo("top_p", "/top_p VALUE", _rule("top_p")),
+    CommandInfo("top_k", "/top_k VALUE", _rule("top_k")),
+    CommandInfo("max", "/max N", "the most tokens a reply may have, "
+                f"{SETTING_BY_FIELD['max_tokens'].allowed}"),
+    CommandInfo("seed", "/seed N|off", _rule("seed")),
     CommandInfo("samples", "/samples K", f"next reply as K samples side by side "
                                           f"({MIN_ALTERNATIVES}-{MAX_ALTERNATIVES})"),
     CommandInfo("beam", "/beam K", f"next reply by beam search of width K "
@@ -42,13 +49,24 @@ COMMANDS: tuple[CommandInfo, ...] = (
     CommandInfo("file", "/file PATH", "attach a text file to your next message"),
     CommandInfo("detach", "/detach", "drop the files attached to your next message"),
     CommandInfo("stop", "/stop", "stop the reply in progress"),
-    CommandInfo("regen", "/regen", "answer your last message again"),
-    CommandInfo("edit", "/edit", "put your last message back in the input and drop its reply"),
+    CommandInfo("regen", "/regen", "answer your last message again (the old reply stays: "
+                "◀ ▶ moves between them)"),
+    CommandInfo("edit", "/edit", "put your last message back in the input: sending it forks "
+                "the chat there, and the old version stays"),
+    CommandInfo("continue", "/continue", "let the last reply go on from where it ended"),
     CommandInfo("copy", "/copy [code]", "copy the last reply (or its last code block)"),
     CommandInfo("title", "/title TEXT", "rename this chat"),
     CommandInfo("search", "/search [WORDS]", "search your saved chats (ctrl+f)"),
     CommandInfo("export", "/export md|json", "write this chat to a file as Markdown or JSON"),
     CommandInfo("settings", "/settings", "open this chat's sampling settings"),
+    CommandInfo("system", "/system [TEXT]", "set this chat's system prompt (an editor when no "
+                "text is given)"),
+    CommandInfo("persona", "/persona [NAME]", "continue this chat as another persona (a picker "
+                "when none is named)"),
+    CommandInfo("model", "/model [PATH]", "switch the model: a model folder or .gguf file, or "
+                "default (a picker when no path is given); chats stay"),
+    CommandInfo("saveas", "/saveas [NAME]", "save this chat's persona, system prompt and "
+                "settings as a persona of your own (opens the editor)"),
     CommandInfo("quit", "/quit", "quit chatpage"),
 )
 COMMAND_NAMES = {c.name for c in COMMANDS}

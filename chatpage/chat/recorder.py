@@ -5,12 +5,14 @@ what matters to the `Store` on the UI thread (SQLite in WAL mode: a write is a f
 millisecond). What is saved when:
 
 - a chat is created in the store with its first message (an empty chat is never saved);
-- the user's message at send; a reply when it is added (status "streaming"), then its text at
-  most every `SAVE_INTERVAL_S` while it streams (on the next update, or on `flush`, which the
-  app calls on a timer), and at once when it ends ("done", "stopped", "error");
-- alternatives when one is kept: every pane becomes a sibling of one reply, the kept one marked;
-- title, sampling settings, a dropped end of the transcript (edit, regenerate, clear), and a
-  closed chat (kept in the history, not reopened at start).
+- every message when it is added, under its parent (the messages form a tree, as in the
+  session): the user's at send, a reply at once (status "streaming"), then its text at most
+  every `SAVE_INTERVAL_S` while it streams (on the next update, or on `flush`, which the app
+  calls on a timer), and at once when it ends ("done", "stopped", "error"); alternatives when
+  one is kept, each a version of the reply;
+- which version is on show at each fork (after an edit, a regenerate, a switch), a deleted
+  message (with what followed it), a cleared chat, the title, sampling settings, and a closed
+  chat (kept in the history, not reopened at start).
 
 A crash loses at most the last `SAVE_INTERVAL_S` of a reply; at the next start the store marks
 what was still streaming "interrupted". `restore` rebuilds the open chats from the store.
@@ -23,18 +25,11 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, fields
 
-from chatpage.chat.session import (
-    Attachment,
-    Candidate,
-    Change,
-    ChatSession,
-    Entry,
-    Generation,
-    ReplyStats,
-    SamplingSettings,
-)
+from chatpage.chat.sampling import SamplingSettings
+from chatpage.chat.session import Attachment, Change, ChatSession, Entry, ReplyStats
+from chatpage.chat.tree import below
 from chatpage.config.personas import Persona, find_persona
-from chatpage.store import SessionRow, Store
+from chatpage.store import MessageStatus, NotFound, SessionRow, Store
 
 SAVE_INTERVAL_S = 2.0
 """The longest a streaming reply's text waits before it is written."""
@@ -56,13 +51,12 @@ class Recorder:
         self._streaming: dict[int, Entry] = {}  # message id -> reply saved as "streaming"
         self._saved_at: dict[int, float] = {}  # message id -> when its text was last written
         self._dirty: set[int] = set()  # streaming replies changed since their last write
-        self._alternatives: dict[int, Generation] = {}  # session id -> panes on show
         self._reported: set[str] = set()
 
     def __call__(self, session: ChatSession, change: Change) -> None:
         try:
             self._record(session, change)
-        except (sqlite3.Error, KeyError, ValueError) as err:
+        except (sqlite3.Error, NotFound, ValueError) as err:
             self._fail(err)
 
     def _fail(self, err: BaseException) -> None:
@@ -73,21 +67,24 @@ class Recorder:
 
     def _record(self, session: ChatSession, change: Change) -> None:
         kind, entry = change.kind, change.entry
-        if kind == "closed":
-            self._alternatives.pop(session.id, None)
-        if kind == "generation" and session.choosing:
-            self._alternatives[session.id] = session.generation
-        elif kind == "entry_added" and entry is not None:
+        if kind == "entry_added" and entry is not None:
             self._add(session, entry)
         elif session.store_id is None:
             return  # nothing saved yet: the first message creates the chat
         elif kind == "entry_updated" and entry is not None and entry.store_id is not None:
-            if entry.status == "streaming":
+            if entry.status == MessageStatus.STREAMING:
                 self._due(entry)
             else:
                 self._write(entry)
         elif kind == "entries_reset":
-            self._drop_end(session)
+            self._select_shown(session)
+        elif kind == "entry_removed" and entry is not None and entry.store_id is not None:
+            for gone in below(entry):
+                self._forget(gone.store_id)
+            self.store.delete_message(entry.store_id)
+        elif kind == "cleared":
+            self._streaming.clear()
+            self.store.clear_messages(session.store_id)
         elif kind == "title":
             self.store.rename_session(session.store_id, session.title)
         elif kind == "settings":
@@ -104,32 +101,25 @@ class Recorder:
 
     def _add(self, session: ChatSession, entry: Entry) -> None:
         chat = self._chat(session)
+        parent = None if entry.parent is None else entry.parent.store_id
+        if entry.parent is not None and parent is None:
+            raise ValueError("the message it follows was not saved")
+        shown = session.transcript.fork_of(entry).chosen() is entry
         if entry.role == "user":
             entry.store_id = self.store.add_message(chat, "user", entry.content,
-                                                    metadata=user_metadata(entry))
-            return
-        generation = self._alternatives.pop(session.id, None)
-        if entry.label is not None and generation is not None:
-            entry.store_id = self._add_alternatives(chat, entry, generation.candidates)
+                                                    metadata=user_metadata(entry),
+                                                    parent_id=parent, kept=shown)
             return
         entry.store_id = self.store.add_message(chat, "assistant", entry.content, entry.status,
-                                                reply_metadata(entry))
-        if entry.status == "streaming":
+                                                reply_metadata(entry), parent_id=parent,
+                                                kept=shown)
+        if entry.status == MessageStatus.STREAMING:
             self._streaming[entry.store_id] = entry
             self._saved_at[entry.store_id] = self._clock()
 
-    def _add_alternatives(self, chat: int, kept: Entry, candidates: list[Candidate]) -> int:
-        """The kept reply first (so the group always has its kept one), then its siblings."""
-        kept_id = self.store.add_message(chat, "assistant", kept.content, kept.status,
-                                         reply_metadata(kept))
-        for cand in candidates:
-            if cand.label != kept.label:
-                self.store.add_message(chat, "assistant", cand.text, candidate_status(cand),
-                                       candidate_metadata(cand), group_id=kept_id, kept=False)
-        return kept_id
-
     def _due(self, entry: Entry) -> None:
         """A streaming reply changed: write it if its last write is old enough."""
+        self._streaming.setdefault(entry.store_id, entry)  # a continued reply streams again
         last = self._saved_at.get(entry.store_id)
         if last is None or self._clock() - last >= SAVE_INTERVAL_S:
             self._write(entry)
@@ -150,13 +140,11 @@ class Recorder:
         self._saved_at.pop(message_id, None)
         self._dirty.discard(message_id)
 
-    def _drop_end(self, session: ChatSession) -> None:
-        last = next((e.store_id for e in reversed(session.entries) if e.store_id is not None),
-                    None)
-        self.store.truncate_after(session.store_id, last)
-        alive = {e.store_id for e in session.entries}
-        for message_id in [m for m in self._streaming if m not in alive]:
-            self._forget(message_id)
+    def _select_shown(self, session: ChatSession) -> None:
+        """Save which version is on show at every fork of the path."""
+        for entry in session.entries:
+            if entry.store_id is not None and entry.place().forked:
+                self.store.select(entry.store_id)
 
     # -- for the app ---------------------------------------------------------------------------------
     def flush(self, force: bool = False) -> None:
@@ -169,27 +157,26 @@ class Recorder:
                     force or now - self._saved_at.get(message_id, now) >= SAVE_INTERVAL_S):
                 try:
                     self._write(entry)
-                except (sqlite3.Error, KeyError) as err:
+                except (sqlite3.Error, NotFound) as err:
                     self._fail(err)
 
     def finish(self) -> None:
         """At quit: replies still streaming are saved as "interrupted" with their text."""
         for entry in list(self._streaming.values()):
             try:
-                self._write(entry, "interrupted")
-            except (sqlite3.Error, KeyError) as err:
+                self._write(entry, MessageStatus.INTERRUPTED)
+            except (sqlite3.Error, NotFound) as err:
                 self._fail(err)
 
     def delete(self, session: ChatSession) -> None:
         """Delete the session's chat from the store; it is not saved again."""
         chat, session.store_id = session.store_id, None
-        self._alternatives.pop(session.id, None)
-        for entry in session.entries:
+        for entry in session.transcript:
             self._forget(entry.store_id)
         if chat is not None:
             try:
                 self.store.delete_session(chat)
-            except (sqlite3.Error, KeyError) as err:
+            except (sqlite3.Error, NotFound) as err:
                 self._fail(err)
 
 
@@ -214,17 +201,6 @@ def reply_metadata(entry: Entry) -> dict[str, object]:
     return meta
 
 
-def candidate_status(cand: Candidate) -> str:
-    if cand.error is not None or cand.finish_reason == "error":
-        return "error"
-    return "stopped" if cand.finish_reason in (None, "abort") else "done"
-
-
-def candidate_metadata(cand: Candidate) -> dict[str, object]:
-    entry = Entry("assistant", cand.text, stats=cand.stats, label=cand.label, error=cand.error)
-    return reply_metadata(entry)
-
-
 # -- what comes back ------------------------------------------------------------------------------
 
 def restore(store: Store, personas: list[Persona], fallback: Persona,
@@ -245,33 +221,45 @@ def restore(store: Store, personas: list[Persona], fallback: Persona,
 
 def load_session(store: Store, row: SessionRow, personas: list[Persona], fallback: Persona,
                  session_id: int) -> tuple[ChatSession, str | None]:
-    """One saved chat as a session (its kept transcript), and a note if its persona is gone."""
+    """One saved chat as a session (every branch, each fork showing the version that was on
+    show), and a note if its persona is gone."""
     persona = find_persona(personas, row.persona)
     note = None
     if persona is None:
         persona = fallback
         note = (f"chat {row.title!r} used the persona {row.persona!r}, which is gone; "
                 f"it continues with {fallback.name!r}")
-    entries = [entry_from(m.role, m.content, m.status, m.metadata, m.id)
-               for m in store.messages(row.id, kept_only=True) if m.role in ("user", "assistant")]
-    session = ChatSession(session_id, persona, title=row.title, entries=entries,
+    session = ChatSession(session_id, persona, title=row.title,
                           sampling=sampling_from(row.settings, persona), store_id=row.id)
-    session.history = [e.content for e in entries if e.role == "user" and e.content]
+    nodes: dict[int | None, Entry | None] = {None: None}  # a system message stands for its parent
+    for m in store.messages(row.id):  # parents come before their children
+        if m.parent_id not in nodes:
+            continue
+        parent = nodes[m.parent_id]
+        if m.role == "system":
+            nodes[m.id] = parent
+            continue
+        entry = entry_from(m.role, m.content, m.status, m.metadata, m.id)
+        nodes[m.id] = session.transcript.attach(entry, parent, current=m.kept)
+    typed = sorted((e for e in session.transcript if e.role == "user" and e.content),
+                   key=lambda e: e.store_id)
+    session.history = [e.content for e in typed]
     return session, note
 
 
 def entry_from(role: str, content: str, status: str, meta: dict, message_id: int) -> Entry:
-    if status == "streaming":  # another chatpage may still be writing it; shown as cut off
-        status = "interrupted"
+    if status == MessageStatus.STREAMING:  # another chatpage may still be writing it
+        status = MessageStatus.INTERRUPTED
     if role == "user":
         attachments = [Attachment(str(a.get("name", "file")), str(a.get("text", "")))
                        for a in meta.get("attachments", []) if isinstance(a, dict)]
-        return Entry("user", content, status, attachments=attachments, store_id=message_id)
+        return Entry("user", content, MessageStatus(status), attachments=attachments,
+                     store_id=message_id)
     numbers = {k: meta[k] for k in _STATS_KEYS
                if isinstance(meta.get(k), int | float) and not isinstance(meta[k], bool)}
     stats = ReplyStats(**numbers) if "tokens" in numbers else None
     label, error = meta.get("label"), meta.get("error")
-    return Entry("assistant", content, status, stats=stats,
+    return Entry("assistant", content, MessageStatus(status), stats=stats,
                  label=label if isinstance(label, str) else None,
                  error=error if isinstance(error, str) else None, store_id=message_id)
 

@@ -9,21 +9,25 @@ its entries carry their ids in the store (`store_id`) once saved.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 from chatpage.chat.conversation import Conversation, Message
+from chatpage.chat.sampling import AltMode, SamplingSettings
+from chatpage.chat.tree import Fork, Place, Transcript
 from chatpage.config.personas import Persona
-from chatpage.engine.sampling_params import SamplingParams
+from chatpage.store import MessageStatus
 
-EntryStatus = Literal["done", "streaming", "stopped", "interrupted", "error"]
-"""The same vocabulary as the store's message status."""
+EntryStatus = MessageStatus
+"""The same vocabulary as the store's message status (plain strings compare equal)."""
 
 GenerationKind = Literal["reply", "samples", "beam", "compare"]
 ChangeKind = Literal[
-    "entry_added",  # Change.entry was appended
+    "entry_added",  # Change.entry was added to the tree (and shown, if it is current)
     "entry_updated",  # Change.entry's text, status or stats changed
-    "entries_reset",  # entries were removed or replaced: redraw them all
+    "entries_reset",  # the path on show changed (a fork switched, a clear): redraw it
+    "entry_removed",  # Change.entry and what followed it left the tree
+    "context",  # what the next turn sends changed: the meter, the dropped (greyed) turns
     "generation",  # alternatives started, were kept or dropped
     "candidate_updated",  # Change.index of the alternatives changed
     "settings",  # sampling settings or the next-reply mode
@@ -34,6 +38,7 @@ ChangeKind = Literal[
 ]
 
 MIN_ALTERNATIVES, MAX_ALTERNATIVES = 2, 6
+"""How many alternatives (samples, beams, compared settings) one reply may offer."""
 
 
 @dataclass(frozen=True)
@@ -41,96 +46,6 @@ class Change:
     kind: ChangeKind
     entry: Entry | None = None
     index: int | None = None
-
-
-# -- sampling ------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SettingInfo:
-    field: str
-    label: str  # how the UI names it (slash command, settings screen)
-    kind: type
-    allowed: str
-
-
-SETTINGS: tuple[SettingInfo, ...] = (
-    SettingInfo("temperature", "temperature", float, "a number >= 0 (0 = greedy)"),
-    SettingInfo("top_p", "top-p", float, "a number > 0 and <= 1"),
-    SettingInfo("top_k", "top-k", int, "a whole number >= 0 (0 = off)"),
-    SettingInfo("max_tokens", "max tokens", int, "a whole number >= 1"),
-    SettingInfo("seed", "seed", int, "a whole number, or 'off' for a random seed"),
-)
-SETTING_BY_FIELD = {info.field: info for info in SETTINGS}
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    """A session's decoding settings; they start as the persona's."""
-
-    temperature: float = 0.7
-    top_p: float = 1.0
-    top_k: int = 0
-    max_tokens: int = 512
-    seed: int | None = None
-
-    @classmethod
-    def for_persona(cls, persona: Persona) -> SamplingSettings:
-        return cls(**persona.sampling())
-
-    def params(self, **overrides: object) -> SamplingParams:
-        """SamplingParams for one request (raises ValueError naming a bad field)."""
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        values.update(overrides)
-        return SamplingParams(**values)  # type: ignore[arg-type]
-
-    def with_value(self, name: str, raw: str | float | int | None) -> SamplingSettings:
-        """A copy with ``name`` set from user input; ValueError names the setting and the rule."""
-        info = SETTING_BY_FIELD[name]
-        value = parse_setting(info, raw)
-        updated = replace(self, **{name: value})
-        try:
-            updated.params()
-        except ValueError:
-            raise ValueError(f"{info.label} must be {info.allowed}, got {raw!r}") from None
-        return updated
-
-    def describe(self) -> str:
-        seed = "random" if self.seed is None else str(self.seed)
-        top_k = f" · top-k {self.top_k}" if self.top_k else ""
-        return (f"temp {self.temperature:g} · top-p {self.top_p:g}{top_k} · "
-                f"max {self.max_tokens} · seed {seed}")
-
-
-def parse_setting(info: SettingInfo, raw: str | float | int | None) -> float | int | None:
-    """``raw`` (typed text or a number) as the setting's type; ValueError explains the rule."""
-    if isinstance(raw, str):
-        text = raw.strip()
-        if info.field == "seed" and text.lower() in ("", "off", "none", "random"):
-            return None
-        try:
-            return info.kind(text) if info.kind is float else int(text, 10)
-        except ValueError:
-            raise ValueError(f"{info.label} must be {info.allowed}, got {text!r}") from None
-    if raw is None and info.field == "seed":
-        return None
-    if isinstance(raw, bool) or not isinstance(raw, int | float):
-        raise ValueError(f"{info.label} must be {info.allowed}, got {raw!r}")
-    return raw
-
-
-@dataclass(frozen=True)
-class AltMode:
-    """How the next reply is asked for: one reply, n samples, or a beam of width k."""
-
-    kind: Literal["off", "samples", "beam"] = "off"
-    k: int = 3
-
-    def describe(self) -> str:
-        if self.kind == "samples":
-            return f"{self.k} samples"
-        if self.kind == "beam":
-            return f"beam width {self.k}"
-        return "one reply"
 
 
 # -- transcript ----------------------------------------------------------------------------------
@@ -171,21 +86,34 @@ class ReplyStats:
 
 @dataclass
 class Entry:
-    """One message in the transcript."""
+    """One message: a node of the chat's tree (`parent`, and the versions of the turn after
+    it in `replies`)."""
 
     role: Literal["user", "assistant"]
     content: str
-    status: EntryStatus = "done"
+    status: EntryStatus = MessageStatus.DONE
     attachments: list[Attachment] = field(default_factory=list)
     stats: ReplyStats | None = None
     label: str | None = None  # the alternative this reply was kept from
     error: str | None = None
     store_id: int | None = field(default=None, compare=False, repr=False)
+    parent: Entry | None = field(default=None, compare=False, repr=False)
+    fork: Fork | None = field(default=None, compare=False, repr=False)
+    """The versions of this message's turn (it among them), once it is in a transcript."""
+    replies: Fork = field(default_factory=Fork, compare=False, repr=False)
+    dropped: bool = field(default=False, compare=False)
+    """Left out of what the model was last sent, to fit its context (shown greyed)."""
 
     @property
     def in_context(self) -> bool:
-        """Sent to the model on the next turn (failed replies are not)."""
-        return self.status != "error"
+        """Part of the conversation the model sees (failed replies are not)."""
+        return self.status != MessageStatus.ERROR
+
+    def place(self) -> Place:
+        """Where it stands among the versions of its turn (``◀ 2/3 ▶``); 1/1 when alone."""
+        if self.fork is None:
+            return Place(1, 1)
+        return Place(self.fork.versions.index(self) + 1, len(self.fork.versions))
 
     def model_content(self) -> str:
         parts = [self.content] if self.content else []
@@ -219,6 +147,9 @@ class Generation:
     kind: GenerationKind
     request_ids: list[str]
     entry: Entry | None = None  # the reply being written ("reply" only)
+    parent: Entry | None = None  # the message being answered (None: a reply at the top)
+    continued: ReplyStats | None = None  # /continue: the reply's stats before it went on
+    base_text: str = ""  # /continue: the reply's text before it went on
     candidates: list[Candidate] = field(default_factory=list)
     finished_requests: set[str] = field(default_factory=set)
 
@@ -241,13 +172,15 @@ class ChatSession:
     id: int
     persona: Persona
     title: str = "New chat"
-    entries: list[Entry] = field(default_factory=list)
+    transcript: Transcript = field(default_factory=Transcript)
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     alt_mode: AltMode = field(default_factory=AltMode)
     generation: Generation | None = None
     attachments: list[Attachment] = field(default_factory=list)  # for the next message
     history: list[str] = field(default_factory=list)  # prompts typed, oldest first
     draft: str = ""
+    editing: Entry | None = None  # a message of the user's being rewritten (the next send forks)
+    context_tokens: int = 0  # the model's window (0 until it is known)
     store_id: int | None = None  # the saved chat, once it has a message
     observers: list[Observer] = field(default_factory=list, repr=False)
 
@@ -272,16 +205,32 @@ class ChatSession:
         """Alternatives are shown and none has been kept yet."""
         return self.generation is not None and self.generation.alternatives
 
-    def conversation(self) -> Conversation:
+    @property
+    def entries(self) -> list[Entry]:
+        """The messages on show: the current version at every fork, from the top down."""
+        return self.transcript.path()
+
+    def conversation(self, upto: Entry | None = None) -> Conversation:
+        """What the model sees: the system prompt and the messages on show (up to and
+        including `upto`), less failed replies and turns dropped to fit the context."""
+        path = self.entries
+        if upto is not None:
+            path = path[:path.index(upto) + 1]
         return Conversation(self.persona.system_prompt, [
-            Message(e.role, e.model_content()) for e in self.entries if e.in_context
+            Message(e.role, e.model_content()) for e in path if e.in_context and not e.dropped
         ])
 
-    def for_model(self) -> list[dict[str, str]]:
-        return self.conversation().for_model()
+    def for_model(self, upto: Entry | None = None) -> list[dict[str, str]]:
+        return self.conversation(upto).for_model()
 
     def last(self, role: str) -> Entry | None:
         return next((e for e in reversed(self.entries) if e.role == role), None)
+
+    @property
+    def used_tokens(self) -> int:
+        """What the latest reply on show took of the context: its prompt and its tokens."""
+        stats = self.last_stats()
+        return 0 if stats is None else stats.prompt_tokens + stats.tokens
 
     def last_stats(self) -> ReplyStats | None:
         for entry in reversed(self.entries):

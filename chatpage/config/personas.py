@@ -19,8 +19,7 @@ replace a shipped persona of the same name. A broken file never stops the others
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,13 +27,14 @@ from typing import Any
 import yaml
 
 from chatpage.config.paths import config_dir, shipped_personas_dir
+from chatpage.engine.sampling_params import RULE_BY_FIELD, SAMPLING_RULES
 
 DEFAULT_PERSONA = "assistant"
 """The persona a new chat uses unless the user configured another one."""
 
 REQUIRED_KEYS = ("name", "description", "system_prompt")
-OPTIONAL_KEYS = ("greeting", "temperature", "top_p", "top_k", "max_tokens", "seed")
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "max_tokens", "seed")
+OPTIONAL_KEYS = ("greeting", *(rule.field for rule in SAMPLING_RULES))
+SAMPLING_KEYS = tuple(rule.field for rule in SAMPLING_RULES)
 _SUFFIXES = (".yaml", ".yml")
 _MAX_NAME = 40
 
@@ -80,14 +80,6 @@ def _display(path: Path) -> str:
     return str(path)
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _text(key: str, value: object, *, one_line: bool) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{key!r} must be non-empty text, got {value!r}; write some text for it")
@@ -104,23 +96,15 @@ def _name(value: object) -> str:
     return name
 
 
-# key -> (is the value allowed?, how the rule reads in a message)
-_NUMBER_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "temperature": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
-    "top_p": (lambda v: _is_number(v) and 0 < v <= 1, "a number > 0 and <= 1"),
-    "top_k": (lambda v: _is_int(v) and v >= 0, "a whole number >= 0 (0 = off)"),
-    "max_tokens": (lambda v: _is_int(v) and v >= 1, "a whole number >= 1"),
-    "seed": (lambda v: _is_int(v) and v >= 0, "a whole number >= 0"),
-}
-
-
 def _number(key: str, value: object) -> float | int | None:
+    """A sampling default, checked by the engine's rule for it (None: not set)."""
     if value is None:
         return None
-    allowed, rule = _NUMBER_RULES[key]
-    if not allowed(value):
-        raise ValueError(f"{key!r} must be {rule}, got {value!r}; fix the value or remove the key")
-    return float(value) if key in ("temperature", "top_p") else value
+    rule = RULE_BY_FIELD[key]
+    if not rule.ok(value):
+        raise ValueError(f"{key!r} must be {rule.allowed}, got {value!r}; fix the value or "
+                         "remove the key")
+    return rule.kind(value)
 
 
 def parse_persona(data: object, source: Path) -> Persona:
@@ -238,3 +222,71 @@ def default_persona(personas: Iterable[Persona], preferred: str | None = None) -
     if not personas:
         raise LookupError("no personas could be loaded; check the personas/ folder")
     return personas[0]
+
+
+# -- writing ---------------------------------------------------------------------------------------
+
+def persona_data(persona: Persona) -> dict[str, Any]:
+    """The persona as the mapping a persona file holds (unset keys left out)."""
+    data: dict[str, Any] = {"name": persona.name, "description": persona.description}
+    if persona.greeting:
+        data["greeting"] = persona.greeting
+    data.update(persona.sampling())
+    data["system_prompt"] = persona.system_prompt
+    return data
+
+
+def _block_text(dumper: yaml.SafeDumper, text: str) -> yaml.Node:
+    style = "|" if "\n" in text else None  # multi-line text as a literal block, as people write it
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(str, _block_text)
+
+
+def persona_yaml(persona: Persona) -> str:
+    """The text of a persona file for ``persona`` (it reads back as the same persona)."""
+    return yaml.dump(persona_data(persona), Dumper=_Dumper, sort_keys=False, allow_unicode=True,
+                     width=100)
+
+
+def save_persona(persona: Persona, directory: Path | None = None) -> Persona:
+    """Write ``persona`` as a YAML file in ``directory`` (default: the user's personas folder,
+    ``config_dir()/personas``) and return it as read back from there.
+
+    The file is ``NAME.yaml`` (the name made safe for a file name); a file there that holds the
+    same persona name is replaced, another persona's file never is. Raises ValueError (one line)
+    when the persona is not valid or the file cannot be written.
+    """
+    directory = config_dir() / "personas" if directory is None else directory
+    text = persona_yaml(persona)
+    parse_persona(yaml.safe_load(text), directory)  # the one validator, before touching disk
+    stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in persona.name).strip("-")
+    stem = stem or "persona"
+    for n in range(1, 100):
+        path = directory / (f"{stem}.yaml" if n == 1 else f"{stem}-{n}.yaml")
+        if not path.exists() or _holds(path, persona.name):
+            break
+    else:
+        raise ValueError(f"too many persona files named {stem}-N.yaml in {_display(directory)}")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as err:
+        raise ValueError(f"cannot write {_display(path)} ({err.strerror or err}); check the "
+                         "folder's permissions") from None
+    return load_persona_file(path)
+
+
+def _holds(path: Path, name: str) -> bool:
+    """Whether the persona file at ``path`` is the persona called ``name``."""
+    try:
+        return load_persona_file(path).name == name
+    except ValueError:
+        return False

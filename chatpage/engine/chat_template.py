@@ -12,6 +12,16 @@ def render_prompt(tokenizer, messages: list[dict[str, str]], add_generation_prom
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+def continue_prompt(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids that let the last message, a reply, go on: the conversation before it with
+    the generation prompt (exactly as the reply was first asked for, so the prefix cache
+    serves it), then the reply's text, left open (no end-of-turn)."""
+    if not messages or messages[-1]["role"] != "assistant":
+        raise ValueError("only a reply (the last message, from the assistant) can be continued")
+    return (render_prompt(tokenizer, messages[:-1])
+            + tokenizer.encode(messages[-1]["content"], add_special_tokens=False))
+
+
 def system_prefix(tokenizer, system_prompt: str) -> list[int]:
     """The tokens every conversation with this system prompt starts with (a persona prefix)."""
     return render_prompt(tokenizer, [{"role": "system", "content": system_prompt}],

@@ -19,11 +19,15 @@ from dataclasses import dataclass
 import torch
 
 from chatpage.engine import ops
-from chatpage.engine.chat_template import render_prompt, system_prefix
+from chatpage.engine.chat_template import continue_prompt, render_prompt, system_prefix
 from chatpage.engine.config import EngineConfig
 from chatpage.engine.llm_engine import LLMEngine
 from chatpage.engine.outputs import EngineStats, RequestOutput
 from chatpage.engine.sampling_params import SamplingParams
+
+__all__ = ["EngineClient", "EngineConfig", "EngineStats", "EventCallback", "SamplingParams",
+           "StreamEvent"]
+"""The engine's whole surface for the UI (ui/ imports the engine only through this module)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,12 +100,15 @@ class EngineClient:
 
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, messages: list[dict[str, str]], params: SamplingParams,
-               on_event: EventCallback) -> str:
-        """Queue a chat reply for ``messages`` (works before the model is ready)."""
+               on_event: EventCallback, *, continue_reply: bool = False) -> str:
+        """Queue a chat reply for ``messages`` (works before the model is ready). With
+        ``continue_reply`` the last message is a reply to go on with: events carry only the
+        new text and tokens."""
         with self._id_lock:
             rid = f"chat-{self._next_id}"
             self._next_id += 1
-        self._commands.put(("submit", rid, messages, params, on_event, time.monotonic()))
+        render = continue_prompt if continue_reply else render_prompt
+        self._commands.put(("submit", rid, messages, params, on_event, time.monotonic(), render))
         return rid
 
     def cancel(self, request_id: str) -> None:
@@ -178,9 +185,9 @@ class EngineClient:
         kind = cmd[0]
         try:
             if kind == "submit":
-                _, rid, messages, params, on_event, t0 = cmd
+                _, rid, messages, params, on_event, t0, render = cmd
                 self._callbacks[rid] = (on_event, t0, {})
-                ids = render_prompt(engine.tokenizer, messages)
+                ids = render(engine.tokenizer, messages)
                 engine.add_request(ids, params, request_id=rid)
             elif kind == "cancel":
                 if engine.abort(cmd[1]):
@@ -203,7 +210,7 @@ class EngineClient:
             except queue.Empty:
                 continue
             if cmd[0] == "submit":
-                _, rid, _msgs, _params, on_event, t0 = cmd
+                _, rid, _msgs, _params, on_event, t0, _render = cmd
                 self._callbacks[rid] = (on_event, t0, {})
                 self._emit_final(rid, "error", f"the model did not load: {self.error}")
 

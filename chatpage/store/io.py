@@ -1,8 +1,10 @@
 """Chats in and out of the store: Markdown (to read) and JSON (everything, to import again).
 
-The JSON export is ``{"format": "chatpage-session", "version": 1, ...}`` with the chat's title,
-persona, settings and timestamps and every message, alternatives included (siblings share a
-``group`` number, one of them ``kept``). `import_json` reads it back exactly.
+The JSON export is ``{"format": "chatpage-session", "version": 2, ...}`` with the chat's title,
+persona, settings and timestamps and every message of every branch: each has an ``id`` (its
+number in the file) and the ``parent`` it follows (null at the top); of siblings, the ``kept``
+one is current. `import_json` reads it back exactly, and still reads version 1 (a linear chat
+whose alternatives share a ``group`` number), which becomes a chain.
 """
 
 from __future__ import annotations
@@ -11,21 +13,22 @@ import json
 from datetime import datetime
 from typing import Any, Literal
 
-from chatpage.store.store import MessageRow, NewMessage, SessionRow, Store
+from chatpage.store.rows import MessageRow, NewMessage, NotFound, SessionRow
+from chatpage.store.store import Store
 
 EXPORT_FORMAT = "chatpage-session"
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2
 FORMATS = ("md", "json")
 
 
 def export_session(store: Store, session_id: int, fmt: Literal["md", "json"]) -> str:
     """The chat as Markdown (the kept transcript, for reading) or JSON (everything, for
-    `import_json`). KeyError for an unknown chat, ValueError for an unknown format."""
+    `import_json`). NotFound for an unknown chat, ValueError for an unknown format."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; use 'md' or 'json'")
     session = store.get_session(session_id)
     if session is None:
-        raise KeyError(f"no chat with id {session_id}")
+        raise NotFound(f"no chat with id {session_id}")
     messages = store.messages(session_id)
     return _to_json(session, messages) if fmt == "json" else _to_markdown(session, messages)
 
@@ -48,19 +51,15 @@ def local_time(stamp: str) -> str:
 
 
 def _to_json(session: SessionRow, messages: list[MessageRow]) -> str:
-    group_numbers: dict[int, int] = {}
-    for msg in messages:
-        if msg.group_id is not None:
-            group_numbers.setdefault(msg.group_id, len(group_numbers) + 1)
+    numbers = {m.id: n for n, m in enumerate(messages, 1)}
     doc = {
         "format": EXPORT_FORMAT, "version": EXPORT_VERSION,
         "title": session.title, "persona": session.persona, "settings": session.settings,
         "created_at": session.created_at, "updated_at": session.updated_at,
         "messages": [
-            {"role": m.role, "content": m.content, "status": m.status, "metadata": m.metadata,
-             "created_at": m.created_at,
-             "group": None if m.group_id is None else group_numbers[m.group_id],
-             "kept": m.kept}
+            {"id": numbers[m.id], "parent": numbers.get(m.parent_id), "role": m.role,
+             "content": m.content, "status": m.status, "metadata": m.metadata,
+             "created_at": m.created_at, "kept": m.kept}
             for m in messages
         ],
     }
@@ -75,18 +74,19 @@ def _to_markdown(session: SessionRow, messages: list[MessageRow]) -> str:
     if session.settings:
         listed = ", ".join(f"{k}={v}" for k, v in session.settings.items())
         lines.append(f"- Settings: {listed}")
-    siblings: dict[int, int] = {}
+    versions: dict[int | None, int] = {}
     for msg in messages:
-        if msg.group_id is not None:
-            siblings[msg.group_id] = siblings.get(msg.group_id, 0) + 1
+        versions[msg.parent_id] = versions.get(msg.parent_id, 0) + 1
+    active = {m.id for m in messages if m.kept}
     for msg in messages:
-        if not msg.kept:
+        if not msg.kept or (msg.parent_id is not None and msg.parent_id not in active):
             continue
+        active.add(msg.id)
         lines += ["", f"## {msg.role.capitalize()}", "", msg.content.rstrip("\n")]
         if msg.status != "done":
             lines += ["", f"*({msg.status})*"]
-        if msg.group_id is not None and siblings[msg.group_id] > 1:
-            lines += ["", f"*(1 of {siblings[msg.group_id]} alternatives; the JSON export has "
+        if versions[msg.parent_id] > 1:
+            lines += ["", f"*(1 of {versions[msg.parent_id]} versions; the JSON export has "
                           "all of them)*"]
     return "\n".join(lines) + "\n"
 
@@ -100,9 +100,10 @@ def _parse_export(text: str) -> tuple[dict[str, Any], list[NewMessage]]:
     if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
         raise ValueError("not a chatpage export: expected a JSON object with "
                          f'"format": "{EXPORT_FORMAT}"')
-    if not isinstance(data.get("version"), int) or data["version"] > EXPORT_VERSION:
-        raise ValueError(f"unsupported export version {data.get('version')!r}; this chatpage "
-                         f"reads version {EXPORT_VERSION}")
+    version = data.get("version")
+    if not isinstance(version, int) or not 1 <= version <= EXPORT_VERSION:
+        raise ValueError(f"unsupported export version {version!r}; this chatpage reads "
+                         f"versions 1 to {EXPORT_VERSION}")
     chat = {
         "title": _field(data, "title", str, "the chat"),
         "persona": _field(data, "persona", str, "the chat"),
@@ -110,24 +111,63 @@ def _parse_export(text: str) -> tuple[dict[str, Any], list[NewMessage]]:
         "created_at": _field(data, "created_at", str, "the chat", None),
         "updated_at": _field(data, "updated_at", str, "the chat", None),
     }
-    messages = []
-    for n, msg in enumerate(_field(data, "messages", list, "the chat"), 1):
-        where = f"message {n}"
+    raw = _field(data, "messages", list, "the chat")
+    for n, msg in enumerate(raw, 1):
         if not isinstance(msg, dict):
-            raise ValueError(f"{where} is not a JSON object")
-        group = msg.get("group")
-        if group is not None and (not isinstance(group, int) or isinstance(group, bool)):
-            raise ValueError(f"{where}: 'group' must be a whole number or null")
-        messages.append(NewMessage(
-            role=_field(msg, "role", str, where),
-            content=_field(msg, "content", str, where),
-            status=_field(msg, "status", str, where, "done"),
-            metadata=_field(msg, "metadata", dict, where, {}),
-            created_at=_field(msg, "created_at", str, where, None),
-            group=group,
-            kept=_field(msg, "kept", bool, where, True),
-        ))
+            raise ValueError(f"message {n} is not a JSON object")
+    parents = _parents_v1(raw) if version == 1 else _parents(raw)
+    messages = [NewMessage(
+        role=_field(msg, "role", str, f"message {n}"),
+        content=_field(msg, "content", str, f"message {n}"),
+        status=_field(msg, "status", str, f"message {n}", "done"),
+        metadata=_field(msg, "metadata", dict, f"message {n}", {}),
+        created_at=_field(msg, "created_at", str, f"message {n}", None),
+        parent=parent,
+        kept=_field(msg, "kept", bool, f"message {n}", True),
+    ) for n, (msg, parent) in enumerate(zip(raw, parents, strict=True), 1)]
     return chat, messages
+
+
+def _whole(msg: dict[str, Any], key: str, where: str) -> int | None:
+    value = msg.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        raise ValueError(f"{where}: {key!r} must be a whole number or null")
+    return value
+
+
+def _parents(raw: list[dict[str, Any]]) -> list[int | None]:
+    """Version 2: each message's parent as an index into the list (it must come earlier)."""
+    index: dict[int, int] = {}
+    parents: list[int | None] = []
+    for n, msg in enumerate(raw, 1):
+        where = f"message {n}"
+        number, parent = _whole(msg, "id", where), _whole(msg, "parent", where)
+        if number is None or number in index:
+            raise ValueError(f"{where}: 'id' must be a whole number used once")
+        if parent is not None and parent not in index:
+            raise ValueError(f"{where}: 'parent' must be the id of an earlier message")
+        parents.append(None if parent is None else index[parent])
+        index[number] = n - 1
+    return parents
+
+
+def _parents_v1(raw: list[dict[str, Any]]) -> list[int | None]:
+    """Version 1, a linear chat: each turn follows the kept message of the turn before; the
+    messages sharing a `group` are one turn (alternatives, siblings)."""
+    parents: list[int | None] = []
+    turn_parent: int | None = None  # the parent of the current turn
+    last_kept: int | None = None  # the kept message of the current turn
+    groups: dict[int, int | None] = {}  # group -> its turn's parent
+    for n, msg in enumerate(raw, 1):
+        group = _whole(msg, "group", f"message {n}")
+        if group is None or group not in groups:
+            turn_parent = last_kept if parents else None
+            if group is not None:
+                groups[group] = turn_parent
+        parents.append(groups.get(group, turn_parent) if group is not None else turn_parent)
+        if msg.get("kept", True) is not False or group is None:
+            last_kept = n - 1
+    return parents
 
 
 _MISSING = object()

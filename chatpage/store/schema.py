@@ -64,7 +64,27 @@ def _migrate_to_2(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE sessions ADD COLUMN closed INTEGER NOT NULL DEFAULT 0")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_to_1, _migrate_to_2]
+def _migrate_to_3(conn: sqlite3.Connection) -> None:
+    conn.execute("ALTER TABLE sessions ADD COLUMN draft TEXT NOT NULL DEFAULT ''")
+
+
+def _migrate_to_4(conn: sqlite3.Connection) -> None:
+    """Messages form a tree: each names its parent. A linear chat becomes a chain through its
+    kept messages; the alternatives of a reply become siblings under the same parent."""
+    conn.execute("ALTER TABLE messages ADD COLUMN parent_id INTEGER "
+                 "REFERENCES messages(id) ON DELETE CASCADE")
+    conn.execute("""UPDATE messages SET parent_id = (
+        SELECT k.id FROM messages k WHERE k.session_id = messages.session_id
+        AND k.position < messages.position
+        ORDER BY k.position DESC, k.kept DESC, k.id DESC LIMIT 1)""")
+    conn.execute("DROP INDEX messages_by_group")
+    conn.execute("ALTER TABLE messages DROP COLUMN group_id")
+    conn.execute("CREATE INDEX messages_by_parent ON messages(session_id, parent_id, id)")
+    conn.execute("CREATE INDEX messages_children ON messages(parent_id)")
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_to_1, _migrate_to_2,
+                                                          _migrate_to_3, _migrate_to_4]
 """MIGRATIONS[v] takes a database from schema version v to v + 1; append, never edit."""
 SCHEMA_VERSION = len(MIGRATIONS)
 

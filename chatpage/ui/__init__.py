@@ -1,5 +1,2 @@
-"""The Textual UI; it talks to the engine only through `chatpage.engine.client`."""
-
-from chatpage.ui.app import ChatApp, run_app
-
-__all__ = ["ChatApp", "run_app"]
+"""The Textual UI (`chatpage.ui.app.ChatApp`); it talks to the engine only through
+`chatpage.engine.client`."""

@@ -2,132 +2,132 @@
 
 Closing a chat (ctrl+w) only closes it: it stays saved, in search and in `chatpage history`, and
 is not reopened at the next start (search or the palette's "Open saved chat" bring it back).
-"Delete chat" (command palette) removes it from the store, after a confirmation.
+"Delete chat" (command palette) removes it from the store, after a confirmation. A chat's
+unsent draft is saved with it and comes back with it.
+
+`SavedChats` gets what it works on (the store, the open chats, a way to say things); it knows
+nothing of the screens that ask it.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from chatpage.chat.recorder import SAVE_INTERVAL_S, Recorder, load_session, restore
+from chatpage.chat.chats import Chats
+from chatpage.chat.recorder import Recorder, load_session, restore
 from chatpage.chat.session import ChatSession
 from chatpage.config.paths import data_dir
-from chatpage.store import SearchHit, SessionRow, Store
+from chatpage.config.personas import Persona
+from chatpage.store import SessionRow, Store
 from chatpage.store.io import export_session
-from chatpage.ui.screens.chat_search import ChatSearch
-from chatpage.ui.screens.confirm import Confirm
-
-if TYPE_CHECKING:
-    from chatpage.ui.app import ChatApp
 
 EXPORT_SUFFIX = {"md": "md", "json": "json"}
 EXPORT_NAMES = {"md": "Markdown", "json": "JSON"}
 REOPEN_LIMIT = 20
 """How many closed chats the command palette offers to open again."""
 
-
-def start(app: ChatApp) -> list[ChatSession]:
-    """Open the store (unless the app was given one), hook the recorder up, say what went wrong,
-    and return the chats that were open last time (most recent first)."""
-    if app.store is None:
-        app.store = Store.open()
-    store = app.store
-    if store.notice:
-        app.say(store.notice, "warning", timeout=20)
-    if not store.persistent:
-        app.gauge.saving = f"not saving: {store.fault or 'chats are kept in memory only'}"
-    app.recorder = Recorder(store, report=lambda line: app.say(line, "error", timeout=12))
-    app.chats.observers.append(app.recorder)
-    app.set_interval(SAVE_INTERVAL_S / 2, app.recorder.flush)
-    try:
-        sessions, notes = restore(store, app.personas, app.default_persona(), app.chats.next_id)
-    except Exception as err:  # a store that fails here must not stop the app
-        app.say(f"could not restore the saved chats: {err}", "error", timeout=20)
-        return []
-    for note in notes:
-        app.say(note, "warning")
-    return sessions
+Say = Callable[..., None]
+"""``say(message, severity="information", timeout=None)``: a one-line notice."""
 
 
-def stop(app: ChatApp) -> None:
-    """At quit: replies in progress are saved as interrupted, and the store is closed."""
-    recorder = app.recorder
-    if recorder is not None:
+class SavedChats:
+    """The store behind the open chats: `start` at mount, `stop` at quit."""
+
+    def __init__(self, store: Store, chats: Chats, say: Say) -> None:
+        self.store = store
+        self.chats = chats
+        self.say = say
+        self.recorder = Recorder(store, report=lambda line: say(line, "error", timeout=12))
+        chats.observers.append(self.recorder)
+
+    def start(self, personas: list[Persona], fallback: Persona) -> list[ChatSession]:
+        """Say what went wrong opening the store, and return the chats that were open last
+        time (most recent first), their drafts back in place."""
+        if self.store.notice:
+            self.say(self.store.notice, "warning", timeout=20)
+        try:
+            sessions, notes = restore(self.store, personas, fallback, self.chats.next_id)
+            for session in sessions:
+                session.draft = self.store.draft(session.store_id)
+        except Exception as err:  # a store that fails here must not stop the app
+            self.say(f"could not restore the saved chats: {err}", "error", timeout=20)
+            return []
+        for note in notes:
+            self.say(note, "warning")
+        return sessions
+
+    def stop(self) -> None:
+        """At quit: drafts and replies in progress are saved (replies as interrupted), and the
+        store is closed."""
+        recorder = self.recorder
+        for session in self.chats.sessions:
+            self.save_draft(session)
         recorder.finish()
-        for observers in [app.chats.observers, *(s.observers for s in app.chats.sessions)]:
+        for observers in [self.chats.observers, *(s.observers for s in self.chats.sessions)]:
             if recorder in observers:
                 observers.remove(recorder)
-    if app.store is not None:
-        app.store.close()
+        self.store.close()
 
+    def save_draft(self, session: ChatSession) -> None:
+        """Keep ``session.draft`` in the store (a chat not saved yet has nowhere to keep it)."""
+        if session.store_id is not None:
+            self.store.set_draft(session.store_id, session.draft)
 
-def closed_chats(app: ChatApp) -> list[SessionRow]:
-    """Saved chats not open now, most recent first (at most REOPEN_LIMIT)."""
-    if app.store is None:
-        return []
-    open_ids = {s.store_id for s in app.chats.sessions}
-    rows = [r for r in app.store.list_sessions() if r.id not in open_ids]
-    return rows[:REOPEN_LIMIT]
+    def save_persona(self, session: ChatSession) -> None:
+        """Keep the name of the persona ``session`` continues with (once it is saved)."""
+        if session.store_id is not None:
+            self.store.update_session(session.store_id, persona=session.persona.name)
 
+    def closed_chats(self) -> list[SessionRow]:
+        """Saved chats not open now, most recent first (at most REOPEN_LIMIT)."""
+        open_ids = {s.store_id for s in self.chats.sessions}
+        rows = [r for r in self.store.list_sessions() if r.id not in open_ids]
+        return rows[:REOPEN_LIMIT]
 
-def open_saved(app: ChatApp, store_id: int) -> ChatSession | None:
-    """Switch to the saved chat ``store_id``, opening it (again) if needed."""
-    for session in app.chats.sessions:
-        if session.store_id == store_id:
-            app.switch_to(session)
-            return session
-    row = app.store.get_session(store_id) if app.store is not None else None
-    if row is None:
-        app.say("that chat is no longer saved", "warning")
+    def find_open(self, store_id: int) -> ChatSession | None:
+        return next((s for s in self.chats.sessions if s.store_id == store_id), None)
+
+    def reopen(self, store_id: int, personas: list[Persona],
+               fallback: Persona) -> ChatSession | None:
+        """The saved chat ``store_id`` loaded again (not yet adopted), or None if it is gone."""
+        row = self.store.get_session(store_id)
+        if row is None:
+            self.say("that chat is no longer saved", "warning")
+            return None
+        session, note = load_session(self.store, row, personas, fallback, self.chats.next_id)
+        if note:
+            self.say(note, "warning")
+        session.draft = self.store.draft(store_id)
+        self.store.set_closed(store_id, False)
+        return session
+
+    def export(self, session: ChatSession, fmt: str) -> Path | None:
+        """Write ``session`` as Markdown or JSON to a new file in the working directory (or
+        the data dir when that cannot be written), and say where."""
+        if session.store_id is None:
+            self.say("there is nothing to export yet: send a message first", "warning")
+            return None
+        self.recorder.flush(force=True)
+        text = export_session(self.store, session.store_id, fmt)  # type: ignore[arg-type]
+        name = export_name(session.title, session.store_id, fmt)
+        problems = []
+        for folder in (Path.cwd(), data_dir() / "exports"):
+            try:
+                path = write_new(folder, name, text)
+            except OSError as err:
+                problems.append(f"{folder}: {err.strerror or err}")
+                continue
+            self.say(f"exported the chat as {EXPORT_NAMES[fmt]} to {path}")
+            return path
+        self.say(f"could not export the chat: {'; '.join(problems)}", "error")
         return None
-    session, note = load_session(app.store, row, app.personas, app.default_persona(),
-                                 app.chats.next_id)
-    if note:
-        app.say(note, "warning")
-    app.store.set_closed(store_id, False)
-    app.add_session(session)
-    app.switch_to(session)
-    return session
 
-
-def search(app: ChatApp, term: str = "") -> None:
-    """The search dialog; the hit picked opens its chat."""
-    if app.store is None:
-        return
-
-    def picked(hit: SearchHit | None) -> None:
-        if hit is not None:
-            open_saved(app, hit.session_id)
-
-    app.push_screen(ChatSearch(app.store.search, term), picked)
-
-
-def export(app: ChatApp, fmt: str) -> Path | None:
-    """Write the current chat as Markdown or JSON to a new file in the working directory (or
-    the data dir when that cannot be written), and say where."""
-    session = app.current
-    if session is None or app.store is None or app.recorder is None:
-        return None
-    if session.store_id is None:
-        app.say("there is nothing to export yet: send a message first", "warning")
-        return None
-    app.recorder.flush(force=True)
-    text = export_session(app.store, session.store_id, fmt)  # type: ignore[arg-type]
-    name = export_name(session.title, session.store_id, fmt)
-    problems = []
-    for folder in (Path.cwd(), data_dir() / "exports"):
-        try:
-            path = write_new(folder, name, text)
-        except OSError as err:
-            problems.append(f"{folder}: {err.strerror or err}")
-            continue
-        app.say(f"exported the chat as {EXPORT_NAMES[fmt]} to {path}")
-        return path
-    app.say(f"could not export the chat: {'; '.join(problems)}", "error")
-    return None
+    def delete(self, session: ChatSession) -> None:
+        """Remove ``session`` from the store (the caller closes it)."""
+        self.recorder.delete(session)
 
 
 def export_name(title: str, store_id: int, fmt: str) -> str:
@@ -151,20 +151,3 @@ def write_new(folder: Path, name: str, text: str) -> Path:
             continue
         return path
     raise FileExistsError(f"too many exports named {name}")
-
-
-def delete(app: ChatApp) -> None:
-    """Ask, then delete the current chat from the store and close it."""
-    session = app.current
-    if session is None:
-        return
-
-    async def answered(yes: bool | None) -> None:
-        if yes and session in app.chats.sessions:
-            app.recorder.delete(session)
-            await app.close_session(session)
-            app.say(f"deleted the chat {session.title!r}")
-
-    saved = "It is removed from the saved chats; this cannot be undone." \
-        if session.store_id is not None else "It has no messages yet."
-    app.push_screen(Confirm(f"Delete the chat {session.title!r}?", saved, "Delete"), answered)

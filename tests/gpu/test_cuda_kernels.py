@@ -1,4 +1,4 @@
-"""The CUDA kernels against the torch reference: the checks of tests/test_kernels.py on a GPU."""
+"""The CUDA kernels against the torch reference: the checks of tests/kernel_checks.py on a GPU."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import test_kernels as cases  # noqa: E402
+import kernel_checks as cases  # noqa: E402
 
 from chatpage.engine import attention, ops  # noqa: E402
 

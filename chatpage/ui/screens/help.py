@@ -18,9 +18,19 @@ prefilled once and pinned, so every chat with that persona starts from the share
 The gauge at the bottom is the engine's KV block pool, live.
 
 In the message box: **enter** sends, **ctrl+j** (or **shift+enter** where the terminal reports it)
-starts a new line, **up**/**down** on the first/last line walk through your earlier prompts.
+starts a new line, **up**/**down** on the first/last line walk through your earlier prompts,
+**tab** completes a slash command, a persona name or a `/file` path, **ctrl+e** opens the draft
+in your `$EDITOR`. While the box has text, **ctrl+w** and **ctrl+a** edit it (delete a word, go
+to the line start); empty, they close the chat and cycle the alternatives. Each chat keeps its
+own draft, across restarts too.
+
 With alternatives on show, **1**-**6** or a click keeps one; typing goes back to the message box.
-Click **copy** on a message to copy it, or click a code block to copy the block.
+Click **copy** on a message to copy it, or click a code block to copy the block (to the system
+clipboard where there is one, else through the terminal: the notice says which).
+
+**alt+up**/**alt+down** (or **j**/**k** in the transcript) move through the messages; on one,
+**c** copies it, **b** copies a code block, **e** edits it, **r** asks again for a reply, **d**
+deletes it, **[**/**]** show the other versions where the chat forks.
 """
 
 

@@ -13,8 +13,9 @@ from chatpage.ui.text import one_line
 class PersonaPicker(ListDialog[Persona]):
     """Dismisses with the chosen persona, or None on escape."""
 
-    def __init__(self, personas: list[Persona], preferred: Persona | None = None) -> None:
-        super().__init__("New chat: choose a persona", "filter personas", "persona-picker")
+    def __init__(self, personas: list[Persona], preferred: Persona | None = None,
+                 title: str = "New chat: choose a persona") -> None:
+        super().__init__(title, "filter personas", "persona-picker")
         self.personas = personas
         self.preferred = preferred
 

@@ -10,7 +10,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from chatpage.chat.session import SETTINGS, SamplingSettings
+from chatpage.chat.sampling import SETTINGS, SamplingSettings
 from chatpage.config.personas import Persona
 
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
 from textual.widgets import Static
 
 from chatpage.chat.session import MAX_ALTERNATIVES, Candidate, Generation
-from chatpage.ui.messages import KeepAlternative
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.message import stats_line
 from chatpage.ui.widgets.prompt_input import PromptInput
@@ -70,11 +72,18 @@ class AltPane(Throttled, Vertical):
     def on_click(self, event: events.Click) -> None:
         event.stop()
         view = self.query_ancestor(AlternativesView)
-        view.post_message(KeepAlternative(view.session_id, self.number))
+        view.post_message(AlternativesView.Keep(view.session_id, self.number))
 
 
 class AlternativesView(Horizontal, can_focus=True):
     """The panes of a session's alternatives; focused while they are on show."""
+
+    @dataclass
+    class Keep(Message):
+        """The user chose alternative ``number`` (1-based) of session ``session_id``."""
+
+        session_id: int
+        number: int
 
     BINDINGS = [
         Binding(str(n), f"keep({n})", f"Keep {n}", show=n <= 3, id=f"keep_{n}")
@@ -101,12 +110,12 @@ class AlternativesView(Horizontal, can_focus=True):
         return True
 
     def action_keep(self, number: int) -> None:
-        self.post_message(KeepAlternative(self.session_id, number))
+        self.post_message(self.Keep(self.session_id, number))
 
     def on_key(self, event: events.Key) -> None:
         """Typing something else goes back to the prompt (the keystroke is not lost)."""
         if event.is_printable and event.character and not event.character.isdigit():
-            prompt = self.app.query_one(PromptInput)
+            prompt = self.screen.query_one(PromptInput)
             prompt.focus()
             prompt.insert(event.character)
             event.stop()

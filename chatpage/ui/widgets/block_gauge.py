@@ -20,7 +20,7 @@ from textual.reactive import reactive
 from textual.widget import Widget
 
 from chatpage.config.settings import format_size
-from chatpage.engine.outputs import EngineStats
+from chatpage.engine.client import EngineStats
 from chatpage.ui.text import clean
 
 SEGMENTS = ("pinned", "shared", "private", "cached", "free")

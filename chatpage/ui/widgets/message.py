@@ -1,20 +1,29 @@
 """MessageView: one transcript entry (the user's text verbatim, a reply as Markdown) and its stats.
 
-Click the "copy" label to copy the message; click a code block to copy that block.
+Click the "copy" label to copy the message; click a code block to copy that block (a drag that
+selects text inside the block copies nothing: the selection is the user's, ctrl+c copies it).
+A message takes the focus (alt+up/down, j/k in the transcript, a click); then c copies it, b one
+of its code blocks, e edits it (sending forks the chat there), r asks again for a reply (another
+version of it), d deletes it and what follows. Where the chat forks, ``◀ 2/3 ▶`` shows which version of the turn
+this is: click its arrows, or press [ and ] on the focused message, to show another. A message
+left out of what the model sees (the chat outgrew the context) is greyed.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.message import Message
 from textual.widgets import Static
-from textual.widgets._markdown import MarkdownFence
+from textual.widgets.markdown import MarkdownFence
 
 from chatpage.chat.session import Entry, ReplyStats
-from chatpage.ui.messages import CopyText
-from chatpage.ui.text import clean
+from chatpage.ui.text import clean, code_blocks
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
 from chatpage.ui.widgets.throttle import Throttled
 
@@ -36,14 +45,63 @@ def stats_line(stats: ReplyStats | None) -> str:
     return " · ".join(parts)
 
 
-class MessageView(Throttled, Vertical):
+class MessageView(Throttled, Vertical, can_focus=True):
     """Shows an `Entry`; `refresh_entry` redraws it after the entry changed."""
+
+    BINDINGS = [
+        Binding("c", "copy_message", "Copy", id="message_copy"),
+        Binding("b", "copy_code", "Copy code", id="message_copy_code"),
+        Binding("e", "edit", "Edit", id="message_edit"),
+        Binding("r", "regenerate", "Regenerate", id="message_regenerate"),
+        Binding("d", "delete", "Delete", id="message_delete"),
+        Binding("left_square_bracket", "switch(-1)", "Previous version", id="message_prev"),
+        Binding("right_square_bracket", "switch(1)", "Next version", id="message_next"),
+    ]
+
+    @dataclass
+    class Copy(Message):
+        """Put ``text`` on the clipboard; ``what`` names it in the notice ("message", ...)."""
+
+        text: str
+        what: str
+
+    @dataclass
+    class CopyCode(Message):
+        """Copy one of ``blocks`` (the message's code blocks: none, one, or a choice)."""
+
+        blocks: list[str]
+
+    @dataclass
+    class Edit(Message):
+        """Edit ``entry`` (the user's message)."""
+
+        entry: Entry
+
+    @dataclass
+    class Regenerate(Message):
+        """Ask again for ``entry`` (a reply): a new version of it."""
+
+        entry: Entry
+
+    @dataclass
+    class Delete(Message):
+        """Delete ``entry`` and what follows it."""
+
+        entry: Entry
+
+    @dataclass
+    class Switch(Message):
+        """Show the version ``step`` away from ``entry`` (-1 previous, 1 next)."""
+
+        entry: Entry
+        step: int
 
     def __init__(self, entry: Entry, speaker: str) -> None:
         super().__init__(classes=f"message -{entry.role}")
         self.entry = entry
         self.speaker = speaker
         self._speaker = Static(classes="message-speaker")
+        self._versions = Static(classes="message-versions")
         self._foot_line = Static(classes="message-foot")
         self._body: Static | StreamingMarkdown = (
             Static(classes="message-body") if entry.role == "user"
@@ -54,6 +112,7 @@ class MessageView(Throttled, Vertical):
     def compose(self) -> ComposeResult:
         with Horizontal(classes="message-head"):
             yield self._speaker
+            yield self._versions
             yield Static("copy", classes="message-copy")
         yield self._body
         if self.entry.role == "user":
@@ -92,6 +151,10 @@ class MessageView(Throttled, Vertical):
         self.set_class(entry.status in ("stopped", "interrupted"), "-stopped")
         self.set_class(entry.status == "error", "-error")
         self.set_class(bool(entry.attachments), "-attached")
+        self.set_class(entry.dropped, "-dropped")
+        place = entry.place()
+        self.set_class(place.forked, "-forked")
+        self._versions.update(place.label() if place.forked else "")
         self._speaker.update(self._head())
         self._foot_line.update(self._foot())
         if isinstance(self._body, StreamingMarkdown):
@@ -100,17 +163,44 @@ class MessageView(Throttled, Vertical):
             self._body.update(Text(clean(entry.content)))
 
     # -- copying ---------------------------------------------------------------------------------
+    def action_copy_message(self) -> None:
+        self.post_message(self.Copy(self.entry.content, "message"))
+
+    def action_copy_code(self) -> None:
+        self.post_message(self.CopyCode(code_blocks(self.entry.content)))
+
+    def action_edit(self) -> None:
+        self.post_message(self.Edit(self.entry))
+
+    def action_regenerate(self) -> None:
+        self.post_message(self.Regenerate(self.entry))
+
+    def action_delete(self) -> None:
+        self.post_message(self.Delete(self.entry))
+
+    def action_switch(self, step: int) -> None:
+        if self.entry.place().forked:
+            self.post_message(self.Switch(self.entry, step))
+
+    @on(events.Click, ".message-versions")
+    def _switch(self, event: events.Click) -> None:
+        """◀ (the left half) shows the previous version, ▶ the next."""
+        event.stop()
+        self.action_switch(-1 if event.x < self._versions.size.width // 2 else 1)
+
     @on(events.Click, ".message-copy")
     def _copy_message(self, event: events.Click) -> None:
         event.stop()
-        self.post_message(CopyText(self.entry.content, "message"))
+        self.action_copy_message()
 
     @on(events.Click)
     def _copy_code(self, event: events.Click) -> None:
+        if self.screen.get_selected_text():  # the end of a drag that selected text
+            return
         node = event.widget
         while node is not None and node is not self:
             if isinstance(node, MarkdownFence):
                 event.stop()
-                self.post_message(CopyText(node.code, "code block"))
+                self.post_message(self.Copy(node.code, "code block"))
                 return
             node = node.parent

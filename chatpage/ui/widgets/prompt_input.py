@@ -1,15 +1,20 @@
 """PromptInput: the multi-line message box.
 
 enter sends; ctrl+j (and shift+enter where the terminal reports it) adds a newline; up on the
-first line and down on the last walk through the session's earlier prompts.
+first line and down on the last walk through the session's earlier prompts. tab on a slash
+command line completes it (`completer`): the common prefix first, then each option in turn.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from textual import events
+from textual.message import Message
 from textual.widgets import TextArea
 
-from chatpage.ui.messages import PromptSubmitted
+from chatpage.ui.completion import common_prefix
 
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
 
@@ -17,12 +22,27 @@ NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
 class PromptInput(TextArea):
     """A TextArea that submits on enter and recalls history."""
 
+    @dataclass
+    class Submitted(Message):
+        """Enter: a message or a slash command."""
+
+        text: str
+
+    @dataclass
+    class Completed(Message):
+        """Tab found these ``options`` for the line (shown to the user when there are several)."""
+
+        options: list[str]
+
     def __init__(self, **kwargs) -> None:
         super().__init__(soft_wrap=True, tab_behavior="focus", show_line_numbers=False,
                          compact=True, highlight_cursor_line=False, **kwargs)
         self.prompts: list[str] = []
         self._recall: int | None = None  # index into history while walking it
         self._draft = ""  # what was typed before walking the history
+        self.completer: Callable[[str], list[str]] | None = None
+        """The lines a slash-command line completes to (set by the screen)."""
+        self._options: list[str] = []  # what repeated tabs step through
 
     def use_prompts(self, prompts: list[str]) -> None:
         """Walk ``prompts`` (a session's list, shared, appended to by the app)."""
@@ -33,11 +53,15 @@ class PromptInput(TextArea):
         key = event.key
         if key == "enter":
             self._stop(event)
-            self.post_message(PromptSubmitted(self.text))
+            self.post_message(self.Submitted(self.text))
             return
         if key in NEWLINE_KEYS:
             self._stop(event)
             self.insert("\n")
+            return
+        if key == "tab" and self.text.startswith("/"):
+            self._stop(event)  # a command line: tab never leaves the box
+            self._complete()
             return
         row = self.wrapped_document.location_to_offset(self.cursor_location).y
         if key == "up" and row == 0 and self._walk(-1):
@@ -73,6 +97,26 @@ class PromptInput(TextArea):
         self._recall = index
         self._set(self.prompts[index])
         return True
+
+    def _complete(self) -> None:
+        text = self.text
+        if text in self._options:  # a further tab: the next option
+            options = self._options
+            self._set(options[(options.index(text) + 1) % len(options)])
+            return
+        options = self.completer(text) if self.completer is not None else []
+        if not options:
+            self._options = []
+            return
+        prefix = common_prefix(options)
+        if len(options) == 1:
+            self._set(options[0])
+        elif len(prefix) > len(text):
+            self._set(prefix)
+        else:
+            self._options = options
+            self._set(options[0])
+        self.post_message(self.Completed(options))
 
     def _set(self, text: str) -> None:
         self.load_text(text)

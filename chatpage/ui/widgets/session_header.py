@@ -1,4 +1,5 @@
-"""SessionHeader: the persona, the prefix-cache share of the last prompt, the sampling settings."""
+"""SessionHeader: the persona, the prefix-cache share of the last prompt, the context meter
+(``used / context`` tokens), the sampling settings."""
 
 from __future__ import annotations
 
@@ -18,6 +19,17 @@ def cache_line(session: ChatSession) -> str:
             f"({share:.0%}) came from the shared cache")
 
 
+def context_line(session: ChatSession) -> str:
+    """``context 412 / 2048 tokens``, and how many messages are left out to fit it."""
+    if not session.context_tokens:
+        return "context: known once the model is loaded"
+    line = f"context {session.used_tokens} / {session.context_tokens} tokens"
+    dropped = sum(e.dropped for e in session.entries)
+    if dropped:
+        line += f" · {dropped} older message{'s' if dropped != 1 else ''} left out (greyed)"
+    return line
+
+
 class SessionHeader(Static):
     """One session's header; `refresh_session` redraws it."""
 
@@ -33,7 +45,7 @@ class SessionHeader(Static):
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(one_line(s.persona.name, 40), "bold")
         text.append(f"  {one_line(s.persona.description, 80)}", "italic")
-        text.append(f"\n{cache_line(s)}")
+        text.append(f"\n{context_line(s)} · {cache_line(s)}")
         text.append(f"\n{s.sampling.describe()} · next reply: {s.alt_mode.describe()}")
         if s.streaming:
             text.append("\ngenerating… (esc stops)", "bold")

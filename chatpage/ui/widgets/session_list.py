@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.text import Text
 from textual import on
+from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
 from chatpage.chat.session import ChatSession
-from chatpage.ui.messages import SessionSelected
 from chatpage.ui.text import one_line
 
 TITLE_WIDTH = 22
@@ -24,6 +26,12 @@ def marker(session: ChatSession) -> str:
 
 class SessionList(OptionList):
     """One option per session (id = session id); the highlight follows the current session."""
+
+    @dataclass
+    class Selected(Message):
+        """The user picked session ``session_id``."""
+
+        session_id: int
 
     def prompt(self, number: int, session: ChatSession) -> Text:
         text = Text(no_wrap=True, overflow="ellipsis")
@@ -49,4 +57,4 @@ class SessionList(OptionList):
     def _selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
         if event.option.id is not None:
-            self.post_message(SessionSelected(int(event.option.id)))
+            self.post_message(self.Selected(int(event.option.id)))

@@ -35,11 +35,14 @@ class SessionView(Vertical):
         transcript = self.transcript
         kind = change.kind
         if kind == "entry_added" and change.entry is not None:
-            transcript.add(change.entry)
+            if change.entry is session.transcript.tip():  # else a version not on show
+                transcript.add(change.entry)
         elif kind == "entry_updated" and change.entry is not None:
             transcript.update(change.entry)
-        elif kind == "entries_reset":
+        elif kind in ("entries_reset", "entry_removed", "cleared"):
             transcript.reset()
+        elif kind == "context":
+            transcript.refresh_entries()
         elif kind == "generation":
             panes = transcript.show_alternatives()
             if panes is not None and self.display:
@@ -48,7 +51,8 @@ class SessionView(Vertical):
             alternatives = transcript.alternatives
             if alternatives is not None:
                 alternatives.refresh_candidate(change.index)
-        if kind in ("settings", "busy", "entry_added", "entries_reset", "generation") or (
+        if kind in ("settings", "busy", "entry_added", "entries_reset", "entry_removed",
+                    "cleared", "generation", "context") or (
                 kind == "entry_updated" and change.entry is not None
                 and change.entry.status != "streaming"):
             self.header.refresh_session()

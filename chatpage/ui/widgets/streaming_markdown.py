@@ -9,9 +9,9 @@ not interpreted, and control characters are made visible (`chatpage.ui.text.clea
 from __future__ import annotations
 
 from markdown_it import MarkdownIt
+from textual.message import Message
 from textual.widgets import Markdown
 
-from chatpage.ui.messages import MarkdownFlushed
 from chatpage.ui.text import clean
 
 FLUSH_S = 0.1
@@ -23,6 +23,9 @@ def _parser() -> MarkdownIt:
 
 class StreamingMarkdown(Markdown):
     """Markdown that keeps up with a stream by coalescing updates."""
+
+    class Flushed(Message):
+        """New text was drawn (a scrolling container may need to follow it)."""
 
     def __init__(self, text: str = "", **kwargs) -> None:
         super().__init__(clean(text), parser_factory=_parser, **kwargs)
@@ -70,4 +73,4 @@ class StreamingMarkdown(Markdown):
                 self._shown = text
         finally:
             self._flushing = False
-        self.post_message(MarkdownFlushed())
+        self.post_message(self.Flushed())

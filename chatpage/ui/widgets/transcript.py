@@ -1,24 +1,31 @@
 """Transcript: a session's messages, then its alternatives while they are on show.
 
 It follows the stream (anchored to the bottom) unless the user scrolls up. The anchor is set only
-once the messages overflow the view, so a short chat reads from the top.
+once the messages overflow the view, so a short chat reads from the top. With the focus in it,
+j/k move the focus to the next/previous message.
 """
 
 from __future__ import annotations
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from chatpage.chat.session import ChatSession, Entry
-from chatpage.ui.messages import MarkdownFlushed
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.alternatives import AlternativesView
 from chatpage.ui.widgets.message import MessageView
+from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
 
 
 class Transcript(VerticalScroll):
     """Message views for a session's entries."""
+
+    BINDINGS = [
+        Binding("j", "focus_step(1)", "Next message", show=False, id="transcript_next"),
+        Binding("k", "focus_step(-1)", "Previous message", show=False, id="transcript_prev"),
+    ]
 
     def __init__(self, session: ChatSession, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -43,11 +50,30 @@ class Transcript(VerticalScroll):
     def on_mount(self) -> None:
         self.follow()
 
+    def focus_step(self, step: int) -> bool:
+        """Focus the message ``step`` away from the focused one (from outside: the last for a
+        step back, the first for a step on). False when that runs past the last message."""
+        views = list(self.query(MessageView))
+        if not views:
+            return False
+        focused = self.screen.focused
+        if focused in views:
+            index = views.index(focused) + step  # type: ignore[arg-type]
+        else:
+            index = len(views) - 1 if step < 0 else 0
+        if index >= len(views):
+            return False
+        views[max(0, index)].focus()
+        return True
+
+    def action_focus_step(self, step: int) -> None:
+        self.focus_step(step)
+
     def follow(self) -> None:
         """Anchor to the bottom once the content is taller than the view (after the next layout)."""
         self.call_after_refresh(self._check_follow)
 
-    def on_markdown_flushed(self, message: MarkdownFlushed) -> None:
+    def on_streaming_markdown_flushed(self, message: StreamingMarkdown.Flushed) -> None:
         message.stop()
         if not self.is_anchored:
             self.follow()
@@ -79,6 +105,11 @@ class Transcript(VerticalScroll):
             view.refresh_entry()
             if not self.is_anchored:
                 self.follow()
+
+    def refresh_entries(self) -> None:
+        """Redraw every message view (which messages the model sees changed)."""
+        for view in self._views.values():
+            view.refresh_entry()
 
     def reset(self) -> None:
         """Drop the message views whose entries are gone; add any that are new."""

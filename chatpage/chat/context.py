@@ -1,0 +1,72 @@
+"""Fitting a turn into the model's context window.
+
+Before a turn is sent, `fit` counts what it would take: each reply by its exact token count
+from the engine, everything else by a cautious estimate from its length, plus room for the
+reply (max tokens). When that exceeds the window, the oldest turns after the system prompt
+are left out of what is sent (marked `Entry.dropped`, shown greyed, kept in the store) until
+it fits; the message being answered is never dropped. The engine still counts exactly and
+refuses what cannot fit at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+
+from chatpage.chat.session import Entry
+
+CHARS_PER_TOKEN_CAUTIOUS = 3
+"""Fewer characters per token than most text has, so an estimate errs on the large side."""
+MESSAGE_OVERHEAD = 8
+"""Tokens a chat template adds around one message (role markers, separators), at most."""
+
+
+def estimate_tokens(text: str) -> int:
+    """A cautious token count of `text` (at least what most tokenizers make of it)."""
+    return ceil(len(text) / CHARS_PER_TOKEN_CAUTIOUS)
+
+
+def message_tokens(entry: Entry) -> int:
+    """What `entry` takes in a prompt: a reply's exact count when the engine gave one."""
+    if entry.role == "assistant" and entry.stats is not None and entry.stats.tokens:
+        return entry.stats.tokens + MESSAGE_OVERHEAD
+    return estimate_tokens(entry.model_content()) + MESSAGE_OVERHEAD
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The outcome of `fit`: how many messages were left out and the tokens then needed."""
+
+    dropped: int
+    needed: int
+
+    def notice(self) -> str | None:
+        """One line for the user when messages were left out."""
+        if not self.dropped:
+            return None
+        noun = "message" if self.dropped == 1 else "messages"
+        return (f"the chat is longer than the model's context: the oldest {self.dropped} "
+                f"{noun} (greyed) are left out of what the model sees; they stay saved")
+
+
+def fit(system_prompt: str, path: list[Entry], reply_tokens: int, context_tokens: int) -> Fit:
+    """Mark (`Entry.dropped`) the oldest whole turns of `path` that must be left out for it,
+    the system prompt and `reply_tokens` to fit in `context_tokens` (0: unknown, drop
+    nothing); unmark the rest. The last message is always kept."""
+    sent = [e for e in path if e.in_context]
+    for entry in path:
+        entry.dropped = False
+    needed = (estimate_tokens(system_prompt) + MESSAGE_OVERHEAD + reply_tokens
+              + sum(message_tokens(e) for e in sent))
+    dropped = 0
+    while context_tokens and needed > context_tokens and len(sent) > 1:
+        # a whole turn: the oldest message and what answers it, never the last message
+        turn = 1
+        while turn < len(sent) - 1 and sent[turn].role != "user":
+            turn += 1
+        for entry in sent[:turn]:
+            entry.dropped = True
+            needed -= message_tokens(entry)
+        dropped += turn
+        del sent[:turn]
+    return Fit(dropped, needed)

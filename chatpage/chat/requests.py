@@ -1,0 +1,193 @@
+"""Requests: what a chat asks of the engine and what comes back, the part of `Chats` that
+talks to the `EngineClient`.
+
+It never waits on the engine: `submit`/`cancel` only queue, and the client's events come back
+through `deliver` (the app posts them to its own thread) and are applied with `apply`, on the
+UI thread. A reply is a new version of the turn after the message it answers; alternatives are
+offered side by side (no version on show) until one is kept, and then all of them are versions.
+Before anything is sent, `fit` leaves the oldest turns out if the chat outgrew the context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from chatpage.chat.context import fit
+from chatpage.chat.replies import apply_candidate, apply_reply
+from chatpage.chat.sampling import AltMode
+from chatpage.chat.session import Candidate, ChatSession, Entry, Generation, ReplyStats
+from chatpage.engine.client import EngineClient, StreamEvent
+from chatpage.store import MessageStatus
+
+
+class ChatError(ValueError):
+    """Something the user asked for cannot be done now; the message is one line for them."""
+
+
+class Requests:
+    """A chat's requests to the engine. `notify` gets one-line notices (a turn that had to
+    leave old messages out to fit the context)."""
+
+    def __init__(self, client: EngineClient, deliver: Callable[[StreamEvent], None],
+                 notify: Callable[[str], None] = lambda _line: None) -> None:
+        self.client = client
+        self.deliver = deliver
+        self.notify = notify
+        self._by_request: dict[str, ChatSession] = {}
+
+    def stop(self, session: ChatSession) -> bool:
+        """Cancel what is streaming; the engine frees its blocks and reports "abort"."""
+        gen = session.generation
+        if gen is None or not gen.streaming:
+            return False
+        for rid in gen.request_ids:
+            if rid not in gen.finished_requests:
+                self.client.cancel(rid)
+        return True
+
+    def keep(self, session: ChatSession, number: int) -> Entry:
+        """Keep alternative ``number`` (1-based) as the reply; the others stay as its
+        versions (those that did not fail)."""
+        gen = session.generation
+        if gen is None or not gen.alternatives:
+            raise ChatError("there are no alternatives to choose from")
+        if not 1 <= number <= len(gen.candidates):
+            raise ChatError(f"choose an alternative from 1 to {len(gen.candidates)}")
+        chosen = gen.candidates[number - 1]
+        if chosen.error:
+            raise ChatError(f"alternative {number} failed: {chosen.error}")
+        self._drop_generation(session)
+        kept = None
+        for cand in gen.candidates:
+            if cand.error and cand is not chosen:
+                continue
+            entry = Entry("assistant", cand.text, status=_candidate_status(cand),
+                          stats=cand.stats, label=cand.label)
+            session.transcript.attach(entry, gen.parent, current=cand is chosen)
+            kept = entry if cand is chosen else kept
+            session.changed("entry_added", entry)
+        session.changed("entries_reset")
+        return kept
+
+    # -- engine events -------------------------------------------------------------------------
+    def apply(self, event: StreamEvent) -> ChatSession | None:
+        """Apply one engine event; returns the session it changed (None if it was stale)."""
+        session = self._by_request.get(event.request_id)
+        gen = session.generation if session is not None else None
+        if gen is None or event.request_id not in gen.request_ids:
+            return None
+        if event.request_finished:
+            gen.finished_requests.add(event.request_id)
+            self._by_request.pop(event.request_id, None)
+        if gen.entry is not None:
+            if apply_reply(session, gen, gen.entry, event):
+                session.generation = None
+                session.changed("busy")
+            return session
+        apply_candidate(session, gen, event)
+        if not gen.streaming:
+            if all(c.error for c in gen.candidates):
+                self._drop_generation(session)
+                entry = Entry("assistant", "", status=MessageStatus.ERROR,
+                              error=gen.candidates[0].error)
+                session.transcript.attach(entry, gen.parent)
+                session.changed("entry_added", entry)
+            else:
+                session.changed("busy")
+        return session
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _check_idle(self, session: ChatSession) -> None:
+        if self.client.error is not None and not self.client.ready:
+            raise ChatError(f"the model did not load ({self.client.error}); restart chatpage "
+                            "with a working --model")
+        if session.streaming:
+            raise ChatError("a reply is still streaming in this chat: wait for it, or press "
+                            "esc to stop it")
+        if session.choosing:
+            n = len(session.generation.candidates)
+            raise ChatError(f"keep one of the alternatives first: press 1-{n}, click a pane, "
+                            "or type /keep N")
+
+    def _fit(self, session: ChatSession, upto: Entry | None, notice: bool = True) -> None:
+        """Leave the oldest turns out of what is sent if the turn after `upto` (None: after
+        the last message on show) would not fit the context; `notice` says so to the user."""
+        session.context_tokens = self.client.max_model_len or session.context_tokens
+        path = session.entries
+        if upto is not None:
+            path = path[:path.index(upto) + 1]
+        outcome = fit(session.persona.system_prompt, path, session.sampling.max_tokens,
+                      session.context_tokens)
+        session.changed("context")
+        if notice and outcome.notice():
+            self.notify(outcome.notice())
+
+    def _ask(self, session: ChatSession, question: Entry) -> None:
+        """Ask for a reply to `question` (a new version of the turn after it), as one reply
+        or as alternatives (the next-reply mode)."""
+        mode = session.alt_mode
+        self._fit(session, question)
+        messages = session.for_model(upto=question)
+        if mode.kind == "off":
+            rid = self.client.submit(messages, session.sampling.params(), self.deliver)
+            entry = Entry("assistant", "", status=MessageStatus.STREAMING, stats=ReplyStats())
+            forked = bool(question.replies.versions)
+            session.transcript.attach(entry, question)
+            session.changed("entry_added", entry)
+            if forked:
+                session.changed("entries_reset")
+            self._by_request[rid] = session
+            self._start(session, Generation("reply", [rid], entry=entry, parent=question))
+            return
+        if mode.kind == "samples":
+            params = session.sampling.params(n=mode.k)
+        else:
+            params = session.sampling.params(beam_width=mode.k)
+        rid = self.client.submit(messages, params, self.deliver)
+        noun = "sample" if mode.kind == "samples" else "beam"
+        gen = Generation(mode.kind, [rid], parent=question, candidates=[
+            Candidate(f"{noun} {i + 1}", rid, i) for i in range(mode.k)
+        ])
+        session.alt_mode = AltMode(k=mode.k)  # one reply only: back to single replies
+        session.changed("settings")
+        self._by_request[rid] = session
+        self._offer(session, gen)
+
+    def _offer(self, session: ChatSession, gen: Generation) -> None:
+        """Alternatives for the turn after `gen.parent`: no version of it is on show until
+        one is kept."""
+        session.transcript.hide_after(gen.parent)
+        session.changed("entries_reset")
+        self._start(session, gen)
+
+    def _start(self, session: ChatSession, gen: Generation) -> None:
+        session.generation = gen
+        if gen.alternatives:
+            session.changed("generation")
+        session.changed("busy")
+
+    def _drop_generation(self, session: ChatSession) -> None:
+        gen = session.generation
+        if gen is None:
+            return
+        for rid in gen.request_ids:
+            self._by_request.pop(rid, None)
+            if rid not in gen.finished_requests:
+                self.client.cancel(rid)
+        session.generation = None
+        if gen.entry is not None and gen.entry.status == MessageStatus.STREAMING:
+            gen.entry.status = MessageStatus.STOPPED
+            session.changed("entry_updated", gen.entry)
+        if gen.alternatives:
+            session.transcript.unhide_after(gen.parent)
+            session.changed("generation")
+            session.changed("entries_reset")
+        session.changed("busy")
+
+
+def _candidate_status(cand: Candidate) -> MessageStatus:
+    if cand.error is not None or cand.finish_reason == "error":
+        return MessageStatus.ERROR
+    if cand.finish_reason in ("stop", "length"):
+        return MessageStatus.DONE
+    return MessageStatus.STOPPED

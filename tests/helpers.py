@@ -1,0 +1,208 @@
+"""Helpers shared by test modules (instead of test modules importing each other).
+
+UI: building the app over the tiny model or over no model, waiting in Pilot, personas on disk.
+Chat model: a persona, a client that records what it is asked (the chat model's tests need
+no engine), and engine events to feed back.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from chatpage.config.personas import Persona
+from chatpage.config.settings import Settings
+from chatpage.engine.client import EngineConfig, StreamEvent
+from chatpage.ui.app import ChatApp
+
+PROMPT_BODY = ("Answer in plain words. Keep every answer short and to the point. Never invent "
+               "facts. When unsure, say so. Use lists for steps and code blocks for code. ")
+
+
+# -- personas ----------------------------------------------------------------------------------------
+def write_persona(directory: Path, name: str, max_tokens: int = 6) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.yaml").write_text(
+        f"name: {name}\ndescription: The {name} test persona\ngreeting: Hi from {name}\n"
+        f"temperature: 0\nmax_tokens: {max_tokens}\n"
+        f"system_prompt: You are {name}. {PROMPT_BODY * 2}\n"
+    )
+
+
+def alpha_and_beta(tmp_path: Path) -> Path:
+    """A personas folder with the "alpha" and "beta" test personas."""
+    directory = tmp_path / "personas"
+    write_persona(directory, "alpha")
+    write_persona(directory, "beta")
+    return directory
+
+
+# -- apps ----------------------------------------------------------------------------------------------
+def make_app(model_dir: Path, personas_dir: Path | None, **settings) -> ChatApp:
+    """The app over ``model_dir`` (the tiny model) with a small KV cache."""
+    return ChatApp(model=str(model_dir), config=EngineConfig(kv_cache_bytes=4 << 20),
+                   settings=Settings(default_persona="alpha", **settings),
+                   personas_dirs=None if personas_dir is None else [personas_dir])
+
+
+def offline_app(tmp_path: Path, **settings) -> ChatApp:
+    """The app over a model path that does not exist (the engine fails at once)."""
+    return ChatApp(model=str(tmp_path / "no-such-model"), config=EngineConfig(),
+                   settings=Settings(**settings))
+
+
+def fake_submits(app: ChatApp) -> list[list[dict[str, str]]]:
+    """After the load failure: pretend the model loaded, and record what would be submitted
+    (the request ids are ``fake-1``, ``fake-2``...; feed replies with `reply_event`)."""
+    submitted: list[list[dict[str, str]]] = []
+    app.client.error = None
+    app.client.submit = lambda messages, params, on_event, **_how: (
+        submitted.append(messages) or f"fake-{len(submitted)}")
+    return submitted
+
+
+def reply_event(rid: str, text: str, finished: bool) -> StreamEvent:
+    """A StreamEvent for a plain reply with ``text`` so far."""
+    return StreamEvent(
+               request_id=rid,
+               index=0,
+               text=text,
+               delta=text,
+               replaced=False,
+               num_tokens=7,
+               finished=finished,
+               finish_reason="stop" if finished else None,
+               cumulative_logprob=-3.5,
+               score=None,
+               request_finished=finished,
+               prompt_tokens=40,
+               prefix_hit_tokens=32,
+               ttft_s=0.05,
+               elapsed_s=0.4)
+
+
+# -- waiting ---------------------------------------------------------------------------------------------
+async def wait_for(pilot, condition, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.05)
+
+
+async def opened(pilot, screen_type) -> None:
+    """Wait until a dialog of ``screen_type`` is on top and drawn (dialogs open in workers)."""
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, screen_type), "the dialog")
+    await pilot.pause()
+
+
+def idle(app: ChatApp) -> bool:
+    stats = app.client.stats()
+    return (stats is not None and stats.num_running == 0 and stats.num_waiting == 0
+            and not any(s.streaming for s in app.chats.sessions))
+
+
+async def ready(pilot, app: ChatApp) -> None:
+    await wait_for(pilot, lambda: app.client.ready and idle(app)
+                   and app.client.stats().blocks_pinned > 0, "the engine and pinned personas")
+
+
+async def send(pilot, text: str) -> None:
+    """What enter does with ``text`` in the prompt (typing is tested where the engine is idle:
+    Pilot's key presses wait for the process to go idle, up to 2 s a key while it streams)."""
+    await pilot.app.chat.submit_prompt(text)
+
+
+def freed(app: ChatApp) -> bool:
+    """Nothing runs and only the personas' pinned blocks are held."""
+    stats = app.client.stats()
+    return stats.num_running == 0 and stats.blocks_used == stats.blocks_pinned
+
+
+def hold_model_load(monkeypatch) -> threading.Event:
+    """Make the engine thread wait before loading the model until the event is set."""
+    from chatpage.engine import client
+
+    release = threading.Event()
+    load = client.LLMEngine.from_pretrained
+
+    def held(*args, **kwargs):
+        release.wait(30)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(client.LLMEngine, "from_pretrained", held)
+    return release
+
+
+# -- the chat model without an engine ---------------------------------------------------------
+PERSONA = Persona("p", "a persona", "You are p.", temperature=0.5, max_tokens=8)
+
+
+class FakeClient:
+    """Stands in for `EngineClient` in chat-model tests: records submits and cancels; the
+    test feeds events back with `Chats.apply`. Request ids are r1, r2, ..."""
+
+    error = None
+    ready = True
+
+    def __init__(self, max_model_len: int = 0) -> None:
+        self.max_model_len = max_model_len
+        self.submitted: list[tuple[list, object, object]] = []
+        self.continued: list[bool] = []
+        self.cancelled: list[str] = []
+
+    def submit(self, messages, params, on_event, *, continue_reply: bool = False) -> str:
+        self.submitted.append((messages, params, on_event))
+        self.continued.append(continue_reply)
+        return f"r{len(self.submitted)}"
+
+    def cancel(self, rid: str) -> None:
+        self.cancelled.append(rid)
+
+
+def event(rid: str, text: str, index: int = 0, finished: bool = False, reason: str | None = None,
+          request_finished: bool | None = None, **kw) -> StreamEvent:
+    """An event of request `rid` with `text` so far (one token per character)."""
+    return StreamEvent(
+               request_id=rid,
+               index=index,
+               text=text,
+               delta="",
+               replaced=False,
+               num_tokens=len(text),
+               finished=finished,
+               finish_reason=reason,
+               cumulative_logprob=kw.get("logprob", -1.0),
+               score=kw.get("score"),
+               request_finished=finished if request_finished is None else request_finished,
+               prompt_tokens=kw.get("prompt_tokens", 20),
+               prefix_hit_tokens=16,
+               ttft_s=0.1,
+               elapsed_s=0.5,
+               error=kw.get("error"))
+
+
+def done(rid: str, text: str, **kw) -> StreamEvent:
+    """The last event of a plain reply that finished normally."""
+    return event(rid, text, finished=True, reason="stop", **kw)
+
+
+def stopped(rid: str, text: str) -> StreamEvent:
+    """The client's notice that request `rid` was cancelled (no counts)."""
+    return StreamEvent(
+               request_id=rid,
+               index=0,
+               text=text,
+               delta="",
+               replaced=False,
+               num_tokens=0,
+               finished=True,
+               finish_reason="abort",
+               cumulative_logprob=0.0,
+               score=None,
+               request_finished=True,
+               prompt_tokens=0,
+               prefix_hit_tokens=0,
+               ttft_s=None,
+               elapsed_s=1.0)

@@ -1,0 +1,246 @@
+"""The message box keeps its own keys, drafts stay with their chat, copying says where it went.
+
+Offline app (no model): replies are fed as StreamEvents through the app's own handler.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from helpers import fake_submits, offline_app, opened, reply_event, wait_for
+from textual import events
+from textual.widgets.markdown import MarkdownFence
+
+from chatpage.store import Store
+from chatpage.ui.clipboard import system_tool
+from chatpage.ui.messages import EngineEvent
+from chatpage.ui.screens.code_picker import CodeBlockPicker
+from chatpage.ui.screens.confirm import Confirm
+from chatpage.ui.screens.persona_picker import PersonaPicker
+from chatpage.ui.widgets.message import MessageView
+from chatpage.ui.widgets.session_list import SessionList
+
+SIZE = (140, 44)
+REPLY = "Here:\n\n```python\nprint('one two three four')\n```\n"
+
+
+async def reply(pilot, app, text: str = REPLY) -> None:
+    """Send a message in the current chat and finish its reply with ``text``."""
+    submitted = fake_submits(app)
+    session = app.chat.current
+    await app.chat.submit_prompt("a question")
+    app.post_message(EngineEvent(reply_event(f"fake-{len(submitted)}", text, True), app.client))
+    await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
+
+
+async def drag(pilot, widget, start: tuple[int, int], end: tuple[int, int]) -> None:
+    """Press the mouse at ``start`` in ``widget``, move to ``end``, release: as a terminal
+    reports it, through the app's own event handling (which makes the Click that follows)."""
+    app = pilot.app
+    for kind, (dx, dy) in ((events.MouseDown, start), (events.MouseMove, end),
+                           (events.MouseUp, end)):
+        x, y = widget.region.x + dx, widget.region.y + dy
+        app.post_message(kind(None, x, y, 0, 0, 1, False, False, False, screen_x=x, screen_y=y))
+        await pilot.pause()
+
+
+async def type_text(pilot, app, text: str) -> None:
+    app.chat.prompt.focus()
+    await pilot.press(*text)
+
+
+async def test_editing_keys_win_while_the_box_has_text(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        first = app.chat.current
+        await app.chat.submit_prompt("/new")
+        await opened(pilot, PersonaPicker)
+        await pilot.press("enter")  # the default persona
+        await wait_for(pilot, lambda: len(app.chats.sessions) == 2, "a second chat")
+        prompt = app.chat.prompt
+        await type_text(pilot, app, "hello big world")
+        await pilot.press("ctrl+w")  # deletes a word, does not close the chat
+        assert prompt.text == "hello big " and len(app.chats.sessions) == 2
+        await pilot.press("ctrl+a")  # line start, not the alternatives
+        assert prompt.cursor_location == (0, 0)
+        assert app.chat.current.alt_mode.kind == "off"
+        await pilot.press("end", "ctrl+w", "ctrl+w")
+        assert prompt.text == ""
+        await pilot.press("ctrl+a")  # the box is empty: the chat's key again
+        assert app.chat.current.alt_mode.kind == "samples"
+        await pilot.press("ctrl+w")
+        assert app.chats.sessions == [first]
+
+
+async def test_drafts_survive_switching_closing_and_restarts(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        await reply(pilot, app)
+        first = app.chat.current
+        await app.chat.submit_prompt("/new coder")
+        second = app.chat.current
+        await reply(pilot, app)
+        await type_text(pilot, app, "second draft")
+        await pilot.press("alt+1")
+        assert app.chat.current is first and app.chat.prompt.text == ""
+        await type_text(pilot, app, "first draft")
+        await pilot.press("alt+2")
+        assert app.chat.prompt.text == "second draft"
+        await pilot.press("alt+1")
+        assert app.chat.prompt.text == "first draft"
+
+        # closing with a draft: from the sidebar (the box has text, so ctrl+w edits there)
+        app.chat.query_one(SessionList).focus()
+        await pilot.press("ctrl+w")
+        assert app.chats.sessions == [second] and app.chat.prompt.text == "second draft"
+        assert app.chat.open_saved(first.store_id).draft == "first draft"
+        assert app.chat.prompt.text == "first draft"
+        await pilot.press("alt+2")
+    with Store.open() as store:
+        assert store.draft(first.store_id) == "first draft"
+
+    again = offline_app(tmp_path)
+    async with again.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        by_title = {s.store_id: s for s in again.chats.sessions}
+        assert by_title[first.store_id].draft == "first draft"
+        assert again.chat.prompt.text == by_title[again.chat.current.store_id].draft
+
+
+async def test_code_block_click_copies_but_a_drag_selection_does_not(tmp_path, monkeypatch):
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        await reply(pilot, app)
+        view = app.chat.session_view(app.chat.current).query(MessageView).last()
+        await wait_for(pilot, lambda: view.query(MarkdownFence), "the code block")
+        fence = view.query_one(MarkdownFence)
+        await wait_for(pilot, lambda: fence.region.height > 0, "the code block laid out")
+        await pilot.pause()
+
+        # drag across part of the code: a selection, and nothing copied
+        await drag(pilot, fence, (4, 1), (14, 1))
+        selected = app.screen.get_selected_text()
+        assert selected and selected in "print('one two three four')"
+        assert app.clipboard == "" and not any("copied" in n for n in app.notices)
+
+        # a plain click copies the block (no system clipboard here: OSC 52, and it says so)
+        await drag(pilot, fence, (4, 1), (4, 1))
+        assert app.clipboard == "print('one two three four')"
+        assert "to the terminal's clipboard (OSC 52" in app.notices[-1]
+
+
+async def test_copy_uses_the_system_clipboard_where_there_is_one(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    pasted = tmp_path / "pasted"
+    tool = bin_dir / "xclip"  # stands in for the X11 tool: it keeps what it is given
+    tool.write_text(f"#!/bin/sh\ncat > '{pasted}'\n")
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    monkeypatch.setenv("DISPLAY", ":0")
+    assert system_tool() == [str(tool), "-selection", "clipboard"]
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        await reply(pilot, app)
+        await pilot.press("alt+c")
+        await wait_for(pilot, lambda: any("system clipboard" in n for n in app.notices),
+                       "the copy")
+        assert pasted.read_text() == REPLY
+        assert app.notices[-1].endswith(f"copied the reply ({len(REPLY)} characters) to the "
+                                        "system clipboard (xclip)")
+
+
+TWO_BLOCKS = "First:\n\n```\nalpha()\n```\n\nThen:\n\n```sh\nbeta --now\n```\n"
+
+
+async def test_keyboard_navigation_copy_code_and_edit_messages(tmp_path, monkeypatch):
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        await reply(pilot, app, "no code here")
+        await reply(pilot, app, TWO_BLOCKS)
+        views = list(app.chat.session_view(session).query(MessageView))
+        assert [v.entry for v in views] == session.entries
+
+        app.chat.prompt.focus()
+        await pilot.press("alt+up")
+        assert app.focused is views[3]
+        await pilot.press("k", "k")
+        assert app.focused is views[1]
+        await pilot.press("j")
+        assert app.focused is views[2]
+        await pilot.press("alt+down", "j")  # j at the last message stays there
+        assert app.focused is views[3]
+
+        await pilot.press("c")
+        assert app.clipboard == TWO_BLOCKS
+        await pilot.press("b")  # two blocks: pick one
+        await opened(pilot, CodeBlockPicker)
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: app.clipboard == "beta --now", "the second block")
+        await pilot.press("alt+up")
+        assert app.focused is views[2]
+        await pilot.press("k", "b")
+        assert "this message has no code block" in app.notices[-1]
+        await pilot.press("e")  # a reply is not edited
+        assert "only your own messages can be edited" in app.notices[-1]
+
+        await pilot.press("k", "e")  # an earlier message: back in the box, nothing dropped
+        assert app.focused is app.chat.prompt and app.chat.prompt.text == "a question"
+        assert len(session.entries) == 4 and session.editing is session.entries[0]
+        app.chat.prompt.load_text("")
+        await pilot.press("alt+up", "k", "e")  # the last one: sending it will fork there
+        assert app.chat.prompt.text == "a question" and len(session.entries) == 4
+        assert session.editing is session.entries[2]
+        await pilot.press("alt+up", "alt+down")  # past the last: the box
+        assert app.focused is app.chat.prompt
+
+
+async def test_regenerate_and_delete_a_focused_message(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        await reply(pilot, app, "first answer")
+        await reply(pilot, app, "second answer")
+        app.chat.prompt.focus()
+        await pilot.press("alt+up", "k", "r")  # a question: only replies are asked again
+        assert "r asks again for a reply" in app.notices[-1]
+
+        submitted = fake_submits(app)
+        await pilot.press("k", "r")  # the first reply, asked again: a fork there
+        await wait_for(pilot, lambda: submitted, "the new request")
+        assert [m["content"] for m in submitted[0][1:]] == ["a question"]
+        app.post_message(EngineEvent(reply_event("fake-1", "another first answer", True),
+                                     app.client))
+        await wait_for(pilot, lambda: session.entries[-1].content == "another first answer"
+                       and session.entries[-1].status == "done", "the other version")
+        assert [e.content for e in session.entries] == ["a question", "another first answer"]
+        assert session.entries[1].place().forked
+
+        app.chat.prompt.focus()
+        await pilot.press("alt+up", "d")  # delete it: the other version comes back
+        await opened(pilot, Confirm)
+        assert app.screen.question == "Delete this reply?"
+        assert app.screen.detail == "It is the last message. This cannot be undone."
+        await pilot.press("escape")
+        await pilot.pause()
+        assert len(session.entries) == 2 and isinstance(app.focused, MessageView)
+        await pilot.press("d")  # the focus came back to the reply
+        await opened(pilot, Confirm)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: len(session.entries) == 4, "the deletion")
+        assert [e.content for e in session.entries] == [
+            "a question", "first answer", "a question", "second answer"]
+        assert not session.entries[1].place().forked

@@ -1,0 +1,121 @@
+"""A chat's system prompt and persona, changed in the app; the persona editor; saved personas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import (
+    alpha_and_beta,
+    fake_submits,
+    idle,
+    make_app,
+    offline_app,
+    opened,
+    ready,
+    reply_event,
+    send,
+    wait_for,
+)
+from textual.widgets import Input, TextArea
+
+from chatpage.config.paths import config_dir
+from chatpage.config.personas import load_persona_file
+from chatpage.store import Store
+from chatpage.ui.messages import EngineEvent
+from chatpage.ui.screens.persona_editor import PersonaEditor
+from chatpage.ui.screens.persona_picker import PersonaPicker
+from chatpage.ui.screens.system_prompt import SystemPromptEditor
+
+SIZE = (140, 44)
+TERSE = ("You are terse. Answer in five words or fewer, never more, and never apologise. "
+         "Prefer numbers to words. Skip greetings. ") * 2
+
+
+@pytest.fixture
+def personas_dir(tmp_path) -> Path:
+    return alpha_and_beta(tmp_path)
+
+
+async def test_system_prompt_shared_by_two_chats_is_pinned(tiny_llama_dir, personas_dir):
+    app = make_app(tiny_llama_dir, personas_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        first = app.chat.current
+        pinned = app.client.stats().blocks_pinned
+        await send(pilot, f"/system {TERSE}")
+        assert first.persona.system_prompt == TERSE.strip() and first.persona.name == "alpha"
+        assert "not" not in app.notices[-1] and "pinned" not in app.notices[-1]
+        await send(pilot, "/new beta")
+        second = app.chat.current
+        await send(pilot, "/system")  # the editor, with the persona's prompt in it
+        await opened(pilot, SystemPromptEditor)
+        editor = app.screen.query_one(TextArea)
+        assert editor.text == second.persona.system_prompt
+        editor.load_text("  ")
+        await pilot.press("ctrl+s")
+        assert "the system prompt is empty" in str(app.screen.query_one("#system-error").render())
+        editor.load_text(TERSE)
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: second.persona.system_prompt == TERSE.strip(), "the edit")
+        assert "shared with 1 other chat(s), pinned" in app.notices[-1]
+        await wait_for(pilot, lambda: app.client.stats().blocks_pinned > pinned, "the new pin")
+
+        await send(pilot, "how many?")
+        await wait_for(pilot, lambda: idle(app), "the reply")
+        stats = second.entries[-1].stats
+        assert stats.prefix_hit_tokens > 0  # the pinned system prompt was not computed again
+        assert second.for_model()[0] == {"role": "system", "content": TERSE.strip()}
+
+
+async def test_switch_persona_and_save_as_persona_with_the_editor(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        submitted = fake_submits(app)
+        await app.chat.submit_prompt("hello")
+        app.post_message(EngineEvent(reply_event("fake-1", "hi", True), app.client))
+        await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
+        assert submitted[0][0]["content"] == session.persona.system_prompt
+
+        await send(pilot, "/persona nobody")
+        assert "no persona named 'nobody'" in app.notices[-1]
+        await send(pilot, "/persona")  # the picker
+        await opened(pilot, PersonaPicker)
+        await pilot.press(*"coder", "enter")
+        await wait_for(pilot, lambda: session.persona.name == "coder", "the switch")
+        assert session.sampling.temperature == 0.2  # coder's defaults
+        await send(pilot, "/temp 0.4")
+
+        await send(pilot, "/saveas")
+        await opened(pilot, PersonaEditor)
+        form = app.screen
+        assert form.query_one("#persona-name", Input).value == "coder-mine"
+        assert form.query_one("#persona-temperature", Input).value == "0.4"
+        form.query_one("#persona-name", Input).value = ""
+        await pilot.press("ctrl+s")
+        error = form.query_one("#persona-error")
+        assert "'name' must be non-empty text" in str(error.render())
+        form.query_one("#persona-name", Input).value = "my coder"
+        form.query_one("#persona-top_p", Input).value = "2"
+        await pilot.press("ctrl+s")
+        assert "'top_p' must be a number > 0 and <= 1, got 2" in str(error.render())
+        form.query_one("#persona-top_p", Input).value = ""
+        form.query_one("#persona-system_prompt", TextArea).load_text("You are my coder.\nBe brief.")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: session.persona.name == "my coder", "the saved persona")
+
+        path = config_dir() / "personas" / "my-coder.yaml"
+        saved = load_persona_file(path)
+        assert (saved.system_prompt, saved.temperature, saved.top_p) == (
+            "You are my coder.\nBe brief.", 0.4, None)
+        assert "my coder" in [p.name for p in app.personas]
+        assert f"information: saved the persona 'my coder' to {path}" in app.notices
+    with Store.open() as store:
+        assert store.get_session(session.store_id).persona == "my coder"
+
+    again = offline_app(tmp_path)
+    async with again.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert again.chat.current.persona.system_prompt == "You are my coder.\nBe brief."
