@@ -65,21 +65,10 @@ def fake_submits(app: ChatApp) -> list[list[dict[str, str]]]:
 def reply_event(rid: str, text: str, finished: bool) -> StreamEvent:
     """A StreamEvent for a plain reply with ``text`` so far."""
     return StreamEvent(
-               request_id=rid,
-               index=0,
-               text=text,
-               delta=text,
-               replaced=False,
-               num_tokens=7,
-               finished=finished,
-               finish_reason="stop" if finished else None,
-               cumulative_logprob=-3.5,
-               score=None,
-               request_finished=finished,
-               prompt_tokens=40,
-               prefix_hit_tokens=32,
-               ttft_s=0.05,
-               elapsed_s=0.4)
+        request_id=rid, index=0, text=text, delta=text, replaced=False, num_tokens=7,
+        finished=finished, finish_reason="stop" if finished else None, cumulative_logprob=-3.5,
+        score=None, request_finished=finished, prompt_tokens=40, prefix_hit_tokens=32, ttft_s=0.05,
+        elapsed_s=0.4)
 
 
 # -- waiting ---------------------------------------------------------------------------------------------
@@ -165,22 +154,12 @@ def event(rid: str, text: str, index: int = 0, finished: bool = False, reason: s
           request_finished: bool | None = None, **kw) -> StreamEvent:
     """An event of request `rid` with `text` so far (one token per character)."""
     return StreamEvent(
-               request_id=rid,
-               index=index,
-               text=text,
-               delta="",
-               replaced=False,
-               num_tokens=len(text),
-               finished=finished,
-               finish_reason=reason,
-               cumulative_logprob=kw.get("logprob", -1.0),
-               score=kw.get("score"),
-               request_finished=finished if request_finished is None else request_finished,
-               prompt_tokens=kw.get("prompt_tokens", 20),
-               prefix_hit_tokens=16,
-               ttft_s=0.1,
-               elapsed_s=0.5,
-               error=kw.get("error"))
+        request_id=rid, index=index, text=text, delta="", replaced=False, num_tokens=len(text),
+        finished=finished, finish_reason=reason, cumulative_logprob=kw.get("logprob", -1.0),
+        score=kw.get("score"),
+        request_finished=finished if request_finished is None else request_finished,
+        prompt_tokens=kw.get("prompt_tokens", 20), prefix_hit_tokens=16, ttft_s=0.1, elapsed_s=0.5,
+        error=kw.get("error"))
 
 
 def done(rid: str, text: str, **kw) -> StreamEvent:
@@ -191,18 +170,6 @@ def done(rid: str, text: str, **kw) -> StreamEvent:
 def stopped(rid: str, text: str) -> StreamEvent:
     """The client's notice that request `rid` was cancelled (no counts)."""
     return StreamEvent(
-               request_id=rid,
-               index=0,
-               text=text,
-               delta="",
-               replaced=False,
-               num_tokens=0,
-               finished=True,
-               finish_reason="abort",
-               cumulative_logprob=0.0,
-               score=None,
-               request_finished=True,
-               prompt_tokens=0,
-               prefix_hit_tokens=0,
-               ttft_s=None,
-               elapsed_s=1.0)
+        request_id=rid, index=0, text=text, delta="", replaced=False, num_tokens=0, finished=True,
+        finish_reason="abort", cumulative_logprob=0.0, score=None, request_finished=True,
+        prompt_tokens=0, prefix_hit_tokens=0, ttft_s=None, elapsed_s=1.0)

@@ -160,22 +160,10 @@ def test_chats_compare_offers_versions_and_reports_errors():
     assert session.entries[-1].role == "user"  # the old reply gives way to the comparison
     for rid in ("r2", "r3", "r4"):
         chats.apply(StreamEvent(
-                        request_id=rid,
-                        index=0,
-                        text="",
-                        delta="",
-                        replaced=False,
-                        num_tokens=0,
-                        finished=True,
-                        finish_reason="error",
-                        cumulative_logprob=0.0,
-                        score=None,
-                        request_finished=True,
-                        prompt_tokens=0,
-                        prefix_hit_tokens=0,
-                        ttft_s=None,
-                        elapsed_s=0.0,
-                        error="the prompt is 2000 tokens but ..."))
+            request_id=rid, index=0, text="", delta="", replaced=False, num_tokens=0, finished=True,
+            finish_reason="error", cumulative_logprob=0.0, score=None, request_finished=True,
+            prompt_tokens=0, prefix_hit_tokens=0, ttft_s=None, elapsed_s=0.0,
+            error="the prompt is 2000 tokens but ..."))
     assert session.generation is None
     assert session.entries[-1].status == "error"
     assert "2000 tokens" in session.entries[-1].error
