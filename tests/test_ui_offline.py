@@ -55,8 +55,8 @@ async def test_markup_and_control_characters_render_literally(tmp_path):
         assert shown == "[bold]x[/bold] [/ ␛[31m red ␇ bell [@click=app.quit]q[/] lone ["
 
         def blocks() -> list[str]:
-            return [b._content.plain for b in reply_view.query(MarkdownBlock)
-                    if hasattr(b, "_content")]
+            return [b.code if isinstance(b, MarkdownFence) else str(b.render())
+                    for b in reply_view.query(MarkdownBlock)]
 
         # the Markdown is drawn after the reply is done (a loaded machine takes a while)
         await wait_for(pilot, lambda: any("print('[bold]')" in b for b in blocks()),

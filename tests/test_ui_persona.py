@@ -79,6 +79,9 @@ async def test_switch_persona_and_save_as_persona_with_the_editor(tmp_path):
         await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
         assert submitted[0][0]["content"] == session.persona.system_prompt
 
+        titles = {c.title for c in app.get_system_commands(app.screen)}
+        assert {"Edit this chat's system prompt", "Switch this chat's persona",
+                "Save this chat as a persona", "Switch model"} <= titles
         await send(pilot, "/persona nobody")
         assert "no persona named 'nobody'" in app.notices[-1]
         await send(pilot, "/persona")  # the picker
