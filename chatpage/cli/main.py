@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from chatpage.cli import ask, bench
+from chatpage.cli import ask, bench, serve
 from chatpage.cli import history as history_cli
 from chatpage.cli.common import engine_config, load_with_overrides, size_arg
 from chatpage.config.personas import load_personas
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ask.register(sub)
     bench.register(sub)
+    serve.register(sub)
     history_cli.register(sub)
     return parser
 

@@ -46,6 +46,10 @@ class StreamEvent:
     ttft_s: float | None
     elapsed_s: float  # since submit
     error: str | None = None
+    token_ids: list[int] | None = None  # this output's generated token ids so far
+    logprobs: list[float] | None = None  # their logprobs, when SamplingParams.logprobs is set
+    num_outputs: int = 1  # outputs in the engine output this event came from (all of them once
+    # request_finished: a reader knows it has every final output after that many such events)
 
 
 EventCallback = Callable[[StreamEvent], None]
@@ -103,6 +107,11 @@ class EngineClient:
             self._next_id += 1
         self._commands.put(("submit", rid, messages, params, on_event, time.monotonic()))
         return rid
+
+    def submit_prompt(self, prompt: str | list[int], params: SamplingParams,
+                      on_event: EventCallback) -> str:
+        """Queue a completion of a raw ``prompt`` (text, or token ids), no chat template."""
+        return self.submit(prompt, params, on_event)  # type: ignore[arg-type]
 
     def cancel(self, request_id: str) -> None:
         """Stop a request; its callback gets a final event with finish_reason "abort"."""
@@ -178,7 +187,9 @@ class EngineClient:
             _, rid, messages, params, on_event, t0 = cmd
             self._callbacks[rid] = (on_event, t0, {})
             try:
-                ids = render_prompt(engine.tokenizer, messages)
+                chat = isinstance(messages, list) and bool(messages) \
+                    and isinstance(messages[0], dict)
+                ids = render_prompt(engine.tokenizer, messages) if chat else messages
                 engine.add_request(ids, params, request_id=rid)
             except ValueError as e:
                 self._emit_final(rid, "error", str(e))
@@ -206,10 +217,11 @@ class EngineClient:
         if entry is None:
             return
         on_event, t0, texts = entry
-        for index in sorted(texts) or [0]:
+        indices = sorted(texts) or [0]
+        for index in indices:
             on_event(StreamEvent(
                 rid, index, texts.get(index, ""), "", False, 0, True, reason, 0.0, None, True,
-                0, 0, None, time.monotonic() - t0, error,
+                0, 0, None, time.monotonic() - t0, error, num_outputs=len(indices),
             ))
 
     def _dispatch(self, out: RequestOutput) -> None:
@@ -229,4 +241,5 @@ class EngineClient:
                 not appended, len(c.token_ids), c.finish_reason is not None or out.finished,
                 c.finish_reason, c.cumulative_logprob, c.score, out.finished,
                 len(out.prompt_token_ids), out.prefix_hit_tokens, out.ttft_s, elapsed, out.error,
+                c.token_ids, c.logprobs, len(out.outputs),
             ))

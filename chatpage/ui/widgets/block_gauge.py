@@ -29,13 +29,7 @@ FLASH_S = 1.0
 
 def segments(stats: EngineStats) -> dict[str, int]:
     """Block counts per segment (see the module docstring); they sum to ``stats.num_blocks``."""
-    pinned = stats.blocks_pinned
-    private = stats.blocks_private
-    shared = stats.blocks_used - pinned - private
-    cached = stats.blocks_cached
-    free = stats.blocks_free
-    return {"pinned": pinned, "shared": shared, "private": private, "cached": cached,
-            "free": free}
+    return stats.segments
 
 
 def cells(counts: dict[str, int], width: int) -> dict[str, int]:
