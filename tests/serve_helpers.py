@@ -1,0 +1,61 @@
+"""A real `chatpage serve` in a subprocess on a free port, for the serve and remote tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_server(model_dir: Path, home: Path, *extra: str,
+                   api_key: str | None = None) -> Iterator[str]:
+    """Start ``chatpage serve`` on ``model_dir``; yield its base URL once /health says ready."""
+    port = free_port()
+    env = {**os.environ, "XDG_CONFIG_HOME": str(home / "config"),
+           "XDG_DATA_HOME": str(home / "data"), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "chatpage.cli", "serve", "--model", str(model_dir),
+           "--port", str(port), "--kv-cache", "32MiB", *extra]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    log = open(home / f"serve-{port}.log", "w+")  # noqa: SIM115 (closed below)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            if proc.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(f"chatpage serve exited {proc.returncode}:\n{log.read()}")
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("chatpage serve did not become ready")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
