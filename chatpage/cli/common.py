@@ -24,7 +24,15 @@ def engine_config(settings):
 def load_with_overrides(args):
     return load_settings(overrides={
         "model": getattr(args, "model", None), "kv_cache": getattr(args, "kv_cache", None),
+        "backend": getattr(args, "backend", None),
     })
+
+
+def remote_client(settings):
+    """The client of ``settings.backend`` (an OpenAI-compatible server), not started."""
+    from chatpage.remote.client import RemoteEngineClient
+
+    return RemoteEngineClient(settings.backend)
 
 
 def settings_or_warn(args):

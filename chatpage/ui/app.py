@@ -66,7 +66,8 @@ class ChatApp(App[None]):
     builds one from ``settings.kv_cache`` and ``settings.block_size``. ``personas_dirs`` None
     loads the shipped personas and the user's (``config_dir()/personas``). ``store`` None opens
     the chat database in the data dir (``Store.open()``) at mount. ``warnings`` (e.g. from
-    `load_settings`) are shown as notices at start.
+    `load_settings`) are shown as notices at start. ``client`` is a ready-made engine client
+    (e.g. a `RemoteEngineClient`); None starts a local engine.
     """
 
     CSS_PATH = "app.tcss"
@@ -77,7 +78,7 @@ class ChatApp(App[None]):
     def __init__(self, model: str | None = None, config: EngineConfig | None = None,
                  settings: Settings | None = None,
                  personas_dirs: list[Path] | None = None, store: Store | None = None,
-                 warnings: Sequence[str] = ()) -> None:
+                 warnings: Sequence[str] = (), client: EngineClient | None = None) -> None:
         super().__init__()
         self.settings = settings or Settings()
         self.store = store
@@ -86,7 +87,8 @@ class ChatApp(App[None]):
         if config is None:
             config = EngineConfig(kv_cache_bytes=self.settings.kv_cache,
                                   block_size=self.settings.block_size)
-        self.client = EngineClient(model if model is not None else self.settings.model, config)
+        self.client = client or EngineClient(
+            model if model is not None else self.settings.model, config)
         self.chats = Chats(self.client, self._deliver)
         self.personas_dirs = personas_dirs
         self.personas: list[Persona] = []
