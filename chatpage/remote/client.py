@@ -86,6 +86,7 @@ class RemoteEngineClient:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
         self._thread = None
+        self._loop.close()
 
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, messages: list[dict[str, str]], params: SamplingParams,
