@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
 import openai
 import pytest
+import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
-from serve_helpers import running_server
+from serve_helpers import free_port, running_server
+
+from chatpage.engine.client import EngineClient
+from chatpage.serve import build_app
 
 KEY = "test-key"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
@@ -231,3 +236,26 @@ def test_metrics_parse_with_vllm_names(api, url):
     assert value["vllm:generation_tokens"] >= 3
     assert 0 < value["vllm:kv_cache_usage_perc"] <= 1  # the pinned persona prefixes
     assert value["chatpage:blocks_pinned"] == stats(url)["blocks_pinned"] > 0
+
+
+def test_health_is_503_while_loading_and_after_a_failed_load(tmp_path):
+    client = EngineClient(str(tmp_path / "no-such-model"))  # not started yet: "loading"
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(build_app(client), port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/health").status_code == 503
+        r = httpx.post(f"{base}/v1/chat/completions", json={"messages": HI})
+        assert r.status_code == 503 and "still loading" in r.json()["error"]["message"]
+        client.start()
+        assert not client.wait_ready(30)
+        r = httpx.get(f"{base}/health")
+        assert r.status_code == 503 and "did not load" in r.json()["status"]
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        client.close()

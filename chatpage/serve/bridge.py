@@ -111,7 +111,8 @@ class RequestStream:
         new_ids, new_lps = ids[len(out.token_ids):], lps[len(out.logprobs):]
         delta = event.text[len(out.text):] if event.text.startswith(out.text) else ""
         out.text = event.text if delta or event.text == out.text else out.text
-        out.token_ids, out.logprobs = list(ids) or out.token_ids, list(lps) or out.logprobs
+        # each event carries fresh lists (the engine slices them per output): keep, not copy
+        out.token_ids, out.logprobs = ids or out.token_ids, lps or out.logprobs
         if event.finished:
             out.finish_reason = event.finish_reason or "stop"
         if not delta and not new_ids and not event.finished:
