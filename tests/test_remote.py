@@ -150,6 +150,8 @@ def test_bodies_name_every_field_per_backend():
     assert split_samples(vllm, params) == [params]
     notes = " ".join(llama.notes())
     assert "no beam search" in notes and "seed+i" in notes
+    sglang = Backend("http://x", "sglang", "m", 0, capabilities={"n", "vllm_extras"})
+    assert any("--enable-metrics" in n for n in sglang.notes())
     beam = request_body(vllm, "chat", HI, SamplingParams(beam_width=2, max_tokens=4))
     assert beam["use_beam_search"] and beam["n"] == 2 and not beam["stream"]
 
