@@ -12,7 +12,6 @@ import time
 import httpx
 import pytest
 from serve_helpers import free_port, llama_server, running_server
-from test_ui import alpha_and_beta, wait_for
 
 from chatpage.cli.main import main
 from chatpage.config.settings import Settings, load_settings
@@ -193,18 +192,25 @@ def test_ask_backend_answers_from_the_server(url, monkeypatch, capsys):
     assert f"cannot reach {dead}" in capsys.readouterr().err
 
 
-async def test_tui_over_chatpage_serve_with_its_gauge(url, tmp_path):
-    app = ChatApp(settings=Settings(default_persona="alpha"),
-                  personas_dirs=[alpha_and_beta(tmp_path)], client=RemoteEngineClient(url))
+async def test_tui_over_chatpage_serve_with_its_gauge(url):
+    app = ChatApp(settings=Settings(), client=RemoteEngineClient(url))
+
+    async def until(condition, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await pilot.pause(0.05)
+
     async with app.run_test(size=(150, 48)) as pilot:
         session = app.current
-        await wait_for(pilot, lambda: app.client.ready, "the backend")
+        await until(lambda: app.client.ready, "the backend")
+        await pilot.app.submit_prompt("/max 12")
         await pilot.app.submit_prompt("hello over http")
-        await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
+        await until(lambda: session.entries[-1].status == "done", "the reply")
         assert session.entries[-1].content and session.entries[-1].stats.tokens > 0
         gauge = app.query_one(BlockGauge)
-        await wait_for(pilot, lambda: isinstance(gauge.stats, RemoteStats)
-                       and gauge.stats.engine is not None, "the remote figures")
+        await until(lambda: isinstance(gauge.stats, RemoteStats)
+                    and gauge.stats.engine is not None, "the remote figures")
         shown = gauge.render().plain
         pool = gauge.stats.engine
         assert f"chatpage at {url}" in shown and "KV " in shown and "tok/s" in shown
