@@ -71,6 +71,14 @@ def test_chat_whole_and_streamed_agree(api):
     assert usage.prompt_tokens_details.cached_tokens >= 16
 
 
+def test_chat_logprobs_per_token(api):
+    r = api.chat.completions.create(model="llama", messages=HI, max_tokens=5, temperature=0,
+                                    logprobs=True)
+    content = r.choices[0].logprobs.content
+    assert len(content) == 5 and all(t.logprob <= 0 for t in content)
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+
+
 def test_n_samples_streamed_per_index(api):
     chunks = list(api.chat.completions.create(model="llama", messages=HI, max_tokens=6, n=3,
                                               temperature=1.0, seed=3, stream=True))
@@ -259,3 +267,16 @@ def test_health_is_503_while_loading_and_after_a_failed_load(tmp_path):
         server.should_exit = True
         thread.join(timeout=10)
         client.close()
+
+
+def test_bench_serve_api_json(tiny_llama_dir, capsys):
+    from chatpage.bench import serve as bench_serve
+
+    assert bench_serve.main(["--api", "--json", "--model", str(tiny_llama_dir), "--scale",
+                             "0.05", "--concurrency", "4"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["benchmark"] == "serve_api" and r["concurrency"] == 4
+    for run in (r["in_process"], r["api"]):
+        assert {"rate", "ttft_p50", "ttft_p99", "tpot_p50"} <= set(run) and run["rate"] > 0
+    assert r["api"]["streamed_tokens"] == r["output_tokens"]
+    assert r["api_overhead_ms"] > 0 and r["goal_api_overhead_ms"] == 1.0
