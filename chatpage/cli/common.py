@@ -30,8 +30,12 @@ def load_with_overrides(args):
 
 def remote_client(settings):
     """The client of ``settings.backend`` (an OpenAI-compatible server), not started."""
-    from chatpage.remote.client import RemoteEngineClient
-
+    try:
+        from chatpage.remote.client import RemoteEngineClient
+    except ImportError as e:
+        print(f"chatpage: error: --backend needs the serve extra ({e.name} is missing); install "
+              "it with: pip install 'chatpage[serve]'", file=sys.stderr)
+        raise SystemExit(2) from None
     return RemoteEngineClient(settings.backend)
 
 
