@@ -26,7 +26,7 @@ from starlette.routing import Route
 from chatpage.config.personas import Persona
 from chatpage.engine.client import EngineClient
 from chatpage.serve import metrics
-from chatpage.serve.bridge import RequestStream, Update
+from chatpage.serve.bridge import EventPump, RequestStream, Update
 from chatpage.serve.protocol import ApiError, ApiRequest, parse_request
 from chatpage.serve.responses import DONE, Shaper, sse_error
 
@@ -50,6 +50,14 @@ class ServeState:
         self.created = int(time.time())
         self.registry = metrics.registry(metrics.EngineCollector(
             client.stats, self.counters, lambda: client.model_name))
+        self._pump: EventPump | None = None
+
+    @property
+    def pump(self) -> EventPump:
+        """The event pump into the server's loop (made on the first request, on that loop)."""
+        if self._pump is None:
+            self._pump = EventPump(asyncio.get_running_loop())
+        return self._pump
 
     def model_ids(self) -> list[str]:
         return [self.client.model_name, *self.personas]
@@ -135,7 +143,7 @@ async def generate(request: Request, kind: str) -> Response:
     except ApiError as e:
         return _error(e)
     state = _state(request)
-    stream = RequestStream(state.client, api)
+    stream = RequestStream(state.client, api, state.pump)
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
     shaper = Shaper(stream, rid, model, int(time.time()), state.token_text)
     try:

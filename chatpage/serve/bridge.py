@@ -1,7 +1,8 @@
 """From the engine thread to a request handler: `EngineClient` events into an asyncio queue.
 
-The engine calls ``on_event`` on its own thread; it only schedules ``queue.put_nowait`` on the
-server's loop (``call_soon_threadsafe``), so the engine never waits on HTTP. A handler reads
+The engine calls ``on_event`` on its own thread; it only hands the event to the `EventPump`, which
+wakes the server's loop once per burst (one engine step emits an event per running stream) and
+puts each event in its request's queue there, so the engine never waits on HTTP. A handler reads
 `Update`s: what changed per output index, with the final outputs all at once at the end (beam
 search reorders beams until then, so its outputs are only read from there).
 """
@@ -9,6 +10,8 @@ search reorders beams until then, so its outputs are only read from there).
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -38,10 +41,36 @@ class Update:
     finish_reason: str | None
 
 
+class EventPump:
+    """Engine thread -> event loop, one wake-up per burst of events instead of one per event."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._pending: deque[tuple[asyncio.Queue, StreamEvent]] = deque()
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def post(self, queue: asyncio.Queue, event: StreamEvent) -> None:
+        """From any thread: ``event`` goes into ``queue`` on the loop soon."""
+        with self._lock:
+            self._pending.append((queue, event))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            items, self._pending = self._pending, deque()
+            self._scheduled = False
+        for queue, event in items:
+            queue.put_nowait(event)
+
+
 class RequestStream:
     """One submitted request; iterate `updates()`, then read `outputs`, `prompt_tokens`, ..."""
 
-    def __init__(self, client: EngineClient, request: ApiRequest) -> None:
+    def __init__(self, client: EngineClient, request: ApiRequest, pump: EventPump) -> None:
         self.client = client
         self.request = request
         self.outputs: dict[int, Output] = {}
@@ -50,10 +79,9 @@ class RequestStream:
         self.error: str | None = None
         self.done = False
         self._queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
 
         def on_event(event: StreamEvent) -> None:  # the engine thread
-            loop.call_soon_threadsafe(self._queue.put_nowait, event)
+            pump.post(self._queue, event)
 
         if request.kind == "chat":
             self.request_id = client.submit(request.messages, request.params, on_event)
