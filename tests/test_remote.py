@@ -239,3 +239,20 @@ def test_llama_server_as_a_backend(tmp_path):
             assert refused.finish_reason == "error" and "no beam search" in refused.error
         finally:
             client.close()
+
+
+async def test_tui_says_an_unreachable_backend_and_keeps_the_message():
+    dead = f"http://127.0.0.1:{free_port()}"
+    app = ChatApp(settings=Settings(), client=RemoteEngineClient(dead))
+    async with app.run_test(size=(150, 48)) as pilot:
+        gauge = app.query_one(BlockGauge)
+        deadline = time.monotonic() + 10
+        while "cannot reach" not in gauge.status:
+            assert time.monotonic() < deadline
+            await pilot.pause(0.05)
+        assert dead in gauge.status and "retrying" in gauge.status
+        session = app.current
+        await pilot.app.submit_prompt("still there?")
+        await pilot.pause(0.3)
+        assert session.streaming  # waiting for the server, not failed
+        assert session.entries[-2].content == "still there?"
