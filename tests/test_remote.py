@@ -104,6 +104,18 @@ def test_http_errors_carry_the_servers_message(client):
     assert final.error.startswith("chatpage answered 400:") and "context window" in final.error
 
 
+def test_a_server_without_the_api_is_an_error_not_a_retry(url):
+    client = RemoteEngineClient(f"{url}/not-here")
+    client.start()
+    try:
+        assert not client.wait_ready(10)
+        assert "answered 404" in client.error and client.status.startswith("error:")
+        final = collect(client, HI, SamplingParams(max_tokens=2))[-1]
+        assert final.finish_reason == "error" and final.error == client.error
+    finally:
+        client.close()
+
+
 def test_stats_are_polled_from_metrics_and_the_pool(client, url):
     deadline = time.monotonic() + 10
     while (stats := client.stats()) is None or stats.engine is None:

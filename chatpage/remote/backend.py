@@ -111,7 +111,12 @@ async def probe(client: httpx.AsyncClient, url: str, model: str | None = None) -
         raise BackendNotReady(f"{url} is not ready: {error_message(r)}")
     if r.status_code != 200:
         raise BackendError(f"{url}/v1/models answered {r.status_code}: {error_message(r)}")
-    models = [m for m in r.json().get("data", []) if isinstance(m, dict) and "id" in m]
+    try:
+        listed = r.json().get("data", [])
+    except (ValueError, AttributeError):
+        raise BackendError(f"{url}/v1/models is not an OpenAI model list; is this an "
+                           "OpenAI-compatible server?") from None
+    models = [m for m in listed if isinstance(m, dict) and "id" in m]
     if not models:
         raise BackendError(f"{url} serves no model (/v1/models is empty)")
     chosen = next((m for m in models if m["id"] == model), None) if model else models[0]

@@ -186,7 +186,7 @@ class RemoteEngineClient:
                 if r.status_code == 200:
                     engine = EngineStats(**{k: v for k, v in r.json().items()
                                             if k in _ENGINE_FIELDS})
-        except httpx.TransportError as e:
+        except httpx.HTTPError as e:
             if self._reachable:
                 self._reachable = False
                 self._status(f"lost {self.url} ({_reason(e)}); retrying every {POLL_S:.0f} s")

@@ -52,12 +52,16 @@ def read_metrics(text: str) -> dict[str, float]:
 
     wanted = {n for names in NAMES.values() for n in names}
     values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name not in wanted:
-            continue
-        samples = [s for s in family.samples if s.name in (family.name, family.name + "_total")]
-        if samples:
-            values[family.name] = sum(s.value for s in samples)
+    try:
+        for family in text_string_to_metric_families(text):
+            if family.name not in wanted:
+                continue
+            samples = [s for s in family.samples
+                       if s.name in (family.name, family.name + "_total")]
+            if samples:
+                values[family.name] = sum(s.value for s in samples)
+    except ValueError:  # not Prometheus text after all: keep what was read
+        pass
     return values
 
 
