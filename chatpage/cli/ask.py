@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import queue
 import sys
 
-from chatpage.cli.common import engine_config, settings_or_warn, size_arg
+from chatpage.cli.common import engine_config, remote_client, settings_or_warn, size_arg
 from chatpage.config.personas import default_persona, find_persona, load_personas
+
+CONNECT_S = 10.0
+"""How long `ask --backend` waits for an unreachable server before giving up."""
 
 
 def cmd_ask(args) -> int:
@@ -44,10 +48,11 @@ def cmd_ask(args) -> int:
             seed=_pick(args.seed, defaults.get("seed"), None),
             max_tokens=_pick(args.max_tokens, defaults.get("max_tokens"), 512),
         )
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
+        if settings.backend:
+            return _ask_remote(settings, messages, params)
         engine = LLMEngine.from_pretrained(settings.model, engine_config(settings))
-        ids = render_prompt(engine.tokenizer, [
-            {"role": "system", "content": system}, {"role": "user", "content": question},
-        ])
+        ids = render_prompt(engine.tokenizer, messages)
         rid = engine.add_request(ids, params)
     except ValueError as e:  # bad sampling values, missing model, prompt too long, KV too small
         print(f"chatpage: error: {e}", file=sys.stderr)
@@ -65,19 +70,55 @@ def cmd_ask(args) -> int:
                 shown = len(text)
             if out.finished:
                 final = out
-    if final.error:
-        print(f"\nchatpage: error: {final.error}", file=sys.stderr)
+    outputs = []
+    for c in final.outputs:
+        score = f"score {c.score:.3f}, " if c.score is not None else ""
+        outputs.append((c.index, f"{score}logprob {c.cumulative_logprob:.2f}, "
+                                 f"{len(c.token_ids)} tokens, {c.finish_reason}", c.text))
+    return _finish(final.error, params, outputs)
+
+
+def _finish(error: str | None, params, outputs: list[tuple[int, str, str]]) -> int:
+    """End the streamed answer, or print the samples/beams: (index, details, text) each."""
+    if error:
+        print(f"\nchatpage: error: {error}", file=sys.stderr)
         return 1
     if params.width == 1:
         sys.stdout.write("\n")
         return 0
     label = "beam" if params.use_beam_search else "sample"
-    for c in final.outputs:
-        score = f"score {c.score:.3f}, " if c.score is not None else ""
-        print(f"--- {label} {c.index + 1} ({score}logprob {c.cumulative_logprob:.2f}, "
-              f"{len(c.token_ids)} tokens, {c.finish_reason})")
-        print(c.text)
+    for index, details, text in outputs:
+        print(f"--- {label} {index + 1} ({details})")
+        print(text)
     return 0
+
+
+def _ask_remote(settings, messages, params) -> int:
+    """The same answer from the server at ``settings.backend`` (`--backend`)."""
+    client = remote_client(settings)
+    client.start()
+    try:
+        if not client.wait_ready(timeout=CONNECT_S):
+            reason = client.error or client.status.split(";")[0]  # not retrying any more
+            print(f"chatpage: error: {reason}", file=sys.stderr)
+            return 1
+        for note in client.warnings:
+            print(f"chatpage: note: {note}", file=sys.stderr)
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        client.submit(messages, params, events.put)
+        last = {}
+        while True:
+            event = events.get()
+            if params.width == 1 and event.delta:
+                sys.stdout.write(event.delta)
+                sys.stdout.flush()
+            if event.request_finished:
+                break
+            last[event.index] = event
+    finally:
+        client.close()
+    return _finish(event.error, params,
+                   [(i, str(e.finish_reason), e.text) for i, e in sorted(last.items())])
 
 
 def _pick(given, persona_value, fallback):
@@ -93,6 +134,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ask.add_argument("--system", help="system prompt (instead of the persona's)")
     ask.add_argument("--model", help="HF model directory or .gguf file")
     ask.add_argument("--kv-cache", type=size_arg, metavar="SIZE", help="KV cache budget")
+    ask.add_argument("--backend", metavar="URL",
+                     help="ask an OpenAI-compatible server instead of the local engine")
     ask.add_argument("--max-tokens", type=int)
     ask.add_argument("--temperature", type=float,
                      help="default 0 (greedy); with --n, the persona's temperature")

@@ -24,7 +24,19 @@ def engine_config(settings):
 def load_with_overrides(args):
     return load_settings(overrides={
         "model": getattr(args, "model", None), "kv_cache": getattr(args, "kv_cache", None),
+        "backend": getattr(args, "backend", None),
     })
+
+
+def remote_client(settings):
+    """The client of ``settings.backend`` (an OpenAI-compatible server), not started."""
+    try:
+        from chatpage.remote.client import RemoteEngineClient
+    except ImportError as e:
+        print(f"chatpage: error: --backend needs the serve extra ({e.name} is missing); install "
+              "it with: pip install 'chatpage[serve]'", file=sys.stderr)
+        raise SystemExit(2) from None
+    return RemoteEngineClient(settings.backend)
 
 
 def settings_or_warn(args):

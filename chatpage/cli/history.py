@@ -157,6 +157,8 @@ def _describe(key: str, settings: Settings) -> str:
     value = getattr(settings, key)
     if key == "model" and value is None:
         return "(the default model)"
+    if key == "backend" and value is None:
+        return "(the local engine)"
     if key == "kv_cache":
         return f"{format_size(value)} ({value} bytes)"
     if key == "bindings":

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from chatpage.cli import ask, bench
+from chatpage.cli import ask, bench, serve
 from chatpage.cli import history as history_cli
-from chatpage.cli.common import engine_config, load_with_overrides, size_arg
+from chatpage.cli.common import engine_config, load_with_overrides, remote_client, size_arg
 from chatpage.config.personas import load_personas
 
 
@@ -16,8 +16,9 @@ def cmd_tui(args) -> int:
     from chatpage.ui.app import ChatApp
 
     settings, warnings = load_with_overrides(args)  # shown as notices inside the app
+    client = remote_client(settings) if settings.backend else None
     ChatApp(model=settings.model, config=engine_config(settings), settings=settings,
-            warnings=warnings).run()
+            warnings=warnings, client=client).run()
     return 0
 
 
@@ -39,6 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", help="HF model directory or .gguf file (default: SmolLM2-135M)")
     parser.add_argument("--kv-cache", type=size_arg, metavar="SIZE",
                         help="KV cache budget, e.g. 512MiB or 2G")
+    parser.add_argument("--backend", metavar="URL",
+                        help="use an OpenAI-compatible server (vLLM, SGLang, llama-server, "
+                             "chatpage serve) instead of the local engine")
     parser.set_defaults(func=cmd_tui)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -47,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ask.register(sub)
     bench.register(sub)
+    serve.register(sub)
     history_cli.register(sub)
     return parser
 

@@ -70,10 +70,12 @@ class Settings:
     default_persona: str = "assistant"
     theme: str = "chatpage"
     bindings: Mapping[str, str] = field(default_factory=dict)
+    backend: str | None = None  # an OpenAI-compatible server's URL instead of the local engine
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
 
-SETTING_KEYS = ("model", "kv_cache", "block_size", "default_persona", "theme", "bindings")
+SETTING_KEYS = ("model", "kv_cache", "block_size", "default_persona", "theme", "bindings",
+                "backend")
 
 
 def _model(value: Any) -> str | None:
@@ -82,6 +84,15 @@ def _model(value: Any) -> str | None:
     if not isinstance(value, str | Path) or not str(value).strip():
         raise ValueError("a path to a model directory or .gguf file, or null for the default model")
     return str(Path(str(value).strip()).expanduser())
+
+
+def _backend(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = value.strip().rstrip("/") if isinstance(value, str) else ""
+    if not text.startswith(("http://", "https://")) or len(text.split("://", 1)[1]) == 0:
+        raise ValueError("a server URL such as http://host:8000, or null for the local engine")
+    return text
 
 
 def _kv_cache(value: Any) -> int:
@@ -133,6 +144,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "block_size": _block_size,
     "default_persona": _name,
     "theme": _name,
+    "backend": _backend,
 }
 
 

@@ -50,6 +50,10 @@ class StreamEvent:
     ttft_s: float | None
     elapsed_s: float  # since submit
     error: str | None = None
+    token_ids: list[int] | None = None  # this output's generated token ids so far
+    logprobs: list[float] | None = None  # their logprobs, when SamplingParams.logprobs is set
+    num_outputs: int = 1  # outputs in the engine output this event came from (all of them once
+    # request_finished: a reader knows it has every final output after that many such events)
 
 
 EventCallback = Callable[[StreamEvent], None]
@@ -110,6 +114,11 @@ class EngineClient:
         render = continue_prompt if continue_reply else render_prompt
         self._commands.put(("submit", rid, messages, params, on_event, time.monotonic(), render))
         return rid
+
+    def submit_prompt(self, prompt: str | list[int], params: SamplingParams,
+                      on_event: EventCallback) -> str:
+        """Queue a completion of a raw ``prompt`` (text, or token ids), no chat template."""
+        return self.submit(prompt, params, on_event)  # type: ignore[arg-type]
 
     def cancel(self, request_id: str) -> None:
         """Stop a request; its callback gets a final event with finish_reason "abort"."""
@@ -187,7 +196,9 @@ class EngineClient:
             if kind == "submit":
                 _, rid, messages, params, on_event, t0, render = cmd
                 self._callbacks[rid] = (on_event, t0, {})
-                ids = render(engine.tokenizer, messages)
+                chat = isinstance(messages, list) and bool(messages) \
+                    and isinstance(messages[0], dict)
+                ids = render(engine.tokenizer, messages) if chat else messages
                 engine.add_request(ids, params, request_id=rid)
             elif kind == "cancel":
                 if engine.abort(cmd[1]):
@@ -219,12 +230,14 @@ class EngineClient:
         if entry is None:
             return
         on_event, t0, texts = entry
-        for index in sorted(texts) or [0]:
+        indices = sorted(texts) or [0]
+        for index in indices:
             on_event(StreamEvent(
                 request_id=rid, index=index, text=texts.get(index, ""), delta="", replaced=False,
                 num_tokens=0, finished=True, finish_reason=reason, cumulative_logprob=0.0,
                 score=None, request_finished=True, prompt_tokens=0, prefix_hit_tokens=0,
                 ttft_s=None, elapsed_s=time.monotonic() - t0, error=error,
+                num_outputs=len(indices),
             ))
 
     def _dispatch(self, out: RequestOutput) -> None:
@@ -248,4 +261,5 @@ class EngineClient:
                 score=c.score, request_finished=out.finished,
                 prompt_tokens=len(out.prompt_token_ids), prefix_hit_tokens=out.prefix_hit_tokens,
                 ttft_s=out.ttft_s, elapsed_s=elapsed, error=out.error,
+                token_ids=c.token_ids, logprobs=c.logprobs, num_outputs=len(out.outputs),
             ))

@@ -66,6 +66,14 @@ class EngineStats:
     kernels: str = "reference"
 
     @property
+    def segments(self) -> dict[str, int]:
+        """The device pool split in parts that add up to ``num_blocks``: pinned, shared
+        (unpinned blocks read by several sequences), private, cached and free."""
+        pinned, private = self.blocks_pinned, self.blocks_private
+        return {"pinned": pinned, "shared": self.blocks_used - pinned - private,
+                "private": private, "cached": self.blocks_cached, "free": self.blocks_free}
+
+    @property
     def sharing_saving(self) -> float:
         """1 - physical / logical: the share of block-table entries served by shared blocks."""
         if not self.logical_blocks:

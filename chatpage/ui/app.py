@@ -31,7 +31,7 @@ from chatpage.ui.history import SavedChats
 from chatpage.ui.messages import EngineEvent, EngineStatus
 from chatpage.ui.palette import palette_commands
 from chatpage.ui.screens.help import HelpScreen
-from chatpage.ui.screens.model_picker import ModelPicker, model_problem
+from chatpage.ui.screens.model_picker import ModelPicker, is_backend_url, model_problem
 from chatpage.ui.text import clean
 from chatpage.ui.theme import CHATPAGE_THEME
 from chatpage.ui.widgets.alternatives import AlternativesView
@@ -53,7 +53,8 @@ class ChatApp(App[None]):
     builds one from ``settings.kv_cache`` and ``settings.block_size``. ``personas_dirs`` None
     loads the shipped personas and the user's (``config_dir()/personas``). ``store`` None opens
     the chat database in the data dir (``Store.open()``) at mount. ``warnings`` (e.g. from
-    `load_settings`) are shown as notices at start.
+    `load_settings`) are shown as notices at start. ``client`` is a ready-made engine client
+    (e.g. a `RemoteEngineClient`); None starts a local engine.
     """
 
     CSS_PATH = "app.tcss"
@@ -65,7 +66,7 @@ class ChatApp(App[None]):
     def __init__(self, model: str | None = None, config: EngineConfig | None = None,
                  settings: Settings | None = None,
                  personas_dirs: list[Path] | None = None, store: Store | None = None,
-                 warnings: Sequence[str] = ()) -> None:
+                 warnings: Sequence[str] = (), client: EngineClient | None = None) -> None:
         super().__init__()
         self.settings = settings or Settings()
         self.store = store
@@ -73,7 +74,8 @@ class ChatApp(App[None]):
         if config is None:
             config = EngineConfig(kv_cache_bytes=self.settings.kv_cache,
                                   block_size=self.settings.block_size)
-        self.client = EngineClient(model if model is not None else self.settings.model, config)
+        self.client = client or EngineClient(
+            model if model is not None else self.settings.model, config)
         self.chats = Chats(self.client, self._delivery(self.client),
                            notify=lambda line: self.say(line, "warning", timeout=10))
         self.personas_dirs = personas_dirs
@@ -200,7 +202,12 @@ class ChatApp(App[None]):
         client.start(lambda text: self.post_message(EngineStatus(text, client)))
 
     def make_client(self, target: str | None) -> EngineClient:
-        """A new (not started) client for the model ``target`` (None: the default model)."""
+        """A new (not started) client for the model ``target`` (None: the default model; a URL:
+        an OpenAI-compatible server, through the remote client)."""
+        if target is not None and is_backend_url(target):
+            from chatpage.remote.client import RemoteEngineClient  # needs the serve extra
+
+            return RemoteEngineClient(target)  # type: ignore[return-value]
         return EngineClient(target, self.client.config)
 
     def on_engine_event(self, message: EngineEvent) -> None:
@@ -229,7 +236,9 @@ class ChatApp(App[None]):
     @work(exclusive=True, group="dialog")
     async def action_switch_model(self) -> None:
         """The model picker; the model picked replaces the one in use."""
-        target = await self.push_screen_wait(ModelPicker(self.client.model, self.settings.model))
+        in_use = getattr(self.client, "url", None) or self.client.model
+        target = await self.push_screen_wait(
+            ModelPicker(in_use, self.settings.model, self.settings.backend))
         if target is not None:
             self.switch_model(target)
 

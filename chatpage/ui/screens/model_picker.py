@@ -1,5 +1,6 @@
-"""ModelPicker: the model to switch to: the default model, the configured one, or a local model
-directory or .gguf file typed (with its folder's directories and .gguf files listed)."""
+"""ModelPicker: the model to switch to: the default model, the configured one, the configured
+backend (an OpenAI-compatible server), or a local model directory, .gguf file or server URL typed
+(with a folder's directories and .gguf files listed)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,16 @@ DEFAULT_ID = "\x00default"
 """The option id of the default model (not a path anyone can type)."""
 
 
+def is_backend_url(target: str) -> bool:
+    """Whether ``target`` names a server (an OpenAI-compatible backend) rather than a local model."""
+    return target.startswith(("http://", "https://"))
+
+
 def model_problem(target: str) -> str | None:
     """Why ``target`` cannot be a model (one line), or None when it looks like one: a directory
-    with a config.json, or a .gguf file."""
+    with a config.json, a .gguf file, or a server URL (reached when the switch happens)."""
+    if is_backend_url(target):
+        return None
     path = Path(target).expanduser()
     if not path.exists():
         return f"{target}: no such file or folder"
@@ -32,12 +40,14 @@ def model_problem(target: str) -> str | None:
 class ModelPicker(ListDialog[str]):
     """Dismisses with the model path picked ("" for the default model), or None on escape."""
 
-    def __init__(self, current: str | None, configured: str | None) -> None:
+    def __init__(self, current: str | None, configured: str | None,
+                 backend: str | None = None) -> None:
         super().__init__("Switch model: chats stay, replies come from the new model",
-                         "a model folder or .gguf file",
+                         "a model folder, a .gguf file or a server URL (http://host:8000)",
                          "model-picker")
         self.current = current
         self.configured = configured
+        self.backend = backend
 
     def options(self, text: str) -> list[Option]:
         text = text.strip()
@@ -49,6 +59,10 @@ class ModelPicker(ListDialog[str]):
                 options.append(Option(self._label(self.configured,
                                                   self.current == self.configured),
                                       id=self.configured))
+            if self.backend:
+                options.append(Option(self._label(f"backend {self.backend}",
+                                                  self.current == self.backend),
+                                      id=self.backend))
             return options
         if model_problem(text) is None:
             options.append(Option(self._label(text, text == self.current), id=text))

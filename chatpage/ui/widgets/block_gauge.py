@@ -11,6 +11,10 @@ Segments of the device pool, left to right (they add up to ``num_blocks`` exactl
 
 The CPU swap pool is shown as ``swapped/num_cpu_blocks``. `stats` holds the engine's snapshot
 unchanged; `segments` is what the bar draws.
+
+Over a remote backend (`RemoteStats`) the gauge shows what that server exposes, labelled with its
+name: KV usage, running/waiting requests, prefix-cache hit rate, tokens/s, preemptions (a dash for
+a figure it does not report), plus the block bar when the server is a chatpage serve.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from textual.widget import Widget
 
 from chatpage.config.settings import format_size
 from chatpage.engine.client import EngineStats
+from chatpage.remote.stats import RemoteStats
 from chatpage.ui.text import clean
 
 SEGMENTS = ("pinned", "shared", "private", "cached", "free")
@@ -29,13 +34,7 @@ FLASH_S = 1.0
 
 def segments(stats: EngineStats) -> dict[str, int]:
     """Block counts per segment (see the module docstring); they sum to ``stats.num_blocks``."""
-    pinned = stats.blocks_pinned
-    private = stats.blocks_private
-    shared = stats.blocks_used - pinned - private
-    cached = stats.blocks_cached
-    free = stats.blocks_free
-    return {"pinned": pinned, "shared": shared, "private": private, "cached": cached,
-            "free": free}
+    return stats.segments
 
 
 def cells(counts: dict[str, int], width: int) -> dict[str, int]:
@@ -58,20 +57,30 @@ class BlockGauge(Widget):
         "block-gauge--label", "block-gauge--swap", "block-gauge--status", "block-gauge--warning",
     }
 
-    stats: reactive[EngineStats | None] = reactive(None)
+    stats: reactive[EngineStats | RemoteStats | None] = reactive(None)
     status: reactive[str] = reactive("starting the engine…")
     saving: reactive[str] = reactive("")
     """Shown after the status when chats are not being saved ("not saving: ...")."""
     preemptions: reactive[int] = reactive(0)
 
     @property
-    def segments(self) -> dict[str, int] | None:
-        return segments(self.stats) if self.stats is not None else None
+    def pool(self) -> EngineStats | None:
+        """The block pool shown: the local engine's, or a chatpage serve backend's."""
+        stats = self.stats
+        return stats.engine if isinstance(stats, RemoteStats) else stats
 
-    def watch_stats(self, old: EngineStats | None, new: EngineStats | None) -> None:
+    @property
+    def segments(self) -> dict[str, int] | None:
+        return segments(self.pool) if self.pool is not None else None
+
+    def watch_stats(self, old: EngineStats | RemoteStats | None,
+                    new: EngineStats | RemoteStats | None) -> None:
         if new is None:
             return
-        total = new.preemptions_recompute + new.preemptions_swap
+        if isinstance(new, RemoteStats):
+            total = new.preemptions or 0
+        else:
+            total = new.preemptions_recompute + new.preemptions_swap
         if old is not None and total > self.preemptions:
             self.add_class("-preempted")
             self.set_timer(FLASH_S, lambda: self.remove_class("-preempted"))
@@ -85,7 +94,9 @@ class BlockGauge(Widget):
         text.append(" " + clean(self.status), self._style("status"))
         if self.saving:
             text.append(f"  │  {clean(self.saving)}", self._style("warning"))
-        stats = self.stats
+        if isinstance(self.stats, RemoteStats):
+            self._render_remote(text, self.stats)
+        stats = self.pool
         if stats is None:
             return text
         counts = segments(stats)
@@ -109,3 +120,20 @@ class BlockGauge(Widget):
                     f"{stats.preemptions_recompute} recompute · {stats.preemptions_swap} swap │ "
                     f"prefix hits {stats.prefix_hit_tokens} tokens │ kernels {stats.kernels}")
         return text
+
+    def _render_remote(self, text: Text, r: RemoteStats) -> None:
+        def shown(value, fmt: str) -> str:
+            return "—" if value is None else format(value, fmt)
+
+        text.append(f"\n {clean(r.backend)} ", self._style("label"))
+        if not r.reachable:
+            text.append(" unreachable", self._style("warning"))
+        else:
+            usage = None if r.kv_usage is None else 100 * r.kv_usage
+            hits = None if r.prefix_hit_rate is None else 100 * r.prefix_hit_rate
+            text.append(f" KV {shown(usage, '.0f')}% │ running {shown(r.num_running, 'd')} · "
+                        f"waiting {shown(r.num_waiting, 'd')} │ prefix hits {shown(hits, '.0f')}% "
+                        f"│ {shown(r.tokens_per_s, '.1f')} tok/s │ preempted "
+                        f"{shown(r.preemptions, 'd')}")
+        for note in r.notes:
+            text.append(f"  │  {clean(note)}", self._style("warning"))

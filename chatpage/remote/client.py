@@ -1,0 +1,275 @@
+"""RemoteEngineClient: `EngineClient`'s surface over an OpenAI-compatible server.
+
+An asyncio loop on its own thread holds one ``httpx.AsyncClient``: it probes the server (retrying
+while it cannot be reached), streams every request over SSE (cancel = close the stream, which
+makes the server abort it), and polls ``/metrics`` about once a second for the gauge. Events reach
+the caller's callback on that thread, exactly like the local engine's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import httpx
+
+from chatpage.engine.client import EventCallback
+from chatpage.engine.outputs import EngineStats
+from chatpage.engine.sampling_params import SamplingParams
+from chatpage.remote.backend import Backend, BackendError, BackendNotReady, probe
+from chatpage.remote.requests import RemoteReply, RequestFailed, run_request, split_samples
+from chatpage.remote.stats import Poller, RemoteStats
+
+API_KEY_ENV = "CHATPAGE_API_KEY"
+POLL_S = 1.0
+RETRY_S = 2.0
+_ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineStats)}
+
+
+class RemoteEngineClient:
+    """Talks to the server at ``url``; ``model`` None uses the first model it serves."""
+
+    def __init__(self, url: str, model: str | None = None, api_key: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.model = model
+        key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.backend: Backend | None = None
+        self.engine = None  # no local engine: nothing here reads the model's tokenizer
+        self.error: str | None = None
+        self.status = "starting"
+        self.model_name = "model"
+        self.max_model_len = 0
+        self.warnings: list[str] = []
+        self.load_seconds: float | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._reachable = False
+        self._http: httpx.AsyncClient | None = None
+        self._tasks: dict[str, asyncio.Task] = {}
+        self._pending: list[tuple] = []
+        self._pins: list[str] = []
+        self._ids = itertools.count()
+        self._id_lock = threading.Lock()
+        self._stats: RemoteStats | None = None
+        self._note: str | None = None
+        self._poller = Poller()
+        self._on_status: Callable[[str], None] = lambda _msg: None
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self, on_status: Callable[[str], None] | None = None) -> None:
+        """Connect on the client's thread; ``on_status`` gets one-line progress messages."""
+        self._on_status = on_status or (lambda _msg: None)
+        self._thread = threading.Thread(target=self._loop.run_forever, name="chatpage-remote",
+                                        daemon=True)
+        self._thread.start()
+        self._call(self._connect)
+
+    @property
+    def ready(self) -> bool:
+        return self.backend is not None and self._reachable
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        self._ready.wait(timeout)
+        return self.ready
+
+    def close(self) -> None:
+        if self._thread is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self._thread = None
+        self._loop.close()
+
+    # -- requests ----------------------------------------------------------------------------------
+    def submit(self, messages: list[dict[str, str]], params: SamplingParams,
+               on_event: EventCallback, *, continue_reply: bool = False) -> str:
+        """Queue a chat reply for ``messages`` (held until the server is reachable);
+        ``continue_reply``: the last message, a reply, goes on instead of a new one starting."""
+        return self._submit("continue" if continue_reply else "chat", messages, params, on_event)
+
+    def submit_prompt(self, prompt: str | list[int], params: SamplingParams,
+                      on_event: EventCallback) -> str:
+        """Queue a completion of a raw ``prompt`` (text, or token ids)."""
+        return self._submit("completion", prompt, params, on_event)
+
+    def cancel(self, request_id: str) -> None:
+        """Stop a request: its stream is closed and the server aborts it."""
+        self._call(self._cancel, request_id)
+
+    def pin_system_prompt(self, system_prompt: str) -> None:
+        """Warm the server's prefix cache with a persona's system prompt (vLLM and SGLang cache
+        prefixes automatically; chatpage serve pins its personas itself)."""
+        self._call(self._pin, system_prompt)
+
+    def stats(self) -> RemoteStats | None:
+        """The latest figures polled from the server (None before the first poll)."""
+        return self._stats
+
+    # -- on the client's loop ----------------------------------------------------------------------
+    def _call(self, fn, *args) -> None:
+        self._loop.call_soon_threadsafe(fn, *args)
+
+    def _submit(self, kind: str, payload, params: SamplingParams, on_event: EventCallback) -> str:
+        with self._id_lock:
+            rid = f"remote-{next(self._ids)}"
+        self._call(self._begin, rid, kind, payload, params, on_event, time.monotonic())
+        return rid
+
+    def _status(self, msg: str) -> None:
+        self.status = msg
+        self._on_status(msg)
+
+    def _connect(self) -> None:
+        self._http = httpx.AsyncClient(base_url=self.url, headers=self._headers,
+                                       timeout=httpx.Timeout(10.0, read=None))
+        self._tasks["connect"] = self._loop.create_task(self._probe_and_poll())
+
+    async def _probe_and_poll(self) -> None:
+        t0 = time.perf_counter()
+        self._status(f"connecting to {self.url}")
+        while self.backend is None:
+            try:
+                backend = await probe(self._http, self.url, self.model)
+            except BackendError as e:
+                self.error = str(e)
+                self._status(f"error: {e}")
+                self._ready.set()
+                for rid, *_rest, on_event, t_submit in self._pending:
+                    RemoteReply(rid, on_event, t_submit).fail(self.error)
+                self._pending.clear()
+                return
+            except httpx.TransportError as e:
+                self._status(f"cannot reach {self.url} ({_reason(e)}); retrying every "
+                             f"{RETRY_S:.0f} s")
+                await asyncio.sleep(RETRY_S)
+                continue
+            except BackendNotReady as e:
+                self._status(f"{e}; retrying every {RETRY_S:.0f} s")
+                await asyncio.sleep(RETRY_S)
+                continue
+            self.backend = backend
+        self.load_seconds = time.perf_counter() - t0
+        self.model_name = f"{backend.model} on {backend.label}"
+        self.max_model_len = backend.max_model_len
+        self.warnings = backend.notes()
+        self._reachable = True
+        await self._poll_once()
+        self._ready.set()
+        self._status("ready")
+        for args in self._pending:
+            self._begin(*args)
+        self._pending.clear()
+        for prompt in self._pins:
+            self._pin(prompt)
+        while True:
+            await asyncio.sleep(POLL_S)
+            await self._poll_once()
+
+    async def _poll_once(self) -> None:
+        backend = self.backend
+        label = f"{backend.label} at {self.url}"
+        notes = (self._note,) if self._note else ()
+        try:
+            text = engine = None
+            if backend.can("metrics"):
+                r = await self._http.get("/metrics")
+                text = r.text if r.status_code == 200 else None
+            if backend.can("stats"):
+                r = await self._http.get("/v1/chatpage/stats")
+                if r.status_code == 200:
+                    engine = EngineStats(**{k: v for k, v in r.json().items()
+                                            if k in _ENGINE_FIELDS})
+        except httpx.HTTPError as e:
+            if self._reachable:
+                self._reachable = False
+                self._status(f"lost {self.url} ({_reason(e)}); retrying every {POLL_S:.0f} s")
+            self._stats = RemoteStats(label, False, notes=notes)
+            return
+        self._stats = self._poller.stats(label, text, time.monotonic(), engine, notes)
+        if not self._reachable:
+            self._reachable = True
+            self._status("ready")
+
+    def _begin(self, rid: str, kind: str, payload, params: SamplingParams,
+               on_event: EventCallback, t_submit: float) -> None:
+        if self.backend is None:
+            if self.error is not None:
+                RemoteReply(rid, on_event, t_submit).fail(self.error)
+            else:
+                self._pending.append((rid, kind, payload, params, on_event, t_submit))
+            return
+        reply = RemoteReply(rid, on_event, t_submit)
+        parts = split_samples(self.backend, params)
+        if len(parts) > 1:
+            seeds = ", ".join(str(p.seed) for p in parts)
+            self._note = (f"n={params.n} sent as {len(parts)} requests (seeds {seeds}): "
+                          f"{self.backend.label} answers one sample per request")
+        task = self._loop.create_task(self._run(reply, kind, payload, parts))
+        self._tasks[rid] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(rid, None))
+
+    async def _run(self, reply: RemoteReply, kind: str, payload, parts: list[SamplingParams]
+                   ) -> None:
+        try:
+            await asyncio.gather(*(
+                run_request(self._http, self.backend, reply, kind, payload, p, index)
+                for index, p in enumerate(parts)))
+        except asyncio.CancelledError:
+            reply.finish("abort")
+            return
+        except RequestFailed as e:
+            reply.fail(str(e))
+            return
+        except httpx.TransportError as e:
+            reply.fail(f"lost the connection to {self.url} ({_reason(e)})")
+            return
+        except Exception as e:  # a reply the client cannot read ends with an error, never hangs
+            reply.fail(f"unexpected answer from {self.url}: {type(e).__name__}: {e}")
+            return
+        reply.finish(None)
+
+    def _cancel(self, rid: str) -> None:
+        task = self._tasks.get(rid)
+        if task is not None:
+            task.cancel()
+            return
+        for i, args in enumerate(self._pending):
+            if args[0] == rid:
+                del self._pending[i]
+                RemoteReply(rid, args[4], args[5]).finish("abort")
+                return
+
+    def _pin(self, prompt: str) -> None:
+        if self.backend is None:
+            self._pins.append(prompt)
+        elif self.backend.name in ("vllm", "sglang"):
+            body = {"model": self.backend.model, "max_tokens": 1,
+                    "messages": [{"role": "system", "content": prompt}]}
+            self._loop.create_task(self._warm(body))
+
+    async def _warm(self, body: dict) -> None:
+        try:
+            await self._http.post("/v1/chat/completions", json=body)
+        except httpx.HTTPError:  # only a warm-up: the poller reports an unreachable server
+            pass
+
+    async def _shutdown(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        if self._http is not None:
+            await self._http.aclose()
+        await self._loop.shutdown_asyncgens()
+
+
+def _reason(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

@@ -1,0 +1,169 @@
+"""One request to a remote server: the body (every sampling field explicit, named per backend),
+the SSE reader, and `RemoteReply`, which turns what arrives into `StreamEvent`s."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import time
+from typing import Any
+
+import httpx
+
+from chatpage.engine.client import EventCallback, StreamEvent
+from chatpage.engine.sampling_params import SamplingParams
+from chatpage.remote.backend import TOP_K_OFF, Backend, error_message
+
+
+class RequestFailed(Exception):
+    """The server refused or broke off a request; the message is the server's own."""
+
+
+@dataclasses.dataclass
+class _Choice:
+    text: str = ""
+    num_tokens: int = 0
+    finish_reason: str | None = None
+
+
+class RemoteReply:
+    """The outputs of one request as they arrive; emits events to ``on_event``."""
+
+    def __init__(self, request_id: str, on_event: EventCallback, t_submit: float) -> None:
+        self.request_id = request_id
+        self.on_event = on_event
+        self.t_submit = t_submit
+        self.choices: dict[int, _Choice] = {}
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.ttft_s: float | None = None
+        self.done = False
+
+    def _event(self, index: int, delta: str, finished: bool, reason: str | None,
+               request_finished: bool, error: str | None = None, counted: bool = True
+               ) -> StreamEvent:
+        c = self.choices.get(index, _Choice())
+        return StreamEvent(
+            request_id=self.request_id, index=index, text=c.text, delta=delta, replaced=False,
+            num_tokens=c.num_tokens if counted else 0, finished=finished, finish_reason=reason,
+            cumulative_logprob=0.0, score=None, request_finished=request_finished,
+            prompt_tokens=self.prompt_tokens, prefix_hit_tokens=self.cached_tokens,
+            ttft_s=self.ttft_s, elapsed_s=time.monotonic() - self.t_submit, error=error,
+            num_outputs=max(len(self.choices), 1))
+
+    def add(self, index: int, delta: str, finish_reason: str | None, tokens: int = 1) -> None:
+        """New text for choice ``index`` (``tokens`` tokens; a finish reason ends the choice)."""
+        if self.done:
+            return
+        c = self.choices.setdefault(index, _Choice())
+        if delta and self.ttft_s is None:
+            self.ttft_s = time.monotonic() - self.t_submit
+        c.text += delta
+        c.num_tokens += tokens if delta else 0
+        if finish_reason:
+            c.finish_reason = finish_reason
+        self.on_event(self._event(index, delta, c.finish_reason is not None, c.finish_reason,
+                                  False))
+
+    def usage(self, usage: dict[str, Any]) -> None:
+        self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        details = usage.get("prompt_tokens_details") or {}
+        self.cached_tokens = int(details.get("cached_tokens") or 0)
+
+    def finish(self, reason: str | None) -> None:
+        """Every choice is complete (``reason`` None), or stopped ("abort")."""
+        if self.done:
+            return
+        self.done = True
+        for index in sorted(self.choices) or [0]:
+            c = self.choices.get(index, _Choice())
+            final = reason or c.finish_reason or "stop"
+            self.on_event(self._event(index, "", True, final, True, counted=reason is None))
+
+    def fail(self, message: str) -> None:
+        if self.done:
+            return
+        self.done = True
+        for index in sorted(self.choices) or [0]:
+            self.on_event(self._event(index, "", True, "error", True, message, counted=False))
+
+
+def split_samples(backend: Backend, params: SamplingParams) -> list[SamplingParams]:
+    """``n`` samples as one request, or as n requests with seeds seed+i where the backend
+    answers one sample per request."""
+    if params.n == 1 or backend.can("n"):
+        return [params]
+    seed = params.seed if params.seed is not None else random.randrange(2**31)
+    return [dataclasses.replace(params, n=1, seed=seed + i) for i in range(params.n)]
+
+
+def request_body(backend: Backend, kind: str, payload, params: SamplingParams) -> dict[str, Any]:
+    """Every sampling field sent explicitly: servers fill unset ones from the model's
+    generation config, which would make a reply differ from what the user set."""
+    beam = params.use_beam_search
+    body: dict[str, Any] = {
+        "model": backend.model, "max_tokens": params.max_tokens, "stop": params.stop,
+        "n": params.width, "temperature": 0.0 if beam else params.temperature,
+        "top_p": 1.0 if beam else params.top_p, "stream": not beam,
+    }
+    body["messages" if kind != "completion" else "prompt"] = payload
+    if kind == "continue":  # vLLM's names (chatpage serve and SGLang read them too)
+        body.update(continue_final_message=True, add_generation_prompt=False)
+    if not beam:
+        body["stream_options"] = {"include_usage": True}
+    if params.seed is not None:
+        body["seed"] = params.seed
+    top_k = params.top_k if params.top_k > 0 else TOP_K_OFF[backend.name]
+    if top_k is not None and not beam:
+        body["top_k"] = top_k
+    if backend.can("vllm_extras"):
+        body.update(stop_token_ids=params.stop_token_ids, ignore_eos=params.ignore_eos)
+        if beam:
+            body.update(use_beam_search=True, length_penalty=params.length_penalty)
+    return body
+
+
+async def run_request(http: httpx.AsyncClient, backend: Backend, reply: RemoteReply, kind: str,
+                      payload, params: SamplingParams, offset: int) -> None:
+    """Send one request; its choices arrive in ``reply`` as choices ``offset``, ``offset+1``..."""
+    if params.use_beam_search and not backend.can("beam"):
+        raise RequestFailed(f"{backend.label} has no beam search (vLLM has; SGLang started with "
+                            "--enable-beam-search); ask for samples instead")
+    path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
+    body = request_body(backend, kind, payload, params)
+    if not body["stream"]:  # beam search: the final beams, at once
+        r = await http.post(path, json=body)
+        _check(r, backend)
+        data = r.json()
+        for choice in data.get("choices", []):
+            text = choice["text"] if kind == "completion" else choice["message"]["content"]
+            reply.add(offset + choice["index"], text or "", choice.get("finish_reason") or "stop")
+        reply.usage(data.get("usage") or {})
+        return
+    async with http.stream("POST", path, json=body) as r:
+        if r.status_code != 200:
+            await r.aread()
+            _check(r, backend)
+        async for line in r.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise RequestFailed(f"{backend.label}: {chunk['error'].get('message')}")
+            if chunk.get("usage"):
+                reply.usage(chunk["usage"])
+            for choice in chunk.get("choices") or []:
+                delta = (choice.get("delta") or {}).get("content") if kind != "completion" \
+                    else choice.get("text")
+                reply.add(offset + choice.get("index", 0), delta or "",
+                          choice.get("finish_reason"))
+
+
+def _check(response: httpx.Response, backend: Backend) -> None:
+    if response.status_code != 200:
+        raise RequestFailed(f"{backend.label} answered {response.status_code}: "
+                            f"{error_message(response)}")

@@ -1,0 +1,265 @@
+"""The Starlette app of `chatpage serve`: routes over one `EngineClient`.
+
+``/v1/*`` needs the API key when one is set; ``/health`` and ``/metrics`` never do (as in vLLM).
+Every request handler only awaits its own queue of engine events (see `bridge`), and a client
+that goes away cancels its request in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import json
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import asdict
+from typing import Any, TypeVar
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from chatpage.config.personas import Persona
+from chatpage.engine.client import EngineClient
+from chatpage.serve import metrics
+from chatpage.serve.bridge import EventPump, RequestStream, Update
+from chatpage.serve.protocol import ApiError, ApiRequest, parse_request
+from chatpage.serve.responses import DONE, Shaper, sse_error
+
+SWITCH_INTERVAL_S = 0.0005
+"""The GIL hand-over interval while serving (Python's default is 5 ms): the engine thread's
+Python code between kernels would otherwise hold a streamed token back up to 5 ms."""
+PERSONA_PREFIX = "chatpage/"
+OWNER = "chatpage"
+T = TypeVar("T")
+
+
+class ServeState:
+    """What every handler shares: the engine client, the key, the personas and the counters."""
+
+    def __init__(self, client: EngineClient, api_key: str | None, personas: list[Persona]
+                 ) -> None:
+        self.client = client
+        self.api_key = api_key
+        self.personas = {PERSONA_PREFIX + p.name: p for p in personas}
+        self.counters = metrics.ServerCounters()
+        self.created = int(time.time())
+        self.registry = metrics.registry(metrics.EngineCollector(
+            client.stats, self.counters, lambda: client.model_name))
+        self._pump: EventPump | None = None
+
+    @property
+    def pump(self) -> EventPump:
+        """The event pump into the server's loop (made on the first request, on that loop)."""
+        if self._pump is None:
+            self._pump = EventPump(asyncio.get_running_loop())
+        return self._pump
+
+    def model_ids(self) -> list[str]:
+        return [self.client.model_name, *self.personas]
+
+    def resolve(self, model: Any) -> tuple[str, Persona | None]:
+        """The model id a request names (None: the base model) and its persona, if any."""
+        if model is None or model == self.client.model_name:
+            return self.client.model_name, None
+        if model in self.personas:
+            return model, self.personas[model]
+        raise ApiError(404, f"model {model!r} does not exist; GET /v1/models lists "
+                            f"{', '.join(self.model_ids())}", "model")
+
+    def check(self, request: Request) -> None:
+        """401 for a wrong or missing key; 503 while the model loads or when it failed."""
+        if self.api_key is not None:
+            given = request.headers.get("authorization", "")
+            if given != f"Bearer {self.api_key}":
+                raise ApiError(401, "missing or wrong API key: send the header 'Authorization: "
+                                    "Bearer KEY' with the --api-key chatpage serve was given")
+        if not self.client.ready:
+            if self.client.error is not None:
+                raise ApiError(503, f"the model did not load: {self.client.error}")
+            raise ApiError(503, f"the model is still loading ({self.client.status})")
+
+    def token_text(self, token_id: int) -> str:
+        return self.client.engine.tokenizer.decode([token_id])
+
+
+def _state(request: Request) -> ServeState:
+    return request.app.state.serve
+
+
+def _error(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+async def _until_disconnect(request: Request, work: Awaitable[T]) -> tuple[bool, T | None]:
+    """Run ``work`` unless the client disconnects first: (finished, result)."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait([task, watch], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if task.done():
+        return True, task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return False, None
+
+
+async def _body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+
+
+async def _prepare(request: Request, kind: str) -> tuple[ApiRequest, str]:
+    state = _state(request)
+    state.check(request)
+    body = await _body(request)
+    model, persona = state.resolve(body.get("model") if isinstance(body, dict) else None)
+    api = parse_request(body, kind, persona.sampling() if persona else None)
+    if persona is not None and kind == "chat" \
+            and not any(m["role"] == "system" for m in api.messages):
+        # the persona's system prompt: its pinned prefix blocks serve this request
+        api.messages.insert(0, {"role": "system", "content": persona.system_prompt})
+    return api, model
+
+
+async def generate(request: Request, kind: str) -> Response:
+    try:
+        api, model = await _prepare(request, kind)
+    except ApiError as e:
+        return _error(e)
+    state = _state(request)
+    stream = RequestStream(state.client, api, state.pump)
+    rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+    shaper = Shaper(stream, rid, model, int(time.time()), state.token_text)
+    try:
+        finished, first = await _until_disconnect(request, stream.first())
+    except ApiError as e:
+        return _error(e)
+    if not finished:
+        stream.cancel()
+        return Response(status_code=499)
+    if api.stream:
+        return StreamingResponse(_sse(state, stream, shaper, first),
+                                 media_type="text/event-stream")
+
+    async def collect() -> None:
+        async for _ in stream.updates(first):
+            pass
+
+    finished, _ = await _until_disconnect(request, collect())
+    if not finished:
+        stream.cancel()
+        return Response(status_code=499)
+    _record(state, stream)
+    if stream.error is not None:
+        return _error(ApiError(500, stream.error))
+    return JSONResponse(shaper.whole())
+
+
+async def _sse(state: ServeState, stream: RequestStream, shaper: Shaper, first: list[Update]
+               ) -> AsyncIterator[str]:
+    try:
+        async for update in stream.updates(first):
+            for line in shaper.chunks(update):
+                yield line
+        if stream.error is not None:
+            yield sse_error(stream.error)
+        if stream.request.include_usage:
+            yield shaper.usage_chunk()
+        yield DONE
+        _record(state, stream)
+    finally:
+        stream.cancel()  # the client went away mid-stream: free its blocks
+
+
+def _record(state: ServeState, stream: RequestStream) -> None:
+    reason = stream.outputs[min(stream.outputs)].finish_reason if stream.outputs else "error"
+    state.counters.record(stream.prompt_tokens, stream.completion_tokens, reason or "stop")
+
+
+async def chat_completions(request: Request) -> Response:
+    return await generate(request, "chat")
+
+
+async def completions(request: Request) -> Response:
+    return await generate(request, "completion")
+
+
+async def models(request: Request) -> Response:
+    state = _state(request)
+    try:
+        state.check(request)
+    except ApiError as e:
+        return _error(e)
+    data = [{"id": mid, "object": "model", "created": state.created, "owned_by": OWNER,
+             "root": state.client.model_name, "max_model_len": state.client.max_model_len}
+            for mid in state.model_ids()]
+    return JSONResponse({"object": "list", "data": data})
+
+
+async def health(request: Request) -> Response:
+    client = _state(request).client
+    if client.ready:
+        return Response(status_code=200)
+    text = f"the model did not load: {client.error}" if client.error else client.status
+    return JSONResponse({"status": text}, status_code=503)
+
+
+async def version(request: Request) -> Response:
+    try:
+        number = importlib.metadata.version("chatpage")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree
+        number = "unknown"
+    return JSONResponse({"version": number, "server": OWNER})
+
+
+async def stats(request: Request) -> Response:
+    state = _state(request)
+    try:
+        state.check(request)
+    except ApiError as e:
+        return _error(e)
+    snapshot = state.client.stats()
+    counters = state.counters
+    return JSONResponse({
+        **asdict(snapshot), "sharing_saving": snapshot.sharing_saving,
+        "prompt_tokens_total": counters.prompt_tokens,
+        "generation_tokens_total": counters.generation_tokens,
+    })
+
+
+async def prometheus(request: Request) -> Response:
+    return Response(metrics.render(_state(request).registry), media_type=metrics.CONTENT_TYPE)
+
+
+def build_app(client: EngineClient, api_key: str | None = None,
+              personas: list[Persona] | None = None) -> Starlette:
+    """The ASGI app over a started (or starting) ``client``; closing it is the caller's job.
+    Shortens the process's GIL switch interval (`SWITCH_INTERVAL_S`)."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    app = Starlette(routes=[
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chatpage/stats", stats, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/version", version, methods=["GET"]),
+        Route("/metrics", prometheus, methods=["GET"]),
+    ])
+    app.state.serve = ServeState(client, api_key, personas or [])
+    return app

@@ -1,0 +1,102 @@
+"""Response bodies shaped as vLLM's OpenAI server writes them (whole and as stream chunks)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from chatpage.serve.bridge import Output, RequestStream, Update
+
+TokenText = Callable[[int], str]
+
+
+class Shaper:
+    """Builds the bodies of one request: ``kind`` "chat" or "completion"."""
+
+    def __init__(self, stream: RequestStream, response_id: str, model: str, created: int,
+                 token_text: TokenText) -> None:
+        self.stream = stream
+        self.chat = stream.request.kind == "chat"
+        self.id = response_id
+        self.model = model
+        self.created = created
+        self.token_text = token_text
+        self._opened: set[int] = set()
+
+    def _head(self, whole: bool) -> dict[str, Any]:
+        kind = ("chat.completion" if whole else "chat.completion.chunk") if self.chat \
+            else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def usage(self) -> dict[str, Any]:
+        s = self.stream
+        return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+                "total_tokens": s.prompt_tokens + s.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": s.cached_tokens}}
+
+    def _logprobs(self, token_ids: list[int], logprobs: list[float], offset: int) -> Any:
+        if not self.stream.request.logprobs:
+            return None
+        tokens = [self.token_text(t) for t in token_ids]
+        if self.chat:
+            return {"content": [
+                {"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}
+                for tok, lp in zip(tokens, logprobs, strict=False)
+            ]}
+        offsets, at = [], offset
+        for tok in tokens:
+            offsets.append(at)
+            at += len(tok)
+        return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": None,
+                "text_offset": offsets}
+
+    # -- whole responses ---------------------------------------------------------------------------
+    def whole(self) -> dict[str, Any]:
+        choices = [self._choice(o) for _, o in sorted(self.stream.outputs.items())]
+        return {**self._head(True), "choices": choices, "usage": self.usage()}
+
+    def _choice(self, o: Output) -> dict[str, Any]:
+        logprobs = self._logprobs(o.token_ids, o.logprobs, 0)
+        if self.chat:
+            return {"index": o.index, "message": {"role": "assistant", "content": o.text},
+                    "logprobs": logprobs, "finish_reason": o.finish_reason}
+        return {"index": o.index, "text": o.text, "logprobs": logprobs,
+                "finish_reason": o.finish_reason, "stop_reason": None}
+
+    # -- stream chunks -----------------------------------------------------------------------------
+    def chunks(self, update: Update) -> list[str]:
+        """SSE ``data:`` lines for one update (a role chunk first for a new chat choice)."""
+        out = []
+        usage = {"usage": None} if self.stream.request.include_usage else {}
+        if self.chat and update.index not in self._opened:
+            self._opened.add(update.index)
+            out.append(_sse({**self._head(False), "choices": [{
+                "index": update.index, "delta": {"role": "assistant", "content": ""},
+                "logprobs": None, "finish_reason": None}], **usage}))
+        sent = self.stream.outputs[update.index]
+        offset = len(sent.text) - len(update.delta)
+        logprobs = self._logprobs(update.token_ids, update.logprobs, offset)
+        if self.chat:
+            delta = {"content": update.delta} if update.delta else {}
+            choice = {"index": update.index, "delta": delta}
+        else:
+            choice = {"index": update.index, "text": update.delta}
+        choice.update(logprobs=logprobs, finish_reason=update.finish_reason)
+        out.append(_sse({**self._head(False), "choices": [choice], **usage}))
+        return out
+
+    def usage_chunk(self) -> str:
+        return _sse({**self._head(False), "choices": [], "usage": self.usage()})
+
+
+def _sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def sse_error(message: str, status: int = 500) -> str:
+    return _sse({"error": {"message": message, "type": "InternalServerError", "param": None,
+                           "code": status}})
+
+
+DONE = "data: [DONE]\n\n"
