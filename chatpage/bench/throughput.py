@@ -85,15 +85,15 @@ def decode_step_ms(eng, concurrency: int, prompt_len: int, new_tokens: int) -> f
 # -- roofline ----------------------------------------------------------------------------------
 def gemm_step_s(model, batch: int, repeats: int = 5) -> float:
     """Median time of one step's matmuls alone at ``batch`` rows: the model's own weights through
-    the model's own matmul (``LlamaModel._linear``: ``F.linear``, or W @ x.T for a few rows)."""
-    weights = [w for layer in model.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-    inputs = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=w.dtype) for w in weights}
-    last = torch.randn(batch, model.lm_head.shape[1], dtype=model.lm_head.dtype)
+    the model's own matmuls in its weight format (``chatpage.engine.weights.Linear``)."""
+    linears = [f for layer in model.layers for f in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    linears.append(model.lm_head)
+    inputs = {f.in_features: torch.randn(batch, f.in_features, dtype=model.mm_dtype)
+              for f in linears}
 
     def step() -> None:
-        for w in weights:
-            model._linear(inputs[w.shape[1]], w)
-        model._linear(last, model.lm_head)
+        for f in linears:
+            f(inputs[f.in_features])
 
     with torch.inference_mode():
         return common.median_s(step, repeats=repeats, warmup=1)
