@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCHES = ("kernel", "throughput", "memory", "serve", "prefix", "sharing", "ui")
+BENCHES = ("kernel", "throughput", "memory", "serve", "prefix", "sharing", "ui", "single", "quality")
 
 
 def cmd_bench(args) -> int:

@@ -122,7 +122,9 @@ def pack_state(config, fused: dict[str, torch.Tensor], weights: str,
     """Store every matmul weight of a fused state in ``weights`` (consumes ``fused``).
 
     Embeddings, norms and biases keep ``dtype``. With tied embeddings the lm_head is packed as
-    its own copy for the quantized formats (the lookup keeps the dense table).
+    its own copy for the quantized formats (the lookup keeps the dense table). The int4 format
+    keeps the lm_head in int8: in int4 it cost the default model 4.2% of perplexity, in int8 the
+    whole format is within 0.1% of fp32 (``chatpage bench quality``).
     """
     check_format(weights)
     names = linear_names(config, fused)
@@ -132,7 +134,7 @@ def pack_state(config, fused: dict[str, torch.Tensor], weights: str,
     out: dict[str, torch.Tensor] = {}
     for name in names:
         w = fused.pop(name + ".weight")
-        if weights == "int8":
+        if weights == "int8" or (weights == "int4" and name == "lm_head"):
             out[name + ".qweight"], out[name + ".scales"] = quantize_int8(w)
         elif weights == "int4":
             out[name + ".packed"], out[name + ".scales_zeros"] = quantize_int4(w)
