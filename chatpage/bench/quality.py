@@ -100,13 +100,9 @@ def run(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = common.parser("quality", __doc__.splitlines()[0], default_scale=1.0)
-    p.add_argument("--weights", default=",".join(WEIGHT_FORMATS),
+    p.add_argument("--weights", type=common.weight_formats, default=list(WEIGHT_FORMATS),
                    help="comma-separated formats to compare with fp32 (default: all)")
     args = common.parse(p, argv)
-    unknown = set(args.weights.split(",")) - set(WEIGHT_FORMATS)
-    if unknown:
-        p.error(f"--weights: unknown format(s) {', '.join(sorted(unknown))}; "
-                f"use {', '.join(WEIGHT_FORMATS)}")
     return common.emit(common.round_floats(run(args)))
 
 
