@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from chatpage.cli.common import engine_config, settings_or_warn, size_arg
+from chatpage.cli.common import add_engine_args, engine_config, settings_or_warn, size_arg
 from chatpage.config.personas import default_persona, find_persona, load_personas
 
 
 def cmd_ask(args) -> int:
+    import torch
+
     from chatpage.engine import LLMEngine, SamplingParams
     from chatpage.engine.chat_template import render_prompt
 
@@ -44,7 +46,9 @@ def cmd_ask(args) -> int:
             seed=_pick(args.seed, defaults.get("seed"), None),
             max_tokens=_pick(args.max_tokens, defaults.get("max_tokens"), 512),
         )
-        engine = LLMEngine.from_pretrained(settings.model, engine_config(settings))
+        config = engine_config(settings, args.threads)
+        torch.set_num_threads(config.threads)
+        engine = LLMEngine.from_pretrained(settings.model, config)
         ids = render_prompt(engine.tokenizer, [
             {"role": "system", "content": system}, {"role": "user", "content": question},
         ])
@@ -93,6 +97,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ask.add_argument("--system", help="system prompt (instead of the persona's)")
     ask.add_argument("--model", help="HF model directory or .gguf file")
     ask.add_argument("--kv-cache", type=size_arg, metavar="SIZE", help="KV cache budget")
+    add_engine_args(ask)
     ask.add_argument("--max-tokens", type=int)
     ask.add_argument("--temperature", type=float,
                      help="default 0 (greedy); with --n, the persona's temperature")

@@ -7,7 +7,7 @@ import sys
 
 from chatpage.cli import ask, bench
 from chatpage.cli import history as history_cli
-from chatpage.cli.common import engine_config, load_with_overrides, size_arg
+from chatpage.cli.common import add_engine_args, engine_config, load_with_overrides, size_arg
 from chatpage.config.personas import load_personas
 
 
@@ -16,7 +16,7 @@ def cmd_tui(args) -> int:
     from chatpage.ui.app import ChatApp
 
     settings, warnings = load_with_overrides(args)  # shown as notices inside the app
-    ChatApp(model=settings.model, config=engine_config(settings), settings=settings,
+    ChatApp(model=settings.model, config=engine_config(settings, args.threads), settings=settings,
             warnings=warnings).run()
     return 0
 
@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", help="HF model directory or .gguf file (default: SmolLM2-135M)")
     parser.add_argument("--kv-cache", type=size_arg, metavar="SIZE",
                         help="KV cache budget, e.g. 512MiB or 2G")
+    add_engine_args(parser)
     parser.set_defaults(func=cmd_tui)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
