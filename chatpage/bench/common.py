@@ -44,8 +44,9 @@ def weight_formats(value: str) -> list[str]:
     formats = [f.strip() for f in value.split(",") if f.strip()]
     unknown = sorted(set(formats) - set(WEIGHT_FORMATS))
     if unknown or not formats:
+        named = ", ".join(unknown) or repr(value)
         raise argparse.ArgumentTypeError(
-            f"unknown weight format(s) {', '.join(unknown) or value!r}; use {', '.join(WEIGHT_FORMATS)}")
+            f"unknown weight format(s) {named}; use {', '.join(WEIGHT_FORMATS)}")
     return formats
 
 

@@ -173,6 +173,7 @@ def _forward(packed: dict[str, torch.Tensor], name: str, device: torch.device
         k = p.shape[1] * 2
     else:
         w = packed[name + ".weight"].to(device).contiguous()
+        bias = None if bias is None else bias.to(w.dtype)
         small = SMALL_BATCH_ROWS if device.type == "cpu" and w.dtype == torch.float32 else 0
         if not small:
             return (lambda x: F.linear(x, w, bias)), w.shape[1]
