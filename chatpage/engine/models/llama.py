@@ -1,8 +1,11 @@
 """Llama-family forward pass over the paged KV cache (Llama, Mistral, Qwen2, SmolLM).
 
-Weights come from the HF checkpoint; the forward is ours: embeddings, RMSNorm, RoPE from the
-config's rope parameters, fused QKV (with Qwen2's bias), GQA paged attention, fused SwiGLU MLP, and
-the lm_head (tied or not) applied only to the rows that need logits.
+Weights come from the HF checkpoint, stored in a weight format (``engine/weights.py``); the forward
+is ours: embeddings, RMSNorm, RoPE from the config's rope parameters, fused QKV (with Qwen2's bias),
+GQA paged attention, fused SwiGLU MLP, and the lm_head (tied or not) applied only to the rows that
+need logits. A layer is its four matmuls, the two attention ops and three fused ops
+(``engine/fused.py``: residual add + RMSNorm twice, RoPE + QKV split, SwiGLU), into buffers
+allocated once per step; the residual add of each sublayer happens inside the next norm.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import torch.nn.functional as F
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from chatpage.engine import attention
+from chatpage.engine import fused as fused_ops
 from chatpage.engine.weights import (
     Linear,
     check_format,
@@ -117,18 +121,8 @@ class LlamaModel:
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = (emb.cos() * scaling).to(self.device, dtype)
         self.sin = (emb.sin() * scaling).to(self.device, dtype)
-
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """RMSNorm of ``x``, returned in the matmuls' input dtype."""
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (weight * xf.to(x.dtype)).to(self.mm_dtype)
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        self.intermediate = self.layers[0].down.in_features
+        self.fused = fused_ops.for_model(self.device, dtype)
 
     def forward(
         self,
@@ -142,26 +136,26 @@ class LlamaModel:
         """Run the flat batch ``input_ids`` [T]; return logits [len(logit_rows), vocab]."""
         T = input_ids.shape[0]
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        q_size, kv_size = hq * d, hkv * d
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        h = F.embedding(input_ids, self.embed)
-        attn_out = torch.empty(T, hq, d, dtype=self.dtype, device=self.device)
+        fused, eps, dev = self.fused, self.eps, self.device
+        h = F.embedding(input_ids, self.embed)  # the residual stream, updated in place
+        x = torch.empty(T, self.hidden, dtype=self.mm_dtype, device=dev)
+        q = torch.empty(T, hq, d, dtype=self.dtype, device=dev)
+        k = torch.empty(T, hkv, d, dtype=self.dtype, device=dev)
+        v = torch.empty(T, hkv, d, dtype=self.dtype, device=dev)
+        act = torch.empty(T, self.intermediate, dtype=self.mm_dtype, device=dev)
+        attn_out = torch.empty(T, hq, d, dtype=self.dtype, device=dev)
+        attn_flat = attn_out.view(T, hq * d)
+        delta = None  # the previous layer's MLP output, added by the next norm
         for i, layer in enumerate(self.layers):
-            x = self._rms_norm(h, layer.input_norm)
-            qkv = layer.qkv(x).to(self.dtype)
-            # RoPE on the query and key heads in one pass; q and k are views of its result
-            qk = self._rotate(qkv[:, : q_size + kv_size].view(T, hq + hkv, d), cos, sin)
-            q, k = qk[:, :hq], qk[:, hq:]
-            v = qkv[:, q_size + kv_size :].view(T, hkv, d)
+            fused.add_rms_norm(h, delta, layer.input_norm, eps, x)
+            fused.rope_qkv(layer.qkv(x), positions, self.cos, self.sin, q, k, v)
             attention.write_kv(k, v, k_caches[i], v_caches[i], meta.slot_mapping)
             attention.paged_attention(
                 attn_out, q, k_caches[i], v_caches[i], meta.block_tables, meta.seq_lens,
                 meta.query_start_loc, self.scale,
             )
-            h = h + layer.o(attn_out.view(T, q_size).to(self.mm_dtype))
-            x = self._rms_norm(h, layer.post_norm)
-            gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            h = h + layer.down(F.silu(gate) * up)
-        last = self._rms_norm(h[logit_rows], self.norm)
-        return self.lm_head(last).float()
+            fused.add_rms_norm(h, layer.o(attn_flat.to(self.mm_dtype)), layer.post_norm, eps, x)
+            fused.silu_mul(layer.gate_up(x), act)
+            delta = layer.down(act)
+        fused.add_rms_norm(h, delta, self.norm, eps, x)
+        return self.lm_head(x[logit_rows]).float()
