@@ -3,7 +3,10 @@
 Runs the real app headless (Textual's test driver) over the real engine and reports:
 time to first paint and to model-ready (cold: empty cache dir, so the model is dequantized and
 the kernels built; cached: the usual start), keystroke-to-screen latency percentiles while
-``--sessions`` chats stream at once, and the engine's aggregate tokens/s meanwhile.
+``--sessions`` chats stream at once, and the engine's aggregate tokens/s meanwhile. With one
+session it also runs the same request on an engine of the same model and config with no UI
+(``engine_alone_tok_s``, on this thread with the engine's thread count, after the app has closed)
+against the rate inside the TUI (``tui_tok_s``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ import statistics
 import sys
 import tempfile
 import time
+
+from chatpage.config.settings import WEIGHT_FORMATS
+
+STORY = "Write a long story about a lighthouse keeper."
 
 
 def _since_process_start() -> float:
@@ -35,12 +42,14 @@ def _percentile(values: list[float], q: float) -> float:
 async def _measure(args) -> dict:
     from textual import events
 
+    from chatpage.cli.common import engine_config
     from chatpage.config.settings import load_settings
     from chatpage.ui.app import ChatApp
     from chatpage.ui.widgets.prompt_input import PromptInput
 
-    settings, _ = load_settings(overrides={"model": args.model})
-    app = ChatApp(model=settings.model, settings=settings)
+    settings, _ = load_settings(overrides={"model": args.model, "weights": args.weights})
+    config = engine_config(settings, args.threads)
+    app = ChatApp(model=settings.model, config=config, settings=settings)
     async with app.run_test(headless=True, size=(160, 48)) as pilot:
         painted = asyncio.Event()
         app.call_after_refresh(painted.set)
@@ -59,7 +68,7 @@ async def _measure(args) -> dict:
         for session in list(app.chats.sessions):
             app.switch_to(session)
             await app.submit_prompt(f"/max {args.max_tokens}")
-            await app.submit_prompt("Write a long story about a lighthouse keeper.")
+            await app.submit_prompt(STORY)
         prompt = app.query_one(PromptInput)
         prompt.focus()
         await pilot.pause()
@@ -86,6 +95,10 @@ async def _measure(args) -> dict:
         elapsed = time.perf_counter() - t_start
         tok_s = (engine.num_generated - generated0) / elapsed
         running = app.client.stats().num_running
+        system = app.current.persona.system_prompt if args.sessions == 1 else None
+    alone = {}
+    if system is not None:
+        alone = _engine_alone(settings.model, config, system, args.max_tokens)
     return {
         "bench": "ui",
         "model": settings.model or "default",
@@ -98,7 +111,33 @@ async def _measure(args) -> dict:
         "keystroke_p50_ms": round(statistics.median(latencies), 2),
         "keystroke_p99_ms": round(_percentile(latencies, 0.99), 2),
         "aggregate_tok_s": round(tok_s, 1),
+        "weights": config.weight_dtype,
+        "threads": config.threads,
+        **({"tui_tok_s": round(tok_s, 1), **alone,
+            "tui_vs_engine_alone": round(tok_s / alone["engine_alone_tok_s"], 3),
+            "goal_tui_vs_engine_alone": 0.9} if alone else {}),
     }
+
+
+def _engine_alone(model: str | None, config, system: str, max_tokens: int) -> dict:
+    """The TUI's request again, on a fresh engine stepped here without a UI: the decode rate (wall
+    clock, from the first token to the last) the TUI is compared with."""
+    import torch
+
+    from chatpage.engine import LLMEngine, SamplingParams
+    from chatpage.engine.chat_template import render_prompt
+
+    torch.set_num_threads(config.threads)
+    engine = LLMEngine.from_pretrained(model, config, progress=lambda _m: None)
+    ids = render_prompt(engine.tokenizer, [{"role": "system", "content": system},
+                                           {"role": "user", "content": STORY}])
+    engine.add_request(ids, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    engine.step()  # the prefill
+    generated0, t0 = engine.num_generated, time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+    return {"engine_alone_tok_s": round((engine.num_generated - generated0)
+                                        / (time.perf_counter() - t0), 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--keys", type=int, default=60, help="keystrokes to time")
     parser.add_argument("--max-tokens", type=int, default=400)
+    parser.add_argument("--weights", choices=WEIGHT_FORMATS, help="weight format (default: int4)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="engine threads (default: every core)")
     parser.add_argument("--cold", action="store_true",
                         help="start with an empty cache dir (dequantize + build kernels)")
     args = parser.parse_args(argv)
