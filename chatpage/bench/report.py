@@ -26,7 +26,7 @@ from pathlib import Path
 # One torch thread and the CPU-time clock (bench/common.now): on a shared 2-core machine, two
 # OpenMP threads collapse whenever another process runs, and wall times swing by 2-10x.
 DEFAULT_BENCH_ARGS = "--threads 1"
-ORDER = ("throughput", "memory", "serve", "prefix", "sharing", "kernel")
+ORDER = ("single", "quality", "throughput", "memory", "serve", "prefix", "sharing", "kernel")
 PLOTTED = ("throughput", "memory", "serve", "prefix", "sharing")
 
 
