@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from chatpage.bench import report_single
+
 # One torch thread and the CPU-time clock (bench/common.now): on a shared 2-core machine, two
 # OpenMP threads collapse whenever another process runs, and wall times swing by 2-10x.
 DEFAULT_BENCH_ARGS = "--threads 1"
@@ -72,6 +74,8 @@ def goals(results: dict) -> list[dict]:
     def add(bench: str, name: str, value, target: str, met: bool | None, why: str) -> None:
         rows.append({"bench": bench, "goal": name, "value": value, "target": target,
                      "met": met, "why": why})
+
+    report_single.goals(results, add)
 
     t = results.get("throughput")
     if t:
@@ -222,6 +226,8 @@ def _section(name: str, entry: dict, report_dir: Path) -> list[str]:
 
 
 def _figures(name: str, r: dict) -> list[str]:
+    if name in ("single", "quality"):
+        return report_single.figures(name, r, _table)
     if name == "throughput":
         rows = [["chatpage", r["chatpage_tok_s"], r["chatpage_mean_batch"]],
                 [f"transformers generate, batch {r['hf_batch']}", r["hf_tok_s"], r["hf_batch"]]]
@@ -230,6 +236,8 @@ def _figures(name: str, r: dict) -> list[str]:
                 state = (f"{c['tok_s']:.1f}" if c.get("tok_s") else
                          f"abandoned after {c['abandoned_after_s']:.0f} s (slower)")
                 rows.append([f"transformers, batch {c['batch']}", state, c["batch"]])
+        rows[1:1] = [[f"chatpage, {f['weights']} weights", f["tok_s"], f["mean_batch"]]
+                     for f in r.get("formats", []) if f["weights"] != "fp32"]
         if "llamacpp_batched_tok_s" in r:
             rows.append(["llama.cpp serial", r["llamacpp_serial_tok_s"], 1])
             rows.append(["llama.cpp batched", r["llamacpp_batched_tok_s"], r["requests"]])
@@ -237,7 +245,9 @@ def _figures(name: str, r: dict) -> list[str]:
                f"{r['mean_input']}, mean output {r['mean_output']}, longest {r['longest']}), "
                f"{r['threads']} thread{'s' if r['threads'] != 1 else ''}, fp32, EOS ignored.", "",
                _table(["system", "useful output tok/s", "batch"], rows), "",
-               f"Ratio: **{r['ratio']:.2f}x**."]
+               f"Ratio: **{r['ratio']:.2f}x**"
+               + (f" in fp32, **{r['best_ratio']:.2f}x** in {r['best_weights']}."
+                  if "best_ratio" in r else ".")]
         if "gemm_bound_tok_s" in r:
             out += ["", _table(["roofline", "value"], [
                 [f"GEMM bound at batch {r['roofline_batch']} (tok/s)", r["gemm_bound_tok_s"]],
@@ -327,7 +337,8 @@ def render(runs: dict, report: Path, machine: str, total_s: float, bench_args: s
     lines = ["# Benchmarks", "",
              "Written by `make bench` (`python -m chatpage.bench.report docs/benchmarks.md`); "
              "every figure below comes from the JSON each command printed, on the default model "
-             "(SmolLM2-135M-Instruct, fp32).", "",
+             "(SmolLM2-135M-Instruct), in fp32 weights unless a row names a weight format "
+             "(`--weights`: bf16, int8, int4; the app's default is int4).", "",
              f"Machine: {machine}. The benchmarks took {total_s / 60:.1f} min in all.", "",
              _setting(bench_args), "", "## Goals", ""]
     rows = [[g["bench"], g["goal"], g["value"], g["target"],
