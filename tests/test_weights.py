@@ -151,3 +151,31 @@ def test_weights_setting_and_flags(tmp_path, capsys):
         with pytest.raises(SystemExit):
             build_parser().parse_args(["ask", "hi", *bad])
         assert bad[0] in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_prefill_chunks_without_logits(fmt, tiny_llama_dir):
+    """Chunked prefill (steps whose rows need no logits) then decode, in a quantized format."""
+    loaded = load_model(tiny_llama_dir, progress=lambda _m: None)
+    eng = LLMEngine(loaded, EngineConfig(kv_cache_bytes=8 << 20, weight_dtype=fmt,
+                                         max_num_batched_tokens=32))
+    (out,) = eng.generate([list(range(100, 200))],
+                          SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert len(out.outputs[0].token_ids) == 3
+
+
+def test_misaligned_packed_weights_are_realigned():
+    """A tensor read from safetensors can start at any address; torch's int8 kernel segfaults on
+    a misaligned weight from 4 rows on, so make_linear must hand it an aligned copy."""
+    torch.manual_seed(0)
+    w = torch.randn(256, 128)
+    q, scale = quantize_int8(w)
+    buffer = torch.empty(q.numel() + 64, dtype=torch.int8)
+    start = next(i for i in range(1, 64) if (buffer.data_ptr() + i) % 64)
+    shifted = buffer[start : start + q.numel()].view_as(q)
+    shifted.copy_(q)
+    assert shifted.data_ptr() % 64 != 0
+    linear = make_linear({"m.qweight": shifted, "m.scales": scale}, "m", torch.device("cpu"))
+    x = torch.randn(8, 128, dtype=torch.bfloat16)
+    expected = x.float() @ (q.float() * scale.float()[:, None]).t()
+    torch.testing.assert_close(linear(x).float(), expected, rtol=2e-2, atol=5e-2)

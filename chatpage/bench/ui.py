@@ -73,8 +73,10 @@ async def _measure(args) -> dict:
         prompt.focus()
         await pilot.pause()
         engine = app.client.engine
-        # measure while every session decodes (persona pins and prompts prefilled first)
+        # measure while every session decodes (persona pins and prompts prefilled first: on one
+        # thread the nine personas' pins alone take seconds of prefill)
         while (app.client.stats() is None or app.client.stats().num_running < args.sessions
+               or app.client.stats().num_waiting > 0
                or engine.num_generated < 2 * args.sessions):
             await asyncio.sleep(0.1)
         generated0, t_start = engine.num_generated, time.perf_counter()

@@ -164,11 +164,12 @@ def _forward(packed: dict[str, torch.Tensor], name: str, device: torch.device
     if bias is not None:
         bias = bias.to(device)
     if name + ".qweight" in packed:
-        q, s = packed[name + ".qweight"].to(device), packed[name + ".scales"].to(device)
+        q, s = _aligned(packed[name + ".qweight"], device), _aligned(packed[name + ".scales"], device)
         fn = lambda x: torch.ops.aten._weight_int8pack_mm(x, q, s)  # noqa: E731
         k = q.shape[1]
     elif name + ".packed" in packed:
-        p, sz = packed[name + ".packed"].to(device), packed[name + ".scales_zeros"].to(device)
+        p = _aligned(packed[name + ".packed"], device)
+        sz = _aligned(packed[name + ".scales_zeros"], device)
         fn = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, p, INT4_GROUP, sz)  # noqa: E731
         k = p.shape[1] * 2
     else:
@@ -181,6 +182,13 @@ def _forward(packed: dict[str, torch.Tensor], name: str, device: torch.device
     if bias is None:
         return fn, k
     return (lambda x: fn(x) + bias), k
+
+
+def _aligned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` at a 64-byte aligned address: tensors read from a safetensors file can
+    start anywhere, and torch's int8 kernel segfaults on a misaligned weight from 4 rows on."""
+    t = t.to(device)
+    return t if t.data_ptr() % 64 == 0 else t.clone()
 
 
 def _small_batch_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
