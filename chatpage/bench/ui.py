@@ -93,6 +93,8 @@ async def _measure(args) -> dict:
             latencies.append((time.perf_counter() - t) * 1e3)
             if i % 10 == 9:
                 print(f"{i + 1}/{args.keys} keys", file=sys.stderr)
+            if app.client.stats().num_running < args.sessions:  # a reply ended: stop the clock
+                break
             await asyncio.sleep(0.1)
         elapsed = time.perf_counter() - t_start
         tok_s = (engine.num_generated - generated0) / elapsed
