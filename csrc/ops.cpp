@@ -16,6 +16,14 @@ TORCH_LIBRARY(chatpage, m) {
       "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> ()");
   m.def("copy_blocks(Tensor(a!)[] caches, Tensor src_to_dst) -> ()");
   m.def("swap_blocks(Tensor src, Tensor(a!) dst, Tensor mapping) -> ()");
+  // The decode step's fused small ops (CPU only; chatpage/engine/fused.py is their reference).
+  m.def(
+      "add_rms_norm(Tensor(a!) hidden, Tensor? delta, Tensor weight, float eps, "
+      "Tensor(b!) out) -> ()");
+  m.def(
+      "rope_qkv(Tensor qkv, Tensor positions, Tensor cos, Tensor sin, Tensor(a!) q, "
+      "Tensor(b!) k, Tensor(c!) v) -> ()");
+  m.def("silu_mul(Tensor gate_up, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(chatpage, CPU, m) {
@@ -23,4 +31,7 @@ TORCH_LIBRARY_IMPL(chatpage, CPU, m) {
   m.impl("paged_attention", &chatpage::cpu::paged_attention);
   m.impl("copy_blocks", &chatpage::cpu::copy_blocks);
   m.impl("swap_blocks", &chatpage::cpu::swap_blocks);
+  m.impl("add_rms_norm", &chatpage::cpu::add_rms_norm);
+  m.impl("rope_qkv", &chatpage::cpu::rope_qkv);
+  m.impl("silu_mul", &chatpage::cpu::silu_mul);
 }

@@ -37,6 +37,19 @@ def parser(prog: str, description: str, default_scale: float) -> argparse.Argume
     return p
 
 
+def weight_formats(value: str) -> list[str]:
+    """argparse type of ``--weights``: comma-separated weight formats (engine/weights.py)."""
+    from chatpage.engine.weights import WEIGHT_FORMATS
+
+    formats = [f.strip() for f in value.split(",") if f.strip()]
+    unknown = sorted(set(formats) - set(WEIGHT_FORMATS))
+    if unknown or not formats:
+        named = ", ".join(unknown) or repr(value)
+        raise argparse.ArgumentTypeError(
+            f"unknown weight format(s) {named}; use {', '.join(WEIGHT_FORMATS)}")
+    return formats
+
+
 def parse(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """Parse and validate the common arguments; applies --threads."""
     args = p.parse_args(argv)

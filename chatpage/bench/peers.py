@@ -128,6 +128,33 @@ def _batched(lib, model, trace: list[BenchRequest], threads: int) -> float:
         ctx.close()
 
 
+def llamacpp_single(gguf: Path, prompt_ids: list[int], new_tokens: int) -> dict:
+    """llama.cpp at batch 1 on ``gguf`` with the run's threads: time to the first token (the
+    prompt in one batch) and the decode rate of ``new_tokens`` - 1 more greedy tokens."""
+    from llama_cpp import Llama
+    from llama_cpp import llama_cpp as lib
+
+    threads = torch.get_num_threads()
+    llm = Llama(model_path=str(gguf), n_ctx=512, n_threads=threads, verbose=False)
+    n = len(prompt_ids)
+    ctx = _Context(lib, llm.model, n + new_tokens + 16, 512, 1, threads)
+    try:
+        best = None
+        for _ in range(2):  # the first pass warms llama.cpp up
+            _clear_memory(lib, ctx.ctx)
+            t0 = common.now()
+            (tok,) = ctx.decode([(t, i, 0, i == n - 1) for i, t in enumerate(prompt_ids)])
+            t1 = common.now()
+            for step in range(new_tokens - 1):
+                (tok,) = ctx.decode([(tok, n + step, 0, True)])
+            run = {"llamacpp_ttft_ms": (t1 - t0) * 1e3,
+                   "llamacpp_tok_s": (new_tokens - 1) / (common.now() - t1)}
+            best = run if best is None or run["llamacpp_tok_s"] > best["llamacpp_tok_s"] else best
+        return best
+    finally:
+        ctx.close()
+
+
 def llamacpp(gguf: Path | None, trace: list[BenchRequest], chatpage_tok_s: float) -> dict:
     """llama.cpp's serial and batched rates on ``trace`` (fields for the throughput JSON)."""
     if not llamacpp_available():

@@ -96,8 +96,10 @@ def throughput(result: dict, path: str) -> str | None:
     plt = _pyplot()
     if plt is None:
         return None
-    names = ["chatpage", f"transformers\n(batch {result['hf_batch']})"]
-    values = [result["chatpage_tok_s"], result["hf_tok_s"]]
+    formats = [f for f in result.get("formats", []) if f["weights"] != "fp32"]
+    names = ["chatpage", *(f"chatpage\n({f['weights']})" for f in formats),
+             f"transformers\n(batch {result['hf_batch']})"]
+    values = [result["chatpage_tok_s"], *(f["tok_s"] for f in formats), result["hf_tok_s"]]
     for key, label in (("llamacpp_serial_tok_s", "llama.cpp\nserial"),
                        ("llamacpp_batched_tok_s", "llama.cpp\nbatched"),
                        ("gemm_bound_tok_s", "GEMM bound\n(batch 128)")):
@@ -105,7 +107,8 @@ def throughput(result: dict, path: str) -> str | None:
             names.append(label)
             values.append(result[key])
     fig, ax = plt.subplots(figsize=(7, 3.6))
-    bars = ax.bar(names, values, color=["#2a7"] + ["#999"] * (len(values) - 1))
+    green = 1 + len(formats)
+    bars = ax.bar(names, values, color=["#2a7"] * green + ["#999"] * (len(values) - green))
     ax.bar_label(bars, fmt="%.0f")
     ax.set_ylabel("output tokens / s")
     ax.set_title(f"Throughput, {result['requests']} ShareGPT-shaped requests")

@@ -23,10 +23,14 @@ import sys
 import time
 from pathlib import Path
 
+from chatpage.bench import report_single
+
 # One torch thread and the CPU-time clock (bench/common.now): on a shared 2-core machine, two
 # OpenMP threads collapse whenever another process runs, and wall times swing by 2-10x.
 DEFAULT_BENCH_ARGS = "--threads 1"
-ORDER = ("throughput", "memory", "serve", "prefix", "sharing", "kernel")
+ORDER = ("single", "quality", "ui", "throughput", "memory", "serve", "prefix", "sharing", "kernel")
+# Arguments of one benchmark only (the TUI bench: one chat, long enough to outlast the keys).
+BENCH_ARGS = {"ui": ["--sessions", "1", "--max-tokens", "1500"]}
 PLOTTED = ("throughput", "memory", "serve", "prefix", "sharing")
 
 
@@ -35,7 +39,7 @@ def command(name: str, plot_dir: Path, extra: list[str]) -> list[str]:
     cmd = [sys.executable, "-m", "chatpage.cli", "bench", name, "--json"]
     if name in PLOTTED:
         cmd += ["--plot", str(plot_dir / f"bench-{name}.png")]
-    return cmd + extra
+    return cmd + BENCH_ARGS.get(name, []) + extra
 
 
 def run_one(name: str, plot_dir: Path, extra: list[str]) -> dict:
@@ -70,6 +74,8 @@ def goals(results: dict) -> list[dict]:
     def add(bench: str, name: str, value, target: str, met: bool | None, why: str) -> None:
         rows.append({"bench": bench, "goal": name, "value": value, "target": target,
                      "met": met, "why": why})
+
+    report_single.goals(results, add)
 
     t = results.get("throughput")
     if t:
@@ -154,11 +160,11 @@ def _why_floor(t: dict) -> str:
         rest = t["batch1_step_ms"] - t["batch1_gemm_ms"]
         text += (f": its matmuls alone {t['batch1_gemm_ms']:.1f} ms (they stream the weights at "
                  f"{t['batch1_gemm_read_gb_s']:.1f} GB/s, MKL's best path for one row), the other "
-                 f"{rest:.1f} ms are ~1,300 small per-layer ops (norms, RoPE, attention, residual "
-                 "adds) at a few microseconds each")
+                 f"{rest:.1f} ms are attention, the fused norm/RoPE/SwiGLU ops, sampling and the "
+                 "engine's Python")
         if t["batch1_floor_ratio"] > 1.3:
-            text += ("; a native one-row matrix-vector kernel and fused norm/RoPE kernels would "
-                     "be needed to close the rest")
+            text += ("; an fp32 one-row matrix-vector kernel reading at the floor's rate would be "
+                     "needed to close the rest (the lower weight formats are the faster step)")
     return text
 
 
@@ -220,6 +226,8 @@ def _section(name: str, entry: dict, report_dir: Path) -> list[str]:
 
 
 def _figures(name: str, r: dict) -> list[str]:
+    if name in ("single", "quality", "ui"):
+        return report_single.figures(name, r, _table)
     if name == "throughput":
         rows = [["chatpage", r["chatpage_tok_s"], r["chatpage_mean_batch"]],
                 [f"transformers generate, batch {r['hf_batch']}", r["hf_tok_s"], r["hf_batch"]]]
@@ -228,6 +236,8 @@ def _figures(name: str, r: dict) -> list[str]:
                 state = (f"{c['tok_s']:.1f}" if c.get("tok_s") else
                          f"abandoned after {c['abandoned_after_s']:.0f} s (slower)")
                 rows.append([f"transformers, batch {c['batch']}", state, c["batch"]])
+        rows[1:1] = [[f"chatpage, {f['weights']} weights", f["tok_s"], f["mean_batch"]]
+                     for f in r.get("formats", []) if f["weights"] != "fp32"]
         if "llamacpp_batched_tok_s" in r:
             rows.append(["llama.cpp serial", r["llamacpp_serial_tok_s"], 1])
             rows.append(["llama.cpp batched", r["llamacpp_batched_tok_s"], r["requests"]])
@@ -235,7 +245,9 @@ def _figures(name: str, r: dict) -> list[str]:
                f"{r['mean_input']}, mean output {r['mean_output']}, longest {r['longest']}), "
                f"{r['threads']} thread{'s' if r['threads'] != 1 else ''}, fp32, EOS ignored.", "",
                _table(["system", "useful output tok/s", "batch"], rows), "",
-               f"Ratio: **{r['ratio']:.2f}x**."]
+               f"Ratio: **{r['ratio']:.2f}x**"
+               + (f" in fp32, **{r['best_ratio']:.2f}x** in {r['best_weights']}."
+                  if "best_ratio" in r else ".")]
         if "gemm_bound_tok_s" in r:
             out += ["", _table(["roofline", "value"], [
                 [f"GEMM bound at batch {r['roofline_batch']} (tok/s)", r["gemm_bound_tok_s"]],
@@ -325,7 +337,8 @@ def render(runs: dict, report: Path, machine: str, total_s: float, bench_args: s
     lines = ["# Benchmarks", "",
              "Written by `make bench` (`python -m chatpage.bench.report docs/benchmarks.md`); "
              "every figure below comes from the JSON each command printed, on the default model "
-             "(SmolLM2-135M-Instruct, fp32).", "",
+             "(SmolLM2-135M-Instruct), in fp32 weights unless a row names a weight format "
+             "(`--weights`: bf16, int8, int4; the app's default is int4).", "",
              f"Machine: {machine}. The benchmarks took {total_s / 60:.1f} min in all.", "",
              _setting(bench_args), "", "## Goals", ""]
     rows = [[g["bench"], g["goal"], g["value"], g["target"],

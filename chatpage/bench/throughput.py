@@ -85,15 +85,15 @@ def decode_step_ms(eng, concurrency: int, prompt_len: int, new_tokens: int) -> f
 # -- roofline ----------------------------------------------------------------------------------
 def gemm_step_s(model, batch: int, repeats: int = 5) -> float:
     """Median time of one step's matmuls alone at ``batch`` rows: the model's own weights through
-    the model's own matmul (``LlamaModel._linear``: ``F.linear``, or W @ x.T for a few rows)."""
-    weights = [w for layer in model.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-    inputs = {w.shape[1]: torch.randn(batch, w.shape[1], dtype=w.dtype) for w in weights}
-    last = torch.randn(batch, model.lm_head.shape[1], dtype=model.lm_head.dtype)
+    the model's own matmuls in its weight format (``chatpage.engine.weights.Linear``)."""
+    linears = [f for layer in model.layers for f in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+    linears.append(model.lm_head)
+    inputs = {f.in_features: torch.randn(batch, f.in_features, dtype=model.mm_dtype)
+              for f in linears}
 
     def step() -> None:
-        for w in weights:
-            model._linear(inputs[w.shape[1]], w)
-        model._linear(last, model.lm_head)
+        for f in linears:
+            f(inputs[f.in_features])
 
     with torch.inference_mode():
         return common.median_s(step, repeats=repeats, warmup=1)
@@ -242,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-roofline", action="store_true", help="skip the roofline measurements")
     p.add_argument("--roofline-batch", type=int, default=ROOFLINE_BATCH,
                    help="concurrent sequences of the roofline decode (default %(default)s)")
+    p.add_argument("--weights", type=common.weight_formats, default=["bf16", "int4"],
+                   help="weight formats to run the trace in besides fp32 (default bf16,int4); "
+                        "transformers keeps fp32")
     p.add_argument("--plot", default=None, help="write a PNG bar chart here")
     p.add_argument("--peer", choices=["llamacpp"], action="append", default=[],
                    help="also run a peer engine (needs llama-cpp-python)")
@@ -263,7 +266,21 @@ def main(argv: list[str] | None = None) -> int:
     chat_tok_s = shape["output_tokens"] / mine["seconds"]
     common.say(f"chatpage: {chat_tok_s:.1f} tok/s, mean batch {mine['mean_batch']:.1f}")
 
+    formats = []
+    for fmt in [f for f in args.weights if f != "fp32"]:
+        common.say(f"chatpage {fmt}: the whole trace")
+        eng = common.engine(loaded, weight_dtype=fmt)
+        _warm_up(eng)
+        run = run_chatpage(eng, trace)
+        del eng
+        formats.append({"weights": fmt, "tok_s": shape["output_tokens"] / run["seconds"],
+                        "mean_batch": run["mean_batch"]})
+
     hf, tried = best_hf(loaded, trace, batches)
+    formats.insert(0, {"weights": "fp32", "tok_s": chat_tok_s, "mean_batch": mine["mean_batch"]})
+    for f in formats:
+        f["ratio"] = f["tok_s"] / hf["tok_s"]
+    best = max(formats, key=lambda f: f["tok_s"])
     result = {
         "benchmark": "throughput",
         "workload": "sharegpt",
@@ -280,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         "hf_batch": hf["batch"],
         "hf_candidates": tried,
         "ratio": chat_tok_s / hf["tok_s"],
+        "formats": formats,
+        "best_weights": best["weights"],
+        "best_ratio": best["ratio"],
         "goal_ratio": 8.0,
     }
     if not args.no_roofline:

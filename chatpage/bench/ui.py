@@ -3,7 +3,11 @@
 Runs the real app headless (Textual's test driver) over the real engine and reports:
 time to first paint and to model-ready (cold: empty cache dir, so the model is dequantized and
 the kernels built; cached: the usual start), keystroke-to-screen latency percentiles while
-``--sessions`` chats stream at once, and the engine's aggregate tokens/s meanwhile.
+``--sessions`` chats stream at once, and the engine's aggregate tokens/s meanwhile. With one
+session it also runs the same request on an engine of the same model and config with no UI
+(``engine_alone_tok_s``, on this thread with the engine's thread count, after the app has closed)
+against the rate inside the TUI while it only streams (``tui_tok_s``, a window with no input) and
+while keys are typed and timed (``tui_typing_tok_s``).
 """
 
 from __future__ import annotations
@@ -15,6 +19,11 @@ import statistics
 import sys
 import tempfile
 import time
+
+from chatpage.config.settings import WEIGHT_FORMATS
+
+STORY = "Write a long story about a lighthouse keeper."
+STREAM_WINDOW_S = 4.0  # streaming with no input, before the keys
 
 
 def _since_process_start() -> float:
@@ -34,11 +43,13 @@ def _percentile(values: list[float], q: float) -> float:
 async def _measure(args) -> dict:
     from textual import events
 
+    from chatpage.cli.common import engine_config
     from chatpage.config.settings import load_settings
     from chatpage.ui.app import ChatApp
 
-    settings, _ = load_settings(overrides={"model": args.model})
-    app = ChatApp(model=settings.model, settings=settings)
+    settings, _ = load_settings(overrides={"model": args.model, "weights": args.weights})
+    config = engine_config(settings, args.threads)
+    app = ChatApp(model=settings.model, config=config, settings=settings)
     async with app.run_test(headless=True, size=(160, 48)) as pilot:
         painted = asyncio.Event()
         app.call_after_refresh(painted.set)
@@ -57,15 +68,20 @@ async def _measure(args) -> dict:
         for session in list(app.chats.sessions):
             app.chat.current = session
             await app.chat.submit_prompt(f"/max {args.max_tokens}")
-            await app.chat.submit_prompt("Write a long story about a lighthouse keeper.")
+            await app.chat.submit_prompt(STORY)
         prompt = app.chat.prompt
         prompt.focus()
         await pilot.pause()
         engine = app.client.engine
-        # measure while every session decodes (persona pins and prompts prefilled first)
+        # measure while every session decodes (persona pins and prompts prefilled first: on one
+        # thread the nine personas' pins alone take seconds of prefill)
         while (app.client.stats() is None or app.client.stats().num_running < args.sessions
+               or app.client.stats().num_waiting > 0
                or engine.num_generated < 2 * args.sessions):
             await asyncio.sleep(0.1)
+        generated0, t_start = engine.num_generated, time.perf_counter()
+        await asyncio.sleep(STREAM_WINDOW_S)
+        stream_tok_s = (engine.num_generated - generated0) / (time.perf_counter() - t_start)
         generated0, t_start = engine.num_generated, time.perf_counter()
         latencies = []
         for i in range(args.keys):
@@ -80,10 +96,16 @@ async def _measure(args) -> dict:
             latencies.append((time.perf_counter() - t) * 1e3)
             if i % 10 == 9:
                 print(f"{i + 1}/{args.keys} keys", file=sys.stderr)
+            if app.client.stats().num_running < args.sessions:  # a reply ended: stop the clock
+                break
             await asyncio.sleep(0.1)
         elapsed = time.perf_counter() - t_start
         tok_s = (engine.num_generated - generated0) / elapsed
         running = app.client.stats().num_running
+        system = app.current.persona.system_prompt if args.sessions == 1 else None
+    alone = {}
+    if system is not None:
+        alone = _engine_alone(settings.model, config, system, args.max_tokens)
     return {
         "bench": "ui",
         "model": settings.model or "default",
@@ -96,7 +118,34 @@ async def _measure(args) -> dict:
         "keystroke_p50_ms": round(statistics.median(latencies), 2),
         "keystroke_p99_ms": round(_percentile(latencies, 0.99), 2),
         "aggregate_tok_s": round(tok_s, 1),
+        "weights": config.weight_dtype,
+        "threads": config.threads,
+        **({"tui_tok_s": round(stream_tok_s, 1), "tui_typing_tok_s": round(tok_s, 1), **alone,
+            "tui_vs_engine_alone": round(stream_tok_s / alone["engine_alone_tok_s"], 3),
+            "tui_typing_vs_engine_alone": round(tok_s / alone["engine_alone_tok_s"], 3),
+            "goal_tui_vs_engine_alone": 0.9} if alone else {}),
     }
+
+
+def _engine_alone(model: str | None, config, system: str, max_tokens: int) -> dict:
+    """The TUI's request again, on a fresh engine stepped here without a UI: the decode rate (wall
+    clock, from the first token to the last) the TUI is compared with."""
+    import torch
+
+    from chatpage.engine import LLMEngine, SamplingParams
+    from chatpage.engine.chat_template import render_prompt
+
+    torch.set_num_threads(config.threads)
+    engine = LLMEngine.from_pretrained(model, config, progress=lambda _m: None)
+    ids = render_prompt(engine.tokenizer, [{"role": "system", "content": system},
+                                           {"role": "user", "content": STORY}])
+    engine.add_request(ids, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    engine.step()  # the prefill
+    generated0, t0 = engine.num_generated, time.perf_counter()
+    while engine.has_unfinished():
+        engine.step()
+    return {"engine_alone_tok_s": round((engine.num_generated - generated0)
+                                        / (time.perf_counter() - t0), 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--keys", type=int, default=60, help="keystrokes to time")
     parser.add_argument("--max-tokens", type=int, default=400)
+    parser.add_argument("--weights", choices=WEIGHT_FORMATS, help="weight format (default: int4)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="engine threads (default: every core)")
     parser.add_argument("--cold", action="store_true",
                         help="start with an empty cache dir (dequantize + build kernels)")
     args = parser.parse_args(argv)

@@ -6,7 +6,13 @@ import argparse
 import queue
 import sys
 
-from chatpage.cli.common import engine_config, remote_client, settings_or_warn, size_arg
+from chatpage.cli.common import (
+    add_engine_args,
+    engine_config,
+    remote_client,
+    settings_or_warn,
+    size_arg,
+)
 from chatpage.config.personas import default_persona, find_persona, load_personas
 
 CONNECT_S = 10.0
@@ -14,6 +20,8 @@ CONNECT_S = 10.0
 
 
 def cmd_ask(args) -> int:
+    import torch
+
     from chatpage.engine import LLMEngine, SamplingParams
     from chatpage.engine.chat_template import render_prompt
 
@@ -51,7 +59,9 @@ def cmd_ask(args) -> int:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
         if settings.backend:
             return _ask_remote(settings, messages, params)
-        engine = LLMEngine.from_pretrained(settings.model, engine_config(settings))
+        config = engine_config(settings, args.threads)
+        torch.set_num_threads(config.threads)
+        engine = LLMEngine.from_pretrained(settings.model, config)
         ids = render_prompt(engine.tokenizer, messages)
         rid = engine.add_request(ids, params)
     except ValueError as e:  # bad sampling values, missing model, prompt too long, KV too small
@@ -136,6 +146,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ask.add_argument("--kv-cache", type=size_arg, metavar="SIZE", help="KV cache budget")
     ask.add_argument("--backend", metavar="URL",
                      help="ask an OpenAI-compatible server instead of the local engine")
+    add_engine_args(ask)
     ask.add_argument("--max-tokens", type=int)
     ask.add_argument("--temperature", type=float,
                      help="default 0 (greedy); with --n, the persona's temperature")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from chatpage.config.settings import load_settings, parse_size
+from chatpage.config.settings import WEIGHT_FORMATS, load_settings, parse_size
 
 
 def size_arg(value: str) -> int:
@@ -15,16 +15,32 @@ def size_arg(value: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def engine_config(settings):
+def threads_arg(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"invalid thread count {value!r}: use a whole number >= 1")
+    return int(value)
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """The engine flags of the TUI and `ask`: --weights and --threads."""
+    parser.add_argument("--weights", choices=WEIGHT_FORMATS,
+                        help="storage of the model's weights (default: int4, or config.yaml)")
+    parser.add_argument("--threads", type=threads_arg, metavar="N",
+                        help="torch threads for the engine (default: every core)")
+
+
+def engine_config(settings, threads: int | None = None):
     from chatpage.engine import EngineConfig
 
-    return EngineConfig(kv_cache_bytes=settings.kv_cache, block_size=settings.block_size)
+    return EngineConfig(kv_cache_bytes=settings.kv_cache, block_size=settings.block_size,
+                        weight_dtype=settings.weights, num_threads=threads)
 
 
 def load_with_overrides(args):
     return load_settings(overrides={
         "model": getattr(args, "model", None), "kv_cache": getattr(args, "kv_cache", None),
         "backend": getattr(args, "backend", None),
+        "weights": getattr(args, "weights", None),
     })
 
 

@@ -7,7 +7,13 @@ import sys
 
 from chatpage.cli import ask, bench, serve
 from chatpage.cli import history as history_cli
-from chatpage.cli.common import engine_config, load_with_overrides, remote_client, size_arg
+from chatpage.cli.common import (
+    add_engine_args,
+    engine_config,
+    load_with_overrides,
+    remote_client,
+    size_arg,
+)
 from chatpage.config.personas import load_personas
 
 
@@ -17,7 +23,7 @@ def cmd_tui(args) -> int:
 
     settings, warnings = load_with_overrides(args)  # shown as notices inside the app
     client = remote_client(settings) if settings.backend else None
-    ChatApp(model=settings.model, config=engine_config(settings), settings=settings,
+    ChatApp(model=settings.model, config=engine_config(settings, args.threads), settings=settings,
             warnings=warnings, client=client).run()
     return 0
 
@@ -43,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--backend", metavar="URL",
                         help="use an OpenAI-compatible server (vLLM, SGLang, llama-server, "
                              "chatpage serve) instead of the local engine")
+    add_engine_args(parser)
     parser.set_defaults(func=cmd_tui)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 

@@ -18,6 +18,10 @@ from chatpage.config.paths import config_dir
 SOURCE_DEFAULT = "default"
 SOURCE_CLI = "command line"
 BLOCK_SIZES = (8, 16, 32)
+# The engine's weight formats (chatpage/engine/weights.py; kept here so settings need no torch).
+# The default is the fastest whose quality holds (`chatpage bench single` / `bench quality`).
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
+DEFAULT_WEIGHTS = "int4"
 
 _UNITS = {
     "": 1, "b": 1,
@@ -67,6 +71,7 @@ class Settings:
     model: str | None = None
     kv_cache: int = 512 << 20
     block_size: int = 16
+    weights: str = DEFAULT_WEIGHTS
     default_persona: str = "assistant"
     theme: str = "chatpage"
     bindings: Mapping[str, str] = field(default_factory=dict)
@@ -74,8 +79,8 @@ class Settings:
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
 
-SETTING_KEYS = ("model", "kv_cache", "block_size", "default_persona", "theme", "bindings",
-                "backend")
+SETTING_KEYS = ("model", "kv_cache", "block_size", "weights", "default_persona", "theme",
+                "bindings", "backend")
 
 
 def _model(value: Any) -> str | None:
@@ -113,6 +118,12 @@ def _block_size(value: Any) -> int:
     return int(value)
 
 
+def _weights(value: Any) -> str:
+    if value not in WEIGHT_FORMATS:
+        raise ValueError(" or ".join(WEIGHT_FORMATS))
+    return value
+
+
 def _name(value: Any) -> str:
     if not isinstance(value, str) or not value.strip() or "\n" in value:
         raise ValueError("a non-empty name on one line")
@@ -142,6 +153,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "model": _model,
     "kv_cache": _kv_cache,
     "block_size": _block_size,
+    "weights": _weights,
     "default_persona": _name,
     "theme": _name,
     "backend": _backend,

@@ -138,6 +138,7 @@ class EngineClient:
         self._on_status(msg)
 
     def _run(self) -> None:
+        torch.set_num_threads(self.config.threads)  # this thread's own count (the UI has its own)
         try:
             t0 = time.perf_counter()
             engine = LLMEngine.from_pretrained(self.model, self.config, progress=self._status)

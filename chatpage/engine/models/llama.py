@@ -1,8 +1,11 @@
 """Llama-family forward pass over the paged KV cache (Llama, Mistral, Qwen2, SmolLM).
 
-Weights come from the HF checkpoint; the forward is ours: embeddings, RMSNorm, RoPE from the
-config's rope parameters, fused QKV (with Qwen2's bias), GQA paged attention, fused SwiGLU MLP, and
-the lm_head (tied or not) applied only to the rows that need logits.
+Weights come from the HF checkpoint, stored in a weight format (``engine/weights.py``); the forward
+is ours: embeddings, RMSNorm, RoPE from the config's rope parameters, fused QKV (with Qwen2's bias),
+GQA paged attention, fused SwiGLU MLP, and the lm_head (tied or not) applied only to the rows that
+need logits. A layer is its four matmuls, the two attention ops and three fused ops
+(``engine/fused.py``: residual add + RMSNorm twice, RoPE + QKV split, SwiGLU), into buffers
+allocated once per step; the residual add of each sublayer happens inside the next norm.
 """
 
 from __future__ import annotations
@@ -14,14 +17,19 @@ import torch.nn.functional as F
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from chatpage.engine import attention
+from chatpage.engine import fused as fused_ops
+from chatpage.engine.weights import (
+    Linear,
+    check_format,
+    fuse_state,
+    make_linear,
+    matmul_dtype,
+    pack_state,
+    state_format,
+    step_bytes,
+)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-
-# Up to this many rows, the CPU matmuls run as W @ x.T (one row padded to two): MKL's paths for
-# x @ W.T with 1-3 rows (a GEMV, or a slow small-M GEMM) read the weights at about half the speed.
-# Measured on the default model, 1 thread: the step's matmuls at 1 row 45 -> 29 ms, 2 rows
-# 79 -> 28 ms, 4 rows 63 -> 46 ms; from about 8 rows on, x @ W.T is as fast or faster.
-SMALL_BATCH_ROWS = 4
 
 
 @dataclass
@@ -37,12 +45,11 @@ class AttentionMetadata:
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: torch.Tensor  # [(Hq + 2 Hkv) * D, H]
-    qkv_bias: torch.Tensor | None
-    o: torch.Tensor
+    qkv: Linear  # [T, H] -> [T, (Hq + 2 Hkv) * D], Qwen2's bias included
+    o: Linear
     post_norm: torch.Tensor
-    gate_up: torch.Tensor  # [2 I, H]
-    down: torch.Tensor
+    gate_up: Linear  # [T, H] -> [T, 2 I]
+    down: Linear
 
 
 def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
@@ -62,7 +69,10 @@ def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
 class LlamaModel:
     """The decoder stack with weights as plain tensors; ``forward`` runs one engine step."""
 
-    def __init__(self, config, state: dict[str, torch.Tensor], dtype: torch.dtype, device: str):
+    def __init__(self, config, state: dict[str, torch.Tensor], dtype: torch.dtype, device: str,
+                 weights: str = "fp32"):
+        """``state``: HF-named fp32 tensors (fused and packed here, consumed) or a state already
+        packed by :func:`chatpage.engine.weights.pack_state` (a cached start) in ``weights``."""
         self.config = config
         self.num_layers = config.num_hidden_layers
         self.hidden = config.hidden_size
@@ -73,33 +83,36 @@ class LlamaModel:
         self.scale = self.head_dim**-0.5
         self.dtype = dtype
         self.device = torch.device(device)
-        self._small_rows = SMALL_BATCH_ROWS if self.device.type == "cpu" else 0
+        self.weights = check_format(weights)
+        self.mm_dtype = matmul_dtype(weights, dtype)
+        if weights != "fp32" and self.device.type != "cpu":
+            raise ValueError(f"weights {weights!r} run on the CPU only; use fp32 on {device}")
+        found = state_format(state)
+        if found is None:
+            state = pack_state(config, fuse_state(config, state), weights, dtype)
+        elif found != weights:
+            raise ValueError(f"the given state is packed as {found}, not {weights}")
+        self.weight_bytes = step_bytes(config, state)
 
-        def w(name: str) -> torch.Tensor:
-            return state.pop(name).to(device=self.device, dtype=dtype).contiguous()
+        def t(name: str) -> torch.Tensor:
+            return state[name].to(device=self.device, dtype=dtype).contiguous()
 
-        self.embed = w("model.embed_tokens.weight")
-        self.layers: list[LayerWeights] = []
-        for i in range(self.num_layers):
-            p = f"model.layers.{i}."
-            qkv = torch.cat([w(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
-            bias = None
-            if p + "self_attn.q_proj.bias" in state:
-                bias = torch.cat([w(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
-            gate_up = torch.cat([w(p + "mlp.gate_proj.weight"), w(p + "mlp.up_proj.weight")])
-            self.layers.append(
-                LayerWeights(
-                    input_norm=w(p + "input_layernorm.weight"),
-                    qkv=qkv,
-                    qkv_bias=bias,
-                    o=w(p + "self_attn.o_proj.weight"),
-                    post_norm=w(p + "post_attention_layernorm.weight"),
-                    gate_up=gate_up,
-                    down=w(p + "mlp.down_proj.weight"),
-                )
+        self.embed = t("embed.weight")
+        self.layers = [
+            LayerWeights(
+                input_norm=t(f"layers.{i}.input_norm"),
+                qkv=make_linear(state, f"layers.{i}.qkv", self.device),
+                o=make_linear(state, f"layers.{i}.o", self.device),
+                post_norm=t(f"layers.{i}.post_norm"),
+                gate_up=make_linear(state, f"layers.{i}.gate_up", self.device),
+                down=make_linear(state, f"layers.{i}.down", self.device),
             )
-        self.norm = w("model.norm.weight")
-        self.lm_head = w("lm_head.weight") if "lm_head.weight" in state else self.embed
+            for i in range(self.num_layers)
+        ]
+        self.norm = t("norm")
+        tied = not any(k.startswith("lm_head.") for k in state)
+        self.lm_head = make_linear(state, "embed" if tied else "lm_head", self.device)
+        state.clear()
 
         inv_freq, scaling = rope_inv_freq(config)
         self.max_positions = config.max_position_embeddings
@@ -108,38 +121,8 @@ class LlamaModel:
         emb = torch.cat([freqs, freqs], dim=-1)
         self.cos = (emb.cos() * scaling).to(self.device, dtype)
         self.sin = (emb.sin() * scaling).to(self.device, dtype)
-
-    @property
-    def weight_bytes(self) -> int:
-        tensors = [self.embed, self.norm, self.cos, self.sin]
-        if self.lm_head is not self.embed:
-            tensors.append(self.lm_head)
-        for layer in self.layers:
-            tensors += [t for t in vars(layer).values() if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
-
-    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * xf.to(x.dtype)
-
-    def _linear(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None
-                ) -> torch.Tensor:
-        """``F.linear(x, w, bias)``, through W @ x.T for the few rows of a small batch on CPU."""
-        n = x.shape[0]
-        if not 0 < n <= self._small_rows:
-            return F.linear(x, w, bias)
-        rows = torch.cat([x, x]) if n == 1 else x
-        y = torch.mm(w, rows.t())[:, :n].t()
-        if bias is not None:
-            y = y + bias
-        return y.contiguous()
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        self.intermediate = self.layers[0].down.in_features
+        self.fused = fused_ops.for_model(self.device, dtype)
 
     def forward(
         self,
@@ -153,26 +136,26 @@ class LlamaModel:
         """Run the flat batch ``input_ids`` [T]; return logits [len(logit_rows), vocab]."""
         T = input_ids.shape[0]
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        q_size, kv_size = hq * d, hkv * d
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        h = F.embedding(input_ids, self.embed)
-        attn_out = torch.empty(T, hq, d, dtype=self.dtype, device=self.device)
+        fused, eps, dev = self.fused, self.eps, self.device
+        h = F.embedding(input_ids, self.embed)  # the residual stream, updated in place
+        x = torch.empty(T, self.hidden, dtype=self.mm_dtype, device=dev)
+        q = torch.empty(T, hq, d, dtype=self.dtype, device=dev)
+        k = torch.empty(T, hkv, d, dtype=self.dtype, device=dev)
+        v = torch.empty(T, hkv, d, dtype=self.dtype, device=dev)
+        act = torch.empty(T, self.intermediate, dtype=self.mm_dtype, device=dev)
+        attn_out = torch.empty(T, hq, d, dtype=self.dtype, device=dev)
+        attn_flat = attn_out.view(T, hq * d)
+        delta = None  # the previous layer's MLP output, added by the next norm
         for i, layer in enumerate(self.layers):
-            x = self._rms_norm(h, layer.input_norm)
-            qkv = self._linear(x, layer.qkv, layer.qkv_bias)
-            # RoPE on the query and key heads in one pass; q and k are views of its result
-            qk = self._rotate(qkv[:, : q_size + kv_size].view(T, hq + hkv, d), cos, sin)
-            q, k = qk[:, :hq], qk[:, hq:]
-            v = qkv[:, q_size + kv_size :].view(T, hkv, d)
+            fused.add_rms_norm(h, delta, layer.input_norm, eps, x)
+            fused.rope_qkv(layer.qkv(x), positions, self.cos, self.sin, q, k, v)
             attention.write_kv(k, v, k_caches[i], v_caches[i], meta.slot_mapping)
             attention.paged_attention(
                 attn_out, q, k_caches[i], v_caches[i], meta.block_tables, meta.seq_lens,
                 meta.query_start_loc, self.scale,
             )
-            h = h + self._linear(attn_out.view(T, q_size), layer.o)
-            x = self._rms_norm(h, layer.post_norm)
-            gate, up = self._linear(x, layer.gate_up).chunk(2, dim=-1)
-            h = h + self._linear(F.silu(gate) * up, layer.down)
-        last = self._rms_norm(h[logit_rows], self.norm)
-        return self._linear(last, self.lm_head).float()
+            fused.add_rms_norm(h, layer.o(attn_flat.to(self.mm_dtype)), layer.post_norm, eps, x)
+            fused.silu_mul(layer.gate_up(x), act)
+            delta = layer.down(act)
+        fused.add_rms_norm(h, delta, self.norm, eps, x)
+        return self.lm_head(x[logit_rows]).float()

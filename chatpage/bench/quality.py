@@ -1,0 +1,110 @@
+"""`chatpage bench quality`: what each weight format costs in quality, against fp32.
+
+For every format (``engine/weights.py``): the perplexity of the model on a fixed English text
+shipped in the repo (``bench/data/quality.txt``, ~1,000 tokens, scored in one pass), its relative
+change against fp32, and greedy agreement over 256 tokens: fp32 writes a greedy continuation of a
+fixed chat prompt (EOS ignored); ``greedy_agreement`` is the fraction of those positions where the
+format's own top-1 token, given the same prefix, is fp32's, and ``greedy_prefix_tokens`` how many
+tokens the format's free-running greedy output shares with fp32's from the start.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from chatpage.bench import common
+from chatpage.engine import LLMEngine, SamplingParams
+from chatpage.engine.chat_template import render_prompt
+from chatpage.engine.models.llama import AttentionMetadata
+from chatpage.engine.weights import WEIGHT_FORMATS
+
+TEXT = Path(__file__).resolve().parent / "data" / "quality.txt"
+GREEDY_TOKENS = 256
+PROMPT = "Explain, step by step, how a bridge is built across a wide river."
+# Goals of issue 11 on the perplexity change against fp32.
+GOAL_PPL_DELTA = {"bf16": 0.02, "int8": 0.02, "int4": 0.06}
+
+
+@torch.inference_mode()
+def all_logits(eng: LLMEngine, ids: list[int]) -> torch.Tensor:
+    """Logits [len(ids), vocab] of every position of ``ids`` run as one fresh sequence on ``eng``'s
+    model, over the first blocks of its (otherwise idle) KV pool."""
+    n, bs = len(ids), eng.config.block_size
+    blocks = math.ceil(n / bs)
+    if blocks > eng.kv.k[0].shape[0]:
+        raise ValueError(f"{n} tokens need {blocks} KV blocks; the pool has {eng.kv.k[0].shape[0]}")
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(n),
+        block_tables=torch.arange(blocks, dtype=torch.int32).unsqueeze(0),
+        seq_lens=torch.tensor([n], dtype=torch.int32),
+        query_start_loc=torch.tensor([0, n], dtype=torch.int32),
+    )
+    return eng.model.forward(torch.tensor(ids), torch.arange(n), meta, eng.kv.k, eng.kv.v,
+                             torch.arange(n))
+
+
+def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
+    """exp of the mean negative log-likelihood of ``ids[1:]`` under ``logits[:-1]``."""
+    return math.exp(F.cross_entropy(logits[:-1], torch.tensor(ids[1:])).item())
+
+
+def greedy(eng: LLMEngine, prompt: list[int], tokens: int) -> list[int]:
+    """``tokens`` greedy tokens after ``prompt`` (EOS ignored)."""
+    rid = eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=tokens,
+                                                 ignore_eos=True))
+    out = None
+    while eng.has_unfinished():
+        for o in eng.step():
+            if o.request_id == rid and o.finished:
+                out = o
+    return list(out.outputs[0].token_ids)
+
+
+def evaluate(eng: LLMEngine, text_ids: list[int], prompt: list[int], reference: list[int]) -> dict:
+    """Perplexity on the text and agreement with fp32's greedy ``reference`` after ``prompt``."""
+    ppl = perplexity(all_logits(eng, text_ids), text_ids)
+    forced = all_logits(eng, prompt + reference)[len(prompt) - 1 : -1].argmax(-1)
+    agreement = (forced == torch.tensor(reference)).float().mean().item()
+    own = greedy(eng, prompt, len(reference))
+    same = next((i for i, (a, b) in enumerate(zip(own, reference, strict=True)) if a != b),
+                len(reference))
+    return {"perplexity": ppl, "greedy_agreement": agreement, "greedy_prefix_tokens": same,
+            "weight_bytes": eng.model.weight_bytes}
+
+
+def run(args) -> dict:
+    loaded = common.load(args.model)
+    text_ids = loaded.tokenizer.encode(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)
+    prompt = render_prompt(loaded.tokenizer, [{"role": "user", "content": PROMPT}])
+    formats = [f for f in WEIGHT_FORMATS if f in args.weights]
+    rows, reference, base = [], None, None
+    for fmt in ["fp32"] + [f for f in formats if f != "fp32"]:
+        common.say(f"quality: {fmt}")
+        eng = common.engine(loaded, weight_dtype=fmt)
+        if reference is None:
+            reference = greedy(eng, prompt, GREEDY_TOKENS)
+        row = {"weights": fmt, **evaluate(eng, text_ids, prompt, reference)}
+        base = base or row["perplexity"]
+        row["perplexity_delta"] = row["perplexity"] / base - 1
+        goal = GOAL_PPL_DELTA.get(fmt)
+        row["goal_perplexity_delta"] = goal
+        row["met"] = None if goal is None else row["perplexity_delta"] <= goal
+        rows.append(row)
+    return {"benchmark": "quality", **common.model_info(loaded), "text": TEXT.name,
+            "text_tokens": len(text_ids), "greedy_tokens": GREEDY_TOKENS, "formats": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = common.parser("quality", __doc__.splitlines()[0], default_scale=1.0)
+    p.add_argument("--weights", type=common.weight_formats, default=list(WEIGHT_FORMATS),
+                   help="comma-separated formats to compare with fp32 (default: all)")
+    args = common.parse(p, argv)
+    return common.emit(common.round_floats(run(args)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

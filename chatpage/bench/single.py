@@ -1,0 +1,108 @@
+"""`chatpage bench single`: one chat at batch 1, in every weight format, against llama.cpp.
+
+For each format (``engine/weights.py``): time to the first token of a ``--prompt-tokens`` prompt,
+then the median decode step over ``--new-tokens`` greedy tokens (EOS ignored), the bytes of
+weights one step reads, and that step against the weight-read floor (those bytes at the memory
+read rate a plain reduction reaches with the run's threads) and against its matmuls alone.
+llama.cpp (llama-cpp-python, when installed) decodes the same prompt ids from the same GGUF, with
+the same threads and clock, in the same run.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from chatpage.bench import common
+from chatpage.bench.throughput import _gguf, gemm_step_s, read_bandwidth
+from chatpage.engine import SamplingParams
+from chatpage.engine.weights import WEIGHT_FORMATS
+
+PROMPT_TOKENS = 128
+NEW_TOKENS = 128
+GOAL_TOK_S = 80.0
+GOAL_RATIO_VS_LLAMACPP = 1.0
+GOAL_FP32_FLOOR_RATIO = 1.3
+
+
+def prompt_ids(tokenizer, n: int) -> list[int]:
+    """The first ``n`` tokens of the quality text (real text, fixed)."""
+    from chatpage.bench.quality import TEXT
+
+    ids = tokenizer.encode(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)
+    return ids[:n]
+
+
+def measure(eng, prompt: list[int], new_tokens: int) -> dict:
+    """TTFT and median decode step of one greedy request alone on ``eng``."""
+    eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True))
+    times = []
+    while eng.has_unfinished():
+        t0 = common.now()
+        eng.step()
+        times.append(common.now() - t0)
+    step = statistics.median(times[1:])
+    return {"ttft_ms": times[0] * 1e3, "step_ms": step * 1e3, "decode_tok_s": 1 / step}
+
+
+def run(args) -> dict:
+    loaded = common.load(args.model)
+    prompt = prompt_ids(loaded.tokenizer, args.prompt_tokens)
+    threads = common.model_info(loaded)["threads"]
+    bandwidth = read_bandwidth()
+    peer: dict = {}
+    gguf = _gguf(args.model)
+    from chatpage.bench import peers
+
+    if not peers.llamacpp_available():
+        peer = {"llamacpp_error": "llama_cpp is not importable (make bench-peers builds it)"}
+    elif gguf is None:
+        peer = {"llamacpp_error": "llama.cpp needs a .gguf model (the default model or X.gguf)"}
+    else:
+        common.say("llama.cpp: batch 1")
+        peer = peers.llamacpp_single(gguf, prompt, args.new_tokens)
+    rows = []
+    for fmt in args.weights:
+        common.say(f"chatpage: {fmt}")
+        eng = common.engine(loaded, weight_dtype=fmt)
+        measure(eng, prompt[:16], 8)  # warm-up: kernels, allocator, every path once
+        best = max((measure(eng, prompt, args.new_tokens) for _ in range(args.repeats)),
+                   key=lambda r: r["decode_tok_s"])
+        weight_bytes = eng.model.weight_bytes
+        floor_ms = weight_bytes / bandwidth * 1e3
+        row = {"weights": fmt, "threads": threads, "prompt_tokens": len(prompt), **best,
+               "matmul_ms": gemm_step_s(eng.model, 1) * 1e3, "weight_bytes": weight_bytes,
+               "read_bandwidth_gb_s": bandwidth / 1e9, "floor_ms": floor_ms,
+               "floor_ratio": best["step_ms"] / floor_ms,
+               "llamacpp_tok_s": peer.get("llamacpp_tok_s")}
+        row["ratio_vs_llamacpp"] = (best["decode_tok_s"] / row["llamacpp_tok_s"]
+                                    if row["llamacpp_tok_s"] else None)
+        rows.append(row)
+        del eng
+    best_row = max(rows, key=lambda r: r["decode_tok_s"])
+    fp32 = next((r for r in rows if r["weights"] == "fp32"), None)
+    return {
+        "benchmark": "single", **common.model_info(loaded), "prompt_tokens": len(prompt),
+        "new_tokens": args.new_tokens, "results": rows, **peer,
+        "best_weights": best_row["weights"], "best_decode_tok_s": best_row["decode_tok_s"],
+        "best_ratio_vs_llamacpp": best_row["ratio_vs_llamacpp"],
+        "fp32_floor_ratio": fp32["floor_ratio"] if fp32 else None,
+        "goals": {"decode_tok_s": GOAL_TOK_S, "ratio_vs_llamacpp": GOAL_RATIO_VS_LLAMACPP,
+                  "fp32_floor_ratio": GOAL_FP32_FLOOR_RATIO},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = common.parser("single", __doc__.splitlines()[0], default_scale=1.0)
+    p.add_argument("--weights", type=common.weight_formats, default=list(WEIGHT_FORMATS),
+                   help="comma-separated weight formats (default: all)")
+    p.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
+    p.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
+    p.add_argument("--repeats", type=int, default=2, help="runs per format; the fastest counts")
+    args = common.parse(p, argv)
+    if not 1 <= args.prompt_tokens <= 900 or args.new_tokens < 2:
+        p.error("--prompt-tokens must be in [1, 900] and --new-tokens >= 2")
+    return common.emit(common.round_floats(run(args)))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

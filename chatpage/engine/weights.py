@@ -1,0 +1,223 @@
+"""Weight formats of the model's matmuls: fp32, bf16, int8 (per row) and int4 (groups of 32, with
+the lm_head in int8: the default GGUF's own Q4_1 layers and Q8_0 output, re-encoded).
+
+A checkpoint's state (HF names) is first fused into the model's own layout (:func:`fuse_state`:
+one QKV and one gate+up matrix per layer), then each matmul weight is stored in the chosen format
+(:func:`pack_state`). The packed state is a flat ``dict[str, Tensor]`` that safetensors can cache
+and that :func:`make_linear` turns back into callables, so a cached start reads it as it is.
+
+Every format runs on one of torch's own CPU paths, picked by measuring at the default model's
+shapes (docs/benchmarks.md, ``chatpage bench single``): bf16 ``F.linear`` (AVX-512 BF16),
+``aten._weight_int8pack_mm`` and ``aten._weight_int4pack_mm_for_cpu``. The quantized paths take
+bf16 activations (with fp32 ones they are 10-20x slower), so a quantized model's matmul inputs
+are bf16 while the residual stream, norms, RoPE, attention and the KV cache keep the engine dtype.
+Measured at batch 1 on 1 thread (AVX-512 BF16/VNNI EPYC), the step's matmuls alone: fp32 28 ms,
+bf16 21, int8 10, int4 6.8 (``matmul_ms`` of ``chatpage bench single``); torch's int8/int4 kernels
+read 13-14 GB/s against ~30-38 GB/s for a plain reduction, a native GEMV could still gain there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
+INT4_GROUP = 32
+
+# The model's matmuls per layer (fused) and the lm_head, in the packed state's names.
+LAYER_LINEARS = ("qkv", "o", "gate_up", "down")
+
+# Up to this many rows, fp32 CPU matmuls run as W @ x.T (one row padded to two): MKL's paths for
+# x @ W.T with 1-3 rows (a GEMV, or a slow small-M GEMM) read the weights at about half the speed.
+# Measured on the default model, 1 thread: the step's matmuls at 1 row 45 -> 29 ms, 2 rows
+# 79 -> 28 ms, 4 rows 63 -> 46 ms; from about 8 rows on, x @ W.T is as fast or faster.
+SMALL_BATCH_ROWS = 4
+
+
+class Linear:
+    """One matmul of the model in its stored format: ``linear(x [T, K]) -> [T, N]``."""
+
+    __slots__ = ("forward", "in_features")
+
+    def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor], in_features: int) -> None:
+        self.forward = forward
+        self.in_features = in_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward(x)
+
+
+def check_format(weights: str) -> str:
+    """``weights`` if it names a format; ValueError naming the choices otherwise."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {weights!r}: use one of {', '.join(WEIGHT_FORMATS)}")
+    return weights
+
+
+def matmul_dtype(weights: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the activations fed to the matmuls: bf16 for every format but fp32."""
+    return dtype if weights == "fp32" else torch.bfloat16
+
+
+def fuse_state(config, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF-named fp32 tensors -> the model's names (``layers.{i}.qkv.weight``, ...), consuming
+    ``state``; QKV and gate+up are concatenated along the output dimension."""
+    out = {"embed.weight": state.pop("model.embed_tokens.weight"),
+           "norm": state.pop("model.norm.weight")}
+    if "lm_head.weight" in state:
+        out["lm_head.weight"] = state.pop("lm_head.weight")
+    for i in range(config.num_hidden_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        out[q + "qkv.weight"] = torch.cat([state.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
+        if p + "self_attn.q_proj.bias" in state:
+            out[q + "qkv.bias"] = torch.cat([state.pop(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
+        out[q + "o.weight"] = state.pop(p + "self_attn.o_proj.weight")
+        out[q + "gate_up.weight"] = torch.cat(
+            [state.pop(p + "mlp.gate_proj.weight"), state.pop(p + "mlp.up_proj.weight")]
+        )
+        out[q + "down.weight"] = state.pop(p + "mlp.down_proj.weight")
+        out[q + "input_norm"] = state.pop(p + "input_layernorm.weight")
+        out[q + "post_norm"] = state.pop(p + "post_attention_layernorm.weight")
+    return out
+
+
+def linear_names(config, fused: dict[str, torch.Tensor]) -> list[str]:
+    """Prefixes of every matmul weight in a fused or packed state (lm_head included when untied)."""
+    names = [f"layers.{i}.{n}" for i in range(config.num_hidden_layers) for n in LAYER_LINEARS]
+    if "lm_head.weight" in fused or "lm_head.qweight" in fused or "lm_head.packed" in fused:
+        names.append("lm_head")
+    return names
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-row int8: (qweight [N, K] int8, scales [N] bf16), w ~= q * scale."""
+    scale = (w.abs().amax(dim=1).float() / 127).clamp(min=1e-12).to(torch.bfloat16)
+    q = torch.round(w.float() / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 in groups of ``group`` inputs, packed for ``_weight_int4pack_mm_for_cpu``.
+
+    Returns (packed [N, K/2] uint8, scales_and_zeros [K/group, N, 2] bf16) with
+    w ~= (q - 8) * scale + zero. The scale and zero are rounded to bf16 before q is chosen, so the
+    rounding of the stored scale does not add to the error (a GGUF Q4_1 block comes back exactly
+    when its values span the 16 levels).
+    """
+    n, k = w.shape
+    if k % group:
+        raise ValueError(f"int4 weights need input sizes divisible by {group}, got {k}")
+    wg = w.float().view(n, k // group, group)
+    lo, hi = wg.amin(-1), wg.amax(-1)
+    scale = ((hi - lo) / 15).clamp(min=1e-8).to(torch.bfloat16)
+    zero = (lo + 8 * scale.float()).to(torch.bfloat16)
+    base = zero.float() - 8 * scale.float()
+    q = torch.round((wg - base[..., None]) / scale.float()[..., None]).clamp(0, 15)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).view(n, k), 1)
+    scales_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
+    return packed, scales_zeros
+
+
+def pack_state(config, fused: dict[str, torch.Tensor], weights: str,
+               dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Store every matmul weight of a fused state in ``weights`` (consumes ``fused``).
+
+    Embeddings, norms and biases keep ``dtype``. With tied embeddings the lm_head is packed as
+    its own copy for the quantized formats (the lookup keeps the dense table). The int4 format
+    keeps the lm_head in int8: in int4 it cost the default model 4.2% of perplexity, in int8 the
+    whole format is within 0.1% of fp32 (``chatpage bench quality``).
+    """
+    check_format(weights)
+    names = linear_names(config, fused)
+    if "lm_head.weight" not in fused and weights != "fp32":
+        fused["lm_head.weight"] = fused["embed.weight"]
+        names.append("lm_head")
+    out: dict[str, torch.Tensor] = {}
+    for name in names:
+        w = fused.pop(name + ".weight")
+        if weights == "int8" or (weights == "int4" and name == "lm_head"):
+            out[name + ".qweight"], out[name + ".scales"] = quantize_int8(w)
+        elif weights == "int4":
+            out[name + ".packed"], out[name + ".scales_zeros"] = quantize_int4(w)
+        else:
+            out[name + ".weight"] = w.to(torch.bfloat16 if weights == "bf16" else dtype).contiguous()
+    for key, t in fused.items():
+        out[key] = t.to(dtype).contiguous()
+    out["format." + weights] = torch.zeros(0)
+    return out
+
+
+def state_format(packed: dict[str, torch.Tensor]) -> str | None:
+    """The format a packed state is stored in; None for a state that is not packed."""
+    found = [f for f in WEIGHT_FORMATS if "format." + f in packed]
+    return found[0] if found else None
+
+
+def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device) -> Linear:
+    """The :class:`Linear` ``x [T, K] -> x @ W.T (+ bias)`` of the packed weight ``name``."""
+    fn, in_features = _forward(packed, name, device)
+    return Linear(fn, in_features)
+
+
+def _forward(packed: dict[str, torch.Tensor], name: str, device: torch.device
+             ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
+    bias = packed.get(name + ".bias")
+    if bias is not None:
+        bias = bias.to(device)
+    if name + ".qweight" in packed:
+        q, s = _aligned(packed[name + ".qweight"], device), _aligned(packed[name + ".scales"], device)
+        fn = lambda x: torch.ops.aten._weight_int8pack_mm(x, q, s)  # noqa: E731
+        k = q.shape[1]
+    elif name + ".packed" in packed:
+        p = _aligned(packed[name + ".packed"], device)
+        sz = _aligned(packed[name + ".scales_zeros"], device)
+        fn = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, p, INT4_GROUP, sz)  # noqa: E731
+        k = p.shape[1] * 2
+    else:
+        w = packed[name + ".weight"].to(device).contiguous()
+        bias = None if bias is None else bias.to(w.dtype)
+        small = SMALL_BATCH_ROWS if device.type == "cpu" and w.dtype == torch.float32 else 0
+        if not small:
+            return (lambda x: F.linear(x, w, bias)), w.shape[1]
+        return (lambda x: _small_batch_linear(x, w, bias, small)), w.shape[1]
+    if bias is None:
+        return fn, k
+    return (lambda x: fn(x) + bias), k
+
+
+def _aligned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` at a 64-byte aligned address: tensors read from a safetensors file can
+    start anywhere, and torch's int8 kernel segfaults on a misaligned weight from 4 rows on."""
+    t = t.to(device)
+    return t if t.data_ptr() % 64 == 0 else t.clone()
+
+
+def _small_batch_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                        small: int) -> torch.Tensor:
+    """``F.linear(x, w, bias)``, through W @ x.T for the few rows of a small batch."""
+    n = x.shape[0]
+    if not 0 < n <= small:
+        return F.linear(x, w, bias)
+    rows = torch.cat([x, x]) if n == 1 else x
+    y = torch.mm(w, rows.t())[:, :n].t()
+    if bias is not None:
+        y = y + bias
+    return y.contiguous()
+
+
+def packed_bytes(packed: dict[str, torch.Tensor]) -> int:
+    """Bytes of every tensor in a packed state."""
+    return sum(t.numel() * t.element_size() for t in packed.values())
+
+
+def step_bytes(config, packed: dict[str, torch.Tensor]) -> int:
+    """Bytes one decode step reads from a packed state: every matmul weight (the lm_head, tied or
+    not), the norms and biases; the embedding table counts only when it is the lm_head."""
+    tied = not any(k.startswith("lm_head.") for k in packed)
+    skip = () if tied else ("embed.",)
+    return sum(
+        t.numel() * t.element_size() for k, t in packed.items()
+        if not k.startswith(skip) and not k.startswith("format.")
+    )

@@ -1,0 +1,85 @@
+"""`chatpage bench single` and `chatpage bench quality` on the tiny model print the promised JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chatpage.bench import quality, single
+
+SINGLE_FIELDS = ("weights", "threads", "prompt_tokens", "decode_tok_s", "ttft_ms", "step_ms",
+                 "weight_bytes", "read_bandwidth_gb_s", "floor_ratio", "llamacpp_tok_s",
+                 "ratio_vs_llamacpp")
+
+
+def _run(module, argv, capsys) -> dict:
+    assert module.main(argv) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_single_json(tiny_llama_dir, capsys):
+    r = _run(single, ["--json", "--model", str(tiny_llama_dir), "--weights", "fp32,int4",
+                      "--prompt-tokens", "16", "--new-tokens", "4", "--repeats", "1",
+                      "--threads", "1"], capsys)
+    assert r["benchmark"] == "single" and r["prompt_tokens"] == 16
+    assert [row["weights"] for row in r["results"]] == ["fp32", "int4"]
+    for row in r["results"]:
+        assert all(f in row for f in SINGLE_FIELDS)
+        assert row["decode_tok_s"] > 0 and row["floor_ratio"] > 0
+    fp32, int4 = r["results"]
+    assert int4["weight_bytes"] < fp32["weight_bytes"] / 4
+    assert r["llamacpp_error"]  # a model directory has no GGUF for llama.cpp
+    assert r["best_weights"] in ("fp32", "int4")
+
+
+def test_single_refuses_an_unknown_format(capsys):
+    with pytest.raises(SystemExit):
+        single.main(["--weights", "fp32,int3"])
+    assert "unknown weight format(s) int3" in capsys.readouterr().err
+
+
+def test_quality_json(tiny_qwen2_dir, capsys):
+    r = _run(quality, ["--json", "--model", str(tiny_qwen2_dir), "--weights", "int8",
+                       "--threads", "1"], capsys)
+    assert r["benchmark"] == "quality" and r["text_tokens"] > 500
+    fp32, int8 = r["formats"]
+    assert fp32["weights"] == "fp32" and fp32["perplexity_delta"] == 0
+    assert fp32["greedy_agreement"] == 1 and fp32["greedy_prefix_tokens"] == r["greedy_tokens"]
+    assert int8["weights"] == "int8" and int8["perplexity"] > 1
+    assert 0.5 <= int8["greedy_agreement"] <= 1 and int8["goal_perplexity_delta"] == 0.02
+
+
+def test_report_renders_single_and_quality(tmp_path):
+    from chatpage.bench import report
+
+    row = {"weights": "int4", "threads": 1, "prompt_tokens": 128, "decode_tok_s": 100.0,
+           "step_ms": 10.0, "matmul_ms": 7.0, "ttft_ms": 30.0, "weight_bytes": 95e6,
+           "read_bandwidth_gb_s": 30.0, "floor_ms": 3.2, "floor_ratio": 3.1,
+           "llamacpp_tok_s": 125.0, "ratio_vs_llamacpp": 0.8}
+    fp32 = {**row, "weights": "fp32", "decode_tok_s": 30.0, "step_ms": 33.0, "matmul_ms": 29.0,
+            "weight_bytes": 538e6, "floor_ms": 18.0, "floor_ratio": 1.8, "ratio_vs_llamacpp": 0.24}
+    single_r = {"benchmark": "single", "threads": 1, "clock": "cpu", "prompt_tokens": 128,
+                "new_tokens": 128, "results": [fp32, row], "llamacpp_tok_s": 125.0,
+                "llamacpp_ttft_ms": 500.0, "best_weights": "int4"}
+    formats = [{"weights": "fp32", "perplexity": 24.0, "perplexity_delta": 0.0,
+                "greedy_agreement": 1.0, "greedy_prefix_tokens": 256, "weight_bytes": 538e6,
+                "goal_perplexity_delta": None, "met": None},
+               {"weights": "int4", "perplexity": 26.0, "perplexity_delta": 0.0833,
+                "greedy_agreement": 0.9, "greedy_prefix_tokens": 12, "weight_bytes": 95e6,
+                "goal_perplexity_delta": 0.06, "met": False}]
+    quality_r = {"benchmark": "quality", "text": "quality.txt", "text_tokens": 938,
+                 "greedy_tokens": 256, "formats": formats}
+    runs = {"single": {"command": "chatpage bench single --json", "seconds": 60.0,
+                       "result": single_r},
+            "quality": {"command": "chatpage bench quality --json", "seconds": 90.0,
+                        "result": quality_r}}
+    goals = {g["goal"]: g for g in report.goals({k: v["result"] for k, v in runs.items()})}
+    assert goals["decode tok/s at batch 1 (int4)"]["met"] is True
+    assert goals["int4 / llama.cpp decode tok/s, same run"]["met"] is False
+    assert goals["fp32 batch-1 step / weight-read floor"]["met"] is False
+    assert goals["int4 perplexity vs fp32"]["met"] is False
+    text = report.render(runs, tmp_path / "b.md", "test machine", 150.0, "--threads 1")
+    assert "| int4 | 100.0 | 10.00 | 7.00 |" in text
+    assert "| llama.cpp (GGUF) | 125.0 |" in text
+    assert "| int4 | 26.00 | 8.33 | 0.9 | 12 | 95.00 |" in text
