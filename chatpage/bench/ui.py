@@ -102,7 +102,7 @@ async def _measure(args) -> dict:
         elapsed = time.perf_counter() - t_start
         tok_s = (engine.num_generated - generated0) / elapsed
         running = app.client.stats().num_running
-        system = app.current.persona.system_prompt if args.sessions == 1 else None
+        system = app.chat.current.persona.system_prompt if args.sessions == 1 else None
     alone = {}
     if system is not None:
         alone = _engine_alone(settings.model, config, system, args.max_tokens)

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from chatpage.cli.common import engine_config, settings_or_warn, size_arg
+from chatpage.cli.common import add_engine_args, engine_config, settings_or_warn, size_arg
 from chatpage.config.personas import load_personas
 
 API_KEY_ENV = "CHATPAGE_API_KEY"
@@ -27,7 +27,7 @@ def cmd_serve(args) -> int:
     personas, errors = load_personas()
     for err in errors:
         print(f"chatpage: warning: {err}", file=sys.stderr)
-    client = EngineClient(settings.model, engine_config(settings))
+    client = EngineClient(settings.model, engine_config(settings, args.threads))
     client.start(lambda msg: print(f"chatpage serve: {msg}", file=sys.stderr, flush=True))
     for prompt in dict.fromkeys(p.system_prompt for p in personas):
         client.pin_system_prompt(prompt)
@@ -51,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                          f"(default: ${API_KEY_ENV}, else none)")
     serve.add_argument("--model", help="HF model directory or .gguf file")
     serve.add_argument("--kv-cache", type=size_arg, metavar="SIZE", help="KV cache budget")
+    add_engine_args(serve)
     serve.add_argument("--log-level", default="warning",
                        choices=["critical", "error", "warning", "info", "debug"])
     serve.set_defaults(func=cmd_serve)
