@@ -131,7 +131,7 @@ class SamplingParams:
              "a list of token ids >= 0"),
             ("length_penalty", _number(self.length_penalty), "a number"),
             ("logprobs", self.logprobs is None or LOGPROBS_RULE.ok(self.logprobs),
-             LOGPROBS_RULE.allowed + " (None: off)"),
+             LOGPROBS_RULE.allowed),
         ]
         for name, ok, allowed in checks:
             if not ok:
