@@ -101,8 +101,8 @@ def test_chat_top_logprobs_whole_and_streamed(api):
         assert len(t.top_logprobs) == 3 and t.bytes == list(t.token.encode())
         values = [a.logprob for a in t.top_logprobs]
         assert values == sorted(values, reverse=True) and all(v <= 0 for v in values)
-        # greedy: the sampled token is the most likely one, with the same logprob
-        assert (t.top_logprobs[0].token, t.top_logprobs[0].logprob) == (t.token, t.logprob)
+        # greedy: the sampled token is the most likely one (or tied with it)
+        assert t.top_logprobs[0].logprob == t.logprob
     streamed = [e for c in api.chat.completions.create(**kw, stream=True)
                 if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     assert [(e.token, e.logprob, [a.token for a in e.top_logprobs]) for e in streamed] == \
@@ -119,6 +119,13 @@ def test_completions_logprobs_two_alternatives(api):
     streamed = [c.choices[0].logprobs for c in api.completions.create(**kw, stream=True)]
     assert [t for s in streamed for t in s.top_logprobs] == lp.top_logprobs
     assert [o for s in streamed for o in s.text_offset] == lp.text_offset
+    text = api.completions.create(**kw).choices[0].text
+    assert lp.text_offset == [text.index(t, o) for t, o in zip(lp.tokens, lp.text_offset,
+                                                                strict=True)]
+    by_id = api.completions.create(**kw, extra_body={"return_tokens_as_token_ids": True})
+    lp_ids = by_id.choices[0].logprobs
+    assert all(t.startswith("token_id:") for t in lp_ids.tokens)
+    assert lp_ids.text_offset == lp.text_offset and by_id.choices[0].text == text
 
 
 def test_beam_search_answers_per_beam_logprobs(url):

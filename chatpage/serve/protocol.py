@@ -1,9 +1,9 @@
 """Request bodies of the OpenAI-compatible API -> validated `ApiRequest`s (or `ApiError`s).
 
 Field names follow the OpenAI API plus vLLM's extras (``top_k``, ``use_beam_search``,
-``length_penalty``, ``ignore_eos``, ``stop_token_ids``). Unknown fields are ignored; a bad value
-is a 400 naming the field. Value ranges are `SamplingParams`' own checks, reported under the API's
-field names.
+``length_penalty``, ``ignore_eos``, ``stop_token_ids``, ``return_tokens_as_token_ids``). Unknown
+fields are ignored; a bad value is a 400 naming the field. Value ranges are `SamplingParams`' own
+checks, reported under the API's field names.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ class ApiRequest:
     stream: bool = False
     include_usage: bool = False
     continue_final_message: bool = False  # the last message, a reply, goes on (vLLM's name)
+    tokens_as_ids: bool = False  # logprobs name tokens "token_id:N" (vLLM's
+    # return_tokens_as_token_ids)
 
     @property
     def beam(self) -> bool:
@@ -196,7 +198,8 @@ def parse_request(body: Any, kind: str, defaults: dict[str, Any] | None = None) 
         raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
     include_usage = _flag(options or {}, "include_usage")
     params = _sampling(body, kind, defaults or {})
-    request = ApiRequest(kind, model, params, stream=stream, include_usage=include_usage)
+    request = ApiRequest(kind, model, params, stream=stream, include_usage=include_usage,
+                         tokens_as_ids=_flag(body, "return_tokens_as_token_ids"))
     if kind == "chat":
         request.messages = parse_messages(body.get("messages"))
         request.continue_final_message = _flag(body, "continue_final_message")

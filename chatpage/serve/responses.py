@@ -42,7 +42,7 @@ class Shaper:
         lists, whose ``top_logprobs`` dicts hold the sampled token too (as vLLM's do)."""
         if not self.stream.request.logprobs:
             return None
-        text = self.token_text
+        text = _token_id_text if self.stream.request.tokens_as_ids else self.token_text
         tokens = [text(t) for t in token_ids]
         steps = [tops[i] if i < len(tops) else {} for i in range(len(tokens))]
         if self.chat:
@@ -54,9 +54,9 @@ class Shaper:
                 for tok, lp, top in zip(tokens, logprobs, steps, strict=False)
             ]}
         offsets, at = [], offset
-        for tok in tokens:
+        for t in token_ids:  # into the text, whatever the tokens are named
             offsets.append(at)
-            at += len(tok)
+            at += len(self.token_text(t))
         top_dicts = [{**{text(t): v for t, v in top.items()}, tok: lp}
                      for tok, lp, top in zip(tokens, logprobs, steps, strict=False)]
         return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": top_dicts,
@@ -100,6 +100,11 @@ class Shaper:
 
     def usage_chunk(self) -> str:
         return _sse({**self._head(False), "choices": [], "usage": self.usage()})
+
+
+def _token_id_text(token_id: int) -> str:
+    """A token as vLLM's return_tokens_as_token_ids names it."""
+    return f"token_id:{token_id}"
 
 
 def _sse(data: dict[str, Any]) -> str:
