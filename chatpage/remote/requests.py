@@ -43,7 +43,7 @@ class Logprobs:
             return None
         if completion:
             tokens, values = raw.get("tokens") or [], raw.get("token_logprobs") or []
-            alts = [sorted(d.items(), key=lambda kv: -kv[1])[:count]
+            alts = [sorted((d or {}).items(), key=lambda kv: -kv[1])[:count]
                     for d in raw.get("top_logprobs") or [{} for _ in tokens]]
         else:
             content = raw.get("content") or []
@@ -55,9 +55,9 @@ class Logprobs:
 
 
 def _token_id(token: str) -> int | None:
-    if not token.startswith(TOKEN_ID_PREFIX):
-        return None
-    return int(token[len(TOKEN_ID_PREFIX):])
+    """The id in a "token_id:N" name; None for a token named by its text."""
+    number = token.removeprefix(TOKEN_ID_PREFIX)
+    return int(number) if number != token and number.isdigit() else None
 
 
 @dataclasses.dataclass
