@@ -96,8 +96,8 @@ class SamplingParams:
     ``n`` parallel samples share the prompt's KV blocks; ``beam_width`` > 1 turns on beam search
     (then temperature/top_k/top_p are unused). ``logprobs`` as in vLLM: None (or False) returns
     none, 0 (or True) the sampled token's log-probability per generated token, N also the N most
-    likely tokens' at each step (at most `MAX_LOGPROBS`). Invalid values raise ``ValueError``
-    naming the field.
+    likely tokens' at each step (at most `MAX_LOGPROBS`; under beam search, per beam). Invalid
+    values raise ``ValueError`` naming the field.
     """
 
     n: int = 1
