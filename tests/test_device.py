@@ -135,17 +135,17 @@ def test_the_fake_accelerator_catches_a_host_tensor(fake_accelerator):
 
 def _workload(engine: LLMEngine) -> dict[str, list[list[int]]]:
     """Prefill (chunked), decode, greedy and sampled rows, n samples (forks and copy-on-write),
-    beam search, and swapping under a small pool."""
+    beam search, top-N logprobs, and swapping under a small pool."""
     long_prompt = list(range(100, 190))
     requests = {
         "greedy": engine.add_request(long_prompt, SamplingParams(temperature=0, max_tokens=12)),
         "sampled": engine.add_request([5, 6, 7, 8, 9], SamplingParams(
-            temperature=0.8, top_k=40, top_p=0.9, seed=1, max_tokens=10)),
+            temperature=0.8, top_k=40, top_p=0.9, seed=1, max_tokens=10, logprobs=3)),
         "nucleus": engine.add_request([11, 12, 13], SamplingParams(top_p=0.5, seed=2,
                                                                    max_tokens=8)),
         "n": engine.add_request(list(range(30, 51)), SamplingParams(n=3, seed=3, max_tokens=10)),
         "beam": engine.add_request(list(range(60, 80)), SamplingParams(beam_width=3,
-                                                                       max_tokens=8)),
+                                                                       max_tokens=8, logprobs=2)),
     }
     done = {}
     for _ in range(300):
@@ -156,6 +156,9 @@ def _workload(engine: LLMEngine) -> dict[str, list[list[int]]]:
                 done[out.request_id] = out
     assert not engine.has_unfinished()
     assert all(o.error is None for o in done.values())
+    for name, count in (("sampled", 3), ("beam", 2)):
+        for c in done[requests[name]].outputs:
+            assert [len(top) for top in c.top_logprobs] == [count] * len(c.token_ids)
     return {name: [c.token_ids for c in done[rid].outputs] for name, rid in requests.items()}
 
 

@@ -19,7 +19,7 @@ from chatpage.engine.client import StreamEvent
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.remote.backend import Backend
 from chatpage.remote.client import RemoteEngineClient
-from chatpage.remote.requests import request_body, split_samples
+from chatpage.remote.requests import Logprobs, RemoteReply, request_body, split_samples
 from chatpage.remote.stats import Poller, RemoteStats
 from chatpage.ui.app import ChatApp
 
@@ -79,6 +79,27 @@ def test_samples_and_beams(client):
     events = collect(client, HI, SamplingParams(beam_width=2, max_tokens=5))
     beams = {e.index: e.text for e in events if e.finished and e.text}
     assert sorted(beams) == [0, 1] and beams[0] != beams[1]
+
+
+def test_logprobs_pass_through_by_token_id(client, tiny_llama_dir):
+    from transformers import AutoTokenizer
+
+    final = collect(client, HI, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True,
+                                               logprobs=3))[-1]
+    assert final.num_tokens == len(final.token_ids) == len(final.logprobs) == 6
+    assert AutoTokenizer.from_pretrained(tiny_llama_dir).decode(final.token_ids) == final.text
+    for tok, lp, top in zip(final.token_ids, final.logprobs, final.top_logprobs, strict=True):
+        # greedy: the sampled token is (one of, in a tie) the best of its step's 3
+        assert len(top) == 3 and top.get(tok, lp) == lp == max(top.values())
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    client.submit_prompt("Hello there", SamplingParams(max_tokens=4, temperature=0,
+                                                       ignore_eos=True, logprobs=2), events.put)
+    while not (final := events.get(timeout=60)).request_finished:
+        pass
+    assert len(final.token_ids) == 4 and [len(top) for top in final.top_logprobs] == [2] * 4
+    assert [max(top.values()) for top in final.top_logprobs] == final.logprobs  # greedy
+    plain = collect(client, HI, SamplingParams(max_tokens=3, temperature=0))[-1]
+    assert plain.logprobs is None and plain.top_logprobs is None
 
 
 def test_cancel_closes_the_stream_and_frees_the_server_blocks(client, url):
@@ -175,6 +196,30 @@ def test_bodies_name_every_field_per_backend():
     assert any("--enable-metrics" in n for n in sglang.notes())
     beam = request_body(vllm, "chat", HI, SamplingParams(beam_width=2, max_tokens=4))
     assert beam["use_beam_search"] and beam["n"] == 2 and not beam["stream"]
+    asking = SamplingParams(logprobs=2)
+    assert request_body(vllm, "completion", "x", asking)["logprobs"] == 2
+    chat = request_body(llama, "chat", HI, asking)
+    assert chat["logprobs"] is True and chat["top_logprobs"] == 2
+    assert "return_tokens_as_token_ids" not in chat  # llama-server names tokens by text only
+
+
+def test_logprobs_named_by_text_keep_the_values_only():
+    """A server without token ids: the sampled tokens' logprobs pass, alternatives cannot."""
+    raw = {"tokens": ["Hi", "!"], "token_logprobs": [-0.5, -1.0],
+           "top_logprobs": [{"Hi": -0.5, "Ho": -1.5, "He": -2.0}, {"?": -0.1, "!": -1.0}]}
+    lp = Logprobs.read(raw, True, 1)
+    assert lp.token_ids == [None, None] and lp.logprobs == [-0.5, -1.0]
+    reply_events: list[StreamEvent] = []
+    reply = RemoteReply("r", reply_events.append, time.monotonic())
+    reply.add(0, "Hi!", "stop", lp)
+    (event,) = reply_events
+    assert event.logprobs == [-0.5, -1.0] and event.num_tokens == 2
+    assert event.token_ids is None and event.top_logprobs is None
+    by_id = {"content": [{"token": "token_id:7", "logprob": -0.2,
+                          "top_logprobs": [{"token": "token_id:7", "logprob": -0.2},
+                                           {"token": "token_id:9", "logprob": -1.9}]}]}
+    lp = Logprobs.read(by_id, False, 2)
+    assert lp.token_ids == [7] and lp.top_logprobs == [{7: -0.2, 9: -1.9}]
 
 
 def test_poller_reads_vllm_sglang_and_llamacpp_names(url):

@@ -92,6 +92,53 @@ def test_chat_logprobs_per_token(api):
     assert "".join(t.token for t in content) == r.choices[0].message.content
 
 
+def test_chat_top_logprobs_whole_and_streamed(api):
+    kw = dict(model="llama", messages=HI, max_tokens=6, temperature=0, logprobs=True,
+              top_logprobs=3)
+    content = api.chat.completions.create(**kw).choices[0].logprobs.content
+    assert len(content) == 6
+    for t in content:
+        assert len(t.top_logprobs) == 3 and t.bytes == list(t.token.encode())
+        values = [a.logprob for a in t.top_logprobs]
+        assert values == sorted(values, reverse=True) and all(v <= 0 for v in values)
+        # greedy: the sampled token is the most likely one (or tied with it)
+        assert t.top_logprobs[0].logprob == t.logprob
+    streamed = [e for c in api.chat.completions.create(**kw, stream=True)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, e.logprob, [a.token for a in e.top_logprobs]) for e in streamed] == \
+        [(t.token, t.logprob, [a.token for a in t.top_logprobs]) for t in content]
+
+
+def test_completions_logprobs_two_alternatives(api):
+    kw = dict(model="llama", prompt="Hello there", max_tokens=5, temperature=0, logprobs=2)
+    lp = api.completions.create(**kw).choices[0].logprobs
+    assert len(lp.top_logprobs) == len(lp.tokens) == 5
+    for tok, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        # the top 2, the sampled token among them (greedy: first): vLLM's up-to-N+1 dict
+        assert len(top) == 2 and top[tok] == value == max(top.values())
+    streamed = [c.choices[0].logprobs for c in api.completions.create(**kw, stream=True)]
+    assert [t for s in streamed for t in s.top_logprobs] == lp.top_logprobs
+    assert [o for s in streamed for o in s.text_offset] == lp.text_offset
+    text = api.completions.create(**kw).choices[0].text
+    assert lp.text_offset == [text.index(t, o) for t, o in zip(lp.tokens, lp.text_offset,
+                                                                strict=True)]
+    by_id = api.completions.create(**kw, extra_body={"return_tokens_as_token_ids": True})
+    lp_ids = by_id.choices[0].logprobs
+    assert all(t.startswith("token_id:") for t in lp_ids.tokens)
+    assert lp_ids.text_offset == lp.text_offset and by_id.choices[0].text == text
+
+
+def test_beam_search_answers_per_beam_logprobs(url):
+    body = {"messages": HI, "max_tokens": 5, "n": 2, "use_beam_search": True, "logprobs": True,
+            "top_logprobs": 2}
+    r = post(url, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    for choice in r.json()["choices"]:
+        content = choice["logprobs"]["content"]
+        assert "".join(t["token"] for t in content) == choice["message"]["content"]
+        assert all(len(t["top_logprobs"]) == 2 for t in content)
+
+
 def test_n_samples_streamed_per_index(api):
     chunks = list(api.chat.completions.create(model="llama", messages=HI, max_tokens=6, n=3,
                                               temperature=1.0, seed=3, stream=True))
@@ -190,7 +237,10 @@ def test_cancel_mid_stream_frees_the_blocks(url):
     ({"messages": HI, "max_completion_tokens": 0}, "max_completion_tokens", ">= 1"),
     ({"messages": HI, "temperature": -1}, "temperature", ">= 0"),
     ({"messages": HI, "stop": 5}, "stop", "string"),
-    ({"messages": HI, "top_logprobs": 3, "logprobs": True}, "top_logprobs", "0"),
+    ({"messages": HI, "top_logprobs": 21, "logprobs": True}, "top_logprobs", "<= 20"),
+    ({"messages": HI, "top_logprobs": -1, "logprobs": True}, "top_logprobs", ">= 0"),
+    ({"messages": HI, "top_logprobs": True, "logprobs": True}, "top_logprobs", "integer"),
+    ({"messages": HI, "top_logprobs": 2}, "top_logprobs", "logprobs: true"),
     ({"messages": []}, "messages", "non-empty"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "one of"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
@@ -202,6 +252,13 @@ def test_invalid_values_are_400_naming_the_field(url, body, field, words):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["param"] == field and err["message"].startswith(field) and words in err["message"]
+
+
+@pytest.mark.parametrize(("value", "words"), [(21, "<= 20"), (True, "integer"), ("2", "whole")])
+def test_completions_invalid_logprobs_is_400(url, value, words):
+    r = post(url, "/v1/completions", {"prompt": "Hi", "logprobs": value})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "logprobs" and words in err["message"]
 
 
 def test_bad_json_long_prompt_unknown_model_and_unknown_fields(url):

@@ -8,7 +8,7 @@ import torch
 
 from chatpage.engine.block_manager import BlockManager
 from chatpage.engine.outputs import FinishReason
-from chatpage.engine.sampler import beam_candidates
+from chatpage.engine.sampler import beam_candidates, top_logprobs
 from chatpage.engine.sequence import BeamHypothesis, Sequence, SequenceGroup
 
 if TYPE_CHECKING:
@@ -39,8 +39,11 @@ class BeamSearch:
         seqs = [s for s, _ in seq_rows]
         rows = torch.tensor([r for _, r in seq_rows], device=logits.device)
         logprobs = torch.log_softmax(logits[rows], dim=-1)
+        # each beam's most likely next tokens, for a request that asks (per beam, as vLLM)
+        tops = top_logprobs(logprobs, list(range(len(seqs))), [p.top_logprobs] * len(seqs)) \
+            if p.top_logprobs else [None] * len(seqs)
         length = seqs[0].num_output_tokens + 1
-        chosen: list[tuple[Sequence, int, float]] = []
+        chosen: list[tuple[Sequence, int, float, dict[int, float] | None]] = []
         for rank, (b, tok, cum) in enumerate(
             beam_candidates(logprobs, [s.cumulative_logprob for s in seqs], 2 * k)
         ):
@@ -48,34 +51,33 @@ class BeamSearch:
             ends = tok in p.stop_token_ids or (tok in self.eos_ids and not p.ignore_eos)
             if ends:
                 if rank < k:
-                    self._add_hypothesis(group, parent.output_ids + [tok], cum, length,
-                                         parent.detok.text, FinishReason.STOP)
+                    self._add_hypothesis(group, parent, length, FinishReason.STOP,
+                                         (tok, cum, tops[b]))
             else:
-                chosen.append((parent, tok, cum))
+                chosen.append((parent, tok, cum, tops[b]))
             if len(chosen) == k:
                 break
         # fork the parents chosen more than once, free those not chosen, then append tokens
         uses: dict[int, int] = {}
-        placed: list[tuple[Sequence, int, float]] = []
-        for parent, tok, cum in chosen:
+        placed: list[tuple[Sequence, int, float, dict[int, float] | None]] = []
+        for parent, tok, cum, top in chosen:
             n = uses.get(parent.seq_id, 0)
             uses[parent.seq_id] = n + 1
-            placed.append((parent if n == 0 else self._fork(group, parent, 0), tok, cum))
+            placed.append((parent if n == 0 else self._fork(group, parent, 0), tok, cum, top))
         for s in seqs:
             if s.seq_id not in uses:
                 self.bm.free(s)
                 group.seqs.remove(s)
-        for seq, tok, cum in placed:
-            seq.append(tok, cum - seq.cumulative_logprob)
+        for seq, tok, cum, top in placed:
+            seq.append(tok, cum - seq.cumulative_logprob, top)
             seq.cumulative_logprob = cum
             if seq.detok.update(seq.token_ids):
-                self._add_hypothesis(group, seq.output_ids, cum, length, seq.detok.text, FinishReason.STOP)
+                self._add_hypothesis(group, seq, length, FinishReason.STOP)
                 seq.finish_reason = FinishReason.STOP
         live = [s for s in group.seqs if not s.finished]
         if live and (length >= p.max_tokens or len(live[0]) >= self.max_model_len):
             for s in live:
-                self._add_hypothesis(group, s.output_ids, s.cumulative_logprob, length,
-                                     s.detok.text, FinishReason.LENGTH)
+                self._add_hypothesis(group, s, length, FinishReason.LENGTH)
             done = True
         elif live and len(group.beam_hypotheses) >= k:
             best_live = max(self._beam_score(group, s.cumulative_logprob, length) for s in live)
@@ -88,10 +90,22 @@ class BeamSearch:
         for i, s in enumerate(sorted(live, key=lambda s: -s.cumulative_logprob)):
             s.index = i
 
-    def _add_hypothesis(self, group: SequenceGroup, token_ids: list[int], cumulative: float,
-                        length: int, text: str, reason: FinishReason) -> None:
+    def _add_hypothesis(self, group: SequenceGroup, seq: Sequence, length: int,
+                        reason: FinishReason,
+                        ending: tuple[int, float, dict[int, float] | None] | None = None) -> None:
+        """Keep ``seq`` as a finished hypothesis; ``ending``: a stop token to end it with (not
+        added to ``seq``), its new cumulative log-probability and the step's most likely tokens.
+        """
+        ids, cum = seq.output_ids, seq.cumulative_logprob
+        logprobs, tops = list(seq.logprobs), list(seq.top_logprobs)
+        if ending is not None:
+            tok, cum, top = ending
+            ids.append(tok)
+            logprobs.append(cum - seq.cumulative_logprob)
+            if top is not None:
+                tops.append(top)
         hyps = group.beam_hypotheses
-        hyps.append(BeamHypothesis(token_ids, cumulative,
-                                   self._beam_score(group, cumulative, length), text, reason))
+        hyps.append(BeamHypothesis(ids, cum, self._beam_score(group, cum, length),
+                                   seq.detok.text, reason, logprobs, tops))
         hyps.sort(key=lambda h: -h.score)
         del hyps[group.params.beam_width:]

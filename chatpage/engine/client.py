@@ -54,6 +54,8 @@ class StreamEvent:
     logprobs: list[float] | None = None  # their logprobs, when SamplingParams.logprobs is set
     num_outputs: int = 1  # outputs in the engine output this event came from (all of them once
     # request_finished: a reader knows it has every final output after that many such events)
+    top_logprobs: list[dict[int, float]] | None = None  # per token: the most likely token ids ->
+    # logprob, when SamplingParams.logprobs > 0
 
 
 EventCallback = Callable[[StreamEvent], None]
@@ -263,4 +265,5 @@ class EngineClient:
                 prompt_tokens=len(out.prompt_token_ids), prefix_hit_tokens=out.prefix_hit_tokens,
                 ttft_s=out.ttft_s, elapsed_s=elapsed, error=out.error,
                 token_ids=c.token_ids, logprobs=c.logprobs, num_outputs=len(out.outputs),
+                top_logprobs=c.top_logprobs,
             ))

@@ -225,13 +225,14 @@ class LLMEngine(BeamSearch):
             rows = [row for _, _, row in targets]
             # the usual case, one row per sequence in order, needs no copy of the logits
             same = rows == list(range(logits.shape[0]))
-            tokens, logprobs = sample(
+            tokens, logprobs, tops = sample(
                 logits if same else logits[torch.tensor(rows, device=logits.device)],
                 [g.params for g, _, _ in targets],
                 [s.generator for _, s, _ in targets],
             )
-            for (group, seq, _), tok, lp in zip(targets, tokens, logprobs, strict=True):
-                seq.append(tok, lp)
+            for (group, seq, _), tok, lp, top in zip(targets, tokens, logprobs, tops,
+                                                     strict=True):
+                seq.append(tok, lp, top)
                 self._check_stop(group, seq, tok)
                 touched[group.request_id] = group
         for group, seq_rows in beams:
@@ -286,10 +287,17 @@ class LLMEngine(BeamSearch):
         finished = group.status is GroupStatus.FINISHED
         if finished:
             self.groups.pop(group.request_id, None)
-        if group.params.use_beam_search and finished and group.beam_hypotheses:
+        p = group.params
+
+        def carried(logprobs: list[float], tops: list[dict[int, float]]) -> dict:
+            """The per-token logprobs the request asked for (copies: the engine goes on)."""
+            return {"logprobs": list(logprobs) if p.logprobs is not None else None,
+                    "top_logprobs": list(tops) if p.top_logprobs else None}
+
+        if p.use_beam_search and finished and group.beam_hypotheses:
             outputs = [
                 CompletionOutput(i, h.token_ids, h.text, h.cumulative_logprob, h.finish_reason,
-                                 score=h.score)
+                                 score=h.score, **carried(h.logprobs, h.top_logprobs))
                 for i, h in enumerate(group.beam_hypotheses)
             ]
         else:
@@ -297,9 +305,10 @@ class LLMEngine(BeamSearch):
             outputs = [
                 CompletionOutput(
                     s.index, s.output_ids, s.detok.visible(s.finished), s.cumulative_logprob,
-                    s.finish_reason, list(s.logprobs) if group.params.logprobs else None,
+                    s.finish_reason,
                     score=self._beam_score(group, s.cumulative_logprob, s.num_output_tokens)
-                    if group.params.use_beam_search else None,
+                    if p.use_beam_search else None,
+                    **carried(s.logprobs, s.top_logprobs),
                 )
                 for s in seqs
             ]

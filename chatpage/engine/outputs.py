@@ -24,8 +24,10 @@ class CompletionOutput:
     text: str
     cumulative_logprob: float
     finish_reason: FinishReason | None = None
-    logprobs: list[float] | None = None
+    logprobs: list[float] | None = None  # per token, when SamplingParams.logprobs is set
     score: float | None = None  # beam search: length-penalized score
+    top_logprobs: list[dict[int, float]] | None = None  # per token: the SamplingParams.logprobs
+    # most likely token ids -> log-probability, best first (when that is > 0)
 
 
 @dataclass

@@ -64,8 +64,9 @@ def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
-) -> tuple[list[int], list[float]]:
-    """Pick one token per row of ``logits`` [N, V]; return tokens and their log-probabilities.
+) -> tuple[list[int], list[float], list[dict[int, float] | None]]:
+    """Pick one token per row of ``logits`` [N, V]; return tokens, their log-probabilities and,
+    for the rows whose params ask for alternatives (``logprobs`` > 0), the most likely tokens'.
 
     Log-probabilities are ``log_softmax`` of the model's raw logits, whatever the sampling.
     Everything runs on the logits' device (``generators`` included); only the results come back.
@@ -77,7 +78,24 @@ def sample(
             tokens[i] = _sample_row(logits[i], p, generators[i])
     picked = torch.tensor(tokens, device=logits.device).unsqueeze(1)
     chosen = logprobs.gather(1, picked).squeeze(1).cpu().tolist()
-    return tokens, chosen
+    tops: list[dict[int, float] | None] = [None] * len(params)
+    asking = [i for i, p in enumerate(params) if p.top_logprobs]
+    if asking:
+        found = top_logprobs(logprobs, asking, [params[i].top_logprobs for i in asking])
+        for i, top in zip(asking, found, strict=True):
+            tops[i] = top
+    return tokens, chosen, tops
+
+
+def top_logprobs(logprobs: torch.Tensor, rows: list[int], counts: list[int]
+                 ) -> list[dict[int, float]]:
+    """The ``counts[j]`` most likely tokens of row ``rows[j]`` of ``logprobs`` [N, V], as
+    token id -> log-probability, best first. One top-k over those rows, on their device."""
+    if rows != list(range(logprobs.shape[0])):
+        logprobs = logprobs[torch.tensor(rows, device=logprobs.device)]
+    values, ids = torch.topk(logprobs, max(counts), dim=-1)
+    return [dict(zip(i[:k], v[:k], strict=True))
+            for i, v, k in zip(ids.cpu().tolist(), values.cpu().tolist(), counts, strict=True)]
 
 
 def beam_candidates(

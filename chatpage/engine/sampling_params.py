@@ -82,13 +82,22 @@ SAMPLING_RULES: tuple[SamplingRule, ...] = (
 )
 RULE_BY_FIELD = {rule.field: rule for rule in SAMPLING_RULES}
 
+MAX_LOGPROBS = 20
+"""The most alternatives per generated token a request may ask for (vLLM's default limit)."""
+LOGPROBS_RULE = SamplingRule("logprobs", "logprobs", int, None, 0, high=MAX_LOGPROBS)
+"""SamplingParams.logprobs once on: how many alternatives besides the sampled token (an API
+setting, not a chat one, so it is not in SAMPLING_RULES)."""
+
 
 @dataclass
 class SamplingParams:
     """Decoding settings of one request.
 
     ``n`` parallel samples share the prompt's KV blocks; ``beam_width`` > 1 turns on beam search
-    (then temperature/top_k/top_p are unused). Invalid values raise ``ValueError`` naming the field.
+    (then temperature/top_k/top_p are unused). ``logprobs`` as in vLLM: None (or False) returns
+    none, 0 (or True) the sampled token's log-probability per generated token, N also the N most
+    likely tokens' at each step (at most `MAX_LOGPROBS`; under beam search, per beam). Invalid
+    values raise ``ValueError`` naming the field.
     """
 
     n: int = 1
@@ -102,9 +111,11 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     length_penalty: float = 1.0
-    logprobs: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.logprobs, bool):  # True: the sampled token's only; False: none
+            self.logprobs = 0 if self.logprobs else None
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)
@@ -119,6 +130,8 @@ class SamplingParams:
             ("stop_token_ids", all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
              "a list of token ids >= 0"),
             ("length_penalty", _number(self.length_penalty), "a number"),
+            ("logprobs", self.logprobs is None or LOGPROBS_RULE.ok(self.logprobs),
+             LOGPROBS_RULE.allowed),
         ]
         for name, ok, allowed in checks:
             if not ok:
@@ -131,6 +144,11 @@ class SamplingParams:
     @property
     def use_beam_search(self) -> bool:
         return self.beam_width > 1
+
+    @property
+    def top_logprobs(self) -> int:
+        """How many most likely tokens to report per generated token (0: none)."""
+        return self.logprobs or 0
 
     @property
     def greedy(self) -> bool:

@@ -41,6 +41,7 @@ class Sequence:
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.cumulative_logprob = 0.0
         self.logprobs: list[float] = []
+        self.top_logprobs: list[dict[int, float]] = []  # per token, when the request asks
         self.finish_reason: FinishReason | None = None
         self.detok = detok
         self.generator: torch.Generator | None = None
@@ -64,10 +65,14 @@ class Sequence:
     def num_uncomputed(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
 
-    def append(self, token_id: int, logprob: float) -> None:
+    def append(self, token_id: int, logprob: float, top: dict[int, float] | None = None) -> None:
+        """Add a generated token, its log-probability and (if asked for) the step's most
+        likely tokens'."""
         self.token_ids.append(token_id)
         self.cumulative_logprob += logprob
         self.logprobs.append(logprob)
+        if top is not None:
+            self.top_logprobs.append(top)
 
     def fork(self) -> Sequence:
         """A copy with a new id; the caller forks the block table alongside."""
@@ -75,6 +80,7 @@ class Sequence:
         child.num_computed_tokens = self.num_computed_tokens
         child.cumulative_logprob = self.cumulative_logprob
         child.logprobs = list(self.logprobs)
+        child.top_logprobs = list(self.top_logprobs)
         return child
 
 
@@ -87,6 +93,8 @@ class BeamHypothesis:
     score: float
     text: str
     finish_reason: FinishReason
+    logprobs: list[float] = field(default_factory=list)  # per token
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)  # per token, if asked
 
 
 @dataclass

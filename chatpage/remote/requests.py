@@ -20,11 +20,63 @@ class RequestFailed(Exception):
     """The server refused or broke off a request; the message is the server's own."""
 
 
+TOKEN_ID_PREFIX = "token_id:"
+"""How a token is named in logprobs under vLLM's return_tokens_as_token_ids."""
+TOKENS_BY_ID = ("vllm", "chatpage")  # backends that take return_tokens_as_token_ids
+
+
+@dataclasses.dataclass
+class Logprobs:
+    """The per-token logprobs a chunk of one choice brought (OpenAI's chat or completions
+    shape), with the tokens as ids where the server named them so (else None)."""
+
+    token_ids: list[int | None]
+    logprobs: list[float]
+    top_logprobs: list[dict[int, float]]  # per token: the asked-for best, by id
+
+    @classmethod
+    def read(cls, raw: Any, completion: bool, count: int) -> Logprobs | None:
+        """Parse a choice's ``logprobs`` (None: there are none); ``count``: the alternatives
+        asked for (completions' dicts also hold the sampled token, dropped if it is not among
+        the ``count`` best)."""
+        if not isinstance(raw, dict):
+            return None
+        if completion:
+            tokens, values = raw.get("tokens") or [], raw.get("token_logprobs") or []
+            alts = [sorted((d or {}).items(), key=lambda kv: -kv[1])[:count]
+                    for d in raw.get("top_logprobs") or [{} for _ in tokens]]
+        else:
+            content = raw.get("content") or []
+            tokens, values = [e["token"] for e in content], [e["logprob"] for e in content]
+            alts = [[(a["token"], a["logprob"]) for a in e.get("top_logprobs") or []]
+                    for e in content]
+        tops = [{_token_id(t): v for t, v in alt if _token_id(t) is not None} for alt in alts]
+        return cls([_token_id(t) for t in tokens], list(values), tops)
+
+
+def _token_id(token: str) -> int | None:
+    """The id in a "token_id:N" name; None for a token named by its text."""
+    number = token.removeprefix(TOKEN_ID_PREFIX)
+    return int(number) if number != token and number.isdigit() else None
+
+
 @dataclasses.dataclass
 class _Choice:
     text: str = ""
     num_tokens: int = 0
     finish_reason: str | None = None
+    token_ids: list[int | None] = dataclasses.field(default_factory=list)  # with logprobs only
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = dataclasses.field(default_factory=list)
+
+    def logprob_fields(self) -> dict[str, Any]:
+        """StreamEvent's token_ids, logprobs and top_logprobs (fresh lists): ids and
+        alternatives only where the server named every token by id."""
+        named = bool(self.logprobs) and None not in self.token_ids
+        return {"token_ids": list(self.token_ids) if named else None,
+                "logprobs": list(self.logprobs) if self.logprobs else None,
+                "top_logprobs": list(self.top_logprobs) if named and any(self.top_logprobs)
+                else None}
 
 
 class RemoteReply:
@@ -50,17 +102,25 @@ class RemoteReply:
             cumulative_logprob=0.0, score=None, request_finished=request_finished,
             prompt_tokens=self.prompt_tokens, prefix_hit_tokens=self.cached_tokens,
             ttft_s=self.ttft_s, elapsed_s=time.monotonic() - self.t_submit, error=error,
-            num_outputs=max(len(self.choices), 1))
+            num_outputs=max(len(self.choices), 1), **c.logprob_fields())
 
-    def add(self, index: int, delta: str, finish_reason: str | None, tokens: int = 1) -> None:
-        """New text for choice ``index`` (``tokens`` tokens; a finish reason ends the choice)."""
+    def add(self, index: int, delta: str, finish_reason: str | None,
+            logprobs: Logprobs | None = None) -> None:
+        """New text for choice ``index`` (one token, or those ``logprobs`` lists; a finish
+        reason ends the choice)."""
         if self.done:
             return
         c = self.choices.setdefault(index, _Choice())
         if delta and self.ttft_s is None:
             self.ttft_s = time.monotonic() - self.t_submit
         c.text += delta
-        c.num_tokens += tokens if delta else 0
+        if logprobs is not None:
+            c.num_tokens += len(logprobs.logprobs)
+            c.token_ids += logprobs.token_ids
+            c.logprobs += logprobs.logprobs
+            c.top_logprobs += logprobs.top_logprobs
+        elif delta:
+            c.num_tokens += 1
         if finish_reason:
             c.finish_reason = finish_reason
         self.on_event(self._event(index, delta, c.finish_reason is not None, c.finish_reason,
@@ -114,6 +174,13 @@ def request_body(backend: Backend, kind: str, payload, params: SamplingParams) -
         body["stream_options"] = {"include_usage": True}
     if params.seed is not None:
         body["seed"] = params.seed
+    if params.logprobs is not None:
+        if kind == "completion":
+            body["logprobs"] = params.logprobs
+        else:
+            body.update(logprobs=True, top_logprobs=params.logprobs)
+        if backend.name in TOKENS_BY_ID:  # alternatives come back by id, not as text
+            body["return_tokens_as_token_ids"] = True
     top_k = params.top_k if params.top_k > 0 else TOP_K_OFF[backend.name]
     if top_k is not None and not beam:
         body["top_k"] = top_k
@@ -138,7 +205,9 @@ async def run_request(http: httpx.AsyncClient, backend: Backend, reply: RemoteRe
         data = r.json()
         for choice in data.get("choices", []):
             text = choice["text"] if kind == "completion" else choice["message"]["content"]
-            reply.add(offset + choice["index"], text or "", choice.get("finish_reason") or "stop")
+            reply.add(offset + choice["index"], text or "", choice.get("finish_reason") or "stop",
+                      Logprobs.read(choice.get("logprobs"), kind == "completion",
+                                    params.top_logprobs))
         reply.usage(data.get("usage") or {})
         return
     async with http.stream("POST", path, json=body) as r:
@@ -160,7 +229,9 @@ async def run_request(http: httpx.AsyncClient, backend: Backend, reply: RemoteRe
                 delta = (choice.get("delta") or {}).get("content") if kind != "completion" \
                     else choice.get("text")
                 reply.add(offset + choice.get("index", 0), delta or "",
-                          choice.get("finish_reason"))
+                          choice.get("finish_reason"),
+                          Logprobs.read(choice.get("logprobs"), kind == "completion",
+                                        params.top_logprobs))
 
 
 def _check(response: httpx.Response, backend: Backend) -> None:

@@ -27,18 +27,21 @@ class Output:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)  # per token, if asked
     finish_reason: str | None = None
 
 
 @dataclass
 class Update:
-    """New text of one choice (``delta``), with its new tokens and their logprobs."""
+    """New text of one choice (``delta``), with its new tokens, their logprobs and (if asked
+    for) each step's most likely tokens."""
 
     index: int
     delta: str
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str | None
+    top_logprobs: list[dict[int, float]] = field(default_factory=list)
 
 
 class EventPump:
@@ -137,16 +140,19 @@ class RequestStream:
             return None
         ids = event.token_ids or []
         lps = event.logprobs or []
+        tops = event.top_logprobs or []
         new_ids, new_lps = ids[len(out.token_ids):], lps[len(out.logprobs):]
+        new_tops = tops[len(out.top_logprobs):]
         delta = event.text[len(out.text):] if event.text.startswith(out.text) else ""
         out.text = event.text if delta or event.text == out.text else out.text
         # each event carries fresh lists (the engine slices them per output): keep, not copy
         out.token_ids, out.logprobs = ids or out.token_ids, lps or out.logprobs
+        out.top_logprobs = tops or out.top_logprobs
         if event.finished:
             out.finish_reason = event.finish_reason or "stop"
         if not delta and not new_ids and not event.finished:
             return None
-        return Update(event.index, delta, new_ids, new_lps, out.finish_reason)
+        return Update(event.index, delta, new_ids, new_lps, out.finish_reason, new_tops)
 
     @property
     def completion_tokens(self) -> int:

@@ -1,9 +1,9 @@
 """Request bodies of the OpenAI-compatible API -> validated `ApiRequest`s (or `ApiError`s).
 
 Field names follow the OpenAI API plus vLLM's extras (``top_k``, ``use_beam_search``,
-``length_penalty``, ``ignore_eos``, ``stop_token_ids``). Unknown fields are ignored; a bad value
-is a 400 naming the field. Value ranges are `SamplingParams`' own checks, reported under the API's
-field names.
+``length_penalty``, ``ignore_eos``, ``stop_token_ids``, ``return_tokens_as_token_ids``). Unknown
+fields are ignored; a bad value is a 400 naming the field. Value ranges are `SamplingParams`' own
+checks, reported under the API's field names.
 """
 
 from __future__ import annotations
@@ -48,12 +48,19 @@ class ApiRequest:
     prompt: str | list[int] = ""
     stream: bool = False
     include_usage: bool = False
-    logprobs: bool = False
     continue_final_message: bool = False  # the last message, a reply, goes on (vLLM's name)
+    tokens_as_ids: bool = False  # logprobs name tokens "token_id:N" (vLLM's
+    # return_tokens_as_token_ids)
 
     @property
     def beam(self) -> bool:
         return self.params.use_beam_search
+
+    @property
+    def logprobs(self) -> bool:
+        """The answer carries per-token logprobs (each with ``params.top_logprobs``
+        alternatives)."""
+        return self.params.logprobs is not None
 
 
 def _bad(name: str, allowed: str, value: Any) -> ApiError:
@@ -139,7 +146,7 @@ def _sampling(body: dict, kind: str, defaults: dict[str, Any]) -> SamplingParams
         seed=given("seed", defaults.get("seed")), max_tokens=max_tokens, stop=stop,
         stop_token_ids=stop_ids, ignore_eos=_flag(body, "ignore_eos"),
         length_penalty=given("length_penalty", 1.0),
-        logprobs=_wants_logprobs(body, kind),
+        logprobs=_logprobs(body, kind),
     )
     for name in ("n", "max_tokens", "top_k", "seed"):  # bools are ints to Python, not here
         if isinstance(values[name], bool):
@@ -152,26 +159,27 @@ def _sampling(body: dict, kind: str, defaults: dict[str, Any]) -> SamplingParams
         api = _API_NAMES.get(name, name)
         if name == "max_tokens" and body.get("max_completion_tokens") is not None:
             api = "max_completion_tokens"
+        if name == "logprobs" and kind == "chat":
+            api = "top_logprobs"  # chat's logprobs is a flag; the count is top_logprobs
         raise ApiError(400, api + text[len(name):], api) from None
 
 
-def _wants_logprobs(body: dict, kind: str) -> bool:
-    """Chat: ``logprobs: true``; completions: ``logprobs: 0``. Only the sampled token's logprob
-    exists (the engine keeps no top-k list), so asking for alternatives is a 400."""
-    raw = body.get("logprobs")
-    if kind == "chat":
-        wanted = _flag(body, "logprobs")
-        top = body.get("top_logprobs")
-        if top not in (None, 0):
-            raise ApiError(400, f"top_logprobs must be 0, got {top!r}: chatpage returns the "
-                                "sampled token's logprob only", "top_logprobs")
-        return wanted
-    if raw is None:
-        return False
-    if raw != 0 or isinstance(raw, bool):
-        raise ApiError(400, f"logprobs must be 0, got {raw!r}: chatpage returns the sampled "
-                            "token's logprob only (logprobs=0)", "logprobs")
-    return True
+def _logprobs(body: dict, kind: str) -> Any:
+    """`SamplingParams.logprobs` as a request asks (None: no logprobs). Chat: ``logprobs: true``
+    and ``top_logprobs: N`` alternatives per token; completions: ``logprobs: N`` (0 = the
+    sampled token's only). The range is SamplingParams' own check."""
+    name = "top_logprobs" if kind == "chat" else "logprobs"
+    count = body.get(name)
+    if isinstance(count, bool):  # a bool is an int to Python, not here
+        raise _bad(name, "an integer", count)
+    if kind != "chat":
+        return count
+    if not _flag(body, "logprobs"):
+        if count:
+            raise ApiError(400, f"top_logprobs needs logprobs: true, got top_logprobs {count!r} "
+                                "without it", "top_logprobs")
+        return None
+    return 0 if count is None else count
 
 
 def parse_request(body: Any, kind: str, defaults: dict[str, Any] | None = None) -> ApiRequest:
@@ -191,7 +199,7 @@ def parse_request(body: Any, kind: str, defaults: dict[str, Any] | None = None) 
     include_usage = _flag(options or {}, "include_usage")
     params = _sampling(body, kind, defaults or {})
     request = ApiRequest(kind, model, params, stream=stream, include_usage=include_usage,
-                         logprobs=params.logprobs)
+                         tokens_as_ids=_flag(body, "return_tokens_as_token_ids"))
     if kind == "chat":
         request.messages = parse_messages(body.get("messages"))
         request.continue_final_message = _flag(body, "continue_final_message")

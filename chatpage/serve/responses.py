@@ -35,20 +35,31 @@ class Shaper:
                 "total_tokens": s.prompt_tokens + s.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": s.cached_tokens}}
 
-    def _logprobs(self, token_ids: list[int], logprobs: list[float], offset: int) -> Any:
+    def _logprobs(self, token_ids: list[int], logprobs: list[float],
+                  tops: list[dict[int, float]], offset: int) -> Any:
+        """OpenAI's logprobs object of these tokens (None when the request did not ask):
+        chat's ``content`` entries with their ``top_logprobs`` list, or completions' parallel
+        lists, whose ``top_logprobs`` dicts hold the sampled token too (as vLLM's do)."""
         if not self.stream.request.logprobs:
             return None
-        tokens = [self.token_text(t) for t in token_ids]
+        text = _token_id_text if self.stream.request.tokens_as_ids else self.token_text
+        tokens = [text(t) for t in token_ids]
+        steps = [tops[i] if i < len(tops) else {} for i in range(len(tokens))]
         if self.chat:
+            def entry(tok: str, lp: float) -> dict[str, Any]:
+                return {"token": tok, "logprob": lp, "bytes": list(tok.encode())}
+
             return {"content": [
-                {"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}
-                for tok, lp in zip(tokens, logprobs, strict=False)
+                {**entry(tok, lp), "top_logprobs": [entry(text(t), v) for t, v in top.items()]}
+                for tok, lp, top in zip(tokens, logprobs, steps, strict=False)
             ]}
         offsets, at = [], offset
-        for tok in tokens:
+        for t in token_ids:  # into the text, whatever the tokens are named
             offsets.append(at)
-            at += len(tok)
-        return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": None,
+            at += len(self.token_text(t))
+        top_dicts = [{**{text(t): v for t, v in top.items()}, tok: lp}
+                     for tok, lp, top in zip(tokens, logprobs, steps, strict=False)]
+        return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": top_dicts,
                 "text_offset": offsets}
 
     # -- whole responses ---------------------------------------------------------------------------
@@ -57,7 +68,7 @@ class Shaper:
         return {**self._head(True), "choices": choices, "usage": self.usage()}
 
     def _choice(self, o: Output) -> dict[str, Any]:
-        logprobs = self._logprobs(o.token_ids, o.logprobs, 0)
+        logprobs = self._logprobs(o.token_ids, o.logprobs, o.top_logprobs, 0)
         if self.chat:
             return {"index": o.index, "message": {"role": "assistant", "content": o.text},
                     "logprobs": logprobs, "finish_reason": o.finish_reason}
@@ -76,7 +87,8 @@ class Shaper:
                 "logprobs": None, "finish_reason": None}], **usage}))
         sent = self.stream.outputs[update.index]
         offset = len(sent.text) - len(update.delta)
-        logprobs = self._logprobs(update.token_ids, update.logprobs, offset)
+        logprobs = self._logprobs(update.token_ids, update.logprobs, update.top_logprobs,
+                                  offset)
         if self.chat:
             delta = {"content": update.delta} if update.delta else {}
             choice = {"index": update.index, "delta": delta}
@@ -88,6 +100,11 @@ class Shaper:
 
     def usage_chunk(self) -> str:
         return _sse({**self._head(False), "choices": [], "usage": self.usage()})
+
+
+def _token_id_text(token_id: int) -> str:
+    """A token as vLLM's return_tokens_as_token_ids names it."""
+    return f"token_id:{token_id}"
 
 
 def _sse(data: dict[str, Any]) -> str:
