@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
@@ -19,13 +18,12 @@ from chatpage.engine.kv_cache import KVCache, bytes_per_block
 from chatpage.engine.loader import LoadedModel, load_model
 from chatpage.engine.model_runner import ModelRunner
 from chatpage.engine.models.llama import LlamaModel
-from chatpage.engine.outputs import CompletionOutput, EngineStats, FinishReason, RequestOutput
+from chatpage.engine.outputs import EngineStats, FinishReason, RequestOutput, TokenRate
+from chatpage.engine.request_output import request_output
 from chatpage.engine.sampler import make_generator, sample
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.engine.scheduler import ScheduledSeq, Scheduler
 from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
-
-_TPS_WINDOW_S = 3.0
 
 
 class LLMEngine(BeamSearch):
@@ -64,9 +62,13 @@ class LLMEngine(BeamSearch):
         self.groups: dict[str, SequenceGroup] = {}
         self._ids = itertools.count()
         self._pins = itertools.count()
-        self._recent: deque[tuple[float, int]] = deque()
-        self.num_generated = 0
+        self.rate = TokenRate()
         self.load_timings = dict(loaded.timings)
+
+    @property
+    def num_generated(self) -> int:
+        """Tokens generated since the engine started (every sequence of every request)."""
+        return self.rate.total
 
     @classmethod
     def from_pretrained(cls, model: str | None = None, config: EngineConfig | None = None,
@@ -246,7 +248,7 @@ class LLMEngine(BeamSearch):
                 if seq.finished and seq.seq_id in self.bm.tables:
                     self._release(group, seq)
             self._close_if_done(group)  # (a beam step may have dropped every sequence)
-        self._count_tokens(now, len(targets) + sum(len(r) for _, r in beams))
+        self.rate.add(now, len(targets) + sum(len(r) for _, r in beams))
         return list(touched.values())
 
     def _fork(self, group: SequenceGroup, parent: Sequence, index: int) -> Sequence:
@@ -284,56 +286,18 @@ class LLMEngine(BeamSearch):
 
     # -- outputs and stats -------------------------------------------------------------------------
     def _output(self, group: SequenceGroup) -> RequestOutput:
-        finished = group.status is GroupStatus.FINISHED
-        if finished:
+        if group.status is GroupStatus.FINISHED:
             self.groups.pop(group.request_id, None)
-        p = group.params
-
-        def carried(logprobs: list[float], tops: list[dict[int, float]]) -> dict:
-            """The per-token logprobs the request asked for (copies: the engine goes on)."""
-            return {"logprobs": list(logprobs) if p.logprobs is not None else None,
-                    "top_logprobs": list(tops) if p.top_logprobs else None}
-
-        if p.use_beam_search and finished and group.beam_hypotheses:
-            outputs = [
-                CompletionOutput(i, h.token_ids, h.text, h.cumulative_logprob, h.finish_reason,
-                                 score=h.score, **carried(h.logprobs, h.top_logprobs))
-                for i, h in enumerate(group.beam_hypotheses)
-            ]
-        else:
-            seqs = sorted(group.seqs, key=lambda s: s.index)
-            outputs = [
-                CompletionOutput(
-                    s.index, s.output_ids, s.detok.visible(s.finished), s.cumulative_logprob,
-                    s.finish_reason,
-                    score=self._beam_score(group, s.cumulative_logprob, s.num_output_tokens)
-                    if p.use_beam_search else None,
-                    **carried(s.logprobs, s.top_logprobs),
-                )
-                for s in seqs
-            ]
-        ttft = None
-        if group.first_token_time is not None:
-            ttft = group.first_token_time - group.arrival_time
-        return RequestOutput(group.request_id, outputs, finished, group.prompt_token_ids,
-                             group.prefix_hit_tokens, ttft)
+        return request_output(group, self._beam_score)
 
     def _finish(self, group: SequenceGroup) -> RequestOutput:
         group.status = GroupStatus.FINISHED
         group.finish_time = time.monotonic()
         return self._output(group)
 
-    def _count_tokens(self, now: float, n: int) -> None:
-        self.num_generated += n
-        self._recent.append((now, n))
-        while self._recent and now - self._recent[0][0] > _TPS_WINDOW_S:
-            self._recent.popleft()
-
     def tokens_per_s(self) -> float:
-        if len(self._recent) < 2:
-            return 0.0
-        span = self._recent[-1][0] - self._recent[0][0]
-        return sum(n for _, n in list(self._recent)[1:]) / span if span > 0 else 0.0
+        """Generated tokens per second over the last few seconds."""
+        return self.rate.per_s()
 
     def stats(self) -> EngineStats:
         """A consistent snapshot of the pool and the queues."""

@@ -1,8 +1,9 @@
-"""What the engine reports: RequestOutput, CompletionOutput and EngineStats."""
+"""What the engine reports: RequestOutput, CompletionOutput, EngineStats and the token rate."""
 
 from __future__ import annotations
 
 import enum
+from collections import deque
 from dataclasses import dataclass
 
 
@@ -81,3 +82,25 @@ class EngineStats:
         if not self.logical_blocks:
             return 0.0
         return 1.0 - (self.blocks_used - self.blocks_pinned) / self.logical_blocks
+
+
+class TokenRate:
+    """Generated tokens: the total, and the rate over the last ``window_s`` seconds."""
+
+    def __init__(self, window_s: float = 3.0) -> None:
+        self.window_s = window_s
+        self.total = 0
+        self._recent: deque[tuple[float, int]] = deque()
+
+    def add(self, now: float, n: int) -> None:
+        """``n`` tokens came out at time ``now`` (time.monotonic())."""
+        self.total += n
+        self._recent.append((now, n))
+        while self._recent and now - self._recent[0][0] > self.window_s:
+            self._recent.popleft()
+
+    def per_s(self) -> float:
+        if len(self._recent) < 2:
+            return 0.0
+        span = self._recent[-1][0] - self._recent[0][0]
+        return sum(n for _, n in list(self._recent)[1:]) / span if span > 0 else 0.0
