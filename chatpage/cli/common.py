@@ -1,9 +1,12 @@
-"""What the subcommands share: settings with command-line overrides, the engine's config."""
+"""What the subcommands share: settings with command-line overrides, the engine's config, and
+how text and tables are printed."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from chatpage.config.settings import WEIGHT_FORMATS, load_settings, parse_size
 
@@ -60,3 +63,18 @@ def settings_or_warn(args):
     for w in warnings:
         print(f"chatpage: warning: {w}", file=sys.stderr)
     return settings
+
+
+def one_line(text: str) -> str:
+    """Text safe to print on one terminal line: no control characters or escape sequences."""
+    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
+
+
+def print_table(headers: Sequence[str], rows: Iterable[Sequence[str]],
+           out: Callable[[str], Any] = print) -> None:
+    """Columns padded to their widest cell; the last column is left ragged."""
+    rows = [list(headers)] + [list(r) for r in rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(headers) - 1)]
+    for row in rows:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        out("  ".join(cells + [row[-1]]).rstrip())

@@ -1,5 +1,4 @@
-"""`chatpage history | history search | export | import | config`: saved chats and settings
-from the command line.
+"""`chatpage history | history search | export | import`: saved chats from the command line.
 
 `register(subparsers)` adds the subcommands; each sets ``func`` to a handler that takes the
 parsed args and returns the exit code (0 ok, 1 failed; argparse itself exits 2 on bad usage).
@@ -10,11 +9,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
-from chatpage.config.settings import SETTING_KEYS, Settings, config_path, format_size, load_settings
+from chatpage.cli.common import one_line, print_table
 from chatpage.store import Store
 from chatpage.store.io import export_session, import_json, local_time
 
@@ -22,12 +19,7 @@ PROG = "chatpage"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `history` (with `history search`), `export`, `import` and `config` to a parser.
-
-    `config` also honours, when the main parser defines them, ``args.config_file`` (another
-    config.yaml) and command-line overrides named like the settings (``args.kv_cache``,
-    ``args.block_size``, ``args.model``, ``args.theme``, ``args.default_persona``; None = unset).
-    """
+    """Add `history` (with `history search`), `export` and `import` to a parser."""
     history = subparsers.add_parser(
         "history", help="list saved chats",
         description="List saved chats, most recent first; `history search TERM` searches them.")
@@ -55,20 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     imp.add_argument("file", type=Path, metavar="FILE.json")
     imp.set_defaults(func=cmd_import)
 
-    config = subparsers.add_parser(
-        "config", help="show the effective settings",
-        description="Show each setting, its value and where it came from, plus any warnings.")
-    config.set_defaults(func=cmd_config)
-
 
 def _fail(message: str, code: int = 1) -> int:
-    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr)
+    print(f"{PROG}: error: {one_line(message)}", file=sys.stderr)
     return code
-
-
-def _one_line(text: str) -> str:
-    """Text safe to print on one terminal line: no control characters or escape sequences."""
-    return " ".join("".join(c if c.isprintable() else " " for c in text).split())
 
 
 def _open_store() -> Store:
@@ -78,16 +60,6 @@ def _open_store() -> Store:
     return store
 
 
-def _table(headers: Sequence[str], rows: Iterable[Sequence[str]],
-           out: Callable[[str], Any] = print) -> None:
-    """Columns padded to their widest cell; the last column is left ragged."""
-    rows = [list(headers)] + [list(r) for r in rows]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(headers) - 1)]
-    for row in rows:
-        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
-        out("  ".join(cells + [row[-1]]).rstrip())
-
-
 def cmd_history(args: argparse.Namespace) -> int:
     """List saved chats: id, last update, persona, message count, title."""
     with _open_store() as store:
@@ -95,9 +67,9 @@ def cmd_history(args: argparse.Namespace) -> int:
     if not sessions:
         print("No saved chats yet.")
         return 0
-    _table(("ID", "UPDATED", "PERSONA", "MESSAGES", "TITLE"),
-           ((str(s.id), local_time(s.updated_at), _one_line(s.persona), str(s.message_count),
-             _one_line(s.title)) for s in sessions))
+    print_table(("ID", "UPDATED", "PERSONA", "MESSAGES", "TITLE"),
+           ((str(s.id), local_time(s.updated_at), one_line(s.persona), str(s.message_count),
+             one_line(s.title)) for s in sessions))
     return 0
 
 
@@ -109,8 +81,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     if not hits:
         print(f"No messages match {term!r}.")
         return 0
-    _table(("ID", "CHAT", "ROLE", "SNIPPET"),
-           ((str(h.session_id), _one_line(h.session_title), h.role, _one_line(h.snippet))
+    print_table(("ID", "CHAT", "ROLE", "SNIPPET"),
+           ((str(h.session_id), one_line(h.session_title), h.role, one_line(h.snippet))
             for h in hits))
     return 0
 
@@ -149,31 +121,5 @@ def cmd_import(args: argparse.Namespace) -> int:
         except ValueError as err:
             return _fail(f"{args.file}: {err}")
         title = store.get_session(session_id).title
-    print(f"Imported chat {session_id}: {_one_line(title)}")
-    return 0
-
-
-def _describe(key: str, settings: Settings) -> str:
-    value = getattr(settings, key)
-    if key == "model" and value is None:
-        return "(the default model)"
-    if key == "backend" and value is None:
-        return "(the local engine)"
-    if key == "kv_cache":
-        return f"{format_size(value)} ({value} bytes)"
-    if key == "bindings":
-        return ", ".join(f"{k}={v}" for k, v in value.items()) or "(none)"
-    return str(value)
-
-
-def cmd_config(args: argparse.Namespace) -> int:
-    """Print every effective setting with its value and source, then warnings on stderr."""
-    path = getattr(args, "config_file", None) or config_path()
-    overrides = {key: getattr(args, key, None) for key in SETTING_KEYS if key != "bindings"}
-    settings, warnings = load_settings(Path(path), overrides)
-    print(f"config file: {path}" + ("" if Path(path).exists() else " (not found)"))
-    _table(("SETTING", "SOURCE", "VALUE"),
-           ((key, settings.sources[key], _describe(key, settings)) for key in SETTING_KEYS))
-    for warning in warnings:
-        print(f"{PROG}: warning: {_one_line(warning)}", file=sys.stderr)
+    print(f"Imported chat {session_id}: {one_line(title)}")
     return 0

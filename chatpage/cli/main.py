@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from chatpage.cli import ask, bench, serve
+from chatpage.cli import config as config_cli
 from chatpage.cli import history as history_cli
 from chatpage.cli.common import (
     add_engine_args,
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.register(sub)
     serve.register(sub)
     history_cli.register(sub)
+    config_cli.register(sub)
     return parser
 
 

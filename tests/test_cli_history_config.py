@@ -1,4 +1,4 @@
-"""`chatpage history/export/import/config`, driven through a local parser and tmp XDG dirs."""
+"""`chatpage history/export/import` and `chatpage config`, driven through a local parser and tmp XDG dirs."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from chatpage.cli import config as config_cli
 from chatpage.cli import history as history_cli
 from chatpage.store import Store
 
@@ -23,7 +24,9 @@ def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="chatpage")
     main.add_argument("--kv-cache", dest="kv_cache")  # like the real cli's global options
     main.add_argument("--config", dest="config_file", type=Path)
-    history_cli.register(main.add_subparsers(dest="command"))
+    sub = main.add_subparsers(dest="command")
+    history_cli.register(sub)
+    config_cli.register(sub)
     return main
 
 

@@ -1,0 +1,46 @@
+"""`chatpage config`: every effective setting, its value and where it came from."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from chatpage.cli.common import one_line, print_table
+from chatpage.config.settings import SETTING_KEYS, Settings, config_path, format_size, load_settings
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `config` to a parser. It also honours, when the main parser defines them,
+    ``args.config_file`` (another config.yaml) and command-line overrides named like the
+    settings (``args.kv_cache``, ``args.model``, ...; None = unset)."""
+    config = subparsers.add_parser(
+        "config", help="show the effective settings",
+        description="Show each setting, its value and where it came from, plus any warnings.")
+    config.set_defaults(func=cmd_config)
+
+
+def _describe(key: str, settings: Settings) -> str:
+    value = getattr(settings, key)
+    if key == "model" and value is None:
+        return "(the default model)"
+    if key == "backend" and value is None:
+        return "(the local engine)"
+    if key == "kv_cache":
+        return f"{format_size(value)} ({value} bytes)"
+    if key == "bindings":
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "(none)"
+    return str(value)
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Print every effective setting with its value and source, then warnings on stderr."""
+    path = getattr(args, "config_file", None) or config_path()
+    overrides = {key: getattr(args, key, None) for key in SETTING_KEYS if key != "bindings"}
+    settings, warnings = load_settings(Path(path), overrides)
+    print(f"config file: {path}" + ("" if Path(path).exists() else " (not found)"))
+    print_table(("SETTING", "SOURCE", "VALUE"),
+           ((key, settings.sources[key], _describe(key, settings)) for key in SETTING_KEYS))
+    for warning in warnings:
+        print(f"chatpage: warning: {one_line(warning)}", file=sys.stderr)
+    return 0
