@@ -1,4 +1,5 @@
-"""`chatpage history/export/import` and `chatpage config`, driven through a local parser and tmp XDG dirs."""
+"""`chatpage history/export/import` and `chatpage config`, driven through a local parser and
+tmp XDG dirs."""
 
 from __future__ import annotations
 
