@@ -189,6 +189,14 @@ class Store(MessageTree):
                             (text, session_id)).rowcount == 0:
                 raise NotFound(f"no chat with id {session_id}")
 
+    def set_system_prompt(self, session_id: int, text: str | None) -> None:
+        """Give a chat its own system prompt (None: back to its persona's); NotFound if there
+        is no such chat. Does not move the chat in the recency order."""
+        with transaction(self._conn) as conn:
+            if conn.execute("UPDATE sessions SET system_prompt = ? WHERE id = ?",
+                            (text, session_id)).rowcount == 0:
+                raise NotFound(f"no chat with id {session_id}")
+
     def draft(self, session_id: int) -> str:
         """The text left unsent in a chat's prompt ("" for none); NotFound if there is no
         such chat."""
