@@ -131,16 +131,16 @@ def freed(app: ChatApp) -> bool:
 
 def hold_model_load(monkeypatch) -> threading.Event:
     """Make the engine thread wait before loading the model until the event is set."""
-    from chatpage.engine import client
+    from chatpage.engine.llm_engine import LLMEngine  # what the engine thread loads with
 
     release = threading.Event()
-    load = client.LLMEngine.from_pretrained
+    load = LLMEngine.from_pretrained
 
     def held(*args, **kwargs):
         release.wait(30)
         return load(*args, **kwargs)
 
-    monkeypatch.setattr(client.LLMEngine, "from_pretrained", held)
+    monkeypatch.setattr(LLMEngine, "from_pretrained", held)
     return release
 
 

@@ -309,13 +309,15 @@ DRIVER = textwrap.dedent('''
 
 
 def streaming_text(db: Path) -> str | None:
-    """The text saved so far of a reply still marked streaming (None if there is none)."""
+    """The text saved so far of the long story's reply while it is still marked streaming
+    (None before; the first reply may be saved streaming too, on a slow machine)."""
     if not db.exists():
         return None
     conn = sqlite3.connect(db, timeout=5)
     try:
-        row = conn.execute("SELECT content FROM messages WHERE status = 'streaming' "
-                           "AND content != ''").fetchone()
+        row = conn.execute("SELECT a.content FROM messages a JOIN messages q ON a.parent_id = q.id "
+                           "WHERE a.status = 'streaming' AND a.content != '' "
+                           "AND q.content = 'tell me a very long story'").fetchone()
     except sqlite3.OperationalError:  # not created yet
         return None
     finally:
