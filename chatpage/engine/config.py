@@ -19,7 +19,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 def check_format(weights: str) -> str:
     """``weights`` if it names a format; ValueError naming the choices otherwise."""
     if weights not in WEIGHT_FORMATS:
-        raise ValueError(f"unknown weight format {weights!r}: use one of {', '.join(WEIGHT_FORMATS)}")
+        raise ValueError(f"unknown weight format {weights!r}: "
+                         f"use one of {', '.join(WEIGHT_FORMATS)}")
     return weights
 
 
