@@ -11,6 +11,8 @@ import threading
 import time
 from pathlib import Path
 
+from textual.command import CommandList, CommandPalette
+
 from chatpage.config.personas import Persona
 from chatpage.config.settings import Settings
 from chatpage.engine.client import EngineConfig, StreamEvent
@@ -81,9 +83,27 @@ async def wait_for(pilot, condition, what: str, timeout: float = 30.0) -> None:
 
 
 async def opened(pilot, screen_type) -> None:
-    """Wait until a dialog of ``screen_type`` is on top and drawn (dialogs open in workers)."""
-    await wait_for(pilot, lambda: isinstance(pilot.app.screen, screen_type), "the dialog")
+    """Wait until a dialog of ``screen_type`` is on top, mounted, its widget focused if it has
+    one (so the keys pressed next reach it: dialogs open in workers), and drawn."""
+    def ready() -> bool:
+        screen = pilot.app.screen
+        return isinstance(screen, screen_type) and screen.is_mounted \
+            and (screen.focused is not None or not screen.focus_chain)
+    await wait_for(pilot, ready, f"the {screen_type.__name__} dialog")
     await pilot.pause()
+
+
+async def palette_offers(pilot, query: str) -> None:
+    """Open the command palette, type ``query`` and wait until its search is done and a
+    command is highlighted (enter then runs the best match)."""
+    app = pilot.app
+    app.action_command_palette()
+    await opened(pilot, CommandPalette)
+    palette = app.screen
+    await pilot.press(*query)
+    await wait_for(pilot, lambda: palette.query_one(CommandList).highlighted is not None
+                   and not any(w.node is palette and w.is_running for w in app.workers),
+                   f"a command matching {query!r}")
 
 
 def idle(app: ChatApp) -> bool:
@@ -111,16 +131,16 @@ def freed(app: ChatApp) -> bool:
 
 def hold_model_load(monkeypatch) -> threading.Event:
     """Make the engine thread wait before loading the model until the event is set."""
-    from chatpage.engine import client
+    from chatpage.engine.llm_engine import LLMEngine  # what the engine thread loads with
 
     release = threading.Event()
-    load = client.LLMEngine.from_pretrained
+    load = LLMEngine.from_pretrained
 
     def held(*args, **kwargs):
         release.wait(30)
         return load(*args, **kwargs)
 
-    monkeypatch.setattr(client.LLMEngine, "from_pretrained", held)
+    monkeypatch.setattr(LLMEngine, "from_pretrained", held)
     return release
 
 

@@ -19,7 +19,18 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import alpha_and_beta, idle, make_app, offline_app, opened, ready, send, wait_for
+from helpers import (
+    alpha_and_beta,
+    idle,
+    make_app,
+    offline_app,
+    opened,
+    palette_offers,
+    ready,
+    send,
+    wait_for,
+)
+from textual.widgets import Input
 
 from chatpage.chat.recorder import restore
 from chatpage.config.paths import data_dir
@@ -133,10 +144,7 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
         assert "interrupted" in str(last.query_one(".message-speaker").render())
 
         # export from the command palette
-        app.action_command_palette()
-        await pilot.pause(0.2)
-        await pilot.press(*"as markdown")
-        await pilot.pause(0.3)
+        await palette_offers(pilot, "as markdown")
         await pilot.press("enter")
         await wait_for(pilot, lambda: list(work.glob("*.md")), "the Markdown file")
         (md,) = work.glob("*.md")
@@ -156,7 +164,7 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
         await pilot.press("ctrl+f")
         await opened(pilot, ChatSearch)
         await pilot.press(*"cafe")
-        await pilot.pause(0.2)
+        await wait_for(pilot, lambda: app.screen.query_one(Input).value == "cafe", "the query")
         hits = app.screen.hits
         assert [h.session_id for h in hits.values()] == [poems]
         prompt = str(app.screen.query_one("#dialog-options").get_option_at_index(0).prompt)
@@ -170,6 +178,7 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
 
         # search for an open chat switches to it
         await pilot.press("ctrl+f")
+        await opened(pilot, ChatSearch)
         await pilot.press(*"paged", "enter")
         await pilot.pause()
         assert app.chat.current is session
@@ -300,13 +309,15 @@ DRIVER = textwrap.dedent('''
 
 
 def streaming_text(db: Path) -> str | None:
-    """The text saved so far of a reply still marked streaming (None if there is none)."""
+    """The text saved so far of the long story's reply while it is still marked streaming
+    (None before; the first reply may be saved streaming too, on a slow machine)."""
     if not db.exists():
         return None
     conn = sqlite3.connect(db, timeout=5)
     try:
-        row = conn.execute("SELECT content FROM messages WHERE status = 'streaming' "
-                           "AND content != ''").fetchone()
+        row = conn.execute("SELECT a.content FROM messages a JOIN messages q ON a.parent_id = q.id "
+                           "WHERE a.status = 'streaming' AND a.content != '' "
+                           "AND q.content = 'tell me a very long story'").fetchone()
     except sqlite3.OperationalError:  # not created yet
         return None
     finally:

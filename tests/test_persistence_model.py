@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from helpers import PERSONA, FakeClient, done, event, stopped
 
@@ -109,6 +111,44 @@ def test_title_settings_attachments_and_restore(rig):
     assert gone.persona is OTHER and "'p', which is gone" in notes[0]
     assert problems == []
 
+
+
+def test_a_first_draft_or_own_system_prompt_saves_an_empty_chat(rig):
+    chats, _client, store, recorder, _clock, problems = rig
+    drafted, prompted = chats.open(PERSONA), chats.open(PERSONA)
+    recorder.keep_draft(drafted)  # nothing typed: nothing to keep
+    recorder.keep_system_prompt(drafted, own=False)
+    assert store.list_sessions() == [] and drafted.store_id is None
+
+    drafted.draft = "half a thought"
+    recorder.keep_draft(drafted)
+    prompted.persona = replace(PERSONA, system_prompt="You are terse.")
+    recorder.keep_system_prompt(prompted, own=True)
+    rows = {r.id: r for r in store.list_sessions()}
+    assert (rows[drafted.store_id].draft, rows[drafted.store_id].system_prompt) == (
+        "half a thought", None)
+    assert rows[prompted.store_id].system_prompt == "You are terse."
+
+    restored = {s.store_id: s for s in restore(store, [PERSONA], OTHER, first_id=1)[0]}
+    assert restored[prompted.store_id].persona == replace(PERSONA, system_prompt="You are terse.")
+    assert restored[prompted.store_id].for_model()[0]["content"] == "You are terse."
+    assert restored[drafted.store_id].persona == PERSONA
+
+    prompted.draft = "typed"  # a draft emptied again: the chat keeps its own prompt
+    recorder.keep_draft(prompted)
+    prompted.draft = ""
+    recorder.keep_draft(prompted)
+    assert store.get_session(prompted.store_id).draft == ""
+    drafted.draft = ""  # ...but one with nothing else to keep is removed
+    recorder.keep_draft(drafted)
+    assert drafted.store_id is None
+    assert [r.id for r in store.list_sessions()] == [prompted.store_id]
+
+    recorder.keep_system_prompt(prompted, own=False)  # a persona switch: the persona's again
+    assert store.get_session(prompted.store_id).system_prompt is None
+    chats.send(drafted, "hello")  # its first message saves it as before
+    assert store.get_session(drafted.store_id).draft == ""
+    assert problems == []
 
 def test_alternatives_are_saved_as_versions_of_the_reply(rig):
     chats, _client, store, _recorder, _clock, _problems = rig

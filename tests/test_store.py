@@ -237,6 +237,7 @@ def full_chat(store: Store) -> int:
     store.add_message(sid, "assistant", "C", status="error", parent_id=question, kept=False)
     store.add_message(sid, "user", "more")
     store.add_message(sid, "assistant", "half", status="streaming", metadata={"ttft": 0.5})
+    store.set_system_prompt(sid, "Answer in French.")
     return sid
 
 
@@ -247,9 +248,11 @@ def test_export_json_round_trip_is_exact(store: Store) -> None:
     assert doc["format"] == "chatpage-session" and doc["version"] == 2
     assert [m["parent"] for m in doc["messages"]] == [None, 1, 2, 2, 2, 4, 6]
     assert [m["kept"] for m in doc["messages"]] == [True, True, False, True, False, True, True]
+    assert doc["system_prompt"] == "Answer in French."
     new = import_json(store, exported)
     assert new != sid
     assert export_session(store, new, "json") == exported
+    assert store.get_session(new).system_prompt == "Answer in French."
     original, copy = store.messages(sid), store.messages(new)
     assert [(m.position, m.role, m.content, m.status, m.metadata, m.kept) for m in original] == \
            [(m.position, m.role, m.content, m.status, m.metadata, m.kept) for m in copy]
@@ -274,6 +277,7 @@ def test_export_markdown_shows_the_kept_transcript(store: Store) -> None:
     md = export_session(store, sid, "md")
     assert md.startswith("# Tricky «chat»\n")
     assert "- Persona: coder" in md and "temperature=0.2" in md
+    assert "## System (this chat's own)\n\nAnswer in French.\n" in md
     assert "## User\n\nline 1\nline 2 ünïcödé 🙂\n" in md
     assert "## Assistant\n\nB\n\n*(stopped)*" in md and "1 of 3 versions" in md
     assert "\nA\n" not in md and "\nC\n" not in md
@@ -295,6 +299,8 @@ def test_export_markdown_shows_the_kept_transcript(store: Store) -> None:
          "message 1: 'parent' must be the id of an earlier message"),
         ('{"format": "chatpage-session", "version": 1, "title": 3, "persona": "p",'
          ' "messages": []}', "'title' must be text"),
+        ('{"format": "chatpage-session", "version": 2, "title": "t", "persona": "p",'
+         ' "system_prompt": 3, "messages": []}', "'system_prompt' must be text or null"),
         ('{"format": "chatpage-session", "version": 1, "title": "t", "persona": "p",'
          ' "messages": [{"role": "robot", "content": "x"}]}', "message 1: role must be one of"),
         ('{"format": "chatpage-session", "version": 1, "title": "t", "persona": "p",'
@@ -506,3 +512,19 @@ def test_drafts_are_kept_per_chat(tmp_path: Path) -> None:
         assert reopened.get_session(b).draft == "other"
         reopened.set_draft(b, "")
         assert reopened.draft(b) == ""
+
+
+def test_a_chats_own_system_prompt_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / DB_NAME
+    with Store.open(path) as opened:
+        a, b = chat(opened, "q"), chat(opened, "r")
+        before = [s.id for s in opened.list_sessions()]
+        opened.set_system_prompt(a, "You are terse.")
+        assert [s.id for s in opened.list_sessions()] == before  # it does not reorder
+        with pytest.raises(NotFound, match="no chat with id 999"):
+            opened.set_system_prompt(999, "x")
+    with Store.open(path) as reopened:
+        assert reopened.get_session(a).system_prompt == "You are terse."
+        assert reopened.get_session(b).system_prompt is None  # the persona's
+        reopened.set_system_prompt(a, None)
+        assert reopened.get_session(a).system_prompt is None

@@ -244,3 +244,38 @@ async def test_regenerate_and_delete_a_focused_message(tmp_path):
         assert [e.content for e in session.entries] == [
             "a question", "first answer", "a question", "second answer"]
         assert not session.entries[1].place().forked
+
+
+async def test_a_draft_in_a_chat_with_no_messages_survives_a_restart(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        empty = app.chat.current
+        await type_text(pilot, app, "an unsent first thought")
+        await pilot.press("ctrl+n")
+        await opened(pilot, PersonaPicker)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app.chats.sessions) == 2, "a second chat")
+        assert empty.store_id is not None  # saved for its draft, with no message in it
+        await type_text(pilot, app, "typed, then taken back")
+        await pilot.press(*["backspace"] * len("typed, then taken back"))
+        await pilot.press("alt+1")
+        await type_text(pilot, app, " (still here)")  # the chat on show at quit keeps its too
+    with Store.open() as store:
+        rows = store.list_sessions()
+        assert [(r.message_count, r.draft) for r in rows] == [
+            (0, "an unsent first thought (still here)")]  # the empty chat left no row
+
+    again = offline_app(tmp_path)
+    async with again.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert [s.store_id for s in again.chats.sessions] == [empty.store_id]
+        assert again.chat.prompt.text == "an unsent first thought (still here)"
+
+        # emptied and left: the chat has nothing to keep, and is not saved any more
+        await pilot.press(*["backspace"] * len("an unsent first thought (still here)"))
+        await pilot.press("ctrl+n")
+        await opened(pilot, PersonaPicker)
+        await pilot.press("escape")
+    with Store.open() as store:
+        assert store.list_sessions() == []

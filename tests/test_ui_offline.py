@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from helpers import fake_submits, hold_model_load, offline_app, opened, reply_event, wait_for
+from helpers import (
+    fake_submits,
+    hold_model_load,
+    offline_app,
+    opened,
+    palette_offers,
+    reply_event,
+    wait_for,
+)
 from textual.widgets import Input
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence
 
@@ -85,10 +93,7 @@ async def test_markup_and_control_characters_render_literally(tmp_path):
         # the command palette (markup-only API) shows the title without choking on it
         titles = [c.title for c in app.get_system_commands(app.screen)]
         assert any(t.startswith("Switch to chat 1: \\[bold]x\\[/bold]") for t in titles)
-        app.action_command_palette()
-        await pilot.pause(0.2)
-        await pilot.press(*"switch")
-        await pilot.pause(0.3)
+        await palette_offers(pilot, "switch")
         await pilot.press("escape")
 
         # notices never parse markup either
@@ -163,7 +168,7 @@ async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
         assert "temp 0.3" in header and "seed 7" in header
 
         await pilot.press("f1")
-        assert isinstance(app.screen, HelpScreen)
+        await opened(pilot, HelpScreen)
         assert ("f5", "new_session", "New chat") in app.screen.keys
         await pilot.press("escape")
 

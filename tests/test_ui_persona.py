@@ -122,3 +122,35 @@ async def test_switch_persona_and_save_as_persona_with_the_editor(tmp_path):
     async with again.run_test(size=SIZE) as pilot:
         await pilot.pause()
         assert again.chat.current.persona.system_prompt == "You are my coder.\nBe brief."
+
+
+async def test_a_system_prompt_set_with_system_survives_a_restart(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        empty = app.chat.current  # no message yet: /system alone saves the chat
+        await send(pilot, f"/system {TERSE}")
+        assert empty.store_id is not None
+        await send(pilot, "/new coder")
+        switched = app.chat.current
+        fake_submits(app)
+        await app.chat.submit_prompt("hello")
+        app.post_message(EngineEvent(reply_event("fake-1", "hi", True), app.client))
+        await wait_for(pilot, lambda: switched.entries[-1].status == "done", "the reply")
+        await send(pilot, "/system Speak like a pirate.")
+        await send(pilot, "/persona assistant")  # a persona's own prompt again
+        assert switched.persona.system_prompt != "Speak like a pirate."
+        persona_prompt = switched.persona.system_prompt
+    with Store.open() as store:
+        assert store.get_session(empty.store_id).system_prompt == TERSE.strip()
+        assert store.get_session(switched.store_id).system_prompt is None
+
+    again = offline_app(tmp_path)
+    async with again.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        by_id = {s.store_id: s for s in again.chats.sessions}
+        terse = by_id[empty.store_id]
+        assert (terse.persona.name, terse.persona.system_prompt) == (
+            empty.persona.name, TERSE.strip())
+        assert terse.for_model()[0] == {"role": "system", "content": TERSE.strip()}
+        assert by_id[switched.store_id].persona.system_prompt == persona_prompt

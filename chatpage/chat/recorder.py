@@ -4,7 +4,9 @@
 what matters to the `Store` on the UI thread (SQLite in WAL mode: a write is a fraction of a
 millisecond). What is saved when:
 
-- a chat is created in the store with its first message (an empty chat is never saved);
+- a chat is created in the store with its first message, its first draft or its own system
+  prompt (`keep_draft`, `keep_system_prompt`); an empty chat whose draft is emptied again is
+  removed (one with nothing to keep is never saved);
 - every message when it is added, under its parent (the messages form a tree, as in the
   session): the user's at send, a reply at once (status "streaming"), then its text at most
   every `SAVE_INTERVAL_S` while it streams (on the next update, or on `flush`, which the app
@@ -23,7 +25,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 
 from chatpage.chat.sampling import SamplingSettings
 from chatpage.chat.session import Attachment, Change, ChatSession, Entry, ReplyStats
@@ -168,6 +170,33 @@ class Recorder:
             except (sqlite3.Error, NotFound) as err:
                 self._fail(err)
 
+    def keep_draft(self, session: ChatSession) -> None:
+        """Save ``session.draft`` with its chat (creating the chat for a first draft)."""
+        try:
+            if session.store_id is None and not session.draft:
+                return
+            chat = self._chat(session)
+            if (not session.draft and next(iter(session.transcript), None) is None
+                    and (row := self.store.get_session(chat)) is not None
+                    and row.system_prompt is None):
+                session.store_id = None  # nothing left to keep
+                self.store.delete_session(chat)
+            else:
+                self.store.set_draft(chat, session.draft)
+        except (sqlite3.Error, NotFound) as err:
+            self._fail(err)
+
+    def keep_system_prompt(self, session: ChatSession, own: bool) -> None:
+        """Save whether ``session`` runs with its own system prompt (``own``: the one its
+        persona now holds, set with /system) or its persona's (after a persona switch)."""
+        if session.store_id is None and not own:
+            return
+        try:
+            self.store.set_system_prompt(self._chat(session),
+                                         session.persona.system_prompt if own else None)
+        except (sqlite3.Error, NotFound) as err:
+            self._fail(err)
+
     def delete(self, session: ChatSession) -> None:
         """Delete the session's chat from the store; it is not saved again."""
         chat, session.store_id = session.store_id, None
@@ -229,6 +258,8 @@ def load_session(store: Store, row: SessionRow, personas: list[Persona], fallbac
         persona = fallback
         note = (f"chat {row.title!r} used the persona {row.persona!r}, which is gone; "
                 f"it continues with {fallback.name!r}")
+    if row.system_prompt is not None:  # its own, set with /system
+        persona = replace(persona, system_prompt=row.system_prompt)
     session = ChatSession(session_id, persona, title=row.title,
                           sampling=sampling_from(row.settings, persona), store_id=row.id)
     nodes: dict[int | None, Entry | None] = {None: None}  # a system message stands for its parent

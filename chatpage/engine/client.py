@@ -15,15 +15,15 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from chatpage.engine import ops
 from chatpage.engine.chat_template import continue_prompt, render_prompt, system_prefix
 from chatpage.engine.config import EngineConfig
-from chatpage.engine.llm_engine import LLMEngine
 from chatpage.engine.outputs import EngineStats, RequestOutput
 from chatpage.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # torch and the model code load on the engine thread (see _run), so that
+    from chatpage.engine.llm_engine import LLMEngine  # the app paints before they are imported
 
 __all__ = ["EngineClient", "EngineConfig", "EngineStats", "EventCallback", "SamplingParams",
            "StreamEvent"]
@@ -140,6 +140,11 @@ class EngineClient:
         self._on_status(msg)
 
     def _run(self) -> None:
+        import torch  # the slow imports (~2 s): here, not before the app's first frame
+
+        from chatpage.engine import ops
+        from chatpage.engine.llm_engine import LLMEngine
+
         torch.set_num_threads(self.config.threads)  # this thread's own count (the UI has its own)
         try:
             t0 = time.perf_counter()

@@ -5,10 +5,23 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch loads on the engine thread, not when the app imports this
+    import torch
 
-from chatpage.engine.weights import check_format
+WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
+"""The storage formats of the matmul weights (``engine/weights.py`` implements them)."""
+DTYPES = ("float32", "bfloat16", "float16")
+"""The engine dtypes (activations, KV cache), by their torch names."""
+
+
+def check_format(weights: str) -> str:
+    """``weights`` if it names a format; ValueError naming the choices otherwise."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"unknown weight format {weights!r}: "
+                         f"use one of {', '.join(WEIGHT_FORMATS)}")
+    return weights
 
 
 class PreemptionMode(enum.StrEnum):
@@ -31,6 +44,7 @@ class EngineConfig:
     groups of several swap in every mode while there is swap space.
     ``weight_dtype`` is the storage of the matmul weights ("fp32", "bf16", "int8", "int4"; see
     ``engine/weights.py``); fp32 here, the exact reference (the app's default is in settings).
+    ``dtype`` names the torch dtype of activations and the KV cache (:attr:`torch_dtype`).
     ``num_threads`` is torch's thread count on the thread that steps the engine (None: every core).
     """
 
@@ -43,7 +57,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None  # None: the model's own context length
     device: str = "cpu"
-    dtype: torch.dtype = torch.float32
+    dtype: str = "float32"
     weight_dtype: str = "fp32"
     num_threads: int | None = None
 
@@ -51,6 +65,13 @@ class EngineConfig:
     def threads(self) -> int:
         """The thread count to run the engine with: ``num_threads``, or every core."""
         return self.num_threads or os.cpu_count() or 1
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """``dtype`` as a torch dtype (imports torch: call it on the engine's side)."""
+        import torch
+
+        return getattr(torch, self.dtype)
 
     def __post_init__(self) -> None:
         if self.block_size not in (8, 16, 32):
@@ -73,8 +94,9 @@ class EngineConfig:
                 "EngineConfig.max_num_batched_tokens must be >= block_size, "
                 f"got {self.max_num_batched_tokens}"
             )
-        if self.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"EngineConfig.dtype must be float32, bfloat16 or float16, got {self.dtype}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"EngineConfig.dtype must be 'float32', 'bfloat16' or 'float16', "
+                             f"got {self.dtype!r}")
         try:
             check_format(self.weight_dtype)
         except ValueError as e:

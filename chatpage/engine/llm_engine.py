@@ -36,14 +36,15 @@ class LLMEngine(BeamSearch):
         self.model_name = loaded.name
         self.warnings = list(loaded.warnings)
         hf = loaded.config
-        self.model = LlamaModel(hf, loaded.state, config.dtype, config.device, config.weight_dtype)
+        self.model = LlamaModel(hf, loaded.state, config.torch_dtype, config.device,
+                                config.weight_dtype)
         limit = hf.max_position_embeddings
         if getattr(hf, "sliding_window", None):
             limit = min(limit, hf.sliding_window)  # no sliding-window attention: stay inside it
         self.max_model_len = min(config.max_model_len or limit, limit)
         self.block_bytes = bytes_per_block(
             self.model.num_layers, config.block_size, self.model.num_kv_heads,
-            self.model.head_dim, config.dtype,
+            self.model.head_dim, config.torch_dtype,
         )
         num_blocks = config.kv_cache_bytes // self.block_bytes
         if num_blocks < 1:
@@ -55,7 +56,8 @@ class LLMEngine(BeamSearch):
         self.bm = BlockManager(num_blocks, num_cpu_blocks, config.block_size,
                                config.enable_prefix_caching)
         self.kv = KVCache(self.model.num_layers, num_blocks, num_cpu_blocks, config.block_size,
-                          self.model.num_kv_heads, self.model.head_dim, config.dtype, config.device)
+                          self.model.num_kv_heads, self.model.head_dim, config.torch_dtype,
+                          config.device)
         self.scheduler = Scheduler(config, self.bm)
         self.runner = ModelRunner(self.model, self.kv, self.bm.tables, config.block_size)
         self.eos_ids = self._eos_ids(hf)

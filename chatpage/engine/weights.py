@@ -23,7 +23,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
+from chatpage.engine.config import WEIGHT_FORMATS, check_format  # torch-free, for the app
+
 INT4_GROUP = 32
 
 # The model's matmuls per layer (fused) and the lm_head, in the packed state's names.
@@ -47,13 +48,6 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward(x)
-
-
-def check_format(weights: str) -> str:
-    """``weights`` if it names a format; ValueError naming the choices otherwise."""
-    if weights not in WEIGHT_FORMATS:
-        raise ValueError(f"unknown weight format {weights!r}: use one of {', '.join(WEIGHT_FORMATS)}")
-    return weights
 
 
 def matmul_dtype(weights: str, dtype: torch.dtype) -> torch.dtype:

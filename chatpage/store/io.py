@@ -1,7 +1,7 @@
 """Chats in and out of the store: Markdown (to read) and JSON (everything, to import again).
 
 The JSON export is ``{"format": "chatpage-session", "version": 2, ...}`` with the chat's title,
-persona, settings and timestamps and every message of every branch: each has an ``id`` (its
+persona, settings, own system prompt (null: the persona's) and timestamps and every message of every branch: each has an ``id`` (its
 number in the file) and the ``parent`` it follows (null at the top); of siblings, the ``kept``
 one is current. `import_json` reads it back exactly, and still reads version 1 (a linear chat
 whose alternatives share a ``group`` number), which becomes a chain.
@@ -39,7 +39,7 @@ def import_json(store: Store, text: str) -> int:
     export."""
     chat, messages = _parse_export(text)
     return store.insert_session(chat["title"], chat["persona"], chat["settings"], messages,
-                                chat["created_at"], chat["updated_at"])
+                                chat["created_at"], chat["updated_at"], chat["system_prompt"])
 
 
 def local_time(stamp: str) -> str:
@@ -55,6 +55,7 @@ def _to_json(session: SessionRow, messages: list[MessageRow]) -> str:
     doc = {
         "format": EXPORT_FORMAT, "version": EXPORT_VERSION,
         "title": session.title, "persona": session.persona, "settings": session.settings,
+        "system_prompt": session.system_prompt,
         "created_at": session.created_at, "updated_at": session.updated_at,
         "messages": [
             {"id": numbers[m.id], "parent": numbers.get(m.parent_id), "role": m.role,
@@ -74,6 +75,8 @@ def _to_markdown(session: SessionRow, messages: list[MessageRow]) -> str:
     if session.settings:
         listed = ", ".join(f"{k}={v}" for k, v in session.settings.items())
         lines.append(f"- Settings: {listed}")
+    if session.system_prompt is not None:
+        lines += ["", "## System (this chat's own)", "", session.system_prompt.rstrip("\n")]
     versions: dict[int | None, int] = {}
     for msg in messages:
         versions[msg.parent_id] = versions.get(msg.parent_id, 0) + 1
@@ -110,7 +113,10 @@ def _parse_export(text: str) -> tuple[dict[str, Any], list[NewMessage]]:
         "settings": _field(data, "settings", dict, "the chat", {}),
         "created_at": _field(data, "created_at", str, "the chat", None),
         "updated_at": _field(data, "updated_at", str, "the chat", None),
+        "system_prompt": data.get("system_prompt"),
     }
+    if not isinstance(chat["system_prompt"], str | None):
+        raise ValueError("the chat: 'system_prompt' must be text or null")
     raw = _field(data, "messages", list, "the chat")
     for n, msg in enumerate(raw, 1):
         if not isinstance(msg, dict):

@@ -38,7 +38,7 @@ class NotFound(KeyError):
 class SessionRow:
     """One chat. Timestamps are ISO 8601 in UTC; message_count counts the messages on the
     active path; closed: the user closed it in the app (it is still saved); draft: the text
-    left unsent in its prompt."""
+    left unsent in its prompt; system_prompt: the chat's own (None: its persona's)."""
 
     id: int
     title: str
@@ -49,13 +49,15 @@ class SessionRow:
     message_count: int
     closed: bool = False
     draft: str = ""
+    system_prompt: str | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> SessionRow:
         return cls(id=row["id"], title=row["title"], persona=row["persona"],
                    settings=json.loads(row["settings"]), created_at=row["created_at"],
                    updated_at=row["updated_at"], message_count=row["message_count"],
-                   closed=bool(row["closed"]), draft=row["draft"])
+                   closed=bool(row["closed"]), draft=row["draft"],
+                   system_prompt=row["system_prompt"])
 
 
 @dataclass(frozen=True)

@@ -83,8 +83,14 @@ def _migrate_to_4(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX messages_children ON messages(parent_id)")
 
 
+def _migrate_to_5(conn: sqlite3.Connection) -> None:
+    """A chat's own system prompt (set with /system); NULL: its persona's."""
+    conn.execute("ALTER TABLE sessions ADD COLUMN system_prompt TEXT")
+
+
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_to_1, _migrate_to_2,
-                                                          _migrate_to_3, _migrate_to_4]
+                                                          _migrate_to_3, _migrate_to_4,
+                                                          _migrate_to_5]
 """MIGRATIONS[v] takes a database from schema version v to v + 1; append, never edit."""
 SCHEMA_VERSION = len(MIGRATIONS)
 

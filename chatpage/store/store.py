@@ -149,17 +149,18 @@ class Store(MessageTree):
 
     def insert_session(self, title: str, persona: str, settings: dict[str, Any],
                        messages: Sequence[NewMessage], created_at: str | None = None,
-                       updated_at: str | None = None) -> int:
-        """Add a whole chat at once (all or nothing), timestamps as given (None = now);
-        returns its id. Each message names its `parent` by its index in `messages` (an
-        earlier one) or None; siblings keep their order. ValueError names the first bad
-        message."""
+                       updated_at: str | None = None, system_prompt: str | None = None) -> int:
+        """Add a whole chat at once (all or nothing), timestamps as given (None = now), with
+        its own system prompt (None: its persona's); returns its id. Each message names its
+        `parent` by its index in `messages` (an earlier one) or None; siblings keep their
+        order. ValueError names the first bad message."""
         stamp = now()
         with transaction(self._conn) as conn:
             cur = conn.execute(
-                "INSERT INTO sessions (title, persona, settings, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (title, persona, json.dumps(settings), created_at or stamp, updated_at or stamp))
+                "INSERT INTO sessions (title, persona, settings, created_at, updated_at, "
+                "system_prompt) VALUES (?, ?, ?, ?, ?, ?)",
+                (title, persona, json.dumps(settings), created_at or stamp, updated_at or stamp,
+                 system_prompt))
             session_id = int(cur.lastrowid)
             ids: list[int] = []
             for n, msg in enumerate(messages, 1):
@@ -186,6 +187,14 @@ class Store(MessageTree):
         such chat. Does not move the chat in the recency order."""
         with transaction(self._conn) as conn:
             if conn.execute("UPDATE sessions SET draft = ? WHERE id = ?",
+                            (text, session_id)).rowcount == 0:
+                raise NotFound(f"no chat with id {session_id}")
+
+    def set_system_prompt(self, session_id: int, text: str | None) -> None:
+        """Give a chat its own system prompt (None: back to its persona's); NotFound if there
+        is no such chat. Does not move the chat in the recency order."""
+        with transaction(self._conn) as conn:
+            if conn.execute("UPDATE sessions SET system_prompt = ? WHERE id = ?",
                             (text, session_id)).rowcount == 0:
                 raise NotFound(f"no chat with id {session_id}")
 

@@ -117,6 +117,8 @@ class ChatApp(App[None]):
 
     async def on_unmount(self) -> None:
         if hasattr(self, "saved"):
+            if self.chat.current is not None:  # the chat on show keeps its unsent text too
+                self.chat.current.draft = self.chat.prompt.text
             self.saved.stop()
         await asyncio.to_thread(self.client.close)  # joins the engine thread: not on the loop
 

@@ -72,14 +72,19 @@ class SavedChats:
         self.store.close()
 
     def save_draft(self, session: ChatSession) -> None:
-        """Keep ``session.draft`` in the store (a chat not saved yet has nowhere to keep it)."""
-        if session.store_id is not None:
-            self.store.set_draft(session.store_id, session.draft)
+        """Keep ``session.draft`` in the store (a chat with no message yet is saved for it)."""
+        self.recorder.keep_draft(session)
 
     def save_persona(self, session: ChatSession) -> None:
-        """Keep the name of the persona ``session`` continues with (once it is saved)."""
+        """Keep the name of the persona ``session`` continues with (once it is saved), and
+        its system prompt is that persona's again."""
         if session.store_id is not None:
             self.store.update_session(session.store_id, persona=session.persona.name)
+            self.recorder.keep_system_prompt(session, own=False)
+
+    def save_system_prompt(self, session: ChatSession) -> None:
+        """Keep the system prompt set for ``session`` alone (/system), across restarts."""
+        self.recorder.keep_system_prompt(session, own=True)
 
     def closed_chats(self) -> list[SessionRow]:
         """Saved chats not open now, most recent first (at most REOPEN_LIMIT)."""

@@ -53,6 +53,7 @@ class PersonaActions:
                              "edit it)")
         session.persona = replace(session.persona, system_prompt=text)
         session.changed("settings")
+        self.saved.save_system_prompt(session)
         sharing = sum(s.persona.system_prompt == text for s in self.chats.sessions)
         if sharing > 1:
             self.pin(text)
