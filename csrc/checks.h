@@ -137,4 +137,48 @@ inline void check_block_ids(const int64_t* pairs, int64_t n, int64_t src_blocks,
   }
 }
 
+// The fused decode-step ops (reference: chatpage/engine/fused.py); each backend checks the device.
+inline void check_rows(const at::Tensor& t, int64_t rows, int64_t cols, const char* what) {
+  TORCH_CHECK(t.dim() >= 2 && t.size(0) == rows && t.numel() == rows * cols,
+              "chatpage: ", what, " must hold ", rows, " rows of ", cols, " values, got ", t.sizes());
+  TORCH_CHECK(t.is_contiguous(), "chatpage: ", what, " must be contiguous");
+}
+
+inline void check_add_rms_norm_args(const at::Tensor& hidden, const c10::optional<at::Tensor>& delta,
+                                    const at::Tensor& weight, const at::Tensor& out) {
+  TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kFloat && hidden.is_contiguous(),
+              "chatpage::add_rms_norm: hidden must be a contiguous float32 [rows, size] tensor");
+  const int64_t rows = hidden.size(0), n = hidden.size(1);
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous() && weight.numel() == n,
+              "chatpage::add_rms_norm: weight must be float32 with ", n, " values");
+  check_rows(out, rows, n, "add_rms_norm's out");
+  if (delta.has_value()) check_rows(*delta, rows, n, "add_rms_norm's delta");
+}
+
+inline void check_rope_qkv_args(const at::Tensor& qkv, const at::Tensor& positions,
+                                const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& q,
+                                const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes() && k.size(2) == q.size(2),
+              "chatpage::rope_qkv: q must be [rows, q_heads, dim], k and v [rows, kv_heads, dim]");
+  TORCH_CHECK(q.size(2) % 2 == 0, "chatpage::rope_qkv: head dim must be even");
+  for (const at::Tensor* t : {&q, &k, &v, &cos, &sin})
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous(),
+                "chatpage::rope_qkv: q, k, v, cos and sin must be contiguous float32");
+  const int64_t rows = qkv.size(0), dim = q.size(2);
+  check_rows(qkv, rows, (q.size(1) + 2 * k.size(1)) * dim, "rope_qkv's qkv");
+  TORCH_CHECK(q.size(0) == rows && k.size(0) == rows, "chatpage::rope_qkv: row counts differ");
+  TORCH_CHECK(cos.dim() == 2 && cos.size(1) == dim && sin.sizes() == cos.sizes(),
+              "chatpage::rope_qkv: cos and sin must be [positions, head dim]");
+  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() &&
+                  positions.numel() == rows,
+              "chatpage::rope_qkv: positions must be int64 with one per row");
+}
+
+inline void check_silu_mul_args(const at::Tensor& gate_up, const at::Tensor& out) {
+  TORCH_CHECK(out.dim() == 2, "chatpage::silu_mul: out must be [rows, size]");
+  const int64_t rows = out.size(0), n = out.size(1);
+  check_rows(gate_up, rows, 2 * n, "silu_mul's gate_up");
+  check_rows(out, rows, n, "silu_mul's out");
+}
+
 }  // namespace chatpage

@@ -16,7 +16,7 @@ TORCH_LIBRARY(chatpage, m) {
       "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> ()");
   m.def("copy_blocks(Tensor(a!)[] caches, Tensor src_to_dst) -> ()");
   m.def("swap_blocks(Tensor src, Tensor(a!) dst, Tensor mapping) -> ()");
-  // The decode step's fused small ops (CPU only; chatpage/engine/fused.py is their reference).
+  // The decode step's fused small ops (chatpage/engine/fused.py is their reference).
   m.def(
       "add_rms_norm(Tensor(a!) hidden, Tensor? delta, Tensor weight, float eps, "
       "Tensor(b!) out) -> ()");

@@ -5,16 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fused_checks import BF16, F32, check_add_rms_norm, check_rope_qkv, check_silu_mul
 
 from chatpage.engine import fused, ops
 
 NATIVE = fused.for_model(torch.device("cpu"), torch.float32)
-BF16, F32 = torch.bfloat16, torch.float32
-
-
-def _close(a: torch.Tensor, b: torch.Tensor) -> None:
-    tol = 1e-2 if BF16 in (a.dtype, b.dtype) else 1e-5
-    torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol)
 
 
 def test_the_model_gets_the_native_ops_only_where_they_apply():
@@ -27,40 +22,13 @@ def test_the_model_gets_the_native_ops_only_where_they_apply():
 @pytest.mark.parametrize("delta_dtype", [None, F32, BF16])
 @pytest.mark.parametrize("out_dtype", [F32, BF16])
 def test_add_rms_norm(rows, delta_dtype, out_dtype):
-    torch.manual_seed(0)
-    n = 200  # not a multiple of 16: the tail loop runs too
-    hidden = torch.randn(rows, n)
-    delta = None if delta_dtype is None else torch.randn(rows, n).to(delta_dtype)
-    weight = torch.rand(n) + 0.5
-    outs, hiddens = [], []
-    for impl in (fused.REFERENCE, NATIVE):
-        h, out = hidden.clone(), torch.empty(rows, n, dtype=out_dtype)
-        impl.add_rms_norm(h, delta, weight, 1e-5, out)
-        outs.append(out)
-        hiddens.append(h)
-    _close(*hiddens)
-    _close(*outs)
-    if delta is not None:
-        _close(hiddens[1], hidden + delta.float())
+    check_add_rms_norm(NATIVE, "cpu", rows, delta_dtype, out_dtype)
 
 
 @pytest.mark.parametrize("rows", [1, 33])
 @pytest.mark.parametrize("qkv_dtype", [F32, BF16])
 def test_rope_qkv(rows, qkv_dtype):
-    torch.manual_seed(0)
-    hq, hkv, d, positions = 6, 2, 64, 300
-    qkv = torch.randn(rows, (hq + 2 * hkv) * d).to(qkv_dtype)
-    pos = torch.randint(0, positions, (rows,))
-    angles = torch.rand(positions, d)
-    cos, sin = angles.cos().contiguous(), angles.sin().contiguous()
-    results = []
-    for impl in (fused.REFERENCE, NATIVE):
-        q, k, v = torch.empty(rows, hq, d), torch.empty(rows, hkv, d), torch.empty(rows, hkv, d)
-        impl.rope_qkv(qkv, pos, cos, sin, q, k, v)
-        results.append((q, k, v))
-    for a, b in zip(*results, strict=True):
-        _close(a, b)
-    _close(results[1][2].flatten(1), qkv[:, (hq + hkv) * d :])  # v is copied, not rotated
+    check_rope_qkv(NATIVE, "cpu", rows, qkv_dtype)
 
 
 def test_rope_qkv_rejects_a_position_beyond_the_table():
@@ -73,14 +41,7 @@ def test_rope_qkv_rejects_a_position_beyond_the_table():
 @pytest.mark.parametrize("rows", [1, 40])
 @pytest.mark.parametrize("dtype", [F32, BF16])
 def test_silu_mul(rows, dtype):
-    torch.manual_seed(0)
-    gate_up = (torch.randn(rows, 2 * 96) * 4).to(dtype)
-    outs = []
-    for impl in (fused.REFERENCE, NATIVE):
-        out = torch.empty(rows, 96, dtype=dtype)
-        impl.silu_mul(gate_up, out)
-        outs.append(out)
-    _close(*outs)
+    check_silu_mul(NATIVE, "cpu", rows, dtype)
 
 
 def test_shapes_are_checked():

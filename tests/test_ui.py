@@ -21,6 +21,7 @@ from helpers import (
     wait_for,
 )
 
+from chatpage.ui.app import STATS_INTERVAL_S
 from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.widgets.alternatives import AlternativesView, AltPane
 from chatpage.ui.widgets.block_gauge import BlockGauge, segments
@@ -89,8 +90,8 @@ async def test_two_personas_stream_switch_cache_and_gauge(tiny_llama_dir, person
         header = str(app.chat.session_view(third).query_one(".session-header").render())
         assert f"{stats.prefix_hit_tokens} of {stats.prompt_tokens} prompt tokens" in header
 
-        # the gauge shows exactly the engine's numbers
-        await pilot.pause(0.7)
+        # the gauge shows exactly the engine's numbers (after its next poll)
+        await pilot.pause(STATS_INTERVAL_S + 0.4)
         gauge = app.chat.query_one(BlockGauge)
         assert gauge.stats == app.client.stats()
         assert gauge.stats.blocks_pinned > 0

@@ -4,10 +4,13 @@ Runs the real app headless (Textual's test driver) over the real engine and repo
 time to first paint and to model-ready (cold: empty cache dir, so the model is dequantized and
 the kernels built; cached: the usual start), keystroke-to-screen latency percentiles while
 ``--sessions`` chats stream at once, and the engine's aggregate tokens/s meanwhile. With one
-session it also runs the same request on an engine of the same model and config with no UI
-(``engine_alone_tok_s``, on this thread with the engine's thread count, after the app has closed)
-against the rate inside the TUI while it only streams (``tui_tok_s``, a window with no input) and
-while keys are typed and timed (``tui_typing_tok_s``).
+session it also runs the same request on an engine of the same model and config with no UI (on
+this thread with the engine's thread count, after the app has closed), timed over the same tokens
+of the reply as each window in the TUI: ``engine_alone_tok_s`` against the rate inside the TUI
+while it only streams (``tui_tok_s``, a window with no input), ``engine_alone_typing_tok_s``
+against the rate while keys are typed and timed (``tui_typing_tok_s``). ``ui_thread_cpu_share``
+is the CPU time the app's thread used in the streaming window over its length (what the UI
+takes from the engine through the GIL).
 """
 
 from __future__ import annotations
@@ -79,10 +82,21 @@ async def _measure(args) -> dict:
                or app.client.stats().num_waiting > 0
                or engine.num_generated < 2 * args.sessions):
             await asyncio.sleep(0.1)
+        reply = app.chat.current.entries[-1]
+
+        def shown() -> int:  # the current reply's tokens so far (one session: the only reply)
+            return reply.stats.tokens if reply.stats is not None else 0
+
         generated0, t_start = engine.num_generated, time.perf_counter()
+        stream_span = [shown(), 0]
+        ui_cpu0 = time.thread_time()  # this thread is the app's: what it costs the engine
         await asyncio.sleep(STREAM_WINDOW_S)
-        stream_tok_s = (engine.num_generated - generated0) / (time.perf_counter() - t_start)
+        window = time.perf_counter() - t_start
+        stream_tok_s = (engine.num_generated - generated0) / window
+        stream_span[1] = shown()
+        ui_cpu_share = (time.thread_time() - ui_cpu0) / window
         generated0, t_start = engine.num_generated, time.perf_counter()
+        typing_span = [shown(), 0]
         latencies = []
         for i in range(args.keys):
             before = prompt.text
@@ -101,11 +115,14 @@ async def _measure(args) -> dict:
             await asyncio.sleep(0.1)
         elapsed = time.perf_counter() - t_start
         tok_s = (engine.num_generated - generated0) / elapsed
+        typing_span[1] = shown()
         running = app.client.stats().num_running
         system = app.chat.current.persona.system_prompt if args.sessions == 1 else None
     alone = {}
     if system is not None:
-        alone = _engine_alone(settings.model, config, system, args.max_tokens)
+        alone = _engine_alone(settings.model, config, system, args.max_tokens,
+                              {"engine_alone_tok_s": stream_span,
+                               "engine_alone_typing_tok_s": typing_span})
     return {
         "bench": "ui",
         "model": settings.model or "default",
@@ -120,16 +137,19 @@ async def _measure(args) -> dict:
         "aggregate_tok_s": round(tok_s, 1),
         "weights": config.weight_dtype,
         "threads": config.threads,
-        **({"tui_tok_s": round(stream_tok_s, 1), "tui_typing_tok_s": round(tok_s, 1), **alone,
+        **({"tui_tok_s": round(stream_tok_s, 1), "ui_thread_cpu_share": round(ui_cpu_share, 3),
+            "tui_typing_tok_s": round(tok_s, 1), **alone,
             "tui_vs_engine_alone": round(stream_tok_s / alone["engine_alone_tok_s"], 3),
-            "tui_typing_vs_engine_alone": round(tok_s / alone["engine_alone_tok_s"], 3),
+            "tui_typing_vs_engine_alone": round(tok_s / alone["engine_alone_typing_tok_s"], 3),
             "goal_tui_vs_engine_alone": 0.9} if alone else {}),
     }
 
 
-def _engine_alone(model: str | None, config, system: str, max_tokens: int) -> dict:
-    """The TUI's request again, on a fresh engine stepped here without a UI: the decode rate (wall
-    clock, from the first token to the last) the TUI is compared with."""
+def _engine_alone(model: str | None, config, system: str, max_tokens: int,
+                  spans: dict[str, list[int]]) -> dict:
+    """The TUI's request again, on a fresh engine stepped here without a UI: for each named span
+    [first, last) of the reply's tokens, the decode rate (wall clock) over those same tokens (a
+    step costs more as the context grows, so the TUI's windows are compared token for token)."""
     import torch
 
     from chatpage.engine import LLMEngine, SamplingParams
@@ -140,12 +160,18 @@ def _engine_alone(model: str | None, config, system: str, max_tokens: int) -> di
     ids = render_prompt(engine.tokenizer, [{"role": "system", "content": system},
                                            {"role": "user", "content": STORY}])
     engine.add_request(ids, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
-    engine.step()  # the prefill
-    generated0, t0 = engine.num_generated, time.perf_counter()
-    while engine.has_unfinished():
+    base = engine.num_generated
+    times: dict[int, float] = {}  # reply tokens generated -> when
+    wanted = {n for span in spans.values() for n in span}
+    while engine.has_unfinished() and len(times) < len(wanted):
+        done = engine.num_generated - base
+        if done in wanted:
+            times[done] = time.perf_counter()
         engine.step()
-    return {"engine_alone_tok_s": round((engine.num_generated - generated0)
-                                        / (time.perf_counter() - t0), 1)}
+    if engine.num_generated - base in wanted:
+        times[engine.num_generated - base] = time.perf_counter()
+    return {name: round((last - first) / (times[last] - times[first]), 1)
+            for name, (first, last) in spans.items() if first in times and last in times}
 
 
 def main(argv: list[str] | None = None) -> int:

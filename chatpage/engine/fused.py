@@ -1,9 +1,10 @@
 """The decode step's small per-layer ops: residual add + RMSNorm, RoPE + QKV split, SwiGLU.
 
 Each writes into tensors the caller allocated once per step. The functions here are the torch
-reference and the specification of the fused CPU kernels in ``csrc/cpu/fused.cpp``
-(``torch.ops.chatpage.*``); :func:`for_model` picks the kernels when they are loaded, the model
-runs on the CPU and its residual stream is fp32, and the reference everywhere else.
+reference and the specification of the fused kernels in ``csrc/cpu/fused.cpp`` and
+``csrc/cuda/fused.cu`` (``torch.ops.chatpage.*``); :func:`for_model` picks the kernels when they
+are loaded for the model's device (CPU or CUDA) and its residual stream is fp32, and the
+reference everywhere else.
 Measured on the default model at batch 1, 1 thread: see ``chatpage bench single``.
 """
 
@@ -66,8 +67,9 @@ REFERENCE = FusedOps(False, add_rms_norm, rope_qkv, silu_mul)
 
 
 def for_model(device: torch.device, dtype: torch.dtype) -> FusedOps:
-    """The native kernels for an fp32 model on the CPU when they are loaded, else the reference."""
-    if device.type != "cpu" or dtype != torch.float32 or not ops.available(device):
+    """The native kernels for an fp32 model on the CPU or CUDA when they are loaded there, else
+    the reference."""
+    if device.type not in ("cpu", "cuda") or dtype != torch.float32 or not ops.available(device):
         return REFERENCE
     lib = torch.ops.chatpage
     return FusedOps(True, lib.add_rms_norm, lib.rope_qkv, lib.silu_mul)

@@ -1,12 +1,20 @@
-"""Turns a scheduled batch into tensors (positions, slot mapping, block tables), runs the model."""
+"""Turns a scheduled batch into tensors (positions, slot mapping, block tables), runs the model.
+
+On CUDA a batch of decode rows replays a captured CUDA graph of the step
+(`chatpage.engine.cuda_graphs`) when it fits one; everything else runs eagerly.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from chatpage.engine.cuda_graphs import Capture, DecodeGraphs, GraphPlan, StaticInputs, cuda_capture
 from chatpage.engine.kv_cache import KVCache
 from chatpage.engine.models.llama import AttentionMetadata, LlamaModel
 from chatpage.engine.scheduler import ScheduledSeq
+
+DEFAULT_GRAPH_BATCH = 128
+"""The largest decode batch replayed through a CUDA graph (larger ones run eagerly)."""
 
 
 class ModelRunner:
@@ -16,10 +24,43 @@ class ModelRunner:
         self.kv = kv
         self.tables = tables  # the block manager's tables, read-only here
         self.block_size = block_size
+        self.warnings: list[str] = []
+        self.graphs: DecodeGraphs | None = None
+        if model.device.type == "cuda":
+            self.use_graphs(cuda_capture)
+
+    def use_graphs(self, capture: Capture) -> None:
+        """Replay decode steps through graphs made by ``capture`` (CUDA: `cuda_capture`; a test
+        may run the same bookkeeping on the CPU with a capture that replays eagerly)."""
+        max_blocks = -(-self.model.max_positions // self.block_size)
+        plan = GraphPlan(DEFAULT_GRAPH_BATCH, max_blocks, self.block_size,
+                         self.model.device)
+        self.graphs = DecodeGraphs(plan, self._graph_forward, self.warnings.append, capture)
+
+    def _graph_forward(self, inputs: StaticInputs) -> torch.Tensor:
+        meta = AttentionMetadata(slot_mapping=inputs.slot_mapping,
+                                 block_tables=inputs.block_tables, seq_lens=inputs.seq_lens,
+                                 query_start_loc=inputs.query_start_loc)
+        return self.model.forward(inputs.input_ids, inputs.positions, meta, self.kv.k, self.kv.v,
+                                  inputs.logit_rows)
+
+    def _replay(self, batch: list[ScheduledSeq]) -> torch.Tensor | None:
+        """The logits of ``batch`` through a CUDA graph, or None (not all decode rows, or no
+        graph fits it)."""
+        if self.graphs is None or not all(i.num_new_tokens == 1 and i.samples for i in batch):
+            return None
+        seqs = [item.seq for item in batch]
+        return self.graphs.run([s.token_ids[s.num_computed_tokens] for s in seqs],
+                               [s.num_computed_tokens for s in seqs],
+                               [self.tables[s.seq_id] for s in seqs],
+                               key=(self.kv.k[0].data_ptr(), self.kv.v[0].data_ptr()))
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         """Run one step; logits [R, V] for the entries of ``batch`` whose ``samples`` is true."""
+        replayed = self._replay(batch)
+        if replayed is not None:
+            return replayed
         bs = self.block_size
         ids: list[int] = []
         positions: list[int] = []

@@ -38,7 +38,9 @@ from chatpage.ui.widgets.alternatives import AlternativesView
 from chatpage.ui.widgets.message import MessageView
 from chatpage.ui.widgets.transcript import Transcript
 
-STATS_INTERVAL_S = 0.3
+STATS_INTERVAL_S = 1.0
+"""How often the gauge reads the engine's stats (each repaint costs the app's thread, which shares
+the GIL with the engine's)."""
 STOP_WAIT_S = 10.0
 """How long a model switch waits for the replies in progress to stop."""
 FALLBACK_PERSONA = Persona(

@@ -11,6 +11,7 @@
 #include <c10/util/BFloat16.h>
 
 #include <cmath>
+#include <initializer_list>
 
 namespace chatpage::cpu {
 namespace {
@@ -37,11 +38,9 @@ void dispatch2(at::ScalarType a, at::ScalarType b, const char* name, Fn&& fn) {
   else fn.template operator()<c10::BFloat16, c10::BFloat16>();
 }
 
-void check_rows(const at::Tensor& t, int64_t rows, int64_t cols, const char* what) {
-  TORCH_CHECK(t.device().is_cpu(), "chatpage: ", what, " must be on the CPU");
-  TORCH_CHECK(t.dim() >= 2 && t.size(0) == rows && t.numel() == rows * cols,
-              "chatpage: ", what, " must hold ", rows, " rows of ", cols, " values, got ", t.sizes());
-  TORCH_CHECK(t.is_contiguous(), "chatpage: ", what, " must be contiguous");
+void check_on_cpu(std::initializer_list<const at::Tensor*> tensors, const char* op) {
+  for (const at::Tensor* t : tensors)
+    TORCH_CHECK(t->device().is_cpu(), "chatpage::", op, ": every tensor must be on the CPU");
 }
 
 struct AddRmsNorm {
@@ -151,13 +150,9 @@ struct SiluMul {
 
 void add_rms_norm(const at::Tensor& hidden, const c10::optional<at::Tensor>& delta,
                   const at::Tensor& weight, double eps, const at::Tensor& out) {
-  TORCH_CHECK(hidden.dim() == 2 && hidden.scalar_type() == at::kFloat && hidden.is_contiguous(),
-              "chatpage::add_rms_norm: hidden must be a contiguous float32 [rows, size] tensor");
-  const int64_t rows = hidden.size(0), n = hidden.size(1);
-  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous() && weight.numel() == n,
-              "chatpage::add_rms_norm: weight must be float32 with ", n, " values");
-  check_rows(out, rows, n, "add_rms_norm's out");
-  if (delta.has_value()) check_rows(*delta, rows, n, "add_rms_norm's delta");
+  check_add_rms_norm_args(hidden, delta, weight, out);
+  check_on_cpu({&hidden, &weight, &out}, "add_rms_norm");
+  if (delta.has_value()) check_on_cpu({&*delta}, "add_rms_norm");
   const at::ScalarType dt = delta.has_value() ? delta->scalar_type() : at::kFloat;
   dispatch2(dt, out.scalar_type(), "add_rms_norm", AddRmsNorm{hidden, delta, weight, out, eps});
 }
@@ -165,28 +160,14 @@ void add_rms_norm(const at::Tensor& hidden, const c10::optional<at::Tensor>& del
 void rope_qkv(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos,
               const at::Tensor& sin, const at::Tensor& q, const at::Tensor& k,
               const at::Tensor& v) {
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 3 && v.sizes() == k.sizes() && k.size(2) == q.size(2),
-              "chatpage::rope_qkv: q must be [rows, q_heads, dim], k and v [rows, kv_heads, dim]");
-  TORCH_CHECK(q.size(2) % 2 == 0, "chatpage::rope_qkv: head dim must be even");
-  for (const at::Tensor* t : {&q, &k, &v, &cos, &sin})
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous(),
-                "chatpage::rope_qkv: q, k, v, cos and sin must be contiguous float32");
-  const int64_t rows = qkv.size(0), dim = q.size(2);
-  check_rows(qkv, rows, (q.size(1) + 2 * k.size(1)) * dim, "rope_qkv's qkv");
-  TORCH_CHECK(q.size(0) == rows && k.size(0) == rows, "chatpage::rope_qkv: row counts differ");
-  TORCH_CHECK(cos.dim() == 2 && cos.size(1) == dim && sin.sizes() == cos.sizes(),
-              "chatpage::rope_qkv: cos and sin must be [positions, head dim]");
-  TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() &&
-                  positions.numel() == rows,
-              "chatpage::rope_qkv: positions must be int64 with one per row");
+  check_rope_qkv_args(qkv, positions, cos, sin, q, k, v);
+  check_on_cpu({&qkv, &positions, &cos, &sin, &q, &k, &v}, "rope_qkv");
   dispatch2(qkv.scalar_type(), at::kFloat, "rope_qkv", RopeQkv{qkv, positions, cos, sin, q, k, v});
 }
 
 void silu_mul(const at::Tensor& gate_up, const at::Tensor& out) {
-  TORCH_CHECK(out.dim() == 2, "chatpage::silu_mul: out must be [rows, size]");
-  const int64_t rows = out.size(0), n = out.size(1);
-  check_rows(gate_up, rows, 2 * n, "silu_mul's gate_up");
-  check_rows(out, rows, n, "silu_mul's out");
+  check_silu_mul_args(gate_up, out);
+  check_on_cpu({&gate_up, &out}, "silu_mul");
   dispatch2(gate_up.scalar_type(), out.scalar_type(), "silu_mul", SiluMul{gate_up, out});
 }
 

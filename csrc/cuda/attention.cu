@@ -7,10 +7,9 @@
 // the chunk's values. With one partition the CTA writes the output; with several (split-K, for long
 // contexts when rows x heads alone cannot fill the GPU) it writes its unnormalised partial result
 // and reduce_partitions_kernel merges them.
+#include "cuda/device_math.cuh"
 #include "cuda/kernels.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,30 +28,6 @@ constexpr int kMaxPerLane = kMaxHeadDim / kLanesPerKey;
 constexpr int kMaxHeadsPerCta = 16;
 constexpr int kMaxElemsPerThread = 16;  // heads_per_cta * head_dim <= kThreads * 16
 constexpr int kMaxPartitions = 64;
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
-__device__ __forceinline__ float warp_max(float x) {
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  return x;
-}
-__device__ __forceinline__ float warp_sum(float x) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
 
 // The sequence owning query row `row` (query_start_loc[s] <= row < query_start_loc[s + 1]), or -1.
 __device__ int find_seq(const int32_t* qsl, int num_seqs, int row) {

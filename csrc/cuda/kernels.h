@@ -51,6 +51,20 @@ int copy_blocks(const int64_t* cache_ptrs, const int64_t* block_bytes, int num_c
 int swap_blocks(const void* src, void* dst, int64_t block_bytes, const int64_t* host_pairs,
                 int num_pairs, bool dst_is_host, void* stream);
 
+// The decode step's fused ops (chatpage/engine/fused.py is their reference); every tensor is
+// contiguous and on the device. add_rms_norm: hidden [rows, n] fp32, += delta (when not null),
+// then out [rows, n] = weight * rmsnorm(hidden). rope_qkv: qkv [rows, (q_heads + 2 kv_heads) *
+// head_dim] into fp32 q [rows, q_heads, head_dim], k and v [rows, kv_heads, head_dim], q and k
+// rotated by the fp32 cos/sin tables [max_pos, head_dim] at positions [rows]. silu_mul: out
+// [rows, n] = silu(gate) * up for gate_up [rows, 2n] = [gate | up].
+int add_rms_norm(float* hidden, const void* delta, DType delta_dtype, const float* weight,
+                 float eps, void* out, DType out_dtype, int rows, int n, void* stream);
+int rope_qkv(const void* qkv, DType qkv_dtype, const int64_t* positions, const float* cos,
+             const float* sin, int64_t max_pos, float* q, float* k, float* v, int rows,
+             int q_heads, int kv_heads, int head_dim, void* stream);
+int silu_mul(const void* gate_up, DType in_dtype, void* out, DType out_dtype, int rows, int n,
+             void* stream);
+
 const char* error_string(int code);
 
 }  // namespace chatpage::cuda

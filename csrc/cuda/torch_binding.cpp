@@ -3,10 +3,12 @@
 #include "checks.h"
 #include "cuda/kernels.h"
 
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <initializer_list>
 #include <vector>
 
 namespace chatpage::cuda {
@@ -26,6 +28,13 @@ void check(int code) { TORCH_CHECK(code == 0, "chatpage CUDA: ", error_string(co
 
 void* current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
+// While a CUDA graph is captured (chatpage/engine/cuda_graphs.py) nothing may copy to the host:
+// the index checks, which read block tables and slots back, are skipped (the engine's own block
+// manager wrote those indices; a replay runs no host code at all).
+bool capturing() {
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+}
+
 at::Tensor on_device_as(const at::Tensor& t, const at::Tensor& like, at::ScalarType dtype) {
   return t.to(like.device(), dtype).contiguous();
 }
@@ -39,7 +48,7 @@ void paged_attention_cuda(const at::Tensor& out, const at::Tensor& query, const 
   TORCH_CHECK(query.is_cuda() && out.device() == query.device() && k_cache.device() == query.device(),
               "chatpage: query, out and caches must be on the same CUDA device");
   TORCH_CHECK(shape.head_dim <= 256, "chatpage: head_dim above 256 is not supported on CUDA");
-  check_attention_indices(shape, block_tables, seq_lens, query_start_loc);
+  if (!capturing()) check_attention_indices(shape, block_tables, seq_lens, query_start_loc);
   const c10::cuda::CUDAGuard guard(query.device());
   const at::Tensor tables = on_device_as(block_tables, query, at::kInt);
   const at::Tensor lens = on_device_as(seq_lens, query, at::kInt);
@@ -89,7 +98,7 @@ void write_kv_cuda(const at::Tensor& key, const at::Tensor& value, const at::Ten
   check_write_kv_args(key, value, k_cache, v_cache, slot_mapping);
   TORCH_CHECK(k_cache.is_cuda() && key.device() == k_cache.device() && value.device() == k_cache.device(),
               "chatpage: key, value and caches must be on the same CUDA device");
-  check_slots(slot_mapping, k_cache);
+  if (!capturing()) check_slots(slot_mapping, k_cache);
   const c10::cuda::CUDAGuard guard(k_cache.device());
   auto prepare = [&](const at::Tensor& t) {
     at::Tensor r = t.to(k_cache.scalar_type());
@@ -138,6 +147,48 @@ void swap_blocks_cuda(const at::Tensor& src, const at::Tensor& dst, const at::Te
                     current_stream()));
 }
 
+void check_on_device(std::initializer_list<const at::Tensor*> tensors, const at::Tensor& like,
+                     const char* op) {
+  for (const at::Tensor* t : tensors)
+    TORCH_CHECK(t->is_cuda() && t->device() == like.device(), "chatpage::", op,
+                ": every tensor must be on the same CUDA device");
+}
+
+void add_rms_norm_cuda(const at::Tensor& hidden, const c10::optional<at::Tensor>& delta,
+                       const at::Tensor& weight, double eps, const at::Tensor& out) {
+  check_add_rms_norm_args(hidden, delta, weight, out);
+  check_on_device({&hidden, &weight, &out}, hidden, "add_rms_norm");
+  if (delta.has_value()) check_on_device({&*delta}, hidden, "add_rms_norm");
+  const c10::cuda::CUDAGuard guard(hidden.device());
+  check(add_rms_norm(hidden.data_ptr<float>(), delta.has_value() ? delta->data_ptr() : nullptr,
+                     dtype_of(delta.has_value() ? delta->scalar_type() : at::kFloat),
+                     weight.data_ptr<float>(), static_cast<float>(eps), out.data_ptr(),
+                     dtype_of(out.scalar_type()), static_cast<int>(hidden.size(0)),
+                     static_cast<int>(hidden.size(1)), current_stream()));
+}
+
+void rope_qkv_cuda(const at::Tensor& qkv, const at::Tensor& positions, const at::Tensor& cos,
+                   const at::Tensor& sin, const at::Tensor& q, const at::Tensor& k,
+                   const at::Tensor& v) {
+  check_rope_qkv_args(qkv, positions, cos, sin, q, k, v);
+  check_on_device({&qkv, &positions, &cos, &sin, &q, &k, &v}, qkv, "rope_qkv");
+  const c10::cuda::CUDAGuard guard(qkv.device());
+  check(rope_qkv(qkv.data_ptr(), dtype_of(qkv.scalar_type()), positions.data_ptr<int64_t>(),
+                 cos.data_ptr<float>(), sin.data_ptr<float>(), cos.size(0), q.data_ptr<float>(),
+                 k.data_ptr<float>(), v.data_ptr<float>(), static_cast<int>(qkv.size(0)),
+                 static_cast<int>(q.size(1)), static_cast<int>(k.size(1)),
+                 static_cast<int>(q.size(2)), current_stream()));
+}
+
+void silu_mul_cuda(const at::Tensor& gate_up, const at::Tensor& out) {
+  check_silu_mul_args(gate_up, out);
+  check_on_device({&gate_up, &out}, out, "silu_mul");
+  const c10::cuda::CUDAGuard guard(out.device());
+  check(silu_mul(gate_up.data_ptr(), dtype_of(gate_up.scalar_type()), out.data_ptr(),
+                 dtype_of(out.scalar_type()), static_cast<int>(out.size(0)),
+                 static_cast<int>(out.size(1)), current_stream()));
+}
+
 }  // namespace
 }  // namespace chatpage::cuda
 
@@ -146,4 +197,7 @@ TORCH_LIBRARY_IMPL(chatpage, CUDA, m) {
   m.impl("paged_attention", &chatpage::cuda::paged_attention_cuda);
   m.impl("copy_blocks", &chatpage::cuda::copy_blocks_cuda);
   m.impl("swap_blocks", &chatpage::cuda::swap_blocks_cuda);
+  m.impl("add_rms_norm", &chatpage::cuda::add_rms_norm_cuda);
+  m.impl("rope_qkv", &chatpage::cuda::rope_qkv_cuda);
+  m.impl("silu_mul", &chatpage::cuda::silu_mul_cuda);
 }

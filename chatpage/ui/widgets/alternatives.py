@@ -67,7 +67,7 @@ class AltPane(Throttled, Vertical):
         self.set_class(self.candidate.finished, "-finished")
         self._title_line.update(self._title())
         self._foot_line.update(self._foot())
-        self._body.show(self.candidate.text, now=self.candidate.finished)
+        self._body.show(self.candidate.text)
 
     def on_click(self, event: events.Click) -> None:
         event.stop()

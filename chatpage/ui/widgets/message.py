@@ -45,6 +45,12 @@ def stats_line(stats: ReplyStats | None) -> str:
     return " · ".join(parts)
 
 
+def _update(line: Static, content: str | Text) -> None:
+    """Give ``line`` new content only when it differs (every update costs a layout pass)."""
+    if line.content != content:
+        line.update(content)
+
+
 class MessageView(Throttled, Vertical, can_focus=True):
     """Shows an `Entry`; `refresh_entry` redraws it after the entry changed."""
 
@@ -154,11 +160,11 @@ class MessageView(Throttled, Vertical, can_focus=True):
         self.set_class(entry.dropped, "-dropped")
         place = entry.place()
         self.set_class(place.forked, "-forked")
-        self._versions.update(place.label() if place.forked else "")
-        self._speaker.update(self._head())
-        self._foot_line.update(self._foot())
+        _update(self._versions, place.label() if place.forked else "")
+        _update(self._speaker, self._head())
+        _update(self._foot_line, self._foot())
         if isinstance(self._body, StreamingMarkdown):
-            self._body.show(entry.content, now=entry.status != "streaming")
+            self._body.show(entry.content)
         else:
             self._body.update(Text(clean(entry.content)))
 
