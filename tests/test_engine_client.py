@@ -71,3 +71,22 @@ def test_a_system_prompt_too_large_to_pin_leaves_the_engine_serving(tiny_llama_d
         assert any("KV blocks" in s for s in client.statuses), client.statuses
     finally:
         client.close()
+
+
+def test_a_warning_raised_while_stepping_reaches_the_status_line(tiny_llama_dir):
+    """CUDA graphs that cannot be captured fall back to eager steps and say so (here the same
+    bookkeeping on the CPU with a capture that fails); the reply still comes."""
+    client = _client(tiny_llama_dir, 32)
+
+    def failing(forward, inputs, pool):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    try:
+        client.engine.runner.use_graphs(failing)
+        last = _ask(client, [{"role": "user", "content": "hi"}])
+        assert last.finish_reason == "length" and last.num_tokens == 3
+        warned = [s for s in client.statuses if s.startswith("warning: ")]
+        assert warned == ["warning: CUDA graphs are off (capture failed: operation not permitted "
+                          "when stream is capturing)"]
+    finally:
+        client.close()

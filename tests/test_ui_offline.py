@@ -22,7 +22,7 @@ from textual.widgets import Input
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence
 
 from chatpage.config.paths import config_dir
-from chatpage.ui.messages import EngineEvent
+from chatpage.ui.messages import EngineEvent, EngineStatus
 from chatpage.ui.screens.help import HelpScreen
 from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.screens.sampling_settings import SamplingSettingsScreen
@@ -210,3 +210,14 @@ class StatsFactory:
                            num_swapped=0, prefix_hit_tokens=32, preemptions_recompute=0,
                            preemptions_swap=0, evictions=0, logical_blocks=12,
                            tokens_per_s=12.5)
+
+
+async def test_an_engine_warning_while_stepping_is_a_notice_and_not_the_status(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        gauge = app.chat.query_one(BlockGauge)
+        await wait_for(pilot, lambda: "model path not found" in gauge.status, "the load error")
+        app.post_message(EngineStatus("warning: CUDA graphs are off ([red]x[/])", app.client))
+        await wait_for(pilot, lambda: "CUDA graphs are off" in app.notices[-1], "the notice")
+        assert app.notices[-1] == "warning: CUDA graphs are off ([red]x[/])"
+        assert "model path not found" in gauge.status  # the status line keeps what it said

@@ -166,6 +166,7 @@ class EngineClient:
         self._stats = engine.stats()
         self._ready.set()
         self._status("ready")
+        reported = len(self.warnings)  # the load's warnings: shown by the UI at "ready"
         while not self._stopping:
             self._drain(block=not engine.has_unfinished())
             if self._stopping or not engine.has_unfinished():
@@ -182,6 +183,9 @@ class EngineClient:
             for out in outputs:
                 self._dispatch(out)
             self._stats = engine.stats()
+            while len(self.warnings) > reported:  # raised while stepping (e.g. CUDA graphs off)
+                self._status(f"warning: {self.warnings[reported]}")
+                reported += 1
 
     def _drain(self, block: bool) -> None:
         try:

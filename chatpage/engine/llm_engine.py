@@ -59,7 +59,8 @@ class LLMEngine(BeamSearch):
                           self.model.num_kv_heads, self.model.head_dim, config.torch_dtype,
                           config.device)
         self.scheduler = Scheduler(config, self.bm)
-        self.runner = ModelRunner(self.model, self.kv, self.bm.tables, config.block_size)
+        self.runner = ModelRunner(self.model, self.kv, self.bm.tables, config.block_size,
+                                  warnings=self.warnings)
         self.eos_ids = self._eos_ids(hf)
         self.groups: dict[str, SequenceGroup] = {}
         self._ids = itertools.count()

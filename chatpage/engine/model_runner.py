@@ -19,12 +19,12 @@ DEFAULT_GRAPH_BATCH = 128
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv: KVCache, tables: dict[int, list[int]],
-                 block_size: int) -> None:
+                 block_size: int, warnings: list[str] | None = None) -> None:
         self.model = model
         self.kv = kv
         self.tables = tables  # the block manager's tables, read-only here
         self.block_size = block_size
-        self.warnings: list[str] = []
+        self.warnings: list[str] = [] if warnings is None else warnings  # (the engine's list)
         self.graphs: DecodeGraphs | None = None
         if model.device.type == "cuda":
             self.use_graphs(cuda_capture)

@@ -231,6 +231,8 @@ class ChatApp(App[None]):
                 self.say(warning, "warning")
             self.chats.model_ready()
             self._poll_stats()
+        elif text.startswith("warning: "):
+            self.say(text.removeprefix("warning: "), "warning", timeout=15)
         elif text.startswith(("error", "engine error")):
             gauge.status = text
             self.say(text, "error", timeout=20)
