@@ -139,10 +139,16 @@ async def _measure(args) -> dict:
         "threads": config.threads,
         **({"tui_tok_s": round(stream_tok_s, 1), "ui_thread_cpu_share": round(ui_cpu_share, 3),
             "tui_typing_tok_s": round(tok_s, 1), **alone,
-            "tui_vs_engine_alone": round(stream_tok_s / alone["engine_alone_tok_s"], 3),
-            "tui_typing_vs_engine_alone": round(tok_s / alone["engine_alone_typing_tok_s"], 3),
+            **_ratio("tui_vs_engine_alone", stream_tok_s, alone.get("engine_alone_tok_s")),
+            **_ratio("tui_typing_vs_engine_alone", tok_s,
+                     alone.get("engine_alone_typing_tok_s")),
             "goal_tui_vs_engine_alone": 0.9} if alone else {}),
     }
+
+
+def _ratio(name: str, tui: float, alone: float | None) -> dict:
+    """``{name: tui / alone}``, or nothing where the window held no tokens to compare."""
+    return {name: round(tui / alone, 3)} if alone else {}
 
 
 def _engine_alone(model: str | None, config, system: str, max_tokens: int,
@@ -171,7 +177,8 @@ def _engine_alone(model: str | None, config, system: str, max_tokens: int,
     if engine.num_generated - base in wanted:
         times[engine.num_generated - base] = time.perf_counter()
     return {name: round((last - first) / (times[last] - times[first]), 1)
-            for name, (first, last) in spans.items() if first in times and last in times}
+            for name, (first, last) in spans.items()
+            if last > first and first in times and last in times}  # (a reply that ended early)
 
 
 def main(argv: list[str] | None = None) -> int:
