@@ -110,17 +110,21 @@ class EngineClient:
         """Queue a chat reply for ``messages`` (works before the model is ready). With
         ``continue_reply`` the last message is a reply to go on with: events carry only the
         new text and tokens."""
-        with self._id_lock:
-            rid = f"chat-{self._next_id}"
-            self._next_id += 1
-        render = continue_prompt if continue_reply else render_prompt
-        self._commands.put(("submit", rid, messages, params, on_event, time.monotonic(), render))
-        return rid
+        return self._submit(messages, params, on_event,
+                            continue_prompt if continue_reply else render_prompt)
 
     def submit_prompt(self, prompt: str | list[int], params: SamplingParams,
                       on_event: EventCallback) -> str:
         """Queue a completion of a raw ``prompt`` (text, or token ids), no chat template."""
-        return self.submit(prompt, params, on_event)  # type: ignore[arg-type]
+        return self._submit(prompt, params, on_event, None)
+
+    def _submit(self, prompt, params: SamplingParams, on_event: EventCallback, render) -> str:
+        """Queue a request; ``render`` turns chat messages into token ids (None: a raw prompt)."""
+        with self._id_lock:
+            rid = f"chat-{self._next_id}"
+            self._next_id += 1
+        self._commands.put(("submit", rid, prompt, params, on_event, time.monotonic(), render))
+        return rid
 
     def cancel(self, request_id: str) -> None:
         """Stop a request; its callback gets a final event with finish_reason "abort"."""
@@ -206,11 +210,9 @@ class EngineClient:
         kind = cmd[0]
         try:
             if kind == "submit":
-                _, rid, messages, params, on_event, t0, render = cmd
+                _, rid, prompt, params, on_event, t0, render = cmd
                 self._callbacks[rid] = (on_event, t0, {})
-                chat = isinstance(messages, list) and bool(messages) \
-                    and isinstance(messages[0], dict)
-                ids = render(engine.tokenizer, messages) if chat else messages
+                ids = render(engine.tokenizer, prompt) if render else prompt
                 engine.add_request(ids, params, request_id=rid)
             elif kind == "cancel":
                 if engine.abort(cmd[1]):
