@@ -6,12 +6,26 @@ weights; they are written once per session as HF directories, exactly what `--mo
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
-import torch
+from helpers import tiny_model_dir
 
+from chatpage.config.paths import cache_dir
 from chatpage.engine.loader import load_model
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_packed_leftovers():
+    """Weights the tests pack for their temporary models are cached like a user's (under the
+    cache's models/, keyed by path); remove the ones this session added, keep everything else."""
+    models = cache_dir() / "models"
+    before = set(models.iterdir()) if models.is_dir() else set()
+    yield
+    for entry in set(models.iterdir()) - before if models.is_dir() else ():
+        if not (entry / "model.safetensors").exists():  # not a dequantized GGUF: packs only
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -20,51 +34,14 @@ def default_model_dir() -> Path:
     return load_model(None, progress=lambda _m: None).directory
 
 
-def _tiny(kind: str, root: Path, tokenizer_dir: Path, **overrides) -> Path:
-    from transformers import (
-        AutoTokenizer,
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
-
-    torch.manual_seed(0)
-    common = dict(
-        vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2, rms_norm_eps=1e-5,
-    )
-    common.update(overrides)
-    if kind == "llama":
-        config = LlamaConfig(tie_word_embeddings=False, **common)
-        model = LlamaForCausalLM(config)
-    else:
-        config = Qwen2Config(tie_word_embeddings=False, use_sliding_window=False, **common)
-        model = Qwen2ForCausalLM(config)
-        with torch.no_grad():  # random, non-zero qkv biases so the bias path is exercised
-            for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                    proj.bias.normal_(0, 0.5)
-    # Untied, with a wider lm_head than the default init: logits spread enough that greedy choices
-    # are not near-ties, yet no token is certain (a tied random model just repeats its input,
-    # which makes beam search degenerate). The default model covers tied embeddings.
-    with torch.no_grad():
-        model.lm_head.weight.normal_(0, 0.2)
-    out = root / kind
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
-    return out
-
-
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory, default_model_dir) -> Path:
-    return _tiny("llama", tmp_path_factory.mktemp("models"), default_model_dir)
+    return tiny_model_dir("llama", tmp_path_factory.mktemp("models"), default_model_dir)
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory, default_model_dir) -> Path:
-    return _tiny("qwen2", tmp_path_factory.mktemp("models"), default_model_dir)
+    return tiny_model_dir("qwen2", tmp_path_factory.mktemp("models"), default_model_dir)
 
 
 @pytest.fixture(autouse=True)

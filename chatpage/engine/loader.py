@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from chatpage.config.paths import cache_dir
+from chatpage.engine.model_config import read_config
 from chatpage.engine.models.llama import SUPPORTED_MODEL_TYPES
 from chatpage.engine.weights import check_format, fuse_state, pack_state
 
@@ -145,8 +146,6 @@ def _dequantize_gguf(gguf: Path, target: Path, progress: Callable[[str], None]) 
 
 
 def _read_config(directory: Path):
-    from transformers import AutoConfig
-
     try:
         raw = json.loads((directory / "config.json").read_text())
     except FileNotFoundError:
@@ -162,7 +161,27 @@ def _read_config(directory: Path):
             f"unsupported architecture {arch!r} (model_type {model_type!r}); chatpage supports "
             f"{', '.join(SUPPORTED_MODEL_TYPES)} (Llama, Mistral, Qwen2, SmolLM)"
         )
-    return AutoConfig.from_pretrained(directory)
+    return read_config(directory, raw)
+
+
+# tokenizer_class values that name the plain tokenizers-library tokenizer (v5's name, then v4's)
+PLAIN_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _read_tokenizer(directory: Path):
+    """The tokenizer in ``directory``. A plain tokenizer.json is read directly: AutoTokenizer
+    would first import the model's config module (about a second) to learn the same class."""
+    try:
+        declared = json.loads((directory / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    except (OSError, ValueError):
+        declared = None
+    if declared in PLAIN_TOKENIZERS and (directory / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(directory)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory)
 
 
 def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -189,8 +208,6 @@ def load_model(model: str | os.PathLike | None, progress: Callable[[str], None] 
                weights: str = "fp32") -> LoadedModel:
     """Resolve ``model`` (None = the default) and load config, weights and tokenizer; the weights
     come packed in ``weights`` (cached after the first load) unless that is fp32."""
-    from transformers import AutoTokenizer
-
     say = progress or (lambda msg: print(f"chatpage: {msg}", file=sys.stderr))
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -223,7 +240,7 @@ def load_model(model: str | os.PathLike | None, progress: Callable[[str], None] 
     else:
         state = _packed_state(directory, config, weights, say)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(directory)
+        tokenizer = _read_tokenizer(directory)
     except Exception as e:
         raise ModelLoadError(f"cannot load the tokenizer from {directory}: {e}".splitlines()[0]) from e
     warnings = []

@@ -177,7 +177,7 @@ class ChatScreen(ChatActions, PersonaActions, Screen[None]):
             self._sync_sidebar()
         if session is self.current and change.kind in ("attachments", "settings"):
             self._show_prompt_info()
-        if change.kind == "busy":
+        if change.kind == "busy" and session is self.current:  # "stop" follows this chat only
             self.refresh_bindings()
         if change.kind == "generation" and session is self.current and not session.choosing:
             self.prompt.focus()
