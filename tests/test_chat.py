@@ -237,3 +237,27 @@ def test_fit_counts_replies_exactly_and_keeps_the_last_message():
     again = fit("s", [question, reply], reply_tokens=5, context_tokens=10_000)
     assert not question.dropped and again.dropped == 0
     assert again.needed == 1 + 10 + 5 + 10 + 3 * MESSAGE_OVERHEAD  # the reply by its count
+
+
+def test_a_batch_of_events_applies_only_what_a_later_event_does_not_supersede():
+    client = FakeClient()
+    chats = Chats(client, lambda e: None)
+    plain, alts = chats.open(PERSONA), chats.open(PERSONA)
+    chats.send(plain, "one")
+    chats.set_alt_mode(alts, AltMode("samples", 2))
+    chats.send(alts, "two")
+    updates = []
+    plain.observers.append(lambda s, change: updates.append(change.kind))
+    chats.apply_all([event("r1", "a"), event("r2", "x", index=0), event("r1", "ab"),
+                     event("r2", "y", index=1), event("r2", "xz", index=0), event("r1", "abc")])
+    assert updates == ["entry_updated"]  # one for the three events of the plain reply
+    assert plain.entries[-1].content == "abc" and plain.entries[-1].stats.tokens == 3
+    assert [c.text for c in alts.generation.candidates] == ["xz", "y"]
+    # an output's end is applied even when more events of its request follow in the batch
+    chats.apply_all([event("r2", "xzz", index=0, finished=True, reason="stop",
+                           request_finished=False),
+                     event("r2", "yy", index=1, finished=True, reason="length",
+                           request_finished=True),
+                     done("r1", "abcd")])
+    assert [c.finish_reason for c in alts.generation.candidates] == ["stop", "length"]
+    assert alts.choosing and not plain.streaming and plain.entries[-1].content == "abcd"

@@ -14,7 +14,6 @@ from textual.widgets.markdown import MarkdownFence
 
 from chatpage.store import Store
 from chatpage.ui.clipboard import system_tool
-from chatpage.ui.messages import EngineEvent
 from chatpage.ui.screens.code_picker import CodeBlockPicker
 from chatpage.ui.screens.confirm import Confirm
 from chatpage.ui.screens.persona_picker import PersonaPicker
@@ -30,7 +29,7 @@ async def reply(pilot, app, text: str = REPLY) -> None:
     submitted = fake_submits(app)
     session = app.chat.current
     await app.chat.submit_prompt("a question")
-    app.post_message(EngineEvent(reply_event(f"fake-{len(submitted)}", text, True), app.client))
+    app.chats.deliver(reply_event(f"fake-{len(submitted)}", text, True))
     await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
 
 
@@ -222,8 +221,7 @@ async def test_regenerate_and_delete_a_focused_message(tmp_path):
         await pilot.press("k", "r")  # the first reply, asked again: a fork there
         await wait_for(pilot, lambda: submitted, "the new request")
         assert [m["content"] for m in submitted[0][1:]] == ["a question"]
-        app.post_message(EngineEvent(reply_event("fake-1", "another first answer", True),
-                                     app.client))
+        app.chats.deliver(reply_event("fake-1", "another first answer", True))
         await wait_for(pilot, lambda: session.entries[-1].content == "another first answer"
                        and session.entries[-1].status == "done", "the other version")
         assert [e.content for e in session.entries] == ["a question", "another first answer"]

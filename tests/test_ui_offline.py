@@ -2,7 +2,7 @@
 
 The engine is pointed at a model path that does not exist (it fails at once), and where a reply is
 needed the client's submit is replaced so the test can feed StreamEvents through the same handler
-the engine thread uses (`EngineEvent`).
+the engine thread uses (`chats.deliver`, the app's inbox).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from textual.widgets import Input
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence
 
 from chatpage.config.paths import config_dir
-from chatpage.ui.messages import EngineEvent, EngineStatus
+from chatpage.ui.messages import EngineStatus
 from chatpage.ui.screens.help import HelpScreen
 from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.screens.sampling_settings import SamplingSettingsScreen
@@ -54,8 +54,8 @@ async def test_markup_and_control_characters_render_literally(tmp_path):
         assert submitted[0][-1] == {"role": "user", "content": USER_TEXT}  # sent verbatim
 
         half = MODEL_TEXT[:40]
-        app.post_message(EngineEvent(reply_event("fake-1", half, False), app.client))
-        app.post_message(EngineEvent(reply_event("fake-1", MODEL_TEXT, True), app.client))
+        app.chats.deliver(reply_event("fake-1", half, False))
+        app.chats.deliver(reply_event("fake-1", MODEL_TEXT, True))
         await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
 
         user_view, reply_view = app.chat.session_view(session).query(MessageView)

@@ -96,6 +96,16 @@ class Requests:
                 session.changed("busy")
         return session
 
+    def apply_all(self, events: list[StreamEvent]) -> None:
+        """Apply a batch of events in order, skipping each one that a later event of the same
+        output supersedes: events carry the whole text and counts so far, so only the last of an
+        output's run matters, besides the ones that end an output or say why it failed."""
+        last = {(e.request_id, e.index): i for i, e in enumerate(events)}
+        for i, event in enumerate(events):
+            if (i == last[event.request_id, event.index] or event.finished
+                    or event.request_finished or event.finish_reason is not None):
+                self.apply(event)
+
     # -- helpers -------------------------------------------------------------------------------
     def _check_idle(self, session: ChatSession) -> None:
         if self.client.error is not None and not self.client.ready:

@@ -2,9 +2,9 @@
 
 The app holds what outlives a screen: the engine client, the open chats (`Chats`), the store
 behind them, the personas, the theme, the keymap and the command palette. The chats themselves
-are shown by `ChatScreen`. The engine runs on its own thread (`EngineClient`); its events are
-posted to this app's message queue (`EngineEvent`) and applied to the sessions by `Chats`.
-Nothing here waits on the engine.
+are shown by `ChatScreen`. The engine runs on its own thread (`EngineClient`); its events gather
+in an `Inbox` that this app empties in batches (`EngineEvents` says when) and `Chats` applies
+them to the sessions. Nothing here waits on the engine.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from chatpage.store import Store
 from chatpage.ui.bindings import APP_BINDINGS
 from chatpage.ui.chat_screen import ChatScreen
 from chatpage.ui.history import SavedChats
-from chatpage.ui.messages import EngineEvent, EngineStatus
+from chatpage.ui.messages import EngineEvents, EngineStatus, Inbox
 from chatpage.ui.palette import palette_commands
 from chatpage.ui.screens.help import HelpScreen
 from chatpage.ui.screens.model_picker import ModelPicker, is_backend_url, model_problem
@@ -43,6 +43,9 @@ STATS_INTERVAL_S = 1.0
 the GIL with the engine's)."""
 STOP_WAIT_S = 10.0
 """How long a model switch waits for the replies in progress to stop."""
+DRAIN_S = 0.05
+"""How long a stream's events gather before the app applies them (an output's last event is
+applied at once): a few tokens per wake-up of the app's thread instead of one."""
 FALLBACK_PERSONA = Persona(
     "assistant", "A helpful assistant", "You are a helpful, honest assistant.",
 )
@@ -78,6 +81,7 @@ class ChatApp(App[None]):
                                   block_size=self.settings.block_size)
         self.client = client or EngineClient(
             model if model is not None else self.settings.model, config)
+        self._gathering: set[Inbox] = set()  # inboxes whose events are taken on a timer
         self.chats = Chats(self.client, self._delivery(self.client),
                            notify=lambda line: self.say(line, "warning", timeout=10))
         self.personas_dirs = personas_dirs
@@ -198,8 +202,10 @@ class ChatApp(App[None]):
 
     # -- the engine ------------------------------------------------------------------------------
     def _delivery(self, client: EngineClient) -> Callable[[StreamEvent], None]:
-        """How ``client``'s events reach this app (called on its engine thread: no waiting)."""
-        return lambda event: self.post_message(EngineEvent(event, client))
+        """How ``client``'s events reach this app (called on its engine thread: no waiting): into
+        an inbox that this app empties DRAIN_S after its first event, at once for a last one."""
+        inbox = Inbox(lambda urgent: self.post_message(EngineEvents(inbox, client, urgent)))
+        return inbox.put
 
     def _start(self, client: EngineClient) -> None:
         """Start ``client``; its status lines come to this app, tagged with it."""
@@ -214,9 +220,19 @@ class ChatApp(App[None]):
             return RemoteEngineClient(target)  # type: ignore[return-value]
         return EngineClient(target, self.client.config)
 
-    def on_engine_event(self, message: EngineEvent) -> None:
-        if message.client is self.client:  # (a model switched away from says nothing more)
-            self.chats.apply(message.event)
+    def on_engine_events(self, message: EngineEvents) -> None:
+        inbox, client = message.inbox, message.client
+        if message.urgent:
+            self._take(inbox, client)
+        elif inbox not in self._gathering:
+            self._gathering.add(inbox)
+            self.set_timer(DRAIN_S, lambda: self._take(inbox, client))
+
+    def _take(self, inbox: Inbox, client: EngineClient) -> None:
+        self._gathering.discard(inbox)
+        events = inbox.take()
+        if client is self.client:  # (a model switched away from says nothing more)
+            self.chats.apply_all(events)
 
     def on_engine_status(self, message: EngineStatus) -> None:
         if message.client is not self.client:

@@ -1,7 +1,10 @@
-"""Messages from the engine thread to the app (widgets' own messages are nested in the widgets)."""
+"""Messages from the engine thread to the app (widgets' own messages are nested in the widgets),
+and the inbox that hands the engine's events to the app's thread in batches."""
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from textual.message import Message
@@ -9,12 +12,45 @@ from textual.message import Message
 from chatpage.engine.client import EngineClient, StreamEvent
 
 
-@dataclass
-class EngineEvent(Message):
-    """A StreamEvent from ``client``'s engine thread, handed to the UI thread."""
+class Inbox:
+    """StreamEvents from one client's engine thread, taken by the app's thread in batches.
 
-    event: StreamEvent
+    A message per token would wake the app's thread ~100 times a second for one chat, and every
+    wake-up holds the GIL the engine needs. Here the engine thread only appends; the first event
+    after a take calls ``wake(False)`` (the app takes them a little later, with whatever came
+    meanwhile), and an event that ends an output calls ``wake(True)`` (take now). No lock: appends
+    and pops of a deque are atomic, and an event put during a take is either in it or wakes again.
+    """
+
+    def __init__(self, wake: Callable[[bool], None]) -> None:
+        self._events: deque[StreamEvent] = deque()
+        self._wake = wake
+        self._woken = False
+
+    def put(self, event: StreamEvent) -> None:
+        """Called on the engine thread: never waits."""
+        self._events.append(event)
+        urgent = event.finished or event.request_finished
+        if urgent or not self._woken:
+            self._woken = True
+            self._wake(urgent)
+
+    def take(self) -> list[StreamEvent]:
+        """Every event put so far, oldest first (the app's thread)."""
+        self._woken = False
+        events = []
+        while self._events:
+            events.append(self._events.popleft())
+        return events
+
+
+@dataclass
+class EngineEvents(Message):
+    """``client``'s inbox has events; ``urgent``: one of them ends an output."""
+
+    inbox: Inbox
     client: EngineClient
+    urgent: bool
 
 
 @dataclass
