@@ -15,9 +15,11 @@ from chatpage.config.settings import WEIGHT_FORMATS as SETTINGS_FORMATS
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
 from chatpage.engine.loader import load_model, packed_weights_path
 from chatpage.engine.weights import (
+    GEMV_ROWS,
     INT4_GROUP,
     WEIGHT_FORMATS,
     make_linear,
+    pack_int4_both,
     quantize_int4,
     quantize_int8,
     state_format,
@@ -50,7 +52,8 @@ def test_int8_round_trip_within_half_a_step():
 
 def test_int4_is_exact_on_a_16_level_grid():
     """Weights already on a per-group grid (what a GGUF Q4_1 block dequantizes to) come back
-    exactly: scale and zero survive bf16, and the matmul reads the packed nibbles right."""
+    exactly: scale and zero survive bf16, and both layouts' matmuls (the native GEMV for a few
+    rows, torch's for more) read the packed nibbles right."""
     torch.manual_seed(0)
     n, k = 64, 4 * INT4_GROUP
     levels = torch.randint(0, 16, (n, k // INT4_GROUP, INT4_GROUP))
@@ -58,12 +61,13 @@ def test_int4_is_exact_on_a_16_level_grid():
     step = 2.0 ** -torch.randint(4, 8, (n, k // INT4_GROUP, 1)).float()
     low = (torch.randint(-64, 0, (n, k // INT4_GROUP, 1)) * step)
     w = (low + levels * step).view(n, k)
-    packed, scales_zeros = quantize_int4(w)
-    assert scales_zeros.shape == (k // INT4_GROUP, n, 2)
-    x = torch.randint(-4, 5, (2, k)).to(torch.bfloat16)
-    linear = make_linear({"m.packed": packed, "m.scales_zeros": scales_zeros}, "m",
-                         torch.device("cpu"))
-    torch.testing.assert_close(linear(x).float(), x.float() @ w.t(), rtol=1e-2, atol=1e-2)
+    state = pack_int4_both(*quantize_int4(w), "m")
+    assert state["m.scales_zeros"].shape == (k // INT4_GROUP, n, 2)
+    assert state["m.q4"].shape == (n, k // 2) and state["m.scales"].shape == (n, k // INT4_GROUP)
+    linear = make_linear(state, "m", torch.device("cpu"))
+    for rows in (1, GEMV_ROWS["int4"] + 3):
+        x = torch.randint(-4, 5, (rows, k)).to(torch.bfloat16)
+        torch.testing.assert_close(linear(x).float(), x.float() @ w.t(), rtol=1e-2, atol=1e-2)
 
 
 def test_int4_refuses_inputs_not_divisible_by_the_group():
