@@ -17,6 +17,7 @@ from chatpage.engine.loader import load_model, packed_weights_path
 from chatpage.engine.weights import (
     GEMV_ROWS,
     INT4_GROUP,
+    PACKED_LAYOUT,
     WEIGHT_FORMATS,
     make_linear,
     pack_int4_both,
@@ -120,6 +121,25 @@ def test_packed_weights_are_cached_and_reused(tiny_qwen2_dir):
 
     fresh = load_model(tiny_qwen2_dir, progress=lambda _m: None)  # fp32, packed by the engine
     assert answer(second) == answer(fresh)
+
+
+def test_a_cache_in_another_layout_is_packed_again(tiny_qwen2_dir):
+    """The cache file's name carries the layout version: a file of an older layout (int4 in
+    torch's layout only, under the old name) is left alone, never read as the current one."""
+    from safetensors.torch import save_file
+
+    path = packed_weights_path(tiny_qwen2_dir, "int4")
+    assert path.name == f"int4.v{PACKED_LAYOUT}.safetensors"
+    path.unlink(missing_ok=True)
+    old = path.with_name("int4.safetensors")
+    old.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"format.int4": torch.zeros(0),
+               "layers.0.qkv.packed": torch.zeros(16, 16, dtype=torch.uint8)}, old)
+    messages: list[str] = []
+    loaded = load_model(tiny_qwen2_dir, progress=messages.append, weights="int4")
+    assert any("Packing" in m for m in messages) and path.is_file()
+    assert "layers.0.qkv.q4" in loaded.state and loaded.state["layers.0.qkv.packed"].numel() > 256
+    old.unlink()
 
 
 def test_a_state_packed_in_another_format_is_refused(tiny_llama_dir):
