@@ -43,7 +43,7 @@ SMALL_BATCH_ROWS = 4
 # With the native kernels loaded, matmuls of up to this many rows run through the GEMVs of
 # csrc/cpu/gemv.cpp, more rows through torch's path (measured on the default model's shapes,
 # 1 thread: see the module docstring).
-GEMV_ROWS = {"fp32": 8, "int8": 16, "int4": 2}
+GEMV_ROWS = {"fp32": 16, "int8": 4, "int4": 1}
 
 
 class Linear:

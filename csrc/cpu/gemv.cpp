@@ -170,10 +170,12 @@ struct Int4Weights {
 
 #if CHATPAGE_GEMV_AVX512
 
-// bf16 bits of 16 (or fewer, per `mask`) stored bf16 values, widened to fp32
+// 16 (or fewer, per `mask`) stored bf16 values, widened to fp32
+template <bool Full>
 inline __m512 load_bf16x16(const uint16_t* p, __mmask16 mask) {
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
+  const __m256i raw = Full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                           : _mm256_maskz_loadu_epi16(mask, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
 // One pair of groups (p) of R weight rows against T activation rows; `Two`: both groups exist.
@@ -211,6 +213,25 @@ inline void int4_pair(const Int4Weights& wt, const uint16_t* xp, int64_t row_str
   }
 }
 
+// acc[t][r] += (zero - 136 * scale) * sum(x) for groups g.. (16, or per `mask`): the zero point,
+// less the 128 + 8 that int4_pair's decoding adds
+template <int T, int R, bool Full>
+inline void zero_terms(const Int4Weights& wt, const float* sums, int64_t g, __mmask16 mask,
+                       int64_t m0, int64_t n0, __m512 (&acc)[T][R]) {
+  const __m512 offset = _mm512_set1_ps(136.f);
+  __m512 xs[T];
+  for (int t = 0; t < T; ++t) {
+    const float* p = sums + (m0 + t) * wt.groups + g;
+    xs[t] = Full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mask, p);
+  }
+  for (int r = 0; r < R; ++r) {
+    const int64_t at = (n0 + r) * wt.groups + g;
+    const __m512 z = _mm512_fnmadd_ps(offset, load_bf16x16<Full>(wt.scales + at, mask),
+                                      load_bf16x16<Full>(wt.zeros + at, mask));
+    for (int t = 0; t < T; ++t) acc[t][r] = _mm512_fmadd_ps(z, xs[t], acc[t][r]);
+  }
+}
+
 // out[t][r] = sum over groups g of scale_g * sum((q - 8) * x) + zero_g * sums_g, for activation
 // rows m0.. and weight rows n0..
 template <int T, int R>
@@ -229,20 +250,10 @@ void int4_dots(const Int4Weights& wt, const uint16_t* x, const float* sums, int6
     int4_pair<T, R, true>(wt, xp, stride, p, n0, acc);
   }
   if (wt.groups % 2) int4_pair<T, R, false>(wt, xp, stride, p, n0, acc);
-  // + (zero - 136 * scale) * sum(x) per group: the zero point, less the 128 + 8 of the decoding
-  const __m512 offset = _mm512_set1_ps(136.f);
-  for (int64_t g = 0; g < wt.groups; g += 16) {
-    const __mmask16 mask = wt.groups - g >= 16 ? __mmask16(0xFFFF)
-                                               : __mmask16((1u << (wt.groups - g)) - 1);
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = (n0 + r) * wt.groups + g;
-      const __m512 z = _mm512_fnmadd_ps(offset, load_bf16x16(wt.scales + at, mask),
-                                        load_bf16x16(wt.zeros + at, mask));
-      for (int t = 0; t < T; ++t)
-        acc[t][r] = _mm512_fmadd_ps(z, _mm512_maskz_loadu_ps(mask, sums + (m0 + t) * wt.groups + g),
-                                    acc[t][r]);
-    }
-  }
+  int64_t g = 0;
+  for (; g + 16 <= wt.groups; g += 16) zero_terms<T, R, true>(wt, sums, g, 0xFFFF, m0, n0, acc);
+  if (g < wt.groups)
+    zero_terms<T, R, false>(wt, sums, g, __mmask16((1u << (wt.groups - g)) - 1), m0, n0, acc);
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) out[t][r] = _mm512_reduce_add_ps(acc[t][r]);
 }
