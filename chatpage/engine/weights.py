@@ -6,14 +6,29 @@ one QKV and one gate+up matrix per layer), then each matmul weight is stored in 
 (:func:`pack_state`). The packed state is a flat ``dict[str, Tensor]`` that safetensors can cache
 and that :func:`make_linear` turns back into callables, so a cached start reads it as it is.
 
-Every format runs on one of torch's own CPU paths, picked by measuring at the default model's
-shapes (docs/benchmarks.md, ``chatpage bench single``): bf16 ``F.linear`` (AVX-512 BF16),
-``aten._weight_int8pack_mm`` and ``aten._weight_int4pack_mm_for_cpu``. The quantized paths take
-bf16 activations (with fp32 ones they are 10-20x slower), so a quantized model's matmul inputs
-are bf16 while the residual stream, norms, RoPE, attention and the KV cache keep the engine dtype.
-Measured at batch 1 on 1 thread (AVX-512 BF16/VNNI EPYC), the step's matmuls alone: fp32 28 ms,
-bf16 21, int8 10, int4 6.8 (``matmul_ms`` of ``chatpage bench single``); torch's int8/int4 kernels
-read 13-14 GB/s against ~30-38 GB/s for a plain reduction, a native GEMV could still gain there.
+Every format has a torch path (bf16 ``F.linear`` with AVX-512 BF16, ``aten._weight_int8pack_mm``,
+``aten._weight_int4pack_mm_for_cpu``, fp32 ``F.linear``), and with the native kernels loaded
+(``chatpage.engine.ops``) a matmul of at most ``GEMV_ROWS[format]`` rows (a decode step's) runs
+through the GEMVs of ``csrc/cpu/gemv.cpp`` instead (reference: ``engine/gemv.py``). Measured on
+this kind of 2-core AVX-512 EPYC at the default model's shapes, 1 thread, all layers (weights
+from memory, not cache): torch's int8/int4 kernels read 12-14 GB/s and MKL's fp32 one-row path
+~15-20 GB/s (the W @ x.T workaround below), against ~27-34 GB/s for a plain reduction; the GEMVs
+read fp32 25-31 GB/s (layers 14-16 ms against torch's 21-28), int8 20-28 GB/s (3.8-4.3 ms against
+8.3), int4 ~14 GB/s (4.6 ms, about torch's 4.7: its bf16 dot products are compute-bound, ~24
+GB/s on one large matrix). The cut-overs in ``GEMV_ROWS`` are where torch's path catches up
+(fp32 beyond 16 rows, int8 is even from 4 to 16, int4 from 2). The step's matmuls in ``chatpage
+bench single`` (lm_head included) went from fp32 28 ms, int8 10, int4 6.8 to about 19.5, 7 and
+4.5-6.5 (the machine is shared; see docs/benchmarks.md).
+
+The quantized torch paths take bf16 activations (with fp32 ones they are 10-20x slower), so a
+quantized model's matmul inputs are bf16 while the residual stream, norms, RoPE, attention and
+the KV cache keep the engine dtype; the GEMVs take either.
+
+int4 is stored in both layouts (the same size each): the GEMV's, whose nibbles line up with
+consecutive activations, and torch's int4pack for prefill and batches, so a cached start converts
+nothing (torch's packing of the whole model costs ~0.2 s, and start-up is over its goal already).
+Only the GEMV's counts in :func:`step_bytes`; without the native kernels make_linear keeps only
+torch's.
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@
 // specification): q [N, K/2] uint8 where byte j of a group of 32 inputs holds input j in its low
 // nibble and input j + 16 in its high nibble, w = (q - 8) * scale + zero with scales and zeros
 // [N, K/32] bf16. With AVX-512 BF16 two groups are decoded at once: their 32 bytes widen to 32
-// words, a word permute maps each nibble to the bf16 value q - 8 (exact), and vdpbf16ps multiplies
-// them with the activations rounded to bf16 (exact products, fp32 sums), so the zero-point term is
-// sum_g zero_g * sum(x in g), from group sums taken once per call. int8 and fp32 weights are
-// widened to fp32 and multiplied with fp32 activations. Without AVX-512 the same layouts run
-// through plain loops.
+// words, each nibble q becomes the bf16 value 128 + q (0x4300 | q, exact), and vdpbf16ps
+// multiplies them with the activations rounded to bf16 (exact products, fp32 sums); the zero
+// point and the 136 the decoding adds come back as sum_g (zero_g - 136 scale_g) * sum(x in g),
+// from group sums taken once per call. int8 and fp32 weights are widened to fp32 and multiplied
+// with fp32 activations. Without AVX-512 the same layouts run through plain loops.
 #include "checks.h"
 #include "cpu/ops_cpu.h"
 
