@@ -16,7 +16,7 @@ from memory, not cache): torch's int8/int4 kernels read 12-14 GB/s and MKL's fp3
 read fp32 25-31 GB/s (layers 14-16 ms against torch's 21-28), int8 20-28 GB/s (3.8-4.3 ms against
 8.3), int4 ~14 GB/s (4.6 ms, about torch's 4.7: its bf16 dot products are compute-bound, ~24
 GB/s on one large matrix). The cut-overs in ``GEMV_ROWS`` are where torch's path catches up
-(fp32 beyond 16 rows, int8 is even from 4 to 16, int4 from 2). The step's matmuls in ``chatpage
+(fp32 beyond 16 rows; int8 is level with torch from 4 to 16 rows; int4 from 2). The step's matmuls in ``chatpage
 bench single`` (lm_head included) went from fp32 28 ms, int8 10, int4 6.8 to about 19.5, 7 and
 4.5-6.5 (the machine is shared; see docs/benchmarks.md).
 
