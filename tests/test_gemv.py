@@ -15,7 +15,7 @@ from chatpage.engine.weights import GEMV_ROWS, make_linear, pack_int4_both, quan
 LIB = torch.ops.chatpage
 BF16, F32 = torch.bfloat16, torch.float32
 ROWS = [1, 2, 3, 5, 9]  # one row, a full tile, partial tiles and several tiles
-OUTPUTS = [7, 13]  # one and three blocks of four weight rows plus leftovers
+OUTPUTS = [7, 21]  # fewer rows than a block; blocks of four (int4: eight) plus leftovers
 
 
 def _inputs(rows: int, k: int, n: int, dtype: torch.dtype, with_bias: bool):

@@ -3,8 +3,8 @@
 // At batch-1 decode a matmul reads every weight once for a handful of multiply-adds, so it runs at
 // the memory's read rate or slower; torch's quantized CPU kernels and MKL's few-row fp32 paths
 // fall well short of it (chatpage/engine/weights.py has the numbers). Here each task streams
-// four weight rows at a time, decodes a chunk of them once into registers and reuses it for up to
-// four (int4: two) activation rows, with the activations in L1. More activation rows are handled
+// four (int4: eight) weight rows at a time, decodes a chunk of them once into registers and reuses
+// it for up to four (int4: two) activation rows, with the activations in L1. More activation rows are handled
 // in tiles against the same four weight rows, which are by then in L1 too. Rows are split among
 // threads with at::parallel_for.
 //
@@ -37,7 +37,8 @@
 namespace chatpage::cpu {
 namespace {
 
-constexpr int kRows = 4;             // weight rows streamed together
+constexpr int kRows = 4;             // weight rows streamed together, fp32 and int8 weights
+constexpr int kInt4Rows = 8;         // weight rows streamed together, int4 weights
 constexpr int kDenseTile = 4;        // activation rows per pass, fp32 and int8 weights
 constexpr int kInt4Tile = 2;         // activation rows per pass, int4 weights
 constexpr int kGroup = 32;           // int4 inputs per scale/zero pair
@@ -58,23 +59,24 @@ float bf16_bits_to_float(uint16_t bits) {
   return f;
 }
 
-// Calls fn(row_begin, row_end) over the N output rows, split into tasks of at least kTaskBytes.
-template <typename Fn>
+// Calls fn(row_begin, row_end) over the N output rows, split into tasks of whole blocks of Rows
+// rows and at least kTaskBytes.
+template <int Rows, typename Fn>
 void over_rows(int64_t n, int64_t row_bytes, Fn&& fn) {
-  const int64_t blocks = (n + kRows - 1) / kRows;
-  const int64_t grain = std::max<int64_t>(1, kTaskBytes / std::max<int64_t>(1, row_bytes * kRows));
+  const int64_t blocks = (n + Rows - 1) / Rows;
+  const int64_t grain = std::max<int64_t>(1, kTaskBytes / std::max<int64_t>(1, row_bytes * Rows));
   at::parallel_for(0, blocks, grain, [&](int64_t b, int64_t e) {
-    fn(b * kRows, std::min(n, e * kRows));
+    fn(b * Rows, std::min(n, e * Rows));
   });
 }
 
-// Calls kernel.template operator()<T, R>(m0, n0) for every tile of up to `tile` activation rows
-// and every block of R weight rows in [n_begin, n_end) (R = kRows, then 1 for the leftovers).
-template <int Tile, typename Kernel>
+// Calls kernel.template operator()<T, R>(m0, n0) for every tile of up to `Tile` activation rows
+// and every block of R weight rows in [n_begin, n_end) (R = Rows, then 1 for the leftovers).
+template <int Tile, int Rows, typename Kernel>
 void over_tiles(int64_t m, int64_t n_begin, int64_t n_end, Kernel&& kernel) {
   auto rows = [&]<int T>(int64_t m0) {
     int64_t n0 = n_begin;
-    for (; n0 + kRows <= n_end; n0 += kRows) kernel.template operator()<T, kRows>(m0, n0);
+    for (; n0 + Rows <= n_end; n0 += Rows) kernel.template operator()<T, Rows>(m0, n0);
     for (; n0 < n_end; ++n0) kernel.template operator()<T, 1>(m0, n0);
   };
   int64_t m0 = 0;
@@ -133,7 +135,7 @@ void dense_dots(const W* w, const float* x, int64_t k, int64_t m0, int64_t n0, f
   constexpr int64_t kStepBytes = R * 16 * sizeof(W);
   int64_t i = 0;
   for (; i + 16 <= k; i += 16) {
-    if constexpr (R == kRows)
+    if constexpr (R > 1)
       for (int64_t b = 0; b < kStepBytes; b += 64)
         _mm_prefetch(next + i / 16 * kStepBytes + b, _MM_HINT_T0);
     dense_step<T, R, true>(wr, xr, k, i, 0xFFFF, acc);
@@ -245,7 +247,7 @@ void int4_dots(const Int4Weights& wt, const uint16_t* x, const float* sums, int6
   const char* next = prefetch_start(wt.q + n0 * (wt.k / 2), R * wt.k / 2);
   int64_t p = 0;
   for (; p < wt.groups / 2; ++p) {
-    if constexpr (R == kRows)
+    if constexpr (R > 1)
       for (int b = 0; b < R * kGroup; b += 64) _mm_prefetch(next + p * R * kGroup + b, _MM_HINT_T0);
     int4_pair<T, R, true>(wt, xp, stride, p, n0, acc);
   }
@@ -359,8 +361,8 @@ at::Tensor gemv_fp32(const at::Tensor& x, const at::Tensor& weight,
   const Output dst = output_of(out);
   const float* w = weight.data_ptr<float>();
   const int64_t m = x.size(0), k = x.size(1);
-  over_rows(weight.size(0), k * 4, [&](int64_t nb, int64_t ne) {
-    over_tiles<kDenseTile>(m, nb, ne, [&]<int T, int R>(int64_t m0, int64_t n0) {
+  over_rows<kRows>(weight.size(0), k * 4, [&](int64_t nb, int64_t ne) {
+    over_tiles<kDenseTile, kRows>(m, nb, ne, [&]<int T, int R>(int64_t m0, int64_t n0) {
       float dots[T][R];
       dense_dots<T, R>(w, xp, k, m0, n0, dots);
       store<T, R>(dst, b, m0, n0, dots, [](int64_t) { return 1.f; });
@@ -384,8 +386,8 @@ at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& qweight, const at::T
   const int8_t* w = qweight.data_ptr<int8_t>();
   const c10::BFloat16* s = scales.data_ptr<c10::BFloat16>();
   const int64_t m = x.size(0), k = x.size(1);
-  over_rows(qweight.size(0), k, [&](int64_t nb, int64_t ne) {
-    over_tiles<kDenseTile>(m, nb, ne, [&]<int T, int R>(int64_t m0, int64_t n0) {
+  over_rows<kRows>(qweight.size(0), k, [&](int64_t nb, int64_t ne) {
+    over_tiles<kDenseTile, kRows>(m, nb, ne, [&]<int T, int R>(int64_t m0, int64_t n0) {
       float dots[T][R];
       dense_dots<T, R>(w, xp, k, m0, n0, dots);
       store<T, R>(dst, b, m0, n0, dots, [&](int64_t col) { return static_cast<float>(s[col]); });
@@ -416,12 +418,13 @@ at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
                        groups};
   const uint16_t* xv = reinterpret_cast<const uint16_t*>(act.values.data_ptr<c10::BFloat16>());
   const float* sums = act.group_sums.data_ptr<float>();
-  over_rows(n, k / 2, [&](int64_t nb, int64_t ne) {
-    over_tiles<kInt4Tile>(x.size(0), nb, ne, [&]<int T, int R>(int64_t m0, int64_t n0) {
-      float dots[T][R];
-      int4_dots<T, R>(wt, xv, sums, m0, n0, dots);
-      store<T, R>(dst, b, m0, n0, dots, [](int64_t) { return 1.f; });
-    });
+  auto int4_kernel = [&]<int T, int R>(int64_t m0, int64_t n0) {
+    float dots[T][R];
+    int4_dots<T, R>(wt, xv, sums, m0, n0, dots);
+    store<T, R>(dst, b, m0, n0, dots, [](int64_t) { return 1.f; });
+  };
+  over_rows<kInt4Rows>(n, k / 2, [&](int64_t nb, int64_t ne) {
+    over_tiles<kInt4Tile, kInt4Rows>(x.size(0), nb, ne, int4_kernel);
   });
   return out;
 }
