@@ -14,11 +14,13 @@ this kind of 2-core AVX-512 EPYC at the default model's shapes, 1 thread, all la
 from memory, not cache): torch's int8/int4 kernels read 12-14 GB/s and MKL's fp32 one-row path
 ~15-20 GB/s (the W @ x.T workaround below), against ~27-34 GB/s for a plain reduction; the GEMVs
 read fp32 25-31 GB/s (layers 14-16 ms against torch's 21-28), int8 20-28 GB/s (3.8-4.3 ms against
-8.3), int4 ~14 GB/s (4.6 ms, about torch's 4.7: its bf16 dot products are compute-bound, ~24
-GB/s on one large matrix). The cut-overs in ``GEMV_ROWS`` are where torch's path catches up
-(fp32 beyond 16 rows; int8 is level with torch from 4 to 16 rows; int4 from 2). The step's matmuls in ``chatpage
-bench single`` (lm_head included) went from fp32 28 ms, int8 10, int4 6.8 to about 19.5, 7 and
-4.5-6.5 (the machine is shared; see docs/benchmarks.md).
+8.3), int4 14-16 GB/s (0.8-0.9 of torch's time in the same run: its bf16 dot products are
+compute-bound, ~24 GB/s on one large matrix; an int8-activation VNNI variant, llama.cpp's way,
+was no faster here). The cut-overs in ``GEMV_ROWS`` are where torch's path catches up (fp32
+beyond 16 rows; int8 is level with torch from 4 to 16 rows; int4 from 2). The step's matmuls in
+``chatpage bench single`` (lm_head included), side by side with the torch paths in the same
+minutes on a busy machine: fp32 19-28 ms against 42, int8 6-7 against 12, int4 4.5-6.8 against
+7.7 (docs/benchmarks.md has the current figures).
 
 The quantized torch paths take bf16 activations (with fp32 ones they are 10-20x slower), so a
 quantized model's matmul inputs are bf16 while the residual stream, norms, RoPE, attention and
