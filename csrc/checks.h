@@ -181,4 +181,18 @@ inline void check_silu_mul_args(const at::Tensor& gate_up, const at::Tensor& out
   check_rows(out, rows, n, "silu_mul's out");
 }
 
+// The few-row matmuls: x [M, K] float32 or bfloat16, weight [N, *] with K inputs, bias [N].
+inline void check_gemv_args(const at::Tensor& x, const at::Tensor& weight, int64_t k,
+                            const c10::optional<at::Tensor>& bias, const char* op) {
+  TORCH_CHECK(x.dim() == 2 && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "chatpage::", op, ": x must be a float32 or bfloat16 [rows, inputs] tensor");
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "chatpage::", op,
+              ": the weight must be a contiguous 2-d tensor");
+  TORCH_CHECK(x.size(1) == k, "chatpage::", op, ": x has ", x.size(1), " inputs, the weight ", k);
+  TORCH_CHECK(!bias.has_value() || bias->numel() == weight.size(0), "chatpage::", op,
+              ": bias must have one value per output row");
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "chatpage::", op,
+              ": every tensor must be on the CPU");
+}
+
 }  // namespace chatpage

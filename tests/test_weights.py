@@ -15,9 +15,12 @@ from chatpage.config.settings import WEIGHT_FORMATS as SETTINGS_FORMATS
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
 from chatpage.engine.loader import load_model, packed_weights_path
 from chatpage.engine.weights import (
+    GEMV_ROWS,
     INT4_GROUP,
+    PACKED_LAYOUT,
     WEIGHT_FORMATS,
     make_linear,
+    pack_int4_both,
     quantize_int4,
     quantize_int8,
     state_format,
@@ -50,7 +53,8 @@ def test_int8_round_trip_within_half_a_step():
 
 def test_int4_is_exact_on_a_16_level_grid():
     """Weights already on a per-group grid (what a GGUF Q4_1 block dequantizes to) come back
-    exactly: scale and zero survive bf16, and the matmul reads the packed nibbles right."""
+    exactly: scale and zero survive bf16, and both layouts' matmuls (the native GEMV for a few
+    rows, torch's for more) read the packed nibbles right."""
     torch.manual_seed(0)
     n, k = 64, 4 * INT4_GROUP
     levels = torch.randint(0, 16, (n, k // INT4_GROUP, INT4_GROUP))
@@ -58,12 +62,13 @@ def test_int4_is_exact_on_a_16_level_grid():
     step = 2.0 ** -torch.randint(4, 8, (n, k // INT4_GROUP, 1)).float()
     low = (torch.randint(-64, 0, (n, k // INT4_GROUP, 1)) * step)
     w = (low + levels * step).view(n, k)
-    packed, scales_zeros = quantize_int4(w)
-    assert scales_zeros.shape == (k // INT4_GROUP, n, 2)
-    x = torch.randint(-4, 5, (2, k)).to(torch.bfloat16)
-    linear = make_linear({"m.packed": packed, "m.scales_zeros": scales_zeros}, "m",
-                         torch.device("cpu"))
-    torch.testing.assert_close(linear(x).float(), x.float() @ w.t(), rtol=1e-2, atol=1e-2)
+    state = pack_int4_both(*quantize_int4(w), "m")
+    assert state["m.scales_zeros"].shape == (k // INT4_GROUP, n, 2)
+    assert state["m.q4"].shape == (n, k // 2) and state["m.scales"].shape == (n, k // INT4_GROUP)
+    linear = make_linear(state, "m", torch.device("cpu"))
+    for rows in (1, GEMV_ROWS["int4"] + 3):
+        x = torch.randint(-4, 5, (rows, k)).to(torch.bfloat16)
+        torch.testing.assert_close(linear(x).float(), x.float() @ w.t(), rtol=1e-2, atol=1e-2)
 
 
 def test_int4_refuses_inputs_not_divisible_by_the_group():
@@ -116,6 +121,25 @@ def test_packed_weights_are_cached_and_reused(tiny_qwen2_dir):
 
     fresh = load_model(tiny_qwen2_dir, progress=lambda _m: None)  # fp32, packed by the engine
     assert answer(second) == answer(fresh)
+
+
+def test_a_cache_in_another_layout_is_packed_again(tiny_qwen2_dir):
+    """The cache file's name carries the layout version: a file of an older layout (int4 in
+    torch's layout only, under the old name) is left alone, never read as the current one."""
+    from safetensors.torch import save_file
+
+    path = packed_weights_path(tiny_qwen2_dir, "int4")
+    assert path.name == f"int4.v{PACKED_LAYOUT}.safetensors"
+    path.unlink(missing_ok=True)
+    old = path.with_name("int4.safetensors")
+    old.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"format.int4": torch.zeros(0),
+               "layers.0.qkv.packed": torch.zeros(16, 16, dtype=torch.uint8)}, old)
+    messages: list[str] = []
+    loaded = load_model(tiny_qwen2_dir, progress=messages.append, weights="int4")
+    assert any("Packing" in m for m in messages) and path.is_file()
+    assert "layers.0.qkv.q4" in loaded.state and loaded.state["layers.0.qkv.packed"].numel() > 256
+    old.unlink()
 
 
 def test_a_state_packed_in_another_format_is_refused(tiny_llama_dir):

@@ -159,12 +159,12 @@ def _why_floor(t: dict) -> str:
     if "batch1_gemm_ms" in t:
         rest = t["batch1_step_ms"] - t["batch1_gemm_ms"]
         text += (f": its matmuls alone {t['batch1_gemm_ms']:.1f} ms (they stream the weights at "
-                 f"{t['batch1_gemm_read_gb_s']:.1f} GB/s, MKL's best path for one row), the other "
+                 f"{t['batch1_gemm_read_gb_s']:.1f} GB/s, the native fp32 GEMV), the other "
                  f"{rest:.1f} ms are attention, the fused norm/RoPE/SwiGLU ops, sampling and the "
                  "engine's Python")
         if t["batch1_floor_ratio"] > 1.3:
-            text += ("; an fp32 one-row matrix-vector kernel reading at the floor's rate would be "
-                     "needed to close the rest (the lower weight formats are the faster step)")
+            text += ("; the gap is the matmuls' shortfall from the floor's read rate plus the "
+                     "other work (the lower weight formats are the faster step)")
     return text
 
 

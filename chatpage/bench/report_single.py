@@ -70,7 +70,7 @@ def _why_llamacpp(s: dict, best: dict) -> str:
             f"output; chatpage's int4 keeps the lm_head in int8 the same way), same prompt ids, "
             f"threads and clock; its whole step is {1e3 / s['llamacpp_tok_s']:.1f} ms against "
             f"chatpage's {best['step_ms']:.1f} ms, whose matmuls alone take "
-            f"{best['matmul_ms']:.1f} ms (torch's int4/int8 CPU kernels read "
+            f"{best['matmul_ms']:.1f} ms (the native GEMVs of csrc/cpu/gemv.cpp read "
             f"{best['weight_bytes'] / best['matmul_ms'] / 1e6:.1f} GB/s against the "
             f"{best['read_bandwidth_gb_s']:.1f} GB/s of a plain reduction)")
 
@@ -78,8 +78,8 @@ def _why_llamacpp(s: dict, best: dict) -> str:
 def _why_fp32_floor(f: dict) -> str:
     return (f"reading {f['weight_bytes'] / 1e6:.0f} MB of fp32 weights at "
             f"{f['read_bandwidth_gb_s']:.1f} GB/s takes {f['floor_ms']:.1f} ms; the step took "
-            f"{f['step_ms']:.1f} ms, its matmuls alone {f['matmul_ms']:.1f} ms (MKL's one-row "
-            f"path streams at {f['weight_bytes'] / f['matmul_ms'] / 1e6:.1f} GB/s); the lower "
+            f"{f['step_ms']:.1f} ms, its matmuls alone {f['matmul_ms']:.1f} ms (the native fp32 "
+            f"GEMV streams at {f['weight_bytes'] / f['matmul_ms'] / 1e6:.1f} GB/s); the lower "
             "formats are the way to a faster step, fp32 stays the exact reference")
 
 

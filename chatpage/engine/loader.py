@@ -3,7 +3,7 @@
 A .gguf file is dequantized through transformers once (slow: ~15-30 s) and written as fp32
 safetensors under the XDG cache dir, keyed by the source file's identity; later loads read that copy.
 A weight format other than fp32 (``engine/weights.py``) is packed once and cached the same way, next
-to the dequantized model (``packed/int4.safetensors``, ...); a cached start reads only that file.
+to the dequantized model (``packed/int4.v2.safetensors``, ...); a cached start reads only that file.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from chatpage.config.paths import cache_dir
 from chatpage.engine.model_config import read_config
 from chatpage.engine.models.llama import SUPPORTED_MODEL_TYPES
-from chatpage.engine.weights import check_format, fuse_state, pack_state
+from chatpage.engine.weights import PACKED_LAYOUT, check_format, fuse_state, pack_state
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -81,12 +81,13 @@ def _gguf_cache_dir(gguf: Path) -> Path:
 
 def packed_weights_path(directory: Path, weights: str) -> Path:
     """Where the packed ``weights`` of the HF directory ``directory`` are cached: inside it when it
-    is a dequantized GGUF in the cache, else in a cache folder keyed by its weight files."""
+    is a dequantized GGUF in the cache, else in a cache folder keyed by its weight files. The name
+    carries the stored layout's version, so a cache written in another layout is never read."""
     models = cache_dir() / "models"
     if directory.resolve().parent != models.resolve():
         files = sorted(directory.glob("*.safetensors")) + sorted(directory.glob("*.bin"))
         directory = models / f"{directory.name}-{_cache_key(directory, files)}"
-    return directory / "packed" / f"{weights}.safetensors"
+    return directory / "packed" / f"{weights}.v{PACKED_LAYOUT}.safetensors"
 
 
 def _packed_state(directory: Path, config, weights: str, say: Callable[[str], None]

@@ -6,14 +6,31 @@ one QKV and one gate+up matrix per layer), then each matmul weight is stored in 
 (:func:`pack_state`). The packed state is a flat ``dict[str, Tensor]`` that safetensors can cache
 and that :func:`make_linear` turns back into callables, so a cached start reads it as it is.
 
-Every format runs on one of torch's own CPU paths, picked by measuring at the default model's
-shapes (docs/benchmarks.md, ``chatpage bench single``): bf16 ``F.linear`` (AVX-512 BF16),
-``aten._weight_int8pack_mm`` and ``aten._weight_int4pack_mm_for_cpu``. The quantized paths take
-bf16 activations (with fp32 ones they are 10-20x slower), so a quantized model's matmul inputs
-are bf16 while the residual stream, norms, RoPE, attention and the KV cache keep the engine dtype.
-Measured at batch 1 on 1 thread (AVX-512 BF16/VNNI EPYC), the step's matmuls alone: fp32 28 ms,
-bf16 21, int8 10, int4 6.8 (``matmul_ms`` of ``chatpage bench single``); torch's int8/int4 kernels
-read 13-14 GB/s against ~30-38 GB/s for a plain reduction, a native GEMV could still gain there.
+Every format has a torch path (bf16 ``F.linear`` with AVX-512 BF16, ``aten._weight_int8pack_mm``,
+``aten._weight_int4pack_mm_for_cpu``, fp32 ``F.linear``), and with the native kernels loaded
+(``chatpage.engine.ops``) a matmul of at most ``GEMV_ROWS[format]`` rows (a decode step's) runs
+through the GEMVs of ``csrc/cpu/gemv.cpp`` instead (reference: ``engine/gemv.py``). Measured on
+this kind of 2-core AVX-512 EPYC at the default model's shapes, 1 thread, all layers (weights
+from memory, not cache): torch's int8/int4 kernels read 12-14 GB/s and MKL's fp32 one-row path
+~15-20 GB/s (the W @ x.T workaround below), against ~27-34 GB/s for a plain reduction; the GEMVs
+read fp32 25-31 GB/s (layers 14-16 ms against torch's 21-28), int8 20-28 GB/s (3.8-4.3 ms against
+8.3), int4 14-16 GB/s (0.8-0.9 of torch's time in the same run: its bf16 dot products are
+compute-bound, ~24 GB/s on one large matrix; an int8-activation VNNI variant, llama.cpp's way,
+was no faster here). The cut-overs in ``GEMV_ROWS`` are where torch's path catches up (fp32
+beyond 16 rows; int8 is level with torch from 4 to 16 rows; int4 from 2). The step's matmuls in
+``chatpage bench single`` (lm_head included), side by side with the torch paths in the same
+minutes on a busy machine: fp32 19-28 ms against 42, int8 6-7 against 12, int4 4.5-6.8 against
+7.7 (docs/benchmarks.md has the current figures).
+
+The quantized torch paths take bf16 activations (with fp32 ones they are 10-20x slower), so a
+quantized model's matmul inputs are bf16 while the residual stream, norms, RoPE, attention and
+the KV cache keep the engine dtype; the GEMVs take either.
+
+int4 is stored in both layouts (the same size each): the GEMV's, whose nibbles line up with
+consecutive activations, and torch's int4pack for prefill and batches, so a cached start converts
+nothing (torch's packing of the whole model costs ~0.2 s, and start-up is over its goal already).
+Only the GEMV's counts in :func:`step_bytes`; without the native kernels make_linear keeps only
+torch's.
 """
 
 from __future__ import annotations
@@ -23,9 +40,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from chatpage.engine import gemv, ops
 from chatpage.engine.config import WEIGHT_FORMATS, check_format  # torch-free, for the app
+from chatpage.engine.gemv import INT4_GROUP
 
-INT4_GROUP = 32
+# Bumped whenever a format's stored tensors change (the packed cache's file names carry it, so
+# an older cache is packed again, never misread). 2: int4 stores the native GEMV's layout too.
+PACKED_LAYOUT = 2
 
 # The model's matmuls per layer (fused) and the lm_head, in the packed state's names.
 LAYER_LINEARS = ("qkv", "o", "gate_up", "down")
@@ -35,6 +56,11 @@ LAYER_LINEARS = ("qkv", "o", "gate_up", "down")
 # Measured on the default model, 1 thread: the step's matmuls at 1 row 45 -> 29 ms, 2 rows
 # 79 -> 28 ms, 4 rows 63 -> 46 ms; from about 8 rows on, x @ W.T is as fast or faster.
 SMALL_BATCH_ROWS = 4
+
+# With the native kernels loaded, matmuls of up to this many rows run through the GEMVs of
+# csrc/cpu/gemv.cpp, more rows through torch's path (measured on the default model's shapes,
+# 1 thread: see the module docstring).
+GEMV_ROWS = {"fp32": 16, "int8": 4, "int4": 1}
 
 
 class Linear:
@@ -80,7 +106,7 @@ def fuse_state(config, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 def linear_names(config, fused: dict[str, torch.Tensor]) -> list[str]:
     """Prefixes of every matmul weight in a fused or packed state (lm_head included when untied)."""
     names = [f"layers.{i}.{n}" for i in range(config.num_hidden_layers) for n in LAYER_LINEARS]
-    if "lm_head.weight" in fused or "lm_head.qweight" in fused or "lm_head.packed" in fused:
+    if "lm_head.weight" in fused or "lm_head.qweight" in fused or "lm_head.q4" in fused:
         names.append("lm_head")
     return names
 
@@ -92,13 +118,14 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
-    """Asymmetric int4 in groups of ``group`` inputs, packed for ``_weight_int4pack_mm_for_cpu``.
+def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 in groups of ``group`` inputs: (levels [N, K] int32 in 0..15,
+    scales [N, K/group] bf16, zeros [N, K/group] bf16) with w ~= (q - 8) * scale + zero.
 
-    Returns (packed [N, K/2] uint8, scales_and_zeros [K/group, N, 2] bf16) with
-    w ~= (q - 8) * scale + zero. The scale and zero are rounded to bf16 before q is chosen, so the
-    rounding of the stored scale does not add to the error (a GGUF Q4_1 block comes back exactly
-    when its values span the 16 levels).
+    The scale and zero are rounded to bf16 before q is chosen, so the rounding of the stored scale
+    does not add to the error (a GGUF Q4_1 block comes back exactly when its values span the 16
+    levels).
     """
     n, k = w.shape
     if k % group:
@@ -109,9 +136,19 @@ def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP) -> tuple[torch.Tenso
     zero = (lo + 8 * scale.float()).to(torch.bfloat16)
     base = zero.float() - 8 * scale.float()
     q = torch.round((wg - base[..., None]) / scale.float()[..., None]).clamp(0, 15)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).view(n, k), 1)
-    scales_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous()
-    return packed, scales_zeros
+    return q.to(torch.int32).view(n, k), scale, zero
+
+
+def pack_int4_both(levels: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                   name: str) -> dict[str, torch.Tensor]:
+    """One int4 matrix in both layouts: the native GEMV's (``.q4``, ``.scales``, ``.zeros``,
+    :mod:`chatpage.engine.gemv`) and torch's ``_weight_int4pack_mm_for_cpu`` (``.packed``,
+    ``.scales_zeros`` [K/32, N, 2])."""
+    return {
+        name + ".q4": gemv.pack_int4(levels), name + ".scales": scales, name + ".zeros": zeros,
+        name + ".packed": torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1),
+        name + ".scales_zeros": torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous(),
+    }
 
 
 def pack_state(config, fused: dict[str, torch.Tensor], weights: str,
@@ -134,7 +171,7 @@ def pack_state(config, fused: dict[str, torch.Tensor], weights: str,
         if weights == "int8" or (weights == "int4" and name == "lm_head"):
             out[name + ".qweight"], out[name + ".scales"] = quantize_int8(w)
         elif weights == "int4":
-            out[name + ".packed"], out[name + ".scales_zeros"] = quantize_int4(w)
+            out.update(pack_int4_both(*quantize_int4(w), name))
         else:
             out[name + ".weight"] = w.to(torch.bfloat16 if weights == "bf16" else dtype).contiguous()
     for key, t in fused.items():
@@ -160,25 +197,40 @@ def _forward(packed: dict[str, torch.Tensor], name: str, device: torch.device
     bias = packed.get(name + ".bias")
     if bias is not None:
         bias = bias.to(device)
+    native = device.type == "cpu" and ops.available(device)
+    lib = torch.ops.chatpage
     if name + ".qweight" in packed:
         q, s = _aligned(packed[name + ".qweight"], device), _aligned(packed[name + ".scales"], device)
         fn = lambda x: torch.ops.aten._weight_int8pack_mm(x, q, s)  # noqa: E731
-        k = q.shape[1]
-    elif name + ".packed" in packed:
+        few = lambda x: lib.gemv_int8(x, q, s, bias)  # noqa: E731
+        k, rows = q.shape[1], GEMV_ROWS["int8"]
+    elif name + ".q4" in packed:
         p = _aligned(packed[name + ".packed"], device)
         sz = _aligned(packed[name + ".scales_zeros"], device)
         fn = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, p, INT4_GROUP, sz)  # noqa: E731
-        k = p.shape[1] * 2
+        if native:
+            q4, s4, z4 = (packed[name + x].to(device) for x in (".q4", ".scales", ".zeros"))
+            few = lambda x: lib.gemv_int4(x, q4, s4, z4, bias)  # noqa: E731
+        k, rows = p.shape[1] * 2, GEMV_ROWS["int4"]
     else:
         w = packed[name + ".weight"].to(device).contiguous()
         bias = None if bias is None else bias.to(w.dtype)
-        small = SMALL_BATCH_ROWS if device.type == "cpu" and w.dtype == torch.float32 else 0
-        if not small:
-            return (lambda x: F.linear(x, w, bias)), w.shape[1]
-        return (lambda x: _small_batch_linear(x, w, bias, small)), w.shape[1]
-    if bias is None:
-        return fn, k
-    return (lambda x: fn(x) + bias), k
+        k = w.shape[1]
+        if device.type != "cpu" or w.dtype != torch.float32:
+            return (lambda x: F.linear(x, w, bias)), k
+        if not native:
+            return (lambda x: _small_batch_linear(x, w, bias, SMALL_BATCH_ROWS)), k
+        fn = lambda x: F.linear(x, w, bias)  # noqa: E731
+        return _few_or_many(lambda x: lib.gemv_fp32(x, w, bias), fn, GEMV_ROWS["fp32"]), k
+    many = fn if bias is None else (lambda x: fn(x) + bias)
+    return (_few_or_many(few, many, rows) if native else many), k
+
+
+def _few_or_many(few: Callable[[torch.Tensor], torch.Tensor],
+                 many: Callable[[torch.Tensor], torch.Tensor],
+                 rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``few`` for inputs of at most ``rows`` rows, ``many`` for more."""
+    return lambda x: few(x) if x.shape[0] <= rows else many(x)
 
 
 def _aligned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -208,10 +260,12 @@ def packed_bytes(packed: dict[str, torch.Tensor]) -> int:
 
 def step_bytes(config, packed: dict[str, torch.Tensor]) -> int:
     """Bytes one decode step reads from a packed state: every matmul weight (the lm_head, tied or
-    not), the norms and biases; the embedding table counts only when it is the lm_head."""
+    not), the norms and biases; the embedding table counts only when it is the lm_head. Of int4's
+    two layouts (the same size) only the GEMV's counts."""
     tied = not any(k.startswith("lm_head.") for k in packed)
     skip = () if tied else ("embed.",)
     return sum(
         t.numel() * t.element_size() for k, t in packed.items()
         if not k.startswith(skip) and not k.startswith("format.")
+        and not k.endswith((".packed", ".scales_zeros"))
     )

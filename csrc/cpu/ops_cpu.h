@@ -28,4 +28,14 @@ void rope_qkv(const at::Tensor& qkv, const at::Tensor& positions, const at::Tens
 
 void silu_mul(const at::Tensor& gate_up, const at::Tensor& out);
 
+// csrc/cpu/gemv.cpp
+at::Tensor gemv_fp32(const at::Tensor& x, const at::Tensor& weight,
+                     const c10::optional<at::Tensor>& bias);
+
+at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                     const c10::optional<at::Tensor>& bias);
+
+at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
+                     const at::Tensor& zeros, const c10::optional<at::Tensor>& bias);
+
 }  // namespace chatpage::cpu

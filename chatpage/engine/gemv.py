@@ -1,0 +1,68 @@
+"""The few-row matmuls of the decode step: the int4 weight layout and the torch references of the
+native kernels ``torch.ops.chatpage.gemv_fp32/int8/int4`` (``csrc/cpu/gemv.cpp``).
+
+Each reference is the specification its kernel is tested against (tests/test_gemv.py): the kernel
+sums in another order, nothing else differs. Every one computes ``x [M, K] @ W.T (+ bias)`` in
+fp32 and returns ``x``'s dtype.
+
+The int4 layout (``pack_int4``): q [N, K/2] uint8 where, inside each group of 32 inputs, byte j
+holds input j in its low nibble and input j + 16 in its high nibble, so each half of a group's
+16 bytes lines up with 16 consecutive activations; scales and zeros [N, K/32] bf16, contiguous
+per row; w = (q - 8) * scale + zero.
+"""
+
+from __future__ import annotations
+
+import torch
+
+INT4_GROUP = 32
+_HALF = INT4_GROUP // 2
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """Levels ``q`` [N, K] (integers 0..15, K a multiple of 32) -> the kernel's [N, K/2] uint8."""
+    n, k = q.shape
+    g = q.to(torch.uint8).view(n, k // INT4_GROUP, 2, _HALF)
+    return (g[:, :, 0] | (g[:, :, 1] << 4)).reshape(n, k // 2)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack_int4`: levels [N, K] uint8."""
+    n, half = packed.shape
+    g = packed.view(n, half // _HALF, 1, _HALF)
+    return torch.cat([g & 15, g >> 4], dim=2).reshape(n, half * 2)
+
+
+def dequantize_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
+    """fp32 [N, K] weights of an int4 matrix in the kernel's layout."""
+    levels = unpack_int4(q).float().view(q.shape[0], -1, INT4_GROUP) - 8
+    w = levels * scales.float()[..., None] + zeros.float()[..., None]
+    return w.view(q.shape[0], -1)
+
+
+def _finish(y: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(dtype)
+
+
+def reference_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                   ) -> torch.Tensor:
+    """``x @ weight.T + bias`` for fp32 ``weight`` [N, K]."""
+    return _finish(x.float() @ weight.t(), bias, x.dtype)
+
+
+def reference_int8(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                   bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ (qweight * scales[:, None]).T + bias``: int8 [N, K] with one bf16 scale per row
+    (the activations stay as given, fp32 or bf16)."""
+    y = (x.float() @ qweight.float().t()) * scales.float()
+    return _finish(y, bias, x.dtype)
+
+
+def reference_int4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                   bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ W.T + bias`` for an int4 matrix in the kernel's layout; the activations are rounded to
+    bf16 first (the kernel multiplies in bf16, exactly, and sums in fp32)."""
+    xb = x.to(torch.bfloat16).float()
+    return _finish(xb @ dequantize_int4(q, scales, zeros).t(), bias, x.dtype)

@@ -1,0 +1,432 @@
+// Matmuls of a few activation rows against fp32, int8 and int4 weights: y [M, N] = x [M, K] @ W.T.
+//
+// At batch-1 decode a matmul reads every weight once for a handful of multiply-adds, so it runs at
+// the memory's read rate or slower; torch's quantized CPU kernels and MKL's few-row fp32 paths
+// fall well short of it (chatpage/engine/weights.py has the numbers). Here each task streams
+// four (int4: eight) weight rows at a time, decodes a chunk of them once into registers and reuses
+// it for up to four (int4: two) activation rows, with the activations in L1. More activation rows are handled
+// in tiles against the same four weight rows, which are by then in L1 too. Rows are split among
+// threads with at::parallel_for.
+//
+// The int4 layout (packed by chatpage/engine/gemv.py, whose reference_* functions are the
+// specification): q [N, K/2] uint8 where byte j of a group of 32 inputs holds input j in its low
+// nibble and input j + 16 in its high nibble, w = (q - 8) * scale + zero with scales and zeros
+// [N, K/32] bf16. With AVX-512 BF16 two groups are decoded at once: their 32 bytes widen to 32
+// words, each nibble q becomes the bf16 value 128 + q (0x4300 | q, exact), and vdpbf16ps
+// multiplies them with the activations rounded to bf16 (exact products, fp32 sums); the zero
+// point and the 136 the decoding adds come back as sum_g (zero_g - 136 scale_g) * sum(x in g),
+// from group sums taken once per call. int8 and fp32 weights are widened to fp32 and multiplied
+// with fp32 activations. Without AVX-512 the same layouts run through plain loops.
+#include "checks.h"
+#include "cpu/ops_cpu.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512BF16__)
+#include <immintrin.h>
+#define CHATPAGE_GEMV_AVX512 1
+#else
+#define CHATPAGE_GEMV_AVX512 0
+#endif
+
+namespace chatpage::cpu {
+namespace {
+
+constexpr int kRows = 4;             // weight rows streamed together, fp32 and int8 weights
+constexpr int kInt4Rows = 8;         // weight rows streamed together, int4 weights
+constexpr int kDenseTile = 4;        // activation rows per pass, fp32 and int8 weights
+constexpr int kInt4Tile = 2;         // activation rows per pass, int4 weights
+constexpr int kGroup = 32;           // int4 inputs per scale/zero pair
+constexpr int64_t kTaskBytes = 1 << 15;  // weight bytes below which a task is not split further
+
+// The int4 kernel's activations, prepared once per call: bf16 in the pair order the kernel reads
+// (per pair of groups: inputs 0-15 of both groups, then 16-31 of both; an odd last group is
+// padded with zeros) and the fp32 sums of each group [M, G].
+struct Activations {
+  at::Tensor values;
+  at::Tensor group_sums;
+};
+
+float bf16_bits_to_float(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &wide, sizeof(f));
+  return f;
+}
+
+// Calls fn(row_begin, row_end) over the N output rows, split into tasks of whole blocks of Rows
+// rows and at least kTaskBytes.
+template <int Rows, typename Fn>
+void over_rows(int64_t n, int64_t row_bytes, Fn&& fn) {
+  const int64_t blocks = (n + Rows - 1) / Rows;
+  const int64_t grain = std::max<int64_t>(1, kTaskBytes / std::max<int64_t>(1, row_bytes * Rows));
+  at::parallel_for(0, blocks, grain, [&](int64_t b, int64_t e) {
+    fn(b * Rows, std::min(n, e * Rows));
+  });
+}
+
+// Calls kernel.template operator()<T, R>(m0, n0) for every tile of up to `Tile` activation rows
+// and every block of R weight rows in [n_begin, n_end) (R = Rows, then 1 for the leftovers).
+template <int Tile, int Rows, typename Kernel>
+void over_tiles(int64_t m, int64_t n_begin, int64_t n_end, Kernel&& kernel) {
+  auto rows = [&]<int T>(int64_t m0) {
+    int64_t n0 = n_begin;
+    for (; n0 + Rows <= n_end; n0 += Rows) kernel.template operator()<T, Rows>(m0, n0);
+    for (; n0 < n_end; ++n0) kernel.template operator()<T, 1>(m0, n0);
+  };
+  int64_t m0 = 0;
+  for (; m0 + Tile <= m; m0 += Tile) rows.template operator()<Tile>(m0);
+  if (m - m0 == 3) rows.template operator()<3>(m0);
+  if (m - m0 == 2) rows.template operator()<2>(m0);
+  if (m - m0 == 1) rows.template operator()<1>(m0);
+}
+
+// ---- dense weights: fp32 [N, K], or int8 [N, K] with one scale per row ------------------------
+
+#if CHATPAGE_GEMV_AVX512
+
+// While a block of rows streams in, each step also prefetches as many bytes as it reads, from
+// this far ahead: the block after it, or further for small blocks (the memory's latency is
+// longer than a small block's work).
+constexpr int64_t kPrefetchAhead = 4096;
+
+inline const char* prefetch_start(const void* block, int64_t block_bytes) {
+  return static_cast<const char*>(block) + std::max(block_bytes, kPrefetchAhead);
+}
+
+template <bool Full>
+inline __m512 load_weights16(const float* p, __mmask16 mask) {
+  return Full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mask, p);
+}
+template <bool Full>
+inline __m512 load_weights16(const int8_t* p, __mmask16 mask) {
+  const __m128i raw = Full ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))
+                           : _mm_maskz_loadu_epi8(mask, p);
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
+}
+
+// acc[t][r] += w[n0 + r, i..i+16) * x[m0 + t, i..i+16), lanes past `mask` zero
+template <int T, int R, bool Full, typename W>
+inline void dense_step(const W* w, const float* x, int64_t k, int64_t i, __mmask16 mask,
+                       __m512 (&acc)[T][R]) {
+  __m512 xv[T];
+  for (int t = 0; t < T; ++t)
+    xv[t] = Full ? _mm512_loadu_ps(x + t * k + i) : _mm512_maskz_loadu_ps(mask, x + t * k + i);
+  for (int r = 0; r < R; ++r) {
+    const __m512 wv = load_weights16<Full>(w + r * k + i, mask);
+    for (int t = 0; t < T; ++t) acc[t][r] = _mm512_fmadd_ps(wv, xv[t], acc[t][r]);
+  }
+}
+
+// out[t][r] = sum over k of w[n0 + r, k] * x[m0 + t, k]
+template <int T, int R, typename W>
+void dense_dots(const W* w, const float* x, int64_t k, int64_t m0, int64_t n0, float (*out)[R]) {
+  __m512 acc[T][R];
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) acc[t][r] = _mm512_setzero_ps();
+  const W* wr = w + n0 * k;
+  const float* xr = x + m0 * k;
+  const char* next = prefetch_start(wr, R * k * sizeof(W));
+  constexpr int64_t kStepBytes = R * 16 * sizeof(W);
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    if constexpr (R > 1)
+      for (int64_t b = 0; b < kStepBytes; b += 64)
+        _mm_prefetch(next + i / 16 * kStepBytes + b, _MM_HINT_T0);
+    dense_step<T, R, true>(wr, xr, k, i, 0xFFFF, acc);
+  }
+  if (i < k) dense_step<T, R, false>(wr, xr, k, i, __mmask16((1u << (k - i)) - 1), acc);
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) out[t][r] = _mm512_reduce_add_ps(acc[t][r]);
+}
+
+#else
+
+template <int T, int R, typename W>
+void dense_dots(const W* w, const float* x, int64_t k, int64_t m0, int64_t n0, float (*out)[R]) {
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) {
+      const W* wr = w + (n0 + r) * k;
+      const float* xr = x + (m0 + t) * k;
+      float s = 0.f;
+      for (int64_t i = 0; i < k; ++i) s += static_cast<float>(wr[i]) * xr[i];
+      out[t][r] = s;
+    }
+}
+
+#endif
+
+// ---- int4 weights ------------------------------------------------------------------------------
+
+struct Int4Weights {
+  const uint8_t* q;
+  const uint16_t* scales;  // bf16 bits
+  const uint16_t* zeros;
+  int64_t k, groups;
+};
+
+#if CHATPAGE_GEMV_AVX512
+
+// 16 (or fewer, per `mask`) stored bf16 values, widened to fp32
+template <bool Full>
+inline __m512 load_bf16x16(const uint16_t* p, __mmask16 mask) {
+  const __m256i raw = Full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                           : _mm256_maskz_loadu_epi16(mask, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+// One pair of groups (p) of R weight rows against T activation rows; `Two`: both groups exist.
+// A nibble q becomes the bf16 value 128 + q (0x4300 | q, exact), so the dot products here are
+// sum((128 + q) * x) and int4_dots subtracts the 136 * scale * sum(x) this adds per group.
+template <int T, int R, bool Two>
+inline void int4_pair(const Int4Weights& wt, const uint16_t* xp, int64_t row_stride, int64_t p,
+                      int64_t n0, __m512 (&acc)[T][R]) {
+  const __m512i nibble = _mm512_set1_epi16(0x000F), base = _mm512_set1_epi16(0x4300);
+  const __m512i high_words = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m512i lo[T], hi[T];
+  for (int t = 0; t < T; ++t) {
+    lo[t] = _mm512_loadu_si512(xp + t * row_stride + p * 64);
+    hi[t] = _mm512_loadu_si512(xp + t * row_stride + p * 64 + 32);
+  }
+  for (int r = 0; r < R; ++r) {
+    const uint8_t* qp = wt.q + (n0 + r) * (wt.k / 2) + p * kGroup;
+    const uint16_t* sp = wt.scales + (n0 + r) * wt.groups + 2 * p;
+    const __m256i bytes = Two ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qp))
+                              : _mm256_maskz_loadu_epi8(0xFFFF, qp);
+    uint32_t scale_bits = sp[0];  // both groups' scales: bf16 bits, the first in the low half
+    if (Two) std::memcpy(&scale_bits, sp, sizeof(scale_bits));
+    const __m512i raw = _mm512_cvtepu8_epi16(bytes);
+    const __m512bh w_lo = (__m512bh)_mm512_ternarylogic_epi32(raw, nibble, base, 0xEA);  // a&b|c
+    const __m512bh w_hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(raw, 4), base);
+    // lanes 0-7: the first group's scale, 8-15: the second's (bf16 -> fp32 is a 16-bit shift)
+    const __m512i both = _mm512_set1_epi32(static_cast<int>(scale_bits));
+    const __m512 scale = _mm512_castsi512_ps(
+        _mm512_mask_slli_epi32(_mm512_and_si512(both, high_words), 0x00FF, both, 16));
+    for (int t = 0; t < T; ++t) {
+      __m512 d = _mm512_dpbf16_ps(_mm512_setzero_ps(), w_lo, (__m512bh)lo[t]);
+      d = _mm512_dpbf16_ps(d, w_hi, (__m512bh)hi[t]);
+      acc[t][r] = _mm512_fmadd_ps(d, scale, acc[t][r]);
+    }
+  }
+}
+
+// acc[t][r] += (zero - 136 * scale) * sum(x) for groups g.. (16, or per `mask`): the zero point,
+// less the 128 + 8 that int4_pair's decoding adds
+template <int T, int R, bool Full>
+inline void zero_terms(const Int4Weights& wt, const float* sums, int64_t g, __mmask16 mask,
+                       int64_t m0, int64_t n0, __m512 (&acc)[T][R]) {
+  const __m512 offset = _mm512_set1_ps(136.f);
+  __m512 xs[T];
+  for (int t = 0; t < T; ++t) {
+    const float* p = sums + (m0 + t) * wt.groups + g;
+    xs[t] = Full ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(mask, p);
+  }
+  for (int r = 0; r < R; ++r) {
+    const int64_t at = (n0 + r) * wt.groups + g;
+    const __m512 z = _mm512_fnmadd_ps(offset, load_bf16x16<Full>(wt.scales + at, mask),
+                                      load_bf16x16<Full>(wt.zeros + at, mask));
+    for (int t = 0; t < T; ++t) acc[t][r] = _mm512_fmadd_ps(z, xs[t], acc[t][r]);
+  }
+}
+
+// out[t][r] = sum over groups g of scale_g * sum((q - 8) * x) + zero_g * sums_g, for activation
+// rows m0.. and weight rows n0..
+template <int T, int R>
+void int4_dots(const Int4Weights& wt, const uint16_t* x, const float* sums, int64_t m0, int64_t n0,
+               float (*out)[R]) {
+  const int64_t pairs = (wt.groups + 1) / 2, stride = pairs * 64;
+  const uint16_t* xp = x + m0 * stride;
+  __m512 acc[T][R];
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) acc[t][r] = _mm512_setzero_ps();
+  const char* next = prefetch_start(wt.q + n0 * (wt.k / 2), R * wt.k / 2);
+  int64_t p = 0;
+  for (; p < wt.groups / 2; ++p) {
+    if constexpr (R > 1)
+      for (int b = 0; b < R * kGroup; b += 64) _mm_prefetch(next + p * R * kGroup + b, _MM_HINT_T0);
+    int4_pair<T, R, true>(wt, xp, stride, p, n0, acc);
+  }
+  if (wt.groups % 2) int4_pair<T, R, false>(wt, xp, stride, p, n0, acc);
+  int64_t g = 0;
+  for (; g + 16 <= wt.groups; g += 16) zero_terms<T, R, true>(wt, sums, g, 0xFFFF, m0, n0, acc);
+  if (g < wt.groups)
+    zero_terms<T, R, false>(wt, sums, g, __mmask16((1u << (wt.groups - g)) - 1), m0, n0, acc);
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) out[t][r] = _mm512_reduce_add_ps(acc[t][r]);
+}
+
+#else
+
+template <int T, int R>
+void int4_dots(const Int4Weights& wt, const uint16_t* x, const float* sums, int64_t m0, int64_t n0,
+               float (*out)[R]) {
+  const int64_t stride = (wt.groups + 1) / 2 * 64;
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* qr = wt.q + (n0 + r) * (wt.k / 2);
+      const uint16_t* xr = x + (m0 + t) * stride;
+      float total = 0.f;
+      for (int64_t g = 0; g < wt.groups; ++g) {
+        const uint16_t* xg = xr + g / 2 * 64 + g % 2 * 16;  // inputs 0-15; 16-31 are 32 further
+        float s = 0.f;
+        for (int j = 0; j < 16; ++j) {
+          const uint8_t b = qr[g * 16 + j];
+          s += static_cast<float>((b & 15) - 8) * bf16_bits_to_float(xg[j]);
+          s += static_cast<float>((b >> 4) - 8) * bf16_bits_to_float(xg[32 + j]);
+        }
+        const int64_t at = (n0 + r) * wt.groups + g;
+        total += bf16_bits_to_float(wt.scales[at]) * s +
+                 bf16_bits_to_float(wt.zeros[at]) * sums[(m0 + t) * wt.groups + g];
+      }
+      out[t][r] = total;
+    }
+}
+
+#endif
+
+// ---- activations and outputs -------------------------------------------------------------------
+
+Activations int4_activations(const at::Tensor& x, int64_t groups) {
+  const at::Tensor xb = x.to(at::kBFloat16).contiguous();
+  const int64_t m = x.size(0), k = x.size(1), pairs = (groups + 1) / 2;
+  at::Tensor values = at::zeros({m, pairs * 64}, x.options().dtype(at::kBFloat16));
+  at::Tensor sums = at::empty({m, groups}, x.options().dtype(at::kFloat));
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(xb.data_ptr<c10::BFloat16>());
+  uint16_t* dst = reinterpret_cast<uint16_t*>(values.data_ptr<c10::BFloat16>());
+  float* sum = sums.data_ptr<float>();
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint16_t* in = src + t * k + g * kGroup;
+      uint16_t* lo = dst + t * pairs * 64 + g / 2 * 64 + g % 2 * 16;
+      std::memcpy(lo, in, 16 * sizeof(uint16_t));
+      std::memcpy(lo + 32, in + 16, 16 * sizeof(uint16_t));
+      float s = 0.f;
+      for (int j = 0; j < kGroup; ++j) s += bf16_bits_to_float(in[j]);
+      sum[t * groups + g] = s;
+    }
+  return {values, sums};
+}
+
+// Where a call writes its [M, N] result: fp32 or bf16.
+struct Output {
+  float* f32;
+  c10::BFloat16* bf16;
+  int64_t n;
+};
+
+Output output_of(const at::Tensor& out) {
+  const bool f32 = out.scalar_type() == at::kFloat;
+  return {f32 ? out.data_ptr<float>() : nullptr, f32 ? nullptr : out.data_ptr<c10::BFloat16>(),
+          out.size(1)};
+}
+
+// out[m0 + t, n0 + r] = dots[t][r] * row_scale(n0 + r) + bias[n0 + r]
+template <int T, int R, typename Scale>
+void store(const Output& out, const float* bias, int64_t m0, int64_t n0, const float (*dots)[R],
+           Scale&& row_scale) {
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) {
+      const int64_t col = n0 + r, at = (m0 + t) * out.n + col;
+      const float y = dots[t][r] * row_scale(col) + (bias ? bias[col] : 0.f);
+      if (out.f32) out.f32[at] = y;
+      else out.bf16[at] = static_cast<c10::BFloat16>(y);
+    }
+}
+
+at::Tensor output_for(const at::Tensor& x, int64_t n) {
+  return at::empty({x.size(0), n}, x.options());
+}
+
+const float* bias_data(const c10::optional<at::Tensor>& bias, at::Tensor& holder) {
+  if (!bias.has_value()) return nullptr;
+  holder = bias->to(at::kFloat).contiguous();
+  return holder.data_ptr<float>();
+}
+
+}  // namespace
+
+at::Tensor gemv_fp32(const at::Tensor& x, const at::Tensor& weight,
+                     const c10::optional<at::Tensor>& bias) {
+  check_gemv_args(x, weight, weight.size(1), bias, "gemv_fp32");
+  TORCH_CHECK(weight.scalar_type() == at::kFloat, "chatpage::gemv_fp32: weight must be float32");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const float* xp = xf.data_ptr<float>();
+  at::Tensor out = output_for(x, weight.size(0)), bias_f;
+  const float* b = bias_data(bias, bias_f);
+  const Output dst = output_of(out);
+  const float* w = weight.data_ptr<float>();
+  const int64_t m = x.size(0), k = x.size(1);
+  over_rows<kRows>(weight.size(0), k * 4, [&](int64_t nb, int64_t ne) {
+    over_tiles<kDenseTile, kRows>(m, nb, ne, [&]<int T, int R>(int64_t m0, int64_t n0) {
+      float dots[T][R];
+      dense_dots<T, R>(w, xp, k, m0, n0, dots);
+      store<T, R>(dst, b, m0, n0, dots, [](int64_t) { return 1.f; });
+    });
+  });
+  return out;
+}
+
+at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                     const c10::optional<at::Tensor>& bias) {
+  check_gemv_args(x, qweight, qweight.size(1), bias, "gemv_int8");
+  TORCH_CHECK(qweight.scalar_type() == at::kChar, "chatpage::gemv_int8: qweight must be int8");
+  TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && scales.is_contiguous() &&
+                  scales.numel() == qweight.size(0),
+              "chatpage::gemv_int8: scales must be bfloat16 with one value per output row");
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const float* xp = xf.data_ptr<float>();
+  at::Tensor out = output_for(x, qweight.size(0)), bias_f;
+  const float* b = bias_data(bias, bias_f);
+  const Output dst = output_of(out);
+  const int8_t* w = qweight.data_ptr<int8_t>();
+  const c10::BFloat16* s = scales.data_ptr<c10::BFloat16>();
+  const int64_t m = x.size(0), k = x.size(1);
+  over_rows<kRows>(qweight.size(0), k, [&](int64_t nb, int64_t ne) {
+    over_tiles<kDenseTile, kRows>(m, nb, ne, [&]<int T, int R>(int64_t m0, int64_t n0) {
+      float dots[T][R];
+      dense_dots<T, R>(w, xp, k, m0, n0, dots);
+      store<T, R>(dst, b, m0, n0, dots, [&](int64_t col) { return static_cast<float>(s[col]); });
+    });
+  });
+  return out;
+}
+
+at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
+                     const at::Tensor& zeros, const c10::optional<at::Tensor>& bias) {
+  const int64_t k = q.size(1) * 2;
+  check_gemv_args(x, q, k, bias, "gemv_int4");
+  TORCH_CHECK(q.scalar_type() == at::kByte, "chatpage::gemv_int4: q must be uint8");
+  TORCH_CHECK(k % kGroup == 0, "chatpage::gemv_int4: inputs must be a multiple of ", kGroup);
+  const int64_t n = q.size(0), groups = k / kGroup;
+  for (const at::Tensor* t : {&scales, &zeros})
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->dim() == 2 &&
+                    t->size(0) == n && t->size(1) == groups,
+                "chatpage::gemv_int4: scales and zeros must be contiguous bfloat16 [", n, ", ",
+                groups, "]");
+  const Activations act = int4_activations(x, groups);
+  at::Tensor out = output_for(x, n), bias_f;
+  const float* b = bias_data(bias, bias_f);
+  const Output dst = output_of(out);
+  const Int4Weights wt{q.data_ptr<uint8_t>(),
+                       reinterpret_cast<const uint16_t*>(scales.data_ptr<c10::BFloat16>()),
+                       reinterpret_cast<const uint16_t*>(zeros.data_ptr<c10::BFloat16>()), k,
+                       groups};
+  const uint16_t* xv = reinterpret_cast<const uint16_t*>(act.values.data_ptr<c10::BFloat16>());
+  const float* sums = act.group_sums.data_ptr<float>();
+  auto int4_kernel = [&]<int T, int R>(int64_t m0, int64_t n0) {
+    float dots[T][R];
+    int4_dots<T, R>(wt, xv, sums, m0, n0, dots);
+    store<T, R>(dst, b, m0, n0, dots, [](int64_t) { return 1.f; });
+  };
+  over_rows<kInt4Rows>(n, k / 2, [&](int64_t nb, int64_t ne) {
+    over_tiles<kInt4Tile, kInt4Rows>(x.size(0), nb, ne, int4_kernel);
+  });
+  return out;
+}
+
+}  // namespace chatpage::cpu

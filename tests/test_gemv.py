@@ -1,0 +1,113 @@
+"""The few-row matmul kernels (csrc/cpu/gemv.cpp) match their torch reference
+(chatpage/engine/gemv.py) on shapes that exercise every tail: output rows not a multiple of the
+kernel's row block, an odd number of int4 groups, inputs not a multiple of 16, activation rows
+beyond one tile, fp32 and bf16 activations, with and without a bias; and make_linear uses them for
+few rows and torch's path for more, with the same answers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from chatpage.engine import gemv, ops
+from chatpage.engine.weights import GEMV_ROWS, make_linear, pack_int4_both, quantize_int4
+
+LIB = torch.ops.chatpage
+BF16, F32 = torch.bfloat16, torch.float32
+ROWS = [1, 2, 3, 5, 9]  # one row, a full tile, partial tiles and several tiles
+OUTPUTS = [7, 21]  # fewer rows than a block; blocks of four (int4: eight) plus leftovers
+
+
+def _inputs(rows: int, k: int, n: int, dtype: torch.dtype, with_bias: bool):
+    x = torch.randn(rows, k).to(dtype)
+    bias = torch.randn(n) if with_bias else None
+    return x, bias
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+    assert got.dtype == want.dtype == dtype
+    tol = 1e-2 if dtype == BF16 else 1e-4
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def test_the_kernels_are_loaded():
+    assert ops.available("cpu")
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("n", OUTPUTS)
+@pytest.mark.parametrize("k", [40, 576])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fp32_and_int8_match_the_reference(rows, n, k, dtype, with_bias):
+    torch.manual_seed(rows * 1000 + n + k)
+    x, bias = _inputs(rows, k, n, dtype, with_bias)
+    w = torch.randn(n, k)
+    _close(LIB.gemv_fp32(x, w, bias), gemv.reference_fp32(x, w, bias), dtype)
+    q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    scales = (torch.rand(n) / 100).to(BF16)
+    _close(LIB.gemv_int8(x, q, scales, bias), gemv.reference_int8(x, q, scales, bias), dtype)
+
+
+@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("n", OUTPUTS)
+@pytest.mark.parametrize("groups", [1, 3, 18])
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_int4_matches_the_reference(rows, n, groups, dtype, with_bias):
+    torch.manual_seed(rows * 1000 + n + groups)
+    k = groups * gemv.INT4_GROUP
+    x, bias = _inputs(rows, k, n, dtype, with_bias)
+    q = gemv.pack_int4(torch.randint(0, 16, (n, k)))
+    scales = (torch.rand(n, groups) / 10).to(BF16)
+    zeros = (torch.randn(n, groups) / 10).to(BF16)
+    got = LIB.gemv_int4(x, q, scales, zeros, bias)
+    _close(got, gemv.reference_int4(x, q, scales, zeros, bias), dtype)
+
+
+def test_int4_layout_round_trips_and_dequantizes():
+    torch.manual_seed(0)
+    levels = torch.randint(0, 16, (5, 64))
+    q = gemv.pack_int4(levels)
+    assert q.shape == (5, 32) and q.dtype == torch.uint8
+    assert torch.equal(gemv.unpack_int4(q), levels.to(torch.uint8))
+    # byte j of a group: input j low, input j + 16 high
+    assert q[0, 0].item() == levels[0, 0].item() | levels[0, 16].item() << 4
+    ones = torch.ones(5, 2, dtype=BF16)
+    w = gemv.dequantize_int4(q, ones * 2, ones)
+    torch.testing.assert_close(w, (levels.float() - 8) * 2 + 1)
+
+
+def test_bad_arguments_are_refused():
+    x = torch.randn(1, 64)
+    with pytest.raises(RuntimeError, match="x has 64 inputs, the weight 32"):
+        LIB.gemv_fp32(x, torch.randn(4, 32), None)
+    with pytest.raises(RuntimeError, match="scales and zeros must be contiguous bfloat16"):
+        LIB.gemv_int4(x, torch.zeros(4, 32, dtype=torch.uint8), torch.ones(4, 1), torch.ones(4, 1),
+                      None)
+    with pytest.raises(RuntimeError, match="one value per output row"):
+        LIB.gemv_int8(x, torch.zeros(4, 64, dtype=torch.int8), torch.ones(4, dtype=BF16),
+                      torch.ones(3))
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
+def test_make_linear_agrees_below_and_above_the_cut_over(fmt):
+    """Few rows take the native kernel, more take torch's path; row for row the answers agree."""
+    torch.manual_seed(0)
+    n, k = 16, 96  # torch's int4 packing needs outputs in multiples of 16
+    w = torch.randn(n, k)
+    if fmt == "int4":
+        state = pack_int4_both(*quantize_int4(w), "m")
+    elif fmt == "int8":
+        state = {"m.qweight": torch.randint(-127, 128, (n, k), dtype=torch.int8),
+                 "m.scales": (torch.rand(n) / 100).to(BF16)}
+    else:
+        state = {"m.weight": w}
+    state["m.bias"] = torch.randn(n)
+    linear = make_linear(state, "m", torch.device("cpu"))
+    dtype = F32 if fmt == "fp32" else BF16
+    x = torch.randn(GEMV_ROWS[fmt] + 1, k).to(dtype)
+    many = linear(x)
+    few = torch.cat([linear(x[i : i + 1]) for i in range(x.shape[0])])
+    tol = 1e-4 if fmt == "fp32" else 2e-2
+    torch.testing.assert_close(few.float(), many.float(), rtol=tol, atol=tol)
