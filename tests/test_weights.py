@@ -125,7 +125,8 @@ def test_packed_weights_are_cached_and_reused(tiny_qwen2_dir):
 
 def test_a_cache_in_another_layout_is_packed_again(tiny_qwen2_dir):
     """The cache file's name carries the layout version: a file of an older layout (int4 in
-    torch's layout only, under the old name) is left alone, never read as the current one."""
+    torch's layout only, under the old name) is never read as the current one, and goes once
+    the current one is written (the other formats' files stay)."""
     from safetensors.torch import save_file
 
     path = packed_weights_path(tiny_qwen2_dir, "int4")
@@ -135,11 +136,14 @@ def test_a_cache_in_another_layout_is_packed_again(tiny_qwen2_dir):
     old.parent.mkdir(parents=True, exist_ok=True)
     save_file({"format.int4": torch.zeros(0),
                "layers.0.qkv.packed": torch.zeros(16, 16, dtype=torch.uint8)}, old)
+    other = path.with_name("int8.safetensors")
+    other.write_bytes(b"")
     messages: list[str] = []
     loaded = load_model(tiny_qwen2_dir, progress=messages.append, weights="int4")
     assert any("Packing" in m for m in messages) and path.is_file()
     assert "layers.0.qkv.q4" in loaded.state and loaded.state["layers.0.qkv.packed"].numel() > 256
-    old.unlink()
+    assert not old.exists() and other.exists()
+    other.unlink()
 
 
 def test_a_state_packed_in_another_format_is_refused(tiny_llama_dir):

@@ -109,6 +109,9 @@ def _packed_state(directory: Path, config, weights: str, say: Callable[[str], No
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    for stale in path.parent.glob(f"{weights}.*safetensors"):  # this format in older layouts
+        if stale != path:
+            stale.unlink(missing_ok=True)
     return state
 
 
