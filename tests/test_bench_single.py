@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -31,6 +32,20 @@ def test_single_json(tiny_llama_dir, capsys):
     assert int4["weight_bytes"] < fp32["weight_bytes"] / 4
     assert r["llamacpp_error"]  # a model directory has no GGUF for llama.cpp
     assert r["best_weights"] in ("fp32", "int4")
+
+
+@pytest.mark.peers
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                    reason="llama-cpp-python is not installed (make test-peers installs it)")
+def test_single_alternates_with_llamacpp_on_the_default_gguf(capsys):
+    r = _run(single, ["--json", "--weights", "int4", "--prompt-tokens", "16", "--new-tokens", "6",
+                      "--repeats", "3", "--threads", "1"], capsys)
+    assert "llamacpp_error" not in r and r["rounds"] == 3
+    (int4,) = r["results"]
+    assert int4["llamacpp_tok_s"] == r["llamacpp_tok_s"] > 0 and r["llamacpp_ttft_ms"] > 0
+    rounds = int4["round_ratios_vs_llamacpp"]
+    assert len(rounds) == 3 and all(0.05 < x < 20 for x in rounds)
+    assert int4["ratio_vs_llamacpp"] == r["best_ratio_vs_llamacpp"] == sorted(rounds)[1]
 
 
 def test_single_refuses_an_unknown_format(capsys):

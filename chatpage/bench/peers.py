@@ -128,31 +128,36 @@ def _batched(lib, model, trace: list[BenchRequest], threads: int) -> float:
         ctx.close()
 
 
-def llamacpp_single(gguf: Path, prompt_ids: list[int], new_tokens: int) -> dict:
-    """llama.cpp at batch 1 on ``gguf`` with the run's threads: time to the first token (the
-    prompt in one batch) and the decode rate of ``new_tokens`` - 1 more greedy tokens."""
-    from llama_cpp import Llama
-    from llama_cpp import llama_cpp as lib
+class LlamaCppSingle:
+    """llama.cpp at batch 1 on ``gguf`` with the run's threads, one pass at a time (so a benchmark
+    can alternate it with its own passes): each pass times the first token (the prompt in one
+    batch) and the decode rate of ``new_tokens`` - 1 more greedy tokens. Close it when done."""
 
-    threads = torch.get_num_threads()
-    llm = Llama(model_path=str(gguf), n_ctx=512, n_threads=threads, verbose=False)
-    n = len(prompt_ids)
-    ctx = _Context(lib, llm.model, n + new_tokens + 16, 512, 1, threads)
-    try:
-        best = None
-        for _ in range(2):  # the first pass warms llama.cpp up
-            _clear_memory(lib, ctx.ctx)
-            t0 = common.now()
-            (tok,) = ctx.decode([(t, i, 0, i == n - 1) for i, t in enumerate(prompt_ids)])
-            t1 = common.now()
-            for step in range(new_tokens - 1):
-                (tok,) = ctx.decode([(tok, n + step, 0, True)])
-            run = {"llamacpp_ttft_ms": (t1 - t0) * 1e3,
-                   "llamacpp_tok_s": (new_tokens - 1) / (common.now() - t1)}
-            best = run if best is None or run["llamacpp_tok_s"] > best["llamacpp_tok_s"] else best
-        return best
-    finally:
-        ctx.close()
+    def __init__(self, gguf: Path, prompt_ids: list[int], new_tokens: int) -> None:
+        from llama_cpp import Llama
+        from llama_cpp import llama_cpp as lib
+
+        threads = torch.get_num_threads()
+        self._llm = Llama(model_path=str(gguf), n_ctx=512, n_threads=threads, verbose=False)
+        self._lib = lib
+        self.prompt_ids, self.new_tokens = prompt_ids, new_tokens
+        n = len(prompt_ids)
+        self._ctx = _Context(lib, self._llm.model, n + new_tokens + 16, 512, 1, threads)
+
+    def run(self) -> dict:
+        """One pass: {"llamacpp_ttft_ms", "llamacpp_tok_s"}."""
+        prompt, n = self.prompt_ids, len(self.prompt_ids)
+        _clear_memory(self._lib, self._ctx.ctx)
+        t0 = common.now()
+        (tok,) = self._ctx.decode([(t, i, 0, i == n - 1) for i, t in enumerate(prompt)])
+        t1 = common.now()
+        for step in range(self.new_tokens - 1):
+            (tok,) = self._ctx.decode([(tok, n + step, 0, True)])
+        return {"llamacpp_ttft_ms": (t1 - t0) * 1e3,
+                "llamacpp_tok_s": (self.new_tokens - 1) / (common.now() - t1)}
+
+    def close(self) -> None:
+        self._ctx.close()
 
 
 def llamacpp(gguf: Path | None, trace: list[BenchRequest], chatpage_tok_s: float) -> dict:

@@ -66,9 +66,11 @@ def _why_speed(s: dict, best: dict) -> str:
 def _why_llamacpp(s: dict, best: dict) -> str:
     if best["ratio_vs_llamacpp"] is None:
         return s.get("llamacpp_error", "llama.cpp was not measured")
-    return (f"llama.cpp {s['llamacpp_tok_s']:.1f} tok/s on the same GGUF (Q4_1 layers, Q8_0 "
-            f"output; chatpage's int4 keeps the lm_head in int8 the same way), same prompt ids, "
-            f"threads and clock; its whole step is {1e3 / s['llamacpp_tok_s']:.1f} ms against "
+    rounds = ", ".join(f"{x:.2f}" for x in best.get("round_ratios_vs_llamacpp", []))
+    return (f"the median of {s.get('rounds', 1)} rounds that alternate the two ({rounds}); "
+            f"llama.cpp's best {s['llamacpp_tok_s']:.1f} tok/s on the same GGUF (Q4_1 layers, "
+            f"Q8_0 output; chatpage's int4 keeps the lm_head in int8 the same way), same prompt "
+            f"ids, threads and clock; its whole step is {1e3 / s['llamacpp_tok_s']:.1f} ms against "
             f"chatpage's {best['step_ms']:.1f} ms, whose matmuls alone take "
             f"{best['matmul_ms']:.1f} ms (the native GEMVs of csrc/cpu/gemv.cpp read "
             f"{best['weight_bytes'] / best['matmul_ms'] / 1e6:.1f} GB/s against the "
@@ -96,7 +98,7 @@ def figures(name: str, r: dict, table: Table) -> list[str]:
                 f"{r['threads']} thread(s), {r['clock']} clock; read rate "
                 f"{r['results'][0]['read_bandwidth_gb_s']:.1f} GB/s.", "",
                 table(["weights", "decode tok/s", "step (ms)", "matmuls (ms)", "TTFT (ms)",
-                       "weights read (MB)", "step / floor", "vs llama.cpp"], rows)]
+                       "weights read (MB)", "step / floor", "vs llama.cpp (median)"], rows)]
     if name == "ui":
         return [f"One chat in the TUI ({r['weights']} weights, {r['threads']} engine thread(s)): "
                 f"{r['tui_tok_s']:.1f} tok/s streaming, {r['tui_typing_tok_s']:.1f} while typing, "

@@ -5,7 +5,9 @@ then the median decode step over ``--new-tokens`` greedy tokens (EOS ignored), t
 weights one step reads, and that step against the weight-read floor (those bytes at the memory
 read rate a plain reduction reaches with the run's threads) and against its matmuls alone.
 llama.cpp (llama-cpp-python, when installed) decodes the same prompt ids from the same GGUF, with
-the same threads and clock, in the same run.
+the same threads and clock, in the same run: ``--repeats`` rounds, each one pass of llama.cpp and
+then one of every format, so each format's ratio is the median of ratios taken minutes apart at
+most (a shared machine's speed drifts between minutes); rates and times are each side's best.
 """
 
 from __future__ import annotations
@@ -49,40 +51,48 @@ def run(args) -> dict:
     prompt = prompt_ids(loaded.tokenizer, args.prompt_tokens)
     threads = common.model_info(loaded)["threads"]
     bandwidth = read_bandwidth()
-    peer: dict = {}
-    gguf = _gguf(args.model)
-    from chatpage.bench import peers
-
-    if not peers.llamacpp_available():
-        peer = {"llamacpp_error": "llama_cpp is not importable (make bench-peers builds it)"}
-    elif gguf is None:
-        peer = {"llamacpp_error": "llama.cpp needs a .gguf model (the default model or X.gguf)"}
-    else:
-        common.say("llama.cpp: batch 1")
-        peer = peers.llamacpp_single(gguf, prompt, args.new_tokens)
-    rows = []
+    peer, error = _llamacpp(args.model, prompt, args.new_tokens)
+    if peer is not None:
+        peer.run()  # warm-up, as for every format below
+    engines = {}
     for fmt in args.weights:
         common.say(f"chatpage: {fmt}")
-        eng = common.engine(loaded, weight_dtype=fmt)
-        measure(eng, prompt[:16], 8)  # warm-up: kernels, allocator, every path once
-        best = max((measure(eng, prompt, args.new_tokens) for _ in range(args.repeats)),
-                   key=lambda r: r["decode_tok_s"])
+        engines[fmt] = common.engine(loaded, weight_dtype=fmt)
+        measure(engines[fmt], prompt[:16], 8)  # warm-up: kernels, allocator, every path once
+    passes: dict[str, list[dict]] = {fmt: [] for fmt in args.weights}
+    theirs: list[dict] = []
+    try:
+        for r in range(args.repeats):
+            common.say(f"round {r + 1}/{args.repeats}")
+            if peer is not None:
+                theirs.append(peer.run())
+            for fmt, eng in engines.items():
+                passes[fmt].append(measure(eng, prompt, args.new_tokens))
+    finally:
+        if peer is not None:
+            peer.close()
+    best_peer = max(theirs, key=lambda p: p["llamacpp_tok_s"]) if theirs else error
+    rows = []
+    for fmt, eng in engines.items():
+        best = max(passes[fmt], key=lambda r: r["decode_tok_s"])
         weight_bytes = eng.model.weight_bytes
         floor_ms = weight_bytes / bandwidth * 1e3
         row = {"weights": fmt, "threads": threads, "prompt_tokens": len(prompt), **best,
                "matmul_ms": gemm_step_s(eng.model, 1) * 1e3, "weight_bytes": weight_bytes,
                "read_bandwidth_gb_s": bandwidth / 1e9, "floor_ms": floor_ms,
                "floor_ratio": best["step_ms"] / floor_ms,
-               "llamacpp_tok_s": peer.get("llamacpp_tok_s")}
-        row["ratio_vs_llamacpp"] = (best["decode_tok_s"] / row["llamacpp_tok_s"]
-                                    if row["llamacpp_tok_s"] else None)
+               "llamacpp_tok_s": best_peer.get("llamacpp_tok_s")}
+        if theirs:
+            ratios = [mine["decode_tok_s"] / other["llamacpp_tok_s"]
+                      for mine, other in zip(passes[fmt], theirs, strict=True)]
+            row["round_ratios_vs_llamacpp"] = ratios
+        row["ratio_vs_llamacpp"] = statistics.median(ratios) if theirs else None
         rows.append(row)
-        del eng
     best_row = max(rows, key=lambda r: r["decode_tok_s"])
     fp32 = next((r for r in rows if r["weights"] == "fp32"), None)
     return {
         "benchmark": "single", **common.model_info(loaded), "prompt_tokens": len(prompt),
-        "new_tokens": args.new_tokens, "results": rows, **peer,
+        "new_tokens": args.new_tokens, "rounds": args.repeats, "results": rows, **best_peer,
         "best_weights": best_row["weights"], "best_decode_tok_s": best_row["decode_tok_s"],
         "best_ratio_vs_llamacpp": best_row["ratio_vs_llamacpp"],
         "fp32_floor_ratio": fp32["floor_ratio"] if fp32 else None,
@@ -91,16 +101,30 @@ def run(args) -> dict:
     }
 
 
+def _llamacpp(model: str | None, prompt: list[int], new_tokens: int):
+    """(llama.cpp's batch-1 runner, None) for the run's GGUF, or (None, {"llamacpp_error": why})."""
+    from chatpage.bench import peers
+
+    gguf = _gguf(model)
+    if not peers.llamacpp_available():
+        return None, {"llamacpp_error": "llama_cpp is not importable (make bench-peers builds it)"}
+    if gguf is None:
+        return None, {"llamacpp_error": "llama.cpp needs a .gguf model (the default model or X.gguf)"}
+    common.say("llama.cpp: batch 1")
+    return peers.LlamaCppSingle(gguf, prompt, new_tokens), None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = common.parser("single", __doc__.splitlines()[0], default_scale=1.0)
     p.add_argument("--weights", type=common.weight_formats, default=list(WEIGHT_FORMATS),
                    help="comma-separated weight formats (default: all)")
     p.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
     p.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
-    p.add_argument("--repeats", type=int, default=2, help="runs per format; the fastest counts")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="rounds of llama.cpp and every format (median ratio, fastest rates)")
     args = common.parse(p, argv)
-    if not 1 <= args.prompt_tokens <= 900 or args.new_tokens < 2:
-        p.error("--prompt-tokens must be in [1, 900] and --new-tokens >= 2")
+    if not 1 <= args.prompt_tokens <= 900 or args.new_tokens < 2 or args.repeats < 1:
+        p.error("--prompt-tokens must be in [1, 900], --new-tokens >= 2 and --repeats >= 1")
     return common.emit(common.round_floats(run(args)))
 
 
