@@ -67,7 +67,7 @@ def _why_llamacpp(s: dict, best: dict) -> str:
     if best["ratio_vs_llamacpp"] is None:
         return s.get("llamacpp_error", "llama.cpp was not measured")
     rounds = ", ".join(f"{x:.2f}" for x in best.get("round_ratios_vs_llamacpp", []))
-    return (f"the median of {s.get('rounds', 1)} rounds that alternate the two ({rounds}); "
+    return (f"the median of {s.get('rounds', 1)} rounds, each pairing a pass of the two back to back ({rounds}); "
             f"llama.cpp's best {s['llamacpp_tok_s']:.1f} tok/s on the same GGUF (Q4_1 layers, "
             f"Q8_0 output; chatpage's int4 keeps the lm_head in int8 the same way), same prompt "
             f"ids, threads and clock; its whole step is {1e3 / s['llamacpp_tok_s']:.1f} ms against "

@@ -5,9 +5,10 @@ then the median decode step over ``--new-tokens`` greedy tokens (EOS ignored), t
 weights one step reads, and that step against the weight-read floor (those bytes at the memory
 read rate a plain reduction reaches with the run's threads) and against its matmuls alone.
 llama.cpp (llama-cpp-python, when installed) decodes the same prompt ids from the same GGUF, with
-the same threads and clock, in the same run: ``--repeats`` rounds, each one pass of llama.cpp and
-then one of every format, so each format's ratio is the median of ratios taken minutes apart at
-most (a shared machine's speed drifts between minutes); rates and times are each side's best.
+the same threads and clock, in the same run: ``--repeats`` rounds in which each format's pass
+follows a pass of llama.cpp, so each format's ratio is the median of ratios of passes a second
+apart (a shared machine's speed drifts from one minute to the next); rates and times are each
+side's best pass.
 """
 
 from __future__ import annotations
@@ -60,18 +61,19 @@ def run(args) -> dict:
         engines[fmt] = common.engine(loaded, weight_dtype=fmt)
         measure(engines[fmt], prompt[:16], 8)  # warm-up: kernels, allocator, every path once
     passes: dict[str, list[dict]] = {fmt: [] for fmt in args.weights}
-    theirs: list[dict] = []
+    theirs: dict[str, list[dict]] = {fmt: [] for fmt in args.weights}  # the pass just before
     try:
         for r in range(args.repeats):
             common.say(f"round {r + 1}/{args.repeats}")
-            if peer is not None:
-                theirs.append(peer.run())
             for fmt, eng in engines.items():
+                if peer is not None:
+                    theirs[fmt].append(peer.run())
                 passes[fmt].append(measure(eng, prompt, args.new_tokens))
     finally:
         if peer is not None:
             peer.close()
-    best_peer = max(theirs, key=lambda p: p["llamacpp_tok_s"]) if theirs else error
+    every_peer = [p for runs in theirs.values() for p in runs]
+    best_peer = max(every_peer, key=lambda p: p["llamacpp_tok_s"]) if peer is not None else error
     rows = []
     for fmt, eng in engines.items():
         best = max(passes[fmt], key=lambda r: r["decode_tok_s"])
@@ -82,11 +84,11 @@ def run(args) -> dict:
                "read_bandwidth_gb_s": bandwidth / 1e9, "floor_ms": floor_ms,
                "floor_ratio": best["step_ms"] / floor_ms,
                "llamacpp_tok_s": best_peer.get("llamacpp_tok_s")}
-        if theirs:
+        if peer is not None:
             ratios = [mine["decode_tok_s"] / other["llamacpp_tok_s"]
-                      for mine, other in zip(passes[fmt], theirs, strict=True)]
+                      for mine, other in zip(passes[fmt], theirs[fmt], strict=True)]
             row["round_ratios_vs_llamacpp"] = ratios
-        row["ratio_vs_llamacpp"] = statistics.median(ratios) if theirs else None
+        row["ratio_vs_llamacpp"] = statistics.median(ratios) if peer is not None else None
         rows.append(row)
     best_row = max(rows, key=lambda r: r["decode_tok_s"])
     fp32 = next((r for r in rows if r["weights"] == "fp32"), None)
