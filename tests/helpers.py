@@ -179,7 +179,7 @@ def event(rid: str, text: str, index: int = 0, finished: bool = False, reason: s
         score=kw.get("score"),
         request_finished=finished if request_finished is None else request_finished,
         prompt_tokens=kw.get("prompt_tokens", 20), prefix_hit_tokens=16, ttft_s=0.1, elapsed_s=0.5,
-        error=kw.get("error"))
+        error=kw.get("error"), num_outputs=kw.get("num_outputs", 1))
 
 
 def done(rid: str, text: str, **kw) -> StreamEvent:

@@ -261,3 +261,22 @@ def test_a_batch_of_events_applies_only_what_a_later_event_does_not_supersede():
                      done("r1", "abcd")])
     assert [c.finish_reason for c in alts.generation.candidates] == ["stop", "length"]
     assert alts.choosing and not plain.streaming and plain.entries[-1].content == "abcd"
+
+
+def test_a_request_ends_with_the_last_of_its_outputs_final_events():
+    """When n samples end in the same step, the engine sends each its final event, every one
+    marked request_finished; each is applied (not only the first)."""
+    client = FakeClient()
+    chats = Chats(client, lambda e: None)
+    session = chats.open(PERSONA)
+    chats.set_alt_mode(session, AltMode("samples", 3))
+    chats.send(session, "three please")
+    chats.apply_all([event("r1", "a", index=0), event("r1", "b", index=1),
+                     event("r1", "c", index=2)])
+    chats.apply(event("r1", "aa", index=0, finished=True, reason="stop", num_outputs=3))
+    assert session.streaming  # two outputs' final events are still to come
+    chats.apply_all([event("r1", "bb", index=1, finished=True, reason="length", num_outputs=3),
+                     event("r1", "cc", index=2, finished=True, reason="stop", num_outputs=3)])
+    assert [(c.text, c.stats.tokens, c.finish_reason) for c in session.generation.candidates] == \
+        [("aa", 2, "stop"), ("bb", 2, "length"), ("cc", 2, "stop")]
+    assert session.choosing and not session.streaming

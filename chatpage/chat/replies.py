@@ -58,7 +58,7 @@ def apply_candidate(session: ChatSession, gen: Generation, event: StreamEvent) -
             update_stats(cand.stats, event)
         if failed:
             cand.finish_reason, cand.error = "error", event.error
-        elif mine and event.finished or event.request_finished:
+        elif mine and event.finished:  # (each output gets its own final event)
             cand.finish_reason = cand.finish_reason or event.finish_reason or "stop"
         elif not mine:
             continue

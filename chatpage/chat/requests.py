@@ -34,6 +34,7 @@ class Requests:
         self.deliver = deliver
         self.notify = notify
         self._by_request: dict[str, ChatSession] = {}
+        self._finals: dict[str, int] = {}  # request id -> its final events applied so far
 
     def stop(self, session: ChatSession) -> bool:
         """Cancel what is streaming; the engine frees its blocks and reports "abort"."""
@@ -76,9 +77,13 @@ class Requests:
         gen = session.generation if session is not None else None
         if gen is None or event.request_id not in gen.request_ids:
             return None
-        if event.request_finished:
-            gen.finished_requests.add(event.request_id)
-            self._by_request.pop(event.request_id, None)
+        if event.request_finished:  # one such event per output: the request ends at the last
+            finals = self._finals.pop(event.request_id, 0) + 1
+            if finals < event.num_outputs:
+                self._finals[event.request_id] = finals
+            else:
+                gen.finished_requests.add(event.request_id)
+                self._by_request.pop(event.request_id, None)
         if gen.entry is not None:
             if apply_reply(session, gen, gen.entry, event):
                 session.generation = None
@@ -182,6 +187,7 @@ class Requests:
             return
         for rid in gen.request_ids:
             self._by_request.pop(rid, None)
+            self._finals.pop(rid, None)
             if rid not in gen.finished_requests:
                 self.client.cancel(rid)
         session.generation = None
