@@ -13,19 +13,19 @@ import pytest
 from helpers import tiny_model_dir
 
 from chatpage.config.paths import cache_dir
-from chatpage.engine.loader import load_model
+from chatpage.engine.loader import load_model, packed_weights_path
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_packed_leftovers():
+def _no_packed_leftovers(tmp_path_factory):
     """Weights the tests pack for their temporary models are cached like a user's (under the
-    cache's models/, keyed by path); remove the ones this session added, keep everything else."""
-    models = cache_dir() / "models"
-    before = set(models.iterdir()) if models.is_dir() else set()
+    cache's models/, keyed by the model's path): at the end, remove the packs of the models this
+    session wrote (other sessions' and the user's stay)."""
     yield
-    for entry in set(models.iterdir()) - before if models.is_dir() else ():
-        if not (entry / "model.safetensors").exists():  # not a dequantized GGUF: packs only
-            shutil.rmtree(entry, ignore_errors=True)
+    for config in tmp_path_factory.getbasetemp().rglob("config.json"):
+        packs = packed_weights_path(config.parent, "int4").parent.parent
+        if packs.parent == cache_dir() / "models" and packs.is_dir():
+            shutil.rmtree(packs, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
