@@ -98,3 +98,13 @@ def test_report_renders_single_and_quality(tmp_path):
     assert "| int4 | 100.0 | 10.00 | 7.00 |" in text
     assert "| llama.cpp (GGUF) | 125.0 |" in text
     assert "| int4 | 26.00 | 8.33 | 0.9 | 12 | 95.00 |" in text
+
+
+def test_single_and_quality_print_readable_text_without_json(tiny_llama_dir, capsys):
+    model = ["--model", str(tiny_llama_dir), "--threads", "1"]
+    assert single.main([*model, "--weights", "int8", "--prompt-tokens", "8", "--new-tokens", "3",
+                        "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("benchmark: single\n") and "\n    weights: int8\n" in out
+    assert quality.main([*model, "--weights", "int8"]) == 0
+    assert capsys.readouterr().out.startswith("benchmark: quality\n")

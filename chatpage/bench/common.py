@@ -75,7 +75,7 @@ def clock_name() -> str:
     return "cpu" if torch.get_num_threads() == 1 else "wall"
 
 
-def emit(result: dict, as_json: bool = True) -> int:
+def emit(result: dict, as_json: bool) -> int:
     """Print ``result``: one JSON line (``--json``) or readable text; returns the exit status."""
     if as_json:
         print(json.dumps(result), flush=True)

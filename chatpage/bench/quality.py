@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--weights", type=common.weight_formats, default=list(WEIGHT_FORMATS),
                    help="comma-separated formats to compare with fp32 (default: all)")
     args = common.parse(p, argv)
-    return common.emit(common.round_floats(run(args)))
+    return common.emit(common.round_floats(run(args)), args.json)
 
 
 if __name__ == "__main__":

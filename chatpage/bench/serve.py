@@ -129,7 +129,7 @@ def _api(args, loaded) -> int:
     result = {"benchmark": "serve_api", "workload": args.workload, "scale": args.scale,
               "seed": args.seed, **common.model_info(loaded), **describe(trace),
               **serve_api.run(args.model, trace, 512 << 20)}
-    return common.emit(common.round_floats(result))
+    return common.emit(common.round_floats(result), args.json)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     args = common.parse(p, argv)
     if not 1 <= args.prompt_tokens <= 900 or args.new_tokens < 2 or args.repeats < 1:
         p.error("--prompt-tokens must be in [1, 900], --new-tokens >= 2 and --repeats >= 1")
-    return common.emit(common.round_floats(run(args)))
+    return common.emit(common.round_floats(run(args)), args.json)
 
 
 if __name__ == "__main__":
