@@ -24,10 +24,11 @@ run: setup
 test: setup
 	$(BIN)/python -m chatpage.engine.ops --build
 	./scripts/check_cuda.sh
-	$(BIN)/python -m pytest -q --durations=15 tests
+	$(BIN)/python -m pytest -q --durations=15 -m "not peers" tests
 
-# chatpage --backend against llama-server (llama-cpp-python[server], built from source the first
-# time, about 7 min); `make test` skips these tests with a line saying why.
+# The tests marked peers: chatpage --backend against llama-server, and bench single beside
+# llama.cpp (llama-cpp-python[server], built from source the first time, about 7 min). `make test`
+# leaves them out (-m "not peers"), so it skips nothing outside tests/gpu.
 test-peers: setup
 	$(BIN)/python -c "import llama_cpp.server" 2>/dev/null || \
 		CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install 'llama-cpp-python[server]'
