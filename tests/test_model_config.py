@@ -134,3 +134,18 @@ def test_a_cached_default_start_imports_no_model_module(default_model_dir):
                           timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"num_hidden_layers": "thirty"}, "num_hidden_layers must be a positive integer, got 'thirty'"),
+    ({"rms_norm_eps": -1}, "rms_norm_eps must be a positive number"),
+    ({"tie_word_embeddings": "yes", "eos_token_id": None}, "tie_word_embeddings"),  # transformers'
+])
+def test_a_config_field_of_the_wrong_kind_is_a_one_line_load_error(change, message,
+                                                                    tiny_llama_dir, tmp_path):
+    from chatpage.engine.loader import ModelLoadError
+
+    d = _edited(tiny_llama_dir, tmp_path / "m", **change)
+    with pytest.raises(ModelLoadError, match=message) as err:
+        _read_config(d)
+    assert "\n" not in str(err.value) and "config.json" in str(err.value)

@@ -165,7 +165,10 @@ def _read_config(directory: Path):
             f"unsupported architecture {arch!r} (model_type {model_type!r}); chatpage supports "
             f"{', '.join(SUPPORTED_MODEL_TYPES)} (Llama, Mistral, Qwen2, SmolLM)"
         )
-    return read_config(directory, raw)
+    try:
+        return read_config(directory, raw)
+    except Exception as e:  # ours raise ValueError; transformers' strict checks raise many types
+        raise ModelLoadError(f"{directory}/config.json: {' '.join(str(e).split())}") from None
 
 
 # tokenizer_class values that name the plain tokenizers-library tokenizer (v5's name, then v4's)

@@ -57,12 +57,33 @@ def plain_rope(raw: dict[str, Any]) -> dict[str, Any] | None:
     return {"rope_type": "default", "rope_theta": float(params["rope_theta"])}
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+# What each field read here must hold (transformers' config classes check the same on their path).
+KINDS: dict[str, tuple[str, Any]] = {
+    "model_type": ("a string", lambda v: isinstance(v, str)),
+    **{key: ("a positive integer", lambda v: _is_int(v) and v > 0) for key in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "num_key_value_heads", "max_position_embeddings")},
+    "rms_norm_eps": ("a positive number", lambda v: (_is_int(v) or isinstance(v, float)) and v > 0),
+    "tie_word_embeddings": ("true or false", lambda v: isinstance(v, bool)),
+    "eos_token_id": ("a token id, a list of them or null", lambda v: v is None or _is_int(v) or (
+        isinstance(v, list) and all(_is_int(x) for x in v))),
+    "head_dim": ("a positive integer or null", lambda v: v is None or (_is_int(v) and v > 0)),
+}
+
+
 def fast_config(raw: dict[str, Any]) -> ModelConfig | None:
     """``raw`` (a parsed config.json) as a :class:`ModelConfig`, or None where transformers must
-    interpret it."""
+    interpret it. ValueError names a field that holds the wrong kind of value."""
     rope = plain_rope(raw)
     if rope is None or any(key not in raw for key in REQUIRED) or raw.get("sliding_window"):
         return None
+    for key, (what, ok) in KINDS.items():
+        if not ok(raw.get(key)):
+            raise ValueError(f"{key} must be {what}, got {raw.get(key)!r}")
     return ModelConfig(**{key: raw[key] for key in REQUIRED}, rope_parameters=rope,
                        head_dim=raw.get("head_dim"))
 
