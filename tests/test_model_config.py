@@ -1,4 +1,4 @@
-"""Reading a model's config and tokenizer without transformers' model modules, where that is safe.
+"""Reading a model's config without transformers' model modules, where that is safe.
 
 The fast config must agree with transformers' own config on every field the engine reads; a config
 that needs interpreting (scaled RoPE, missing fields, a sliding window) still goes through
@@ -17,7 +17,7 @@ import torch
 from helpers import tiny_model_dir
 
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
-from chatpage.engine.loader import _read_config, _read_tokenizer
+from chatpage.engine.loader import _read_config
 from chatpage.engine.model_config import ModelConfig
 from chatpage.engine.models.llama import rope_inv_freq
 
@@ -95,41 +95,15 @@ def test_scaled_rope_runs_and_matches_transformers(default_model_dir, tmp_path):
     assert ours.outputs[0].token_ids == theirs
 
 
-def test_the_plain_tokenizer_matches_autotokenizer(default_model_dir):
-    from transformers import AutoTokenizer
-
-    ours, theirs = _read_tokenizer(default_model_dir), AutoTokenizer.from_pretrained(default_model_dir)
-    messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "Ünïcode, <b>tags</b> and  spaces\n\tok?"}]
-    text = theirs.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == text
-    ids = theirs.encode(text, add_special_tokens=False)
-    assert ours.encode(text, add_special_tokens=False) == ids
-    assert ours.decode(ids) == theirs.decode(ids)
-    assert (ours.eos_token_id, ours.pad_token_id) == (theirs.eos_token_id, theirs.pad_token_id)
-
-
-def test_a_named_tokenizer_class_goes_through_autotokenizer(default_model_dir, tmp_path):
-    d = tmp_path / "m"
-    shutil.copytree(default_model_dir, d, ignore=shutil.ignore_patterns("*.safetensors", "packed"))
-    cfg = json.loads((d / "tokenizer_config.json").read_text())
-    cfg["tokenizer_class"] = "GPT2Tokenizer"
-    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    tok = _read_tokenizer(d)
-    assert type(tok).__name__ != "TokenizersBackend"
-    assert tok.encode("hello there", add_special_tokens=False) == \
-        _read_tokenizer(default_model_dir).encode("hello there", add_special_tokens=False)
-
-
 PROBE = """
 import sys
 from chatpage.engine.loader import load_model
 load_model(None, progress=lambda _m: None, weights="int4")
-print(sorted(m for m in sys.modules if m.startswith("transformers.models.")))
+print(sorted(m for m in sys.modules if m.startswith("transformers")))
 """
 
 
-def test_a_cached_default_start_imports_no_model_module(default_model_dir):
+def test_a_cached_default_start_imports_no_transformers(default_model_dir):
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr

@@ -25,6 +25,7 @@ import torch
 from chatpage.config.paths import cache_dir
 from chatpage.engine.model_config import read_config
 from chatpage.engine.models.llama import SUPPORTED_MODEL_TYPES
+from chatpage.engine.tokenizer import read_plain
 from chatpage.engine.weights import PACKED_LAYOUT, check_format, fuse_state, pack_state
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -45,9 +46,9 @@ class ModelLoadError(ValueError):
 class LoadedModel:
     name: str
     directory: Path  # the HF-format directory the weights were read from
-    config: object  # transformers PretrainedConfig
+    config: object  # engine/model_config.ModelConfig, or a transformers PretrainedConfig
     state: dict[str, torch.Tensor]  # HF names (fp32), or packed in ``weights`` when not fp32
-    tokenizer: object
+    tokenizer: object  # engine/tokenizer.Tokenizer, or a transformers tokenizer
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     weights: str = "fp32"
@@ -171,21 +172,12 @@ def _read_config(directory: Path):
         raise ModelLoadError(f"{directory}/config.json: {' '.join(str(e).split())}") from None
 
 
-# tokenizer_class values that name the plain tokenizers-library tokenizer (v5's name, then v4's)
-PLAIN_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
-
-
 def _read_tokenizer(directory: Path):
-    """The tokenizer in ``directory``. A plain tokenizer.json is read directly: AutoTokenizer
-    would first import the model's config module (about a second) to learn the same class."""
-    try:
-        declared = json.loads((directory / "tokenizer_config.json").read_text()).get("tokenizer_class")
-    except (OSError, ValueError):
-        declared = None
-    if declared in PLAIN_TOKENIZERS and (directory / "tokenizer.json").is_file():
-        from transformers import PreTrainedTokenizerFast
-
-        return PreTrainedTokenizerFast.from_pretrained(directory)
+    """The tokenizer in ``directory``: read directly where that is exact (``engine/tokenizer.py``),
+    else through AutoTokenizer."""
+    plain = read_plain(directory)
+    if plain is not None:
+        return plain
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(directory)
