@@ -21,13 +21,16 @@ def _run(module, argv, capsys) -> dict:
 
 def test_single_json(tiny_llama_dir, capsys):
     r = _run(single, ["--json", "--model", str(tiny_llama_dir), "--weights", "fp32,int4",
-                      "--prompt-tokens", "16", "--new-tokens", "4", "--repeats", "1",
+                      "--prompt-tokens", "16", "--new-tokens", "4", "--repeats", "2",
                       "--threads", "1"], capsys)
     assert r["benchmark"] == "single" and r["prompt_tokens"] == 16
     assert [row["weights"] for row in r["results"]] == ["fp32", "int4"]
     for row in r["results"]:
         assert all(f in row for f in SINGLE_FIELDS)
         assert row["decode_tok_s"] > 0 and row["floor_ratio"] > 0
+        # each pass against the read rate measured around it; the row gives their median
+        low, high = sorted(row["round_floor_ratios"])
+        assert row["floor_ratio"] == pytest.approx((low + high) / 2, rel=1e-3)
     fp32, int4 = r["results"]
     assert int4["weight_bytes"] < fp32["weight_bytes"] / 4
     assert r["llamacpp_error"]  # a model directory has no GGUF for llama.cpp

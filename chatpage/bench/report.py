@@ -154,7 +154,8 @@ def _why_gemm(t: dict) -> str:
 def _why_floor(t: dict) -> str:
     text = (f"reading {t['weight_bytes'] / 1e6:.0f} MB of fp32 weights at "
             f"{t['read_bandwidth_gb_s']:.1f} GB/s (a plain reduction on {t['threads']} thread(s), "
-            f"as the run) takes {t['weight_read_floor_ms']:.1f} ms; the step took "
+            f"as the run, measured just before and after the step) takes "
+            f"{t['weight_read_floor_ms']:.1f} ms; the step took "
             f"{t['batch1_step_ms']:.1f} ms")
     if "batch1_gemm_ms" in t:
         rest = t["batch1_step_ms"] - t["batch1_gemm_ms"]

@@ -78,8 +78,10 @@ def _why_llamacpp(s: dict, best: dict) -> str:
 
 
 def _why_fp32_floor(f: dict) -> str:
-    return (f"reading {f['weight_bytes'] / 1e6:.0f} MB of fp32 weights at "
-            f"{f['read_bandwidth_gb_s']:.1f} GB/s takes {f['floor_ms']:.1f} ms; the step took "
+    rounds = ", ".join(f"{x:.2f}" for x in f.get("round_floor_ratios", []))
+    return (f"the median of the passes' ratios ({rounds}), each against the read rate measured "
+            f"just before and after it; reading {f['weight_bytes'] / 1e6:.0f} MB of fp32 weights at "
+            f"the median {f['read_bandwidth_gb_s']:.1f} GB/s takes {f['floor_ms']:.1f} ms; the best step took "
             f"{f['step_ms']:.1f} ms, its matmuls alone {f['matmul_ms']:.1f} ms (the native fp32 "
             f"GEMV streams at {f['weight_bytes'] / f['matmul_ms'] / 1e6:.1f} GB/s); the lower "
             "formats are the way to a faster step, fp32 stays the exact reference")
@@ -95,7 +97,7 @@ def figures(name: str, r: dict, table: Table) -> list[str]:
             rows.append(["llama.cpp (GGUF)", r["llamacpp_tok_s"], 1e3 / r["llamacpp_tok_s"], None,
                          r["llamacpp_ttft_ms"], None, None, 1.0])
         return [f"One request, {r['prompt_tokens']}-token prompt, {r['new_tokens']} greedy tokens, "
-                f"{r['threads']} thread(s), {r['clock']} clock; read rate "
+                f"{r['threads']} thread(s), {r['clock']} clock; median read rate "
                 f"{r['results'][0]['read_bandwidth_gb_s']:.1f} GB/s.", "",
                 table(["weights", "decode tok/s", "step (ms)", "matmuls (ms)", "TTFT (ms)",
                        "weights read (MB)", "step / floor", "vs llama.cpp (median)"], rows)]

@@ -8,15 +8,17 @@ llama.cpp (llama-cpp-python, when installed) decodes the same prompt ids from th
 the same threads and clock, in the same run: ``--repeats`` rounds in which each format's pass
 follows a pass of llama.cpp, so each format's ratio is the median of ratios of passes a second
 apart (a shared machine's speed drifts from one minute to the next); rates and times are each
-side's best pass.
+side's best pass. The read rate is measured around each pass in the same way (just before and
+just after it), and a format's floor ratio is the median of its passes' ratios.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 
 from chatpage.bench import common
-from chatpage.bench.throughput import _gguf, gemm_step_s, read_bandwidth
+from chatpage.bench.throughput import _gguf, gemm_step_s, with_bandwidth
 from chatpage.engine import SamplingParams
 from chatpage.engine.weights import WEIGHT_FORMATS
 
@@ -51,7 +53,6 @@ def run(args) -> dict:
     loaded = common.load(args.model)
     prompt = prompt_ids(loaded.tokenizer, args.prompt_tokens)
     threads = common.model_info(loaded)["threads"]
-    bandwidth = read_bandwidth()
     peer, error = _llamacpp(args.model, prompt, args.new_tokens)
     if peer is not None:
         peer.run()  # warm-up, as for every format below
@@ -68,7 +69,8 @@ def run(args) -> dict:
             for fmt, eng in engines.items():
                 if peer is not None:
                     theirs[fmt].append(peer.run())
-                passes[fmt].append(measure(eng, prompt, args.new_tokens))
+                mine, bandwidth = with_bandwidth(functools.partial(measure, eng, prompt, args.new_tokens))
+                passes[fmt].append({**mine, "bandwidth": bandwidth})
     finally:
         if peer is not None:
             peer.close()
@@ -78,11 +80,13 @@ def run(args) -> dict:
     for fmt, eng in engines.items():
         best = max(passes[fmt], key=lambda r: r["decode_tok_s"])
         weight_bytes = eng.model.weight_bytes
-        floor_ms = weight_bytes / bandwidth * 1e3
-        row = {"weights": fmt, "threads": threads, "prompt_tokens": len(prompt), **best,
+        bandwidth = statistics.median(p["bandwidth"] for p in passes[fmt])
+        floor_ratios = [p["step_ms"] / (weight_bytes / p["bandwidth"] * 1e3) for p in passes[fmt]]
+        row = {"weights": fmt, "threads": threads, "prompt_tokens": len(prompt),
+               **{k: v for k, v in best.items() if k != "bandwidth"},
                "matmul_ms": gemm_step_s(eng.model, 1) * 1e3, "weight_bytes": weight_bytes,
-               "read_bandwidth_gb_s": bandwidth / 1e9, "floor_ms": floor_ms,
-               "floor_ratio": best["step_ms"] / floor_ms,
+               "read_bandwidth_gb_s": bandwidth / 1e9, "floor_ms": weight_bytes / bandwidth * 1e3,
+               "round_floor_ratios": floor_ratios, "floor_ratio": statistics.median(floor_ratios),
                "llamacpp_tok_s": best_peer.get("llamacpp_tok_s")}
         if peer is not None:
             ratios = [mine["decode_tok_s"] / other["llamacpp_tok_s"]

@@ -26,7 +26,9 @@ and batched; see chatpage/bench/peers.py.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -34,6 +36,8 @@ from chatpage.bench import common, plots
 from chatpage.bench.workloads import SHAREGPT, BenchRequest, describe, make_trace
 from chatpage.engine import SamplingParams
 from chatpage.engine.loader import default_model_path
+
+T = TypeVar("T")
 
 DEFAULT_SCALE = 0.25
 REQUESTS_AT_SCALE_1 = 192  # 48 requests at the default scale
@@ -106,17 +110,25 @@ def read_bandwidth(num_bytes: int = 256 << 20, repeats: int = 7) -> float:
     return max(num_bytes / common.median_s(f, repeats, warmup=2) for f in (big.sum, big.amax))
 
 
+def with_bandwidth(measure: Callable[[], T]) -> tuple[T, float]:
+    """``measure()`` and the read bandwidth of the same seconds: the mean of one taken just before
+    it and one just after. A shared machine's read rate drifts by 15% from one minute to the next,
+    so a floor measured minutes away from the step it bounds says more about the drift."""
+    before = read_bandwidth()
+    result = measure()
+    return result, (before + read_bandwidth()) / 2
+
+
 def roofline(loaded, prompt_len: int, batch: int = ROOFLINE_BATCH) -> dict:
     eng = common.engine(loaded, max_num_seqs=max(batch, 1))
     _warm_up(eng)
     common.say(f"roofline: {batch} concurrent sequences")
     decode_ms = decode_step_ms(eng, batch, prompt_len, new_tokens=12)
-    common.say("roofline: batch 1")
-    batch1_ms = decode_step_ms(eng, 1, prompt_len, new_tokens=24)
-    common.say("roofline: matmuls alone and memory bandwidth")
+    common.say("roofline: batch 1, and the memory bandwidth around it")
+    batch1_ms, bandwidth = with_bandwidth(lambda: decode_step_ms(eng, 1, prompt_len, new_tokens=64))
+    common.say("roofline: matmuls alone")
     gemm_s = gemm_step_s(eng.model, batch)
     batch1_gemm_s = gemm_step_s(eng.model, 1)
-    bandwidth = read_bandwidth()
     floor_ms = eng.model.weight_bytes / bandwidth * 1e3
     decode_tok_s = batch / (decode_ms / 1e3)
     gemm_tok_s = batch / gemm_s
