@@ -29,6 +29,14 @@ TORCH_LIBRARY(chatpage, m) {
   m.def("gemv_fp32(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("gemv_int8(Tensor x, Tensor qweight, Tensor scales, Tensor? bias) -> Tensor");
   m.def("gemv_int4(Tensor x, Tensor q, Tensor scales, Tensor zeros, Tensor? bias) -> Tensor");
+  // A few-row step's decoder layers in one call (LlamaModel._python_layers is its reference);
+  // returns the last layer's MLP output, which the final norm adds to hidden. CPU only.
+  m.def(
+      "decode_layers(Tensor(a!) hidden, Tensor positions, Tensor cos, Tensor sin, "
+      "Tensor[] norms, Tensor[] weights, Tensor?[] biases, int parts, Tensor(b!)[] k_caches, "
+      "Tensor(c!)[] v_caches, Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, "
+      "Tensor query_start_loc, float eps, float scale, Tensor(d!) x, Tensor(e!) q, "
+      "Tensor(f!) k, Tensor(g!) v, Tensor(h!) act, Tensor(i!) attn_out) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(chatpage, CPU, m) {
@@ -42,4 +50,5 @@ TORCH_LIBRARY_IMPL(chatpage, CPU, m) {
   m.impl("gemv_fp32", &chatpage::cpu::gemv_fp32);
   m.impl("gemv_int8", &chatpage::cpu::gemv_int8);
   m.impl("gemv_int4", &chatpage::cpu::gemv_int4);
+  m.impl("decode_layers", &chatpage::cpu::decode_layers);
 }

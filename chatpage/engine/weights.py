@@ -63,14 +63,32 @@ SMALL_BATCH_ROWS = 4
 GEMV_ROWS = {"fp32": 16, "int8": 4, "int4": 1}
 
 
+class Gemv:
+    """One matmul's native GEMV (``csrc/cpu/gemv.cpp``) with its weight tensors bound: ``op(x,
+    *parts, bias)`` for inputs of at most ``rows`` rows. ``parts`` are what the native decode
+    loop (``torch.ops.chatpage.decode_layers``) takes too."""
+
+    __slots__ = ("op", "parts", "bias", "rows")
+
+    def __init__(self, op, parts: tuple[torch.Tensor, ...], bias: torch.Tensor | None,
+                 rows: int) -> None:
+        self.op, self.parts, self.bias, self.rows = op, parts, bias, rows
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(x, *self.parts, self.bias)
+
+
 class Linear:
-    """One matmul of the model in its stored format: ``linear(x [T, K]) -> [T, N]``."""
+    """One matmul of the model in its stored format: ``linear(x [T, K]) -> [T, N]``; ``gemv`` is
+    its native few-row path, when it has one."""
 
-    __slots__ = ("forward", "in_features")
+    __slots__ = ("forward", "in_features", "gemv")
 
-    def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor], in_features: int) -> None:
+    def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor], in_features: int,
+                 gemv: Gemv | None = None) -> None:
         self.forward = forward
         self.in_features = in_features
+        self.gemv = gemv
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward(x)
@@ -188,12 +206,6 @@ def state_format(packed: dict[str, torch.Tensor]) -> str | None:
 
 def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device) -> Linear:
     """The :class:`Linear` ``x [T, K] -> x @ W.T (+ bias)`` of the packed weight ``name``."""
-    fn, in_features = _forward(packed, name, device)
-    return Linear(fn, in_features)
-
-
-def _forward(packed: dict[str, torch.Tensor], name: str, device: torch.device
-             ) -> tuple[Callable[[torch.Tensor], torch.Tensor], int]:
     bias = packed.get(name + ".bias")
     if bias is not None:
         bias = bias.to(device)
@@ -202,34 +214,36 @@ def _forward(packed: dict[str, torch.Tensor], name: str, device: torch.device
     if name + ".qweight" in packed:
         q, s = _aligned(packed[name + ".qweight"], device), _aligned(packed[name + ".scales"], device)
         fn = lambda x: torch.ops.aten._weight_int8pack_mm(x, q, s)  # noqa: E731
-        few = lambda x: lib.gemv_int8(x, q, s, bias)  # noqa: E731
-        k, rows = q.shape[1], GEMV_ROWS["int8"]
+        gemv = Gemv(lib.gemv_int8, (q, s), bias, GEMV_ROWS["int8"])
+        k = q.shape[1]
     elif name + ".q4" in packed:
         p = _aligned(packed[name + ".packed"], device)
         sz = _aligned(packed[name + ".scales_zeros"], device)
         fn = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, p, INT4_GROUP, sz)  # noqa: E731
-        if native:
-            q4, s4, z4 = (packed[name + x].to(device) for x in (".q4", ".scales", ".zeros"))
-            few = lambda x: lib.gemv_int4(x, q4, s4, z4, bias)  # noqa: E731
-        k, rows = p.shape[1] * 2, GEMV_ROWS["int4"]
+        if native:  # the GEMV's own layout; torch's path needs only the int4pack one
+            parts = tuple(packed[name + x].to(device) for x in (".q4", ".scales", ".zeros"))
+            gemv = Gemv(lib.gemv_int4, parts, bias, GEMV_ROWS["int4"])
+        k = p.shape[1] * 2
     else:
         w = packed[name + ".weight"].to(device).contiguous()
         bias = None if bias is None else bias.to(w.dtype)
         k = w.shape[1]
         if device.type != "cpu" or w.dtype != torch.float32:
-            return (lambda x: F.linear(x, w, bias)), k
+            return Linear(lambda x: F.linear(x, w, bias), k)
         if not native:
-            return (lambda x: _small_batch_linear(x, w, bias, SMALL_BATCH_ROWS)), k
-        fn = lambda x: F.linear(x, w, bias)  # noqa: E731
-        return _few_or_many(lambda x: lib.gemv_fp32(x, w, bias), fn, GEMV_ROWS["fp32"]), k
+            return Linear(lambda x: _small_batch_linear(x, w, bias, SMALL_BATCH_ROWS), k)
+        gemv = Gemv(lib.gemv_fp32, (w,), bias, GEMV_ROWS["fp32"])
+        return Linear(_few_or_many(gemv, lambda x: F.linear(x, w, bias)), k, gemv)
     many = fn if bias is None else (lambda x: fn(x) + bias)
-    return (_few_or_many(few, many, rows) if native else many), k
+    if not native:
+        return Linear(many, k)
+    return Linear(_few_or_many(gemv, many), k, gemv)
 
 
-def _few_or_many(few: Callable[[torch.Tensor], torch.Tensor],
-                 many: Callable[[torch.Tensor], torch.Tensor],
-                 rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``few`` for inputs of at most ``rows`` rows, ``many`` for more."""
+def _few_or_many(few: Gemv, many: Callable[[torch.Tensor], torch.Tensor]
+                 ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``few`` for inputs of at most ``few.rows`` rows, ``many`` for more."""
+    rows = few.rows
     return lambda x: few(x) if x.shape[0] <= rows else many(x)
 
 

@@ -38,4 +38,15 @@ at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& qweight, const at::T
 at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
                      const at::Tensor& zeros, const c10::optional<at::Tensor>& bias);
 
+// csrc/cpu/decode.cpp: the decoder layers of a few-row step (weights as the GEMVs above take them)
+at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
+                         const at::Tensor& cos, const at::Tensor& sin, at::TensorList norms,
+                         at::TensorList weights, const c10::List<c10::optional<at::Tensor>>& biases,
+                         int64_t parts, at::TensorList k_caches, at::TensorList v_caches,
+                         const at::Tensor& slot_mapping, const at::Tensor& block_tables,
+                         const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double eps,
+                         double scale, const at::Tensor& x, const at::Tensor& q,
+                         const at::Tensor& k, const at::Tensor& v, const at::Tensor& act,
+                         const at::Tensor& attn_out);
+
 }  // namespace chatpage::cpu

@@ -67,6 +67,27 @@ def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
     return ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
 
 
+class NativeLayers:
+    """``torch.ops.chatpage.decode_layers`` with one model's weights bound: all its decoder layers
+    for a step of at most ``rows`` rows in one native call (the decode steps)."""
+
+    def __init__(self, model: LlamaModel, linears: list) -> None:
+        self.model = model
+        self.norms = [n for layer in model.layers for n in (layer.input_norm, layer.post_norm)]
+        self.weights = [t for f in linears for t in f.gemv.parts]
+        self.biases = [f.gemv.bias for f in linears]
+        self.parts = len(linears[0].gemv.parts)
+        self.rows = min(f.gemv.rows for f in linears)
+
+    def __call__(self, h, positions, meta, k_caches, v_caches, x, q, k, v, act, attn_out
+                 ) -> torch.Tensor:
+        m = self.model
+        return torch.ops.chatpage.decode_layers(
+            h, positions, m.cos, m.sin, self.norms, self.weights, self.biases, self.parts,
+            k_caches, v_caches, meta.slot_mapping, meta.block_tables, meta.seq_lens,
+            meta.query_start_loc, m.eps, m.scale, x, q, k, v, act, attn_out)
+
+
 class LlamaModel:
     """The decoder stack with weights as plain tensors; ``forward`` runs one engine step."""
 
@@ -124,28 +145,25 @@ class LlamaModel:
         self.sin = (emb.sin() * scaling).to(self.device, dtype)
         self.intermediate = self.layers[0].down.in_features
         self.fused = fused_ops.for_model(self.device, dtype)
+        self.native_layers = self._native_layers()
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        meta: AttentionMetadata,
-        k_caches: list[torch.Tensor],
-        v_caches: list[torch.Tensor],
-        logit_rows: torch.Tensor,
-    ) -> torch.Tensor:
-        """Run the flat batch ``input_ids`` [T]; return logits [len(logit_rows), vocab]."""
-        T = input_ids.shape[0]
-        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        fused, eps, dev = self.fused, self.eps, self.device
-        h = F.embedding(input_ids, self.embed)  # the residual stream, updated in place
-        x = torch.empty(T, self.hidden, dtype=self.mm_dtype, device=dev)
-        q = torch.empty(T, hq, d, dtype=self.dtype, device=dev)
-        k = torch.empty(T, hkv, d, dtype=self.dtype, device=dev)
-        v = torch.empty(T, hkv, d, dtype=self.dtype, device=dev)
-        act = torch.empty(T, self.intermediate, dtype=self.mm_dtype, device=dev)
-        attn_out = torch.empty(T, hq, d, dtype=self.dtype, device=dev)
-        attn_flat = attn_out.view(T, hq * d)
+    def _native_layers(self) -> NativeLayers | None:
+        """The native layer loop, unless a layer matmul lacks a native GEMV or the fused ops are
+        not native (they are for an fp32 residual stream on the CPU)."""
+        linears = [f for layer in self.layers for f in (layer.qkv, layer.o, layer.gate_up,
+                                                         layer.down)]
+        if not self.fused.native or self.device.type != "cpu" or any(f.gemv is None
+                                                                       for f in linears):
+            return None
+        return NativeLayers(self, linears)
+
+    def _python_layers(self, h, positions, meta, k_caches, v_caches, x, q, k, v, act, attn_out
+                       ) -> torch.Tensor:
+        """Every decoder layer on the residual stream ``h`` (updated in place), through the
+        scratch tensors; returns the last layer's MLP output (the final norm adds it). The
+        specification of ``decode_layers`` (csrc/cpu/decode.cpp)."""
+        fused, eps = self.fused, self.eps
+        attn_flat = attn_out.view(attn_out.shape[0], -1)
         delta = None  # the previous layer's MLP output, added by the next norm
         for i, layer in enumerate(self.layers):
             fused.add_rms_norm(h, delta, layer.input_norm, eps, x)
@@ -158,5 +176,32 @@ class LlamaModel:
             fused.add_rms_norm(h, layer.o(attn_flat.to(self.mm_dtype)), layer.post_norm, eps, x)
             fused.silu_mul(layer.gate_up(x), act)
             delta = layer.down(act)
-        fused.add_rms_norm(h, delta, self.norm, eps, x)
+        return delta
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        k_caches: list[torch.Tensor],
+        v_caches: list[torch.Tensor],
+        logit_rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """Run the flat batch ``input_ids`` [T]; return logits [len(logit_rows), vocab]. A step of
+        few rows runs its layers in one native call (:meth:`_native_layers`), others through
+        :meth:`_python_layers`."""
+        T = input_ids.shape[0]
+        hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        dev = self.device
+        h = F.embedding(input_ids, self.embed)  # the residual stream, updated in place
+        x = torch.empty(T, self.hidden, dtype=self.mm_dtype, device=dev)
+        q = torch.empty(T, hq, d, dtype=self.dtype, device=dev)
+        k = torch.empty(T, hkv, d, dtype=self.dtype, device=dev)
+        v = torch.empty(T, hkv, d, dtype=self.dtype, device=dev)
+        act = torch.empty(T, self.intermediate, dtype=self.mm_dtype, device=dev)
+        attn_out = torch.empty(T, hq, d, dtype=self.dtype, device=dev)
+        native = self.native_layers
+        layers = native if native is not None and T <= native.rows else self._python_layers
+        delta = layers(h, positions, meta, k_caches, v_caches, x, q, k, v, act, attn_out)
+        self.fused.add_rms_norm(h, delta, self.norm, self.eps, x)
         return self.lm_head(x[logit_rows]).float()

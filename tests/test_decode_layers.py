@@ -1,0 +1,60 @@
+"""The native decode loop (``torch.ops.chatpage.decode_layers``, csrc/cpu/decode.cpp) runs the
+same kernels in the same order as the Python layer loop, so every output is the same bits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from chatpage.bench import common
+from chatpage.engine import SamplingParams, ops
+from chatpage.engine.loader import load_model
+from chatpage.engine.models.llama import NativeLayers
+from chatpage.engine.weights import GEMV_ROWS
+
+
+def _run(loaded, fmt: str, native: bool, monkeypatch) -> tuple[list, int]:
+    """Greedy outputs (ids, logprobs, alternatives) of three concurrent prompts, then of one
+    alone, and how many steps ran through the native loop."""
+    eng = common.engine(loaded, weight_dtype=fmt)
+    assert isinstance(eng.model.native_layers, NativeLayers)
+    assert eng.model.native_layers.rows == GEMV_ROWS[fmt]
+    if not native:
+        eng.model.native_layers = None
+    calls = []
+    real = NativeLayers.__call__
+    monkeypatch.setattr(NativeLayers, "__call__",
+                        lambda self, *a: calls.append(a[0].shape[0]) or real(self, *a))
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
+    together = eng.generate([list(range(100, 100 + n)) for n in (5, 21, 40)], params)
+    alone = eng.generate([list(range(300, 333))], params)
+    got = [(c.token_ids, c.logprobs, c.top_logprobs) for o in together + alone for c in o.outputs]
+    return got, len(calls)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # qwen2: biases on q, k and v
+@pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
+def test_the_native_loop_gives_the_python_loops_bits(kind, fmt, request, monkeypatch):
+    loaded = load_model(request.getfixturevalue(f"tiny_{kind}_dir"), progress=lambda _m: None)
+    native, steps = _run(loaded, fmt, True, monkeypatch)
+    python, none = _run(loaded, fmt, False, monkeypatch)
+    assert native == python
+    # the decode steps went native: three rows at once for fp32 and int8, the lone prompt's for
+    # int4 too (its GEMV takes one row)
+    assert steps >= (11 if fmt == "int4" else 22) and none == 0
+
+
+def test_bf16_weights_keep_the_python_loop(tiny_llama_dir):
+    loaded = load_model(tiny_llama_dir, progress=lambda _m: None)
+    assert common.engine(loaded, weight_dtype="bf16").model.native_layers is None
+
+
+def test_bad_arguments_are_refused():
+    assert ops.available("cpu")
+    t = torch.zeros(1)
+    op = torch.ops.chatpage.decode_layers
+    with pytest.raises(RuntimeError, match="parts must be 1 .fp32., 2 .int8. or 3 .int4., got 4"):
+        op(t, t, t, t, [], [], [], 4, [t], [t], t, t, t, t, 1e-5, 1.0, t, t, t, t, t, t)
+    with pytest.raises(RuntimeError, match="for 1 layers expected 1 value caches, 2 norms"):
+        op(t, t, t, t, [t], [t] * 4, [None] * 4, 1, [t], [t], t, t, t, t, 1e-5, 1.0, t, t, t, t,
+           t, t)
