@@ -28,7 +28,7 @@ from chatpage.bench import report_single
 # One torch thread and the CPU-time clock (bench/common.now): on a shared 2-core machine, two
 # OpenMP threads collapse whenever another process runs, and wall times swing by 2-10x.
 DEFAULT_BENCH_ARGS = "--threads 1"
-ORDER = ("single", "quality", "ui", "throughput", "memory", "serve", "prefix", "sharing", "kernel")
+ORDER = ("single", "quality", "ui", "startup", "throughput", "memory", "serve", "prefix", "sharing", "kernel")
 # Arguments of one benchmark only (the TUI bench: one chat, long enough to outlast the keys).
 BENCH_ARGS = {"ui": ["--sessions", "1", "--max-tokens", "1500"]}
 PLOTTED = ("throughput", "memory", "serve", "prefix", "sharing")
@@ -227,7 +227,7 @@ def _section(name: str, entry: dict, report_dir: Path) -> list[str]:
 
 
 def _figures(name: str, r: dict) -> list[str]:
-    if name in ("single", "quality", "ui"):
+    if name in ("single", "quality", "ui", "startup"):
         return report_single.figures(name, r, _table)
     if name == "throughput":
         rows = [["chatpage", r["chatpage_tok_s"], r["chatpage_mean_batch"]],

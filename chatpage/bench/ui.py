@@ -64,6 +64,10 @@ async def _measure(args) -> dict:
             await asyncio.sleep(0.05)
         model_ready = _since_process_start()
         print(f"first paint {first_paint:.2f}s, model ready {model_ready:.2f}s", file=sys.stderr)
+        if args.startup_only:
+            return {"bench": "ui", "model": settings.model or "default", "cold": args.cold,
+                    "first_paint_s": round(first_paint, 3), "model_ready_s": round(model_ready, 3),
+                    "weights": config.weight_dtype, "threads": config.threads}
 
         personas = app.personas
         for i in range(args.sessions - 1):
@@ -194,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="engine threads (default: every core)")
     parser.add_argument("--cold", action="store_true",
                         help="start with an empty cache dir (dequantize + build kernels)")
+    parser.add_argument("--startup-only", action="store_true",
+                        help="stop at model ready: first paint and model ready only")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["XDG_DATA_HOME"] = os.path.join(tmp, "data")  # no sessions restored

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCHES = ("kernel", "throughput", "memory", "serve", "prefix", "sharing", "ui", "single", "quality",
-           "soak")
+BENCHES = ("kernel", "throughput", "memory", "serve", "prefix", "sharing", "ui", "startup", "single",
+           "quality", "soak")
 
 
 def cmd_bench(args) -> int:
