@@ -24,9 +24,10 @@ TORCH_LIBRARY(chatpage, m) {
       "rope_qkv(Tensor qkv, Tensor positions, Tensor cos, Tensor sin, Tensor(a!) q, "
       "Tensor(b!) k, Tensor(c!) v) -> ()");
   m.def("silu_mul(Tensor gate_up, Tensor(a!) out) -> ()");
-  // Few-row matmuls x @ W.T against fp32, int8 and int4 weights (chatpage/engine/gemv.py is
+  // Few-row matmuls x @ W.T against fp32, bf16, int8 and int4 weights (chatpage/engine/gemv.py is
   // their reference); CPU only.
   m.def("gemv_fp32(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("gemv_bf16(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("gemv_int8(Tensor x, Tensor qweight, Tensor scales, Tensor? bias) -> Tensor");
   m.def("gemv_int4(Tensor x, Tensor q, Tensor scales, Tensor zeros, Tensor? bias) -> Tensor");
   // A few-row step's decoder layers in one call (LlamaModel._python_layers is its reference);
@@ -48,6 +49,7 @@ TORCH_LIBRARY_IMPL(chatpage, CPU, m) {
   m.impl("rope_qkv", &chatpage::cpu::rope_qkv);
   m.impl("silu_mul", &chatpage::cpu::silu_mul);
   m.impl("gemv_fp32", &chatpage::cpu::gemv_fp32);
+  m.impl("gemv_bf16", &chatpage::cpu::gemv_bf16);
   m.impl("gemv_int8", &chatpage::cpu::gemv_int8);
   m.impl("gemv_int4", &chatpage::cpu::gemv_int4);
   m.impl("decode_layers", &chatpage::cpu::decode_layers);

@@ -33,27 +33,22 @@ def _run(loaded, fmt: str, native: bool, monkeypatch) -> tuple[list, int]:
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])  # qwen2: biases on q, k and v
-@pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4"])
 def test_the_native_loop_gives_the_python_loops_bits(kind, fmt, request, monkeypatch):
     loaded = load_model(request.getfixturevalue(f"tiny_{kind}_dir"), progress=lambda _m: None)
     native, steps = _run(loaded, fmt, True, monkeypatch)
     python, none = _run(loaded, fmt, False, monkeypatch)
     assert native == python
-    # the decode steps went native: three rows at once for fp32 and int8, the lone prompt's for
-    # int4 too (its GEMV takes one row)
+    # the decode steps went native: three rows at once for fp32, bf16 and int8, the lone
+    # prompt's for int4 too (its GEMV takes one row)
     assert steps >= (11 if fmt == "int4" else 22) and none == 0
-
-
-def test_bf16_weights_keep_the_python_loop(tiny_llama_dir):
-    loaded = load_model(tiny_llama_dir, progress=lambda _m: None)
-    assert common.engine(loaded, weight_dtype="bf16").model.native_layers is None
 
 
 def test_bad_arguments_are_refused():
     assert ops.available("cpu")
     t = torch.zeros(1)
     op = torch.ops.chatpage.decode_layers
-    with pytest.raises(RuntimeError, match="parts must be 1 .fp32., 2 .int8. or 3 .int4., got 4"):
+    with pytest.raises(RuntimeError, match="parts must be 1 .fp32, bf16., 2 .int8. or 3 .int4., got 4"):
         op(t, t, t, t, [], [], [], 4, [t], [t], t, t, t, t, 1e-5, 1.0, t, t, t, t, t, t)
     with pytest.raises(RuntimeError, match="for 1 layers expected 1 value caches, 2 norms"):
         op(t, t, t, t, [t], [t] * 4, [None] * 4, 1, [t], [t], t, t, t, t, 1e-5, 1.0, t, t, t, t,

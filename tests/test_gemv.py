@@ -39,11 +39,13 @@ def test_the_kernels_are_loaded():
 @pytest.mark.parametrize("k", [40, 576])
 @pytest.mark.parametrize("dtype", [F32, BF16])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_fp32_and_int8_match_the_reference(rows, n, k, dtype, with_bias):
+def test_fp32_bf16_and_int8_match_the_reference(rows, n, k, dtype, with_bias):
     torch.manual_seed(rows * 1000 + n + k)
     x, bias = _inputs(rows, k, n, dtype, with_bias)
     w = torch.randn(n, k)
     _close(LIB.gemv_fp32(x, w, bias), gemv.reference_fp32(x, w, bias), dtype)
+    wb = w.to(BF16)
+    _close(LIB.gemv_bf16(x, wb, bias), gemv.reference_bf16(x, wb, bias), dtype)
     q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
     scales = (torch.rand(n) / 100).to(BF16)
     _close(LIB.gemv_int8(x, q, scales, bias), gemv.reference_int8(x, q, scales, bias), dtype)
@@ -82,6 +84,8 @@ def test_bad_arguments_are_refused():
     x = torch.randn(1, 64)
     with pytest.raises(RuntimeError, match="x has 64 inputs, the weight 32"):
         LIB.gemv_fp32(x, torch.randn(4, 32), None)
+    with pytest.raises(RuntimeError, match="gemv_bf16: weight must be bfloat16"):
+        LIB.gemv_bf16(x, torch.randn(4, 64), None)
     with pytest.raises(RuntimeError, match="scales and zeros must be contiguous bfloat16"):
         LIB.gemv_int4(x, torch.zeros(4, 32, dtype=torch.uint8), torch.ones(4, 1), torch.ones(4, 1),
                       None)
@@ -90,7 +94,7 @@ def test_bad_arguments_are_refused():
                       torch.ones(3))
 
 
-@pytest.mark.parametrize("fmt", ["fp32", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4"])
 def test_make_linear_agrees_below_and_above_the_cut_over(fmt):
     """Few rows take the native kernel, more take torch's path; row for row the answers agree."""
     torch.manual_seed(0)
@@ -102,9 +106,10 @@ def test_make_linear_agrees_below_and_above_the_cut_over(fmt):
         state = {"m.qweight": torch.randint(-127, 128, (n, k), dtype=torch.int8),
                  "m.scales": (torch.rand(n) / 100).to(BF16)}
     else:
-        state = {"m.weight": w}
+        state = {"m.weight": w.to(BF16) if fmt == "bf16" else w}
     state["m.bias"] = torch.randn(n)
     linear = make_linear(state, "m", torch.device("cpu"))
+    assert linear.gemv is not None and linear.gemv.rows == GEMV_ROWS[fmt]
     dtype = F32 if fmt == "fp32" else BF16
     x = torch.randn(GEMV_ROWS[fmt] + 1, k).to(dtype)
     many = linear(x)

@@ -1,5 +1,5 @@
 """The few-row matmuls of the decode step: the int4 weight layout and the torch references of the
-native kernels ``torch.ops.chatpage.gemv_fp32/int8/int4`` (``csrc/cpu/gemv.cpp``).
+native kernels ``torch.ops.chatpage.gemv_fp32/bf16/int8/int4`` (``csrc/cpu/gemv.cpp``).
 
 Each reference is the specification its kernel is tested against (tests/test_gemv.py): the kernel
 sums in another order, nothing else differs. Every one computes ``x [M, K] @ W.T (+ bias)`` in
@@ -50,6 +50,12 @@ def reference_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
                    ) -> torch.Tensor:
     """``x @ weight.T + bias`` for fp32 ``weight`` [N, K]."""
     return _finish(x.float() @ weight.t(), bias, x.dtype)
+
+
+def reference_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+                   ) -> torch.Tensor:
+    """``x @ weight.T + bias`` for bf16 ``weight`` [N, K], widened to fp32 (exactly)."""
+    return _finish(x.float() @ weight.float().t(), bias, x.dtype)
 
 
 def reference_int8(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,

@@ -10,17 +10,18 @@ Every format has a torch path (bf16 ``F.linear`` with AVX-512 BF16, ``aten._weig
 ``aten._weight_int4pack_mm_for_cpu``, fp32 ``F.linear``), and with the native kernels loaded
 (``chatpage.engine.ops``) a matmul of at most ``GEMV_ROWS[format]`` rows (a decode step's) runs
 through the GEMVs of ``csrc/cpu/gemv.cpp`` instead (reference: ``engine/gemv.py``). Measured on
-this kind of 2-core AVX-512 EPYC at the default model's shapes, 1 thread, all layers (weights
-from memory, not cache): torch's int8/int4 kernels read 12-14 GB/s and MKL's fp32 one-row path
-~15-20 GB/s (the W @ x.T workaround below), against ~27-34 GB/s for a plain reduction; the GEMVs
-read fp32 25-31 GB/s (layers 14-16 ms against torch's 21-28), int8 20-28 GB/s (3.8-4.3 ms against
-8.3), int4 14-16 GB/s (0.8-0.9 of torch's time in the same run: its bf16 dot products are
-compute-bound, ~24 GB/s on one large matrix; an int8-activation VNNI variant, llama.cpp's way,
-was no faster here). The cut-overs in ``GEMV_ROWS`` are where torch's path catches up (fp32
-beyond 16 rows; int8 is level with torch from 4 to 16 rows; int4 from 2). The step's matmuls in
-``chatpage bench single`` (lm_head included), side by side with the torch paths in the same
-minutes on a busy machine: fp32 19-28 ms against 42, int8 6-7 against 12, int4 4.5-6.8 against
-7.7 (docs/benchmarks.md has the current figures).
+this kind of 2-core AVX-512 EPYC at the default model's shapes, 1 thread, all layers (weights from
+memory, not cache): torch's int8/int4 kernels read 12-14 GB/s and MKL's fp32 one-row path ~15-20
+GB/s (the W @ x.T workaround below), against ~27-34 GB/s for a plain reduction; the GEMVs read fp32
+25-31 GB/s (layers 14-16 ms against torch's 21-28), bf16 19-23 GB/s (every matmul of a step,
+lm_head included, 11.5-14.4 ms against torch's 24-35 at one row, 11.7-18.6 against 22-34 at four),
+int8 20-28 GB/s (3.8-4.3 ms against 8.3), int4 14-16 GB/s (0.8-0.9 of torch's time in the same run:
+its bf16 dot products are compute-bound, ~24 GB/s on one large matrix; an int8-activation VNNI
+variant, llama.cpp's way, was no faster here). The cut-overs in ``GEMV_ROWS`` are where torch's
+path catches up (fp32 beyond 16 rows; int8 is level with torch from 4 to 16 rows, bf16 at 8; int4
+from 2). The step's matmuls in ``chatpage bench single`` (lm_head included), side by side with the
+torch paths in the same minutes on a busy machine: fp32 19-28 ms against 42, int8 6-7 against 12,
+int4 4.5-6.8 against 7.7 (docs/benchmarks.md has the current figures).
 
 The quantized torch paths take bf16 activations (with fp32 ones they are 10-20x slower), so a
 quantized model's matmul inputs are bf16 while the residual stream, norms, RoPE, attention and
@@ -60,7 +61,7 @@ SMALL_BATCH_ROWS = 4
 # With the native kernels loaded, matmuls of up to this many rows run through the GEMVs of
 # csrc/cpu/gemv.cpp, more rows through torch's path (measured on the default model's shapes,
 # 1 thread: see the module docstring).
-GEMV_ROWS = {"fp32": 16, "int8": 4, "int4": 1}
+GEMV_ROWS = {"fp32": 16, "bf16": 4, "int8": 4, "int4": 1}
 
 
 class Gemv:
@@ -228,12 +229,16 @@ def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
         w = packed[name + ".weight"].to(device).contiguous()
         bias = None if bias is None else bias.to(w.dtype)
         k = w.shape[1]
-        if device.type != "cpu" or w.dtype != torch.float32:
-            return Linear(lambda x: F.linear(x, w, bias), k)
+        plain = lambda x: F.linear(x, w, bias)  # noqa: E731
+        if device.type != "cpu" or w.dtype not in (torch.float32, torch.bfloat16):
+            return Linear(plain, k)
+        fp32 = w.dtype == torch.float32
         if not native:
-            return Linear(lambda x: _small_batch_linear(x, w, bias, SMALL_BATCH_ROWS), k)
-        gemv = Gemv(lib.gemv_fp32, (w,), bias, GEMV_ROWS["fp32"])
-        return Linear(_few_or_many(gemv, lambda x: F.linear(x, w, bias)), k, gemv)
+            return Linear((lambda x: _small_batch_linear(x, w, bias, SMALL_BATCH_ROWS)) if fp32
+                          else plain, k)
+        gemv = Gemv(lib.gemv_fp32 if fp32 else lib.gemv_bf16, (w,), bias,
+                    GEMV_ROWS["fp32" if fp32 else "bf16"])
+        return Linear(_few_or_many(gemv, plain), k, gemv)
     many = fn if bias is None else (lambda x: fn(x) + bias)
     if not native:
         return Linear(many, k)

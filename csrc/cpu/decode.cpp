@@ -8,8 +8,8 @@
 // (chatpage/engine/models/llama.py): the same kernels in the same order, so the same bits.
 //
 // Weights come flat: for layer i, linear j (qkv, o, gate_up, down) has `parts` tensors from index
-// (4 i + j) * parts: one fp32 weight, an int8 weight and its scales, or an int4 weight with its
-// scales and zeros (the GEMVs' arguments), and bias 4 i + j.
+// (4 i + j) * parts: one fp32 or bf16 weight, an int8 weight and its scales, or an int4 weight
+// with its scales and zeros (the GEMVs' arguments), and bias 4 i + j.
 #include "cpu/ops_cpu.h"
 
 #include <c10/util/Exception.h>
@@ -19,7 +19,10 @@ namespace {
 
 at::Tensor linear(const at::Tensor& x, at::TensorList weights, int64_t first, int64_t parts,
                   const c10::optional<at::Tensor>& bias) {
-  if (parts == 1) return gemv_fp32(x, weights[first], bias);
+  if (parts == 1) {
+    const at::Tensor& w = weights[first];
+    return w.scalar_type() == at::kBFloat16 ? gemv_bf16(x, w, bias) : gemv_fp32(x, w, bias);
+  }
   if (parts == 2) return gemv_int8(x, weights[first], weights[first + 1], bias);
   return gemv_int4(x, weights[first], weights[first + 1], weights[first + 2], bias);
 }
@@ -36,8 +39,8 @@ at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
                          const at::Tensor& k, const at::Tensor& v, const at::Tensor& act,
                          const at::Tensor& attn_out) {
   const int64_t layers = static_cast<int64_t>(k_caches.size());
-  TORCH_CHECK(parts >= 1 && parts <= 3, "chatpage::decode_layers: parts must be 1 (fp32), ",
-              "2 (int8) or 3 (int4), got ", parts);
+  TORCH_CHECK(parts >= 1 && parts <= 3, "chatpage::decode_layers: parts must be ",
+              "1 (fp32, bf16), 2 (int8) or 3 (int4), got ", parts);
   TORCH_CHECK(layers > 0 && static_cast<int64_t>(v_caches.size()) == layers &&
                   static_cast<int64_t>(norms.size()) == 2 * layers &&
                   static_cast<int64_t>(weights.size()) == 4 * parts * layers &&

@@ -1,4 +1,5 @@
-// Matmuls of a few activation rows against fp32, int8 and int4 weights: y [M, N] = x [M, K] @ W.T.
+// Matmuls of a few activation rows against fp32, bf16, int8 and int4 weights: y [M, N] = x [M, K] @
+// W.T.
 //
 // At batch-1 decode a matmul reads every weight once for a handful of multiply-adds, so it runs at
 // the memory's read rate or slower; torch's quantized CPU kernels and MKL's few-row fp32 paths
@@ -15,8 +16,8 @@
 // words, each nibble q becomes the bf16 value 128 + q (0x4300 | q, exact), and vdpbf16ps
 // multiplies them with the activations rounded to bf16 (exact products, fp32 sums); the zero
 // point and the 136 the decoding adds come back as sum_g (zero_g - 136 scale_g) * sum(x in g),
-// from group sums taken once per call. int8 and fp32 weights are widened to fp32 and multiplied
-// with fp32 activations. Without AVX-512 the same layouts run through plain loops.
+// from group sums taken once per call. int8, bf16 and fp32 weights are widened to fp32 and
+// multiplied with fp32 activations. Without AVX-512 the same layouts run through plain loops.
 #include "checks.h"
 #include "cpu/ops_cpu.h"
 
@@ -109,6 +110,17 @@ inline __m512 load_weights16(const int8_t* p, __mmask16 mask) {
                            : _mm_maskz_loadu_epi8(mask, p);
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
 }
+// 16 (or fewer, per `mask`) stored bf16 values, widened to fp32 (exact: a 16-bit shift)
+template <bool Full>
+inline __m512 load_bf16x16(const uint16_t* p, __mmask16 mask) {
+  const __m256i raw = Full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                           : _mm256_maskz_loadu_epi16(mask, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+template <bool Full>
+inline __m512 load_weights16(const c10::BFloat16* p, __mmask16 mask) {
+  return load_bf16x16<Full>(reinterpret_cast<const uint16_t*>(p), mask);
+}
 
 // acc[t][r] += w[n0 + r, i..i+16) * x[m0 + t, i..i+16), lanes past `mask` zero
 template <int T, int R, bool Full, typename W>
@@ -171,14 +183,6 @@ struct Int4Weights {
 };
 
 #if CHATPAGE_GEMV_AVX512
-
-// 16 (or fewer, per `mask`) stored bf16 values, widened to fp32
-template <bool Full>
-inline __m512 load_bf16x16(const uint16_t* p, __mmask16 mask) {
-  const __m256i raw = Full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
-                           : _mm256_maskz_loadu_epi16(mask, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-}
 
 // One pair of groups (p) of R weight rows against T activation rows; `Two`: both groups exist.
 // A nibble q becomes the bf16 value 128 + q (0x4300 | q, exact), so the dot products here are
@@ -348,27 +352,44 @@ const float* bias_data(const c10::optional<at::Tensor>& bias, at::Tensor& holder
   return holder.data_ptr<float>();
 }
 
+// y = (x @ W.T) * row_scale(row) + bias for dense weights W [N, K] (fp32, bf16 or int8), the
+// activations widened to fp32
+template <typename W, typename Scale>
+at::Tensor dense_gemv(const at::Tensor& x, const W* w, int64_t n,
+                      const c10::optional<at::Tensor>& bias, Scale&& row_scale) {
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  const float* xp = xf.data_ptr<float>();
+  at::Tensor out = output_for(x, n), bias_f;
+  const float* b = bias_data(bias, bias_f);
+  const Output dst = output_of(out);
+  const int64_t m = x.size(0), k = x.size(1);
+  over_rows<kRows>(n, k * static_cast<int64_t>(sizeof(W)), [&](int64_t nb, int64_t ne) {
+    over_tiles<kDenseTile, kRows>(m, nb, ne, [&]<int T, int R>(int64_t m0, int64_t n0) {
+      float dots[T][R];
+      dense_dots<T, R>(w, xp, k, m0, n0, dots);
+      store<T, R>(dst, b, m0, n0, dots, row_scale);
+    });
+  });
+  return out;
+}
+
+float unscaled(int64_t) { return 1.f; }
+
 }  // namespace
 
 at::Tensor gemv_fp32(const at::Tensor& x, const at::Tensor& weight,
                      const c10::optional<at::Tensor>& bias) {
   check_gemv_args(x, weight, weight.size(1), bias, "gemv_fp32");
   TORCH_CHECK(weight.scalar_type() == at::kFloat, "chatpage::gemv_fp32: weight must be float32");
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const float* xp = xf.data_ptr<float>();
-  at::Tensor out = output_for(x, weight.size(0)), bias_f;
-  const float* b = bias_data(bias, bias_f);
-  const Output dst = output_of(out);
-  const float* w = weight.data_ptr<float>();
-  const int64_t m = x.size(0), k = x.size(1);
-  over_rows<kRows>(weight.size(0), k * 4, [&](int64_t nb, int64_t ne) {
-    over_tiles<kDenseTile, kRows>(m, nb, ne, [&]<int T, int R>(int64_t m0, int64_t n0) {
-      float dots[T][R];
-      dense_dots<T, R>(w, xp, k, m0, n0, dots);
-      store<T, R>(dst, b, m0, n0, dots, [](int64_t) { return 1.f; });
-    });
-  });
-  return out;
+  return dense_gemv(x, weight.data_ptr<float>(), weight.size(0), bias, unscaled);
+}
+
+at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& weight,
+                     const c10::optional<at::Tensor>& bias) {
+  check_gemv_args(x, weight, weight.size(1), bias, "gemv_bf16");
+  TORCH_CHECK(weight.scalar_type() == at::kBFloat16,
+              "chatpage::gemv_bf16: weight must be bfloat16");
+  return dense_gemv(x, weight.data_ptr<c10::BFloat16>(), weight.size(0), bias, unscaled);
 }
 
 at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
@@ -378,22 +399,9 @@ at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& qweight, const at::T
   TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && scales.is_contiguous() &&
                   scales.numel() == qweight.size(0),
               "chatpage::gemv_int8: scales must be bfloat16 with one value per output row");
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const float* xp = xf.data_ptr<float>();
-  at::Tensor out = output_for(x, qweight.size(0)), bias_f;
-  const float* b = bias_data(bias, bias_f);
-  const Output dst = output_of(out);
-  const int8_t* w = qweight.data_ptr<int8_t>();
   const c10::BFloat16* s = scales.data_ptr<c10::BFloat16>();
-  const int64_t m = x.size(0), k = x.size(1);
-  over_rows<kRows>(qweight.size(0), k, [&](int64_t nb, int64_t ne) {
-    over_tiles<kDenseTile, kRows>(m, nb, ne, [&]<int T, int R>(int64_t m0, int64_t n0) {
-      float dots[T][R];
-      dense_dots<T, R>(w, xp, k, m0, n0, dots);
-      store<T, R>(dst, b, m0, n0, dots, [&](int64_t col) { return static_cast<float>(s[col]); });
-    });
-  });
-  return out;
+  return dense_gemv(x, qweight.data_ptr<int8_t>(), qweight.size(0), bias,
+                    [s](int64_t col) { return static_cast<float>(s[col]); });
 }
 
 at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,

@@ -32,6 +32,9 @@ void silu_mul(const at::Tensor& gate_up, const at::Tensor& out);
 at::Tensor gemv_fp32(const at::Tensor& x, const at::Tensor& weight,
                      const c10::optional<at::Tensor>& bias);
 
+at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& weight,
+                     const c10::optional<at::Tensor>& bias);
+
 at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                      const c10::optional<at::Tensor>& bias);
 
