@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated weight formats (default: all)")
     p.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
     p.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--repeats", type=int, default=5,
                    help="rounds of llama.cpp and every format (median ratio, fastest rates)")
     args = common.parse(p, argv)
     if not 1 <= args.prompt_tokens <= 900 or args.new_tokens < 2 or args.repeats < 1:
