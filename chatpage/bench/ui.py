@@ -4,8 +4,9 @@ Runs the real app headless (Textual's test driver) over the real engine and repo
 time to first paint and to model-ready (cold: empty cache dir, so the model is dequantized and
 the kernels built; cached: the usual start), keystroke-to-screen latency percentiles while
 ``--sessions`` chats stream at once, and the engine's aggregate tokens/s meanwhile. With one
-session it also runs the same request on an engine of the same model and config with no UI (on
-this thread with the engine's thread count, after the app has closed), timed over the same tokens
+session it also runs the same request, with the same sampling (the persona's), on an engine of
+the same model and config with no UI (on this thread with the engine's thread count, after the
+app has closed), timed over the same tokens
 of the reply as each window in the TUI: ``engine_alone_tok_s`` against the rate inside the TUI
 while it only streams (``tui_tok_s``, a window with no input), ``engine_alone_typing_tok_s``
 against the rate while keys are typed and timed (``tui_typing_tok_s``). ``ui_thread_cpu_share``
@@ -85,8 +86,15 @@ async def _measure(args) -> dict:
         while (app.client.stats() is None or app.client.stats().num_running < args.sessions
                or app.client.stats().num_waiting > 0
                or engine.num_generated < 2 * args.sessions):
+            stats = app.client.stats()
+            if stats is not None and engine.num_generated and not stats.num_running + \
+                    stats.num_waiting:
+                raise SystemExit("chatpage: error: the replies ended before the measurement "
+                                 "began; raise --max-tokens")
             await asyncio.sleep(0.1)
         reply = app.chat.current.entries[-1]
+        # the request's own sampling (the persona's): engine alone runs it the same way
+        params = next(iter(list(engine.groups.values()))).params
 
         def shown() -> int:  # the current reply's tokens so far (one session: the only reply)
             return reply.stats.tokens if reply.stats is not None else 0
@@ -124,7 +132,7 @@ async def _measure(args) -> dict:
         system = app.chat.current.persona.system_prompt if args.sessions == 1 else None
     alone = {}
     if system is not None:
-        alone = _engine_alone(settings.model, config, system, args.max_tokens,
+        alone = _engine_alone(settings.model, config, system, params, args.max_tokens,
                               {"engine_alone_tok_s": stream_span,
                                "engine_alone_typing_tok_s": typing_span})
     return {
@@ -155,21 +163,24 @@ def _ratio(name: str, tui: float, alone: float | None) -> dict:
     return {name: round(tui / alone, 3)} if alone else {}
 
 
-def _engine_alone(model: str | None, config, system: str, max_tokens: int,
+def _engine_alone(model: str | None, config, system: str, params, max_tokens: int,
                   spans: dict[str, list[int]]) -> dict:
-    """The TUI's request again, on a fresh engine stepped here without a UI: for each named span
-    [first, last) of the reply's tokens, the decode rate (wall clock) over those same tokens (a
-    step costs more as the context grows, so the TUI's windows are compared token for token)."""
+    """The TUI's request again, on a fresh engine stepped here without a UI, with the same
+    sampling (``params``; EOS ignored, so it lasts): for each named span [first, last) of the
+    reply's tokens, the decode rate (wall clock) over those same tokens (a step costs more as the
+    context grows, so the TUI's windows are compared token for token)."""
+    import dataclasses
+
     import torch
 
-    from chatpage.engine import LLMEngine, SamplingParams
+    from chatpage.engine import LLMEngine
     from chatpage.engine.chat_template import render_prompt
 
     torch.set_num_threads(config.threads)
     engine = LLMEngine.from_pretrained(model, config, progress=lambda _m: None)
     ids = render_prompt(engine.tokenizer, [{"role": "system", "content": system},
                                            {"role": "user", "content": STORY}])
-    engine.add_request(ids, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True))
+    engine.add_request(ids, dataclasses.replace(params, max_tokens=max_tokens, ignore_eos=True))
     base = engine.num_generated
     times: dict[int, float] = {}  # reply tokens generated -> when
     wanted = {n for span in spans.values() for n in span}
