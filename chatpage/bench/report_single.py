@@ -51,7 +51,7 @@ def goals(results: dict, add: Add) -> None:
             add("startup", f"cached start to model ready, {r['weights']}", r["model_ready_s"],
                 "<= 3 s", r["model_ready_s"] <= 3,
                 f"the median of {st['rounds']} starts in fresh processes, the formats taking "
-                f"turns ({', '.join(f'{x:.2f}' for x in r['starts_s'])} s; first paint "
+                f"turns ({_listed(r['starts_s'])} s; first paint "
                 f"{r['first_paint_s']:.2f} s): the real app from process start to the engine ready")
     t = results.get("throughput")
     if t and "best_ratio" in t:
@@ -67,36 +67,46 @@ def _why_speed(s: dict, best: dict) -> str:
     return (f"a {s['prompt_tokens']}-token prompt, then {s['new_tokens']} tokens on "
             f"{s['threads']} thread(s): a step is {best['step_ms']:.1f} ms, of which "
             f"{best['matmul_ms']:.1f} ms are the matmuls ({best['weight_bytes'] / 1e6:.0f} MB "
-            f"read at {best['weight_bytes'] / best['matmul_ms'] / 1e6:.1f} GB/s) and "
+            f"read at {_matmul_gb_s(best):.1f} GB/s) and "
             f"{other:.1f} ms attention, the fused ops, sampling and the engine's bookkeeping")
 
 
 def _why_llamacpp(s: dict, best: dict) -> str:
     if best["ratio_vs_llamacpp"] is None:
         return s.get("llamacpp_error", "llama.cpp was not measured")
-    rounds = ", ".join(f"{x:.2f}" for x in best.get("round_ratios_vs_llamacpp", []))
-    return (f"the median of {s.get('rounds', 1)} rounds, each pairing a pass of the two back to back ({rounds}); "
+    return (f"the median of {s.get('rounds', 1)} rounds, each pairing a pass of the two back to "
+            f"back ({_listed(best.get('round_ratios_vs_llamacpp', []))}); "
             f"llama.cpp's best {s['llamacpp_tok_s']:.1f} tok/s on the same GGUF (Q4_1 layers, "
             f"Q8_0 output; chatpage's int4 keeps the lm_head in int8 the same way), same prompt "
             f"ids, threads and clock; its whole step is {1e3 / s['llamacpp_tok_s']:.1f} ms against "
             f"chatpage's {best['step_ms']:.1f} ms, whose matmuls alone take "
             f"{best['matmul_ms']:.1f} ms (the native GEMVs of csrc/cpu/gemv.cpp read "
-            f"{best['weight_bytes'] / best['matmul_ms'] / 1e6:.1f} GB/s against the "
+            f"{_matmul_gb_s(best):.1f} GB/s against the "
             f"{best['read_bandwidth_gb_s']:.1f} GB/s of a plain reduction)")
 
 
 def _why_fp32_floor(f: dict) -> str:
-    rounds = ", ".join(f"{x:.2f}" for x in f.get("round_floor_ratios", []))
-    return (f"the median of the passes' ratios ({rounds}), each against the read rate measured "
-            f"just before and after it; reading {f['weight_bytes'] / 1e6:.0f} MB of fp32 weights at "
-            f"the median {f['read_bandwidth_gb_s']:.1f} GB/s takes {f['floor_ms']:.1f} ms; the best step took "
-            f"{f['step_ms']:.1f} ms, its matmuls alone {f['matmul_ms']:.1f} ms (the native fp32 "
-            f"GEMV streams at {f['weight_bytes'] / f['matmul_ms'] / 1e6:.1f} GB/s); the lower "
+    return (f"the median of the passes' ratios ({_listed(f.get('round_floor_ratios', []))}), "
+            f"each against the read rate measured just before and after it; reading "
+            f"{f['weight_bytes'] / 1e6:.0f} MB of fp32 weights at the median "
+            f"{f['read_bandwidth_gb_s']:.1f} GB/s takes {f['floor_ms']:.1f} ms; the best step "
+            f"took {f['step_ms']:.1f} ms, its matmuls alone {f['matmul_ms']:.1f} ms (the native "
+            f"fp32 GEMV streams at {_matmul_gb_s(f):.1f} GB/s); the lower "
             "formats are the way to a faster step, fp32 stays the exact reference")
 
 
+def _listed(values: list[float]) -> str:
+    """``1.21, 1.37, 1.33``: a run's per-round figures."""
+    return ", ".join(f"{x:.2f}" for x in values)
+
+
+def _matmul_gb_s(row: dict) -> float:
+    """The rate at which a row's matmuls alone read its weights."""
+    return row["weight_bytes"] / row["matmul_ms"] / 1e6
+
+
 def figures(name: str, r: dict, table: Table) -> list[str]:
-    """The tables of ``single`` and ``quality``; [] for any other benchmark."""
+    """The tables of ``single``, ``quality``, ``ui`` and ``startup``; [] for any other."""
     if name == "single":
         rows = [[x["weights"], x["decode_tok_s"], x["step_ms"], x["matmul_ms"], x["ttft_ms"],
                  x["weight_bytes"] / 1e6, x["floor_ratio"], x["ratio_vs_llamacpp"]]

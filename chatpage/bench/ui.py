@@ -65,10 +65,11 @@ async def _measure(args) -> dict:
             await asyncio.sleep(0.05)
         model_ready = _since_process_start()
         print(f"first paint {first_paint:.2f}s, model ready {model_ready:.2f}s", file=sys.stderr)
+        start = {"bench": "ui", "model": settings.model or "default", "cold": args.cold,
+                 "first_paint_s": round(first_paint, 3), "model_ready_s": round(model_ready, 3),
+                 "weights": config.weight_dtype, "threads": config.threads}
         if args.startup_only:
-            return {"bench": "ui", "model": settings.model or "default", "cold": args.cold,
-                    "first_paint_s": round(first_paint, 3), "model_ready_s": round(model_ready, 3),
-                    "weights": config.weight_dtype, "threads": config.threads}
+            return start
 
         personas = app.personas
         for i in range(args.sessions - 1):
@@ -83,14 +84,15 @@ async def _measure(args) -> dict:
         engine = app.client.engine
         # measure while every session decodes (persona pins and prompts prefilled first: on one
         # thread the nine personas' pins alone take seconds of prefill)
-        while (app.client.stats() is None or app.client.stats().num_running < args.sessions
-               or app.client.stats().num_waiting > 0
-               or engine.num_generated < 2 * args.sessions):
+        while True:
             stats = app.client.stats()
-            if stats is not None and engine.num_generated and not stats.num_running + \
-                    stats.num_waiting:
-                raise SystemExit("chatpage: error: the replies ended before the measurement "
-                                 "began; raise --max-tokens")
+            if stats is not None and engine.num_generated:
+                if (stats.num_running >= args.sessions and not stats.num_waiting
+                        and engine.num_generated >= 2 * args.sessions):
+                    break
+                if not stats.num_running + stats.num_waiting:
+                    raise SystemExit("chatpage: error: the replies ended before the measurement "
+                                     "began; raise --max-tokens")
             await asyncio.sleep(0.1)
         reply = app.chat.current.entries[-1]
         # the request's own sampling (the persona's): engine alone runs it the same way
@@ -136,19 +138,13 @@ async def _measure(args) -> dict:
                               {"engine_alone_tok_s": stream_span,
                                "engine_alone_typing_tok_s": typing_span})
     return {
-        "bench": "ui",
-        "model": settings.model or "default",
-        "cold": args.cold,
-        "first_paint_s": round(first_paint, 3),
-        "model_ready_s": round(model_ready, 3),
+        **start,
         "sessions": args.sessions,
         "running_at_end": running,
         "keystrokes": len(latencies),
         "keystroke_p50_ms": round(statistics.median(latencies), 2),
         "keystroke_p99_ms": round(_percentile(latencies, 0.99), 2),
         "aggregate_tok_s": round(tok_s, 1),
-        "weights": config.weight_dtype,
-        "threads": config.threads,
         **({"tui_tok_s": round(stream_tok_s, 1), "ui_thread_cpu_share": round(ui_cpu_share, 3),
             "tui_typing_tok_s": round(tok_s, 1), **alone,
             **_ratio("tui_vs_engine_alone", stream_tok_s, alone.get("engine_alone_tok_s")),

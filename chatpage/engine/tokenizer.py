@@ -56,7 +56,7 @@ class Tokenizer:
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], tokenize: bool = True,
                             add_generation_prompt: bool = False) -> str | list[int]:

@@ -215,7 +215,8 @@ def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
     if name + ".qweight" in packed:
         q, s = _aligned(packed[name + ".qweight"], device), _aligned(packed[name + ".scales"], device)
         fn = lambda x: torch.ops.aten._weight_int8pack_mm(x, q, s)  # noqa: E731
-        gemv = Gemv(lib.gemv_int8, (q, s), bias, GEMV_ROWS["int8"])
+        if native:
+            gemv = Gemv(lib.gemv_int8, (q, s), bias, GEMV_ROWS["int8"])
         k = q.shape[1]
     elif name + ".q4" in packed:
         p = _aligned(packed[name + ".packed"], device)

@@ -148,12 +148,11 @@ class LlamaModel:
         self.native_layers = self._native_layers()
 
     def _native_layers(self) -> NativeLayers | None:
-        """The native layer loop, unless a layer matmul lacks a native GEMV or the fused ops are
-        not native (they are for an fp32 residual stream on the CPU)."""
+        """The native layer loop, unless a layer matmul lacks a native GEMV (they exist on the CPU
+        only) or the fused ops are not native (they are for an fp32 residual stream)."""
         linears = [f for layer in self.layers for f in (layer.qkv, layer.o, layer.gate_up,
                                                          layer.down)]
-        if not self.fused.native or self.device.type != "cpu" or any(f.gemv is None
-                                                                       for f in linears):
+        if not self.fused.native or any(f.gemv is None for f in linears):
             return None
         return NativeLayers(self, linears)
 
