@@ -42,6 +42,49 @@ class RequestOutput:
     error: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class OutputDelta:
+    """What one output of a request gained in one step: its new text (from the detokenizer's
+    own delta), new token ids and their logprobs, and its finish reason once it ended.
+
+    With ``rewrite`` the fields are the output's whole text and tokens so far, replacing what
+    came before (beam search reorders its beams); otherwise they are appended to it."""
+
+    index: int
+    text: str = ""
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[float, ...] | None = None  # when SamplingParams.logprobs is set
+    top_logprobs: tuple[dict[int, float], ...] | None = None  # per new token, when asked
+    finish_reason: FinishReason | None = None
+    cumulative_logprob: float = 0.0  # of the whole output so far
+    score: float | None = None  # beam search: the length-penalized score
+    rewrite: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A request's token counts so far."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    completion_tokens: int = 0  # over every output
+
+
+@dataclass(frozen=True, slots=True)
+class RequestUpdate:
+    """One update per request per step: the outputs that changed, the usage, and at the end
+    ``finished`` (every output has its finish reason) or ``error`` (the request failed: every
+    output ends with FinishReason.ERROR)."""
+
+    request_id: str
+    outputs: tuple[OutputDelta, ...]
+    usage: Usage
+    finished: bool = False
+    error: str | None = None
+    ttft_s: float | None = None  # submit to first generated token
+    elapsed_s: float = 0.0  # since submit
+
+
 @dataclass(frozen=True)
 class EngineStats:
     """A snapshot of the block pool and the queues (the UI's gauge shows these numbers)."""
