@@ -2,8 +2,8 @@
 
 `open_database` never raises for a bad file: a corrupt or unreadable database is moved aside
 (``chatpage.db.corrupt-YYYYmmdd-HHMMSS``, with its WAL) and a new one started; one that cannot
-be written (read-only, a full disk, a newer schema, a data dir that cannot be created) is
-replaced by an in-memory database. `Opened.notice` says what happened, in one line.
+be used now (read-only, a full disk, a newer schema, busy past the timeout, any other error, a
+data dir that cannot be created) is left alone and replaced by an in-memory database. `Opened.notice` says what happened, in one line.
 """
 
 from __future__ import annotations
@@ -99,6 +99,10 @@ class NewerSchemaError(sqlite3.DatabaseError):
     """The database was written by a newer chatpage."""
 
 
+class CorruptDatabase(sqlite3.DatabaseError):
+    """The database failed its integrity check."""
+
+
 @contextmanager
 def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     conn.execute("BEGIN IMMEDIATE")
@@ -111,16 +115,22 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 
 
 def migrate(conn: sqlite3.Connection) -> int:
-    """Bring `conn` up to SCHEMA_VERSION, one transaction per step; returns the old version."""
-    version = conn.execute("PRAGMA user_version").fetchone()[0]
-    if version > SCHEMA_VERSION:
-        raise NewerSchemaError(f"it has schema version {version}, this chatpage knows "
-                               f"{SCHEMA_VERSION}; upgrade chatpage")
-    for step in range(version, SCHEMA_VERSION):
+    """Bring `conn` up to SCHEMA_VERSION, one transaction per step; returns the old version.
+
+    Each step reads the version inside its own write transaction: another chatpage starting at
+    the same moment may have taken the database up already, and a step must never run twice."""
+    old = None
+    while True:
         with transaction(conn):
-            MIGRATIONS[step](conn)
-            conn.execute(f"PRAGMA user_version = {step + 1:d}")
-    return version
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            old = version if old is None else old
+            if version > SCHEMA_VERSION:
+                raise NewerSchemaError(f"it has schema version {version}, this chatpage knows "
+                                       f"{SCHEMA_VERSION}; upgrade chatpage")
+            if version == SCHEMA_VERSION:
+                return old
+            MIGRATIONS[version](conn)
+            conn.execute(f"PRAGMA user_version = {version + 1:d}")
 
 
 # -- opening -----------------------------------------------------------------------------------
@@ -138,7 +148,7 @@ def prepare(conn: sqlite3.Connection, *, check: bool) -> sqlite3.Connection:
         if check:
             result = conn.execute("PRAGMA quick_check(1)").fetchone()[0]
             if result != "ok":
-                raise sqlite3.DatabaseError(f"integrity check failed: {result}")
+                raise CorruptDatabase(f"integrity check failed: {result}")
         migrate(conn)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION:d}")  # proves we can write
     except BaseException:
@@ -147,16 +157,17 @@ def prepare(conn: sqlite3.Connection, *, check: bool) -> sqlite3.Connection:
     return conn
 
 
-_UNWRITABLE = {sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_PERM,
-               sqlite3.SQLITE_IOERR, sqlite3.SQLITE_FULL, sqlite3.SQLITE_BUSY,
-               sqlite3.SQLITE_LOCKED, sqlite3.SQLITE_AUTH}
+_CORRUPT = {sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB}
 
 
-def _cannot_write(err: sqlite3.Error, path: Path) -> bool:
-    """True when the file is fine but we may not write it (vs. a file we cannot use at all)."""
+def _corrupt(err: sqlite3.Error, path: Path) -> bool:
+    """True only for a file that cannot be used at all: corrupt, not a database, failing its
+    integrity check, or unreadable. Anything else (busy, locked, read-only, full, a schema
+    error) leaves the file where it is: it may be a good database that another chatpage is
+    using or upgrading right now."""
     code = getattr(err, "sqlite_errorcode", None)
-    return isinstance(err, NewerSchemaError) or (
-        code is not None and code & 0xFF in _UNWRITABLE and not _unreadable(path))
+    return (isinstance(err, CorruptDatabase) or _unreadable(path)
+            or (code is not None and code & 0xFF in _CORRUPT))
 
 
 def _unreadable(path: Path) -> bool:
@@ -203,7 +214,7 @@ def open_database(path: Path) -> Opened:
     except OSError as err:
         return _in_memory(path, _reason(err))
     except sqlite3.Error as err:
-        if _cannot_write(err, path):
+        if not _corrupt(err, path):
             return _in_memory(path, _reason(err))
         first_error = err
     try:
