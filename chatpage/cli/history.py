@@ -13,7 +13,7 @@ from pathlib import Path
 
 from chatpage.cli.common import one_line, print_table
 from chatpage.store import Store
-from chatpage.store.io import export_session, import_json, local_time
+from chatpage.store.io import export_session, import_json, local_time, write_whole
 
 PROG = "chatpage"
 
@@ -98,7 +98,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
         return 0
     try:
-        args.output.write_text(text, encoding="utf-8")
+        write_whole(args.output, text)
     except OSError as err:
         return _fail(f"cannot write {args.output}: {err.strerror or err}")
     print(f"Exported chat {args.session} to {args.output}.", file=sys.stderr)

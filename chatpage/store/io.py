@@ -10,7 +10,11 @@ whose alternatives share a ``group`` number), which becomes a chain.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
+from contextlib import suppress
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal
 
 from chatpage.store.rows import MessageRow, NewMessage, NotFound, SessionRow
@@ -31,6 +35,32 @@ def export_session(store: Store, session_id: int, fmt: Literal["md", "json"]) ->
         raise NotFound(f"no chat with id {session_id}")
     messages = store.messages(session_id)
     return _to_json(session, messages) if fmt == "json" else _to_markdown(session, messages)
+
+
+def write_whole(path: Path, text: str, *, replace: bool = True) -> None:
+    """Write ``text`` to ``path`` all or nothing: into a temporary file beside it, flushed to
+    disk, then renamed over it (``replace``) or linked to it (never overwriting: FileExistsError
+    when it exists). A failure, such as a full disk, leaves no partial file behind."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        if replace:
+            os.replace(tmp, path)
+            return
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise
+        except OSError:  # a file system without hard links: check, then rename
+            if path.exists():
+                raise FileExistsError(path) from None
+            os.replace(tmp, path)
+    finally:
+        with suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
 def import_json(store: Store, text: str) -> int:

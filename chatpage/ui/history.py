@@ -22,7 +22,7 @@ from chatpage.chat.session import ChatSession
 from chatpage.config.paths import data_dir
 from chatpage.config.personas import Persona
 from chatpage.store import SessionRow, Store
-from chatpage.store.io import export_session
+from chatpage.store.io import export_session, write_whole
 
 EXPORT_SUFFIX = {"md": "md", "json": "json"}
 EXPORT_NAMES = {"md": "Markdown", "json": "JSON"}
@@ -150,8 +150,7 @@ def write_new(folder: Path, name: str, text: str) -> Path:
     for n in range(1, 1000):
         path = folder / (name if n == 1 else f"{stem}-{n}{dot}{suffix}")
         try:
-            with path.open("x", encoding="utf-8") as out:
-                out.write(text)
+            write_whole(path, text, replace=False)
         except FileExistsError:
             continue
         return path
