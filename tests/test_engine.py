@@ -118,7 +118,7 @@ def test_prefix_caching_reuses_shared_prefixes(tiny_models, hf_reference):
     first = engine.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=MAX_NEW))
     rest = engine.generate(prompts[1:], SamplingParams(temperature=0, max_tokens=MAX_NEW))
     assert engine.stats().prefix_hit_tokens >= 3 * 96  # 6 full blocks of the shared prefix each
-    assert all(o.prefix_hit_tokens >= 96 for o in rest)
+    assert all(o.usage.cached_tokens >= 96 for o in rest)
     hf = hf_reference["llama"][0]
     for prompt, out in zip(prompts, first + rest, strict=True):
         _assert_same_or_near_tie(hf, prompt, out.outputs[0].token_ids,
@@ -126,7 +126,7 @@ def test_prefix_caching_reuses_shared_prefixes(tiny_models, hf_reference):
     # a second turn reuses the first turn's prompt *and* reply blocks
     turn2 = prompts[0] + first[0].outputs[0].token_ids + [5, 6, 7]
     again = engine.generate([turn2], SamplingParams(temperature=0, max_tokens=4))[0]
-    assert again.prefix_hit_tokens == (len(prompts[0]) + MAX_NEW - 1) // 16 * 16
+    assert again.usage.cached_tokens == (len(prompts[0]) + MAX_NEW - 1) // 16 * 16
     _assert_no_leak(engine)
 
 
