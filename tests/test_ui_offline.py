@@ -74,7 +74,7 @@ async def test_markup_and_control_characters_render_literally(tmp_path):
         assert "[/ ␛[2J cleared? ␇ <b>html</b>" in paragraph
         assert "\x1b" not in "".join(blocks)
         assert any("print('[bold]')" in b for b in blocks)
-        assert "7 tokens" in str(reply_view.query_one(".message-foot").render())
+        assert "14 tokens" in str(reply_view.query_one(".message-foot").render())  # 7 per update
         assert session.title.startswith("[bold]x[/bold]")
 
         # click a code block to copy it; click "copy" to copy the whole message

@@ -1,7 +1,8 @@
 """`chatpage bench serve --api`: the serving workload through `chatpage serve`'s HTTP API.
 
-``--concurrency`` requests of the trace (default 32) start at once, twice on one `LocalEngineClient`:
-first in-process (callbacks into an asyncio queue, what the server's handlers read), then as
+``--concurrency`` requests of the trace (default 32) start at once, twice on one
+`LocalEngineClient`: first in-process (callbacks into an asyncio queue, what the server's
+handlers read), then as
 streaming HTTP clients of the real server (uvicorn on a free local port, in this process).
 Both runs report the request rate (requests over the makespan, wall clock), TTFT p50/p99 and
 TPOT p50. The API's cost is timed per streamed token, from the engine thread emitting a token to

@@ -151,8 +151,11 @@ class LocalEngineClient:
                 self.error = traceback.format_exc().strip().splitlines()[-1]
                 self._status(f"engine error: {self.error}")
                 for rid in list(self._callbacks):
-                    self._dispatch(engine.abort(rid, FinishReason.ERROR, self.error)
-                                   or final_update(rid, FinishReason.ERROR, error=self.error))
+                    update = engine.abort(rid, FinishReason.ERROR, self.error)
+                    if update is None:  # (refused at submit, its end not sent yet)
+                        self._fail(rid, self.error)
+                    else:
+                        self._dispatch(update)
                 continue
             for update in updates:
                 self._dispatch(update)
@@ -199,7 +202,7 @@ class LocalEngineClient:
         self._stats = engine.stats()
 
     def _answer_with_errors(self) -> None:
-        """No model: every submit, queued or later, gets a final error event."""
+        """No model: every submit, queued or later, gets a final error update."""
         while not self._stopping:
             try:
                 cmd = self._commands.get(timeout=0.5)
@@ -211,7 +214,7 @@ class LocalEngineClient:
                 self._fail(rid, f"the model did not load: {self.error}")
 
     def _fail(self, rid: str, why: str) -> None:
-        """A request the engine never took: its one update ends it with ``why``."""
+        """A request the engine does not hold: its one update ends it with ``why``."""
         entry = self._callbacks.get(rid)
         if entry is not None:
             self._dispatch(final_update(rid, FinishReason.ERROR, error=why,

@@ -21,7 +21,7 @@ from chatpage.serve.protocol import ApiError, ApiRequest
 
 
 class EventPump:
-    """Engine thread -> event loop, one wake-up per burst of events instead of one per event."""
+    """Engine thread -> event loop, one wake-up per burst of updates instead of one per update."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop

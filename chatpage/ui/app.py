@@ -51,7 +51,7 @@ the GIL with the engine's)."""
 STOP_WAIT_S = 10.0
 """How long a model switch waits for the replies in progress to stop."""
 DRAIN_S = 0.05
-"""How long a stream's events gather before the app applies them (an output's last event is
+"""How long a stream's updates gather before the app applies them (an output's last update is
 applied at once): a few tokens per wake-up of the app's thread instead of one."""
 FALLBACK_PERSONA = Persona(
     "assistant", "A helpful assistant", "You are a helpful, honest assistant.",
@@ -90,7 +90,7 @@ class ChatApp(App[None]):
         self.engine_config = config  # what a local model switched to runs with
         self.client: EngineClient[EngineStats | RemoteStats] = client or LocalEngineClient(
             model if model is not None else self.settings.model, config)
-        self._gathering: set[Inbox] = set()  # inboxes whose events are taken on a timer
+        self._gathering: set[Inbox] = set()  # inboxes whose updates are taken on a timer
         self.chats = Chats(self.client, self._delivery(self.client),
                            notify=lambda line: self.say(line, "warning", timeout=10))
         self.personas_dirs = personas_dirs
