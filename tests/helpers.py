@@ -2,7 +2,7 @@
 
 UI: building the app over the tiny model or over no model, waiting in Pilot, personas on disk.
 Chat model: a persona, a client that records what it is asked (the chat model's tests need
-no engine), and engine events to feed back.
+no engine), and engine updates to feed back.
 """
 
 from __future__ import annotations
@@ -15,7 +15,14 @@ from textual.command import CommandList, CommandPalette
 
 from chatpage.config.personas import Persona
 from chatpage.config.settings import Settings
-from chatpage.engine.client import EngineConfig, StreamEvent
+from chatpage.engine.client import (
+    EngineConfig,
+    FinishReason,
+    OutputDelta,
+    RequestUpdate,
+    Usage,
+)
+from chatpage.engine.outputs import final_update
 from chatpage.ui.app import ChatApp
 
 PROMPT_BODY = ("Answer in plain words. Keep every answer short and to the point. Never invent "
@@ -56,21 +63,21 @@ def offline_app(tmp_path: Path, **settings) -> ChatApp:
 
 def fake_submits(app: ChatApp) -> list[list[dict[str, str]]]:
     """After the load failure: pretend the model loaded, and record what would be submitted
-    (the request ids are ``fake-1``, ``fake-2``...; feed replies with `reply_event`)."""
+    (the request ids are ``fake-1``, ``fake-2``...; feed replies with `reply_update`)."""
     submitted: list[list[dict[str, str]]] = []
     app.client.error = None
-    app.client.submit = lambda messages, params, on_event, **_how: (
+    app.client.submit = lambda messages, params, on_update, **_how: (
         submitted.append(messages) or f"fake-{len(submitted)}")
     return submitted
 
 
-def reply_event(rid: str, text: str, finished: bool) -> StreamEvent:
-    """A StreamEvent for a plain reply with ``text`` so far."""
-    return StreamEvent(
-        request_id=rid, index=0, text=text, delta=text, replaced=False, num_tokens=7,
-        finished=finished, finish_reason="stop" if finished else None, cumulative_logprob=-3.5,
-        score=None, request_finished=finished, prompt_tokens=40, prefix_hit_tokens=32, ttft_s=0.05,
-        elapsed_s=0.4)
+def reply_update(rid: str, text: str, finished: bool) -> RequestUpdate:
+    """An update of a plain reply that adds ``text`` (7 tokens; ends it when ``finished``)."""
+    return RequestUpdate(
+        rid, (OutputDelta(0, text, finish_reason=FinishReason.STOP if finished else None,
+                          cumulative_logprob=-3.5, num_tokens=7),),
+        Usage(prompt_tokens=40, cached_tokens=32, completion_tokens=7), finished=finished,
+        ttft_s=0.05, elapsed_s=0.4)
 
 
 # -- waiting ---------------------------------------------------------------------------------------------
@@ -149,8 +156,8 @@ PERSONA = Persona("p", "a persona", "You are p.", temperature=0.5, max_tokens=8)
 
 
 class FakeClient:
-    """Stands in for `EngineClient` in chat-model tests: records submits and cancels; the
-    test feeds events back with `Chats.apply`. Request ids are r1, r2, ..."""
+    """Stands in for an `EngineClient` in chat-model tests: records submits and cancels; the
+    test feeds updates back with `Chats.apply`. Request ids are r1, r2, ..."""
 
     error = None
     ready = True
@@ -161,8 +168,8 @@ class FakeClient:
         self.continued: list[bool] = []
         self.cancelled: list[str] = []
 
-    def submit(self, messages, params, on_event, *, continue_reply: bool = False) -> str:
-        self.submitted.append((messages, params, on_event))
+    def submit(self, messages, params, on_update, *, continue_reply: bool = False) -> str:
+        self.submitted.append((messages, params, on_update))
         self.continued.append(continue_reply)
         return f"r{len(self.submitted)}"
 
@@ -170,29 +177,26 @@ class FakeClient:
         self.cancelled.append(rid)
 
 
-def event(rid: str, text: str, index: int = 0, finished: bool = False, reason: str | None = None,
-          request_finished: bool | None = None, **kw) -> StreamEvent:
-    """An event of request `rid` with `text` so far (one token per character)."""
-    return StreamEvent(
-        request_id=rid, index=index, text=text, delta="", replaced=False, num_tokens=len(text),
-        finished=finished, finish_reason=reason, cumulative_logprob=kw.get("logprob", -1.0),
-        score=kw.get("score"),
-        request_finished=finished if request_finished is None else request_finished,
-        prompt_tokens=kw.get("prompt_tokens", 20), prefix_hit_tokens=16, ttft_s=0.1, elapsed_s=0.5,
-        error=kw.get("error"), num_outputs=kw.get("num_outputs", 1))
+def event(rid: str, text: str, index: int = 0, finished: bool = False,
+          reason: FinishReason | None = None, **kw) -> RequestUpdate:
+    """An update of request `rid` whose output `index` gains `text` (a token per character),
+    ending that output with `reason`; `finished`: the request's last update."""
+    return RequestUpdate(
+        rid, (OutputDelta(index, text, finish_reason=reason,
+                          cumulative_logprob=kw.get("logprob", -1.0), score=kw.get("score"),
+                          num_tokens=len(text)),),
+        Usage(kw.get("prompt_tokens", 20), 16, len(text)), finished=finished,
+        error=kw.get("error"), ttft_s=0.1, elapsed_s=0.5)
 
 
-def done(rid: str, text: str, **kw) -> StreamEvent:
-    """The last event of a plain reply that finished normally."""
-    return event(rid, text, finished=True, reason="stop", **kw)
+def done(rid: str, text: str, **kw) -> RequestUpdate:
+    """The last update of a plain reply that finished normally, adding `text`."""
+    return event(rid, text, finished=True, reason=FinishReason.STOP, **kw)
 
 
-def stopped(rid: str, text: str) -> StreamEvent:
-    """The client's notice that request `rid` was cancelled (no counts)."""
-    return StreamEvent(
-        request_id=rid, index=0, text=text, delta="", replaced=False, num_tokens=0, finished=True,
-        finish_reason="abort", cumulative_logprob=0.0, score=None, request_finished=True,
-        prompt_tokens=0, prefix_hit_tokens=0, ttft_s=None, elapsed_s=1.0)
+def stopped(rid: str) -> RequestUpdate:
+    """The client's last update of request `rid` when it was cancelled."""
+    return final_update(rid, FinishReason.ABORT, elapsed_s=1.0)
 
 
 # -- models ------------------------------------------------------------------------------------------

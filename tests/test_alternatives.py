@@ -174,8 +174,8 @@ def test_n_samples_share_prompt_blocks(tiny):
     def blocks_after(params, generated):
         rid = tiny.add_request(prompt, params)
         while True:
-            outs = [o for o in tiny.step() if o.request_id == rid]
-            if outs and len(outs[0].outputs[-1].token_ids) >= generated:
+            outs = [u for u in tiny.step() if u.request_id == rid]
+            if outs and outs[0].usage.completion_tokens >= generated * params.n:
                 used = tiny.stats().blocks_used
                 tiny.abort(rid)
                 return used

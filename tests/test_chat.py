@@ -3,6 +3,8 @@ as versions, the context meter and overflow (Chats over a client that records su
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from helpers import PERSONA, FakeClient, done, event, stopped
 
@@ -10,7 +12,8 @@ from chatpage.chat.chats import ChatError, Chats
 from chatpage.chat.context import MESSAGE_OVERHEAD, fit
 from chatpage.chat.sampling import AltMode
 from chatpage.chat.session import ChatSession, Entry, ReplyStats
-from chatpage.engine.client import StreamEvent
+from chatpage.engine.client import FinishReason
+from chatpage.engine.outputs import final_update
 
 
 def texts(session: ChatSession) -> list[str]:
@@ -43,7 +46,7 @@ def test_chats_turns_stop_keep_and_observer_hook():
         chats.send(session, "again")
     chats.apply(event("r1", "Hel"))
     assert chats.stop(session) and client.cancelled == ["r1"]
-    chats.apply(stopped("r1", "Hel"))
+    chats.apply(stopped("r1"))
     reply = session.entries[-1]
     assert (reply.content, reply.status, reply.stats.tokens) == ("Hel", "stopped", 3)
     assert not session.streaming
@@ -54,8 +57,8 @@ def test_chats_turns_stop_keep_and_observer_hook():
     assert client.submitted[-1][1].n == 3 and session.alt_mode.kind == "off"
     assert texts(session) == ["hi there"]  # no version of the reply on show while choosing
     for i in range(3):
-        chats.apply(event("r2", f"alt {i}", index=i, finished=True, reason="length",
-                          request_finished=i == 2))
+        chats.apply(event("r2", f"alt {i}", index=i, reason=FinishReason.LENGTH,
+                          finished=i == 2))
     assert session.choosing and not session.streaming
     with pytest.raises(ChatError, match="keep one of the alternatives first"):
         chats.send(session, "next")
@@ -117,7 +120,7 @@ def test_continue_extends_a_stopped_reply_from_its_text():
     chats.send(session, "tell a story")
     chats.apply(event("r1", "Once upon"))
     chats.stop(session)
-    chats.apply(stopped("r1", "Once upon"))
+    chats.apply(stopped("r1"))
     reply = session.entries[-1]
     chats.continue_reply(session)
     messages, _, _ = client.submitted[-1]
@@ -126,7 +129,7 @@ def test_continue_extends_a_stopped_reply_from_its_text():
     assert reply.status == "streaming" and session.streaming
     chats.apply(event("r2", " a time"))
     assert reply.content == "Once upon a time" and reply.stats.tokens == 9 + 7
-    chats.apply(done("r2", " a time."))
+    chats.apply(done("r2", "."))
     assert (reply.content, reply.status) == ("Once upon a time.", "done")
     assert session.entries[-1] is reply and len(session.entries) == 2  # extended, not added
 
@@ -151,7 +154,7 @@ def test_chats_compare_offers_versions_and_reports_errors():
     with pytest.raises(ChatError, match="send a message first"):
         chats.compare(session, "temperature", ["0.2", "0.8"])
     chats.send(session, "q")
-    chats.apply(event("r1", "a", finished=True, reason="stop"))
+    chats.apply(event("r1", "a", finished=True, reason=FinishReason.STOP))
     chats.compare(session, "temperature", ["0.2", "0.8", "1.2"])
     temps = [p.temperature for _, p, _ in client.submitted[1:]]
     assert temps == [0.2, 0.8, 1.2]
@@ -159,11 +162,8 @@ def test_chats_compare_offers_versions_and_reports_errors():
                                                                 "temp=1.2"]
     assert session.entries[-1].role == "user"  # the old reply gives way to the comparison
     for rid in ("r2", "r3", "r4"):
-        chats.apply(StreamEvent(
-            request_id=rid, index=0, text="", delta="", replaced=False, num_tokens=0, finished=True,
-            finish_reason="error", cumulative_logprob=0.0, score=None, request_finished=True,
-            prompt_tokens=0, prefix_hit_tokens=0, ttft_s=None, elapsed_s=0.0,
-            error="the prompt is 2000 tokens but ..."))
+        chats.apply(final_update(rid, FinishReason.ERROR,
+                                 error="the prompt is 2000 tokens but ..."))
     assert session.generation is None
     assert session.entries[-1].status == "error"
     assert "2000 tokens" in session.entries[-1].error
@@ -239,33 +239,31 @@ def test_fit_counts_replies_exactly_and_keeps_the_last_message():
     assert again.needed == 1 + 10 + 5 + 10 + 3 * MESSAGE_OVERHEAD  # the reply by its count
 
 
-def test_a_batch_of_events_applies_only_what_a_later_event_does_not_supersede():
+def test_a_batch_of_updates_is_applied_in_order_each_adding_its_delta():
     client = FakeClient()
     chats = Chats(client, lambda e: None)
     plain, alts = chats.open(PERSONA), chats.open(PERSONA)
     chats.send(plain, "one")
     chats.set_alt_mode(alts, AltMode("samples", 2))
     chats.send(alts, "two")
-    updates = []
-    plain.observers.append(lambda s, change: updates.append(change.kind))
-    chats.apply_all([event("r1", "a"), event("r2", "x", index=0), event("r1", "ab"),
-                     event("r2", "y", index=1), event("r2", "xz", index=0), event("r1", "abc")])
-    assert updates == ["entry_updated"]  # one for the three events of the plain reply
+    changes = []
+    plain.observers.append(lambda s, change: changes.append(change))
+    chats.apply_all([event("r1", "a"), event("r2", "x", index=0), event("r1", "b"),
+                     event("r2", "y", index=1), event("r2", "z", index=0), event("r1", "c")])
+    assert [(c.kind, c.delta.text) for c in changes] == [("entry_updated", t) for t in "abc"]
     assert plain.entries[-1].content == "abc" and plain.entries[-1].stats.tokens == 3
     assert [c.text for c in alts.generation.candidates] == ["xz", "y"]
-    # an output's end is applied even when more events of its request follow in the batch
-    chats.apply_all([event("r2", "xzz", index=0, finished=True, reason="stop",
-                           request_finished=False),
-                     event("r2", "yy", index=1, finished=True, reason="length",
-                           request_finished=True),
-                     done("r1", "abcd")])
-    assert [c.finish_reason for c in alts.generation.candidates] == ["stop", "length"]
+    # an output's end is applied even when more updates of its request follow in the batch
+    chats.apply_all([event("r2", "z", index=0, reason=FinishReason.STOP),
+                     event("r2", "y", index=1, reason=FinishReason.LENGTH, finished=True),
+                     done("r1", "d")])
+    assert [c.finish_reason for c in alts.generation.candidates] == [FinishReason.STOP,
+                                                                    FinishReason.LENGTH]
     assert alts.choosing and not plain.streaming and plain.entries[-1].content == "abcd"
 
 
-def test_a_request_ends_with_the_last_of_its_outputs_final_events():
-    """When n samples end in the same step, the engine sends each its final event, every one
-    marked request_finished; each is applied (not only the first)."""
+def test_outputs_ending_in_the_same_step_end_together_in_the_final_update():
+    """When n samples end in the same step, their ends come in one update, the request's last."""
     client = FakeClient()
     chats = Chats(client, lambda e: None)
     session = chats.open(PERSONA)
@@ -273,10 +271,12 @@ def test_a_request_ends_with_the_last_of_its_outputs_final_events():
     chats.send(session, "three please")
     chats.apply_all([event("r1", "a", index=0), event("r1", "b", index=1),
                      event("r1", "c", index=2)])
-    chats.apply(event("r1", "aa", index=0, finished=True, reason="stop", num_outputs=3))
-    assert session.streaming  # two outputs' final events are still to come
-    chats.apply_all([event("r1", "bb", index=1, finished=True, reason="length", num_outputs=3),
-                     event("r1", "cc", index=2, finished=True, reason="stop", num_outputs=3)])
+    chats.apply(event("r1", "a", index=0, reason=FinishReason.STOP))
+    assert session.streaming  # two outputs are still going
+    ends = [event("r1", t, index=i, reason=r) for i, t, r in
+            ((1, "b", FinishReason.LENGTH), (2, "c", FinishReason.STOP))]
+    chats.apply(dataclasses.replace(ends[0], outputs=ends[0].outputs + ends[1].outputs,
+                                    finished=True))
     assert [(c.text, c.stats.tokens, c.finish_reason) for c in session.generation.candidates] == \
         [("aa", 2, "stop"), ("bb", 2, "length"), ("cc", 2, "stop")]
     assert session.choosing and not session.streaming

@@ -12,7 +12,7 @@ from chatpage.chat.chats import Chats
 from chatpage.chat.session import ChatSession
 from chatpage.config.personas import Persona
 from chatpage.engine.chat_template import continue_prompt, render_prompt
-from chatpage.engine.client import EngineClient, EngineConfig
+from chatpage.engine.client import EngineConfig, LocalEngineClient
 
 PERSONA = Persona("tiny", "a test persona", "You are tiny. Answer briefly and plainly, always.",
                   temperature=0.0, max_tokens=12)
@@ -20,7 +20,7 @@ PERSONA = Persona("tiny", "a test persona", "You are tiny. Answer briefly and pl
 
 @pytest.fixture(scope="module")
 def rig(tiny_llama_dir):
-    client = EngineClient(str(tiny_llama_dir), EngineConfig(kv_cache_bytes=8 << 20))
+    client = LocalEngineClient(str(tiny_llama_dir), EngineConfig(kv_cache_bytes=8 << 20))
     client.start()
     assert client.wait_ready(120), client.error
     events: queue.Queue = queue.Queue()

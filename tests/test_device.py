@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
+from chatpage.engine.accumulator import OutputAccumulator
 
 FAKE = torch.device("meta")
 BLOCK_BYTES = 16 * 2 * 2 * 2 * 64 * 4  # the tiny Llama: 2 layers, 2 KV heads of 64, fp32
@@ -148,10 +149,12 @@ def _workload(engine: LLMEngine) -> dict[str, list[list[int]]]:
                                                                        max_tokens=8, logprobs=2)),
     }
     done = {}
+    outputs = OutputAccumulator()
     for _ in range(300):
         if not engine.has_unfinished():
             break
-        for out in engine.step():
+        for update in engine.step():
+            out = outputs.add(update)
             if out.finished:
                 done[out.request_id] = out
     assert not engine.has_unfinished()

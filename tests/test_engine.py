@@ -118,7 +118,7 @@ def test_prefix_caching_reuses_shared_prefixes(tiny_models, hf_reference):
     first = engine.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=MAX_NEW))
     rest = engine.generate(prompts[1:], SamplingParams(temperature=0, max_tokens=MAX_NEW))
     assert engine.stats().prefix_hit_tokens >= 3 * 96  # 6 full blocks of the shared prefix each
-    assert all(o.prefix_hit_tokens >= 96 for o in rest)
+    assert all(o.usage.cached_tokens >= 96 for o in rest)
     hf = hf_reference["llama"][0]
     for prompt, out in zip(prompts, first + rest, strict=True):
         _assert_same_or_near_tie(hf, prompt, out.outputs[0].token_ids,
@@ -126,7 +126,7 @@ def test_prefix_caching_reuses_shared_prefixes(tiny_models, hf_reference):
     # a second turn reuses the first turn's prompt *and* reply blocks
     turn2 = prompts[0] + first[0].outputs[0].token_ids + [5, 6, 7]
     again = engine.generate([turn2], SamplingParams(temperature=0, max_tokens=4))[0]
-    assert again.prefix_hit_tokens == (len(prompts[0]) + MAX_NEW - 1) // 16 * 16
+    assert again.usage.cached_tokens == (len(prompts[0]) + MAX_NEW - 1) // 16 * 16
     _assert_no_leak(engine)
 
 
@@ -174,17 +174,18 @@ def test_invalid_sampling_params_name_the_field(field, value):
 
 
 def test_abort_unknown_or_finished_is_harmless_and_engine_keeps_serving(small_engine):
-    assert small_engine.abort("no-such-request") is False
+    assert small_engine.abort("no-such-request") is None
     rid = small_engine.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=3))
     while small_engine.has_unfinished():
         small_engine.step()
-    assert small_engine.abort(rid) is False
+    assert small_engine.abort(rid) is None
     # abort mid-way frees everything
     rid = small_engine.add_request(list(range(10, 60)), SamplingParams(temperature=0, max_tokens=50))
     small_engine.step()
     small_engine.step()
     assert small_engine.stats().blocks_used > 0
-    assert small_engine.abort(rid) is True
+    final = small_engine.abort(rid)
+    assert final.finished and final.outputs[0].finish_reason == "abort"
     _assert_no_leak(small_engine)
     out = small_engine.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2))[0]
     assert out.finished and len(out.outputs[0].token_ids) == 2

@@ -1,5 +1,5 @@
-"""The app's inbox: events from an engine thread reach the app's thread in order, in batches,
-with one wake-up per batch and an immediate one for an output's last event."""
+"""The app's inbox: updates from an engine thread reach the app's thread in order, in batches,
+with one wake-up per batch and an immediate one for an output's last update."""
 
 from __future__ import annotations
 
@@ -10,21 +10,21 @@ from helpers import done, event
 from chatpage.ui.messages import Inbox
 
 
-def test_one_wake_up_per_batch_and_an_urgent_one_for_a_last_event():
+def test_one_wake_up_per_batch_and_an_urgent_one_for_a_last_update():
     wakes = []
     inbox = Inbox(wakes.append)
-    for text in ("a", "ab", "abc"):
+    for text in "abc":
         inbox.put(event("r1", text))
     assert wakes == [False]  # the app takes these a little later, all at once
-    inbox.put(done("r1", "abcd"))
+    inbox.put(done("r1", "d"))
     assert wakes == [False, True]
-    assert [e.text for e in inbox.take()] == ["a", "ab", "abc", "abcd"]
+    assert [u.outputs[0].text for u in inbox.take()] == ["a", "b", "c", "d"]
     assert inbox.take() == []
-    inbox.put(event("r2", "x"))  # after a take, the next event wakes the app again
+    inbox.put(event("r2", "x"))  # after a take, the next update wakes the app again
     assert wakes == [False, True, False]
 
 
-def test_events_put_while_the_app_takes_are_neither_lost_nor_left_without_a_wake_up():
+def test_updates_put_while_the_app_takes_are_neither_lost_nor_left_without_a_wake_up():
     pending = threading.Semaphore(0)  # one release per wake-up, as the app's queue would hold
     inbox = Inbox(lambda urgent: pending.release())
     total = 20000
@@ -37,7 +37,7 @@ def test_events_put_while_the_app_takes_are_neither_lost_nor_left_without_a_wake
     thread.start()
     seen: list[int] = []
     while len(seen) < total:
-        assert pending.acquire(timeout=10), "events wait in the inbox with no wake-up"
-        seen.extend(e.num_tokens for e in inbox.take())
+        assert pending.acquire(timeout=10), "updates wait in the inbox with no wake-up"
+        seen.extend(u.outputs[0].num_tokens for u in inbox.take())
     thread.join()
     assert seen == list(range(1, total + 1))

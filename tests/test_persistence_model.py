@@ -13,6 +13,7 @@ from chatpage.chat.recorder import Recorder, restore
 from chatpage.chat.sampling import AltMode
 from chatpage.chat.session import Attachment
 from chatpage.config.personas import Persona
+from chatpage.engine.client import FinishReason
 from chatpage.store import Store
 
 OTHER = Persona("other", "another persona", "You are other.", temperature=0.1)
@@ -61,17 +62,17 @@ def test_a_turn_is_saved_as_it_streams(rig):
     chats.apply(event("r1", "It"))  # too soon after the last write: kept for later
     assert saved(store, chat)[-1] == ("assistant", "", "streaming")
     clock.now += 1.5
-    chats.apply(event("r1", "It splits"))  # 2.5 s since the last write
+    chats.apply(event("r1", " splits"))  # 2.5 s since the last write
     assert saved(store, chat)[-1] == ("assistant", "It splits", "streaming")
     clock.now += 0.5
-    chats.apply(event("r1", "It splits the cache"))
+    chats.apply(event("r1", " the cache"))
     recorder.flush()  # not due yet
     assert saved(store, chat)[-1][1] == "It splits"
     clock.now += 1.6
     recorder.flush()  # the app's timer: due now, though no event came
     assert saved(store, chat)[-1] == ("assistant", "It splits the cache", "streaming")
 
-    chats.apply(event("r1", "It splits the cache into blocks.", finished=True, reason="stop"))
+    chats.apply(event("r1", " into blocks.", finished=True, reason=FinishReason.STOP))
     (reply,) = [m for m in store.messages(chat) if m.role == "assistant"]
     assert (reply.content, reply.status) == ("It splits the cache into blocks.", "done")
     assert reply.metadata == {"tokens": 32, "prompt_tokens": 20, "prefix_hit_tokens": 16,
@@ -81,7 +82,7 @@ def test_a_turn_is_saved_as_it_streams(rig):
     chats.send(session, "And then?")
     chats.apply(event("r2", "Then"))
     assert chats.stop(session)
-    chats.apply(stopped("r2", "Then"))
+    chats.apply(stopped("r2"))
     assert saved(store, chat)[-1] == ("assistant", "Then", "stopped")
     assert problems == []
 
@@ -92,7 +93,7 @@ def test_title_settings_attachments_and_restore(rig):
     chats.attach(session, Attachment("notes.txt", "line one\nline two"))
     chats.send(session, "")  # an attachment alone is a message
     assert session.title == "notes.txt"
-    chats.apply(event("r1", "Read it.", finished=True, reason="stop"))
+    chats.apply(event("r1", "Read it.", finished=True, reason=FinishReason.STOP))
     chats.rename(session, "My notes")
     chats.set_setting(session, "temperature", "0.9")
     chats.set_setting(session, "seed", "7")
@@ -158,8 +159,8 @@ def test_alternatives_are_saved_as_versions_of_the_reply(rig):
     chats.set_alt_mode(session, AltMode("samples", 3))
     chats.regenerate(session)
     for i in range(3):
-        chats.apply(event("r2", f"alt {i}", index=i, finished=True, reason="length",
-                          request_finished=i == 2))
+        chats.apply(event("r2", f"alt {i}", index=i, reason=FinishReason.LENGTH,
+                          finished=i == 2))
     kept = chats.keep(session, 2)
     rows = store.messages(session.store_id)
     question = rows[0].id
@@ -190,7 +191,7 @@ def test_forks_switches_and_continues_are_saved_and_restored(rig):
     chats.regenerate(session)
     chats.apply(event("r4", "third"))
     chats.stop(session)
-    chats.apply(stopped("r4", "third"))
+    chats.apply(stopped("r4"))
     chats.continue_reply(session)
     chats.apply(done("r5", " try"))
     assert saved(store, session.store_id) == [("user", "one, again", "done"),

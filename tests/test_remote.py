@@ -15,7 +15,9 @@ from serve_helpers import free_port, llama_server, running_server
 
 from chatpage.cli.main import main
 from chatpage.config.settings import Settings, load_settings
-from chatpage.engine.client import StreamEvent
+from chatpage.engine.accumulator import OutputAccumulator
+from chatpage.engine.client import FinishReason, RequestUpdate
+from chatpage.engine.outputs import RequestOutput
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.remote.backend import Backend
 from chatpage.remote.client import RemoteEngineClient
@@ -42,13 +44,21 @@ def client(url):
 
 
 def collect(client, messages, params: SamplingParams, timeout: float = 60, **how
-            ) -> list[StreamEvent]:
-    events: queue.SimpleQueue = queue.SimpleQueue()
-    client.submit(messages, params, events.put, **how)
-    out = []
-    while not out or not out[-1].request_finished:
-        out.append(events.get(timeout=timeout))
-    return out
+            ) -> tuple[list[RequestUpdate], RequestOutput]:
+    """Every update of one reply, and the outputs they fold into."""
+    updates: queue.SimpleQueue = queue.SimpleQueue()
+    client.submit(messages, params, updates.put, **how)
+    return drain(updates, timeout)
+
+
+def drain(updates: queue.SimpleQueue, timeout: float = 60
+          ) -> tuple[list[RequestUpdate], RequestOutput]:
+    got: list[RequestUpdate] = []
+    outputs = OutputAccumulator()
+    while not got or not got[-1].finished:
+        got.append(updates.get(timeout=timeout))
+        out = outputs.add(got[-1])
+    return got, out
 
 
 def server_stats(url: str) -> dict:
@@ -64,20 +74,21 @@ def test_probe_finds_chatpage_and_its_capabilities(client, url):
 
 
 def test_reply_streams_with_usage(client):
-    events = collect(client, HI, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
-    assert len([e for e in events if e.delta]) == 8
-    final = events[-1]
-    assert final.finish_reason == "length" and final.num_tokens == 8
-    assert final.text == "".join(e.delta for e in events)
-    assert final.prompt_tokens > 0 and final.ttft_s is not None
+    updates, final = collect(client, HI, SamplingParams(max_tokens=8, temperature=0,
+                                                        ignore_eos=True))
+    assert len([u for u in updates if u.outputs and u.outputs[0].text]) == 8
+    (output,) = final.outputs
+    assert output.finish_reason is FinishReason.LENGTH and output.num_tokens == 8
+    assert output.text == "".join(d.text for u in updates for d in u.outputs)
+    assert final.usage.prompt_tokens > 0 and final.ttft_s is not None
 
 
 def test_samples_and_beams(client):
-    events = collect(client, HI, SamplingParams(n=3, max_tokens=5, temperature=1.0, seed=4))
-    texts = {e.index: e.text for e in events if e.finished}
+    _, out = collect(client, HI, SamplingParams(n=3, max_tokens=5, temperature=1.0, seed=4))
+    texts = {c.index: c.text for c in out.outputs if c.finish_reason is not None}
     assert sorted(texts) == [0, 1, 2] and len(set(texts.values())) > 1
-    events = collect(client, HI, SamplingParams(beam_width=2, max_tokens=5))
-    beams = {e.index: e.text for e in events if e.finished and e.text}
+    _, out = collect(client, HI, SamplingParams(beam_width=2, max_tokens=5))
+    beams = {c.index: c.text for c in out.outputs if c.finish_reason is not None and c.text}
     assert sorted(beams) == [0, 1] and beams[0] != beams[1]
 
 
@@ -85,7 +96,7 @@ def test_logprobs_pass_through_by_token_id(client, tiny_llama_dir):
     from transformers import AutoTokenizer
 
     final = collect(client, HI, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True,
-                                               logprobs=3))[-1]
+                                               logprobs=3))[1].outputs[0]
     assert final.num_tokens == len(final.token_ids) == len(final.logprobs) == 6
     assert AutoTokenizer.from_pretrained(tiny_llama_dir).decode(final.token_ids) == final.text
     for tok, lp, top in zip(final.token_ids, final.logprobs, final.top_logprobs, strict=True):
@@ -94,23 +105,22 @@ def test_logprobs_pass_through_by_token_id(client, tiny_llama_dir):
     events: queue.SimpleQueue = queue.SimpleQueue()
     client.submit_prompt("Hello there", SamplingParams(max_tokens=4, temperature=0,
                                                        ignore_eos=True, logprobs=2), events.put)
-    while not (final := events.get(timeout=60)).request_finished:
-        pass
+    final = drain(events)[1].outputs[0]
     assert len(final.token_ids) == 4 and [len(top) for top in final.top_logprobs] == [2] * 4
     assert [max(top.values()) for top in final.top_logprobs] == final.logprobs  # greedy
-    plain = collect(client, HI, SamplingParams(max_tokens=3, temperature=0))[-1]
+    plain = collect(client, HI, SamplingParams(max_tokens=3, temperature=0))[1].outputs[0]
     assert plain.logprobs is None and plain.top_logprobs is None
 
 
 def test_cancel_closes_the_stream_and_frees_the_server_blocks(client, url):
     events: queue.SimpleQueue = queue.SimpleQueue()
     rid = client.submit(HI, SamplingParams(max_tokens=900, ignore_eos=True), events.put)
-    while events.get(timeout=30).num_tokens < 3:
+    while events.get(timeout=30).usage.completion_tokens < 3:
         pass
     client.cancel(rid)
-    while not (event := events.get(timeout=30)).request_finished:
+    while not (update := events.get(timeout=30)).finished:
         pass
-    assert event.finish_reason == "abort"
+    assert [d.finish_reason for d in update.outputs] == [FinishReason.ABORT]
     deadline = time.monotonic() + 30
     while (s := server_stats(url))["num_running"] and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -118,20 +128,19 @@ def test_cancel_closes_the_stream_and_frees_the_server_blocks(client, url):
 
 
 def test_a_reply_continues_where_it_stopped(client):
-    first = collect(client, HI, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))[-1]
-    events = collect(client, HI + [{"role": "assistant", "content": first.text}],
-                     SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
-                     continue_reply=True)
-    final = events[-1]
-    assert final.error is None and final.num_tokens == 4
+    _, first = collect(client, HI, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+    _, final = collect(client, HI + [{"role": "assistant", "content": first.outputs[0].text}],
+                       SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
+                       continue_reply=True)
+    assert final.error is None and final.outputs[0].num_tokens == 4
     # the reply's own tokens are part of the prompt (no new turn was opened for it)
-    assert final.prompt_tokens > first.prompt_tokens
+    assert final.usage.prompt_tokens > first.usage.prompt_tokens
 
 
 def test_http_errors_carry_the_servers_message(client):
     long = [{"role": "user", "content": "word " * 1200}]
-    final = collect(client, long, SamplingParams(max_tokens=4))[-1]
-    assert final.finish_reason == "error"
+    final = collect(client, long, SamplingParams(max_tokens=4))[1]
+    assert final.outputs[0].finish_reason is FinishReason.ERROR
     assert final.error.startswith("chatpage answered 400:") and "context window" in final.error
 
 
@@ -141,8 +150,9 @@ def test_a_server_without_the_api_is_an_error_not_a_retry(url):
     try:
         assert not client.wait_ready(10)
         assert "answered 404" in client.error and client.status.startswith("error:")
-        final = collect(client, HI, SamplingParams(max_tokens=2))[-1]
-        assert final.finish_reason == "error" and final.error == client.error
+        final = collect(client, HI, SamplingParams(max_tokens=2))[1]
+        assert final.outputs[0].finish_reason is FinishReason.ERROR
+        assert final.error == client.error
     finally:
         client.close()
 
@@ -171,9 +181,10 @@ def test_unreachable_server_is_retried_and_held_requests_then_run(tiny_llama_dir
         events: queue.SimpleQueue = queue.SimpleQueue()
         client.submit(HI, SamplingParams(max_tokens=3), events.put)  # held, not lost
         with running_server(tiny_llama_dir, tmp_path, port=port):
-            while not (event := events.get(timeout=60)).request_finished:
-                pass
-            assert client.ready and event.finish_reason in ("stop", "length") and event.text
+            (output,) = drain(events)[1].outputs
+            assert client.ready and output.finish_reason in (FinishReason.STOP,
+                                                             FinishReason.LENGTH)
+            assert output.text
     finally:
         client.close()
 
@@ -209,12 +220,13 @@ def test_logprobs_named_by_text_keep_the_values_only():
            "top_logprobs": [{"Hi": -0.5, "Ho": -1.5, "He": -2.0}, {"?": -0.1, "!": -1.0}]}
     lp = Logprobs.read(raw, True, 1)
     assert lp.token_ids == [None, None] and lp.logprobs == [-0.5, -1.0]
-    reply_events: list[StreamEvent] = []
-    reply = RemoteReply("r", reply_events.append, time.monotonic())
+    updates: list[RequestUpdate] = []
+    reply = RemoteReply("r", updates.append, time.monotonic())
     reply.add(0, "Hi!", "stop", lp)
-    (event,) = reply_events
-    assert event.logprobs == [-0.5, -1.0] and event.num_tokens == 2
-    assert event.token_ids is None and event.top_logprobs is None
+    ((delta,),) = [u.outputs for u in updates]
+    assert delta.logprobs == (-0.5, -1.0) and delta.num_tokens == 2
+    assert delta.token_ids == () and delta.top_logprobs is None
+    assert delta.finish_reason is FinishReason.STOP
     by_id = {"content": [{"token": "token_id:7", "logprob": -0.2,
                           "top_logprobs": [{"token": "token_id:7", "logprob": -0.2},
                                            {"token": "token_id:9", "logprob": -1.9}]}]}
@@ -298,12 +310,13 @@ def test_llama_server_as_a_backend(tmp_path):
         try:
             assert client.wait_ready(60), client.status
             assert client.backend.name == "llama-cpp-python" and not client.backend.can("beam")
-            final = collect(client, HI, SamplingParams(max_tokens=6, temperature=0))[-1]
-            assert final.text and final.finish_reason in ("stop", "length")
-            events = collect(client, HI, SamplingParams(n=2, max_tokens=4, seed=1))
-            assert sorted({e.index for e in events}) == [0, 1]  # two requests, seeds 1 and 2
-            refused = collect(client, HI, SamplingParams(beam_width=2, max_tokens=4))[-1]
-            assert refused.finish_reason == "error" and "no beam search" in refused.error
+            (final,) = collect(client, HI, SamplingParams(max_tokens=6, temperature=0))[1].outputs
+            assert final.text and final.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+            _, out = collect(client, HI, SamplingParams(n=2, max_tokens=4, seed=1))
+            assert [c.index for c in out.outputs] == [0, 1]  # two requests, seeds 1 and 2
+            refused = collect(client, HI, SamplingParams(beam_width=2, max_tokens=4))[1]
+            assert refused.outputs[0].finish_reason is FinishReason.ERROR
+            assert "no beam search" in refused.error
         finally:
             client.close()
 

@@ -14,7 +14,7 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 from serve_helpers import free_port, running_server
 
-from chatpage.engine.client import EngineClient
+from chatpage.engine.client import LocalEngineClient
 from chatpage.serve import build_app
 
 KEY = "test-key"
@@ -317,7 +317,7 @@ def test_metrics_parse_with_vllm_names(api, url):
 
 
 def test_health_is_503_while_loading_and_after_a_failed_load(tmp_path):
-    client = EngineClient(str(tmp_path / "no-such-model"))  # not started yet: "loading"
+    client = LocalEngineClient(str(tmp_path / "no-such-model"))  # not started yet: "loading"
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(client), port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

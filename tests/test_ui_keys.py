@@ -1,6 +1,6 @@
 """The message box keeps its own keys, drafts stay with their chat, copying says where it went.
 
-Offline app (no model): replies are fed as StreamEvents through the app's own handler.
+Offline app (no model): replies are fed as RequestUpdates through the app's own handler.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import stat
 
-from helpers import fake_submits, offline_app, opened, reply_event, wait_for
+from helpers import fake_submits, offline_app, opened, reply_update, wait_for
 from textual import events
 from textual.widgets.markdown import MarkdownFence
 
@@ -29,7 +29,7 @@ async def reply(pilot, app, text: str = REPLY) -> None:
     submitted = fake_submits(app)
     session = app.chat.current
     await app.chat.submit_prompt("a question")
-    app.chats.deliver(reply_event(f"fake-{len(submitted)}", text, True))
+    app.chats.deliver(reply_update(f"fake-{len(submitted)}", text, True))
     await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
 
 
@@ -221,7 +221,7 @@ async def test_regenerate_and_delete_a_focused_message(tmp_path):
         await pilot.press("k", "r")  # the first reply, asked again: a fork there
         await wait_for(pilot, lambda: submitted, "the new request")
         assert [m["content"] for m in submitted[0][1:]] == ["a question"]
-        app.chats.deliver(reply_event("fake-1", "another first answer", True))
+        app.chats.deliver(reply_update("fake-1", "another first answer", True))
         await wait_for(pilot, lambda: session.entries[-1].content == "another first answer"
                        and session.entries[-1].status == "done", "the other version")
         assert [e.content for e in session.entries] == ["a question", "another first answer"]

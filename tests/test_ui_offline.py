@@ -1,7 +1,7 @@
 """The chat UI without a model: markup safety, persona notices, load failures, screens, keymap.
 
 The engine is pointed at a model path that does not exist (it fails at once), and where a reply is
-needed the client's submit is replaced so the test can feed StreamEvents through the same handler
+needed the client's submit is replaced so the test can feed RequestUpdates through the same handler
 the engine thread uses (`chats.deliver`, the app's inbox).
 """
 
@@ -15,7 +15,7 @@ from helpers import (
     offline_app,
     opened,
     palette_offers,
-    reply_event,
+    reply_update,
     wait_for,
 )
 from textual.widgets import Input
@@ -54,8 +54,8 @@ async def test_markup_and_control_characters_render_literally(tmp_path):
         assert submitted[0][-1] == {"role": "user", "content": USER_TEXT}  # sent verbatim
 
         half = MODEL_TEXT[:40]
-        app.chats.deliver(reply_event("fake-1", half, False))
-        app.chats.deliver(reply_event("fake-1", MODEL_TEXT, True))
+        app.chats.deliver(reply_update("fake-1", half, False))
+        app.chats.deliver(reply_update("fake-1", MODEL_TEXT[40:], True))
         await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
 
         user_view, reply_view = app.chat.session_view(session).query(MessageView)
@@ -74,7 +74,7 @@ async def test_markup_and_control_characters_render_literally(tmp_path):
         assert "[/ ␛[2J cleared? ␇ <b>html</b>" in paragraph
         assert "\x1b" not in "".join(blocks)
         assert any("print('[bold]')" in b for b in blocks)
-        assert "7 tokens" in str(reply_view.query_one(".message-foot").render())
+        assert "14 tokens" in str(reply_view.query_one(".message-foot").render())  # 7 per update
         assert session.title.startswith("[bold]x[/bold]")
 
         # click a code block to copy it; click "copy" to copy the whole message

@@ -13,7 +13,7 @@ from helpers import (
     offline_app,
     opened,
     ready,
-    reply_event,
+    reply_update,
     send,
     wait_for,
 )
@@ -74,7 +74,7 @@ async def test_switch_persona_and_save_as_persona_with_the_editor(tmp_path):
         session = app.chat.current
         submitted = fake_submits(app)
         await app.chat.submit_prompt("hello")
-        app.chats.deliver(reply_event("fake-1", "hi", True))
+        app.chats.deliver(reply_update("fake-1", "hi", True))
         await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
         assert submitted[0][0]["content"] == session.persona.system_prompt
 
@@ -134,7 +134,7 @@ async def test_a_system_prompt_set_with_system_survives_a_restart(tmp_path):
         switched = app.chat.current
         fake_submits(app)
         await app.chat.submit_prompt("hello")
-        app.chats.deliver(reply_event("fake-1", "hi", True))
+        app.chats.deliver(reply_update("fake-1", "hi", True))
         await wait_for(pilot, lambda: switched.entries[-1].status == "done", "the reply")
         await send(pilot, "/system Speak like a pirate.")
         await send(pilot, "/persona assistant")  # a persona's own prompt again

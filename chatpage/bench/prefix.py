@@ -39,7 +39,7 @@ def _first_token(eng, prompt: list[int]) -> tuple[float, int]:
     """TTFT and prefix-hit tokens of one request alone, decoding a single token."""
     t0 = common.now()
     (out,) = eng.generate([prompt], SamplingParams(temperature=0, max_tokens=1))
-    return common.now() - t0, out.prefix_hit_tokens
+    return common.now() - t0, out.usage.cached_tokens
 
 
 def ttft_sessions(loaded, sessions) -> dict:
@@ -93,13 +93,13 @@ def conversation(loaded, session) -> list[dict]:
         (out,) = eng.generate([prompt], SamplingParams(temperature=0, max_tokens=reply_len))
         seconds = common.now() - t0
         new = len(prompt) - _common_prefix(prompt, previous)
-        computed = len(prompt) - out.prefix_hit_tokens
+        computed = len(prompt) - out.usage.cached_tokens
         turns.append({
             "turn": i + 1,
             "prompt_tokens": len(prompt),
             "new_tokens": new,
             "computed_tokens": computed,
-            "prefix_hit_tokens": out.prefix_hit_tokens,
+            "prefix_hit_tokens": out.usage.cached_tokens,
             "reply_tokens": len(out.outputs[0].token_ids),
             "turn_s": seconds,
             "within_new_plus_block": computed <= new + eng.config.block_size,

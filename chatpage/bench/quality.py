@@ -56,12 +56,12 @@ def greedy(eng: LLMEngine, prompt: list[int], tokens: int) -> list[int]:
     """``tokens`` greedy tokens after ``prompt`` (EOS ignored)."""
     rid = eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=tokens,
                                                  ignore_eos=True))
-    out = None
+    ids: list[int] = []
     while eng.has_unfinished():
-        for o in eng.step():
-            if o.request_id == rid and o.finished:
-                out = o
-    return list(out.outputs[0].token_ids)
+        for update in eng.step():
+            if update.request_id == rid:
+                ids += update.outputs[0].token_ids
+    return ids
 
 
 def evaluate(eng: LLMEngine, text_ids: list[int], prompt: list[int], reference: list[int]) -> dict:

@@ -74,11 +74,11 @@ def replay(loaded, trace: list[BenchRequest], blocks: int, oracle: bool) -> dict
         t0 = common.now()
         outs = eng.step()
         clock += common.now() - t0
-        for out in outs:
-            if out.outputs and out.outputs[0].token_ids:
-                first.setdefault(out.request_id, clock)
-            if out.finished:
-                done[out.request_id] = clock
+        for update in outs:
+            if update.usage.completion_tokens:
+                first.setdefault(update.request_id, clock)
+            if update.finished:
+                done[update.request_id] = clock
     stats = eng.stats()
     norm, ttft, tpot = [], [], []
     for i, r in enumerate(trace):

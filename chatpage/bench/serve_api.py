@@ -1,7 +1,8 @@
 """`chatpage bench serve --api`: the serving workload through `chatpage serve`'s HTTP API.
 
-``--concurrency`` requests of the trace (default 32) start at once, twice on one `EngineClient`:
-first in-process (callbacks into an asyncio queue, what the server's handlers read), then as
+``--concurrency`` requests of the trace (default 32) start at once, twice on one
+`LocalEngineClient`: first in-process (callbacks into an asyncio queue, what the server's
+handlers read), then as
 streaming HTTP clients of the real server (uvicorn on a free local port, in this process).
 Both runs report the request rate (requests over the makespan, wall clock), TTFT p50/p99 and
 TPOT p50. The API's cost is timed per streamed token, from the engine thread emitting a token to
@@ -30,29 +31,29 @@ from collections import defaultdict
 from chatpage.bench import common
 from chatpage.bench.workloads import BenchRequest
 from chatpage.engine import EngineConfig, SamplingParams
-from chatpage.engine.client import EngineClient, EventCallback, StreamEvent
+from chatpage.engine.client import LocalEngineClient, RequestUpdate, UpdateCallback
 
 GOAL_OVERHEAD_MS = 1.0
 BURST_GAP_S = 0.002  # emits further apart than this come from different engine steps
 
 
 class TimedClient:
-    """An `EngineClient` whose events are time-stamped per prompt as the engine emits them."""
+    """A `LocalEngineClient` whose tokens are time-stamped per prompt as the engine emits them."""
 
-    def __init__(self, client: EngineClient) -> None:
+    def __init__(self, client: LocalEngineClient) -> None:
         self._client = client
         self.emitted: dict[tuple[int, ...], list[float]] = defaultdict(list)
 
     def __getattr__(self, name: str):
         return getattr(self._client, name)
 
-    def submit_prompt(self, prompt, params: SamplingParams, on_event: EventCallback) -> str:
+    def submit_prompt(self, prompt, params: SamplingParams, on_update: UpdateCallback) -> str:
         stamps = self.emitted[tuple(prompt)]
 
-        def timed(event: StreamEvent) -> None:
-            while len(stamps) < event.num_tokens:
-                stamps.append(time.perf_counter())
-            on_event(event)
+        def timed(update: RequestUpdate) -> None:
+            now = time.perf_counter()
+            stamps.extend(now for d in update.outputs for _ in range(d.num_tokens))
+            on_update(update)
 
         return self._client.submit_prompt(prompt, params, timed)
 
@@ -70,17 +71,17 @@ def _figures(starts: list[float], firsts: list[float], ends: list[float],
             "tpot_p50": common.percentile(tpot, 50)}
 
 
-async def in_process(client: EngineClient, trace: list[BenchRequest]) -> dict:
+async def in_process(client: LocalEngineClient, trace: list[BenchRequest]) -> dict:
     loop = asyncio.get_running_loop()
 
     async def one(r: BenchRequest) -> tuple[float, float, float]:
-        queue: asyncio.Queue[StreamEvent] = asyncio.Queue()
+        queue: asyncio.Queue[RequestUpdate] = asyncio.Queue()
         start = time.perf_counter()
         client.submit_prompt(r.prompt_ids, _params(r),
                              lambda e: loop.call_soon_threadsafe(queue.put_nowait, e))
         first = None
-        while not (event := await queue.get()).request_finished:
-            if first is None and event.num_tokens:
+        while not (update := await queue.get()).finished:
+            if first is None and update.usage.completion_tokens:
                 first = time.perf_counter()
         return start, first or time.perf_counter(), time.perf_counter()
 
@@ -153,8 +154,8 @@ def run(model: str | None, trace: list[BenchRequest], kv_cache_bytes: int) -> di
     from chatpage.serve import build_app
 
     # no prefix cache: the second run sends the same prompts and would skip their prefill
-    client = EngineClient(model, EngineConfig(kv_cache_bytes=kv_cache_bytes,
-                                              enable_prefix_caching=False))
+    client = LocalEngineClient(model, EngineConfig(kv_cache_bytes=kv_cache_bytes,
+                                                   enable_prefix_caching=False))
     client.start(lambda msg: common.say(f"engine: {msg}"))
     if not client.wait_ready():
         raise SystemExit(f"chatpage bench serve --api: the model did not load: {client.error}")

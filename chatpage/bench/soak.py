@@ -22,6 +22,7 @@ import torch
 
 from chatpage.bench import common
 from chatpage.engine import LLMEngine, SamplingParams
+from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.loader import LoadedModel
 from chatpage.engine.sequence import GroupStatus
 
@@ -118,6 +119,7 @@ def soak_mode(loaded: LoadedModel, mode: str, requests: int, seed: int = 0,
     greedy: dict[str, tuple[list[int], SamplingParams]] = {}
     outputs: dict[str, list[int]] = {}
     live: set[str] = set()
+    folded = OutputAccumulator()
     submitted = 0
     limit = 40 * requests + 1000
     while (submitted < requests or engine.has_unfinished()) and tally.steps < limit:
@@ -146,10 +148,14 @@ def soak_mode(loaded: LoadedModel, mode: str, requests: int, seed: int = 0,
         if live and rng.random() < 0.02:
             victim = rng.choice(sorted(live))
             if engine.abort(victim):
+                folded.forget(victim)
                 live.discard(victim)
                 tally.aborted += 1
-        for out in engine.step():
-            if out.finished and out.request_id in live:
+        for update in engine.step():
+            if update.request_id not in live:
+                continue
+            out = folded.add(update)
+            if out.finished:
                 live.discard(out.request_id)
                 tally.finished += 1
                 if out.error is not None:

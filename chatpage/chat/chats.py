@@ -25,7 +25,7 @@ from chatpage.chat.session import (
 )
 from chatpage.chat.tree import below
 from chatpage.config.personas import Persona
-from chatpage.engine.client import EngineClient, StreamEvent
+from chatpage.engine.protocol import EngineClient, UpdateCallback
 from chatpage.store import MessageStatus, make_title
 
 TITLE_WIDTH = 32
@@ -38,7 +38,7 @@ class Chats(Requests):
     """The open sessions, in sidebar order. `notify` gets one-line notices (a turn that had
     to leave old messages out to fit the context)."""
 
-    def __init__(self, client: EngineClient, deliver: Callable[[StreamEvent], None],
+    def __init__(self, client: EngineClient[object], deliver: UpdateCallback,
                  notify: Callable[[str], None] = lambda _line: None) -> None:
         super().__init__(client, deliver, notify)
         self.sessions: list[ChatSession] = []

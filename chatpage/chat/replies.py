@@ -1,65 +1,74 @@
-"""Applying the engine's events to what a session is waiting for: one reply, or alternatives.
+"""Applying the engine's updates to what a session is waiting for: one reply, or alternatives.
 
-`Chats.apply` finds the session and its generation; these functions change the reply or the
-panes and say what changed. A /continue'd reply adds the new text and tokens to what it had.
+`Chats.apply` finds the session and its generation and folds the update into its request's
+outputs (`OutputAccumulator`); these functions change the reply or the panes from those and
+say what changed. A /continue'd reply adds the new text and tokens to what it had.
 """
 
 from __future__ import annotations
 
 from chatpage.chat.session import ChatSession, Entry, Generation, ReplyStats
-from chatpage.engine.client import StreamEvent
+from chatpage.engine.outputs import CompletionOutput, FinishReason, RequestOutput, RequestUpdate
 from chatpage.store import MessageStatus
 
-FINAL_STATUS: dict[str | None, MessageStatus] = {
-    "stop": MessageStatus.DONE, "length": MessageStatus.DONE, "abort": MessageStatus.STOPPED,
-    "error": MessageStatus.ERROR,
+FINAL_STATUS: dict[FinishReason, MessageStatus] = {
+    FinishReason.STOP: MessageStatus.DONE, FinishReason.LENGTH: MessageStatus.DONE,
+    FinishReason.ABORT: MessageStatus.STOPPED, FinishReason.ERROR: MessageStatus.ERROR,
 }
 
 
-def is_notice(event: StreamEvent) -> bool:
-    """A cancel/failure notice from the client: it carries no counts, only the final reason."""
-    return event.finish_reason in ("abort", "error") and event.num_tokens == 0
+CUT_SHORT = (FinishReason.ABORT, FinishReason.ERROR)
+"""Reasons that end an output from outside (cancelled, failed): they bring no counts."""
 
 
-def update_stats(stats: ReplyStats | None, event: StreamEvent,
+def update_stats(stats: ReplyStats, out: RequestOutput, output: CompletionOutput,
                  before: ReplyStats | None = None) -> None:
-    """Copy the event's counts into `stats` (on top of `before`, a continued reply's)."""
-    if stats is None or is_notice(event):
+    """Copy the counts of ``output`` (of ``out``) into `stats` (on top of `before`, a continued
+    reply's); an output cut short keeps the counts it had."""
+    if output.finish_reason in CUT_SHORT:
         return
-    stats.tokens = event.num_tokens + (before.tokens if before else 0)
-    stats.prompt_tokens = event.prompt_tokens
-    stats.prefix_hit_tokens = event.prefix_hit_tokens
-    stats.ttft_s = event.ttft_s
-    stats.elapsed_s = event.elapsed_s
+    stats.tokens = output.num_tokens + (before.tokens if before else 0)
+    stats.prompt_tokens = out.usage.prompt_tokens
+    stats.prefix_hit_tokens = out.usage.cached_tokens
+    stats.ttft_s = out.ttft_s
+    stats.elapsed_s = out.elapsed_s
 
 
-def apply_reply(session: ChatSession, gen: Generation, entry: Entry, event: StreamEvent) -> bool:
-    """One event of a plain reply; True when the reply ended."""
-    entry.content = gen.base_text + event.text
-    update_stats(entry.stats, event, gen.continued)
-    if event.request_finished:
-        entry.status = FINAL_STATUS.get(event.finish_reason, MessageStatus.DONE)
-        entry.error = event.error
-    session.changed("entry_updated", entry)
-    return event.request_finished
+def apply_reply(session: ChatSession, gen: Generation, entry: Entry, update: RequestUpdate,
+                out: RequestOutput) -> bool:
+    """One update of a plain reply (``out``: its outputs so far); True when the reply ended."""
+    output = out.outputs[0] if out.outputs else None
+    delta = next((d for d in update.outputs if d.index == 0), None)
+    if output is not None:
+        entry.content = gen.base_text + output.text
+        if entry.stats is not None:
+            update_stats(entry.stats, out, output, gen.continued)
+    if update.finished:
+        reason = output.finish_reason if output is not None else None
+        entry.status = FINAL_STATUS[reason] if reason is not None else MessageStatus.DONE
+        entry.error = update.error
+    session.changed("entry_updated", entry, delta=delta)
+    return update.finished
 
 
-def apply_candidate(session: ChatSession, gen: Generation, event: StreamEvent) -> None:
-    """One event of a request whose outputs are alternatives (one pane per output)."""
-    failed = event.finish_reason == "error" and event.request_finished
+def apply_candidate(session: ChatSession, gen: Generation, update: RequestUpdate,
+                    out: RequestOutput) -> None:
+    """One update of a request whose outputs are alternatives (one pane per output)."""
+    deltas = {d.index: d for d in update.outputs}
+    outputs = {c.index: c for c in out.outputs}
     for i, cand in enumerate(gen.candidates):
-        if cand.request_id != event.request_id:
+        if cand.request_id != update.request_id:
             continue
-        mine = cand.index == event.index
-        if mine and not is_notice(event):
-            cand.text = event.text
-            cand.cumulative_logprob = event.cumulative_logprob
-            cand.score = event.score
-            update_stats(cand.stats, event)
-        if failed:
-            cand.finish_reason, cand.error = "error", event.error
-        elif mine and event.finished:  # (each output gets its own final event)
-            cand.finish_reason = cand.finish_reason or event.finish_reason or "stop"
-        elif not mine:
+        delta = deltas.get(cand.index)
+        output = outputs.get(cand.index) if delta is not None else None
+        if output is not None:
+            cand.text = output.text
+            cand.cumulative_logprob = output.cumulative_logprob
+            cand.score = output.score
+            update_stats(cand.stats, out, output)
+            cand.finish_reason = cand.finish_reason or output.finish_reason
+        if update.error is not None:
+            cand.finish_reason, cand.error = FinishReason.ERROR, update.error
+        elif output is None:
             continue
-        session.changed("candidate_updated", index=i)
+        session.changed("candidate_updated", index=i, delta=delta)

@@ -1,7 +1,7 @@
 """Requests: what a chat asks of the engine and what comes back, the part of `Chats` that
 talks to the `EngineClient`.
 
-It never waits on the engine: `submit`/`cancel` only queue, and the client's events come back
+It never waits on the engine: `submit`/`cancel` only queue, and the client's updates come back
 through `deliver` (the app posts them to its own thread) and are applied with `apply`, on the
 UI thread. A reply is a new version of the turn after the message it answers; alternatives are
 offered side by side (no version on show) until one is kept, and then all of them are versions.
@@ -16,7 +16,9 @@ from chatpage.chat.context import fit
 from chatpage.chat.replies import apply_candidate, apply_reply
 from chatpage.chat.sampling import AltMode
 from chatpage.chat.session import Candidate, ChatSession, Entry, Generation, ReplyStats
-from chatpage.engine.client import EngineClient, StreamEvent
+from chatpage.engine.accumulator import OutputAccumulator
+from chatpage.engine.outputs import FinishReason, RequestUpdate
+from chatpage.engine.protocol import EngineClient, UpdateCallback
 from chatpage.store import MessageStatus
 
 
@@ -28,16 +30,16 @@ class Requests:
     """A chat's requests to the engine. `notify` gets one-line notices (a turn that had to
     leave old messages out to fit the context)."""
 
-    def __init__(self, client: EngineClient, deliver: Callable[[StreamEvent], None],
+    def __init__(self, client: EngineClient[object], deliver: UpdateCallback,
                  notify: Callable[[str], None] = lambda _line: None) -> None:
         self.client = client
         self.deliver = deliver
         self.notify = notify
         self._by_request: dict[str, ChatSession] = {}
-        self._finals: dict[str, int] = {}  # request id -> its final events applied so far
+        self._outputs = OutputAccumulator()  # what each request in flight has said so far
 
     def stop(self, session: ChatSession) -> bool:
-        """Cancel what is streaming; the engine frees its blocks and reports "abort"."""
+        """Cancel what is streaming; the engine frees its blocks and ends it with ABORT."""
         gen = session.generation
         if gen is None or not gen.streaming:
             return False
@@ -70,26 +72,23 @@ class Requests:
         session.changed("entries_reset")
         return kept
 
-    # -- engine events -------------------------------------------------------------------------
-    def apply(self, event: StreamEvent) -> ChatSession | None:
-        """Apply one engine event; returns the session it changed (None if it was stale)."""
-        session = self._by_request.get(event.request_id)
+    # -- engine updates ------------------------------------------------------------------------
+    def apply(self, update: RequestUpdate) -> ChatSession | None:
+        """Apply one engine update; returns the session it changed (None if it was stale)."""
+        session = self._by_request.get(update.request_id)
         gen = session.generation if session is not None else None
-        if gen is None or event.request_id not in gen.request_ids:
+        if gen is None or update.request_id not in gen.request_ids:
             return None
-        if event.request_finished:  # one such event per output: the request ends at the last
-            finals = self._finals.pop(event.request_id, 0) + 1
-            if finals < event.num_outputs:
-                self._finals[event.request_id] = finals
-            else:
-                gen.finished_requests.add(event.request_id)
-                self._by_request.pop(event.request_id, None)
+        out = self._outputs.add(update)
+        if update.finished:
+            gen.finished_requests.add(update.request_id)
+            self._by_request.pop(update.request_id, None)
         if gen.entry is not None:
-            if apply_reply(session, gen, gen.entry, event):
+            if apply_reply(session, gen, gen.entry, update, out):
                 session.generation = None
                 session.changed("busy")
             return session
-        apply_candidate(session, gen, event)
+        apply_candidate(session, gen, update, out)
         if not gen.streaming:
             if all(c.error for c in gen.candidates):
                 self._drop_generation(session)
@@ -101,15 +100,10 @@ class Requests:
                 session.changed("busy")
         return session
 
-    def apply_all(self, events: list[StreamEvent]) -> None:
-        """Apply a batch of events in order, skipping each one that a later event of the same
-        output supersedes: events carry the whole text and counts so far, so only the last of an
-        output's run matters, besides the ones that end an output or say why it failed."""
-        last = {(e.request_id, e.index): i for i, e in enumerate(events)}
-        for i, event in enumerate(events):
-            if (i == last[event.request_id, event.index] or event.finished
-                    or event.request_finished or event.finish_reason is not None):
-                self.apply(event)
+    def apply_all(self, updates: list[RequestUpdate]) -> None:
+        """Apply a batch of updates in order (each brings only what its step added)."""
+        for update in updates:
+            self.apply(update)
 
     # -- helpers -------------------------------------------------------------------------------
     def _check_idle(self, session: ChatSession) -> None:
@@ -187,7 +181,7 @@ class Requests:
             return
         for rid in gen.request_ids:
             self._by_request.pop(rid, None)
-            self._finals.pop(rid, None)
+            self._outputs.forget(rid)
             if rid not in gen.finished_requests:
                 self.client.cancel(rid)
         session.generation = None
@@ -202,8 +196,8 @@ class Requests:
 
 
 def _candidate_status(cand: Candidate) -> MessageStatus:
-    if cand.error is not None or cand.finish_reason == "error":
+    if cand.error is not None or cand.finish_reason is FinishReason.ERROR:
         return MessageStatus.ERROR
-    if cand.finish_reason in ("stop", "length"):
+    if cand.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
         return MessageStatus.DONE
     return MessageStatus.STOPPED

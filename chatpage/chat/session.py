@@ -16,6 +16,7 @@ from chatpage.chat.conversation import Conversation, Message
 from chatpage.chat.sampling import AltMode, SamplingSettings
 from chatpage.chat.tree import Fork, Place, Transcript
 from chatpage.config.personas import Persona
+from chatpage.engine.outputs import FinishReason, OutputDelta
 from chatpage.store import MessageStatus
 
 EntryStatus = MessageStatus
@@ -46,6 +47,9 @@ class Change:
     kind: ChangeKind
     entry: Entry | None = None
     index: int | None = None
+    delta: OutputDelta | None = None
+    """entry_updated / candidate_updated from the engine: the text it brought, appended to what
+    is shown (a /continue'd reply too), or replacing it (``rewrite``)."""
 
 
 # -- transcript ----------------------------------------------------------------------------------
@@ -131,7 +135,7 @@ class Candidate:
     text: str = ""
     cumulative_logprob: float = 0.0
     score: float | None = None
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: str | None = None
     stats: ReplyStats = field(default_factory=ReplyStats)
 
@@ -190,8 +194,8 @@ class ChatSession:
 
     # -- the hook point ------------------------------------------------------------------------
     def changed(self, kind: ChangeKind, entry: Entry | None = None,
-                index: int | None = None) -> None:
-        change = Change(kind, entry, index)
+                index: int | None = None, delta: OutputDelta | None = None) -> None:
+        change = Change(kind, entry, index, delta)
         for observer in list(self.observers):
             observer(self, change)
 

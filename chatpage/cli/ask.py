@@ -14,6 +14,8 @@ from chatpage.cli.common import (
     size_arg,
 )
 from chatpage.config.personas import default_persona, find_persona, load_personas
+from chatpage.engine.accumulator import OutputAccumulator
+from chatpage.engine.outputs import RequestOutput, RequestUpdate
 
 CONNECT_S = 10.0
 """How long `ask --backend` waits for an unreachable server before giving up."""
@@ -67,25 +69,29 @@ def cmd_ask(args) -> int:
     except ValueError as e:  # bad sampling values, missing model, prompt too long, KV too small
         print(f"chatpage: error: {e}", file=sys.stderr)
         return 2
-    shown = 0
+    outputs = OutputAccumulator()
     final = None
     while final is None:
-        for out in engine.step():
-            if out.request_id != rid:
-                continue
-            if params.width == 1:
-                text = out.outputs[0].text
-                sys.stdout.write(text[shown:])
-                sys.stdout.flush()
-                shown = len(text)
-            if out.finished:
-                final = out
-    outputs = []
+        for update in engine.step():
+            if update.request_id == rid:
+                final = _show(update, outputs, params.width)
+    described = []
     for c in final.outputs:
         score = f"score {c.score:.3f}, " if c.score is not None else ""
-        outputs.append((c.index, f"{score}logprob {c.cumulative_logprob:.2f}, "
-                                 f"{len(c.token_ids)} tokens, {c.finish_reason}", c.text))
-    return _finish(final.error, params, outputs)
+        described.append((c.index, f"{score}logprob {c.cumulative_logprob:.2f}, "
+                                   f"{len(c.token_ids)} tokens, {c.finish_reason}", c.text))
+    return _finish(final.error, params, described)
+
+
+def _show(update: RequestUpdate, outputs: OutputAccumulator, width: int) -> RequestOutput | None:
+    """Print a single answer's new text as it comes; returns the outputs once finished."""
+    if width == 1:
+        text = "".join(d.text for d in update.outputs)
+        if text:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    out = outputs.add(update)
+    return out if out.finished else None
 
 
 def _finish(error: str | None, params, outputs: list[tuple[int, str, str]]) -> int:
@@ -114,21 +120,16 @@ def _ask_remote(settings, messages, params) -> int:
             return 1
         for note in client.warnings:
             print(f"chatpage: note: {note}", file=sys.stderr)
-        events: queue.SimpleQueue = queue.SimpleQueue()
-        client.submit(messages, params, events.put)
-        last = {}
-        while True:
-            event = events.get()
-            if params.width == 1 and event.delta:
-                sys.stdout.write(event.delta)
-                sys.stdout.flush()
-            if event.request_finished:
-                break
-            last[event.index] = event
+        updates: queue.SimpleQueue[RequestUpdate] = queue.SimpleQueue()
+        client.submit(messages, params, updates.put)
+        outputs = OutputAccumulator()
+        final = None
+        while final is None:
+            final = _show(updates.get(), outputs, params.width)
     finally:
         client.close()
-    return _finish(event.error, params,
-                   [(i, str(e.finish_reason), e.text) for i, e in sorted(last.items())])
+    return _finish(final.error, params,
+                   [(c.index, str(c.finish_reason), c.text) for c in final.outputs])
 
 
 def _pick(given, persona_value, fallback):

@@ -21,13 +21,13 @@ def cmd_serve(args) -> int:
         print(f"chatpage: error: chatpage serve needs the serve extra ({e.name} is missing); "
               "install it with: pip install 'chatpage[serve]'", file=sys.stderr)
         return 2
-    from chatpage.engine.client import EngineClient
+    from chatpage.engine.client import LocalEngineClient
 
     settings = settings_or_warn(args)
     personas, errors = load_personas()
     for err in errors:
         print(f"chatpage: warning: {err}", file=sys.stderr)
-    client = EngineClient(settings.model, engine_config(settings, args.threads))
+    client = LocalEngineClient(settings.model, engine_config(settings, args.threads))
     client.start(lambda msg: print(f"chatpage serve: {msg}", file=sys.stderr, flush=True))
     for prompt in dict.fromkeys(p.system_prompt for p in personas):
         client.pin_system_prompt(prompt)

@@ -13,20 +13,32 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from chatpage.engine.config import EngineConfig
     from chatpage.engine.llm_engine import LLMEngine
-    from chatpage.engine.outputs import CompletionOutput, EngineStats, RequestOutput
+    from chatpage.engine.outputs import (
+        CompletionOutput,
+        EngineStats,
+        FinishReason,
+        OutputDelta,
+        RequestOutput,
+        RequestUpdate,
+        Usage,
+    )
     from chatpage.engine.sampling_params import SamplingParams
 
 _HOMES = {
     "CompletionOutput": "chatpage.engine.outputs",
     "EngineConfig": "chatpage.engine.config",
     "EngineStats": "chatpage.engine.outputs",
+    "FinishReason": "chatpage.engine.outputs",
+    "OutputDelta": "chatpage.engine.outputs",
     "LLMEngine": "chatpage.engine.llm_engine",
     "RequestOutput": "chatpage.engine.outputs",
+    "RequestUpdate": "chatpage.engine.outputs",
     "SamplingParams": "chatpage.engine.sampling_params",
+    "Usage": "chatpage.engine.outputs",
 }
 
-__all__ = ["CompletionOutput", "EngineConfig", "EngineStats", "LLMEngine", "RequestOutput",
-           "SamplingParams"]
+__all__ = ["CompletionOutput", "EngineConfig", "EngineStats", "FinishReason", "LLMEngine",
+           "OutputDelta", "RequestOutput", "RequestUpdate", "SamplingParams", "Usage"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,10 +1,9 @@
-"""EngineClient: the thread-safe front the UI talks to (the one seam between ui/ and engine/).
+"""LocalEngineClient: the paged engine on a thread of this process, behind `EngineClient`.
 
 The engine runs on its own thread: it loads the model, then steps whenever there is work.
 Everything here is callable from any thread and never waits on a step. Requests are chat
-messages (so a remote OpenAI-compatible backend can plug in here later); events come back through
-the callback given at submit, called on the engine thread: a UI must hand them over to its own
-thread without blocking (Textual: ``post_message``).
+messages (or raw prompts); each engine step's `RequestUpdate` for a request goes to the callback
+given at submit, called on the engine thread (`chatpage.engine.protocol` says how to take it).
 """
 
 from __future__ import annotations
@@ -14,54 +13,30 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from chatpage.engine.chat_template import continue_prompt, render_prompt, system_prefix
 from chatpage.engine.config import EngineConfig
-from chatpage.engine.outputs import EngineStats, RequestOutput
+from chatpage.engine.outputs import (
+    EngineStats,
+    FinishReason,
+    OutputDelta,
+    RequestUpdate,
+    Usage,
+    final_update,
+)
+from chatpage.engine.protocol import EngineClient, UpdateCallback
 from chatpage.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # torch and the model code load on the engine thread (see _run), so that
     from chatpage.engine.llm_engine import LLMEngine  # the app paints before they are imported
 
-__all__ = ["EngineClient", "EngineConfig", "EngineStats", "EventCallback", "SamplingParams",
-           "StreamEvent"]
+__all__ = ["EngineClient", "EngineConfig", "EngineStats", "FinishReason", "LocalEngineClient",
+           "OutputDelta", "RequestUpdate", "SamplingParams", "UpdateCallback", "Usage"]
 """The engine's whole surface for the UI (ui/ imports the engine only through this module)."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class StreamEvent:
-    """What changed in one output of a request (index 0 for a plain reply); keyword-only."""
-
-    request_id: str
-    index: int
-    text: str  # the whole text so far
-    delta: str  # appended since the previous event of this index ("" if replaced)
-    replaced: bool  # the text was rewritten, not appended to (beam search reorders beams)
-    num_tokens: int
-    finished: bool  # this output is complete
-    finish_reason: str | None  # "stop" | "length" | "abort" | "error"
-    cumulative_logprob: float
-    score: float | None  # beam search: the length-penalized score
-    request_finished: bool  # every output of the request is complete
-    prompt_tokens: int
-    prefix_hit_tokens: int  # prompt tokens served from the prefix cache
-    ttft_s: float | None
-    elapsed_s: float  # since submit
-    error: str | None = None
-    token_ids: list[int] | None = None  # this output's generated token ids so far
-    logprobs: list[float] | None = None  # their logprobs, when SamplingParams.logprobs is set
-    num_outputs: int = 1  # outputs in the engine output this event came from (all of them once
-    # request_finished: a reader knows it has every final output after that many such events)
-    top_logprobs: list[dict[int, float]] | None = None  # per token: the most likely token ids ->
-    # logprob, when SamplingParams.logprobs > 0
-
-
-EventCallback = Callable[[StreamEvent], None]
-
-
-class EngineClient:
+class LocalEngineClient:
     """Owns an engine thread; submit / cancel / stats from anywhere."""
 
     def __init__(self, model: str | None = None, config: EngineConfig | None = None) -> None:
@@ -72,7 +47,7 @@ class EngineClient:
         self._ready = threading.Event()
         self._stopping = False
         self._stats: EngineStats | None = None
-        self._callbacks: dict[str, tuple[EventCallback, float, dict[int, str]]] = {}
+        self._callbacks: dict[str, tuple[UpdateCallback, float]] = {}
         self._next_id = 0
         self._id_lock = threading.Lock()
         self.engine: LLMEngine | None = None
@@ -104,30 +79,25 @@ class EngineClient:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    # -- requests ----------------------------------------------------------------------------------
+    # -- requests (see `EngineClient`) ---------------------------------------------------------------
     def submit(self, messages: list[dict[str, str]], params: SamplingParams,
-               on_event: EventCallback, *, continue_reply: bool = False) -> str:
-        """Queue a chat reply for ``messages`` (works before the model is ready). With
-        ``continue_reply`` the last message is a reply to go on with: events carry only the
-        new text and tokens."""
-        return self._submit(messages, params, on_event,
+               on_update: UpdateCallback, *, continue_reply: bool = False) -> str:
+        return self._submit(messages, params, on_update,
                             continue_prompt if continue_reply else render_prompt)
 
     def submit_prompt(self, prompt: str | list[int], params: SamplingParams,
-                      on_event: EventCallback) -> str:
-        """Queue a completion of a raw ``prompt`` (text, or token ids), no chat template."""
-        return self._submit(prompt, params, on_event, None)
+                      on_update: UpdateCallback) -> str:
+        return self._submit(prompt, params, on_update, None)
 
-    def _submit(self, prompt, params: SamplingParams, on_event: EventCallback, render) -> str:
+    def _submit(self, prompt, params: SamplingParams, on_update: UpdateCallback, render) -> str:
         """Queue a request; ``render`` turns chat messages into token ids (None: a raw prompt)."""
         with self._id_lock:
             rid = f"chat-{self._next_id}"
             self._next_id += 1
-        self._commands.put(("submit", rid, prompt, params, on_event, time.monotonic(), render))
+        self._commands.put(("submit", rid, prompt, params, on_update, time.monotonic(), render))
         return rid
 
     def cancel(self, request_id: str) -> None:
-        """Stop a request; its callback gets a final event with finish_reason "abort"."""
         self._commands.put(("cancel", request_id))
 
     def pin_system_prompt(self, system_prompt: str) -> None:
@@ -176,16 +146,19 @@ class EngineClient:
             if self._stopping or not engine.has_unfinished():
                 continue
             try:
-                outputs = engine.step()
+                updates = engine.step()
             except Exception:  # an engine bug must not take the UI down silently
                 self.error = traceback.format_exc().strip().splitlines()[-1]
                 self._status(f"engine error: {self.error}")
                 for rid in list(self._callbacks):
-                    engine.abort(rid)
-                    self._emit_final(rid, "error", self.error)
+                    update = engine.abort(rid, FinishReason.ERROR, self.error)
+                    if update is None:  # (refused at submit, its end not sent yet)
+                        self._fail(rid, self.error)
+                    else:
+                        self._dispatch(update)
                 continue
-            for out in outputs:
-                self._dispatch(out)
+            for update in updates:
+                self._dispatch(update)
             self._stats = engine.stats()
             while len(self.warnings) > reported:  # raised while stepping (e.g. CUDA graphs off)
                 self._status(f"warning: {self.warnings[reported]}")
@@ -210,71 +183,47 @@ class EngineClient:
         kind = cmd[0]
         try:
             if kind == "submit":
-                _, rid, prompt, params, on_event, t0, render = cmd
-                self._callbacks[rid] = (on_event, t0, {})
+                _, rid, prompt, params, on_update, t0, render = cmd
+                self._callbacks[rid] = (on_update, t0)
                 ids = render(engine.tokenizer, prompt) if render else prompt
                 engine.add_request(ids, params, request_id=rid)
             elif kind == "cancel":
-                if engine.abort(cmd[1]):
-                    self._emit_final(cmd[1], "abort", None)
+                update = engine.abort(cmd[1])
+                if update is not None:
+                    self._dispatch(update)
             elif kind == "pin":
                 engine.pin_prefix(system_prefix(engine.tokenizer, cmd[1]))
         except Exception as e:  # bad input or a template error: this command fails, not the thread
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
             if kind == "submit":
-                self._emit_final(cmd[1], "error", why)
+                self._fail(cmd[1], why)
             else:
                 self._status(f"error: {kind} failed: {why}")
         self._stats = engine.stats()
 
     def _answer_with_errors(self) -> None:
-        """No model: every submit, queued or later, gets a final error event."""
+        """No model: every submit, queued or later, gets a final error update."""
         while not self._stopping:
             try:
                 cmd = self._commands.get(timeout=0.5)
             except queue.Empty:
                 continue
             if cmd[0] == "submit":
-                _, rid, _msgs, _params, on_event, t0, _render = cmd
-                self._callbacks[rid] = (on_event, t0, {})
-                self._emit_final(rid, "error", f"the model did not load: {self.error}")
+                _, rid, _msgs, _params, on_update, t0, _render = cmd
+                self._callbacks[rid] = (on_update, t0)
+                self._fail(rid, f"the model did not load: {self.error}")
 
-    def _emit_final(self, rid: str, reason: str, error: str | None) -> None:
-        entry = self._callbacks.pop(rid, None)
-        if entry is None:
-            return
-        on_event, t0, texts = entry
-        indices = sorted(texts) or [0]
-        for index in indices:
-            on_event(StreamEvent(
-                request_id=rid, index=index, text=texts.get(index, ""), delta="", replaced=False,
-                num_tokens=0, finished=True, finish_reason=reason, cumulative_logprob=0.0,
-                score=None, request_finished=True, prompt_tokens=0, prefix_hit_tokens=0,
-                ttft_s=None, elapsed_s=time.monotonic() - t0, error=error,
-                num_outputs=len(indices),
-            ))
+    def _fail(self, rid: str, why: str) -> None:
+        """A request the engine does not hold: its one update ends it with ``why``."""
+        entry = self._callbacks.get(rid)
+        if entry is not None:
+            self._dispatch(final_update(rid, FinishReason.ERROR, error=why,
+                                        elapsed_s=time.monotonic() - entry[1]))
 
-    def _dispatch(self, out: RequestOutput) -> None:
-        entry = self._callbacks.get(out.request_id)
+    def _dispatch(self, update: RequestUpdate) -> None:
+        entry = self._callbacks.get(update.request_id)
         if entry is None:  # a pinned prefix, or a request of the engine's own
             return
-        on_event, t0, texts = entry
-        if out.finished:
-            del self._callbacks[out.request_id]
-        elapsed = time.monotonic() - t0
-        for c in out.outputs:
-            before = texts.get(c.index, "")
-            appended = c.text.startswith(before)
-            texts[c.index] = c.text
-            on_event(StreamEvent(
-                request_id=out.request_id, index=c.index, text=c.text,
-                delta=c.text[len(before):] if appended else "", replaced=not appended,
-                num_tokens=len(c.token_ids),
-                finished=c.finish_reason is not None or out.finished,
-                finish_reason=c.finish_reason, cumulative_logprob=c.cumulative_logprob,
-                score=c.score, request_finished=out.finished,
-                prompt_tokens=len(out.prompt_token_ids), prefix_hit_tokens=out.prefix_hit_tokens,
-                ttft_s=out.ttft_s, elapsed_s=elapsed, error=out.error,
-                token_ids=c.token_ids, logprobs=c.logprobs, num_outputs=len(out.outputs),
-                top_logprobs=c.top_logprobs,
-            ))
+        if update.finished:
+            del self._callbacks[update.request_id]
+        entry[0](update)

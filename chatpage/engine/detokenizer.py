@@ -18,6 +18,7 @@ class IncrementalDetokenizer:
         self.stop = stop
         self._holdback = max((len(s) for s in stop), default=1) - 1
         self.text = ""  # all decoded output text (stop string excluded once found)
+        self.emitted = 0  # how much of the visible text `take` has handed out
         # offsets into the sequence's full token list
         self.prefix_offset = max(len(prompt_ids) - _CONTEXT, 0)
         self.read_offset = len(prompt_ids)
@@ -46,8 +47,18 @@ class IncrementalDetokenizer:
                 return True
         return False
 
+    def _visible_end(self, finished: bool) -> int:
+        if finished or not self._holdback:
+            return len(self.text)
+        return max(len(self.text) - self._holdback, 0)
+
     def visible(self, finished: bool) -> str:
         """The text safe to show: all of it when finished, else minus a possible stop prefix."""
-        if finished or not self._holdback:
-            return self.text
-        return self.text[: max(len(self.text) - self._holdback, 0)]
+        return self.text[: self._visible_end(finished)]
+
+    def take(self, finished: bool) -> str:
+        """The visible text that is new since the last call: the step's delta. (Visible text
+        only grows: a stop string is found at or after the part held back.)"""
+        end = self._visible_end(finished)
+        delta, self.emitted = self.text[self.emitted : end], end
+        return delta

@@ -10,6 +10,7 @@ from collections.abc import Sequence as Seq
 import torch
 
 from chatpage.engine import ops
+from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.beam import BeamSearch
 from chatpage.engine.block_manager import BlockManager
 from chatpage.engine.config import EngineConfig, PreemptionMode
@@ -18,8 +19,14 @@ from chatpage.engine.kv_cache import KVCache, bytes_per_block
 from chatpage.engine.loader import LoadedModel, load_model
 from chatpage.engine.model_runner import ModelRunner
 from chatpage.engine.models.llama import LlamaModel
-from chatpage.engine.outputs import EngineStats, FinishReason, RequestOutput, TokenRate
-from chatpage.engine.request_output import request_output
+from chatpage.engine.outputs import (
+    EngineStats,
+    FinishReason,
+    RequestOutput,
+    RequestUpdate,
+    TokenRate,
+)
+from chatpage.engine.request_update import closing_update, request_update
 from chatpage.engine.sampler import make_generator, sample
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.engine.scheduler import ScheduledSeq, Scheduler
@@ -137,16 +144,18 @@ class LLMEngine(BeamSearch):
                 "(--kv-cache / EngineConfig.kv_cache_bytes) or lower max_tokens"
             )
 
-    def abort(self, request_id: str) -> bool:
-        """Stop a request and free its blocks; unknown or finished ids are ignored (False)."""
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT,
+              error: str | None = None) -> RequestUpdate | None:
+        """Stop a request and free its blocks; returns its final update (each live output ends
+        with ``reason``: ABORT when cancelled, ERROR with ``error`` when it failed). Unknown or
+        finished ids are ignored (None)."""
         group = self.groups.pop(request_id, None)
         if group is None:
-            return False
+            return None
         self.scheduler.remove(group)
         group.status = GroupStatus.FINISHED
-        for seq in group.live_seqs:
-            seq.finish_reason = FinishReason.ABORT
-        return True
+        group.finish_time = time.monotonic()
+        return closing_update(group, reason, error)
 
     def has_unfinished(self) -> bool:
         return bool(self.groups)
@@ -169,8 +178,9 @@ class LLMEngine(BeamSearch):
         self.bm.unpin(request_id)
 
     # -- the step ----------------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
-        """Schedule, run the model once over the whole batch, sample; return what changed."""
+    def step(self) -> list[RequestUpdate]:
+        """Schedule, run the model once over the whole batch, sample; return what changed: one
+        update per request that moved."""
         sched = self.scheduler.schedule()
         plan = self.bm.plan
         self.kv.swap_out(plan.swap_out)
@@ -187,24 +197,18 @@ class LLMEngine(BeamSearch):
             if item.seq.num_computed_tokens == len(item.seq):
                 sampling.append(item)
         touched = self._process(sampling, logits)
-        return [self._output(g) for g in touched]
+        return [self._update(g) for g in touched]
 
-    def _fail_unschedulable(self, preempted: bool) -> list[RequestOutput]:
+    def _fail_unschedulable(self, preempted: bool) -> list[RequestUpdate]:
         """Nothing could run with the device otherwise empty: the head of the queue needs more
         blocks than exist unpinned. (After a preemption, the next step tries again.)"""
         sched = self.scheduler
         if preempted or sched.running or sched.swapped or not sched.waiting:
             return []
-        group = self.scheduler.waiting[0]
-        self.scheduler.remove(group)
-        for seq in group.live_seqs:
-            seq.finish_reason = FinishReason.ERROR
-        out = self._finish(group)
-        out.error = (
-            f"request {group.request_id} does not fit in the KV cache next to the pinned "
-            "prefixes; raise the KV cache size or lower max_tokens"
-        )
-        return [out]
+        rid = self.scheduler.waiting[0].request_id
+        return [self.abort(rid, FinishReason.ERROR,
+                           f"request {rid} does not fit in the KV cache next to the pinned "
+                           "prefixes; raise the KV cache size or lower max_tokens")]
 
     def _process(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> list[SequenceGroup]:
         """Turn the step's logits into tokens: plain and n-sample rows in one sampler call, beam
@@ -288,15 +292,10 @@ class LLMEngine(BeamSearch):
             self.scheduler.running.remove(group)
 
     # -- outputs and stats -------------------------------------------------------------------------
-    def _output(self, group: SequenceGroup) -> RequestOutput:
+    def _update(self, group: SequenceGroup) -> RequestUpdate:
         if group.status is GroupStatus.FINISHED:
             self.groups.pop(group.request_id, None)
-        return request_output(group, self._beam_score)
-
-    def _finish(self, group: SequenceGroup) -> RequestOutput:
-        group.status = GroupStatus.FINISHED
-        group.finish_time = time.monotonic()
-        return self._output(group)
+        return request_update(group, self._beam_score)
 
     def tokens_per_s(self) -> float:
         """Generated tokens per second over the last few seconds."""
@@ -332,7 +331,8 @@ class LLMEngine(BeamSearch):
     # -- offline use -------------------------------------------------------------------------------
     def generate(self, prompts: Seq[str | list[int]],
                  params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
-        """Run ``prompts`` to completion together; outputs in the order of ``prompts``."""
+        """Run ``prompts`` to completion together; outputs in the order of ``prompts``, each
+        folded from its updates."""
         if params is None or isinstance(params, SamplingParams):
             params = [params or SamplingParams()] * len(prompts)
         ids: list[str] = []
@@ -345,8 +345,11 @@ class LLMEngine(BeamSearch):
             raise
         done: dict[str, RequestOutput] = {}
         wanted = set(ids)
+        outputs = OutputAccumulator()
         while len(done) < len(ids):
-            for out in self.step():
-                if out.finished and out.request_id in wanted:  # others may be in flight
-                    done[out.request_id] = out
+            for update in self.step():
+                if update.request_id in wanted:  # others may be in flight
+                    out = outputs.add(update)
+                    if out.finished:
+                        done[out.request_id] = out
         return [done[i] for i in ids]

@@ -1,9 +1,11 @@
-"""What the engine reports: RequestOutput, CompletionOutput, EngineStats and the token rate."""
+"""What the engine reports: one `RequestUpdate` per request per step (deltas), the finished
+`RequestOutput` they fold into (`chatpage.engine.accumulator`), EngineStats and the token rate."""
 
 from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -29,16 +31,19 @@ class CompletionOutput:
     score: float | None = None  # beam search: length-penalized score
     top_logprobs: list[dict[int, float]] | None = None  # per token: the SamplingParams.logprobs
     # most likely token ids -> log-probability, best first (when that is > 0)
+    num_tokens: int = 0  # generated tokens (len(token_ids) where the ids are known)
 
 
 @dataclass
 class RequestOutput:
+    """A request's outputs so far, folded from its updates; complete once ``finished``."""
+
     request_id: str
     outputs: list[CompletionOutput]
     finished: bool
-    prompt_token_ids: list[int]
-    prefix_hit_tokens: int = 0
+    usage: Usage
     ttft_s: float | None = None  # arrival to first generated token
+    elapsed_s: float = 0.0
     error: str | None = None
 
 
@@ -59,6 +64,7 @@ class OutputDelta:
     cumulative_logprob: float = 0.0  # of the whole output so far
     score: float | None = None  # beam search: the length-penalized score
     rewrite: bool = False
+    num_tokens: int = 0  # new tokens: len(token_ids), or a count where a server names no ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +89,16 @@ class RequestUpdate:
     error: str | None = None
     ttft_s: float | None = None  # submit to first generated token
     elapsed_s: float = 0.0  # since submit
+
+
+def final_update(request_id: str, reason: FinishReason, indices: Iterable[int] = (0,),
+                 error: str | None = None, usage: Usage | None = None,
+                 ttft_s: float | None = None, elapsed_s: float = 0.0) -> RequestUpdate:
+    """The last update of a request, bringing no new text: each output in ``indices`` ends with
+    ``reason`` (ABORT: cancelled; ERROR: failed, ``error`` says why)."""
+    return RequestUpdate(request_id, tuple(OutputDelta(i, finish_reason=reason) for i in indices),
+                         usage or Usage(), finished=True, error=error, ttft_s=ttft_s,
+                         elapsed_s=elapsed_s)
 
 
 @dataclass(frozen=True)

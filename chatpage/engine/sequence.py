@@ -45,6 +45,8 @@ class Sequence:
         self.finish_reason: FinishReason | None = None
         self.detok = detok
         self.generator: torch.Generator | None = None
+        self.num_reported = 0  # output tokens already sent in a RequestUpdate
+        self.end_reported = False  # its finish reason has been sent
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -81,6 +83,7 @@ class Sequence:
         child.cumulative_logprob = self.cumulative_logprob
         child.logprobs = list(self.logprobs)
         child.top_logprobs = list(self.top_logprobs)
+        child.num_reported = self.num_reported
         return child
 
 

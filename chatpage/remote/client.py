@@ -1,8 +1,8 @@
-"""RemoteEngineClient: `EngineClient`'s surface over an OpenAI-compatible server.
+"""RemoteEngineClient: the `EngineClient` protocol over an OpenAI-compatible server.
 
 An asyncio loop on its own thread holds one ``httpx.AsyncClient``: it probes the server (retrying
 while it cannot be reached), streams every request over SSE (cancel = close the stream, which
-makes the server abort it), and polls ``/metrics`` about once a second for the gauge. Events reach
+makes the server abort it), and polls ``/metrics`` about once a second for the gauge. Updates reach
 the caller's callback on that thread, exactly like the local engine's.
 """
 
@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import httpx
 
-from chatpage.engine.client import EventCallback
-from chatpage.engine.outputs import EngineStats
+from chatpage.engine.outputs import EngineStats, FinishReason
+from chatpage.engine.protocol import UpdateCallback
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.remote.backend import Backend, BackendError, BackendNotReady, probe
 from chatpage.remote.requests import RemoteReply, RequestFailed, run_request, split_samples
@@ -32,7 +32,8 @@ _ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineStats)}
 
 
 class RemoteEngineClient:
-    """Talks to the server at ``url``; ``model`` None uses the first model it serves."""
+    """Talks to the server at ``url``; ``model`` None uses the first model it serves.
+    An `EngineClient` whose stats are `RemoteStats`."""
 
     def __init__(self, url: str, model: str | None = None, api_key: str | None = None) -> None:
         self.url = url.rstrip("/")
@@ -90,15 +91,15 @@ class RemoteEngineClient:
 
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, messages: list[dict[str, str]], params: SamplingParams,
-               on_event: EventCallback, *, continue_reply: bool = False) -> str:
+               on_update: UpdateCallback, *, continue_reply: bool = False) -> str:
         """Queue a chat reply for ``messages`` (held until the server is reachable);
         ``continue_reply``: the last message, a reply, goes on instead of a new one starting."""
-        return self._submit("continue" if continue_reply else "chat", messages, params, on_event)
+        return self._submit("continue" if continue_reply else "chat", messages, params, on_update)
 
     def submit_prompt(self, prompt: str | list[int], params: SamplingParams,
-                      on_event: EventCallback) -> str:
+                      on_update: UpdateCallback) -> str:
         """Queue a completion of a raw ``prompt`` (text, or token ids)."""
-        return self._submit("completion", prompt, params, on_event)
+        return self._submit("completion", prompt, params, on_update)
 
     def cancel(self, request_id: str) -> None:
         """Stop a request: its stream is closed and the server aborts it."""
@@ -117,10 +118,10 @@ class RemoteEngineClient:
     def _call(self, fn, *args) -> None:
         self._loop.call_soon_threadsafe(fn, *args)
 
-    def _submit(self, kind: str, payload, params: SamplingParams, on_event: EventCallback) -> str:
+    def _submit(self, kind: str, payload, params: SamplingParams, on_update: UpdateCallback) -> str:
         with self._id_lock:
             rid = f"remote-{next(self._ids)}"
-        self._call(self._begin, rid, kind, payload, params, on_event, time.monotonic())
+        self._call(self._begin, rid, kind, payload, params, on_update, time.monotonic())
         return rid
 
     def _status(self, msg: str) -> None:
@@ -142,8 +143,8 @@ class RemoteEngineClient:
                 self.error = str(e)
                 self._status(f"error: {e}")
                 self._ready.set()
-                for rid, *_rest, on_event, t_submit in self._pending:
-                    RemoteReply(rid, on_event, t_submit).fail(self.error)
+                for rid, *_rest, on_update, t_submit in self._pending:
+                    RemoteReply(rid, on_update, t_submit).fail(self.error)
                 self._pending.clear()
                 return
             except httpx.TransportError as e:
@@ -199,14 +200,14 @@ class RemoteEngineClient:
             self._status("ready")
 
     def _begin(self, rid: str, kind: str, payload, params: SamplingParams,
-               on_event: EventCallback, t_submit: float) -> None:
+               on_update: UpdateCallback, t_submit: float) -> None:
         if self.backend is None:
             if self.error is not None:
-                RemoteReply(rid, on_event, t_submit).fail(self.error)
+                RemoteReply(rid, on_update, t_submit).fail(self.error)
             else:
-                self._pending.append((rid, kind, payload, params, on_event, t_submit))
+                self._pending.append((rid, kind, payload, params, on_update, t_submit))
             return
-        reply = RemoteReply(rid, on_event, t_submit)
+        reply = RemoteReply(rid, on_update, t_submit)
         parts = split_samples(self.backend, params)
         if len(parts) > 1:
             seeds = ", ".join(str(p.seed) for p in parts)
@@ -223,7 +224,7 @@ class RemoteEngineClient:
                 run_request(self._http, self.backend, reply, kind, payload, p, index)
                 for index, p in enumerate(parts)))
         except asyncio.CancelledError:
-            reply.finish("abort")
+            reply.finish(FinishReason.ABORT)
             return
         except RequestFailed as e:
             reply.fail(str(e))
@@ -244,7 +245,7 @@ class RemoteEngineClient:
         for i, args in enumerate(self._pending):
             if args[0] == rid:
                 del self._pending[i]
-                RemoteReply(rid, args[4], args[5]).finish("abort")
+                RemoteReply(rid, args[4], args[5]).finish(FinishReason.ABORT)
                 return
 
     def _pin(self, prompt: str) -> None:

@@ -1,5 +1,5 @@
 """One request to a remote server: the body (every sampling field explicit, named per backend),
-the SSE reader, and `RemoteReply`, which turns what arrives into `StreamEvent`s."""
+the SSE reader, and `RemoteReply`, which turns what arrives into `RequestUpdate`s."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ from typing import Any
 
 import httpx
 
-from chatpage.engine.client import EventCallback, StreamEvent
+from chatpage.engine.outputs import (
+    FinishReason,
+    OutputDelta,
+    RequestUpdate,
+    Usage,
+    final_update,
+)
+from chatpage.engine.protocol import UpdateCallback
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.remote.backend import TOP_K_OFF, Backend, error_message
 
@@ -53,6 +60,16 @@ class Logprobs:
         tops = [{_token_id(t): v for t, v in alt if _token_id(t) is not None} for alt in alts]
         return cls([_token_id(t) for t in tokens], list(values), tops)
 
+    def delta_fields(self) -> dict[str, Any]:
+        """OutputDelta's token_ids, logprobs and top_logprobs: ids and alternatives only
+        where the server named every token by id."""
+        ids = tuple(t for t in self.token_ids if t is not None)
+        named = bool(self.logprobs) and len(ids) == len(self.token_ids)
+        return {"token_ids": ids if named else (),
+                "logprobs": tuple(self.logprobs) if self.logprobs else None,
+                "top_logprobs": tuple(self.top_logprobs) if named and any(self.top_logprobs)
+                else None}
+
 
 def _token_id(token: str) -> int | None:
     """The id in a "token_id:N" name; None for a token named by its text."""
@@ -62,29 +79,26 @@ def _token_id(token: str) -> int | None:
 
 @dataclasses.dataclass
 class _Choice:
-    text: str = ""
     num_tokens: int = 0
-    finish_reason: str | None = None
-    token_ids: list[int | None] = dataclasses.field(default_factory=list)  # with logprobs only
-    logprobs: list[float] = dataclasses.field(default_factory=list)
-    top_logprobs: list[dict[int, float]] = dataclasses.field(default_factory=list)
+    finish_reason: FinishReason | None = None
 
-    def logprob_fields(self) -> dict[str, Any]:
-        """StreamEvent's token_ids, logprobs and top_logprobs (fresh lists): ids and
-        alternatives only where the server named every token by id."""
-        named = bool(self.logprobs) and None not in self.token_ids
-        return {"token_ids": list(self.token_ids) if named else None,
-                "logprobs": list(self.logprobs) if self.logprobs else None,
-                "top_logprobs": list(self.top_logprobs) if named and any(self.top_logprobs)
-                else None}
+
+def _finish_reason(raw: str | None) -> FinishReason | None:
+    """A server's finish reason; one chatpage has no name for (e.g. "tool_calls") is a STOP."""
+    if not raw:
+        return None
+    try:
+        return FinishReason(raw)
+    except ValueError:
+        return FinishReason.STOP
 
 
 class RemoteReply:
-    """The outputs of one request as they arrive; emits events to ``on_event``."""
+    """The outputs of one request as they arrive; an update per chunk goes to ``on_update``."""
 
-    def __init__(self, request_id: str, on_event: EventCallback, t_submit: float) -> None:
+    def __init__(self, request_id: str, on_update: UpdateCallback, t_submit: float) -> None:
         self.request_id = request_id
-        self.on_event = on_event
+        self.on_update = on_update
         self.t_submit = t_submit
         self.choices: dict[int, _Choice] = {}
         self.prompt_tokens = 0
@@ -92,17 +106,15 @@ class RemoteReply:
         self.ttft_s: float | None = None
         self.done = False
 
-    def _event(self, index: int, delta: str, finished: bool, reason: str | None,
-               request_finished: bool, error: str | None = None, counted: bool = True
-               ) -> StreamEvent:
-        c = self.choices.get(index, _Choice())
-        return StreamEvent(
-            request_id=self.request_id, index=index, text=c.text, delta=delta, replaced=False,
-            num_tokens=c.num_tokens if counted else 0, finished=finished, finish_reason=reason,
-            cumulative_logprob=0.0, score=None, request_finished=request_finished,
-            prompt_tokens=self.prompt_tokens, prefix_hit_tokens=self.cached_tokens,
-            ttft_s=self.ttft_s, elapsed_s=time.monotonic() - self.t_submit, error=error,
-            num_outputs=max(len(self.choices), 1), **c.logprob_fields())
+    def _usage(self) -> Usage:
+        return Usage(self.prompt_tokens, self.cached_tokens,
+                     sum(c.num_tokens for c in self.choices.values()))
+
+    def _open(self) -> list[int]:
+        """The choices that have not ended (choice 0 before any arrived)."""
+        if not self.choices:
+            return [0]
+        return [i for i, c in sorted(self.choices.items()) if c.finish_reason is None]
 
     def add(self, index: int, delta: str, finish_reason: str | None,
             logprobs: Logprobs | None = None) -> None:
@@ -113,40 +125,35 @@ class RemoteReply:
         c = self.choices.setdefault(index, _Choice())
         if delta and self.ttft_s is None:
             self.ttft_s = time.monotonic() - self.t_submit
-        c.text += delta
-        if logprobs is not None:
-            c.num_tokens += len(logprobs.logprobs)
-            c.token_ids += logprobs.token_ids
-            c.logprobs += logprobs.logprobs
-            c.top_logprobs += logprobs.top_logprobs
-        elif delta:
-            c.num_tokens += 1
-        if finish_reason:
-            c.finish_reason = finish_reason
-        self.on_event(self._event(index, delta, c.finish_reason is not None, c.finish_reason,
-                                  False))
+        count = len(logprobs.logprobs) if logprobs is not None else int(bool(delta))
+        c.num_tokens += count
+        c.finish_reason = _finish_reason(finish_reason) or c.finish_reason
+        carried = logprobs.delta_fields() if logprobs is not None else {}
+        output = OutputDelta(index, delta, finish_reason=c.finish_reason, num_tokens=count,
+                             **carried)
+        self.on_update(RequestUpdate(self.request_id, (output,), self._usage(),
+                                     ttft_s=self.ttft_s,
+                                     elapsed_s=time.monotonic() - self.t_submit))
 
     def usage(self, usage: dict[str, Any]) -> None:
         self.prompt_tokens = int(usage.get("prompt_tokens") or 0)
         details = usage.get("prompt_tokens_details") or {}
         self.cached_tokens = int(details.get("cached_tokens") or 0)
 
-    def finish(self, reason: str | None) -> None:
-        """Every choice is complete (``reason`` None), or stopped ("abort")."""
-        if self.done:
-            return
-        self.done = True
-        for index in sorted(self.choices) or [0]:
-            c = self.choices.get(index, _Choice())
-            final = reason or c.finish_reason or "stop"
-            self.on_event(self._event(index, "", True, final, True, counted=reason is None))
+    def finish(self, reason: FinishReason | None) -> None:
+        """Every choice is complete (``reason`` None: those the server left open end STOP),
+        or stopped (FinishReason.ABORT)."""
+        self._end(reason or FinishReason.STOP, None)
 
     def fail(self, message: str) -> None:
+        self._end(FinishReason.ERROR, message)
+
+    def _end(self, reason: FinishReason, error: str | None) -> None:
         if self.done:
             return
         self.done = True
-        for index in sorted(self.choices) or [0]:
-            self.on_event(self._event(index, "", True, "error", True, message, counted=False))
+        self.on_update(final_update(self.request_id, reason, self._open(), error, self._usage(),
+                                    self.ttft_s, time.monotonic() - self.t_submit))
 
 
 def split_samples(backend: Backend, params: SamplingParams) -> list[SamplingParams]:

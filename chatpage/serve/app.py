@@ -1,4 +1,4 @@
-"""The Starlette app of `chatpage serve`: routes over one `EngineClient`.
+"""The Starlette app of `chatpage serve`: routes over one `LocalEngineClient`.
 
 ``/v1/*`` needs the API key when one is set; ``/health`` and ``/metrics`` never do (as in vLLM).
 Every request handler only awaits its own queue of engine events (see `bridge`), and a client
@@ -24,9 +24,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from chatpage.config.personas import Persona
-from chatpage.engine.client import EngineClient
+from chatpage.engine.client import LocalEngineClient, OutputDelta
 from chatpage.serve import metrics
-from chatpage.serve.bridge import EventPump, RequestStream, Update
+from chatpage.serve.bridge import EventPump, RequestStream
 from chatpage.serve.protocol import ApiError, ApiRequest, parse_request
 from chatpage.serve.responses import DONE, Shaper, sse_error
 
@@ -41,7 +41,7 @@ T = TypeVar("T")
 class ServeState:
     """What every handler shares: the engine client, the key, the personas and the counters."""
 
-    def __init__(self, client: EngineClient, api_key: str | None, personas: list[Persona]
+    def __init__(self, client: LocalEngineClient, api_key: str | None, personas: list[Persona]
                  ) -> None:
         self.client = client
         self.api_key = api_key
@@ -171,7 +171,7 @@ async def generate(request: Request, kind: str) -> Response:
     return JSONResponse(shaper.whole())
 
 
-async def _sse(state: ServeState, stream: RequestStream, shaper: Shaper, first: list[Update]
+async def _sse(state: ServeState, stream: RequestStream, shaper: Shaper, first: list[OutputDelta]
                ) -> AsyncIterator[str]:
     try:
         async for update in stream.updates(first):
@@ -247,7 +247,7 @@ async def prometheus(request: Request) -> Response:
     return Response(metrics.render(_state(request).registry), media_type=metrics.CONTENT_TYPE)
 
 
-def build_app(client: EngineClient, api_key: str | None = None,
+def build_app(client: LocalEngineClient, api_key: str | None = None,
               personas: list[Persona] | None = None) -> Starlette:
     """The ASGI app over a started (or starting) ``client``; closing it is the caller's job.
     Shortens the process's GIL switch interval (`SWITCH_INTERVAL_S`)."""

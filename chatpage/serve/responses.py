@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from chatpage.serve.bridge import Output, RequestStream, Update
+from chatpage.engine.outputs import CompletionOutput, OutputDelta
+from chatpage.serve.bridge import RequestStream
 
 TokenText = Callable[[int], str]
 
@@ -35,13 +36,14 @@ class Shaper:
                 "total_tokens": s.prompt_tokens + s.completion_tokens,
                 "prompt_tokens_details": {"cached_tokens": s.cached_tokens}}
 
-    def _logprobs(self, token_ids: list[int], logprobs: list[float],
-                  tops: list[dict[int, float]], offset: int) -> Any:
+    def _logprobs(self, token_ids: Sequence[int], logprobs: Sequence[float] | None,
+                  tops: Sequence[dict[int, float]] | None, offset: int) -> Any:
         """OpenAI's logprobs object of these tokens (None when the request did not ask):
         chat's ``content`` entries with their ``top_logprobs`` list, or completions' parallel
         lists, whose ``top_logprobs`` dicts hold the sampled token too (as vLLM's do)."""
         if not self.stream.request.logprobs:
             return None
+        logprobs, tops = logprobs or (), tops or ()
         text = _token_id_text if self.stream.request.tokens_as_ids else self.token_text
         tokens = [text(t) for t in token_ids]
         steps = [tops[i] if i < len(tops) else {} for i in range(len(tokens))]
@@ -67,7 +69,7 @@ class Shaper:
         choices = [self._choice(o) for _, o in sorted(self.stream.outputs.items())]
         return {**self._head(True), "choices": choices, "usage": self.usage()}
 
-    def _choice(self, o: Output) -> dict[str, Any]:
+    def _choice(self, o: CompletionOutput) -> dict[str, Any]:
         logprobs = self._logprobs(o.token_ids, o.logprobs, o.top_logprobs, 0)
         if self.chat:
             return {"index": o.index, "message": {"role": "assistant", "content": o.text},
@@ -76,8 +78,8 @@ class Shaper:
                 "finish_reason": o.finish_reason, "stop_reason": None}
 
     # -- stream chunks -----------------------------------------------------------------------------
-    def chunks(self, update: Update) -> list[str]:
-        """SSE ``data:`` lines for one update (a role chunk first for a new chat choice)."""
+    def chunks(self, update: OutputDelta) -> list[str]:
+        """SSE ``data:`` lines for one delta (a role chunk first for a new chat choice)."""
         out = []
         usage = {"usage": None} if self.stream.request.include_usage else {}
         if self.chat and update.index not in self._opened:
@@ -86,14 +88,14 @@ class Shaper:
                 "index": update.index, "delta": {"role": "assistant", "content": ""},
                 "logprobs": None, "finish_reason": None}], **usage}))
         sent = self.stream.outputs[update.index]
-        offset = len(sent.text) - len(update.delta)
+        offset = len(sent.text) - len(update.text)
         logprobs = self._logprobs(update.token_ids, update.logprobs, update.top_logprobs,
                                   offset)
         if self.chat:
-            delta = {"content": update.delta} if update.delta else {}
+            delta = {"content": update.text} if update.text else {}
             choice = {"index": update.index, "delta": delta}
         else:
-            choice = {"index": update.index, "text": update.delta}
+            choice = {"index": update.index, "text": update.text}
         choice.update(logprobs=logprobs, finish_reason=update.finish_reason)
         out.append(_sse({**self._head(False), "choices": [choice], **usage}))
         return out

@@ -2,7 +2,7 @@
 
 The app holds what outlives a screen: the engine client, the open chats (`Chats`), the store
 behind them, the personas, the theme, the keymap and the command palette. The chats themselves
-are shown by `ChatScreen`. The engine runs on its own thread (`EngineClient`); its events gather
+are shown by `ChatScreen`. The engine runs on its own thread (an `EngineClient`); its updates gather
 in an `Inbox` that this app empties in batches (`EngineEvents` says when) and `Chats` applies
 them to the sessions. Nothing here waits on the engine.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from textual import work
@@ -23,7 +23,14 @@ from chatpage.chat.chats import Chats
 from chatpage.chat.recorder import SAVE_INTERVAL_S
 from chatpage.config.personas import Persona, default_persona, find_persona, load_personas
 from chatpage.config.settings import Settings
-from chatpage.engine.client import EngineClient, EngineConfig, StreamEvent
+from chatpage.engine.client import (
+    EngineClient,
+    EngineConfig,
+    EngineStats,
+    LocalEngineClient,
+    UpdateCallback,
+)
+from chatpage.remote.stats import RemoteStats
 from chatpage.store import Store
 from chatpage.ui.bindings import APP_BINDINGS
 from chatpage.ui.chat_screen import ChatScreen
@@ -44,7 +51,7 @@ the GIL with the engine's)."""
 STOP_WAIT_S = 10.0
 """How long a model switch waits for the replies in progress to stop."""
 DRAIN_S = 0.05
-"""How long a stream's events gather before the app applies them (an output's last event is
+"""How long a stream's updates gather before the app applies them (an output's last update is
 applied at once): a few tokens per wake-up of the app's thread instead of one."""
 FALLBACK_PERSONA = Persona(
     "assistant", "A helpful assistant", "You are a helpful, honest assistant.",
@@ -59,7 +66,7 @@ class ChatApp(App[None]):
     loads the shipped personas and the user's (``config_dir()/personas``). ``store`` None opens
     the chat database in the data dir (``Store.open()``) at mount. ``warnings`` (e.g. from
     `load_settings`) are shown as notices at start. ``client`` is a ready-made engine client
-    (e.g. a `RemoteEngineClient`); None starts a local engine.
+    (e.g. a `RemoteEngineClient`); None starts a local engine (`LocalEngineClient`).
     """
 
     CSS_PATH = "app.tcss"
@@ -71,7 +78,8 @@ class ChatApp(App[None]):
     def __init__(self, model: str | None = None, config: EngineConfig | None = None,
                  settings: Settings | None = None,
                  personas_dirs: list[Path] | None = None, store: Store | None = None,
-                 warnings: Sequence[str] = (), client: EngineClient | None = None) -> None:
+                 warnings: Sequence[str] = (),
+                 client: EngineClient[EngineStats | RemoteStats] | None = None) -> None:
         super().__init__()
         self.settings = settings or Settings()
         self.store = store
@@ -79,9 +87,10 @@ class ChatApp(App[None]):
         if config is None:
             config = EngineConfig(kv_cache_bytes=self.settings.kv_cache,
                                   block_size=self.settings.block_size)
-        self.client = client or EngineClient(
+        self.engine_config = config  # what a local model switched to runs with
+        self.client: EngineClient[EngineStats | RemoteStats] = client or LocalEngineClient(
             model if model is not None else self.settings.model, config)
-        self._gathering: set[Inbox] = set()  # inboxes whose events are taken on a timer
+        self._gathering: set[Inbox] = set()  # inboxes whose updates are taken on a timer
         self.chats = Chats(self.client, self._delivery(self.client),
                            notify=lambda line: self.say(line, "warning", timeout=10))
         self.personas_dirs = personas_dirs
@@ -201,24 +210,24 @@ class ChatApp(App[None]):
                     **({"timeout": timeout} if timeout else {}))
 
     # -- the engine ------------------------------------------------------------------------------
-    def _delivery(self, client: EngineClient) -> Callable[[StreamEvent], None]:
-        """How ``client``'s events reach this app (called on its engine thread: no waiting): into
-        an inbox that this app empties DRAIN_S after its first event, at once for a last one."""
+    def _delivery(self, client: EngineClient[object]) -> UpdateCallback:
+        """How ``client``'s updates reach this app (called on its engine thread: no waiting): into
+        an inbox that this app empties DRAIN_S after its first update, at once for a last one."""
         inbox = Inbox(lambda urgent: self.post_message(EngineEvents(inbox, client, urgent)))
         return inbox.put
 
-    def _start(self, client: EngineClient) -> None:
+    def _start(self, client: EngineClient[object]) -> None:
         """Start ``client``; its status lines come to this app, tagged with it."""
         client.start(lambda text: self.post_message(EngineStatus(text, client)))
 
-    def make_client(self, target: str | None) -> EngineClient:
+    def make_client(self, target: str | None) -> EngineClient[EngineStats | RemoteStats]:
         """A new (not started) client for the model ``target`` (None: the default model; a URL:
         an OpenAI-compatible server, through the remote client)."""
         if target is not None and is_backend_url(target):
             from chatpage.remote.client import RemoteEngineClient  # needs the serve extra
 
-            return RemoteEngineClient(target)  # type: ignore[return-value]
-        return EngineClient(target, self.client.config)
+            return RemoteEngineClient(target)
+        return LocalEngineClient(target, self.engine_config)
 
     def on_engine_events(self, message: EngineEvents) -> None:
         inbox, client = message.inbox, message.client
@@ -228,11 +237,11 @@ class ChatApp(App[None]):
             self._gathering.add(inbox)
             self.set_timer(DRAIN_S, lambda: self._take(inbox, client))
 
-    def _take(self, inbox: Inbox, client: EngineClient) -> None:
+    def _take(self, inbox: Inbox, client: EngineClient[object]) -> None:
         self._gathering.discard(inbox)
-        events = inbox.take()
+        updates = inbox.take()
         if client is self.client:  # (a model switched away from says nothing more)
-            self.chats.apply_all(events)
+            self.chats.apply_all(updates)
 
     def on_engine_status(self, message: EngineStatus) -> None:
         if message.client is not self.client:

@@ -1,5 +1,5 @@
 """Messages from the engine thread to the app (widgets' own messages are nested in the widgets),
-and the inbox that hands the engine's events to the app's thread in batches."""
+and the inbox that hands the engine's updates to the app's thread in batches."""
 
 from __future__ import annotations
 
@@ -9,47 +9,47 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from chatpage.engine.client import EngineClient, StreamEvent
+from chatpage.engine.client import EngineClient, RequestUpdate
 
 
 class Inbox:
-    """StreamEvents from one client's engine thread, taken by the app's thread in batches.
+    """RequestUpdates from one client's engine thread, taken by the app's thread in batches.
 
     A message per token would wake the app's thread ~100 times a second for one chat, and every
-    wake-up holds the GIL the engine needs. Here the engine thread only appends; the first event
+    wake-up holds the GIL the engine needs. Here the engine thread only appends; the first update
     after a take calls ``wake(False)`` (the app takes them a little later, with whatever came
-    meanwhile), and an event that ends an output calls ``wake(True)`` (take now). No lock: appends
-    and pops of a deque are atomic, and an event put during a take is either in it or wakes again.
+    meanwhile), and an update that ends an output calls ``wake(True)`` (take now). No lock: appends
+    and pops of a deque are atomic, and an update put during a take is either in it or wakes again.
     """
 
     def __init__(self, wake: Callable[[bool], None]) -> None:
-        self._events: deque[StreamEvent] = deque()
+        self._updates: deque[RequestUpdate] = deque()
         self._wake = wake
         self._woken = False
 
-    def put(self, event: StreamEvent) -> None:
+    def put(self, update: RequestUpdate) -> None:
         """Called on the engine thread: never waits."""
-        self._events.append(event)
-        urgent = event.finished or event.request_finished
+        self._updates.append(update)
+        urgent = update.finished or any(d.finish_reason is not None for d in update.outputs)
         if urgent or not self._woken:
             self._woken = True
             self._wake(urgent)
 
-    def take(self) -> list[StreamEvent]:
-        """Every event put so far, oldest first (the app's thread)."""
+    def take(self) -> list[RequestUpdate]:
+        """Every update put so far, oldest first (the app's thread)."""
         self._woken = False
-        events = []
-        while self._events:
-            events.append(self._events.popleft())
-        return events
+        updates = []
+        while self._updates:
+            updates.append(self._updates.popleft())
+        return updates
 
 
 @dataclass
 class EngineEvents(Message):
-    """``client``'s inbox has events; ``urgent``: one of them ends an output."""
+    """``client``'s inbox has updates; ``urgent``: one of them ends an output."""
 
     inbox: Inbox
-    client: EngineClient
+    client: EngineClient[object]
     urgent: bool
 
 
@@ -58,4 +58,4 @@ class EngineStatus(Message):
     """A progress line from ``client``'s engine thread (loading, kernels, ready, error)."""
 
     text: str
-    client: EngineClient
+    client: EngineClient[object]

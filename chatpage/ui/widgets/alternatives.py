@@ -13,6 +13,7 @@ from textual.message import Message
 from textual.widgets import Static
 
 from chatpage.chat.session import MAX_ALTERNATIVES, Candidate, Generation
+from chatpage.engine.client import FinishReason, OutputDelta
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.message import stats_line
 from chatpage.ui.widgets.prompt_input import PromptInput
@@ -56,18 +57,22 @@ class AltPane(Throttled, Vertical):
     def _foot(self) -> Text:
         if self.candidate.error:
             return Text(f"error: {clean(self.candidate.error)}")
-        state = {"abort": "stopped", None: "…"}.get(self.candidate.finish_reason, "done")
+        state = {FinishReason.ABORT: "stopped", None: "…"}.get(self.candidate.finish_reason,
+                                                                "done")
         return Text(f"{state} · {stats_line(self.candidate.stats)}")
 
-    def refresh_candidate(self) -> None:
-        """Redraw from the candidate (throttled while it streams)."""
+    def refresh_candidate(self, delta: OutputDelta | None = None) -> None:
+        """Redraw from the candidate (throttled while it streams); ``delta``: the text the
+        engine added to it, or (a beam's rewrite) replaced it with."""
+        if delta is not None:
+            self._body.add(delta.text, delta.rewrite)
         self.request_redraw(final=self.candidate.finished)
 
     def redraw(self) -> None:
         self.set_class(self.candidate.finished, "-finished")
         self._title_line.update(self._title())
         self._foot_line.update(self._foot())
-        self._body.show(self.candidate.text)
+        self._body.draw()
 
     def on_click(self, event: events.Click) -> None:
         event.stop()
@@ -100,9 +105,9 @@ class AlternativesView(Horizontal, can_focus=True):
     def compose(self) -> ComposeResult:
         yield from self.panes
 
-    def refresh_candidate(self, index: int) -> None:
+    def refresh_candidate(self, index: int, delta: OutputDelta | None = None) -> None:
         if 0 <= index < len(self.panes):
-            self.panes[index].refresh_candidate()
+            self.panes[index].refresh_candidate(delta)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "keep" and parameters:

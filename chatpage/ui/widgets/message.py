@@ -23,6 +23,7 @@ from textual.widgets import Static
 from textual.widgets.markdown import MarkdownFence
 
 from chatpage.chat.session import Entry, ReplyStats
+from chatpage.engine.client import OutputDelta
 from chatpage.ui.text import clean, code_blocks
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
 from chatpage.ui.widgets.throttle import Throttled
@@ -147,8 +148,11 @@ class MessageView(Throttled, Vertical, can_focus=True):
             foot = Text(f"error: {clean(self.entry.error)}")
         return foot
 
-    def refresh_entry(self) -> None:
-        """Redraw from the entry (throttled while it streams)."""
+    def refresh_entry(self, delta: OutputDelta | None = None) -> None:
+        """Redraw from the entry (throttled while it streams); ``delta``: the text the engine
+        added to it (appended to the Markdown as it is)."""
+        if delta is not None and isinstance(self._body, StreamingMarkdown):
+            self._body.add(delta.text, delta.rewrite)
         self.request_redraw(final=self.entry.status != "streaming")
 
     def redraw(self) -> None:
@@ -164,7 +168,7 @@ class MessageView(Throttled, Vertical, can_focus=True):
         _update(self._speaker, self._head())
         _update(self._foot_line, self._foot())
         if isinstance(self._body, StreamingMarkdown):
-            self._body.show(entry.content)
+            self._body.draw()
         else:
             self._body.update(Text(clean(entry.content)))
 

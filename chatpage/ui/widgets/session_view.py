@@ -38,7 +38,7 @@ class SessionView(Vertical):
             if change.entry is session.transcript.tip():  # else a version not on show
                 transcript.add(change.entry)
         elif kind == "entry_updated" and change.entry is not None:
-            transcript.update(change.entry)
+            transcript.update(change.entry, change.delta)
         elif kind in ("entries_reset", "entry_removed", "cleared"):
             transcript.reset()
         elif kind == "context":
@@ -50,7 +50,7 @@ class SessionView(Vertical):
         elif kind == "candidate_updated" and change.index is not None:
             alternatives = transcript.alternatives
             if alternatives is not None:
-                alternatives.refresh_candidate(change.index)
+                alternatives.refresh_candidate(change.index, change.delta)
         if kind in ("settings", "busy", "entry_added", "entries_reset", "entry_removed",
                     "cleared", "generation", "context") or (
                 kind == "entry_updated" and change.entry is not None

@@ -1,12 +1,13 @@
-"""StreamingMarkdown: a Markdown widget fed the whole text so far.
+"""StreamingMarkdown: a Markdown widget fed the engine's deltas.
 
-Its owner throttles the calls to `show` (`chatpage.ui.widgets.throttle`: at most ~10 a second
-while a reply streams); `show` draws on the next message, so the text lands in the same screen
-update as the owner's other changes (one layout pass, not one for the owner and one for the text).
-If Markdown is still drawing, the running draw picks the latest text up. Appended text goes
-through `Markdown.append` (only the last block is re-parsed), rewritten text (beam search reorders
-beams) through `Markdown.update`. Raw HTML is not interpreted, and control characters are made
-visible (`chatpage.ui.text.clean`).
+`add` queues a delta's text (appended) or, for a rewrite (beam search reorders beams), the text
+that replaces the content; nothing is derived from the whole text. Its owner throttles the calls
+to `draw` (`chatpage.ui.widgets.throttle`: at most ~10 a second while a reply streams); `draw`
+works on the next message, so the text lands in the same screen update as the owner's other
+changes (one layout pass, not one for the owner and one for the text). If Markdown is still
+drawing, the running draw picks up what was queued meanwhile. Appended text goes through
+`Markdown.append` (only the last block is re-parsed), a replacement through `Markdown.update`.
+Raw HTML is not interpreted, and control characters are made visible (`chatpage.ui.text.clean`).
 """
 
 from __future__ import annotations
@@ -30,32 +31,35 @@ class StreamingMarkdown(Markdown):
 
     def __init__(self, text: str = "", **kwargs) -> None:
         super().__init__(clean(text), parser_factory=_parser, **kwargs)
-        self._target = clean(text)
-        self._shown = self._target
+        self._appended = ""  # queued to append, after the replacement if there is one
+        self._replacement: str | None = None
         self._scheduled = False  # a flush is queued
         self._flushing = False
-        self._started = False  # on_mount ran: from then on `show` schedules its own flush
+        self._started = False  # on_mount ran: from then on `draw` schedules its own flush
 
-    @property
-    def text(self) -> str:
-        """The latest text given to `show` (cleaned), whether or not it is drawn yet."""
-        return self._target
+    def add(self, text: str, rewrite: bool = False) -> None:
+        """Queue ``text`` to append, or (``rewrite``) to replace the content; drawn by `draw`."""
+        if rewrite:
+            self._replacement, self._appended = clean(text), ""
+        else:
+            self._appended += clean(text)
 
-    def show(self, text: str) -> None:
-        """Make ``text`` the content (drawn on the next message)."""
-        self._target = clean(text)
-        if self._target == self._shown or not self._started or self._scheduled:
+    def draw(self) -> None:
+        """Draw what `add` queued (on the next message)."""
+        if not self._queued or not self._started or self._scheduled:
             return  # (on_mount, or the queued flush, catches up)
         self._scheduled = True
         self.call_next(self._flush)
 
+    @property
+    def _queued(self) -> bool:
+        return bool(self._appended) or self._replacement is not None
+
     def on_mount(self) -> None:
         # Not `is_mounted`: that turns True only after every mount handler (Markdown's own
-        # awaits its first render), and a `show` in between would be dropped.
+        # awaits its first render), and a `draw` in between would be dropped.
         self._started = True
-        if self._target != self._shown:
-            self._scheduled = True
-            self.call_next(self._flush)
+        self.draw()
 
     async def _flush(self) -> None:
         self._scheduled = False
@@ -63,13 +67,13 @@ class StreamingMarkdown(Markdown):
             return
         self._flushing = True
         try:
-            while self._shown != self._target:
-                text = self._target
-                if self._shown and text.startswith(self._shown):
-                    await self.append(text[len(self._shown):])
+            while self._queued:
+                replacement, appended = self._replacement, self._appended
+                self._replacement, self._appended = None, ""
+                if replacement is not None:
+                    await self.update(replacement + appended)
                 else:
-                    await self.update(text)
-                self._shown = text
+                    await self.append(appended)
         finally:
             self._flushing = False
         self.post_message(self.Flushed())

@@ -13,6 +13,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from chatpage.chat.session import ChatSession, Entry
+from chatpage.engine.client import OutputDelta
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.alternatives import AlternativesView
 from chatpage.ui.widgets.message import MessageView
@@ -99,10 +100,11 @@ class Transcript(VerticalScroll):
             self.mount(view)
         self.follow()
 
-    def update(self, entry: Entry) -> None:
+    def update(self, entry: Entry, delta: OutputDelta | None = None) -> None:
+        """``entry`` changed (``delta``: the text the engine added to it)."""
         view = self._views.get(id(entry))
         if view is not None:  # mounting or not: a view draws from its entry (never drop one)
-            view.refresh_entry()
+            view.refresh_entry(delta)
             if not self.is_anchored:
                 self.follow()
 
