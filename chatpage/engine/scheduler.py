@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from chatpage.engine.block_manager import BlockManager
+from chatpage.engine.block_manager import BlockManager, Demand
 from chatpage.engine.config import EngineConfig, PreemptionMode
 from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
 
@@ -74,20 +74,24 @@ class Scheduler:
         self.running.insert(bisect.bisect_right(keys, group.arrival_time), group)
 
     # -- demands ---------------------------------------------------------------------------------
-    def _demands(self, group: SequenceGroup, budget: int, alone: bool) -> list[tuple[Sequence, int]]:
+    def _demands(self, group: SequenceGroup, budget: int, alone: bool) -> list[Demand]:
         """What each live sequence of ``group`` computes this step within ``budget`` tokens.
 
-        A single sequence may prefill in chunks; a group of several moves together (all of its
-        sequences or none), so beams and samples stay in step. ``alone`` lets the first group of
-        an empty step exceed the budget rather than stall.
+        A waiting group has no blocks yet: its prefix hits are looked up here, once, and the
+        allocation starts from them. A single sequence may prefill in chunks; a group of several
+        moves together (all of its sequences or none), so beams and samples stay in step.
+        ``alone`` lets the first group of an empty step exceed the budget rather than stall.
         """
-        seqs = group.live_seqs
-        if len(seqs) == 1:
-            seq = seqs[0]
-            k = min(len(seq) - self.bm.computed_tokens(seq), budget)
-            return [(seq, k)] if k > 0 else []
-        demands = [(s, len(s) - self.bm.computed_tokens(s)) for s in seqs]
-        total = sum(k for _, k in demands)
+        new = group.status is GroupStatus.WAITING
+        demands = []
+        for seq in group.live_seqs:
+            computed = self.bm.get_computed_blocks(seq) if new else None
+            start = seq.num_computed_tokens if computed is None else computed.num_tokens
+            demands.append(Demand(seq, len(seq) - start, computed))
+        if len(demands) == 1:
+            k = min(demands[0].num_new_tokens, budget)
+            return [replace(demands[0], num_new_tokens=k)] if k > 0 else []
+        total = sum(d.num_new_tokens for d in demands)
         return demands if total <= budget or alone else []
 
     # -- preemption ------------------------------------------------------------------------------
@@ -128,14 +132,15 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         seq_budget = self.config.max_num_seqs
 
-        def take(group: SequenceGroup, demands: list[tuple[Sequence, int]]) -> None:
+        def take(group: SequenceGroup, demands: list[Demand]) -> None:
+            """Schedule ``demands``, whose blocks are allocated."""
             nonlocal budget, seq_budget
-            for seq, k in demands:
-                hits = self.bm.allocate_slots(seq, k)
-                if not group.started:
-                    group.prefix_hit_tokens += hits
-                out.scheduled.append(ScheduledSeq(group, seq, k))
-                budget -= k
+            if not group.started:
+                group.prefix_hit_tokens += sum(d.computed.num_tokens for d in demands
+                                               if d.computed is not None)
+            for d in demands:
+                out.scheduled.append(ScheduledSeq(group, d.seq, d.num_new_tokens))
+                budget -= d.num_new_tokens
             seq_budget -= len(demands)
             group.started = True
 
@@ -147,7 +152,7 @@ class Scheduler:
             if not demands or len(demands) > seq_budget:
                 i += 1
                 continue
-            while not self.bm.can_allocate(demands):
+            while not self.bm.allocate_slots(demands):
                 victim = self.running[-1]
                 self._preempt(victim, out)
                 if victim is group:
@@ -175,11 +180,12 @@ class Scheduler:
             self.swapped.popleft()
             self.bm.swap_in(seqs)
             demands = self._demands(group, budget, alone=not out.scheduled)
-            if idle and not self.bm.can_allocate(demands):
+            fits = not demands or self.bm.allocate_slots(demands)
+            if idle and not fits:
                 self._recompute(group)  # alone on the device and still no room to step
                 continue
             self._insert_running(group)
-            if not demands or not self.bm.can_allocate(demands):
+            if not demands or not fits:
                 break  # swapped back; it steps when there is room
             take(group, demands)
 
@@ -190,7 +196,7 @@ class Scheduler:
             if not demands or len(demands) > seq_budget:
                 break
             reserve = self.watermark if self.running else 0
-            if not self.bm.can_allocate(demands, reserve=reserve):
+            if not self.bm.allocate_slots(demands, reserve=reserve):
                 break
             self.waiting.popleft()
             take(group, demands)
