@@ -1,7 +1,8 @@
 """BlockManager and BlockPool: a stateful model of the engine's use, plus focused unit tests.
 
 The state machine drives a small BlockManager the way the scheduler and the engine do (capacity
-checks first; the plan's swaps and copies applied before each forward pass) and simulates the KV
+block copies collected over a step and applied before its forward pass, as SchedulerOutput
+carries them) and simulates the KV
 data: every slot holds the token prefix whose K/V it stores, so a computed position reads back
 its own context through its block table only if prefix reuse, copy-on-write and swapping are
 right.
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from chatpage.engine.block_manager import (
+    BlockCopies,
     BlockManager,
     BlockPool,
     ComputedBlocks,
@@ -53,13 +55,20 @@ def demand(bm: BlockManager, seq: Sequence, k: int | None = None) -> Demand:
     return replace(d, num_new_tokens=len(seq) - d.num_computed_tokens if k is None else k)
 
 
-def compute(bm: BlockManager, seq: Sequence, k: int | None = None) -> int:
+def step(bm: BlockManager, seq: Sequence, k: int | None = None) -> tuple[Demand, BlockCopies]:
     """One engine step for ``seq`` alone: allocate, run the model (nothing to simulate), commit;
-    returns the prefix-hit tokens it started from."""
+    returns what it asked for and the copy-on-write pairs."""
     d = demand(bm, seq, k)
-    assert bm.allocate_slots([d])
+    copies = bm.allocate_slots([d])
+    assert copies is not None
     seq.num_computed_tokens += d.num_new_tokens
     bm.commit(seq)
+    return d, copies
+
+
+def compute(bm: BlockManager, seq: Sequence, k: int | None = None) -> int:
+    """:func:`step`; returns the prefix-hit tokens it started from."""
+    d, _ = step(bm, seq, k)
     return 0 if d.computed is None else d.computed.num_tokens
 
 
@@ -86,6 +95,15 @@ class Family:
 
 
 @dataclass
+class Plan:
+    """The block copies of one step, as SchedulerOutput carries them."""
+
+    swap_out: BlockCopies = field(default_factory=list)
+    swap_in: BlockCopies = field(default_factory=list)
+    copies: BlockCopies = field(default_factory=list)
+
+
+@dataclass
 class Memory:
     """Simulated K/V contents: block id -> one entry per slot (the prefix it encodes, or None)."""
 
@@ -101,14 +119,14 @@ class Memory:
         for (_, d), block in zip(pairs, data, strict=True):
             dst[d] = block
 
-    def apply(self, bm: BlockManager) -> None:
+    def apply(self, plan: Plan) -> None:
         """What LLMEngine.step does with the plan before the forward pass, in its order."""
-        plan = bm.plan
         assert len({d for _, d in plan.copies}) == len(plan.copies), "a block copied into twice"
         self._gather_scatter(self.dev, self.cpu, plan.swap_out)
         self._gather_scatter(self.cpu, self.dev, plan.swap_in)
         self._gather_scatter(self.dev, self.dev, plan.copies)
-        plan.clear()
+        for pairs in (plan.swap_out, plan.swap_in, plan.copies):
+            pairs.clear()
 
 
 STEMS = [(), (0, 1, 2, 0), (0, 1, 2, 0, 1, 1, 2, 2), (2, 2, 2, 2, 2)]
@@ -129,6 +147,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.bm = BlockManager(NUM_BLOCKS, NUM_CPU_BLOCKS, BS, enable_caching=self.enable_caching)
         self.families: list[Family] = []
         self.mem = Memory()
+        self.plan = Plan()  # the current step's block copies
         self.pins: dict[int, tuple[list[int], list[list]]] = {}  # handle -> blocks, contents
         self.next_handle = 0
 
@@ -152,7 +171,6 @@ class BlockManagerMachine(RuleBasedStateMachine):
         free_before = pool.num_free
         tables_before = {sid: list(t) for sid, t in bm.tables.items()}
         computed_before = [d.seq.num_computed_tokens for d in demands]
-        copies_before = len(bm.plan.copies)
         # the room each demand is counted for, and the copies the writes make in order (a
         # shared block is copied while another sharer is left to write into it in place)
         need = 0
@@ -179,9 +197,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
                 refs[old] += 1
             copies.append(old if shared else None)
 
-        if not bm.allocate_slots(demands):
+        made = bm.allocate_slots(demands)
+        if made is None:
             assert need > free_before, "room that exists must be given"
-            assert pool.num_free == free_before and len(bm.plan.copies) == copies_before
+            assert pool.num_free == free_before
             assert {sid: list(t) for sid, t in bm.tables.items()} == tables_before
             assert [d.seq.num_computed_tokens for d in demands] == computed_before
             return False
@@ -191,7 +210,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         ids = {d.seq.seq_id for d in demands}
         assert {sid: t for sid, t in bm.tables.items() if sid not in ids} == {
             sid: t for sid, t in tables_before.items() if sid not in ids}
-        new_copies = iter(bm.plan.copies[copies_before:])
+        self.plan.copies += made
+        new_copies = iter(made)
         for d, old in zip(demands, copies, strict=True):
             seq, table = d.seq, bm.tables[d.seq.seq_id]
             if d.computed is not None:
@@ -228,7 +248,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     def _execute(self, demands: list[Demand]) -> None:
         """The rest of the engine step: apply the plan, write the new K/V, commit."""
-        self.mem.apply(self.bm)
+        self.mem.apply(self.plan)
         for d in demands:
             seq, k = d.seq, d.num_new_tokens
             table = self.bm.tables[seq.seq_id]
@@ -242,17 +262,31 @@ class BlockManagerMachine(RuleBasedStateMachine):
         """The ref count of a table entry, in the pool it names."""
         return self.bm.cpu_pool.ref[cpu_entry(entry)] if entry < 0 else self.bm.pool.ref[entry]
 
+    def _full_cpu_blocks(self, fam: Family) -> dict[int, bytes]:
+        """The group's CPU blocks full of computed tokens, by the chain hash of their tokens."""
+        full: dict[int, bytes] = {}
+        for seq in fam.seqs:
+            table = self.bm.tables[seq.seq_id]
+            for i in range(seq.num_computed_tokens // BS):
+                if table[i] < 0:
+                    full[cpu_entry(table[i])] = chain_of(tuple(seq.token_ids[: (i + 1) * BS]))
+        return full
+
     def _swap_out(self, fam: Family) -> bool:
         bm = self.bm
-        if not bm.can_swap_out(fam.seqs):
-            return False
         refs = Counter(b for s in fam.seqs for b in bm.tables[s.seq_id])
         # only blocks no one else holds (no other group, no pin) leave the device
         leaving = {b for b, n in refs.items() if bm.pool.ref[b] == n}
+        tables = {s.seq_id: list(bm.tables[s.seq_id]) for s in fam.seqs}
         cpu_free = bm.cpu_pool.num_free
-        pairs_before = len(bm.plan.swap_out)
-        bm.swap_out(fam.seqs)
-        assert sorted(s for s, _ in bm.plan.swap_out[pairs_before:]) == sorted(leaving)
+        pairs = bm.swap_out(fam.seqs)
+        if pairs is None:
+            assert len(leaving) > cpu_free, "room that exists must be used"
+            assert {s.seq_id: bm.tables[s.seq_id] for s in fam.seqs} == tables
+            assert bm.cpu_pool.num_free == cpu_free
+            return False
+        self.plan.swap_out += pairs
+        assert sorted(s for s, _ in pairs) == sorted(leaving)
         assert cpu_free - bm.cpu_pool.num_free == len(leaving), "shared blocks move once"
         staying = set(refs) - leaving
         assert all(b in staying or b < 0 for s in fam.seqs for b in bm.tables[s.seq_id])
@@ -320,22 +354,31 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def swap_out(self, pick: int) -> None:
         fams = self._in("running")
         self._swap_out(fams[pick % len(fams)])
-        self.mem.apply(self.bm)
+        self.mem.apply(self.plan)
 
     @precondition(lambda self: self._in("swapped"))
     @rule(pick=picks, then_run=st.booleans(), tokens=new_tokens)
     def swap_in(self, pick: int, then_run: bool, tokens: list[int]) -> None:
         fams = self._in("swapped")
         fam = fams[pick % len(fams)]
-        bm = self.bm
-        if not bm.can_swap_in(fam.seqs):
-            return
+        bm, pool = self.bm, self.bm.pool
         cpu = {cpu_entry(b) for s in fam.seqs for b in bm.tables[s.seq_id] if b < 0}
-        free, need = bm.pool.num_free, bm.swap_in_blocks_needed(fam.seqs)
-        bm.swap_in(fam.seqs)
-        # a block still indexed on the device comes back by reference; the rest are copied
-        assert {s for s, _ in bm.plan.swap_in} <= cpu
-        assert free - bm.pool.num_free == need
+        # a block whose contents are still indexed on the device comes back by reference
+        # (reviving it if cached); the rest are copied into fresh blocks
+        by_ref = {c: b for c, h in self._full_cpu_blocks(fam).items()
+                  if (b := pool.lookup(h)) is not None}
+        need = len(cpu) - len(by_ref) + len({b for b in by_ref.values() if pool.is_evictable(b)})
+        free = pool.num_free
+        tables = {s.seq_id: list(bm.tables[s.seq_id]) for s in fam.seqs}
+        pairs = bm.swap_in(fam.seqs)
+        if pairs is None:
+            assert need > free, "room that exists must be used"
+            assert {s.seq_id: bm.tables[s.seq_id] for s in fam.seqs} == tables
+            assert pool.num_free == free
+            return
+        self.plan.swap_in += pairs
+        assert sorted(s for s, _ in pairs) == sorted(cpu - set(by_ref))
+        assert free - pool.num_free == need
         assert all(b >= 0 for s in fam.seqs for b in bm.tables[s.seq_id])
         fam.state = "running"
         # like the scheduler: the group is stepped in the same plan when it fits
@@ -375,7 +418,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     # -- invariants --------------------------------------------------------------------------------
     @invariant()
     def plan_is_applied(self) -> None:
-        plan = self.bm.plan
+        plan = self.plan
         assert not (plan.copies or plan.swap_out or plan.swap_in)
 
     @invariant()
@@ -637,18 +680,17 @@ def test_copy_on_write_after_fork_splits_only_the_partial_block() -> None:
     parent.append(10, 0.0)
     child.append(20, 0.0)
     free = bm.pool.num_free
-    compute(bm, parent)
+    _, copies = step(bm, parent)
     fresh = bm.tables[parent.seq_id][1]
     assert bm.tables[parent.seq_id] == [b0, fresh] and fresh not in (b0, b1)
-    assert bm.plan.copies == [(b1, fresh)]
+    assert copies == [(b1, fresh)]
     assert free - bm.pool.num_free == 1  # the copy
     assert bm.pool.ref[b1] == bm.pool.ref[fresh] == 1 and bm.pool.ref[b0] == 2
 
     free = bm.pool.num_free
-    compute(bm, child)
+    assert step(bm, child)[1] == []
     assert bm.pool.num_free == free  # the last sharer writes in place
     assert bm.tables[child.seq_id] == [b0, b1]
-    assert bm.plan.copies == [(b1, fresh)]
     assert bm.pool.num_shared == 1  # the full prompt block stays shared
 
 
@@ -663,10 +705,9 @@ def test_fork_on_a_block_boundary_shares_every_prompt_block() -> None:
     for i, seq in enumerate([parent, *children]):
         seq.append(i, 0.0)
         free = bm.pool.num_free
-        compute(bm, seq)
+        assert step(bm, seq)[1] == []
         assert free - bm.pool.num_free == 1
         assert bm.tables[seq.seq_id][:2] == prompt_blocks
-    assert bm.plan.copies == []
     assert [bm.pool.ref[b] for b in prompt_blocks] == [4, 4]
     assert len({bm.tables[s.seq_id][2] for s in [parent, *children]}) == 4
 
@@ -680,20 +721,18 @@ def test_swap_moves_shared_blocks_once_and_keeps_sharing() -> None:
     for seq, tok in ((parent, 7), (child, 8)):
         seq.append(tok, 0.0)
         compute(bm, seq)
-    bm.plan.clear()
     tables = {s.seq_id: list(bm.tables[s.seq_id]) for s in (parent, child)}
-    assert bm.can_swap_out([parent, child])
-    bm.swap_out([parent, child])
-    assert len(bm.plan.swap_out) == 3  # one shared block, two private ones
-    moved = dict(bm.plan.swap_out)
+    out = bm.swap_out([parent, child])
+    assert out is not None and len(out) == 3  # one shared block, two private ones
+    moved = dict(out)
     for seq in (parent, child):
         assert bm.tables[seq.seq_id] == [cpu_entry(moved[b]) for b in tables[seq.seq_id]]
     assert bm.cpu_pool.num_used == 3 and bm.cpu_pool.num_shared == 1
     assert bm.pool.num_used == 0 and bm.num_logical_blocks == 0
 
-    bm.swap_in([parent, child])
+    back = bm.swap_in([parent, child])
     # the full shared block is still cached on the device: it comes back without a copy
-    assert len(bm.plan.swap_in) == 2 and bm.cpu_pool.num_used == 0
+    assert back is not None and len(back) == 2 and bm.cpu_pool.num_used == 0
     assert bm.pool.num_used == 3 and bm.pool.num_shared == 1
     assert bm.tables[parent.seq_id][0] == bm.tables[child.seq_id][0]
     bm.free(parent)
@@ -709,10 +748,9 @@ def test_swap_leaves_blocks_held_by_others_on_the_device() -> None:
     sharer = make_seq(list(range(8)) + [50, 51, 52])
     assert compute(bm, sharer) == 8  # two blocks shared with the owner (and pinned)
     bm.free(owner)
-    bm.plan.clear()
     shared = bm.tables[sharer.seq_id][:2]
-    bm.swap_out([sharer])
-    assert len(bm.plan.swap_out) == 1 and bm.tables[sharer.seq_id][:2] == shared
+    out = bm.swap_out([sharer])
+    assert out is not None and len(out) == 1 and bm.tables[sharer.seq_id][:2] == shared
     assert [bm.pool.ref[b] for b in shared] == [2, 2]
     bm.swap_in([sharer])
     assert bm.tables[sharer.seq_id][:2] == shared and bm.cpu_pool.num_used == 0

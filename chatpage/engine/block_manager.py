@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from chatpage.engine.block_pool import BlockPool, chain_hash, cpu_entry
 from chatpage.engine.sequence import Sequence
 
-__all__ = ["BlockManager", "BlockPool", "ComputedBlocks", "Demand", "SwapPlan", "chain_hash",
+__all__ = ["BlockCopies", "BlockManager", "BlockPool", "ComputedBlocks", "Demand", "chain_hash",
            "cpu_entry"]
 
 
@@ -40,18 +40,8 @@ class Demand:
         return self.seq.num_computed_tokens if self.computed is None else self.computed.num_tokens
 
 
-@dataclass
-class SwapPlan:
-    """Block copies the cache must perform before the next forward pass."""
-
-    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write src -> dst
-    swap_out: list[tuple[int, int]] = field(default_factory=list)  # device -> cpu
-    swap_in: list[tuple[int, int]] = field(default_factory=list)  # cpu -> device
-
-    def clear(self) -> None:
-        self.copies.clear()
-        self.swap_out.clear()
-        self.swap_in.clear()
+BlockCopies = list[tuple[int, int]]
+"""Block copies the KV cache makes before a forward pass, (source, destination) each."""
 
 
 class BlockManager:
@@ -74,7 +64,6 @@ class BlockManager:
         self._registered: dict[int, int] = {}  # how many leading blocks are indexed
         self._swapped: set[int] = set()  # sequences swapped out (tables may hold CPU entries)
         self._pins: dict[Hashable, list[int]] = {}  # pin handle -> pinned blocks
-        self.plan = SwapPlan()
         self.prefix_hit_tokens = 0
 
     # -- hashing ---------------------------------------------------------------------------------
@@ -124,23 +113,25 @@ class BlockManager:
         cow = self._shared_write(demand.seq) is not None
         return total - len(self.tables[demand.seq.seq_id]) + cow
 
-    def allocate_slots(self, demands: list[Demand], reserve: int = 0) -> bool:
-        """Make room for every demand, or for none: False, with nothing changed, when that would
+    def allocate_slots(self, demands: list[Demand], reserve: int = 0) -> BlockCopies | None:
+        """Make room for every demand, or for none: None, with nothing changed, when that would
         leave fewer than ``reserve`` blocks free. A sequence without blocks starts from its
-        prefix hits (``Demand.computed``); a shared block it writes into is copied first.
+        prefix hits (``Demand.computed``); a shared block it writes into is copied first: the
+        copy-on-write pairs are returned.
 
         The room is counted per sequence as if each were alone: exact for one sequence, an upper
         bound for a group whose sequences share a block they all write into."""
         need = sum(self._blocks_to_allocate(d) for d in demands)
         if need + reserve > self.pool.num_free:
-            return False
+            return None
         # the hits first, so that allocating fresh blocks cannot evict one of them
         for d in demands:
             if d.computed is not None:
                 self._take_hits(d.seq, d.computed)
+        copies: BlockCopies = []
         for d in demands:
-            self._extend(d.seq, d.num_new_tokens)
-        return True
+            self._extend(d.seq, d.num_new_tokens, copies)
+        return copies
 
     def _take_hits(self, seq: Sequence, computed: ComputedBlocks) -> None:
         assert seq.seq_id not in self.tables, "prefix hits are for a sequence without blocks"
@@ -151,13 +142,14 @@ class BlockManager:
         seq.num_computed_tokens = computed.num_tokens
         self.prefix_hit_tokens += computed.num_tokens
 
-    def _extend(self, seq: Sequence, num_new_tokens: int) -> None:
-        """Blocks for ``num_new_tokens`` more tokens of ``seq``, each one it writes private."""
+    def _extend(self, seq: Sequence, num_new_tokens: int, copies: BlockCopies) -> None:
+        """Blocks for ``num_new_tokens`` more tokens of ``seq``, each one it writes private
+        (a copy-on-write goes to ``copies``)."""
         table = self.tables[seq.seq_id]
         i = self._shared_write(seq)
         if i is not None:
             fresh = self.pool.allocate()
-            self.plan.copies.append((table[i], fresh))
+            copies.append((table[i], fresh))
             self.pool.decref(table[i])
             table[i] = fresh
         total = self._num_blocks(seq.num_computed_tokens + num_new_tokens)
@@ -251,42 +243,43 @@ class BlockManager:
                     cached[entry] = block
         return cpu, cached
 
-    def can_swap_out(self, seqs: list[Sequence]) -> bool:
-        return len(self._leaving(seqs)) <= self.cpu_pool.num_free
-
-    def swap_in_blocks_needed(self, seqs: list[Sequence]) -> int:
-        """Device blocks a swap-in of the group takes (cached blocks it revives included)."""
-        cpu, cached = self._returning(seqs)
-        revived = {b for b in cached.values() if self.pool.is_evictable(b)}
-        return sum(1 for e in cpu if e not in cached) + len(revived)
-
-    def can_swap_in(self, seqs: list[Sequence], reserve: int = 0) -> bool:
-        return self.swap_in_blocks_needed(seqs) + reserve <= self.pool.num_free
-
     def _retable(self, seqs: list[Sequence], mapping: dict[int, int]) -> None:
         for s in seqs:
             table = self.tables[s.seq_id]
             table[:] = [mapping.get(b, b) for b in table]
 
-    def swap_out(self, seqs: list[Sequence]) -> None:
+    def swap_out(self, seqs: list[Sequence]) -> BlockCopies | None:
         """Move the blocks only this group holds to the CPU pool (each once, however many of
-        its sequences share it); blocks also held elsewhere stay on the device."""
+        its sequences share it); blocks also held elsewhere stay on the device. Returns the
+        (device, cpu) copies, or None, with nothing changed, when the CPU pool lacks room."""
+        leaving = self._leaving(seqs)
+        if len(leaving) > self.cpu_pool.num_free:
+            return None
+        pairs: BlockCopies = []
         mapping: dict[int, int] = {}
-        for b, n in self._leaving(seqs).items():
+        for b, n in leaving.items():
             c = self.cpu_pool.allocate()
             for _ in range(n - 1):
                 self.cpu_pool.incref(c)
             for _ in range(n):
                 self.pool.decref(b)
-            self.plan.swap_out.append((b, c))
+            pairs.append((b, c))
             mapping[b] = cpu_entry(c)
         self._retable(seqs, mapping)
         self._swapped.update(s.seq_id for s in seqs)
+        return pairs
 
-    def swap_in(self, seqs: list[Sequence]) -> None:
+    def swap_in(self, seqs: list[Sequence], reserve: int = 0) -> BlockCopies | None:
         """Bring a swapped group back: blocks still indexed on the device are shared again,
-        the rest are copied into fresh blocks (and indexed again)."""
+        the rest are copied into fresh blocks (and indexed again). Returns the (cpu, device)
+        copies, or None, with nothing changed, when that would leave fewer than ``reserve``
+        device blocks free (cached blocks it revives count)."""
         cpu, cached = self._returning(seqs)
+        revived = {b for b in cached.values() if self.pool.is_evictable(b)}
+        need = sum(1 for e in cpu if e not in cached) + len(revived)
+        if need + reserve > self.pool.num_free:
+            return None
+        pairs: BlockCopies = []
         hashes = self._entry_hashes(seqs) if self.enable_caching else {}
         mapping: dict[int, int] = {}
         # take the cached blocks first, so that allocating the others cannot evict them
@@ -295,7 +288,7 @@ class BlockManager:
             block = cached.get(entry)
             if block is None:
                 block = self.pool.allocate()
-                self.plan.swap_in.append((c, block))
+                pairs.append((c, block))
                 if entry in hashes:
                     self.pool.register(block, hashes[entry])
                 n -= 1
@@ -306,6 +299,7 @@ class BlockManager:
             mapping[entry] = block
         self._retable(seqs, mapping)
         self._swapped.difference_update(s.seq_id for s in seqs)
+        return pairs
 
     # -- pins --------------------------------------------------------------------------------------
     def pin(self, seq: Sequence, handle: Hashable) -> int:

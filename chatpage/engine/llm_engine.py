@@ -172,11 +172,9 @@ class LLMEngine(BeamSearch):
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once over the whole batch, sample; return what changed."""
         sched = self.scheduler.schedule()
-        plan = self.bm.plan
-        self.kv.swap_out(plan.swap_out)
-        self.kv.swap_in(plan.swap_in)
-        self.kv.copy(plan.copies)
-        plan.clear()
+        self.kv.swap_out(sched.swap_out)
+        self.kv.swap_in(sched.swap_in)
+        self.kv.copy(sched.copies)
         if not sched.scheduled:
             return self._fail_unschedulable(bool(sched.preempted))
         logits = self.runner.execute(sched.scheduled)
