@@ -182,7 +182,7 @@ class LLMEngine(BeamSearch):
         for item in sched.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.bm.commit(item.seq)
-            if item.seq.num_computed_tokens == len(item.seq):
+            if item.samples:
                 sampling.append(item)
         touched = self._process(sampling, logits)
         return [self._output(g) for g in touched]

@@ -16,16 +16,16 @@ from chatpage.engine.config import EngineConfig, PreemptionMode
 from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class ScheduledSeq:
+    """``num_new_tokens`` of ``seq`` to compute this step. ``samples``: the chunk reaches the
+    end of the sequence, so its last position needs logits and a token is picked from them
+    (the one place that decides which rows the runner returns and the sampler sees)."""
+
     group: SequenceGroup
     seq: Sequence
     num_new_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        """This chunk reaches the end of the sequence, so its last position needs logits."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == len(self.seq)
+    samples: bool
 
 
 @dataclass
@@ -148,7 +148,8 @@ class Scheduler:
                 group.prefix_hit_tokens += sum(d.computed.num_tokens for d in demands
                                                if d.computed is not None)
             for d in demands:
-                out.scheduled.append(ScheduledSeq(group, d.seq, d.num_new_tokens))
+                ends = d.seq.num_computed_tokens + d.num_new_tokens == len(d.seq)
+                out.scheduled.append(ScheduledSeq(group, d.seq, d.num_new_tokens, ends))
                 budget -= d.num_new_tokens
             seq_budget -= len(demands)
             group.started = True
