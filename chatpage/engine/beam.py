@@ -10,6 +10,7 @@ from chatpage.engine.block_manager import BlockManager
 from chatpage.engine.outputs import FinishReason
 from chatpage.engine.sampler import beam_candidates, top_logprobs
 from chatpage.engine.sequence import BeamHypothesis, Sequence, SequenceGroup
+from chatpage.engine.stop import StopCheck
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -19,8 +20,7 @@ class BeamSearch:
     """The beam-search half of the engine's step (mixed into LLMEngine)."""
 
     bm: BlockManager
-    eos_ids: set[int]
-    max_model_len: int
+    stop: StopCheck
     _fork: Callable[[SequenceGroup, Sequence, int], Sequence]
 
     def _beam_score(self, group: SequenceGroup, cumulative: float, length: int) -> float:
@@ -48,8 +48,7 @@ class BeamSearch:
             beam_candidates(logprobs, [s.cumulative_logprob for s in seqs], 2 * k)
         ):
             parent = seqs[b]
-            ends = tok in p.stop_token_ids or (tok in self.eos_ids and not p.ignore_eos)
-            if ends:
+            if self.stop.ends_on(p, tok):
                 if rank < k:
                     self._add_hypothesis(group, parent, length, FinishReason.STOP,
                                          (tok, cum, tops[b]))
@@ -68,14 +67,18 @@ class BeamSearch:
             if s.seq_id not in uses:
                 self.bm.free(s)
                 group.seqs.remove(s)
+        at_length = False
         for seq, tok, cum, top in placed:
             seq.append(tok, cum - seq.cumulative_logprob, top)
             seq.cumulative_logprob = cum
-            if seq.detok.update(seq.token_ids):
-                self._add_hypothesis(group, seq, length, FinishReason.STOP)
-                seq.finish_reason = FinishReason.STOP
+            match self.stop(p, seq):
+                case FinishReason.STOP:  # a stop string
+                    self._add_hypothesis(group, seq, length, FinishReason.STOP)
+                    seq.finish_reason = FinishReason.STOP
+                case FinishReason.LENGTH:  # the beams are all as long: every live one is
+                    at_length = True
         live = [s for s in group.seqs if not s.finished]
-        if live and (length >= p.max_tokens or len(live[0]) >= self.max_model_len):
+        if at_length:
             for s in live:
                 self._add_hypothesis(group, s, length, FinishReason.LENGTH)
             done = True
@@ -86,7 +89,7 @@ class BeamSearch:
             done = not live
         if done:
             for s in live:
-                s.finish_reason = FinishReason.STOP
+                s.finish_reason = FinishReason.LENGTH if at_length else FinishReason.STOP
         for i, s in enumerate(sorted(live, key=lambda s: -s.cumulative_logprob)):
             s.index = i
 

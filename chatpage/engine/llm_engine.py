@@ -24,6 +24,7 @@ from chatpage.engine.sampler import make_generator, sample
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.engine.scheduler import ScheduledSeq, Scheduler
 from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
+from chatpage.engine.stop import StopCheck
 
 
 class LLMEngine(BeamSearch):
@@ -61,7 +62,7 @@ class LLMEngine(BeamSearch):
         self.scheduler = Scheduler(config, self.bm)
         self.runner = ModelRunner(self.model, self.kv, self.bm.tables, config.block_size,
                                   warnings=self.warnings)
-        self.eos_ids = self._eos_ids(hf)
+        self.stop = StopCheck(self._eos_ids(hf), self.max_model_len)
         self.groups: dict[str, SequenceGroup] = {}
         self._ids = itertools.count()
         self._pins = itertools.count()
@@ -80,12 +81,12 @@ class LLMEngine(BeamSearch):
         config = config or EngineConfig()
         return cls(load_model(model, progress, config.weight_dtype), config)
 
-    def _eos_ids(self, hf) -> set[int]:
+    def _eos_ids(self, hf) -> frozenset[int]:
         ids = hf.eos_token_id
         eos = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
-        return eos
+        return frozenset(eos)
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -236,7 +237,7 @@ class LLMEngine(BeamSearch):
             for (group, seq, _), tok, lp, top in zip(targets, tokens, logprobs, tops,
                                                      strict=True):
                 seq.append(tok, lp, top)
-                self._check_stop(group, seq, tok)
+                seq.finish_reason = self.stop(group.params, seq)
                 touched[group.request_id] = group
         for group, seq_rows in beams:
             self._beam_step(group, seq_rows, logits)
@@ -260,17 +261,6 @@ class LLMEngine(BeamSearch):
         self.bm.fork(parent, child)
         group.seqs.append(child)
         return child
-
-    def _check_stop(self, group: SequenceGroup, seq: Sequence, token: int) -> None:
-        """Set ``seq.finish_reason`` if ``token`` ends it (EOS, stop token/string, length)."""
-        p = group.params
-        if token in p.stop_token_ids or (token in self.eos_ids and not p.ignore_eos):
-            seq.finish_reason = FinishReason.STOP
-            return
-        if seq.detok.update(seq.token_ids):
-            seq.finish_reason = FinishReason.STOP
-        elif seq.num_output_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
-            seq.finish_reason = FinishReason.LENGTH
 
     def _release(self, group: SequenceGroup, seq: Sequence) -> None:
         """Free a finished sequence (pinning a persona prefix first)."""
