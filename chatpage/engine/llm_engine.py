@@ -27,7 +27,7 @@ from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
 from chatpage.engine.stop import StopCheck
 
 
-class LLMEngine(BeamSearch):
+class LLMEngine:
     """The paged engine: one model, one block pool, many requests batched every step."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
@@ -63,6 +63,7 @@ class LLMEngine(BeamSearch):
         self.runner = ModelRunner(self.model, self.kv, self.bm.tables, config.block_size,
                                   warnings=self.warnings)
         self.stop = StopCheck(self._eos_ids(hf), self.max_model_len)
+        self.beam = BeamSearch(self.bm, self.stop)
         self.groups: dict[str, SequenceGroup] = {}
         self._ids = itertools.count()
         self._pins = itertools.count()
@@ -240,7 +241,7 @@ class LLMEngine(BeamSearch):
                 seq.finish_reason = self.stop(group.params, seq)
                 touched[group.request_id] = group
         for group, seq_rows in beams:
-            self._beam_step(group, seq_rows, logits)
+            self.beam.step(self.beam.propose(group, seq_rows, logits))
             touched[group.request_id] = group
         now = time.monotonic()
         for group in touched.values():
@@ -254,12 +255,10 @@ class LLMEngine(BeamSearch):
         return list(touched.values())
 
     def _fork(self, group: SequenceGroup, parent: Sequence, index: int) -> Sequence:
-        child = parent.fork()
-        child.index = index
-        if not group.params.use_beam_search:
-            child.generator = make_generator(group.params.seed, index, self.device)
+        """Sample ``index`` of an n-sample request, with its own generator."""
+        child = group.fork(parent, index)
+        child.generator = make_generator(group.params.seed, index, self.device)
         self.bm.fork(parent, child)
-        group.seqs.append(child)
         return child
 
     def _release(self, group: SequenceGroup, seq: Sequence) -> None:
@@ -279,7 +278,7 @@ class LLMEngine(BeamSearch):
     def _output(self, group: SequenceGroup) -> RequestOutput:
         if group.status is GroupStatus.FINISHED:
             self.groups.pop(group.request_id, None)
-        return request_output(group, self._beam_score)
+        return request_output(group, self.beam.score)
 
     def _finish(self, group: SequenceGroup) -> RequestOutput:
         group.status = GroupStatus.FINISHED
