@@ -1,7 +1,8 @@
 """BlockManager and BlockPool: a stateful model of the engine's use, plus focused unit tests.
 
 The state machine drives a small BlockManager the way the scheduler and the engine do (capacity
-checks first; the plan's swaps and copies applied before each forward pass) and simulates the KV
+block copies collected over a step and applied before its forward pass, as SchedulerOutput
+carries them) and simulates the KV
 data: every slot holds the token prefix whose K/V it stores, so a computed position reads back
 its own context through its block table only if prefix reuse, copy-on-write and swapping are
 right.
@@ -10,14 +11,22 @@ right.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from chatpage.engine.block_manager import BlockManager, BlockPool, chain_hash, cpu_entry
+from chatpage.engine.block_manager import (
+    BlockCopies,
+    BlockManager,
+    BlockPool,
+    ComputedBlocks,
+    Demand,
+    chain_hash,
+    cpu_entry,
+)
 from chatpage.engine.sequence import Sequence
 
 BS = 4
@@ -38,13 +47,29 @@ def make_seq(tokens: list[int], prompt_len: int | None = None) -> Sequence:
     return Sequence(list(tokens), len(tokens) if prompt_len is None else prompt_len, _Detok())
 
 
-def compute(bm: BlockManager, seq: Sequence, k: int | None = None) -> int:
-    """One engine step for ``seq`` alone: allocate, run the model (nothing to simulate), commit."""
-    k = len(seq) - bm.computed_tokens(seq) if k is None else k
-    hits = bm.allocate_slots(seq, k)
-    seq.num_computed_tokens += k
+def demand(bm: BlockManager, seq: Sequence, k: int | None = None) -> Demand:
+    """What the scheduler asks for ``seq``: its prefix hits looked up once if it has no blocks,
+    then ``k`` new tokens (default: the rest of it)."""
+    computed = None if seq.seq_id in bm.tables else bm.get_computed_blocks(seq)
+    d = Demand(seq, 0, computed)
+    return replace(d, num_new_tokens=len(seq) - d.num_computed_tokens if k is None else k)
+
+
+def step(bm: BlockManager, seq: Sequence, k: int | None = None) -> tuple[Demand, BlockCopies]:
+    """One engine step for ``seq`` alone: allocate, run the model (nothing to simulate), commit;
+    returns what it asked for and the copy-on-write pairs."""
+    d = demand(bm, seq, k)
+    copies = bm.allocate_slots([d])
+    assert copies is not None
+    seq.num_computed_tokens += d.num_new_tokens
     bm.commit(seq)
-    return hits
+    return d, copies
+
+
+def compute(bm: BlockManager, seq: Sequence, k: int | None = None) -> int:
+    """:func:`step`; returns the prefix-hit tokens it started from."""
+    d, _ = step(bm, seq, k)
+    return 0 if d.computed is None else d.computed.num_tokens
 
 
 def chain_of(tokens: tuple[int, ...]) -> int | None:
@@ -70,6 +95,15 @@ class Family:
 
 
 @dataclass
+class Plan:
+    """The block copies of one step, as SchedulerOutput carries them."""
+
+    swap_out: BlockCopies = field(default_factory=list)
+    swap_in: BlockCopies = field(default_factory=list)
+    copies: BlockCopies = field(default_factory=list)
+
+
+@dataclass
 class Memory:
     """Simulated K/V contents: block id -> one entry per slot (the prefix it encodes, or None)."""
 
@@ -85,14 +119,14 @@ class Memory:
         for (_, d), block in zip(pairs, data, strict=True):
             dst[d] = block
 
-    def apply(self, bm: BlockManager) -> None:
+    def apply(self, plan: Plan) -> None:
         """What LLMEngine.step does with the plan before the forward pass, in its order."""
-        plan = bm.plan
         assert len({d for _, d in plan.copies}) == len(plan.copies), "a block copied into twice"
         self._gather_scatter(self.dev, self.cpu, plan.swap_out)
         self._gather_scatter(self.cpu, self.dev, plan.swap_in)
         self._gather_scatter(self.dev, self.dev, plan.copies)
-        plan.clear()
+        for pairs in (plan.swap_out, plan.swap_in, plan.copies):
+            pairs.clear()
 
 
 STEMS = [(), (0, 1, 2, 0), (0, 1, 2, 0, 1, 1, 2, 2), (2, 2, 2, 2, 2)]
@@ -113,6 +147,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.bm = BlockManager(NUM_BLOCKS, NUM_CPU_BLOCKS, BS, enable_caching=self.enable_caching)
         self.families: list[Family] = []
         self.mem = Memory()
+        self.plan = Plan()  # the current step's block copies
         self.pins: dict[int, tuple[list[int], list[list]]] = {}  # handle -> blocks, contents
         self.next_handle = 0
 
@@ -123,53 +158,81 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def _in(self, *states: str) -> list[Family]:
         return [f for f in self.families if f.state in states]
 
-    def _demands(self, fam: Family, chunk: int) -> list[tuple[Sequence, int]]:
+    def _demands(self, fam: Family, chunk: int) -> list[Demand]:
         """The scheduler's demands: a lone sequence may prefill in chunks, a group moves whole."""
         if len(fam.seqs) == 1:
-            seq = fam.seqs[0]
-            return [(seq, min(chunk, len(seq) - self.bm.computed_tokens(seq)))]
-        return [(s, len(s) - self.bm.computed_tokens(s)) for s in fam.seqs]
+            d = demand(self.bm, fam.seqs[0])
+            return [replace(d, num_new_tokens=min(chunk, d.num_new_tokens))]
+        return [demand(self.bm, s) for s in fam.seqs]
 
-    def _allocate(self, seq: Sequence, k: int) -> None:
-        """allocate_slots for one sequence, checking what it may and may not change."""
+    def _allocate(self, demands: list[Demand]) -> bool:
+        """allocate_slots for a group, checking what it may and may not change."""
         bm, pool = self.bm, self.bm.pool
-        first_call = seq.seq_id not in bm.tables
-        expect_hits = bm.computed_tokens(seq) if first_call else 0
-        need = bm.blocks_needed(seq, k)
         free_before = pool.num_free
-        others = {sid: list(t) for sid, t in bm.tables.items() if sid != seq.seq_id}
-        old_table = [] if first_call else list(bm.tables[seq.seq_id])
-        first = seq.num_computed_tokens // BS
-        old = old_table[first] if first < len(old_table) else None
-        shared = old is not None and pool.ref[old] > 1
-        old_ref = pool.ref[old] if old is not None else 0
-        copies_before = len(bm.plan.copies)
+        tables_before = {sid: list(t) for sid, t in bm.tables.items()}
+        computed_before = [d.seq.num_computed_tokens for d in demands]
+        # the room each demand is counted for, and the copies the writes make in order (a
+        # shared block is copied while another sharer is left to write into it in place)
+        need = 0
+        copies: list[int | None] = []
+        refs = Counter()
+        for d in demands:
+            seq = d.seq
+            total = -(-(d.num_computed_tokens + d.num_new_tokens) // BS)
+            if d.computed is not None:
+                hits = d.computed.blocks
+                assert seq.seq_id not in bm.tables
+                assert d.computed.num_tokens == len(hits) * BS < len(seq), "never the last token"
+                assert [pool.lookup(chain_of(tuple(seq.token_ids[: (i + 1) * BS])))
+                        for i in range(len(hits))] == list(hits), "hits follow the chain"
+                need += total - len(hits) + sum(pool.is_evictable(b) for b in hits)
+                copies.append(None)
+                continue
+            table = bm.tables[seq.seq_id]
+            first = seq.num_computed_tokens // BS
+            old = table[first] if first < len(table) else None
+            need += total - len(table) + (old is not None and pool.ref[old] > 1)
+            shared = old is not None and pool.ref[old] - refs[old] > 1
+            if shared:
+                refs[old] += 1
+            copies.append(old if shared else None)
 
-        hits = bm.allocate_slots(seq, k)
-
-        table = bm.tables[seq.seq_id]
-        assert hits == expect_hits
-        assert hits % BS == 0 and hits < len(seq), "a prefix hit may never cover the last token"
-        if first_call:
-            assert seq.num_computed_tokens == hits
-            first = hits // BS
-            old_table = table[:first]  # the hits; their contents are checked by the invariants
-        assert free_before - pool.num_free == need, "blocks_needed must be exact for one call"
-        assert len(table) == -(-(seq.num_computed_tokens + k) // BS)
-        assert {sid: t for sid, t in bm.tables.items() if sid != seq.seq_id} == others
-        assert table[:first] == old_table[:first]
-        # every block this call writes into is private to the writer
-        assert all(pool.ref[b] == 1 for b in table[first:])
-        new_copies = bm.plan.copies[copies_before:]
-        if shared:
-            assert table[first] != old and new_copies == [(old, table[first])]
-            assert pool.ref[old] == old_ref - 1
-        else:
-            assert new_copies == []
+        made = bm.allocate_slots(demands)
+        if made is None:
+            assert need > free_before, "room that exists must be given"
+            assert pool.num_free == free_before
+            assert {sid: list(t) for sid, t in bm.tables.items()} == tables_before
+            assert [d.seq.num_computed_tokens for d in demands] == computed_before
+            return False
+        assert need <= free_before
+        taken = free_before - pool.num_free
+        assert taken == need if len(demands) == 1 else taken <= need, "the room is counted right"
+        ids = {d.seq.seq_id for d in demands}
+        assert {sid: t for sid, t in bm.tables.items() if sid not in ids} == {
+            sid: t for sid, t in tables_before.items() if sid not in ids}
+        self.plan.copies += made
+        new_copies = iter(made)
+        for d, old in zip(demands, copies, strict=True):
+            seq, table = d.seq, bm.tables[d.seq.seq_id]
+            if d.computed is not None:
+                assert seq.num_computed_tokens == d.computed.num_tokens
+                assert table[: len(d.computed.blocks)] == list(d.computed.blocks)
+                prefix = list(d.computed.blocks)
+            else:
+                prefix = tables_before[seq.seq_id]
+            first = seq.num_computed_tokens // BS
+            assert len(table) == -(-(seq.num_computed_tokens + d.num_new_tokens) // BS)
+            assert table[:first] == prefix[:first]
+            # every block this call writes into is private to the writer
+            assert all(pool.ref[b] == 1 for b in table[first:])
             if old is not None:
-                assert table[first] == old
+                assert next(new_copies) == (old, table[first]) and table[first] != old
+            elif first < len(prefix):
+                assert table[first] == prefix[first]
+        assert next(new_copies, None) is None
+        return True
 
-    def _schedule(self, fam: Family, chunk: int, tokens: list[int]) -> list[tuple[Sequence, int]]:
+    def _schedule(self, fam: Family, chunk: int, tokens: list[int]) -> list[Demand]:
         """Sample (append) where all is computed, then allocate for ``fam`` if it fits."""
         if fam.state == "running":
             for seq, tok in zip(fam.seqs, tokens, strict=False):
@@ -178,17 +241,16 @@ class BlockManagerMachine(RuleBasedStateMachine):
                         return []
                     seq.append(tok, 0.0)
         demands = self._demands(fam, chunk)
-        if not self.bm.can_allocate(demands):
+        if not self._allocate(demands):
             return []
-        for seq, k in demands:
-            self._allocate(seq, k)
         fam.state = "running"
         return demands
 
-    def _execute(self, demands: list[tuple[Sequence, int]]) -> None:
+    def _execute(self, demands: list[Demand]) -> None:
         """The rest of the engine step: apply the plan, write the new K/V, commit."""
-        self.mem.apply(self.bm)
-        for seq, k in demands:
+        self.mem.apply(self.plan)
+        for d in demands:
+            seq, k = d.seq, d.num_new_tokens
             table = self.bm.tables[seq.seq_id]
             for p in range(seq.num_computed_tokens, seq.num_computed_tokens + k):
                 slots = self.mem.dev.setdefault(table[p // BS], [None] * BS)
@@ -200,17 +262,31 @@ class BlockManagerMachine(RuleBasedStateMachine):
         """The ref count of a table entry, in the pool it names."""
         return self.bm.cpu_pool.ref[cpu_entry(entry)] if entry < 0 else self.bm.pool.ref[entry]
 
+    def _full_cpu_blocks(self, fam: Family) -> dict[int, bytes]:
+        """The group's CPU blocks full of computed tokens, by the chain hash of their tokens."""
+        full: dict[int, bytes] = {}
+        for seq in fam.seqs:
+            table = self.bm.tables[seq.seq_id]
+            for i in range(seq.num_computed_tokens // BS):
+                if table[i] < 0:
+                    full[cpu_entry(table[i])] = chain_of(tuple(seq.token_ids[: (i + 1) * BS]))
+        return full
+
     def _swap_out(self, fam: Family) -> bool:
         bm = self.bm
-        if not bm.can_swap_out(fam.seqs):
-            return False
         refs = Counter(b for s in fam.seqs for b in bm.tables[s.seq_id])
         # only blocks no one else holds (no other group, no pin) leave the device
         leaving = {b for b, n in refs.items() if bm.pool.ref[b] == n}
+        tables = {s.seq_id: list(bm.tables[s.seq_id]) for s in fam.seqs}
         cpu_free = bm.cpu_pool.num_free
-        pairs_before = len(bm.plan.swap_out)
-        bm.swap_out(fam.seqs)
-        assert sorted(s for s, _ in bm.plan.swap_out[pairs_before:]) == sorted(leaving)
+        pairs = bm.swap_out(fam.seqs)
+        if pairs is None:
+            assert len(leaving) > cpu_free, "room that exists must be used"
+            assert {s.seq_id: bm.tables[s.seq_id] for s in fam.seqs} == tables
+            assert bm.cpu_pool.num_free == cpu_free
+            return False
+        self.plan.swap_out += pairs
+        assert sorted(s for s, _ in pairs) == sorted(leaving)
         assert cpu_free - bm.cpu_pool.num_free == len(leaving), "shared blocks move once"
         staying = set(refs) - leaving
         assert all(b in staying or b < 0 for s in fam.seqs for b in bm.tables[s.seq_id])
@@ -278,22 +354,31 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def swap_out(self, pick: int) -> None:
         fams = self._in("running")
         self._swap_out(fams[pick % len(fams)])
-        self.mem.apply(self.bm)
+        self.mem.apply(self.plan)
 
     @precondition(lambda self: self._in("swapped"))
     @rule(pick=picks, then_run=st.booleans(), tokens=new_tokens)
     def swap_in(self, pick: int, then_run: bool, tokens: list[int]) -> None:
         fams = self._in("swapped")
         fam = fams[pick % len(fams)]
-        bm = self.bm
-        if not bm.can_swap_in(fam.seqs):
-            return
+        bm, pool = self.bm, self.bm.pool
         cpu = {cpu_entry(b) for s in fam.seqs for b in bm.tables[s.seq_id] if b < 0}
-        free, need = bm.pool.num_free, bm.swap_in_blocks_needed(fam.seqs)
-        bm.swap_in(fam.seqs)
-        # a block still indexed on the device comes back by reference; the rest are copied
-        assert {s for s, _ in bm.plan.swap_in} <= cpu
-        assert free - bm.pool.num_free == need
+        # a block whose contents are still indexed on the device comes back by reference
+        # (reviving it if cached); the rest are copied into fresh blocks
+        by_ref = {c: b for c, h in self._full_cpu_blocks(fam).items()
+                  if (b := pool.lookup(h)) is not None}
+        need = len(cpu) - len(by_ref) + len({b for b in by_ref.values() if pool.is_evictable(b)})
+        free = pool.num_free
+        tables = {s.seq_id: list(bm.tables[s.seq_id]) for s in fam.seqs}
+        pairs = bm.swap_in(fam.seqs)
+        if pairs is None:
+            assert need > free, "room that exists must be used"
+            assert {s.seq_id: bm.tables[s.seq_id] for s in fam.seqs} == tables
+            assert pool.num_free == free
+            return
+        self.plan.swap_in += pairs
+        assert sorted(s for s, _ in pairs) == sorted(cpu - set(by_ref))
+        assert free - pool.num_free == need
         assert all(b >= 0 for s in fam.seqs for b in bm.tables[s.seq_id])
         fam.state = "running"
         # like the scheduler: the group is stepped in the same plan when it fits
@@ -333,7 +418,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     # -- invariants --------------------------------------------------------------------------------
     @invariant()
     def plan_is_applied(self) -> None:
-        plan = self.bm.plan
+        plan = self.plan
         assert not (plan.copies or plan.swap_out or plan.swap_in)
 
     @invariant()
@@ -464,9 +549,11 @@ def test_prefix_reuse_hits_full_blocks_but_never_the_last_token() -> None:
     a_table = list(bm.tables[a.seq_id])
 
     same = make_seq(base)  # the last token must be computed for its logits: two blocks reused
-    assert bm.computed_tokens(same) == 8
-    assert bm.blocks_needed(same, 4) == 1  # the hits are in use by `a`: nothing else taken
+    d = demand(bm, same)
+    assert d.computed is not None and d.computed.num_tokens == 8 and d.num_new_tokens == 4
+    free = bm.pool.num_free
     assert compute(bm, same) == 8
+    assert free - bm.pool.num_free == 1  # the hits are in use by `a`: nothing else taken
     assert bm.tables[same.seq_id][:2] == a_table[:2]
     assert bm.tables[same.seq_id][2] != a_table[2]
     assert bm.pool.ref[a_table[0]] == bm.pool.ref[a_table[1]] == 2
@@ -484,9 +571,8 @@ def test_prefix_reuse_hits_full_blocks_but_never_the_last_token() -> None:
     for seq in (a, same, longer, differs):
         bm.free(seq)
     again = make_seq(base + [5])
-    assert bm.computed_tokens(again) == 12
+    assert demand(bm, again).computed == ComputedBlocks(tuple(a_table), 12)
     # three cached hits leave the free count, plus one fresh block for the last token
-    assert bm.blocks_needed(again, 1) == 4
     free = bm.pool.num_free
     assert compute(bm, again) == 12
     assert free - bm.pool.num_free == 4
@@ -518,7 +604,7 @@ def test_lru_evicts_freed_tails_before_heads() -> None:
     assert bm.pool.lookup(hashes[0]) is None and bm.pool.lookup(hashes[1]) is None
     assert bm.tables[c.seq_id] == [a1, a0]
     assert bm.pool.num_free == 0
-    assert not bm.can_allocate([(make_seq([1]), 1)])
+    assert not bm.allocate_slots([demand(bm, make_seq([1]))])
     with pytest.raises(RuntimeError):
         bm.pool.allocate()
 
@@ -558,9 +644,10 @@ def test_pinned_blocks_are_never_evicted() -> None:
     compute(bm, other)
     bm.free(other)
     hog = make_seq([9] * 24)  # the six blocks that are not pinned
-    assert bm.can_allocate([(hog, 24)])
-    assert not bm.can_allocate([(make_seq([9] * 25), 25)])
-    compute(bm, hog)
+    too_long = make_seq([9] * 25)
+    assert not bm.allocate_slots([demand(bm, too_long)])
+    assert too_long.seq_id not in bm.tables and bm.pool.evictions == 0
+    compute(bm, hog)  # (compute asserts that it fits)
     assert bm.pool.evictions == 2 and bm.pool.num_free == 0
     assert [bm.pool.ref[b] for b in pinned] == [1, 1]
 
@@ -592,19 +679,18 @@ def test_copy_on_write_after_fork_splits_only_the_partial_block() -> None:
 
     parent.append(10, 0.0)
     child.append(20, 0.0)
-    assert bm.blocks_needed(parent, 1) == 1  # the copy
     free = bm.pool.num_free
-    compute(bm, parent)
+    _, copies = step(bm, parent)
     fresh = bm.tables[parent.seq_id][1]
     assert bm.tables[parent.seq_id] == [b0, fresh] and fresh not in (b0, b1)
-    assert bm.plan.copies == [(b1, fresh)]
-    assert free - bm.pool.num_free == 1
+    assert copies == [(b1, fresh)]
+    assert free - bm.pool.num_free == 1  # the copy
     assert bm.pool.ref[b1] == bm.pool.ref[fresh] == 1 and bm.pool.ref[b0] == 2
 
-    assert bm.blocks_needed(child, 1) == 0  # the last sharer writes in place
-    compute(bm, child)
+    free = bm.pool.num_free
+    assert step(bm, child)[1] == []
+    assert bm.pool.num_free == free  # the last sharer writes in place
     assert bm.tables[child.seq_id] == [b0, b1]
-    assert bm.plan.copies == [(b1, fresh)]
     assert bm.pool.num_shared == 1  # the full prompt block stays shared
 
 
@@ -618,10 +704,10 @@ def test_fork_on_a_block_boundary_shares_every_prompt_block() -> None:
     prompt_blocks = list(bm.tables[parent.seq_id])
     for i, seq in enumerate([parent, *children]):
         seq.append(i, 0.0)
-        assert bm.blocks_needed(seq, 1) == 1
-        compute(bm, seq)
+        free = bm.pool.num_free
+        assert step(bm, seq)[1] == []
+        assert free - bm.pool.num_free == 1
         assert bm.tables[seq.seq_id][:2] == prompt_blocks
-    assert bm.plan.copies == []
     assert [bm.pool.ref[b] for b in prompt_blocks] == [4, 4]
     assert len({bm.tables[s.seq_id][2] for s in [parent, *children]}) == 4
 
@@ -635,20 +721,18 @@ def test_swap_moves_shared_blocks_once_and_keeps_sharing() -> None:
     for seq, tok in ((parent, 7), (child, 8)):
         seq.append(tok, 0.0)
         compute(bm, seq)
-    bm.plan.clear()
     tables = {s.seq_id: list(bm.tables[s.seq_id]) for s in (parent, child)}
-    assert bm.can_swap_out([parent, child])
-    bm.swap_out([parent, child])
-    assert len(bm.plan.swap_out) == 3  # one shared block, two private ones
-    moved = dict(bm.plan.swap_out)
+    out = bm.swap_out([parent, child])
+    assert out is not None and len(out) == 3  # one shared block, two private ones
+    moved = dict(out)
     for seq in (parent, child):
         assert bm.tables[seq.seq_id] == [cpu_entry(moved[b]) for b in tables[seq.seq_id]]
     assert bm.cpu_pool.num_used == 3 and bm.cpu_pool.num_shared == 1
     assert bm.pool.num_used == 0 and bm.num_logical_blocks == 0
 
-    bm.swap_in([parent, child])
+    back = bm.swap_in([parent, child])
     # the full shared block is still cached on the device: it comes back without a copy
-    assert len(bm.plan.swap_in) == 2 and bm.cpu_pool.num_used == 0
+    assert back is not None and len(back) == 2 and bm.cpu_pool.num_used == 0
     assert bm.pool.num_used == 3 and bm.pool.num_shared == 1
     assert bm.tables[parent.seq_id][0] == bm.tables[child.seq_id][0]
     bm.free(parent)
@@ -664,10 +748,9 @@ def test_swap_leaves_blocks_held_by_others_on_the_device() -> None:
     sharer = make_seq(list(range(8)) + [50, 51, 52])
     assert compute(bm, sharer) == 8  # two blocks shared with the owner (and pinned)
     bm.free(owner)
-    bm.plan.clear()
     shared = bm.tables[sharer.seq_id][:2]
-    bm.swap_out([sharer])
-    assert len(bm.plan.swap_out) == 1 and bm.tables[sharer.seq_id][:2] == shared
+    out = bm.swap_out([sharer])
+    assert out is not None and len(out) == 1 and bm.tables[sharer.seq_id][:2] == shared
     assert [bm.pool.ref[b] for b in shared] == [2, 2]
     bm.swap_in([sharer])
     assert bm.tables[sharer.seq_id][:2] == shared and bm.cpu_pool.num_used == 0

@@ -33,7 +33,6 @@ def _group(sched: Scheduler, rid: str, prompt_len: int, t: float) -> SequenceGro
 def _step(sched: Scheduler) -> SchedulerOutput:
     """What the engine does around schedule(): compute, then append a token where all is done."""
     out = sched.schedule()
-    sched.bm.plan.clear()
     for item in out.scheduled:
         item.seq.num_computed_tokens += item.num_new_tokens
         if item.seq.num_computed_tokens == len(item.seq):

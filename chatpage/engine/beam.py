@@ -1,8 +1,9 @@
-"""Beam search steps of LLMEngine: keep the best continuations, fork and free beams to match."""
+"""Beam search over the paged cache: propose a step's candidates, keep the best, fork and free
+beams to match (a part of the scheduler's update)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import torch
 
@@ -10,46 +11,60 @@ from chatpage.engine.block_manager import BlockManager
 from chatpage.engine.outputs import FinishReason
 from chatpage.engine.sampler import beam_candidates, top_logprobs
 from chatpage.engine.sequence import BeamHypothesis, Sequence, SequenceGroup
+from chatpage.engine.stop import StopCheck
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
+
+@dataclass(frozen=True, slots=True)
+class BeamCandidates:
+    """A beam group's picks of one step: the best continuations over its live beams ``seqs``
+    as (beam index, token, new cumulative log-probability), best first, and each beam's most
+    likely tokens for a request that asks (per beam, as vLLM)."""
+
+    group: SequenceGroup
+    seqs: tuple[Sequence, ...]
+    candidates: tuple[tuple[int, int, float], ...]
+    tops: tuple[dict[int, float] | None, ...]
 
 
 class BeamSearch:
-    """The beam-search half of the engine's step (mixed into LLMEngine)."""
+    """Keeps the ``beam_width`` best continuations of a group's beams, step by step."""
 
-    bm: BlockManager
-    eos_ids: set[int]
-    max_model_len: int
-    _fork: Callable[[SequenceGroup, Sequence, int], Sequence]
+    def __init__(self, bm: BlockManager, stop: StopCheck) -> None:
+        self.bm = bm
+        self.stop = stop
 
-    def _beam_score(self, group: SequenceGroup, cumulative: float, length: int) -> float:
+    def score(self, group: SequenceGroup, cumulative: float, length: int) -> float:
+        """The length-penalized score of a beam."""
         return cumulative / (max(length, 1) ** group.params.length_penalty)
 
-    def _beam_step(self, group: SequenceGroup, seq_rows: list[tuple[Sequence, int]],
-                   logits: torch.Tensor) -> None:
-        """Keep the best ``beam_width`` continuations of all live beams; fork and free to match.
+    def propose(self, group: SequenceGroup, seq_rows: list[tuple[Sequence, int]],
+                logits: torch.Tensor) -> BeamCandidates:
+        """The ``2 * beam_width`` best continuations of the beams, from their rows of ``logits``
+        (twice the width: the ones that end go aside as hypotheses)."""
+        p = group.params
+        seqs = tuple(s for s, _ in seq_rows)
+        rows = torch.tensor([r for _, r in seq_rows], device=logits.device)
+        logprobs = torch.log_softmax(logits[rows], dim=-1)
+        tops = top_logprobs(logprobs, list(range(len(seqs))), [p.top_logprobs] * len(seqs)) \
+            if p.top_logprobs else [None] * len(seqs)
+        found = beam_candidates(logprobs, [s.cumulative_logprob for s in seqs], 2 * p.beam_width)
+        return BeamCandidates(group, seqs, tuple(found), tuple(tops))
+
+    def step(self, picks: BeamCandidates) -> None:
+        """Keep the best ``beam_width`` continuations; fork and free beams to match.
 
         Candidates ending in EOS (or a stop token) among the top ``beam_width`` become finished
         hypotheses. The search ends when ``beam_width`` hypotheses exist and no live beam can
         beat the worst of them at its current length, or at max_tokens.
         """
+        group, seqs, tops = picks.group, picks.seqs, picks.tops
         p = group.params
         k = p.beam_width
-        seqs = [s for s, _ in seq_rows]
-        rows = torch.tensor([r for _, r in seq_rows], device=logits.device)
-        logprobs = torch.log_softmax(logits[rows], dim=-1)
-        # each beam's most likely next tokens, for a request that asks (per beam, as vLLM)
-        tops = top_logprobs(logprobs, list(range(len(seqs))), [p.top_logprobs] * len(seqs)) \
-            if p.top_logprobs else [None] * len(seqs)
         length = seqs[0].num_output_tokens + 1
         chosen: list[tuple[Sequence, int, float, dict[int, float] | None]] = []
-        for rank, (b, tok, cum) in enumerate(
-            beam_candidates(logprobs, [s.cumulative_logprob for s in seqs], 2 * k)
-        ):
+        for rank, (b, tok, cum) in enumerate(picks.candidates):
             parent = seqs[b]
-            ends = tok in p.stop_token_ids or (tok in self.eos_ids and not p.ignore_eos)
-            if ends:
+            if self.stop.ends_on(p, tok):
                 if rank < k:
                     self._add_hypothesis(group, parent, length, FinishReason.STOP,
                                          (tok, cum, tops[b]))
@@ -63,30 +78,38 @@ class BeamSearch:
         for parent, tok, cum, top in chosen:
             n = uses.get(parent.seq_id, 0)
             uses[parent.seq_id] = n + 1
-            placed.append((parent if n == 0 else self._fork(group, parent, 0), tok, cum, top))
+            if n:
+                child = group.fork(parent, 0)
+                self.bm.fork(parent, child)
+                parent = child
+            placed.append((parent, tok, cum, top))
         for s in seqs:
             if s.seq_id not in uses:
                 self.bm.free(s)
                 group.seqs.remove(s)
+        at_length = False
         for seq, tok, cum, top in placed:
             seq.append(tok, cum - seq.cumulative_logprob, top)
             seq.cumulative_logprob = cum
-            if seq.detok.update(seq.token_ids):
-                self._add_hypothesis(group, seq, length, FinishReason.STOP)
-                seq.finish_reason = FinishReason.STOP
+            match self.stop(p, seq):
+                case FinishReason.STOP:  # a stop string
+                    self._add_hypothesis(group, seq, length, FinishReason.STOP)
+                    seq.finish_reason = FinishReason.STOP
+                case FinishReason.LENGTH:  # the beams are all as long: every live one is
+                    at_length = True
         live = [s for s in group.seqs if not s.finished]
-        if live and (length >= p.max_tokens or len(live[0]) >= self.max_model_len):
+        if at_length:
             for s in live:
                 self._add_hypothesis(group, s, length, FinishReason.LENGTH)
             done = True
         elif live and len(group.beam_hypotheses) >= k:
-            best_live = max(self._beam_score(group, s.cumulative_logprob, length) for s in live)
+            best_live = max(self.score(group, s.cumulative_logprob, length) for s in live)
             done = group.beam_hypotheses[-1].score >= best_live
         else:
             done = not live
         if done:
             for s in live:
-                s.finish_reason = FinishReason.STOP
+                s.finish_reason = FinishReason.LENGTH if at_length else FinishReason.STOP
         for i, s in enumerate(sorted(live, key=lambda s: -s.cumulative_logprob)):
             s.index = i
 
@@ -105,7 +128,7 @@ class BeamSearch:
             if top is not None:
                 tops.append(top)
         hyps = group.beam_hypotheses
-        hyps.append(BeamHypothesis(ids, cum, self._beam_score(group, cum, length),
+        hyps.append(BeamHypothesis(ids, cum, self.score(group, cum, length),
                                    seq.detok.text, reason, logprobs, tops))
         hyps.sort(key=lambda h: -h.score)
         del hyps[group.params.beam_width:]

@@ -1,33 +1,47 @@
 """Per-sequence block tables over a device BlockPool and a CPU swap pool (BlockManager).
 
 BlockManager maps each sequence's logical blocks to physical ones (chatpage/engine/block_pool.py):
-allocation with prefix reuse, append, fork, copy-on-write, free, swap, pin.
+allocation from one prefix-cache lookup, append, fork, copy-on-write, free, swap, pin.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from chatpage.engine.block_pool import BlockPool, chain_hash, cpu_entry
 from chatpage.engine.sequence import Sequence
 
-__all__ = ["BlockManager", "BlockPool", "SwapPlan", "chain_hash", "cpu_entry"]
+__all__ = ["BlockCopies", "BlockManager", "BlockPool", "ComputedBlocks", "Demand", "chain_hash",
+           "cpu_entry"]
 
 
-@dataclass
-class SwapPlan:
-    """Block copies the cache must perform before the next forward pass."""
+@dataclass(frozen=True, slots=True)
+class ComputedBlocks:
+    """A sequence's prefix-cache hits (``BlockManager.get_computed_blocks``)."""
 
-    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write src -> dst
-    swap_out: list[tuple[int, int]] = field(default_factory=list)  # device -> cpu
-    swap_in: list[tuple[int, int]] = field(default_factory=list)  # cpu -> device
+    blocks: tuple[int, ...] = ()
+    num_tokens: int = 0
 
-    def clear(self) -> None:
-        self.copies.clear()
-        self.swap_out.clear()
-        self.swap_in.clear()
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """Room for ``num_new_tokens`` more tokens of ``seq``. ``computed``: the prefix hits a
+    sequence without blocks starts from; None for one that has its blocks."""
+
+    seq: Sequence
+    num_new_tokens: int
+    computed: ComputedBlocks | None = None
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """Where the new tokens start."""
+        return self.seq.num_computed_tokens if self.computed is None else self.computed.num_tokens
+
+
+BlockCopies = list[tuple[int, int]]
+"""Block copies the KV cache makes before a forward pass, (source, destination) each."""
 
 
 class BlockManager:
@@ -50,7 +64,6 @@ class BlockManager:
         self._registered: dict[int, int] = {}  # how many leading blocks are indexed
         self._swapped: set[int] = set()  # sequences swapped out (tables may hold CPU entries)
         self._pins: dict[Hashable, list[int]] = {}  # pin handle -> pinned blocks
-        self.plan = SwapPlan()
         self.prefix_hit_tokens = 0
 
     # -- hashing ---------------------------------------------------------------------------------
@@ -64,10 +77,12 @@ class BlockManager:
             hashes.append(parent)
         return hashes
 
-    def _prefix_hits(self, seq: Sequence) -> list[int]:
-        """Cached blocks matching the sequence's leading full blocks (never its last token)."""
+    def get_computed_blocks(self, seq: Sequence) -> ComputedBlocks:
+        """The cached blocks matching the leading full blocks of ``seq``, a sequence without
+        blocks yet (never its last token: that one is computed for its logits). Looked up once
+        per admission; ``allocate_slots`` takes them from this result."""
         if not self.enable_caching:
-            return []
+            return ComputedBlocks()
         hits: list[int] = []
         max_blocks = (len(seq) - 1) // self.block_size
         for h in self._block_hashes(seq)[:max_blocks]:
@@ -75,65 +90,71 @@ class BlockManager:
             if block is None:
                 break
             hits.append(block)
-        return hits
-
-    # -- capacity checks ---------------------------------------------------------------------------
-    def computed_tokens(self, seq: Sequence) -> int:
-        """Tokens of ``seq`` already in the cache, counting prefix hits it would take on admission."""
-        if seq.seq_id in self.tables:
-            return seq.num_computed_tokens
-        return len(self._prefix_hits(seq)) * self.block_size
-
-    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
-        """Fresh blocks (copy-on-write included) to extend ``seq`` by ``num_new_tokens``."""
-        table = self.tables.get(seq.seq_id)
-        if table is None:
-            hits = self._prefix_hits(seq)
-            computed = len(hits) * self.block_size
-            total = -(-(computed + num_new_tokens) // self.block_size)
-            # hit blocks that sit in the evictable LRU stop being available once taken
-            taken = sum(1 for b in hits if self.pool.is_evictable(b))
-            return total - len(hits) + taken
-        start = seq.num_computed_tokens
-        total = -(-(start + num_new_tokens) // self.block_size)
-        need = total - len(table)
-        first = start // self.block_size
-        if first < len(table) and self.pool.ref[table[first]] > 1:
-            need += 1  # copy-on-write of the shared block we write into
-        return need
-
-    def can_allocate(self, demands: list[tuple[Sequence, int]], reserve: int = 0) -> bool:
-        need = sum(self.blocks_needed(s, k) for s, k in demands)
-        return need + reserve <= self.pool.num_free
+        return ComputedBlocks(tuple(hits), len(hits) * self.block_size)
 
     # -- allocation --------------------------------------------------------------------------------
-    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> int:
-        """Make room for ``num_new_tokens`` more tokens of ``seq``.
+    def _num_blocks(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
 
-        On a sequence's first call its leading full blocks are looked up in the prefix index and
-        shared; returns how many tokens that reused (0 on later calls).
-        """
-        hit_tokens = 0
-        table = self.tables.get(seq.seq_id)
-        if table is None:
-            hits = self._prefix_hits(seq)
-            for b in hits:
-                self.pool.incref(b)
-            table = self.tables[seq.seq_id] = hits
-            self._registered[seq.seq_id] = len(hits)
-            seq.num_computed_tokens = hit_tokens = len(hits) * self.block_size
-            self.prefix_hit_tokens += hit_tokens
-        bs = self.block_size
-        first = seq.num_computed_tokens // bs
-        if first < len(table) and self.pool.ref[table[first]] > 1:
+    def _shared_write(self, seq: Sequence) -> int | None:
+        """Where in its table ``seq`` writes next, if another sequence shares that block (a
+        copy-on-write is due)."""
+        table = self.tables[seq.seq_id]
+        first = seq.num_computed_tokens // self.block_size
+        return first if first < len(table) and self.pool.ref[table[first]] > 1 else None
+
+    def _blocks_to_allocate(self, demand: Demand) -> int:
+        """Blocks ``demand`` takes from the free count: new ones, a copy-on-write of the shared
+        block it writes into, and prefix hits waiting in the LRU (they stop being available)."""
+        total = self._num_blocks(demand.num_computed_tokens + demand.num_new_tokens)
+        if demand.computed is not None:
+            hits = demand.computed.blocks
+            return total - len(hits) + sum(1 for b in hits if self.pool.is_evictable(b))
+        cow = self._shared_write(demand.seq) is not None
+        return total - len(self.tables[demand.seq.seq_id]) + cow
+
+    def allocate_slots(self, demands: list[Demand], reserve: int = 0) -> BlockCopies | None:
+        """Make room for every demand, or for none: None, with nothing changed, when that would
+        leave fewer than ``reserve`` blocks free. A sequence without blocks starts from its
+        prefix hits (``Demand.computed``); a shared block it writes into is copied first: the
+        copy-on-write pairs are returned.
+
+        The room is counted per sequence as if each were alone: exact for one sequence, an upper
+        bound for a group whose sequences share a block they all write into."""
+        need = sum(self._blocks_to_allocate(d) for d in demands)
+        if need + reserve > self.pool.num_free:
+            return None
+        # the hits first, so that allocating fresh blocks cannot evict one of them
+        for d in demands:
+            if d.computed is not None:
+                self._take_hits(d.seq, d.computed)
+        copies: BlockCopies = []
+        for d in demands:
+            self._extend(d.seq, d.num_new_tokens, copies)
+        return copies
+
+    def _take_hits(self, seq: Sequence, computed: ComputedBlocks) -> None:
+        assert seq.seq_id not in self.tables, "prefix hits are for a sequence without blocks"
+        for b in computed.blocks:
+            self.pool.incref(b)
+        self.tables[seq.seq_id] = list(computed.blocks)
+        self._registered[seq.seq_id] = len(computed.blocks)
+        seq.num_computed_tokens = computed.num_tokens
+        self.prefix_hit_tokens += computed.num_tokens
+
+    def _extend(self, seq: Sequence, num_new_tokens: int, copies: BlockCopies) -> None:
+        """Blocks for ``num_new_tokens`` more tokens of ``seq``, each one it writes private
+        (a copy-on-write goes to ``copies``)."""
+        table = self.tables[seq.seq_id]
+        i = self._shared_write(seq)
+        if i is not None:
             fresh = self.pool.allocate()
-            self.plan.copies.append((table[first], fresh))
-            self.pool.decref(table[first])
-            table[first] = fresh
-        total = -(-(seq.num_computed_tokens + num_new_tokens) // bs)
+            copies.append((table[i], fresh))
+            self.pool.decref(table[i])
+            table[i] = fresh
+        total = self._num_blocks(seq.num_computed_tokens + num_new_tokens)
         while len(table) < total:
             table.append(self.pool.allocate())
-        return hit_tokens
 
     def commit(self, seq: Sequence) -> None:
         """Index the blocks that became full of computed tokens (reuse across turns)."""
@@ -222,42 +243,43 @@ class BlockManager:
                     cached[entry] = block
         return cpu, cached
 
-    def can_swap_out(self, seqs: list[Sequence]) -> bool:
-        return len(self._leaving(seqs)) <= self.cpu_pool.num_free
-
-    def swap_in_blocks_needed(self, seqs: list[Sequence]) -> int:
-        """Device blocks a swap-in of the group takes (cached blocks it revives included)."""
-        cpu, cached = self._returning(seqs)
-        revived = {b for b in cached.values() if self.pool.is_evictable(b)}
-        return sum(1 for e in cpu if e not in cached) + len(revived)
-
-    def can_swap_in(self, seqs: list[Sequence], reserve: int = 0) -> bool:
-        return self.swap_in_blocks_needed(seqs) + reserve <= self.pool.num_free
-
     def _retable(self, seqs: list[Sequence], mapping: dict[int, int]) -> None:
         for s in seqs:
             table = self.tables[s.seq_id]
             table[:] = [mapping.get(b, b) for b in table]
 
-    def swap_out(self, seqs: list[Sequence]) -> None:
+    def swap_out(self, seqs: list[Sequence]) -> BlockCopies | None:
         """Move the blocks only this group holds to the CPU pool (each once, however many of
-        its sequences share it); blocks also held elsewhere stay on the device."""
+        its sequences share it); blocks also held elsewhere stay on the device. Returns the
+        (device, cpu) copies, or None, with nothing changed, when the CPU pool lacks room."""
+        leaving = self._leaving(seqs)
+        if len(leaving) > self.cpu_pool.num_free:
+            return None
+        pairs: BlockCopies = []
         mapping: dict[int, int] = {}
-        for b, n in self._leaving(seqs).items():
+        for b, n in leaving.items():
             c = self.cpu_pool.allocate()
             for _ in range(n - 1):
                 self.cpu_pool.incref(c)
             for _ in range(n):
                 self.pool.decref(b)
-            self.plan.swap_out.append((b, c))
+            pairs.append((b, c))
             mapping[b] = cpu_entry(c)
         self._retable(seqs, mapping)
         self._swapped.update(s.seq_id for s in seqs)
+        return pairs
 
-    def swap_in(self, seqs: list[Sequence]) -> None:
+    def swap_in(self, seqs: list[Sequence], reserve: int = 0) -> BlockCopies | None:
         """Bring a swapped group back: blocks still indexed on the device are shared again,
-        the rest are copied into fresh blocks (and indexed again)."""
+        the rest are copied into fresh blocks (and indexed again). Returns the (cpu, device)
+        copies, or None, with nothing changed, when that would leave fewer than ``reserve``
+        device blocks free (cached blocks it revives count)."""
         cpu, cached = self._returning(seqs)
+        revived = {b for b in cached.values() if self.pool.is_evictable(b)}
+        need = sum(1 for e in cpu if e not in cached) + len(revived)
+        if need + reserve > self.pool.num_free:
+            return None
+        pairs: BlockCopies = []
         hashes = self._entry_hashes(seqs) if self.enable_caching else {}
         mapping: dict[int, int] = {}
         # take the cached blocks first, so that allocating the others cannot evict them
@@ -266,7 +288,7 @@ class BlockManager:
             block = cached.get(entry)
             if block is None:
                 block = self.pool.allocate()
-                self.plan.swap_in.append((c, block))
+                pairs.append((c, block))
                 if entry in hashes:
                     self.pool.register(block, hashes[entry])
                 n -= 1
@@ -277,6 +299,7 @@ class BlockManager:
             mapping[entry] = block
         self._retable(seqs, mapping)
         self._swapped.difference_update(s.seq_id for s in seqs)
+        return pairs
 
     # -- pins --------------------------------------------------------------------------------------
     def pin(self, seq: Sequence, handle: Hashable) -> int:

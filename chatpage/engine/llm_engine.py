@@ -31,9 +31,10 @@ from chatpage.engine.sampler import make_generator, sample
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.engine.scheduler import ScheduledSeq, Scheduler
 from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
+from chatpage.engine.stop import StopCheck
 
 
-class LLMEngine(BeamSearch):
+class LLMEngine:
     """The paged engine: one model, one block pool, many requests batched every step."""
 
     def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
@@ -68,7 +69,8 @@ class LLMEngine(BeamSearch):
         self.scheduler = Scheduler(config, self.bm)
         self.runner = ModelRunner(self.model, self.kv, self.bm.tables, config.block_size,
                                   warnings=self.warnings)
-        self.eos_ids = self._eos_ids(hf)
+        self.stop = StopCheck(self._eos_ids(hf), self.max_model_len)
+        self.beam = BeamSearch(self.bm, self.stop)
         self.groups: dict[str, SequenceGroup] = {}
         self._ids = itertools.count()
         self._pins = itertools.count()
@@ -87,12 +89,12 @@ class LLMEngine(BeamSearch):
         config = config or EngineConfig()
         return cls(load_model(model, progress, config.weight_dtype), config)
 
-    def _eos_ids(self, hf) -> set[int]:
+    def _eos_ids(self, hf) -> frozenset[int]:
         ids = hf.eos_token_id
         eos = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
-        return eos
+        return frozenset(eos)
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
@@ -182,11 +184,9 @@ class LLMEngine(BeamSearch):
         """Schedule, run the model once over the whole batch, sample; return what changed: one
         update per request that moved."""
         sched = self.scheduler.schedule()
-        plan = self.bm.plan
-        self.kv.swap_out(plan.swap_out)
-        self.kv.swap_in(plan.swap_in)
-        self.kv.copy(plan.copies)
-        plan.clear()
+        self.kv.swap_out(sched.swap_out)
+        self.kv.swap_in(sched.swap_in)
+        self.kv.copy(sched.copies)
         if not sched.scheduled:
             return self._fail_unschedulable(bool(sched.preempted))
         logits = self.runner.execute(sched.scheduled)
@@ -194,7 +194,7 @@ class LLMEngine(BeamSearch):
         for item in sched.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.bm.commit(item.seq)
-            if item.seq.num_computed_tokens == len(item.seq):
+            if item.samples:
                 sampling.append(item)
         touched = self._process(sampling, logits)
         return [self._update(g) for g in touched]
@@ -242,10 +242,10 @@ class LLMEngine(BeamSearch):
             for (group, seq, _), tok, lp, top in zip(targets, tokens, logprobs, tops,
                                                      strict=True):
                 seq.append(tok, lp, top)
-                self._check_stop(group, seq, tok)
+                seq.finish_reason = self.stop(group.params, seq)
                 touched[group.request_id] = group
         for group, seq_rows in beams:
-            self._beam_step(group, seq_rows, logits)
+            self.beam.step(self.beam.propose(group, seq_rows, logits))
             touched[group.request_id] = group
         now = time.monotonic()
         for group in touched.values():
@@ -259,24 +259,11 @@ class LLMEngine(BeamSearch):
         return list(touched.values())
 
     def _fork(self, group: SequenceGroup, parent: Sequence, index: int) -> Sequence:
-        child = parent.fork()
-        child.index = index
-        if not group.params.use_beam_search:
-            child.generator = make_generator(group.params.seed, index, self.device)
+        """Sample ``index`` of an n-sample request, with its own generator."""
+        child = group.fork(parent, index)
+        child.generator = make_generator(group.params.seed, index, self.device)
         self.bm.fork(parent, child)
-        group.seqs.append(child)
         return child
-
-    def _check_stop(self, group: SequenceGroup, seq: Sequence, token: int) -> None:
-        """Set ``seq.finish_reason`` if ``token`` ends it (EOS, stop token/string, length)."""
-        p = group.params
-        if token in p.stop_token_ids or (token in self.eos_ids and not p.ignore_eos):
-            seq.finish_reason = FinishReason.STOP
-            return
-        if seq.detok.update(seq.token_ids):
-            seq.finish_reason = FinishReason.STOP
-        elif seq.num_output_tokens >= p.max_tokens or len(seq) >= self.max_model_len:
-            seq.finish_reason = FinishReason.LENGTH
 
     def _release(self, group: SequenceGroup, seq: Sequence) -> None:
         """Free a finished sequence (pinning a persona prefix first)."""
@@ -295,7 +282,7 @@ class LLMEngine(BeamSearch):
     def _update(self, group: SequenceGroup) -> RequestUpdate:
         if group.status is GroupStatus.FINISHED:
             self.groups.pop(group.request_id, None)
-        return request_update(group, self._beam_score)
+        return request_update(group, self.beam.score)
 
     def tokens_per_s(self) -> float:
         """Generated tokens per second over the last few seconds."""

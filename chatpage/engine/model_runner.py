@@ -76,7 +76,7 @@ class ModelRunner:
             starts.append(starts[-1] + k)
             lens.append(c + k)
             tables.append(self.tables[seq.seq_id])
-            if c + k == len(seq):
+            if item.samples:
                 logit_rows.append(starts[-1] - 1)
         width = max(len(t) for t in tables)
         block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)

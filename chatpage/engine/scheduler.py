@@ -9,29 +9,36 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from chatpage.engine.block_manager import BlockManager
+from chatpage.engine.block_manager import BlockCopies, BlockManager, Demand
 from chatpage.engine.config import EngineConfig, PreemptionMode
 from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class ScheduledSeq:
+    """``num_new_tokens`` of ``seq`` to compute this step. ``samples``: the chunk reaches the
+    end of the sequence, so its last position needs logits and a token is picked from them
+    (the one place that decides which rows the runner returns and the sampler sees)."""
+
     group: SequenceGroup
     seq: Sequence
     num_new_tokens: int
-
-    @property
-    def samples(self) -> bool:
-        """This chunk reaches the end of the sequence, so its last position needs logits."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == len(self.seq)
+    samples: bool
 
 
 @dataclass
 class SchedulerOutput:
+    """Everything one step runs: the scheduled chunks, the groups preempted for them, and the
+    block copies the KV cache makes before the forward pass, in this order: swap-outs (device
+    to CPU), swap-ins (CPU to device), copy-on-write (device to device)."""
+
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[SequenceGroup] = field(default_factory=list)
+    swap_out: BlockCopies = field(default_factory=list)
+    swap_in: BlockCopies = field(default_factory=list)
+    copies: BlockCopies = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -74,45 +81,50 @@ class Scheduler:
         self.running.insert(bisect.bisect_right(keys, group.arrival_time), group)
 
     # -- demands ---------------------------------------------------------------------------------
-    def _demands(self, group: SequenceGroup, budget: int, alone: bool) -> list[tuple[Sequence, int]]:
+    def _demands(self, group: SequenceGroup, budget: int, alone: bool) -> list[Demand]:
         """What each live sequence of ``group`` computes this step within ``budget`` tokens.
 
-        A single sequence may prefill in chunks; a group of several moves together (all of its
-        sequences or none), so beams and samples stay in step. ``alone`` lets the first group of
-        an empty step exceed the budget rather than stall.
+        A waiting group has no blocks yet: its prefix hits are looked up here, once, and the
+        allocation starts from them. A single sequence may prefill in chunks; a group of several
+        moves together (all of its sequences or none), so beams and samples stay in step.
+        ``alone`` lets the first group of an empty step exceed the budget rather than stall.
         """
-        seqs = group.live_seqs
-        if len(seqs) == 1:
-            seq = seqs[0]
-            k = min(len(seq) - self.bm.computed_tokens(seq), budget)
-            return [(seq, k)] if k > 0 else []
-        demands = [(s, len(s) - self.bm.computed_tokens(s)) for s in seqs]
-        total = sum(k for _, k in demands)
+        new = group.status is GroupStatus.WAITING
+        demands = []
+        for seq in group.live_seqs:
+            computed = self.bm.get_computed_blocks(seq) if new else None
+            start = seq.num_computed_tokens if computed is None else computed.num_tokens
+            demands.append(Demand(seq, len(seq) - start, computed))
+        if len(demands) == 1:
+            k = min(demands[0].num_new_tokens, budget)
+            return [replace(demands[0], num_new_tokens=k)] if k > 0 else []
+        total = sum(d.num_new_tokens for d in demands)
         return demands if total <= budget or alone else []
 
     # -- preemption ------------------------------------------------------------------------------
     def _mode(self, group: SequenceGroup) -> PreemptionMode:
-        """How to preempt ``group``. Groups of several sequences always swap while there is swap
-        space, whatever the mode: recomputed, each sequence would prefill its own copy of the
-        shared blocks, which may never fit again."""
+        """How to preempt ``group``, if the CPU pool has room for a swap (else ``_preempt``
+        recomputes). Groups of several sequences always swap, whatever the mode: recomputed,
+        each sequence would prefill its own copy of the shared blocks, which may never fit
+        again."""
         mode = PreemptionMode(self.config.preemption_mode)
         several = len(group.live_seqs) > 1
         if mode is PreemptionMode.AUTO or several:
             mode = PreemptionMode.SWAP if several else PreemptionMode.RECOMPUTE
-        if mode is PreemptionMode.SWAP and not self.bm.can_swap_out(group.live_seqs):
-            mode = PreemptionMode.RECOMPUTE  # no CPU space left: dropping the KV is the only way
         return mode
 
     def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
         self.running.remove(group)
         mode = self._mode(group)
-        self.preemptions[mode] += 1
-        if mode is PreemptionMode.SWAP:
-            self.bm.swap_out(group.live_seqs)
+        pairs = self.bm.swap_out(group.live_seqs) if mode is PreemptionMode.SWAP else None
+        if pairs is None:
+            mode = PreemptionMode.RECOMPUTE  # no CPU space left: dropping the KV is the only way
+            self._recompute(group)
+        else:
+            out.swap_out += pairs
             group.status = GroupStatus.SWAPPED
             self.swapped.append(group)
-        else:
-            self._recompute(group)
+        self.preemptions[mode] += 1
         out.preempted.append(group)
 
     def _recompute(self, group: SequenceGroup) -> None:
@@ -128,14 +140,17 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         seq_budget = self.config.max_num_seqs
 
-        def take(group: SequenceGroup, demands: list[tuple[Sequence, int]]) -> None:
+        def take(group: SequenceGroup, demands: list[Demand], copies: BlockCopies) -> None:
+            """Schedule ``demands``, whose blocks are allocated (with these copies)."""
             nonlocal budget, seq_budget
-            for seq, k in demands:
-                hits = self.bm.allocate_slots(seq, k)
-                if not group.started:
-                    group.prefix_hit_tokens += hits
-                out.scheduled.append(ScheduledSeq(group, seq, k))
-                budget -= k
+            out.copies += copies
+            if not group.started:
+                group.prefix_hit_tokens += sum(d.computed.num_tokens for d in demands
+                                               if d.computed is not None)
+            for d in demands:
+                ends = d.seq.num_computed_tokens + d.num_new_tokens == len(d.seq)
+                out.scheduled.append(ScheduledSeq(group, d.seq, d.num_new_tokens, ends))
+                budget -= d.num_new_tokens
             seq_budget -= len(demands)
             group.started = True
 
@@ -147,13 +162,13 @@ class Scheduler:
             if not demands or len(demands) > seq_budget:
                 i += 1
                 continue
-            while not self.bm.can_allocate(demands):
+            while (copies := self.bm.allocate_slots(demands)) is None:
                 victim = self.running[-1]
                 self._preempt(victim, out)
                 if victim is group:
                     break
             else:
-                take(group, demands)
+                take(group, demands, copies)
                 i += 1
 
         # 2. swapped groups come back first, in order, if nothing was preempted this step; their
@@ -166,22 +181,24 @@ class Scheduler:
             if len(seqs) > seq_budget:
                 break
             idle = not self.running and not out.scheduled
-            if not self.bm.can_swap_in(seqs, reserve=0 if idle else self.watermark):
+            pairs = self.bm.swap_in(seqs, reserve=0 if idle else self.watermark)
+            if pairs is None:
                 if not idle:
                     break
                 self.swapped.popleft()
                 self._recompute(group)
                 continue
             self.swapped.popleft()
-            self.bm.swap_in(seqs)
+            out.swap_in += pairs
             demands = self._demands(group, budget, alone=not out.scheduled)
-            if idle and not self.bm.can_allocate(demands):
+            copies = self.bm.allocate_slots(demands) if demands else []
+            if idle and copies is None:
                 self._recompute(group)  # alone on the device and still no room to step
                 continue
             self._insert_running(group)
-            if not demands or not self.bm.can_allocate(demands):
+            if not demands or copies is None:
                 break  # swapped back; it steps when there is room
-            take(group, demands)
+            take(group, demands, copies)
 
         # 3. waiting groups, strictly first come first served
         while self.waiting and not self.swapped and not out.preempted:
@@ -190,9 +207,10 @@ class Scheduler:
             if not demands or len(demands) > seq_budget:
                 break
             reserve = self.watermark if self.running else 0
-            if not self.bm.can_allocate(demands, reserve=reserve):
+            copies = self.bm.allocate_slots(demands, reserve=reserve)
+            if copies is None:
                 break
             self.waiting.popleft()
-            take(group, demands)
+            take(group, demands, copies)
             self._insert_running(group)
         return out

@@ -130,6 +130,14 @@ class SequenceGroup:
         """Several sequences share this group's blocks (n samples or beams) or will."""
         return self.params.width > 1
 
+    def fork(self, parent: Sequence, index: int) -> Sequence:
+        """A new sequence of this group continuing ``parent`` as output ``index`` (the caller
+        forks the block table alongside)."""
+        child = parent.fork()
+        child.index = index
+        self.seqs.append(child)
+        return child
+
     @property
     def forked(self) -> bool:
         """The prompt is prefilled and the group has been widened to its n samples / beams."""

@@ -1,0 +1,35 @@
+"""The stop check: whether a generated token ends its output, and why (plain, sampled and beam
+rows alike)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from chatpage.engine.outputs import FinishReason
+from chatpage.engine.sampling_params import SamplingParams
+from chatpage.engine.sequence import Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class StopCheck:
+    """The model's end-of-sequence ids and context window, against a request's stop rules."""
+
+    eos_ids: frozenset[int]
+    max_model_len: int
+
+    def ends_on(self, params: SamplingParams, token: int) -> bool:
+        """``token`` ends an output by itself: a stop token, or EOS unless ignore_eos. (Beam
+        search asks this of its candidates before they join a beam.)"""
+        return token in params.stop_token_ids or (token in self.eos_ids and not params.ignore_eos)
+
+    def __call__(self, params: SamplingParams, seq: Sequence) -> FinishReason | None:
+        """Why ``seq`` ends with the token just appended to it, if it does: STOP on a stop or EOS
+        token or a stop string (the detokenizer, brought up to date here, finds it), LENGTH at
+        max_tokens or the context window."""
+        if self.ends_on(params, seq.token_ids[-1]):
+            return FinishReason.STOP
+        if seq.detok.update(seq.token_ids):
+            return FinishReason.STOP
+        if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
