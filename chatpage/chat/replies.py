@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from chatpage.chat.session import ChatSession, Entry, Generation, ReplyStats
 from chatpage.engine.client import StreamEvent
-from chatpage.store import MessageStatus
+from chatpage.vocab import MessageStatus
 
 FINAL_STATUS: dict[str | None, MessageStatus] = {
     "stop": MessageStatus.DONE, "length": MessageStatus.DONE, "abort": MessageStatus.STOPPED,

@@ -17,7 +17,7 @@ from chatpage.chat.replies import apply_candidate, apply_reply
 from chatpage.chat.sampling import AltMode
 from chatpage.chat.session import Candidate, ChatSession, Entry, Generation, ReplyStats
 from chatpage.engine.client import EngineClient, StreamEvent
-from chatpage.store import MessageStatus
+from chatpage.vocab import MessageStatus
 
 
 class ChatError(ValueError):

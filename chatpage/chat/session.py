@@ -16,7 +16,7 @@ from chatpage.chat.conversation import Conversation, Message
 from chatpage.chat.sampling import AltMode, SamplingSettings
 from chatpage.chat.tree import Fork, Place, Transcript
 from chatpage.config.personas import Persona
-from chatpage.store import MessageStatus
+from chatpage.vocab import MessageStatus
 
 EntryStatus = MessageStatus
 """The same vocabulary as the store's message status (plain strings compare equal)."""

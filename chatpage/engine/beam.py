@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from chatpage.engine.block_manager import BlockManager
-from chatpage.engine.outputs import FinishReason
 from chatpage.engine.sampler import beam_candidates, top_logprobs
 from chatpage.engine.sequence import BeamHypothesis, Sequence, SequenceGroup
+from chatpage.vocab import FinishReason
 
 if TYPE_CHECKING:
     from collections.abc import Callable
