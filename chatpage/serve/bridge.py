@@ -3,7 +3,7 @@
 The engine calls ``on_event`` on its own thread; it only hands the event to the `EventPump`, which
 wakes the server's loop once per burst (one engine step emits an event per running stream) and
 puts each event in its request's queue there, so the engine never waits on HTTP. A handler reads
-`Update`s: what changed per output index, with the final outputs all at once at the end (beam
+`OutputDelta`s: what changed per output index, with the final outputs all at once at the end (beam
 search reorders beams until then, so its outputs are only read from there).
 """
 
@@ -16,7 +16,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from chatpage.engine.client import EngineClient, StreamEvent
-from chatpage.serve.protocol import ApiError, ApiRequest
+from chatpage.engine.outputs import OutputDelta
+from chatpage.vocab import FinishReason
+from chatpage.wire.errors import ApiError
+from chatpage.wire.requests import ApiRequest
 
 
 @dataclass
@@ -28,20 +31,7 @@ class Output:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)  # per token, if asked
-    finish_reason: str | None = None
-
-
-@dataclass
-class Update:
-    """New text of one choice (``delta``), with its new tokens, their logprobs and (if asked
-    for) each step's most likely tokens."""
-
-    index: int
-    delta: str
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str | None
-    top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
 
 
 class EventPump:
@@ -98,7 +88,7 @@ class RequestStream:
             self.client.cancel(self.request_id)
             self.done = True
 
-    async def first(self) -> list[Update]:
+    async def first(self) -> list[OutputDelta]:
         """The first updates; raises `ApiError` 400 when the engine refused the request (too
         long a prompt, a KV cache too small), before anything was generated."""
         updates = await self._next()
@@ -107,7 +97,7 @@ class RequestStream:
             raise ApiError(400 if self.client.error is None else 500, self.error)
         return updates
 
-    async def updates(self, first: list[Update]) -> AsyncIterator[Update]:
+    async def updates(self, first: list[OutputDelta]) -> AsyncIterator[OutputDelta]:
         """``first`` (from `first()`), then every later update until the request is done."""
         for update in first:
             yield update
@@ -115,7 +105,7 @@ class RequestStream:
             for update in await self._next():
                 yield update
 
-    async def _next(self) -> list[Update]:
+    async def _next(self) -> list[OutputDelta]:
         """Wait for the next event; return the updates it makes (several once finished)."""
         event = await self._queue.get()
         self.prompt_tokens = event.prompt_tokens or self.prompt_tokens
@@ -134,7 +124,7 @@ class RequestStream:
             self.outputs.clear()  # the final beams replace the live ones
         return [u for u in map(self._apply, finals) if u is not None]
 
-    def _apply(self, event: StreamEvent) -> Update | None:
+    def _apply(self, event: StreamEvent) -> OutputDelta | None:
         out = self.outputs.setdefault(event.index, Output(event.index))
         if out.finish_reason is not None:
             return None
@@ -149,10 +139,13 @@ class RequestStream:
         out.token_ids, out.logprobs = ids or out.token_ids, lps or out.logprobs
         out.top_logprobs = tops or out.top_logprobs
         if event.finished:
-            out.finish_reason = event.finish_reason or "stop"
+            out.finish_reason = FinishReason(event.finish_reason or FinishReason.STOP)
         if not delta and not new_ids and not event.finished:
             return None
-        return Update(event.index, delta, new_ids, new_lps, out.finish_reason, new_tops)
+        asked = self.request.logprobs
+        return OutputDelta(event.index, delta, tuple(new_ids),
+                           tuple(new_lps) if asked else None, tuple(new_tops) if asked else None,
+                           out.finish_reason)
 
     @property
     def completion_tokens(self) -> int:
