@@ -109,7 +109,15 @@ class SamplingRule:
 
     @property
     def allowed(self) -> str:
-        """The rule in words, e.g. "a number > 0 and <= 1"."""
+        """The rule in words, e.g. "a number > 0 and <= 1", or "..., or 'off'"."""
+        if not self.nullable:
+            return self.values
+        return self.values + (", or 'off' for a random one" if self.field == "seed"
+                              else ", or 'off'")
+
+    @property
+    def values(self) -> str:
+        """The values it takes besides "off", in words."""
         if self.kind is bool:
             return "true or false"
         if self.kind is tuple:
@@ -122,8 +130,6 @@ class SamplingRule:
             text += f" and <= {self.high:g}"
         if self.zero_means:
             text += f" (0 = {self.zero_means})"
-        if self.nullable:
-            text += ", or 'off' for a random one" if self.field == "seed" else ", or 'off'"
         return text
 
     def ok(self, value: object) -> bool:

@@ -156,5 +156,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_engine_args(ask)
     for rule in FLAGS:
         note = _NOTES.get(rule.field, rule.label)
-        ask.add_argument(rule.cli, type=rule.kind, dest=rule.field, help=f"{note}: {rule.allowed}")
+        ask.add_argument(rule.cli, type=rule.kind, dest=rule.field, help=f"{note}: {rule.values}")
     ask.set_defaults(func=cmd_ask)
