@@ -1,15 +1,20 @@
-"""One table of sampling rules: SamplingParams, persona files and the chat's settings agree."""
+"""One table of sampling rules: SamplingParams, persona files, the chat's settings and `ask`'s
+flags agree with it and with each other."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from helpers import PERSONA
 
 from chatpage.chat.sampling import SETTINGS, SamplingSettings
-from chatpage.config.personas import parse_persona
-from chatpage.engine.sampling_params import SAMPLING_RULES, SamplingParams
+from chatpage.cli.ask import FLAGS, _params
+from chatpage.cli.main import build_parser
+from chatpage.config.personas import SAMPLING_KEYS, Persona, parse_persona
+from chatpage.engine.sampling_params import SamplingParams
+from chatpage.vocab import RULE_BY_FIELD, SAMPLING_RULES
 
 # typed values, the kind a persona file or a program gives; None = "off"
 CANDIDATES = [None, -3, -1, -0.5, 0, 0.0, 0.5, 1, 1.0, 1.5, 2, 7, 2**40, float("inf"),
@@ -42,6 +47,41 @@ def accepted_by_settings(name: str, value: object) -> bool:
 
 
 @pytest.mark.parametrize("rule", SAMPLING_RULES, ids=lambda r: r.field)
+def test_params_check_every_field_by_its_rule(rule) -> None:
+    for value in [*CANDIDATES, (), ("x",), ("",), (3,), (-1,), ["a", "b"], "x"]:
+        if rule.field == "stop" and value == "x":
+            continue  # one stop string is a list of one
+        accepted = accepted_by_params(rule.field, value)
+        if rule.field == "logprobs" and isinstance(value, bool):
+            assert accepted  # vLLM's flags: True = 0, False = None
+        else:
+            assert accepted == rule.ok(value), (rule.field, value)
+
+
+def test_the_table_is_every_field_and_default_of_params_settings_personas_and_flags() -> None:
+    assert [f.name for f in fields(SamplingParams)] == [r.field for r in SAMPLING_RULES]
+    params = SamplingParams()
+    for rule in SAMPLING_RULES:
+        default = getattr(params, rule.field)
+        assert default == (list(rule.default) if rule.kind is tuple else rule.default)
+    assert [f.name for f in fields(SamplingSettings)] == [r.field for r in SETTINGS]
+    assert SamplingSettings() == SamplingSettings(**{r.field: r.for_chat for r in SETTINGS})
+    assert SAMPLING_KEYS == tuple(r.field for r in SETTINGS)
+    assert set(SAMPLING_KEYS) < {f.name for f in fields(Persona)}
+    assert [r.cli for r in FLAGS] == ["--n", "--beam", "--temperature", "--top-p",
+                                      "--max-tokens", "--seed"]
+
+
+def test_ask_takes_its_flags_then_the_persona_then_the_chat_defaults() -> None:
+    args = build_parser().parse_args(["ask", "q", "--top-p", "0.5", "--seed", "3"])
+    one = _params(args, {"top_p": 0.9, "temperature": 0.4, "top_k": 7})
+    assert (one.top_p, one.seed, one.top_k, one.n) == (0.5, 3, 7, 1)
+    assert one.temperature == 0 and one.max_tokens == RULE_BY_FIELD["max_tokens"].for_chat == 512
+    samples = _params(build_parser().parse_args(["ask", "q", "--n", "2"]), {})
+    assert samples.temperature == RULE_BY_FIELD["temperature"].for_chat and samples.n == 2
+
+
+@pytest.mark.parametrize("rule", SETTINGS, ids=lambda r: r.field)
 def test_params_personas_and_settings_agree(rule) -> None:
     for value in CANDIDATES:
         verdicts = {"SamplingParams": accepted_by_params(rule.field, value),
@@ -62,7 +102,7 @@ def test_seeds_are_whole_numbers_from_zero_or_off() -> None:
         assert not accepted_by_persona("seed", refused)
     for off in ("off", "random", "", None):
         assert SamplingSettings().with_value("seed", off).seed is None
-    assert SETTINGS == SAMPLING_RULES  # the settings screen lists the same table
+    assert SETTINGS == tuple(r for r in SAMPLING_RULES if r.slash)  # the settings screen's rows
 
 
 def test_typed_settings_read_as_their_rule_says() -> None:

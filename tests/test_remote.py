@@ -21,9 +21,11 @@ from chatpage.engine.outputs import RequestOutput
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.remote.backend import Backend
 from chatpage.remote.client import RemoteEngineClient
-from chatpage.remote.requests import Logprobs, RemoteReply, request_body, split_samples
+from chatpage.remote.requests import RemoteReply, split_samples
 from chatpage.remote.stats import Poller, RemoteStats
 from chatpage.ui.app import ChatApp
+from chatpage.wire.chunks import read_choice
+from chatpage.wire.requests import request_body
 
 HI = [{"role": "user", "content": "Say something."}]
 
@@ -193,11 +195,11 @@ def test_bodies_name_every_field_per_backend():
     params = SamplingParams(n=3, temperature=0.7, top_p=0.9, max_tokens=9, seed=5)
     llama = Backend("http://x", "llamacpp", "m", 0, capabilities={"metrics"})
     vllm = Backend("http://x", "vllm", "m", 0, capabilities={"n", "beam", "vllm_extras"})
-    body = request_body(vllm, "chat", HI, params)
+    body = request_body("m", "chat", HI, params, vllm.dialect)
     assert body["top_k"] == -1 and body["n"] == 3 and body["seed"] == 5
     assert {"temperature", "top_p", "max_tokens", "stop", "stop_token_ids"} <= set(body)
-    assert request_body(llama, "chat", HI, params)["top_k"] == 0
-    assert "stop_token_ids" not in request_body(llama, "chat", HI, params)
+    assert request_body("m", "chat", HI, params, llama.dialect)["top_k"] == 0
+    assert "stop_token_ids" not in request_body("m", "chat", HI, params, llama.dialect)
     parts = split_samples(llama, params)
     assert [(p.n, p.seed) for p in parts] == [(1, 5), (1, 6), (1, 7)]
     assert split_samples(vllm, params) == [params]
@@ -205,11 +207,12 @@ def test_bodies_name_every_field_per_backend():
     assert "no beam search" in notes and "seed+i" in notes
     sglang = Backend("http://x", "sglang", "m", 0, capabilities={"n", "vllm_extras"})
     assert any("--enable-metrics" in n for n in sglang.notes())
-    beam = request_body(vllm, "chat", HI, SamplingParams(beam_width=2, max_tokens=4))
+    beam = request_body("m", "chat", HI, SamplingParams(beam_width=2, max_tokens=4),
+                        vllm.dialect)
     assert beam["use_beam_search"] and beam["n"] == 2 and not beam["stream"]
     asking = SamplingParams(logprobs=2)
-    assert request_body(vllm, "completion", "x", asking)["logprobs"] == 2
-    chat = request_body(llama, "chat", HI, asking)
+    assert request_body("m", "completion", "x", asking, vllm.dialect)["logprobs"] == 2
+    chat = request_body("m", "chat", HI, asking, llama.dialect)
     assert chat["logprobs"] is True and chat["top_logprobs"] == 2
     assert "return_tokens_as_token_ids" not in chat  # llama-server names tokens by text only
 
@@ -218,20 +221,22 @@ def test_logprobs_named_by_text_keep_the_values_only():
     """A server without token ids: the sampled tokens' logprobs pass, alternatives cannot."""
     raw = {"tokens": ["Hi", "!"], "token_logprobs": [-0.5, -1.0],
            "top_logprobs": [{"Hi": -0.5, "Ho": -1.5, "He": -2.0}, {"?": -0.1, "!": -1.0}]}
-    lp = Logprobs.read(raw, True, 1)
-    assert lp.token_ids == [None, None] and lp.logprobs == [-0.5, -1.0]
+    delta = read_choice({"index": 0, "text": "Hi!", "logprobs": raw, "finish_reason": "stop"},
+                        False, 1)
+    assert delta.token_ids == () and delta.logprobs == (-0.5, -1.0)
+    assert delta.top_logprobs is None
     updates: list[RequestUpdate] = []
     reply = RemoteReply("r", updates.append, time.monotonic())
-    reply.add(0, "Hi!", "stop", lp)
-    ((delta,),) = [u.outputs for u in updates]
-    assert delta.logprobs == (-0.5, -1.0) and delta.num_tokens == 2
-    assert delta.token_ids == () and delta.top_logprobs is None
-    assert delta.finish_reason is FinishReason.STOP
+    reply.add(delta)
+    ((out,),) = [u.outputs for u in updates]
+    assert out.logprobs == (-0.5, -1.0) and out.num_tokens == 2
+    assert out.token_ids == () and out.top_logprobs is None
+    assert out.finish_reason is FinishReason.STOP
     by_id = {"content": [{"token": "token_id:7", "logprob": -0.2,
                           "top_logprobs": [{"token": "token_id:7", "logprob": -0.2},
                                            {"token": "token_id:9", "logprob": -1.9}]}]}
-    lp = Logprobs.read(by_id, False, 2)
-    assert lp.token_ids == [7] and lp.top_logprobs == [{7: -0.2, 9: -1.9}]
+    delta = read_choice({"index": 0, "delta": {"content": "x"}, "logprobs": by_id}, True, 2)
+    assert delta.token_ids == (7,) and delta.top_logprobs == ({7: -0.2, 9: -1.9},)
 
 
 def test_poller_reads_vllm_sglang_and_llamacpp_names(url):

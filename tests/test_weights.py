@@ -10,21 +10,20 @@ import torch
 from chatpage.bench import common
 from chatpage.bench.quality import TEXT, all_logits
 from chatpage.cli.main import build_parser
-from chatpage.config.settings import DEFAULT_WEIGHTS, load_settings
-from chatpage.config.settings import WEIGHT_FORMATS as SETTINGS_FORMATS
+from chatpage.config.settings import load_settings
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
 from chatpage.engine.loader import load_model, packed_weights_path
 from chatpage.engine.weights import (
     GEMV_ROWS,
     INT4_GROUP,
     PACKED_LAYOUT,
-    WEIGHT_FORMATS,
     make_linear,
     pack_int4_both,
     quantize_int4,
     quantize_int8,
     state_format,
 )
+from chatpage.vocab import DEFAULT_WEIGHTS, WEIGHT_FORMATS
 
 # Bounds on the tiny random models (64 positions of real text): top-1 agreement with fp32 and the
 # worst relative L2 error of a logits row. Random Gaussian weights are the hard case for int4
@@ -33,8 +32,8 @@ from chatpage.engine.weights import (
 BOUNDS = {"bf16": (0.95, 0.02), "int8": (0.90, 0.05), "int4": (0.50, 0.35)}
 
 
-def test_formats_agree_between_settings_and_engine():
-    assert SETTINGS_FORMATS == WEIGHT_FORMATS
+def test_the_engine_implements_every_format_of_the_vocabulary():
+    assert set(GEMV_ROWS) == set(WEIGHT_FORMATS)
     assert DEFAULT_WEIGHTS in WEIGHT_FORMATS
 
 

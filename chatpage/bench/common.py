@@ -39,7 +39,7 @@ def parser(prog: str, description: str, default_scale: float) -> argparse.Argume
 
 def weight_formats(value: str) -> list[str]:
     """argparse type of ``--weights``: comma-separated weight formats (engine/weights.py)."""
-    from chatpage.engine.weights import WEIGHT_FORMATS
+    from chatpage.vocab import WEIGHT_FORMATS
 
     formats = [f.strip() for f in value.split(",") if f.strip()]
     unknown = sorted(set(formats) - set(WEIGHT_FORMATS))

@@ -20,7 +20,7 @@ from chatpage.bench import common
 from chatpage.engine import LLMEngine, SamplingParams
 from chatpage.engine.chat_template import render_prompt
 from chatpage.engine.models.llama import AttentionMetadata
-from chatpage.engine.weights import WEIGHT_FORMATS
+from chatpage.vocab import WEIGHT_FORMATS
 
 TEXT = Path(__file__).resolve().parent / "data" / "quality.txt"
 GREEDY_TOKENS = 256

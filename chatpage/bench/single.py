@@ -20,7 +20,7 @@ import statistics
 from chatpage.bench import common
 from chatpage.bench.throughput import _gguf, gemm_step_s, with_bandwidth
 from chatpage.engine import SamplingParams
-from chatpage.engine.weights import WEIGHT_FORMATS
+from chatpage.vocab import WEIGHT_FORMATS
 
 PROMPT_TOKENS = 128
 NEW_TOKENS = 128

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 from chatpage.bench import common
-from chatpage.engine.weights import WEIGHT_FORMATS
+from chatpage.vocab import WEIGHT_FORMATS
 
 GOAL_S = 3.0
 

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 
-from chatpage.config.settings import WEIGHT_FORMATS
+from chatpage.vocab import WEIGHT_FORMATS
 
 STORY = "Write a long story about a lighthouse keeper."
 STREAM_WINDOW_S = 4.0  # streaming with no input, before the keys

@@ -26,7 +26,8 @@ from chatpage.chat.session import (
 from chatpage.chat.tree import below
 from chatpage.config.personas import Persona
 from chatpage.engine.protocol import EngineClient, UpdateCallback
-from chatpage.store import MessageStatus, make_title
+from chatpage.store import make_title
+from chatpage.vocab import MessageStatus
 
 TITLE_WIDTH = 32
 CONTINUABLE = (MessageStatus.DONE, MessageStatus.STOPPED, MessageStatus.INTERRUPTED)
@@ -239,4 +240,4 @@ class Chats(Requests):
 
 
 def _short(name: str) -> str:
-    return {"temperature": "temp", "max_tokens": "max"}.get(name, name)
+    return SETTING_BY_FIELD[name].slash or name

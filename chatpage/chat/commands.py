@@ -70,9 +70,8 @@ COMMANDS: tuple[CommandInfo, ...] = (
     CommandInfo("quit", "/quit", "quit chatpage"),
 )
 COMMAND_NAMES = {c.name for c in COMMANDS}
-SETTING_COMMANDS = {"temp": "temperature", "temperature": "temperature", "top_p": "top_p",
-                    "top_k": "top_k", "max": "max_tokens", "max_tokens": "max_tokens",
-                    "seed": "seed"}
+SETTING_COMMANDS = {name: rule.field for rule in SETTING_BY_FIELD.values()
+                    for name in (rule.slash, rule.field)}
 _ALIASES = {"regenerate": "regen", "exit": "quit", "attach": "file", "off": "single",
             "temperature": "temp", "max_tokens": "max", "topp": "top_p", "topk": "top_k"}
 

@@ -31,7 +31,8 @@ from chatpage.chat.sampling import SamplingSettings
 from chatpage.chat.session import Attachment, Change, ChatSession, Entry, ReplyStats
 from chatpage.chat.tree import below
 from chatpage.config.personas import Persona, find_persona
-from chatpage.store import MessageStatus, NotFound, SessionRow, Store
+from chatpage.store import NotFound, SessionRow, Store
+from chatpage.vocab import MessageStatus
 
 SAVE_INTERVAL_S = 2.0
 """The longest a streaming reply's text waits before it is written."""

@@ -8,8 +8,8 @@ say what changed. A /continue'd reply adds the new text and tokens to what it ha
 from __future__ import annotations
 
 from chatpage.chat.session import ChatSession, Entry, Generation, ReplyStats
-from chatpage.engine.outputs import CompletionOutput, FinishReason, RequestOutput, RequestUpdate
-from chatpage.store import MessageStatus
+from chatpage.engine.outputs import CompletionOutput, RequestOutput, RequestUpdate
+from chatpage.vocab import FinishReason, MessageStatus
 
 FINAL_STATUS: dict[FinishReason, MessageStatus] = {
     FinishReason.STOP: MessageStatus.DONE, FinishReason.LENGTH: MessageStatus.DONE,

@@ -17,9 +17,9 @@ from chatpage.chat.replies import apply_candidate, apply_reply
 from chatpage.chat.sampling import AltMode
 from chatpage.chat.session import Candidate, ChatSession, Entry, Generation, ReplyStats
 from chatpage.engine.accumulator import OutputAccumulator
-from chatpage.engine.outputs import FinishReason, RequestUpdate
+from chatpage.engine.outputs import RequestUpdate
 from chatpage.engine.protocol import EngineClient, UpdateCallback
-from chatpage.store import MessageStatus
+from chatpage.vocab import FinishReason, MessageStatus
 
 
 class ChatError(ValueError):

@@ -1,32 +1,38 @@
 """A chat's sampling settings and how its next reply is asked for (one, samples, or a beam).
 
-The rules of each setting (type, range, how "off" is written) are the engine's
-`SAMPLING_RULES`: the settings screen, slash commands, persona files and `SamplingParams` all
-check values with that one table.
+The settings, and each one's rule (type, range, default, how "off" is written), are the chat
+settings of `chatpage.vocab.SAMPLING_RULES`: the settings screen, slash commands, persona files
+and `SamplingParams` all check values with that one table.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Literal
+from typing import Any, Literal
 
 from chatpage.config.personas import Persona
-from chatpage.engine.sampling_params import RULE_BY_FIELD, SAMPLING_RULES, SamplingParams
+from chatpage.engine.sampling_params import SamplingParams
+from chatpage.vocab import CHAT_SETTINGS
 
-SETTINGS = SAMPLING_RULES
+SETTINGS = CHAT_SETTINGS
 """The settings a user can change, in the order the settings screen shows them."""
-SETTING_BY_FIELD = RULE_BY_FIELD
+SETTING_BY_FIELD = {rule.field: rule for rule in SETTINGS}
+
+
+def _chat_default(name: str) -> Any:  # typed by the field it defaults
+    return SETTING_BY_FIELD[name].for_chat
+
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """A session's decoding settings; they start as the persona's (else these chat defaults,
-    a little cooler and longer than the engine's)."""
+    """A session's decoding settings (the fields of `SETTINGS`); they start as the persona's,
+    else as the table's chat defaults."""
 
-    temperature: float = 0.7
-    top_p: float = RULE_BY_FIELD["top_p"].default
-    top_k: int = RULE_BY_FIELD["top_k"].default
-    max_tokens: int = 512
-    seed: int | None = RULE_BY_FIELD["seed"].default
+    temperature: float = _chat_default("temperature")
+    top_p: float = _chat_default("top_p")
+    top_k: int = _chat_default("top_k")
+    max_tokens: int = _chat_default("max_tokens")
+    seed: int | None = _chat_default("seed")
 
     @classmethod
     def for_persona(cls, persona: Persona) -> SamplingSettings:

@@ -16,8 +16,8 @@ from chatpage.chat.conversation import Conversation, Message
 from chatpage.chat.sampling import AltMode, SamplingSettings
 from chatpage.chat.tree import Fork, Place, Transcript
 from chatpage.config.personas import Persona
-from chatpage.engine.outputs import FinishReason, OutputDelta
-from chatpage.store import MessageStatus
+from chatpage.engine.outputs import OutputDelta
+from chatpage.vocab import FinishReason, MessageStatus
 
 EntryStatus = MessageStatus
 """The same vocabulary as the store's message status (plain strings compare equal)."""

@@ -16,6 +16,8 @@ from chatpage.cli.common import (
 from chatpage.config.personas import default_persona, find_persona, load_personas
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.outputs import RequestOutput, RequestUpdate
+from chatpage.engine.sampling_params import SamplingParams
+from chatpage.vocab import SAMPLING_RULES
 
 CONNECT_S = 10.0
 """How long `ask --backend` waits for an unreachable server before giving up."""
@@ -24,7 +26,7 @@ CONNECT_S = 10.0
 def cmd_ask(args) -> int:
     import torch
 
-    from chatpage.engine import LLMEngine, SamplingParams
+    from chatpage.engine import LLMEngine
     from chatpage.engine.chat_template import render_prompt
 
     settings = settings_or_warn(args)
@@ -48,16 +50,7 @@ def cmd_ask(args) -> int:
         if context.strip():
             question = f"{context.rstrip()}\n\n{question}"
     try:
-        params = SamplingParams(
-            n=args.n, beam_width=args.beam,
-            # one answer is greedy unless asked otherwise; n samples need the persona's spread
-            temperature=_pick(args.temperature,
-                              defaults.get("temperature", 0.8) if args.n > 1 else None, 0.0),
-            top_p=_pick(args.top_p, defaults.get("top_p"), 1.0),
-            top_k=_pick(None, defaults.get("top_k"), 0),
-            seed=_pick(args.seed, defaults.get("seed"), None),
-            max_tokens=_pick(args.max_tokens, defaults.get("max_tokens"), 512),
-        )
+        params = _params(args, defaults)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
         if settings.backend:
             return _ask_remote(settings, messages, params)
@@ -132,10 +125,24 @@ def _ask_remote(settings, messages, params) -> int:
                    [(c.index, str(c.finish_reason), c.text) for c in final.outputs])
 
 
-def _pick(given, persona_value, fallback):
-    if given is not None:
-        return given
-    return persona_value if persona_value is not None else fallback
+FLAGS = tuple(rule for rule in SAMPLING_RULES if rule.cli)
+"""The sampling fields `ask` takes a flag for."""
+_NOTES = {"n": "parallel samples, printed one after another", "beam_width": "beam search",
+          "temperature": "default 0 (greedy); with --n, the persona's temperature"}
+
+
+def _params(args: argparse.Namespace, persona: dict[str, float | int]) -> SamplingParams:
+    """Each field as its flag says, else as the persona does, else the chat default; except
+    that one answer is greedy unless --temperature says otherwise (n samples need the
+    persona's spread)."""
+    values = {}
+    for rule in SAMPLING_RULES:
+        given = getattr(args, rule.field) if rule.cli else None
+        choices = (given, persona.get(rule.field), rule.for_chat)
+        values[rule.field] = next((v for v in choices if v is not None), None)
+    if values["n"] == 1 and args.temperature is None:
+        values["temperature"] = 0.0  # greedy
+    return SamplingParams(**values)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -148,11 +155,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ask.add_argument("--backend", metavar="URL",
                      help="ask an OpenAI-compatible server instead of the local engine")
     add_engine_args(ask)
-    ask.add_argument("--max-tokens", type=int)
-    ask.add_argument("--temperature", type=float,
-                     help="default 0 (greedy); with --n, the persona's temperature")
-    ask.add_argument("--top-p", type=float)
-    ask.add_argument("--seed", type=int)
-    ask.add_argument("--n", type=int, default=1, help="parallel samples, printed one after another")
-    ask.add_argument("--beam", type=int, default=0, metavar="K", help="beam search of width K")
+    for rule in FLAGS:
+        note = _NOTES.get(rule.field, rule.label)
+        ask.add_argument(rule.cli, type=rule.kind, dest=rule.field, help=f"{note}: {rule.values}")
     ask.set_defaults(func=cmd_ask)

@@ -8,7 +8,8 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from chatpage.config.settings import WEIGHT_FORMATS, load_settings, parse_size
+from chatpage.config.settings import load_settings, parse_size
+from chatpage.vocab import WEIGHT_FORMATS
 
 
 def size_arg(value: str) -> int:

@@ -27,14 +27,14 @@ from typing import Any
 import yaml
 
 from chatpage.config.paths import config_dir, shipped_personas_dir
-from chatpage.engine.sampling_params import RULE_BY_FIELD, SAMPLING_RULES
+from chatpage.vocab import CHAT_SETTINGS, RULE_BY_FIELD
 
 DEFAULT_PERSONA = "assistant"
 """The persona a new chat uses unless the user configured another one."""
 
 REQUIRED_KEYS = ("name", "description", "system_prompt")
-OPTIONAL_KEYS = ("greeting", *(rule.field for rule in SAMPLING_RULES))
-SAMPLING_KEYS = tuple(rule.field for rule in SAMPLING_RULES)
+SAMPLING_KEYS = tuple(rule.field for rule in CHAT_SETTINGS)
+OPTIONAL_KEYS = ("greeting", *SAMPLING_KEYS)
 _SUFFIXES = (".yaml", ".yml")
 _MAX_NAME = 40
 
@@ -97,7 +97,7 @@ def _name(value: object) -> str:
 
 
 def _number(key: str, value: object) -> float | int | None:
-    """A sampling default, checked by the engine's rule for it (None: not set)."""
+    """A sampling default, checked by its rule (None: not set)."""
     if value is None:
         return None
     rule = RULE_BY_FIELD[key]
@@ -130,12 +130,8 @@ def parse_persona(data: object, source: Path) -> Persona:
         description=_text("description", data["description"], one_line=True),
         system_prompt=_text("system_prompt", data["system_prompt"], one_line=False),
         greeting=None if greeting is None else _text("greeting", greeting, one_line=False),
-        temperature=_number("temperature", data.get("temperature")),
-        top_p=_number("top_p", data.get("top_p")),
-        top_k=_number("top_k", data.get("top_k")),
-        max_tokens=_number("max_tokens", data.get("max_tokens")),
-        seed=_number("seed", data.get("seed")),
         source=source,
+        **{key: _number(key, data.get(key)) for key in SAMPLING_KEYS},
     )
 
 

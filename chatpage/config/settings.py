@@ -14,14 +14,10 @@ from typing import Any
 import yaml
 
 from chatpage.config.paths import config_dir
+from chatpage.vocab import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, DEFAULT_WEIGHTS, WEIGHT_FORMATS
 
 SOURCE_DEFAULT = "default"
 SOURCE_CLI = "command line"
-BLOCK_SIZES = (8, 16, 32)
-# The engine's weight formats (chatpage/engine/weights.py; kept here so settings need no torch).
-# The default is the fastest whose quality holds (`chatpage bench single` / `bench quality`).
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
-DEFAULT_WEIGHTS = "int4"
 
 _UNITS = {
     "": 1, "b": 1,
@@ -70,7 +66,7 @@ class Settings:
 
     model: str | None = None
     kv_cache: int = 512 << 20
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     weights: str = DEFAULT_WEIGHTS
     default_persona: str = "assistant"
     theme: str = "chatpage"

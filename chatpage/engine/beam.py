@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 
 from chatpage.engine.block_manager import BlockManager
-from chatpage.engine.outputs import FinishReason
 from chatpage.engine.sampler import beam_candidates, top_logprobs
 from chatpage.engine.sequence import BeamHypothesis, Sequence, SequenceGroup
 from chatpage.engine.stop import StopCheck
+from chatpage.vocab import FinishReason
 
 
 @dataclass(frozen=True, slots=True)

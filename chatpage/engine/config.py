@@ -7,11 +7,11 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from chatpage.vocab import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, WEIGHT_FORMATS
+
 if TYPE_CHECKING:  # torch loads on the engine thread, not when the app imports this
     import torch
 
-WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
-"""The storage formats of the matmul weights (``engine/weights.py`` implements them)."""
 DTYPES = ("float32", "bfloat16", "float16")
 """The engine dtypes (activations, KV cache), by their torch names."""
 
@@ -48,7 +48,7 @@ class EngineConfig:
     ``num_threads`` is torch's thread count on the thread that steps the engine (None: every core).
     """
 
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     kv_cache_bytes: int = 512 * MiB
     swap_space_bytes: int = 512 * MiB
     enable_prefix_caching: bool = True
@@ -74,8 +74,9 @@ class EngineConfig:
         return getattr(torch, self.dtype)
 
     def __post_init__(self) -> None:
-        if self.block_size not in (8, 16, 32):
-            raise ValueError(f"EngineConfig.block_size must be 8, 16 or 32, got {self.block_size}")
+        if self.block_size not in BLOCK_SIZES:
+            sizes = ", ".join(map(str, BLOCK_SIZES[:-1])) + f" or {BLOCK_SIZES[-1]}"
+            raise ValueError(f"EngineConfig.block_size must be {sizes}, got {self.block_size}")
         if self.kv_cache_bytes <= 0:
             raise ValueError(f"EngineConfig.kv_cache_bytes must be > 0, got {self.kv_cache_bytes}")
         if self.swap_space_bytes < 0:

@@ -19,19 +19,14 @@ from chatpage.engine.kv_cache import KVCache, bytes_per_block
 from chatpage.engine.loader import LoadedModel, load_model
 from chatpage.engine.model_runner import ModelRunner
 from chatpage.engine.models.llama import LlamaModel
-from chatpage.engine.outputs import (
-    EngineStats,
-    FinishReason,
-    RequestOutput,
-    RequestUpdate,
-    TokenRate,
-)
+from chatpage.engine.outputs import EngineStats, RequestOutput, RequestUpdate, TokenRate
 from chatpage.engine.request_update import closing_update, request_update
 from chatpage.engine.sampler import make_generator, sample
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.engine.scheduler import ScheduledSeq, Scheduler
 from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
 from chatpage.engine.stop import StopCheck
+from chatpage.vocab import FinishReason
 
 
 class LLMEngine:

@@ -3,19 +3,11 @@
 
 from __future__ import annotations
 
-import enum
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-
-class FinishReason(enum.StrEnum):
-    """Why an output ended. A str: it compares equal to, and stores as, its value."""
-
-    STOP = "stop"  # EOS, a stop token or a stop string
-    LENGTH = "length"  # max_tokens or the context window
-    ABORT = "abort"  # cancelled
-    ERROR = "error"  # could not run (the request's error says why)
+from chatpage.vocab import FinishReason
 
 
 @dataclass

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import torch
 
 from chatpage.engine.detokenizer import IncrementalDetokenizer
-from chatpage.engine.outputs import FinishReason
 from chatpage.engine.sampling_params import SamplingParams
+from chatpage.vocab import FinishReason
 
 
 class GroupStatus(enum.Enum):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chatpage.engine.outputs import FinishReason
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.engine.sequence import Sequence
+from chatpage.vocab import FinishReason
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,8 +42,9 @@ import torch
 import torch.nn.functional as F
 
 from chatpage.engine import gemv, ops
-from chatpage.engine.config import WEIGHT_FORMATS, check_format  # torch-free, for the app
+from chatpage.engine.config import check_format
 from chatpage.engine.gemv import INT4_GROUP
+from chatpage.vocab import WEIGHT_FORMATS
 
 # Bumped whenever a format's stored tensors change (the packed cache's file names carry it, so
 # an older cache is packed again, never misread). 2: int4 stores the native GEMV's layout too.

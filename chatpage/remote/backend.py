@@ -13,6 +13,9 @@ from typing import Any
 
 import httpx
 
+from chatpage.wire.errors import read_error
+from chatpage.wire.sampling import VLLM_TOP_K_OFF, Dialect
+
 LABELS = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama-server",
           "llama-cpp-python": "llama-cpp-python", "chatpage": "chatpage",
           "openai": "OpenAI-compatible server"}
@@ -22,9 +25,10 @@ METRICS_HINT = {
     "llamacpp": "start llama-server with --metrics",
     "llama-cpp-python": "llama-cpp-python's server has none",
 }
-# what a sampling field set to "off" is sent as (None: leave the field out)
-TOP_K_OFF = {"vllm": -1, "sglang": -1, "llamacpp": 0, "llama-cpp-python": 0, "chatpage": 0,
-             "openai": None}
+# what top_k "off" is sent as (None: leave the field out)
+TOP_K_OFF = {"vllm": VLLM_TOP_K_OFF, "sglang": VLLM_TOP_K_OFF, "llamacpp": 0,
+             "llama-cpp-python": 0, "chatpage": 0, "openai": None}
+TOKENS_BY_ID = ("vllm", "chatpage")  # backends that take return_tokens_as_token_ids
 
 
 class BackendError(Exception):
@@ -53,6 +57,11 @@ class Backend:
 
     def can(self, capability: str) -> bool:
         return capability in self.capabilities
+
+    @property
+    def dialect(self) -> Dialect:
+        """How this server wants a request's fields."""
+        return Dialect(TOP_K_OFF[self.name], self.can("vllm_extras"), self.name in TOKENS_BY_ID)
 
     def notes(self) -> list[str]:
         """What this backend cannot do, one line each, for the user to see."""
@@ -90,15 +99,7 @@ def error_message(response: httpx.Response) -> str:
     except ValueError:
         return response.text.strip().splitlines()[0] if response.text.strip() else \
             response.reason_phrase
-    if isinstance(body, dict):
-        err = body.get("error", body)
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-        if isinstance(err, str):
-            return err
-        if body.get("message"):
-            return str(body["message"])
-    return str(body)
+    return read_error(body) or str(body)
 
 
 async def probe(client: httpx.AsyncClient, url: str, model: str | None = None) -> Backend:

@@ -18,12 +18,13 @@ from collections.abc import Callable
 
 import httpx
 
-from chatpage.engine.outputs import EngineStats, FinishReason
+from chatpage.engine.outputs import EngineStats
 from chatpage.engine.protocol import UpdateCallback
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.remote.backend import Backend, BackendError, BackendNotReady, probe
 from chatpage.remote.requests import RemoteReply, RequestFailed, run_request, split_samples
 from chatpage.remote.stats import Poller, RemoteStats
+from chatpage.vocab import FinishReason
 
 API_KEY_ENV = "CHATPAGE_API_KEY"
 POLL_S = 1.0

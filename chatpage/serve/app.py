@@ -24,11 +24,14 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from chatpage.config.personas import Persona
-from chatpage.engine.client import LocalEngineClient, OutputDelta
+from chatpage.engine.client import LocalEngineClient
+from chatpage.engine.outputs import OutputDelta
 from chatpage.serve import metrics
 from chatpage.serve.bridge import EventPump, RequestStream
-from chatpage.serve.protocol import ApiError, ApiRequest, parse_request
-from chatpage.serve.responses import DONE, Shaper, sse_error
+from chatpage.vocab import FinishReason, Role
+from chatpage.wire.chunks import DONE, ChunkWriter, sse, sse_error
+from chatpage.wire.errors import ApiError
+from chatpage.wire.requests import ApiRequest, parse_request
 
 SWITCH_INTERVAL_S = 0.0005
 """The GIL hand-over interval while serving (Python's default is 5 ms): the engine thread's
@@ -131,9 +134,9 @@ async def _prepare(request: Request, kind: str) -> tuple[ApiRequest, str]:
     model, persona = state.resolve(body.get("model") if isinstance(body, dict) else None)
     api = parse_request(body, kind, persona.sampling() if persona else None)
     if persona is not None and kind == "chat" \
-            and not any(m["role"] == "system" for m in api.messages):
+            and not any(m["role"] == Role.SYSTEM for m in api.messages):
         # the persona's system prompt: its pinned prefix blocks serve this request
-        api.messages.insert(0, {"role": "system", "content": persona.system_prompt})
+        api.messages.insert(0, {"role": str(Role.SYSTEM), "content": persona.system_prompt})
     return api, model
 
 
@@ -145,7 +148,7 @@ async def generate(request: Request, kind: str) -> Response:
     state = _state(request)
     stream = RequestStream(state.client, api, state.pump)
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-    shaper = Shaper(stream, rid, model, int(time.time()), state.token_text)
+    writer = ChunkWriter(api, rid, model, int(time.time()), state.token_text)
     try:
         finished, first = await _until_disconnect(request, stream.first())
     except ApiError as e:
@@ -154,7 +157,7 @@ async def generate(request: Request, kind: str) -> Response:
         stream.cancel()
         return Response(status_code=499)
     if api.stream:
-        return StreamingResponse(_sse(state, stream, shaper, first),
+        return StreamingResponse(_sse(state, stream, writer, first),
                                  media_type="text/event-stream")
 
     async def collect() -> None:
@@ -168,19 +171,19 @@ async def generate(request: Request, kind: str) -> Response:
     _record(state, stream)
     if stream.error is not None:
         return _error(ApiError(500, stream.error))
-    return JSONResponse(shaper.whole())
+    return JSONResponse(writer.whole(stream.outputs.values(), stream.usage))
 
 
-async def _sse(state: ServeState, stream: RequestStream, shaper: Shaper, first: list[OutputDelta]
-               ) -> AsyncIterator[str]:
+async def _sse(state: ServeState, stream: RequestStream, writer: ChunkWriter,
+               first: list[OutputDelta]) -> AsyncIterator[str]:
     try:
-        async for update in stream.updates(first):
-            for line in shaper.chunks(update):
-                yield line
+        async for delta in stream.updates(first):
+            for chunk in writer.chunks(delta):
+                yield sse(chunk)
         if stream.error is not None:
             yield sse_error(stream.error)
         if stream.request.include_usage:
-            yield shaper.usage_chunk()
+            yield sse(writer.usage_chunk(stream.usage))
         yield DONE
         _record(state, stream)
     finally:
@@ -188,8 +191,10 @@ async def _sse(state: ServeState, stream: RequestStream, shaper: Shaper, first: 
 
 
 def _record(state: ServeState, stream: RequestStream) -> None:
-    reason = stream.outputs[min(stream.outputs)].finish_reason if stream.outputs else "error"
-    state.counters.record(stream.prompt_tokens, stream.completion_tokens, reason or "stop")
+    reason = stream.outputs[min(stream.outputs)].finish_reason if stream.outputs \
+        else FinishReason.ERROR
+    state.counters.record(stream.prompt_tokens, stream.completion_tokens,
+                          reason or FinishReason.STOP)
 
 
 async def chat_completions(request: Request) -> Response:

@@ -15,9 +15,10 @@ from collections import deque
 from collections.abc import AsyncIterator
 
 from chatpage.engine.accumulator import OutputAccumulator
-from chatpage.engine.client import EngineClient
 from chatpage.engine.outputs import CompletionOutput, OutputDelta, RequestUpdate, Usage
-from chatpage.serve.protocol import ApiError, ApiRequest
+from chatpage.engine.protocol import EngineClient
+from chatpage.wire.errors import ApiError
+from chatpage.wire.requests import ApiRequest
 
 
 class EventPump:

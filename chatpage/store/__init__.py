@@ -2,14 +2,12 @@
 
 from chatpage.store.rows import (
     MessageRow,
-    MessageStatus,
     NewMessage,
     NotFound,
-    Role,
     SearchHit,
     SessionRow,
 )
 from chatpage.store.store import DB_NAME, SNIPPET_MARKS, Store, make_title
 
-__all__ = ["DB_NAME", "SNIPPET_MARKS", "MessageRow", "MessageStatus", "NewMessage", "NotFound",
-           "Role", "SearchHit", "SessionRow", "Store", "make_title"]
+__all__ = ["DB_NAME", "SNIPPET_MARKS", "MessageRow", "NewMessage", "NotFound", "SearchHit",
+           "SessionRow", "Store", "make_title"]

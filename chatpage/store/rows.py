@@ -1,30 +1,11 @@
-"""What the store hands out and takes in: rows, statuses, roles and the `NotFound` error."""
+"""What the store hands out and takes in: rows and the `NotFound` error."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
-
-
-class MessageStatus(StrEnum):
-    """Where a message stands; stored as its text, so plain strings compare equal."""
-
-    DONE = "done"
-    STREAMING = "streaming"
-    STOPPED = "stopped"
-    INTERRUPTED = "interrupted"
-    ERROR = "error"
-
-
-class Role(StrEnum):
-    """Who wrote a message."""
-
-    USER = "user"
-    ASSISTANT = "assistant"
-    SYSTEM = "system"
 
 
 class NotFound(KeyError):

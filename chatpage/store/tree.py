@@ -13,8 +13,9 @@ import sqlite3
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from chatpage.store.rows import MessageRow, MessageStatus, NotFound, Role
+from chatpage.store.rows import MessageRow, NotFound
 from chatpage.store.schema import transaction
+from chatpage.vocab import MessageStatus, Role
 
 ROLES = tuple(Role)
 STATUSES = tuple(MessageStatus)

@@ -1,0 +1,138 @@
+"""Request bodies of /v1/chat/completions and /v1/completions, both ways: `parse_request`
+(the server's side: a decoded body -> a validated `ApiRequest`, or an `ApiError`) and
+`request_body` (the client's: what to send).
+
+Unknown fields are ignored; a bad value is a 400 naming the field. Besides the sampling fields
+(`chatpage.wire.sampling`), vLLM's ``continue_final_message`` and
+``return_tokens_as_token_ids`` are read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from chatpage.engine.sampling_params import SamplingParams
+from chatpage.vocab import Role
+from chatpage.wire.errors import ApiError, bad_value
+from chatpage.wire.sampling import CHATPAGE, Dialect, read_flag, read_sampling, write_sampling
+
+DEVELOPER = "developer"
+"""OpenAI's newer name of the system role; read as `Role.SYSTEM`."""
+ROLES = (Role.SYSTEM, DEVELOPER, Role.USER, Role.ASSISTANT)
+KINDS = ("chat", "completion", "continue")
+"""What a client asks for: a reply to messages, a completion of a prompt, or more of the last
+message (a reply cut short: chat with vLLM's continue_final_message)."""
+
+
+@dataclass
+class ApiRequest:
+    """One validated request: a chat (``messages``) or a completion (``prompt``)."""
+
+    kind: str  # "chat" | "completion"
+    model: str | None
+    params: SamplingParams
+    messages: list[dict[str, str]] = field(default_factory=list)
+    prompt: str | list[int] = ""
+    stream: bool = False
+    include_usage: bool = False
+    continue_final_message: bool = False  # the last message, a reply, goes on (vLLM's name)
+    tokens_as_ids: bool = False  # logprobs name tokens "token_id:N" (vLLM's
+    # return_tokens_as_token_ids)
+
+    @property
+    def beam(self) -> bool:
+        return self.params.use_beam_search
+
+    @property
+    def logprobs(self) -> bool:
+        """The answer carries per-token logprobs (each with ``params.top_logprobs``
+        alternatives)."""
+        return self.params.logprobs is not None
+
+
+def _text_content(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_value(f"{where}.content", "a string or a list of text parts", content)
+    texts = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text" \
+                or not isinstance(part.get("text"), str):
+            raise ApiError(400, f"{where}.content[{j}] must be a text part "
+                                '({"type": "text", "text": "..."}); only text is supported',
+                           f"{where}.content")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def parse_messages(raw: Any) -> list[dict[str, str]]:
+    if not isinstance(raw, list) or not raw:
+        raise bad_value("messages", "a non-empty list of {role, content} objects", raw)
+    messages = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad_value(where, "an object with role and content", m)
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad_value(f"{where}.role", f"one of {', '.join(ROLES)}", role)
+        role = Role.SYSTEM if role == DEVELOPER else Role(role)
+        messages.append({"role": str(role), "content": _text_content(m.get("content"), where)})
+    return messages
+
+
+def parse_prompt(raw: Any) -> str | list[int]:
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str | list):
+        raw = raw[0]  # a batch of one
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
+        return list(raw)
+    raise bad_value("prompt", "a string or a list of token ids (one prompt per request)", raw)
+
+
+def parse_request(body: Any, kind: str, defaults: dict[str, Any] | None = None) -> ApiRequest:
+    """Validate a decoded JSON body of /v1/chat/completions (``kind`` "chat") or
+    /v1/completions ("completion"). ``defaults`` are a persona's sampling defaults."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_value("model", "a string", model)
+    stream = read_flag(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad_value("stream_options", "an object such as {\"include_usage\": true}", options)
+    if options and not stream:
+        raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
+    include_usage = read_flag(options or {}, "include_usage")
+    params = read_sampling(body, kind, defaults)
+    request = ApiRequest(kind, model, params, stream=stream, include_usage=include_usage,
+                         tokens_as_ids=read_flag(body, "return_tokens_as_token_ids"))
+    if kind == "chat":
+        request.messages = parse_messages(body.get("messages"))
+        request.continue_final_message = read_flag(body, "continue_final_message")
+        if request.continue_final_message and request.messages[-1]["role"] != Role.ASSISTANT:
+            raise ApiError(400, "continue_final_message needs the last message to be the "
+                                "assistant's reply to continue", "continue_final_message")
+    else:
+        request.prompt = parse_prompt(body.get("prompt"))
+    return request
+
+
+def request_body(model: str, kind: str, payload: list[dict[str, str]] | str | list[int],
+                 params: SamplingParams, dialect: Dialect = CHATPAGE) -> dict[str, Any]:
+    """What a client sends for ``kind`` (one of `KINDS`): ``payload`` is the messages, or a
+    completion's prompt. Streamed with the usage at the end, except beam search (its beams
+    reorder until the end: they come whole, at once)."""
+    stream = not params.use_beam_search
+    body: dict[str, Any] = {"model": model, "stream": stream,
+                            **write_sampling(params, kind, dialect)}
+    body["prompt" if kind == "completion" else "messages"] = payload
+    if kind == "continue":  # vLLM's names (chatpage serve and SGLang read them too)
+        body.update(continue_final_message=True, add_generation_prompt=False)
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
