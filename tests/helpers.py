@@ -7,12 +7,15 @@ no engine), and engine events to feed back.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from pathlib import Path
 
 from textual.command import CommandList, CommandPalette
 
+from chatpage.chat.chats import Chats
+from chatpage.chat.session import ChatSession, Entry
 from chatpage.config.personas import Persona
 from chatpage.config.settings import Settings
 from chatpage.engine.client import EngineConfig, StreamEvent
@@ -193,6 +196,23 @@ def stopped(rid: str, text: str) -> StreamEvent:
         request_id=rid, index=0, text=text, delta="", replaced=False, num_tokens=0, finished=True,
         finish_reason="abort", cumulative_logprob=0.0, score=None, request_finished=True,
         prompt_tokens=0, prefix_hit_tokens=0, ttft_s=None, elapsed_s=1.0)
+
+
+def settle(chats: Chats, events: queue.Queue, session: ChatSession) -> None:
+    """Apply a real engine's events (as the app does on its thread) until the session is idle."""
+    deadline = time.monotonic() + 60
+    while session.streaming:
+        assert time.monotonic() < deadline, "the reply did not finish"
+        try:
+            chats.apply(events.get(timeout=1))
+        except queue.Empty:
+            continue
+
+
+def facts(entries: list[Entry]) -> list[tuple]:
+    """What each message holds (entries compare by identity: a restored one is another object)."""
+    return [(e.role, e.content, e.status, e.attachments, e.stats, e.label, e.error)
+            for e in entries]
 
 
 # -- models ------------------------------------------------------------------------------------------

@@ -128,11 +128,8 @@ class Requests:
         """Leave the oldest turns out of what is sent if the turn after `upto` (None: after
         the last message on show) would not fit the context; `notice` says so to the user."""
         session.context_tokens = self.client.max_model_len or session.context_tokens
-        path = session.entries
-        if upto is not None:
-            path = path[:path.index(upto) + 1]
-        outcome = fit(session.persona.system_prompt, path, session.sampling.max_tokens,
-                      session.context_tokens)
+        outcome = fit(session.persona.system_prompt, session.transcript.path(upto),
+                      session.sampling.max_tokens, session.context_tokens)
         session.changed("context")
         if notice and outcome.notice():
             self.notify(outcome.notice())

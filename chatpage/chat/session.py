@@ -84,10 +84,11 @@ class ReplyStats:
                 "elapsed_s": self.elapsed_s}
 
 
-@dataclass
+@dataclass(eq=False)
 class Entry:
     """One message: a node of the chat's tree (`parent`, and the versions of the turn after
-    it in `replies`)."""
+    it in `replies`). Entries compare by identity: two messages with the same text ("yes",
+    then "yes" again) are two nodes, never one."""
 
     role: Literal["user", "assistant"]
     content: str
@@ -96,12 +97,12 @@ class Entry:
     stats: ReplyStats | None = None
     label: str | None = None  # the alternative this reply was kept from
     error: str | None = None
-    store_id: int | None = field(default=None, compare=False, repr=False)
-    parent: Entry | None = field(default=None, compare=False, repr=False)
-    fork: Fork | None = field(default=None, compare=False, repr=False)
+    store_id: int | None = field(default=None, repr=False)
+    parent: Entry | None = field(default=None, repr=False)
+    fork: Fork | None = field(default=None, repr=False)
     """The versions of this message's turn (it among them), once it is in a transcript."""
-    replies: Fork = field(default_factory=Fork, compare=False, repr=False)
-    dropped: bool = field(default=False, compare=False)
+    replies: Fork = field(default_factory=Fork, repr=False)
+    dropped: bool = False
     """Left out of what the model was last sent, to fit its context (shown greyed)."""
 
     @property
@@ -113,7 +114,7 @@ class Entry:
         """Where it stands among the versions of its turn (``◀ 2/3 ▶``); 1/1 when alone."""
         if self.fork is None:
             return Place(1, 1)
-        return Place(self.fork.versions.index(self) + 1, len(self.fork.versions))
+        return Place(self.fork.index(self) + 1, len(self.fork.versions))
 
     def model_content(self) -> str:
         parts = [self.content] if self.content else []
@@ -213,11 +214,9 @@ class ChatSession:
     def conversation(self, upto: Entry | None = None) -> Conversation:
         """What the model sees: the system prompt and the messages on show (up to and
         including `upto`), less failed replies and turns dropped to fit the context."""
-        path = self.entries
-        if upto is not None:
-            path = path[:path.index(upto) + 1]
         return Conversation(self.persona.system_prompt, [
-            Message(e.role, e.model_content()) for e in path if e.in_context and not e.dropped
+            Message(e.role, e.model_content()) for e in self.transcript.path(upto)
+            if e.in_context and not e.dropped
         ])
 
     def for_model(self, upto: Entry | None = None) -> list[dict[str, str]]:
