@@ -9,7 +9,17 @@ from helpers import PERSONA, FakeClient, done, event, stopped
 from chatpage.chat.chats import ChatError, Chats
 from chatpage.chat.context import MESSAGE_OVERHEAD, fit
 from chatpage.chat.sampling import AltMode
-from chatpage.chat.session import ChatSession, Entry, ReplyStats
+from chatpage.chat.session import (
+    BusyChanged,
+    ChatSession,
+    ContextChanged,
+    Entry,
+    EntryAdded,
+    EntryRemoved,
+    EntryUpdated,
+    ReplyStats,
+    TitleChanged,
+)
 from chatpage.engine.client import StreamEvent
 
 
@@ -32,7 +42,7 @@ def test_chats_turns_stop_keep_and_observer_hook():
     chats = Chats(client, lambda e: None)
     session = chats.open(PERSONA)
     seen = []
-    session.observers.append(lambda s, change: seen.append(change.kind))
+    session.observers.append(lambda s, change: seen.append(type(change)))
     chats.send(session, "hi there")
     assert session.title == "hi there" and session.streaming
     messages, params, _ = client.submitted[0]
@@ -47,7 +57,7 @@ def test_chats_turns_stop_keep_and_observer_hook():
     reply = session.entries[-1]
     assert (reply.content, reply.status, reply.stats.tokens) == ("Hel", "stopped", 3)
     assert not session.streaming
-    assert {"entry_added", "entry_updated", "busy", "title"} <= set(seen)
+    assert {EntryAdded, EntryUpdated, BusyChanged, TitleChanged} <= set(seen)
 
     chats.set_alt_mode(session, AltMode("samples", 3))
     chats.regenerate(session)
@@ -137,9 +147,11 @@ def test_deleting_a_message_removes_what_followed_and_shows_another_version():
     chats.regenerate(session, session.entries[1])
     chats.apply(done("r3", "re: one (b)"))
     seen = []
-    session.observers.append(lambda s, change: seen.append(change.kind))
-    chats.delete(session, session.entries[1])
-    assert texts(session) == ["one", "re: one", "two", "re: two"] and seen == ["entry_removed"]
+    session.observers.append(lambda s, change: seen.append(change))
+    gone = session.entries[1]
+    chats.delete(session, gone)
+    assert texts(session) == ["one", "re: one", "two", "re: two"]
+    assert seen == [EntryRemoved(gone, session.entries[1])]  # the version that took its place
     chats.delete(session, session.entries[0])
     assert session.entries == []
 
@@ -221,9 +233,9 @@ def test_a_restored_chat_learns_its_context_when_the_model_loads():
     assert session.context_tokens == 0 and not any(e.dropped for e in session.entries)
     client.max_model_len = 300
     seen = []
-    session.observers.append(lambda s, change: seen.append(change.kind))
+    session.observers.append(lambda s, change: seen.append(change))
     chats.model_ready()
-    assert session.context_tokens == 300 and "context" in seen
+    assert session.context_tokens == 300 and ContextChanged() in seen
     assert session.entries[0].dropped and not session.entries[-1].dropped
 
 
@@ -247,10 +259,10 @@ def test_a_batch_of_events_applies_only_what_a_later_event_does_not_supersede():
     chats.set_alt_mode(alts, AltMode("samples", 2))
     chats.send(alts, "two")
     updates = []
-    plain.observers.append(lambda s, change: updates.append(change.kind))
+    plain.observers.append(lambda s, change: updates.append(change))
     chats.apply_all([event("r1", "a"), event("r2", "x", index=0), event("r1", "ab"),
                      event("r2", "y", index=1), event("r2", "xz", index=0), event("r1", "abc")])
-    assert updates == ["entry_updated"]  # one for the three events of the plain reply
+    assert updates == [EntryUpdated(plain.entries[-1])]  # one for the three events of the reply
     assert plain.entries[-1].content == "abc" and plain.entries[-1].stats.tokens == 3
     assert [c.text for c in alts.generation.candidates] == ["xz", "y"]
     # an output's end is applied even when more events of its request follow in the batch

@@ -6,7 +6,14 @@ panes and say what changed. A /continue'd reply adds the new text and tokens to 
 
 from __future__ import annotations
 
-from chatpage.chat.session import ChatSession, Entry, Generation, ReplyStats
+from chatpage.chat.session import (
+    CandidateUpdated,
+    ChatSession,
+    Entry,
+    EntryUpdated,
+    Generation,
+    ReplyStats,
+)
 from chatpage.engine.client import StreamEvent
 from chatpage.store import MessageStatus
 
@@ -40,7 +47,7 @@ def apply_reply(session: ChatSession, gen: Generation, entry: Entry, event: Stre
     if event.request_finished:
         entry.status = FINAL_STATUS.get(event.finish_reason, MessageStatus.DONE)
         entry.error = event.error
-    session.changed("entry_updated", entry)
+    session.changed(EntryUpdated(entry))
     return event.request_finished
 
 
@@ -62,4 +69,4 @@ def apply_candidate(session: ChatSession, gen: Generation, event: StreamEvent) -
             cand.finish_reason = cand.finish_reason or event.finish_reason or "stop"
         elif not mine:
             continue
-        session.changed("candidate_updated", index=i)
+        session.changed(CandidateUpdated(i))

@@ -15,7 +15,20 @@ from collections.abc import Callable
 from chatpage.chat.context import fit
 from chatpage.chat.replies import apply_candidate, apply_reply
 from chatpage.chat.sampling import AltMode
-from chatpage.chat.session import Candidate, ChatSession, Entry, Generation, ReplyStats
+from chatpage.chat.session import (
+    BusyChanged,
+    Candidate,
+    ChatSession,
+    ContextChanged,
+    Entry,
+    EntryAdded,
+    EntryUpdated,
+    Generation,
+    GenerationChanged,
+    PathChanged,
+    ReplyStats,
+    SettingsChanged,
+)
 from chatpage.engine.client import EngineClient, StreamEvent
 from chatpage.store import MessageStatus
 
@@ -66,8 +79,8 @@ class Requests:
                           stats=cand.stats, label=cand.label)
             session.transcript.attach(entry, gen.parent, current=cand is chosen)
             kept = entry if cand is chosen else kept
-            session.changed("entry_added", entry)
-        session.changed("entries_reset")
+            session.changed(EntryAdded(entry))
+        session.changed(PathChanged())
         return kept
 
     # -- engine events -------------------------------------------------------------------------
@@ -87,7 +100,7 @@ class Requests:
         if gen.entry is not None:
             if apply_reply(session, gen, gen.entry, event):
                 session.generation = None
-                session.changed("busy")
+                session.changed(BusyChanged())
             return session
         apply_candidate(session, gen, event)
         if not gen.streaming:
@@ -96,9 +109,9 @@ class Requests:
                 entry = Entry("assistant", "", status=MessageStatus.ERROR,
                               error=gen.candidates[0].error)
                 session.transcript.attach(entry, gen.parent)
-                session.changed("entry_added", entry)
+                session.changed(EntryAdded(entry))
             else:
-                session.changed("busy")
+                session.changed(BusyChanged())
         return session
 
     def apply_all(self, events: list[StreamEvent]) -> None:
@@ -130,7 +143,7 @@ class Requests:
         session.context_tokens = self.client.max_model_len or session.context_tokens
         outcome = fit(session.persona.system_prompt, session.transcript.path(upto),
                       session.sampling.max_tokens, session.context_tokens)
-        session.changed("context")
+        session.changed(ContextChanged())
         if notice and outcome.notice():
             self.notify(outcome.notice())
 
@@ -145,9 +158,9 @@ class Requests:
             entry = Entry("assistant", "", status=MessageStatus.STREAMING, stats=ReplyStats())
             forked = bool(question.replies.versions)
             session.transcript.attach(entry, question)
-            session.changed("entry_added", entry)
+            session.changed(EntryAdded(entry))
             if forked:
-                session.changed("entries_reset")
+                session.changed(PathChanged())
             self._by_request[rid] = session
             self._start(session, Generation("reply", [rid], entry=entry, parent=question))
             return
@@ -161,7 +174,7 @@ class Requests:
             Candidate(f"{noun} {i + 1}", rid, i) for i in range(mode.k)
         ])
         session.alt_mode = AltMode(k=mode.k)  # one reply only: back to single replies
-        session.changed("settings")
+        session.changed(SettingsChanged())
         self._by_request[rid] = session
         self._offer(session, gen)
 
@@ -169,14 +182,14 @@ class Requests:
         """Alternatives for the turn after `gen.parent`: no version of it is on show until
         one is kept."""
         session.transcript.hide_after(gen.parent)
-        session.changed("entries_reset")
+        session.changed(PathChanged())
         self._start(session, gen)
 
     def _start(self, session: ChatSession, gen: Generation) -> None:
         session.generation = gen
         if gen.alternatives:
-            session.changed("generation")
-        session.changed("busy")
+            session.changed(GenerationChanged())
+        session.changed(BusyChanged())
 
     def _drop_generation(self, session: ChatSession) -> None:
         gen = session.generation
@@ -190,12 +203,12 @@ class Requests:
         session.generation = None
         if gen.entry is not None and gen.entry.status == MessageStatus.STREAMING:
             gen.entry.status = MessageStatus.STOPPED
-            session.changed("entry_updated", gen.entry)
+            session.changed(EntryUpdated(gen.entry))
         if gen.alternatives:
             session.transcript.unhide_after(gen.parent)
-            session.changed("generation")
-            session.changed("entries_reset")
-        session.changed("busy")
+            session.changed(GenerationChanged())
+            session.changed(PathChanged())
+        session.changed(BusyChanged())
 
 
 def _candidate_status(cand: Candidate) -> MessageStatus:

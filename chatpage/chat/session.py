@@ -1,9 +1,10 @@
 """The state of one chat, kept apart from the widgets that show it.
 
 A `ChatSession` is plain data plus an observer hook: everything that changes it calls
-`ChatSession.changed`, and every observer (the session's view today, persistence later) is told
-what changed through a `Change`. Nothing here imports Textual or touches the engine. A session and
-its entries carry their ids in the store (`store_id`) once saved.
+`ChatSession.changed`, and every observer (the session's views, the recorder) is told what
+changed through a `Change`, one frozen dataclass per kind, to `match` on. Nothing here imports
+Textual or touches the engine. A session and its entries carry their ids in the store
+(`store_id`) once saved.
 """
 
 from __future__ import annotations
@@ -22,30 +23,92 @@ EntryStatus = MessageStatus
 """The same vocabulary as the store's message status (plain strings compare equal)."""
 
 GenerationKind = Literal["reply", "samples", "beam", "compare"]
-ChangeKind = Literal[
-    "entry_added",  # Change.entry was added to the tree (and shown, if it is current)
-    "entry_updated",  # Change.entry's text, status or stats changed
-    "entries_reset",  # the path on show changed (a fork switched, a clear): redraw it
-    "entry_removed",  # Change.entry and what followed it left the tree
-    "context",  # what the next turn sends changed: the meter, the dropped (greyed) turns
-    "generation",  # alternatives started, were kept or dropped
-    "candidate_updated",  # Change.index of the alternatives changed
-    "settings",  # sampling settings or the next-reply mode
-    "title",
-    "attachments",
-    "busy",  # streaming started or ended
-    "closed",  # the session was closed (its generation stopped); it is no longer open
-]
 
 MIN_ALTERNATIVES, MAX_ALTERNATIVES = 2, 6
 """How many alternatives (samples, beams, compared settings) one reply may offer."""
 
 
+# -- changes: what observers are told (one frozen dataclass per kind; dispatch with `match`) -----
+
 @dataclass(frozen=True)
-class Change:
-    kind: ChangeKind
-    entry: Entry | None = None
-    index: int | None = None
+class EntryAdded:
+    """`entry` was added to the tree (and is on show, if it is the current version)."""
+
+    entry: Entry
+
+
+@dataclass(frozen=True)
+class EntryUpdated:
+    """`entry`'s text, status or stats changed."""
+
+    entry: Entry
+
+
+@dataclass(frozen=True)
+class EntryRemoved:
+    """`entry` and what followed it left the tree; `shown` is the version its turn shows now,
+    as the tree decided (None: no version is left)."""
+
+    entry: Entry
+    shown: Entry | None
+
+
+@dataclass(frozen=True)
+class PathChanged:
+    """The path on show changed (a fork switched, alternatives offered or put away): redraw it."""
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """Every message left the chat (/clear)."""
+
+
+@dataclass(frozen=True)
+class ContextChanged:
+    """What the next turn sends changed: the meter, the dropped (greyed) turns."""
+
+
+@dataclass(frozen=True)
+class GenerationChanged:
+    """Alternatives started, were kept or were dropped."""
+
+
+@dataclass(frozen=True)
+class CandidateUpdated:
+    """Alternative `index` of the generation changed."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class SettingsChanged:
+    """The sampling settings, the next-reply mode or the system prompt changed."""
+
+
+@dataclass(frozen=True)
+class TitleChanged:
+    """The chat was renamed."""
+
+
+@dataclass(frozen=True)
+class AttachmentsChanged:
+    """The files attached to the next message changed."""
+
+
+@dataclass(frozen=True)
+class BusyChanged:
+    """Streaming started or ended."""
+
+
+@dataclass(frozen=True)
+class Closed:
+    """The session was closed (its generation stopped); it is no longer open."""
+
+
+Change = (EntryAdded | EntryUpdated | EntryRemoved | PathChanged | Cleared | ContextChanged
+          | GenerationChanged | CandidateUpdated | SettingsChanged | TitleChanged
+          | AttachmentsChanged | BusyChanged | Closed)
+"""Every kind of change a session tells its observers about."""
 
 
 # -- transcript ----------------------------------------------------------------------------------
@@ -112,9 +175,7 @@ class Entry:
 
     def place(self) -> Place:
         """Where it stands among the versions of its turn (``◀ 2/3 ▶``); 1/1 when alone."""
-        if self.fork is None:
-            return Place(1, 1)
-        return Place(self.fork.index(self) + 1, len(self.fork.versions))
+        return Place(1, 1) if self.fork is None else self.fork.place(self)
 
     def model_content(self) -> str:
         parts = [self.content] if self.content else []
@@ -190,9 +251,8 @@ class ChatSession:
         return cls(session_id, persona, sampling=SamplingSettings.for_persona(persona))
 
     # -- the hook point ------------------------------------------------------------------------
-    def changed(self, kind: ChangeKind, entry: Entry | None = None,
-                index: int | None = None) -> None:
-        change = Change(kind, entry, index)
+    def changed(self, change: Change) -> None:
+        """Tell every observer about `change`."""
         for observer in list(self.observers):
             observer(self, change)
 

@@ -37,6 +37,10 @@ class Fork:
                 return i
         raise ValueError("the message is not a version of this turn")
 
+    def place(self, entry: Entry) -> Place:
+        """Where `entry` stands among the versions."""
+        return Place(self.index(entry) + 1, len(self.versions))
+
 
 @dataclass(frozen=True)
 class Place:
@@ -129,9 +133,10 @@ class Transcript:
         fork.current = max(0, min(len(fork.versions) - 1, index))
         return fork.versions[fork.current]
 
-    def remove(self, entry: Entry) -> None:
+    def remove(self, entry: Entry) -> Entry | None:
         """Take `entry` (and everything after it) out of the tree; if it was on show, the
-        newest other version of its turn takes its place."""
+        newest other version of its turn takes its place. Returns the version on show there
+        now (None: none is left), what the store then saves as current."""
         fork = self.fork_of(entry)
         index = fork.index(entry)
         was_current = index == fork.current
@@ -140,6 +145,7 @@ class Transcript:
             fork.current = max(0, len(fork.versions) - 1)
         elif index < fork.current:
             fork.current -= 1
+        return fork.chosen()
 
     def clear(self) -> None:
         self.top = Fork()
