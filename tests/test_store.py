@@ -111,6 +111,9 @@ def test_messages_form_a_tree_with_one_active_path(store: Store) -> None:
     assert [m.id for m in store.active_path(sid)] == [q, first]  # each fork remembers
     store.select(second)
     assert [m.id for m in store.active_path(sid)] == [q, second, follow]
+    hidden = store.add_message(sid, "assistant", "not on show", parent_id=follow, kept=False)
+    assert not store.messages(sid)[-1].kept and store.messages(sid)[-1].id == hidden
+    assert [m.id for m in store.active_path(sid)] == [q, second, follow]  # as it was told
     with pytest.raises(NotFound, match="no message 12345 in chat"):
         store.add_message(sid, "user", "x", parent_id=12345)
     other = chat(store, "elsewhere")
