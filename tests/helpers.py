@@ -7,12 +7,15 @@ no engine), and engine updates to feed back.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from pathlib import Path
 
 from textual.command import CommandList, CommandPalette
 
+from chatpage.chat.chats import Chats
+from chatpage.chat.session import ChatSession, Entry
 from chatpage.config.personas import Persona
 from chatpage.config.settings import Settings
 from chatpage.engine.client import (
@@ -197,6 +200,23 @@ def done(rid: str, text: str, **kw) -> RequestUpdate:
 def stopped(rid: str) -> RequestUpdate:
     """The client's last update of request `rid` when it was cancelled."""
     return final_update(rid, FinishReason.ABORT, elapsed_s=1.0)
+
+
+def settle(chats: Chats, events: queue.Queue, session: ChatSession) -> None:
+    """Apply a real engine's events (as the app does on its thread) until the session is idle."""
+    deadline = time.monotonic() + 60
+    while session.streaming:
+        assert time.monotonic() < deadline, "the reply did not finish"
+        try:
+            chats.apply(events.get(timeout=1))
+        except queue.Empty:
+            continue
+
+
+def facts(entries: list[Entry]) -> list[tuple]:
+    """What each message holds (entries compare by identity: a restored one is another object)."""
+    return [(e.role, e.content, e.status, e.attachments, e.stats, e.label, e.error)
+            for e in entries]
 
 
 # -- models ------------------------------------------------------------------------------------------

@@ -11,7 +11,17 @@ from helpers import PERSONA, FakeClient, done, event, stopped
 from chatpage.chat.chats import ChatError, Chats
 from chatpage.chat.context import MESSAGE_OVERHEAD, fit
 from chatpage.chat.sampling import AltMode
-from chatpage.chat.session import ChatSession, Entry, ReplyStats
+from chatpage.chat.session import (
+    BusyChanged,
+    ChatSession,
+    ContextChanged,
+    Entry,
+    EntryAdded,
+    EntryRemoved,
+    EntryUpdated,
+    ReplyStats,
+    TitleChanged,
+)
 from chatpage.engine.client import FinishReason
 from chatpage.engine.outputs import final_update
 
@@ -35,7 +45,7 @@ def test_chats_turns_stop_keep_and_observer_hook():
     chats = Chats(client, lambda e: None)
     session = chats.open(PERSONA)
     seen = []
-    session.observers.append(lambda s, change: seen.append(change.kind))
+    session.observers.append(lambda s, change: seen.append(type(change)))
     chats.send(session, "hi there")
     assert session.title == "hi there" and session.streaming
     messages, params, _ = client.submitted[0]
@@ -50,7 +60,7 @@ def test_chats_turns_stop_keep_and_observer_hook():
     reply = session.entries[-1]
     assert (reply.content, reply.status, reply.stats.tokens) == ("Hel", "stopped", 3)
     assert not session.streaming
-    assert {"entry_added", "entry_updated", "busy", "title"} <= set(seen)
+    assert {EntryAdded, EntryUpdated, BusyChanged, TitleChanged} <= set(seen)
 
     chats.set_alt_mode(session, AltMode("samples", 3))
     chats.regenerate(session)
@@ -140,9 +150,11 @@ def test_deleting_a_message_removes_what_followed_and_shows_another_version():
     chats.regenerate(session, session.entries[1])
     chats.apply(done("r3", "re: one (b)"))
     seen = []
-    session.observers.append(lambda s, change: seen.append(change.kind))
-    chats.delete(session, session.entries[1])
-    assert texts(session) == ["one", "re: one", "two", "re: two"] and seen == ["entry_removed"]
+    session.observers.append(lambda s, change: seen.append(change))
+    gone = session.entries[1]
+    chats.delete(session, gone)
+    assert texts(session) == ["one", "re: one", "two", "re: two"]
+    assert seen == [EntryRemoved(gone, session.entries[1])]  # the version that took its place
     chats.delete(session, session.entries[0])
     assert session.entries == []
 
@@ -221,9 +233,9 @@ def test_a_restored_chat_learns_its_context_when_the_model_loads():
     assert session.context_tokens == 0 and not any(e.dropped for e in session.entries)
     client.max_model_len = 300
     seen = []
-    session.observers.append(lambda s, change: seen.append(change.kind))
+    session.observers.append(lambda s, change: seen.append(change))
     chats.model_ready()
-    assert session.context_tokens == 300 and "context" in seen
+    assert session.context_tokens == 300 and ContextChanged() in seen
     assert session.entries[0].dropped and not session.entries[-1].dropped
 
 
@@ -250,7 +262,7 @@ def test_a_batch_of_updates_is_applied_in_order_each_adding_its_delta():
     plain.observers.append(lambda s, change: changes.append(change))
     chats.apply_all([event("r1", "a"), event("r2", "x", index=0), event("r1", "b"),
                      event("r2", "y", index=1), event("r2", "z", index=0), event("r1", "c")])
-    assert [(c.kind, c.delta.text) for c in changes] == [("entry_updated", t) for t in "abc"]
+    assert [(type(c), c.delta.text) for c in changes] == [(EntryUpdated, t) for t in "abc"]
     assert plain.entries[-1].content == "abc" and plain.entries[-1].stats.tokens == 3
     assert [c.text for c in alts.generation.candidates] == ["xz", "y"]
     # an output's end is applied even when more updates of its request follow in the batch

@@ -4,12 +4,11 @@ from the prefix cache up to the fork, and /continue goes on from the reply's own
 from __future__ import annotations
 
 import queue
-import time
 
 import pytest
+from helpers import settle
 
 from chatpage.chat.chats import Chats
-from chatpage.chat.session import ChatSession
 from chatpage.config.personas import Persona
 from chatpage.engine.chat_template import continue_prompt, render_prompt
 from chatpage.engine.client import EngineConfig, LocalEngineClient
@@ -27,17 +26,6 @@ def rig(tiny_llama_dir):
     chats = Chats(client, events.put)
     yield chats, client, events
     client.close()
-
-
-def settle(chats: Chats, events: queue.Queue, session: ChatSession) -> None:
-    """Apply the engine's events (as the app does on its thread) until the session is idle."""
-    deadline = time.monotonic() + 60
-    while session.streaming:
-        assert time.monotonic() < deadline, "the reply did not finish"
-        try:
-            chats.apply(events.get(timeout=1))
-        except queue.Empty:
-            continue
 
 
 def new_prompt_tokens(prompt: list[int], before: list[int]) -> int:

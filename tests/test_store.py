@@ -111,6 +111,9 @@ def test_messages_form_a_tree_with_one_active_path(store: Store) -> None:
     assert [m.id for m in store.active_path(sid)] == [q, first]  # each fork remembers
     store.select(second)
     assert [m.id for m in store.active_path(sid)] == [q, second, follow]
+    hidden = store.add_message(sid, "assistant", "not on show", parent_id=follow, kept=False)
+    assert not store.messages(sid)[-1].kept and store.messages(sid)[-1].id == hidden
+    assert [m.id for m in store.active_path(sid)] == [q, second, follow]  # as it was told
     with pytest.raises(NotFound, match="no message 12345 in chat"):
         store.add_message(sid, "user", "x", parent_id=12345)
     other = chat(store, "elsewhere")
@@ -126,13 +129,21 @@ def test_deleting_a_message_removes_what_follows_it(store: Store) -> None:
     other = store.add_message(sid, "assistant", "a1 again", parent_id=q1.id)
     store.add_message(sid, "user", "q2 on the other branch")
     store.select(a1.id)
-    assert store.delete_message(a1.id) == 3  # a1, q2, a2
-    assert [m.id for m in store.active_path(sid)][:2] == [q1.id, other]  # the sibling takes over
+    with pytest.raises(ValueError, match="not another version"):  # a message of another turn
+        store.delete_message(a1.id, shown=q2.id)
+    with pytest.raises(ValueError, match="not another version"):
+        store.delete_message(a1.id, shown=a1.id)
+    assert len(store.messages(sid)) == 6  # nothing was deleted
+    assert store.delete_message(a1.id, shown=other) == 3  # a1, q2, a2
+    assert [m.id for m in store.active_path(sid)][:2] == [q1.id, other]  # the one it was told
     assert store.search("a2") == []  # the index follows
-    assert store.clear_messages(sid) == 3 and store.messages(sid) == []
+    last = store.active_path(sid)[-1]
+    assert store.delete_message(last.id, shown=None) == 1  # no version is left there
+    assert [m.id for m in store.active_path(sid)] == [q1.id, other]
+    assert store.clear_messages(sid) == 2 and store.messages(sid) == []
     assert store.get_session(sid) is not None
     with pytest.raises(NotFound):
-        store.delete_message(a2.id)
+        store.delete_message(a2.id, shown=None)
 
 
 def test_streaming_becomes_interrupted(store: Store) -> None:

@@ -16,12 +16,21 @@ from chatpage.chat.session import (
     MAX_ALTERNATIVES,
     MIN_ALTERNATIVES,
     Attachment,
+    AttachmentsChanged,
     Candidate,
     ChatSession,
+    Cleared,
+    Closed,
     Entry,
+    EntryAdded,
+    EntryRemoved,
+    EntryUpdated,
     Generation,
     Observer,
+    PathChanged,
     ReplyStats,
+    SettingsChanged,
+    TitleChanged,
 )
 from chatpage.chat.tree import below
 from chatpage.config.personas import Persona
@@ -75,10 +84,10 @@ class Chats(Requests):
 
     def close(self, session: ChatSession) -> None:
         """Stop what the session is generating (a reply in progress ends "stopped") and
-        forget it; observers hear "closed" last."""
+        forget it; observers hear `Closed` last."""
         self._drop_generation(session)
         self.sessions.remove(session)
-        session.changed("closed")
+        session.changed(Closed())
 
     def get(self, session_id: int) -> ChatSession | None:
         return next((s for s in self.sessions if s.id == session_id), None)
@@ -94,18 +103,18 @@ class Chats(Requests):
         entry = Entry("user", text, attachments=list(session.attachments))
         if session.attachments:
             session.attachments = []
-            session.changed("attachments")
+            session.changed(AttachmentsChanged())
         edited, session.editing = session.editing, None
         if edited is None:
             session.transcript.append(entry)
         else:
             session.transcript.add_version(edited, entry)
-        session.changed("entry_added", entry)
+        session.changed(EntryAdded(entry))
         if edited is not None:
-            session.changed("entries_reset")
+            session.changed(PathChanged())
         if session.title == "New chat":
             session.title = make_title(text or entry.attachments[0].name, TITLE_WIDTH)
-            session.changed("title")
+            session.changed(TitleChanged())
         self._ask(session, entry)
 
     def regenerate(self, session: ChatSession, reply: Entry | None = None) -> None:
@@ -134,7 +143,7 @@ class Chats(Requests):
         self._drop_generation(session)
         session.editing = message
         session.attachments = list(message.attachments) + session.attachments
-        session.changed("attachments")
+        session.changed(AttachmentsChanged())
         return message.content
 
     def continue_reply(self, session: ChatSession) -> None:
@@ -151,7 +160,7 @@ class Chats(Requests):
                                  self.deliver, continue_reply=True)
         reply.status = MessageStatus.STREAMING
         reply.stats = ReplyStats(**before.as_dict())
-        session.changed("entry_updated", reply)
+        session.changed(EntryUpdated(reply))
         gen = Generation("reply", [rid], entry=reply, parent=reply.parent,
                          continued=before, base_text=reply.content)
         self._by_request[rid] = session
@@ -163,7 +172,7 @@ class Chats(Requests):
         self._check_idle(session)
         shown = session.transcript.switch(message, step)
         if shown is not message:
-            session.changed("entries_reset")
+            session.changed(PathChanged())
             self._fit(session, None, notice=False)  # another branch: its own length
         return shown
 
@@ -173,15 +182,15 @@ class Chats(Requests):
         self._check_idle(session)
         if session.editing is not None and session.editing in below(message):
             session.editing = None
-        session.transcript.remove(message)
-        session.changed("entry_removed", message)
+        shown = session.transcript.remove(message)
+        session.changed(EntryRemoved(message, shown))
 
     def clear(self, session: ChatSession) -> None:
         self.stop(session)
         self._drop_generation(session)
         session.editing = None
         session.transcript.clear()
-        session.changed("cleared")
+        session.changed(Cleared())
 
     # -- settings ------------------------------------------------------------------------------
     def set_setting(self, session: ChatSession, name: str, raw: str | float | int | None) -> None:
@@ -191,7 +200,7 @@ class Chats(Requests):
     def set_sampling(self, session: ChatSession, settings: SamplingSettings) -> None:
         settings.params()  # validated before it is kept
         session.sampling = settings
-        session.changed("settings")
+        session.changed(SettingsChanged())
 
     def set_alt_mode(self, session: ChatSession, mode: AltMode) -> None:
         if mode.kind != "off" and not MIN_ALTERNATIVES <= mode.k <= MAX_ALTERNATIVES:
@@ -199,19 +208,19 @@ class Chats(Requests):
                 f"{mode.kind} must be from {MIN_ALTERNATIVES} to {MAX_ALTERNATIVES}, got {mode.k}"
             )
         session.alt_mode = mode
-        session.changed("settings")
+        session.changed(SettingsChanged())
 
     def attach(self, session: ChatSession, attachment: Attachment) -> None:
         session.attachments.append(attachment)
-        session.changed("attachments")
+        session.changed(AttachmentsChanged())
 
     def detach(self, session: ChatSession) -> None:
         session.attachments.clear()
-        session.changed("attachments")
+        session.changed(AttachmentsChanged())
 
     def rename(self, session: ChatSession, title: str) -> None:
         session.title = title.strip() or session.title
-        session.changed("title")
+        session.changed(TitleChanged())
 
     def compare(self, session: ChatSession, name: str, values: list[str]) -> None:
         """Answer the last message once per value of setting ``name``, each in its own pane;

@@ -13,8 +13,10 @@ millisecond). What is saved when:
   calls on a timer), and at once when it ends ("done", "stopped", "error"); alternatives when
   one is kept, each a version of the reply;
 - which version is on show at each fork (after an edit, a regenerate, a switch), a deleted
-  message (with what followed it), a cleared chat, the title, sampling settings, and a closed
-  chat (kept in the history, not reopened at start).
+  message (with what followed it, and the version the tree shows in its place), a cleared
+  chat, the title, sampling settings, and a closed chat (kept in the history, not reopened at
+  start). Which version is current is always the session's tree's answer; the store is told
+  it, never left to work it out.
 
 A crash loses at most the last `SAVE_INTERVAL_S` of a reply; at the next start the store marks
 what was still streaming "interrupted". `restore` rebuilds the open chats from the store.
@@ -28,7 +30,21 @@ from collections.abc import Callable
 from dataclasses import asdict, fields, replace
 
 from chatpage.chat.sampling import SamplingSettings
-from chatpage.chat.session import Attachment, Change, ChatSession, Entry, ReplyStats
+from chatpage.chat.session import (
+    Attachment,
+    Change,
+    ChatSession,
+    Cleared,
+    Closed,
+    Entry,
+    EntryAdded,
+    EntryRemoved,
+    EntryUpdated,
+    PathChanged,
+    ReplyStats,
+    SettingsChanged,
+    TitleChanged,
+)
 from chatpage.chat.tree import below
 from chatpage.config.personas import Persona, find_persona
 from chatpage.store import NotFound, SessionRow, Store
@@ -69,31 +85,33 @@ class Recorder:
             self.report(line)
 
     def _record(self, session: ChatSession, change: Change) -> None:
-        kind, entry = change.kind, change.entry
-        if kind == "entry_added" and entry is not None:
-            self._add(session, entry)
-        elif session.store_id is None:
-            return  # nothing saved yet: the first message creates the chat
-        elif kind == "entry_updated" and entry is not None and entry.store_id is not None:
-            if entry.status == MessageStatus.STREAMING:
-                self._due(entry)
-            else:
-                self._write(entry)
-        elif kind == "entries_reset":
-            self._select_shown(session)
-        elif kind == "entry_removed" and entry is not None and entry.store_id is not None:
-            for gone in below(entry):
-                self._forget(gone.store_id)
-            self.store.delete_message(entry.store_id)
-        elif kind == "cleared":
-            self._streaming.clear()
-            self.store.clear_messages(session.store_id)
-        elif kind == "title":
-            self.store.rename_session(session.store_id, session.title)
-        elif kind == "settings":
-            self.store.update_session(session.store_id, settings=settings_dict(session.sampling))
-        elif kind == "closed":
-            self.store.set_closed(session.store_id, True)
+        match change:
+            case EntryAdded(entry):
+                self._add(session, entry)
+            case _ if session.store_id is None:
+                return  # nothing saved yet: the first message creates the chat
+            case EntryUpdated(entry) if entry.store_id is not None:
+                if entry.status == MessageStatus.STREAMING:
+                    self._due(entry)
+                else:
+                    self._write(entry)
+            case PathChanged():
+                self._select_shown(session)
+            case EntryRemoved(entry, shown) if entry.store_id is not None:
+                for gone in below(entry):
+                    self._forget(gone.store_id)
+                self.store.delete_message(entry.store_id,
+                                          shown=None if shown is None else shown.store_id)
+            case Cleared():
+                self._streaming.clear()
+                self.store.clear_messages(session.store_id)
+            case TitleChanged():
+                self.store.rename_session(session.store_id, session.title)
+            case SettingsChanged():
+                self.store.update_session(session.store_id,
+                                          settings=settings_dict(session.sampling))
+            case Closed():
+                self.store.set_closed(session.store_id, True)
 
     # -- messages ----------------------------------------------------------------------------------
     def _chat(self, session: ChatSession) -> int:

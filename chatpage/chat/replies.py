@@ -7,7 +7,14 @@ say what changed. A /continue'd reply adds the new text and tokens to what it ha
 
 from __future__ import annotations
 
-from chatpage.chat.session import ChatSession, Entry, Generation, ReplyStats
+from chatpage.chat.session import (
+    CandidateUpdated,
+    ChatSession,
+    Entry,
+    EntryUpdated,
+    Generation,
+    ReplyStats,
+)
 from chatpage.engine.outputs import CompletionOutput, RequestOutput, RequestUpdate
 from chatpage.vocab import FinishReason, MessageStatus
 
@@ -47,7 +54,7 @@ def apply_reply(session: ChatSession, gen: Generation, entry: Entry, update: Req
         reason = output.finish_reason if output is not None else None
         entry.status = FINAL_STATUS[reason] if reason is not None else MessageStatus.DONE
         entry.error = update.error
-    session.changed("entry_updated", entry, delta=delta)
+    session.changed(EntryUpdated(entry, delta))
     return update.finished
 
 
@@ -71,4 +78,4 @@ def apply_candidate(session: ChatSession, gen: Generation, update: RequestUpdate
             cand.finish_reason, cand.error = FinishReason.ERROR, update.error
         elif output is None:
             continue
-        session.changed("candidate_updated", index=i, delta=delta)
+        session.changed(CandidateUpdated(i, delta))

@@ -15,7 +15,20 @@ from collections.abc import Callable
 from chatpage.chat.context import fit
 from chatpage.chat.replies import apply_candidate, apply_reply
 from chatpage.chat.sampling import AltMode
-from chatpage.chat.session import Candidate, ChatSession, Entry, Generation, ReplyStats
+from chatpage.chat.session import (
+    BusyChanged,
+    Candidate,
+    ChatSession,
+    ContextChanged,
+    Entry,
+    EntryAdded,
+    EntryUpdated,
+    Generation,
+    GenerationChanged,
+    PathChanged,
+    ReplyStats,
+    SettingsChanged,
+)
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.outputs import RequestUpdate
 from chatpage.engine.protocol import EngineClient, UpdateCallback
@@ -68,8 +81,8 @@ class Requests:
                           stats=cand.stats, label=cand.label)
             session.transcript.attach(entry, gen.parent, current=cand is chosen)
             kept = entry if cand is chosen else kept
-            session.changed("entry_added", entry)
-        session.changed("entries_reset")
+            session.changed(EntryAdded(entry))
+        session.changed(PathChanged())
         return kept
 
     # -- engine updates ------------------------------------------------------------------------
@@ -86,7 +99,7 @@ class Requests:
         if gen.entry is not None:
             if apply_reply(session, gen, gen.entry, update, out):
                 session.generation = None
-                session.changed("busy")
+                session.changed(BusyChanged())
             return session
         apply_candidate(session, gen, update, out)
         if not gen.streaming:
@@ -95,9 +108,9 @@ class Requests:
                 entry = Entry("assistant", "", status=MessageStatus.ERROR,
                               error=gen.candidates[0].error)
                 session.transcript.attach(entry, gen.parent)
-                session.changed("entry_added", entry)
+                session.changed(EntryAdded(entry))
             else:
-                session.changed("busy")
+                session.changed(BusyChanged())
         return session
 
     def apply_all(self, updates: list[RequestUpdate]) -> None:
@@ -122,12 +135,9 @@ class Requests:
         """Leave the oldest turns out of what is sent if the turn after `upto` (None: after
         the last message on show) would not fit the context; `notice` says so to the user."""
         session.context_tokens = self.client.max_model_len or session.context_tokens
-        path = session.entries
-        if upto is not None:
-            path = path[:path.index(upto) + 1]
-        outcome = fit(session.persona.system_prompt, path, session.sampling.max_tokens,
-                      session.context_tokens)
-        session.changed("context")
+        outcome = fit(session.persona.system_prompt, session.transcript.path(upto),
+                      session.sampling.max_tokens, session.context_tokens)
+        session.changed(ContextChanged())
         if notice and outcome.notice():
             self.notify(outcome.notice())
 
@@ -142,9 +152,9 @@ class Requests:
             entry = Entry("assistant", "", status=MessageStatus.STREAMING, stats=ReplyStats())
             forked = bool(question.replies.versions)
             session.transcript.attach(entry, question)
-            session.changed("entry_added", entry)
+            session.changed(EntryAdded(entry))
             if forked:
-                session.changed("entries_reset")
+                session.changed(PathChanged())
             self._by_request[rid] = session
             self._start(session, Generation("reply", [rid], entry=entry, parent=question))
             return
@@ -158,7 +168,7 @@ class Requests:
             Candidate(f"{noun} {i + 1}", rid, i) for i in range(mode.k)
         ])
         session.alt_mode = AltMode(k=mode.k)  # one reply only: back to single replies
-        session.changed("settings")
+        session.changed(SettingsChanged())
         self._by_request[rid] = session
         self._offer(session, gen)
 
@@ -166,14 +176,14 @@ class Requests:
         """Alternatives for the turn after `gen.parent`: no version of it is on show until
         one is kept."""
         session.transcript.hide_after(gen.parent)
-        session.changed("entries_reset")
+        session.changed(PathChanged())
         self._start(session, gen)
 
     def _start(self, session: ChatSession, gen: Generation) -> None:
         session.generation = gen
         if gen.alternatives:
-            session.changed("generation")
-        session.changed("busy")
+            session.changed(GenerationChanged())
+        session.changed(BusyChanged())
 
     def _drop_generation(self, session: ChatSession) -> None:
         gen = session.generation
@@ -187,12 +197,12 @@ class Requests:
         session.generation = None
         if gen.entry is not None and gen.entry.status == MessageStatus.STREAMING:
             gen.entry.status = MessageStatus.STOPPED
-            session.changed("entry_updated", gen.entry)
+            session.changed(EntryUpdated(gen.entry))
         if gen.alternatives:
             session.transcript.unhide_after(gen.parent)
-            session.changed("generation")
-            session.changed("entries_reset")
-        session.changed("busy")
+            session.changed(GenerationChanged())
+            session.changed(PathChanged())
+        session.changed(BusyChanged())
 
 
 def _candidate_status(cand: Candidate) -> MessageStatus:

@@ -1,9 +1,10 @@
 """The state of one chat, kept apart from the widgets that show it.
 
 A `ChatSession` is plain data plus an observer hook: everything that changes it calls
-`ChatSession.changed`, and every observer (the session's view today, persistence later) is told
-what changed through a `Change`. Nothing here imports Textual or touches the engine. A session and
-its entries carry their ids in the store (`store_id`) once saved.
+`ChatSession.changed`, and every observer (the session's views, the recorder) is told what
+changed through a `Change`, one frozen dataclass per kind, to `match` on. Nothing here imports
+Textual or touches the engine. A session and its entries carry their ids in the store
+(`store_id`) once saved.
 """
 
 from __future__ import annotations
@@ -23,33 +24,95 @@ EntryStatus = MessageStatus
 """The same vocabulary as the store's message status (plain strings compare equal)."""
 
 GenerationKind = Literal["reply", "samples", "beam", "compare"]
-ChangeKind = Literal[
-    "entry_added",  # Change.entry was added to the tree (and shown, if it is current)
-    "entry_updated",  # Change.entry's text, status or stats changed
-    "entries_reset",  # the path on show changed (a fork switched, a clear): redraw it
-    "entry_removed",  # Change.entry and what followed it left the tree
-    "context",  # what the next turn sends changed: the meter, the dropped (greyed) turns
-    "generation",  # alternatives started, were kept or dropped
-    "candidate_updated",  # Change.index of the alternatives changed
-    "settings",  # sampling settings or the next-reply mode
-    "title",
-    "attachments",
-    "busy",  # streaming started or ended
-    "closed",  # the session was closed (its generation stopped); it is no longer open
-]
 
 MIN_ALTERNATIVES, MAX_ALTERNATIVES = 2, 6
 """How many alternatives (samples, beams, compared settings) one reply may offer."""
 
 
+# -- changes: what observers are told (one frozen dataclass per kind; dispatch with `match`) -----
+
 @dataclass(frozen=True)
-class Change:
-    kind: ChangeKind
-    entry: Entry | None = None
-    index: int | None = None
+class EntryAdded:
+    """`entry` was added to the tree (and is on show, if it is the current version)."""
+
+    entry: Entry
+
+
+@dataclass(frozen=True)
+class EntryUpdated:
+    """`entry`'s text, status or stats changed; from the engine, `delta` is the text it brought,
+    appended to what is shown (a /continue'd reply too), or replacing it (``rewrite``)."""
+
+    entry: Entry
     delta: OutputDelta | None = None
-    """entry_updated / candidate_updated from the engine: the text it brought, appended to what
-    is shown (a /continue'd reply too), or replacing it (``rewrite``)."""
+
+
+@dataclass(frozen=True)
+class EntryRemoved:
+    """`entry` and what followed it left the tree; `shown` is the version its turn shows now,
+    as the tree decided (None: no version is left)."""
+
+    entry: Entry
+    shown: Entry | None
+
+
+@dataclass(frozen=True)
+class PathChanged:
+    """The path on show changed (a fork switched, alternatives offered or put away): redraw it."""
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """Every message left the chat (/clear)."""
+
+
+@dataclass(frozen=True)
+class ContextChanged:
+    """What the next turn sends changed: the meter, the dropped (greyed) turns."""
+
+
+@dataclass(frozen=True)
+class GenerationChanged:
+    """Alternatives started, were kept or were dropped."""
+
+
+@dataclass(frozen=True)
+class CandidateUpdated:
+    """Alternative `index` of the generation changed (`delta`: as for `EntryUpdated`)."""
+
+    index: int
+    delta: OutputDelta | None = None
+
+
+@dataclass(frozen=True)
+class SettingsChanged:
+    """The sampling settings, the next-reply mode or the system prompt changed."""
+
+
+@dataclass(frozen=True)
+class TitleChanged:
+    """The chat was renamed."""
+
+
+@dataclass(frozen=True)
+class AttachmentsChanged:
+    """The files attached to the next message changed."""
+
+
+@dataclass(frozen=True)
+class BusyChanged:
+    """Streaming started or ended."""
+
+
+@dataclass(frozen=True)
+class Closed:
+    """The session was closed (its generation stopped); it is no longer open."""
+
+
+Change = (EntryAdded | EntryUpdated | EntryRemoved | PathChanged | Cleared | ContextChanged
+          | GenerationChanged | CandidateUpdated | SettingsChanged | TitleChanged
+          | AttachmentsChanged | BusyChanged | Closed)
+"""Every kind of change a session tells its observers about."""
 
 
 # -- transcript ----------------------------------------------------------------------------------
@@ -88,10 +151,11 @@ class ReplyStats:
                 "elapsed_s": self.elapsed_s}
 
 
-@dataclass
+@dataclass(eq=False)
 class Entry:
     """One message: a node of the chat's tree (`parent`, and the versions of the turn after
-    it in `replies`)."""
+    it in `replies`). Entries compare by identity: two messages with the same text ("yes",
+    then "yes" again) are two nodes, never one."""
 
     role: Literal["user", "assistant"]
     content: str
@@ -100,12 +164,12 @@ class Entry:
     stats: ReplyStats | None = None
     label: str | None = None  # the alternative this reply was kept from
     error: str | None = None
-    store_id: int | None = field(default=None, compare=False, repr=False)
-    parent: Entry | None = field(default=None, compare=False, repr=False)
-    fork: Fork | None = field(default=None, compare=False, repr=False)
+    store_id: int | None = field(default=None, repr=False)
+    parent: Entry | None = field(default=None, repr=False)
+    fork: Fork | None = field(default=None, repr=False)
     """The versions of this message's turn (it among them), once it is in a transcript."""
-    replies: Fork = field(default_factory=Fork, compare=False, repr=False)
-    dropped: bool = field(default=False, compare=False)
+    replies: Fork = field(default_factory=Fork, repr=False)
+    dropped: bool = False
     """Left out of what the model was last sent, to fit its context (shown greyed)."""
 
     @property
@@ -115,9 +179,7 @@ class Entry:
 
     def place(self) -> Place:
         """Where it stands among the versions of its turn (``◀ 2/3 ▶``); 1/1 when alone."""
-        if self.fork is None:
-            return Place(1, 1)
-        return Place(self.fork.versions.index(self) + 1, len(self.fork.versions))
+        return Place(1, 1) if self.fork is None else self.fork.place(self)
 
     def model_content(self) -> str:
         parts = [self.content] if self.content else []
@@ -193,9 +255,8 @@ class ChatSession:
         return cls(session_id, persona, sampling=SamplingSettings.for_persona(persona))
 
     # -- the hook point ------------------------------------------------------------------------
-    def changed(self, kind: ChangeKind, entry: Entry | None = None,
-                index: int | None = None, delta: OutputDelta | None = None) -> None:
-        change = Change(kind, entry, index, delta)
+    def changed(self, change: Change) -> None:
+        """Tell every observer about `change`."""
         for observer in list(self.observers):
             observer(self, change)
 
@@ -217,11 +278,9 @@ class ChatSession:
     def conversation(self, upto: Entry | None = None) -> Conversation:
         """What the model sees: the system prompt and the messages on show (up to and
         including `upto`), less failed replies and turns dropped to fit the context."""
-        path = self.entries
-        if upto is not None:
-            path = path[:path.index(upto) + 1]
         return Conversation(self.persona.system_prompt, [
-            Message(e.role, e.model_content()) for e in path if e.in_context and not e.dropped
+            Message(e.role, e.model_content()) for e in self.transcript.path(upto)
+            if e.in_context and not e.dropped
         ])
 
     def for_model(self, upto: Entry | None = None) -> list[dict[str, str]]:

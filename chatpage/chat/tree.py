@@ -29,6 +29,18 @@ class Fork:
     def chosen(self) -> Entry | None:
         return self.versions[self.current] if self.versions and self.current >= 0 else None
 
+    def index(self, entry: Entry) -> int:
+        """Where `entry` itself is among the versions (by identity: two versions with the
+        same text are still two versions)."""
+        for i, version in enumerate(self.versions):
+            if version is entry:
+                return i
+        raise ValueError("the message is not a version of this turn")
+
+    def place(self, entry: Entry) -> Place:
+        """Where `entry` stands among the versions."""
+        return Place(self.index(entry) + 1, len(self.versions))
+
 
 @dataclass(frozen=True)
 class Place:
@@ -52,9 +64,17 @@ class Transcript:
     def __init__(self) -> None:
         self.top = Fork()
 
-    def path(self) -> list[Entry]:
-        """The current version at every fork, from the first message down."""
-        return list(self._walk())
+    def path(self, upto: Entry | None = None) -> list[Entry]:
+        """The current version at every fork, from the first message down (to `upto`
+        itself, included, when given; ValueError if it is not on show)."""
+        path = []
+        for entry in self._walk():
+            path.append(entry)
+            if entry is upto:
+                return path
+        if upto is not None:
+            raise ValueError("the message is not on show")
+        return path
 
     def _walk(self) -> Iterator[Entry]:
         entry = self.top.chosen()
@@ -109,21 +129,23 @@ class Transcript:
         """Show the version `step` away from `entry` in its fork (clamped to the ends), and
         return it; the forks below it keep their own current versions."""
         fork = self.fork_of(entry)
-        index = fork.versions.index(entry) + step
+        index = fork.index(entry) + step
         fork.current = max(0, min(len(fork.versions) - 1, index))
         return fork.versions[fork.current]
 
-    def remove(self, entry: Entry) -> None:
+    def remove(self, entry: Entry) -> Entry | None:
         """Take `entry` (and everything after it) out of the tree; if it was on show, the
-        newest other version of its turn takes its place."""
+        newest other version of its turn takes its place. Returns the version on show there
+        now (None: none is left), what the store then saves as current."""
         fork = self.fork_of(entry)
-        index = fork.versions.index(entry)
+        index = fork.index(entry)
         was_current = index == fork.current
         del fork.versions[index]
         if was_current:
             fork.current = max(0, len(fork.versions) - 1)
         elif index < fork.current:
             fork.current -= 1
+        return fork.chosen()
 
     def clear(self) -> None:
         self.top = Fork()

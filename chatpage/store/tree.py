@@ -1,7 +1,9 @@
 """A chat's messages as a tree: every message has a parent (None for the first ones), and the
 messages sharing a parent are siblings (the versions of one turn: an edited question, a
-regenerated reply, alternatives). Exactly one sibling is ``kept``, the current one at that fork;
+regenerated reply, alternatives). One sibling is ``kept``, the current one at that fork;
 following the kept children from the top gives the chat's active path, the transcript on show.
+Which one is current is the caller's to say (the app's `chatpage.chat.tree` decides it, on
+adding and on removing a version); the store keeps what it is told, one kept per fork.
 
 `MessageTree` holds these operations for `Store` (it needs only ``self._conn``).
 """
@@ -65,9 +67,9 @@ class MessageTree:
                     metadata: dict[str, Any] | None = None, *,
                     parent_id: int | None | Literal["tip"] = TIP, kept: bool = True) -> int:
         """Add a message under `parent_id` (None: at the top; the default: after the last
-        message of the active path) and return its id. If `kept` (or it is the first child
-        there) it becomes the current one of its siblings, so its branch is the active path.
-        NotFound/ValueError for a bad chat, parent, role or status."""
+        message of the active path) and return its id. If `kept` it becomes the current one
+        of its siblings, so its branch is the active path. NotFound/ValueError for a bad chat,
+        parent, role or status."""
         check("role", role, ROLES)
         check("status", status, STATUSES)
         stamp = now()
@@ -90,13 +92,8 @@ class MessageTree:
             if parent is None or parent["session_id"] != session_id:
                 raise NotFound(f"no message {parent_id} in chat {session_id}")
             position = parent["position"] + 1
-        siblings = self._conn.execute(
-            "SELECT COUNT(*) FROM messages WHERE session_id = ? AND parent_id IS ?",
-            (session_id, parent_id)).fetchone()[0]
-        kept = kept or siblings == 0
         if kept:
-            self._conn.execute("UPDATE messages SET kept = 0 WHERE session_id = ? AND "
-                               "parent_id IS ?", (session_id, parent_id))
+            self._keep(session_id, parent_id, None)
         cur = self._conn.execute(
             "INSERT INTO messages (session_id, parent_id, position, role, content, status, "
             "metadata, kept, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -144,29 +141,38 @@ class MessageTree:
             (row["session_id"], row["parent_id"]))
         return [MessageRow.from_row(r) for r in rows]
 
+    def _keep(self, session_id: int, parent_id: int | None, message_id: int | None) -> None:
+        """Make `message_id` the one kept child of `parent_id` (None: none is, yet)."""
+        self._conn.execute("UPDATE messages SET kept = (id IS ?) WHERE session_id = ? AND "
+                           "parent_id IS ?", (message_id, session_id, parent_id))
+
     def select(self, message_id: int) -> None:
         """Make this message the current one of its siblings (its branch becomes the active
         path down to there); NotFound if there is no such message."""
-        with transaction(self._conn) as conn:
+        with transaction(self._conn):
             row = self._row(message_id)
-            conn.execute("UPDATE messages SET kept = (id = ?) WHERE session_id = ? AND "
-                         "parent_id IS ?", (message_id, row["session_id"], row["parent_id"]))
+            self._keep(row["session_id"], row["parent_id"], message_id)
 
-    def delete_message(self, message_id: int) -> int:
-        """Delete a message and everything that follows it on every branch; if it was the
-        current one, its newest sibling takes its place. Returns how many were deleted."""
+    def delete_message(self, message_id: int, *, shown: int | None) -> int:
+        """Delete a message and everything that follows it on every branch, and keep `shown`
+        as the current one of the siblings left (the version its turn shows now, as the
+        caller's tree says; None: none is left). Returns how many were deleted; NotFound if
+        there is no such message, ValueError if `shown` is not one of its siblings."""
         with transaction(self._conn) as conn:
             row = self._row(message_id)
+            if shown is not None:
+                other = self._row(shown)
+                if shown == message_id or (other["session_id"], other["parent_id"]) != (
+                        row["session_id"], row["parent_id"]):
+                    raise ValueError(f"message {shown} is not another version of message "
+                                     f"{message_id}'s turn")
             doomed = [r[0] for r in conn.execute(
                 "WITH RECURSIVE below(id) AS (SELECT ? UNION ALL "
                 "SELECT m.id FROM messages m JOIN below ON m.parent_id = below.id) "
                 "SELECT id FROM below", (message_id,))]
             conn.executemany("DELETE FROM messages WHERE id = ?", [(i,) for i in doomed])
-            if row["kept"]:
-                conn.execute(
-                    "UPDATE messages SET kept = 1 WHERE id = (SELECT MAX(id) FROM messages "
-                    "WHERE session_id = ? AND parent_id IS ?)",
-                    (row["session_id"], row["parent_id"]))
+            if shown is not None:
+                self._keep(row["session_id"], row["parent_id"], shown)
             self._touch(row["session_id"], now())
         return len(doomed)
 

@@ -21,7 +21,15 @@ from textual.widgets import ContentSwitcher, Footer, Static, TextArea
 
 from chatpage.chat.chats import Chats
 from chatpage.chat.commands import COMMAND_NAMES, Command, message_text, parse_command
-from chatpage.chat.session import Change, ChatSession
+from chatpage.chat.session import (
+    AttachmentsChanged,
+    BusyChanged,
+    Change,
+    ChatSession,
+    GenerationChanged,
+    SettingsChanged,
+    TitleChanged,
+)
 from chatpage.config.personas import Persona
 from chatpage.store import SessionRow
 from chatpage.ui.bindings import CHAT_BINDINGS, EDITING_KEYS_YIELD
@@ -173,14 +181,20 @@ class ChatScreen(ChatActions, PersonaActions, Screen[None]):
         return self.saved.closed_chats()
 
     def _session_changed(self, session: ChatSession, change: Change) -> None:
-        if change.kind in ("title", "busy", "generation"):
-            self._sync_sidebar()
-        if session is self.current and change.kind in ("attachments", "settings"):
-            self._show_prompt_info()
-        if change.kind == "busy" and session is self.current:  # "stop" follows this chat only
-            self.refresh_bindings()
-        if change.kind == "generation" and session is self.current and not session.choosing:
-            self.prompt.focus()
+        current = session is self.current
+        match change:
+            case TitleChanged():
+                self._sync_sidebar()
+            case BusyChanged():
+                self._sync_sidebar()
+                if current:  # "stop" follows this chat only
+                    self.refresh_bindings()
+            case GenerationChanged():
+                self._sync_sidebar()
+                if current and not session.choosing:
+                    self.prompt.focus()
+            case AttachmentsChanged() | SettingsChanged() if current:
+                self._show_prompt_info()
 
     def _sync_sidebar(self) -> None:
         self.query_one(SessionList).sync(self.chats.sessions, self.current)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from textual import work
 
 from chatpage.chat.chats import Chats
-from chatpage.chat.session import ChatSession, SamplingSettings
+from chatpage.chat.session import ChatSession, SamplingSettings, SettingsChanged
 from chatpage.config.personas import Persona, save_persona
 from chatpage.ui.history import SavedChats
 from chatpage.ui.screens.persona_editor import PersonaEditor
@@ -52,7 +52,7 @@ class PersonaActions:
             raise ValueError("give the new system prompt: /system TEXT (or /system alone to "
                              "edit it)")
         session.persona = replace(session.persona, system_prompt=text)
-        session.changed("settings")
+        session.changed(SettingsChanged())
         self.saved.save_system_prompt(session)
         sharing = sum(s.persona.system_prompt == text for s in self.chats.sessions)
         if sharing > 1:

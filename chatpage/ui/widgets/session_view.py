@@ -5,7 +5,22 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Vertical
 
-from chatpage.chat.session import Change, ChatSession
+from chatpage.chat.session import (
+    AttachmentsChanged,
+    CandidateUpdated,
+    Change,
+    ChatSession,
+    Cleared,
+    Closed,
+    ContextChanged,
+    EntryAdded,
+    EntryRemoved,
+    EntryStatus,
+    EntryUpdated,
+    GenerationChanged,
+    PathChanged,
+    TitleChanged,
+)
 from chatpage.ui.widgets.session_header import SessionHeader
 from chatpage.ui.widgets.transcript import Transcript
 
@@ -33,26 +48,28 @@ class SessionView(Vertical):
 
     def _changed(self, session: ChatSession, change: Change) -> None:
         transcript = self.transcript
-        kind = change.kind
-        if kind == "entry_added" and change.entry is not None:
-            if change.entry is session.transcript.tip():  # else a version not on show
-                transcript.add(change.entry)
-        elif kind == "entry_updated" and change.entry is not None:
-            transcript.update(change.entry, change.delta)
-        elif kind in ("entries_reset", "entry_removed", "cleared"):
-            transcript.reset()
-        elif kind == "context":
-            transcript.refresh_entries()
-        elif kind == "generation":
-            panes = transcript.show_alternatives()
-            if panes is not None and self.display:
-                panes.focus()
-        elif kind == "candidate_updated" and change.index is not None:
-            alternatives = transcript.alternatives
-            if alternatives is not None:
-                alternatives.refresh_candidate(change.index, change.delta)
-        if kind in ("settings", "busy", "entry_added", "entries_reset", "entry_removed",
-                    "cleared", "generation", "context") or (
-                kind == "entry_updated" and change.entry is not None
-                and change.entry.status != "streaming"):
-            self.header.refresh_session()
+        match change:
+            case EntryAdded(entry):
+                if entry is session.transcript.tip():  # else a version not on show
+                    transcript.add(entry)
+            case EntryUpdated(entry, delta):
+                transcript.update(entry, delta)
+            case PathChanged() | EntryRemoved() | Cleared():
+                transcript.reset()
+            case ContextChanged():
+                transcript.refresh_entries()
+            case GenerationChanged():
+                panes = transcript.show_alternatives()
+                if panes is not None and self.display:
+                    panes.focus()
+            case CandidateUpdated(index, delta):
+                alternatives = transcript.alternatives
+                if alternatives is not None:
+                    alternatives.refresh_candidate(index, delta)
+        match change:
+            case CandidateUpdated() | TitleChanged() | AttachmentsChanged() | Closed():
+                pass  # nothing the header shows
+            case EntryUpdated(entry) if entry.status == EntryStatus.STREAMING:
+                pass  # a reply's figures reach the header when it ends
+            case _:
+                self.header.refresh_session()
