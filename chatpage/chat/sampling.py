@@ -16,6 +16,7 @@ from chatpage.engine.sampling_params import RULE_BY_FIELD, SAMPLING_RULES, Sampl
 SETTINGS = SAMPLING_RULES
 """The settings a user can change, in the order the settings screen shows them."""
 SETTING_BY_FIELD = RULE_BY_FIELD
+AltKind = Literal["off", "samples", "beam"]
 
 @dataclass(frozen=True)
 class SamplingSettings:
@@ -53,7 +54,7 @@ class SamplingSettings:
 class AltMode:
     """How the next reply is asked for: one reply, n samples, or a beam of width k."""
 
-    kind: Literal["off", "samples", "beam"] = "off"
+    kind: AltKind = "off"
     k: int = 3
 
     def describe(self) -> str:
