@@ -17,7 +17,7 @@ from chatpage.ui.actions.action import Action, Controls
 from chatpage.ui.actions.table import ACTIONS, BY_ID, BY_SLASH
 from chatpage.ui.bindings import APP_BINDINGS, CHAT_BINDINGS, all_bindings
 from chatpage.ui.screens.help import HelpScreen
-from chatpage.ui.slash_commands import COMMAND_NAMES, help_rows, parse_command
+from chatpage.ui.slash_commands import ARGUMENTS, COMMAND_NAMES, help_rows, parse_command
 
 SIZE = (140, 44)
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -60,6 +60,9 @@ def test_ids_slash_names_and_aliases_are_unique():
     assert len(names) == len(set(names)) == len(BY_SLASH)
     assert all(not a.aliases for a in ACTIONS if not a.slash)
     assert COMMAND_NAMES == {a.slash for a in ACTIONS if a.slash}
+    # tab completes persona names after /new and /persona, paths after /file (and /attach)
+    assert ARGUMENTS == {"new": "persona", "persona": "persona", "file": "path",
+                         "attach": "path"}
 
 
 def test_bindings_are_the_keyed_actions():

@@ -37,7 +37,13 @@ from chatpage.ui.external_editor import edit_text, editor_command
 from chatpage.ui.history import SavedChats, Say
 from chatpage.ui.screens.chat_search import ChatSearch
 from chatpage.ui.screens.help import HelpScreen
-from chatpage.ui.slash_commands import COMMAND_NAMES, help_rows, message_text, parse_command
+from chatpage.ui.slash_commands import (
+    ARGUMENTS,
+    COMMAND_NAMES,
+    help_rows,
+    message_text,
+    parse_command,
+)
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.alternatives import AlternativesView
 from chatpage.ui.widgets.block_gauge import BlockGauge
@@ -81,7 +87,7 @@ class ChatScreen(Screen[None]):
                                                             "line, /help for commands)")
         self._prompt_had_text = False
         self.prompt.completer = lambda text: completions(
-            text, COMMAND_NAMES, [p.name for p in self.personas])
+            text, COMMAND_NAMES, ARGUMENTS, [p.name for p in self.personas])
         self._completion_note = ""
 
     # -- layout -----------------------------------------------------------------------------------

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from chatpage.ui.actions.action import Action
+from chatpage.ui.actions.action import Action, Argument
 from chatpage.ui.actions.table import ACTIONS, BY_SLASH
 
 COMMAND_NAMES = frozenset(a.slash for a in ACTIONS if a.slash)
 """The slash commands' own names (tab completes these; aliases work too)."""
+ARGUMENTS: dict[str, Argument] = {name: a.argument for name, a in BY_SLASH.items() if a.argument}
+"""What tab completes after a slash command (by its names and aliases)."""
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 from textual.screen import Screen
 
@@ -14,6 +14,8 @@ from chatpage.config.personas import Persona
 from chatpage.ui.history import SavedChats, Say
 
 T = TypeVar("T")
+Argument = Literal["", "persona", "path"]
+"""What tab completes in a slash command's argument: nothing, a persona name, a file path."""
 
 
 class Controls(Protocol):
@@ -90,7 +92,8 @@ class Action:
     footer; ``priority`` makes it work wherever the focus is, and ``yields`` hands it to the
     message box while the box has focus and text (ctrl+w deletes a word there); ``app`` binds
     it on every screen. ``active`` (None: always) says when the key is live. ``slash`` is the
-    slash command (``aliases`` its other spellings; ``usage`` and ``help`` its help line).
+    slash command (``aliases`` its other spellings; ``usage`` and ``help`` its help line;
+    ``argument`` what tab completes after it).
     ``palette`` None gives an action with a key one palette entry (its title and key), else
     the entries listed.
     """
@@ -108,6 +111,7 @@ class Action:
     aliases: tuple[str, ...] = ()
     usage: str = ""
     help: str = ""
+    argument: Argument = ""
     palette: tuple[PaletteEntry, ...] | None = None
 
     def palette_entries(self, key_for: Callable[[str], str | None]) -> tuple[PaletteEntry, ...]:

@@ -30,7 +30,8 @@ ACTIONS: tuple[Action, ...] = (
            usage="/help", help="show keys and commands"),
     # -- the chats
     Action("new_session", "New chat", sessions.new_session, key="ctrl+n", slash="new",
-           usage="/new [PERSONA]", help="open a new chat (picks a persona when none is named)"),
+           usage="/new [PERSONA]", argument="persona",
+           help="open a new chat (picks a persona when none is named)"),
     Action("close_session", "Close", sessions.close_session, key="ctrl+w", priority=True,
            yields=True),
     Action("next_session", "Next chat", sessions.step(+1), key="ctrl+tab,ctrl+pagedown",
@@ -88,7 +89,7 @@ ACTIONS: tuple[Action, ...] = (
     Action("copy_code", "Copy code", turns.copy_code, key="alt+k", show=False),
     # -- the message box and the messages
     Action("attach", "Attach", turns.attach, slash="file", aliases=("attach",),
-           usage="/file PATH", help="attach a text file to your next message"),
+           usage="/file PATH", argument="path", help="attach a text file to your next message"),
     Action("detach", "Detach", turns.detach, slash="detach", usage="/detach",
            help="drop the files attached to your next message"),
     Action("external_editor", "Editor", turns.external_editor, key="ctrl+e", show=False,
@@ -114,7 +115,7 @@ ACTIONS: tuple[Action, ...] = (
            palette=(PaletteEntry("Edit this chat's system prompt",
                                  "the chat's own system prompt (/system)"),)),
     Action("switch_persona", "Persona", settings.switch_persona, slash="persona",
-           usage="/persona [NAME]",
+           usage="/persona [NAME]", argument="persona",
            help="continue this chat as another persona (a picker when none is named)",
            palette=(PaletteEntry("Switch this chat's persona",
                                  "continue as another persona (/persona)"),)),
