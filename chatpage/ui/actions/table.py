@@ -10,6 +10,7 @@ from chatpage.chat.sampling import SETTING_BY_FIELD
 from chatpage.chat.session import MAX_ALTERNATIVES, MIN_ALTERNATIVES
 from chatpage.ui.actions import sessions, settings, turns
 from chatpage.ui.actions.action import Action, Controls, PaletteEntry
+from chatpage.ui.history import EXPORT_NAMES
 
 _RANGE = f"({MIN_ALTERNATIVES}-{MAX_ALTERNATIVES})"
 
@@ -50,7 +51,7 @@ ACTIONS: tuple[Action, ...] = (
            help="write this chat to a file as Markdown or JSON",
            palette=tuple(PaletteEntry(f"Export chat as {name}",
                                       "write this chat to a file in the current folder", fmt)
-                         for fmt, name in (("md", "Markdown"), ("json", "JSON")))),
+                         for fmt, name in EXPORT_NAMES.items())),
     Action("delete_session", "Delete chat", sessions.delete_session,
            palette=(PaletteEntry("Delete chat",
                                  "delete this chat from the saved chats (asks first)"),)),
