@@ -155,10 +155,10 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
         assert any(str(md) in n for n in app.notices)
         export_json = next(c for c in app.get_system_commands(app.screen)
                            if c.title == "Export chat as JSON")
-        export_json.callback()
+        await export_json.callback()
         (exported,) = work.glob("*.json")
         assert json.loads(exported.read_text())["title"] == "Paging notes"
-        export_json.callback()  # a second export never overwrites the first
+        await export_json.callback()  # a second export never overwrites the first
         assert len(list(work.glob("*.json"))) == 2
 
         # search (ctrl+f): a closed chat opens again; the snippet shows brackets literally
@@ -195,13 +195,13 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
 
         # "Delete chat" asks, then removes it from the store
         delete = next(c for c in app.get_system_commands(app.screen) if c.title == "Delete chat")
-        delete.callback()
+        await delete.callback()
         await pilot.pause()
         await opened(pilot, Confirm)
         await pilot.press("escape")
         await pilot.pause()
         assert app.chat.current is session
-        delete.callback()
+        await delete.callback()
         await pilot.pause()
         await pilot.press("y")
         await wait_for(pilot, lambda: app.chat.current is not session, "the deletion")

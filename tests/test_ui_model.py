@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from chatpage.chat.commands import (
-    message_text,
-    parse_command,
-    parse_compare,
-    parse_k,
-    read_attachment,
-)
+from chatpage.chat.commands import parse_compare, parse_k, read_attachment
 from chatpage.engine.outputs import EngineStats
+from chatpage.ui.slash_commands import message_text, parse_command
 from chatpage.ui.text import clean, markup_literal, one_line
 from chatpage.ui.widgets.block_gauge import cells, segments
 
@@ -37,8 +32,8 @@ def test_parse_commands_and_escapes():
     assert parse_command("//not a command") is None
     assert message_text("//not a command") == "/not a command"
     cmd = parse_command("/temp 0.7")
-    assert (cmd.name, cmd.arg) == ("temp", "0.7")
-    assert parse_command("/temperature 1").name == "temp"
+    assert (cmd.action.slash, cmd.arg) == ("temp", "0.7")
+    assert parse_command("/temperature 1").action.slash == "temp"
     with pytest.raises(ValueError, match="unknown command /frobnicate"):
         parse_command("/frobnicate")
 

@@ -54,17 +54,21 @@ async def test_ctrl_e_edits_the_draft_in_the_editor(tmp_path, monkeypatch):
 
 def test_completions_of_commands_personas_and_paths(tmp_path, monkeypatch):
     commands = ["temp", "top_p", "top_k", "title", "new", "file", "persona"]
-    assert completions("/ti", commands, []) == ["/title "]
-    assert completions("/t", commands, []) == ["/temp ", "/title ", "/top_k ", "/top_p "]
-    assert completions("/new a", commands, ["beta", "Alpha", "assistant"]) == [
+    arguments = {"new": "persona", "persona": "persona", "file": "path", "attach": "path"}
+    assert completions("/ti", commands, arguments, []) == ["/title "]
+    assert completions("/t", commands, arguments, []) == ["/temp ", "/title ", "/top_k ", "/top_p "]
+    assert completions("/new a", commands, arguments, ["beta", "Alpha", "assistant"]) == [
         "/new Alpha", "/new assistant"]
-    assert completions("/persona B", commands, ["beta"]) == ["/persona beta"]
-    assert completions("hello /t", commands, []) == completions("//t", commands, []) == []
+    assert completions("/persona B", commands, arguments, ["beta"]) == ["/persona beta"]
+    assert completions("hello /t", commands, arguments, []) == []
+    assert completions("//t", commands, arguments, []) == []
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes.txt").write_text("x")
     (tmp_path / ".hidden").write_text("x")
     monkeypatch.chdir(tmp_path)
-    assert completions("/file no", commands, []) == ["/file notes/", "/file notes.txt"]
+    assert completions("/file no", commands, arguments, []) == ["/file notes/", "/file notes.txt"]
+    assert completions("/attach no", commands, arguments, []) == [
+        "/attach notes/", "/attach notes.txt"]
     assert path_completions("") == ["notes/", "notes.txt"]
     assert path_completions(".h") == [".hidden"]
     assert path_completions(f"{tmp_path}/notes/") == []

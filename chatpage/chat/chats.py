@@ -9,9 +9,10 @@ Talking to the engine is `Requests`' part.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from chatpage.chat.requests import ChatError, Requests
-from chatpage.chat.sampling import SETTING_BY_FIELD, AltMode, SamplingSettings
+from chatpage.chat.sampling import SETTING_BY_FIELD, AltKind, AltMode, SamplingSettings
 from chatpage.chat.session import (
     MAX_ALTERNATIVES,
     MIN_ALTERNATIVES,
@@ -39,6 +40,7 @@ from chatpage.store import make_title
 from chatpage.vocab import MessageStatus
 
 TITLE_WIDTH = 32
+_ALT_CYCLE: dict[AltKind, AltKind] = {"off": "samples", "samples": "beam", "beam": "off"}
 CONTINUABLE = (MessageStatus.DONE, MessageStatus.STOPPED, MessageStatus.INTERRUPTED)
 
 __all__ = ["ChatError", "Chats"]
@@ -55,6 +57,8 @@ class Chats(Requests):
         self.observers: list[Observer] = []
         """Given to every session opened or adopted from now on (e.g. a store that saves them)."""
         self._next_id = 1
+        self.pinned: set[str] = set()
+        """System prompts pinned in the engine (see `pin`)."""
 
     # -- sessions ------------------------------------------------------------------------------
     @property
@@ -210,6 +214,13 @@ class Chats(Requests):
         session.alt_mode = mode
         session.changed(SettingsChanged())
 
+    def cycle_alt_mode(self, session: ChatSession) -> AltMode:
+        """How the next reply is asked for, one step on: single, samples, beam search, single
+        (the number of alternatives stays)."""
+        mode = session.alt_mode
+        self.set_alt_mode(session, AltMode(_ALT_CYCLE[mode.kind], mode.k))
+        return session.alt_mode
+
     def attach(self, session: ChatSession, attachment: Attachment) -> None:
         session.attachments.append(attachment)
         session.changed(AttachmentsChanged())
@@ -221,6 +232,35 @@ class Chats(Requests):
     def rename(self, session: ChatSession, title: str) -> None:
         session.title = title.strip() or session.title
         session.changed(TitleChanged())
+
+    # -- persona and system prompt -------------------------------------------------------------
+    def pin(self, system_prompt: str) -> None:
+        """Pin ``system_prompt`` in the engine (once): prefilled once, its blocks shared by
+        every chat that starts with it and never evicted."""
+        if system_prompt not in self.pinned:
+            self.pinned.add(system_prompt)
+            self.client.pin_system_prompt(system_prompt)
+
+    def set_system_prompt(self, session: ChatSession, text: str) -> int:
+        """Give ``session`` its own system prompt (its persona otherwise unchanged); returns
+        how many other open chats start with the same prompt (it is pinned when any does)."""
+        text = text.strip()
+        if not text:
+            raise ChatError("give the new system prompt: /system TEXT (or /system alone to "
+                            "edit it)")
+        session.persona = replace(session.persona, system_prompt=text)
+        session.changed(SettingsChanged())
+        others = sum(s.persona.system_prompt == text for s in self.sessions if s is not session)
+        if others:
+            self.pin(text)
+        return others
+
+    def switch_persona(self, session: ChatSession, persona: Persona) -> None:
+        """Continue ``session`` as ``persona``: its system prompt (pinned) and its sampling
+        defaults."""
+        session.persona = persona
+        self.set_sampling(session, SamplingSettings.for_persona(persona))
+        self.pin(persona.system_prompt)
 
     def compare(self, session: ChatSession, name: str, values: list[str]) -> None:
         """Answer the last message once per value of setting ``name``, each in its own pane;

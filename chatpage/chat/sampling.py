@@ -17,6 +17,7 @@ from chatpage.vocab import CHAT_SETTINGS
 SETTINGS = CHAT_SETTINGS
 """The settings a user can change, in the order the settings screen shows them."""
 SETTING_BY_FIELD = {rule.field: rule for rule in SETTINGS}
+AltKind = Literal["off", "samples", "beam"]
 
 
 def _chat_default(name: str) -> Any:  # typed by the field it defaults
@@ -59,7 +60,7 @@ class SamplingSettings:
 class AltMode:
     """How the next reply is asked for: one reply, n samples, or a beam of width k."""
 
-    kind: Literal["off", "samples", "beam"] = "off"
+    kind: AltKind = "off"
     k: int = 3
 
     def describe(self) -> str:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from textual import work
 from textual.app import App, SystemCommand
-from textual.binding import Binding
 from textual.screen import Screen
 
 from chatpage.chat.chats import Chats
@@ -32,18 +31,15 @@ from chatpage.engine.client import (
 )
 from chatpage.remote.stats import RemoteStats
 from chatpage.store import Store
-from chatpage.ui.bindings import APP_BINDINGS
+from chatpage.ui.actions.table import BY_ID
+from chatpage.ui.bindings import APP_BINDINGS, all_bindings
 from chatpage.ui.chat_screen import ChatScreen
 from chatpage.ui.history import SavedChats
 from chatpage.ui.messages import EngineEvents, EngineStatus, Inbox
 from chatpage.ui.palette import palette_commands
-from chatpage.ui.screens.help import HelpScreen
 from chatpage.ui.screens.model_picker import ModelPicker, is_backend_url, model_problem
 from chatpage.ui.text import clean
 from chatpage.ui.theme import CHATPAGE_THEME
-from chatpage.ui.widgets.alternatives import AlternativesView
-from chatpage.ui.widgets.message import MessageView
-from chatpage.ui.widgets.transcript import Transcript
 
 STATS_INTERVAL_S = 1.0
 """How often the gauge reads the engine's stats (each repaint costs the app's thread, which shares
@@ -119,7 +115,7 @@ class ChatApp(App[None]):
             self.store = Store.open()
         self.saved = SavedChats(self.store, self.chats, self.say)
         self.chat = ChatScreen(self.chats, self.personas, self.default_persona, self.say,
-                               self.reload_personas)
+                               self.reload_personas, self.key_for)
         await self.push_screen(self.chat)
         self.reload_personas()
         if not self.store.persistent:
@@ -138,19 +134,9 @@ class ChatApp(App[None]):
         await asyncio.to_thread(self.client.close)  # joins the engine thread: not on the loop
 
     # -- keys ----------------------------------------------------------------------------------------
-    @classmethod
-    def all_bindings(cls) -> list[Binding]:
-        """Every binding with an id, wherever it lives (for the keymap and the help)."""
-        return [b for b in [*cls.BINDINGS, *ChatScreen.BINDINGS, *AlternativesView.BINDINGS,
-                            *Transcript.BINDINGS, *MessageView.BINDINGS] if b.id]
-
-    @classmethod
-    def binding_ids(cls) -> set[str]:
-        return {b.id for b in cls.all_bindings()}
-
     def _apply_keymap(self) -> None:
         keymap = dict(self.settings.bindings)
-        known = self.binding_ids()
+        known = {b.id for b in all_bindings()}
         unknown = sorted(set(keymap) - known)
         if unknown:
             self.say(f"config.yaml bindings: unknown id {', '.join(unknown)}; the ids are "
@@ -160,20 +146,18 @@ class ChatApp(App[None]):
 
     def key_for(self, binding_id: str) -> str | None:
         """The key(s) bound to ``binding_id`` after the user's keymap."""
-        for binding in self.all_bindings():
+        for binding in all_bindings():
             if binding.id == binding_id:
                 return self.keymap.get(binding_id, binding.key)
         return None
 
-    def action_help(self) -> None:
-        rows = [(self.key_for(b.id) or "", b.id, b.description) for b in self.all_bindings()]
-        self.push_screen(HelpScreen(rows))
+    async def action_act(self, action_id: str) -> None:
+        """What a key of the app's own runs: the action, on the chat screen."""
+        await self.chat.act(BY_ID[action_id])
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
         if screen is getattr(self, "chat", None):
-            yield SystemCommand("Switch model", "a model folder, a .gguf file or the default "
-                                "model; the chats stay (/model)", self.action_switch_model)
             yield from palette_commands(self.chat, self.key_for)
 
     # -- personas --------------------------------------------------------------------------------
@@ -182,7 +166,7 @@ class ChatApp(App[None]):
         prompts are pinned in the engine."""
         self.personas[:] = self._load_personas()
         for persona in self.personas:
-            self.chat.pin(persona.system_prompt)
+            self.chats.pin(persona.system_prompt)
 
     def _load_personas(self) -> list[Persona]:
         personas, errors = load_personas(self.personas_dirs)
@@ -274,7 +258,10 @@ class ChatApp(App[None]):
             self.switch_model(target)
 
     def on_chat_screen_model_wanted(self, message: ChatScreen.ModelWanted) -> None:
-        self.switch_model(message.target)
+        if message.target is None:
+            self.action_switch_model()
+        else:
+            self.switch_model(message.target)
 
     def switch_model(self, target: str) -> None:
         """Replace the model with ``target`` ("" for the default): replies in progress stop,
@@ -298,7 +285,7 @@ class ChatApp(App[None]):
         self.chats.deliver = self._delivery(new)
         self.chat.gauge.stats = None
         self._start(new)
-        for prompt in self.chat.pinned:
+        for prompt in self.chats.pinned:
             new.pin_system_prompt(prompt)
         self.say(f"switching to {target or 'the default model'}; the chats stay")
         await asyncio.to_thread(old.close)

@@ -1,48 +1,40 @@
-"""The app's key bindings, each with an id so config.yaml's ``bindings:`` can remap it.
+"""The app's key bindings, built from the table of actions; each has the action's id, so
+config.yaml's ``bindings:`` can remap it.
 
-`CHAT_BINDINGS` belong to the chat screen; `APP_BINDINGS` work on every screen. The alternatives
-panes add ``keep_1`` .. ``keep_6`` (keys 1-6) while they have focus, and a focused message adds
-the `MessageView` keys.
+A binding runs ``act('<id>')`` on its screen (`ChatScreen`) or on the app (an action marked
+``app``: it works on every screen), which runs the action's handler. The alternatives panes add
+``keep_1`` .. ``keep_6`` (keys 1-6) while they have focus, the transcript j / k, and a focused
+message the `MessageView` keys: those stay with their widgets.
 
 A few chat keys are also editing keys of the message box (ctrl+w deletes a word, ctrl+a goes to
 the line start): they are priority bindings, so they work wherever the focus is, but while the
-box has focus and text in it the box's meaning wins (`EDITING_KEYS_YIELD`).
+box has focus and text in it the box's meaning wins (the action's ``yields``).
 """
 
 from __future__ import annotations
 
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 
-APP_BINDINGS: list[Binding] = [
-    Binding("f1", "help", "Help", id="help"),
-]
+from chatpage.ui.actions.action import Action
+from chatpage.ui.actions.table import ACTIONS
+from chatpage.ui.widgets.alternatives import AlternativesView
+from chatpage.ui.widgets.message import MessageView
+from chatpage.ui.widgets.transcript import Transcript
 
-CHAT_BINDINGS: list[Binding] = [
-    Binding("ctrl+n", "new_session", "New chat", id="new_session"),
-    Binding("ctrl+w", "close_session", "Close", id="close_session", priority=True),
-    Binding("ctrl+tab,ctrl+pagedown", "next_session", "Next chat", show=False,
-            id="next_session", priority=True),
-    Binding("ctrl+shift+tab,ctrl+pageup", "prev_session", "Previous chat", show=False,
-            id="prev_session", priority=True),
-    *[Binding(f"alt+{n}", f"goto_session({n})", f"Chat {n}", show=False,
-              id=f"goto_session_{n}") for n in range(1, 10)],
-    Binding("escape", "stop", "Stop", id="stop"),
-    Binding("ctrl+r", "regenerate", "Regenerate", id="regenerate"),
-    Binding("alt+e", "edit_last", "Edit last", show=False, id="edit_last"),
-    Binding("ctrl+a", "cycle_alternatives", "Alternatives", id="cycle_alternatives",
-            priority=True),
-    Binding("alt+c", "copy_reply", "Copy reply", show=False, id="copy_reply"),
-    Binding("alt+k", "copy_code", "Copy code", show=False, id="copy_code"),
-    Binding("f2", "sampling_settings", "Sampling", id="sampling_settings"),
-    Binding("ctrl+f", "search_history", "Search chats", id="search_history"),
-    Binding("ctrl+b", "toggle_sidebar", "Sidebar", show=False, id="toggle_sidebar"),
-    Binding("ctrl+e", "external_editor", "Editor", show=False, id="external_editor",
-            priority=True),
-    Binding("alt+up", "focus_message(-1)", "Previous message", show=False,
-            id="focus_prev_message"),
-    Binding("alt+down", "focus_message(1)", "Next message", show=False,
-            id="focus_next_message"),
-]
 
-EDITING_KEYS_YIELD = frozenset({"close_session", "cycle_alternatives"})
-"""Chat actions whose keys edit the message box instead while it has focus and text."""
+def binding(action: Action) -> Binding:
+    """The key binding of ``action`` (one with a key)."""
+    return Binding(action.key, f"act({action.id!r})", action.title, show=action.show,
+                   id=action.id, priority=action.priority)
+
+
+APP_BINDINGS: list[BindingType] = [binding(a) for a in ACTIONS if a.key and a.app]
+CHAT_BINDINGS: list[BindingType] = [binding(a) for a in ACTIONS if a.key and not a.app]
+
+
+def all_bindings() -> list[Binding]:
+    """Every binding with an id, wherever it lives (for the keymap and the help): the
+    actions', then the keys of the widgets that have them while they have focus."""
+    widgets = [*AlternativesView.BINDINGS, *Transcript.BINDINGS, *MessageView.BINDINGS]
+    return [*(binding(a) for a in ACTIONS if a.key),
+            *(b for b in widgets if isinstance(b, Binding) and b.id)]

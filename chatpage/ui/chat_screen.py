@@ -1,18 +1,22 @@
 """ChatScreen: the sidebar of chats, the current chat, the message box and the gauge.
 
 Which chat is shown is the reactive `current`; its watcher swaps the view, the draft and the
-prompt history. Enter in the message box sends (or runs a slash command). Dialogs run as workers
-(`push_screen_wait`), so a flow reads top to bottom.
+prompt history. Enter in the message box sends (or runs a slash command). What the user asks
+for, by key, slash command or the command palette, is an action of the table
+(`chatpage.ui.actions`): the screen runs its handler, handing it itself as the `Controls` it
+acts on (its layout, focus and dialogs). Dialogs run as workers (`push_screen_wait`), so a flow
+reads top to bottom.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from rich.text import Text
-from textual import on, work
-from textual.app import ComposeResult
+from textual import on
+from textual.app import ComposeResult, SuspendNotSupported
 from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
@@ -20,7 +24,6 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Static, TextArea
 
 from chatpage.chat.chats import Chats
-from chatpage.chat.commands import COMMAND_NAMES, Command, message_text, parse_command
 from chatpage.chat.session import (
     AttachmentsChanged,
     BusyChanged,
@@ -32,45 +35,58 @@ from chatpage.chat.session import (
 )
 from chatpage.config.personas import Persona
 from chatpage.store import SessionRow
-from chatpage.ui.bindings import CHAT_BINDINGS, EDITING_KEYS_YIELD
-from chatpage.ui.chat_actions import ChatActions
+from chatpage.ui.actions import message as message_actions
+from chatpage.ui.actions.action import Action
+from chatpage.ui.actions.table import BY_ID
+from chatpage.ui.bindings import CHAT_BINDINGS, all_bindings
+from chatpage.ui.clipboard import copy_text
 from chatpage.ui.completion import completions
+from chatpage.ui.external_editor import edit_text, editor_command
 from chatpage.ui.history import SavedChats, Say
-from chatpage.ui.persona_actions import PersonaActions
 from chatpage.ui.screens.chat_search import ChatSearch
-from chatpage.ui.slash_commands import run_slash_command
+from chatpage.ui.screens.help import HelpScreen
+from chatpage.ui.slash_commands import (
+    ARGUMENTS,
+    COMMAND_NAMES,
+    help_rows,
+    message_text,
+    parse_command,
+)
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.alternatives import AlternativesView
 from chatpage.ui.widgets.block_gauge import BlockGauge
+from chatpage.ui.widgets.message import MessageView
 from chatpage.ui.widgets.prompt_input import PromptInput
 from chatpage.ui.widgets.session_list import SessionList
 from chatpage.ui.widgets.session_view import SessionView
 
+T = TypeVar("T")
 
-class ChatScreen(ChatActions, PersonaActions, Screen[None]):
+
+class ChatScreen(Screen[None]):
     """Many chats, one shown (`current`). It is given the open chats, the personas (a list the
-    app keeps up to date, and how to reload it), how to say things, and at `begin` the store
-    behind the chats."""
+    app keeps up to date, and how to reload it), how to say things, the key of a binding id
+    after the user's keymap, and at `begin` the store behind the chats."""
 
     BINDINGS = CHAT_BINDINGS
     current: reactive[ChatSession | None] = reactive(None, init=False)
 
     @dataclass
     class ModelWanted(Message):
-        """Switch to the model at ``target`` ("" for the default model)."""
+        """Switch to the model at ``target`` ("" for the default model; None: pick one)."""
 
-        target: str
+        target: str | None
 
     saved: SavedChats  # given at `begin`
 
     def __init__(self, chats: Chats, personas: list[Persona],
                  default_persona: Callable[[], Persona], say: Say,
-                 reload_personas: Callable[[], None]) -> None:
+                 reload_personas: Callable[[], None],
+                 key_for: Callable[[str], str | None]) -> None:
         super().__init__()
         self.chats = chats
         self.reload_personas = reload_personas
-        self.pinned: set[str] = set()
-        """System prompts pinned in the engine (see `PersonaActions.pin`)."""
+        self.key_for = key_for
         self.personas = personas
         self.default_persona = default_persona
         self.say = say
@@ -79,7 +95,7 @@ class ChatScreen(ChatActions, PersonaActions, Screen[None]):
                                                             "line, /help for commands)")
         self._prompt_had_text = False
         self.prompt.completer = lambda text: completions(
-            text, COMMAND_NAMES, [p.name for p in self.personas])
+            text, COMMAND_NAMES, ARGUMENTS, [p.name for p in self.personas])
         self._completion_note = ""
 
     # -- layout -----------------------------------------------------------------------------------
@@ -260,23 +276,132 @@ class ChatScreen(ChatActions, PersonaActions, Screen[None]):
             if not session.history or session.history[-1] != text:
                 session.history.append(text)
             if command is not None:
-                await self.run_command(command)
+                await self.perform(command.action, command.arg)
         except ValueError as err:  # ChatError included: one line for the user
             self.say(str(err), "error")
             if not prompt.text:  # a command that failed comes back to be fixed
                 prompt.load_text(text)
                 prompt.move_cursor(prompt.document.end)
 
-    async def run_command(self, command: Command) -> None:
-        """Run a slash command on the current session (ValueError: a one-line problem)."""
-        await run_slash_command(self, command)
+    def put_back(self, text: str) -> None:
+        """Put ``text`` in the message box to be edited and sent again."""
+        prompt = self.prompt
+        prompt.load_text(text)
+        prompt.move_cursor(prompt.document.end)
+        prompt.focus()
+
+    def edit_draft(self) -> None:
+        """Edit the draft in $EDITOR: the app steps aside until the editor exits."""
+        command = editor_command()
+        try:
+            with self.app.suspend():
+                text = edit_text(self.prompt.text, command)
+        except SuspendNotSupported:
+            self.say("this terminal cannot hand the screen to an editor; the draft stays here",
+                     "warning")
+            return
+        self.put_back(text)
+
+    # -- actions ----------------------------------------------------------------------------------
+    async def perform(self, action: Action, arg: str | None = None) -> None:
+        """Run ``action`` on this screen (``arg``: what followed its slash command, None from a
+        key or the palette), unless it is not live now; ValueError is a one-line problem."""
+        if self._live(action):
+            await action.run(self, arg)
+
+    async def act(self, action: Action, arg: str | None = None) -> None:
+        """`perform`, saying a problem instead of raising it (keys and the palette)."""
+        await self._guard(lambda: self.perform(action, arg))
+
+    async def action_act(self, action_id: str) -> None:
+        """What a key bound from the table runs (`chatpage.ui.bindings`)."""
+        await self.act(BY_ID[action_id])
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in EDITING_KEYS_YIELD and self.focused is self.prompt and self.prompt.text:
-            return None  # the key edits the text instead (and the footer shows it disabled)
-        if action == "stop":
-            return True if self.current is not None and self.current.streaming else None
+        if action == "act" and parameters:
+            return self._live(BY_ID[str(parameters[0])])
         return True
+
+    def _live(self, action: Action) -> bool | None:
+        """Whether ``action`` runs now; None (the footer shows it disabled) while its key is
+        the message box's (the box has focus and text) or while it has nothing to act on."""
+        if action.yields and self.focused is self.prompt and self.prompt.text:
+            return None
+        if action.active is not None and not action.active(self):
+            return None
+        return True
+
+    async def _guard(self, run: Callable[[], Awaitable[None] | None]) -> None:
+        try:
+            done = run()
+            if done is not None:
+                await done
+        except ValueError as err:
+            self.say(str(err), "error")
+
+    def dialog(self, flow: Callable[[], Awaitable[None]]) -> None:
+        """Run ``flow`` as this screen's dialog worker (a newer one replaces it)."""
+        self.run_worker(self._guard(flow), exclusive=True, group="dialog")
+
+    async def ask(self, screen: Screen[T]) -> T | None:
+        """Show ``screen`` and wait for its answer (in a `dialog` flow)."""
+        return await self.app.push_screen_wait(screen)
+
+    def search(self, term: str = "") -> None:
+        """The search dialog; the hit picked opens its chat."""
+        async def find() -> None:
+            hit = await self.ask(ChatSearch(self.saved.store.search, term))
+            if hit is not None:
+                self.open_saved(hit.session_id)
+
+        self.dialog(find)
+
+    def show_help(self) -> None:
+        """The keys (after the user's keymap) and the slash commands."""
+        keys = [(self.key_for(b.id) or "", b.id, b.description) for b in all_bindings() if b.id]
+        self.app.push_screen(HelpScreen(keys, help_rows()))
+
+    def switch_model(self, target: str | None) -> None:
+        self.post_message(self.ModelWanted(target))
+
+    def quit(self) -> None:
+        self.app.exit()
+
+    def toggle_sidebar(self) -> None:
+        sidebar = self.query_one(SessionList)
+        sidebar.display = not sidebar.display
+
+    # -- the messages -----------------------------------------------------------------------------
+    def focus_message(self, step: int) -> None:
+        """Move the focus through the current chat's messages; past the last: the box."""
+        if self.current is None:
+            return
+        if not self.session_view(self.current).transcript.focus_step(step):
+            self.prompt.focus()
+
+    @on(MessageView.Edit)
+    async def _edit(self, message: MessageView.Edit) -> None:
+        await self._guard(lambda: message_actions.edit(self, message.entry))
+
+    @on(MessageView.Regenerate)
+    async def _regenerate(self, message: MessageView.Regenerate) -> None:
+        await self._guard(lambda: message_actions.regenerate(self, message.entry))
+
+    @on(MessageView.Switch)
+    async def _switch(self, message: MessageView.Switch) -> None:
+        await self._guard(lambda: message_actions.switch(self, message.entry, message.step))
+
+    @on(MessageView.Delete)
+    def _delete(self, message: MessageView.Delete) -> None:
+        message_actions.delete(self, message.entry)
+
+    @on(MessageView.CopyCode)
+    def _copy_code(self, message: MessageView.CopyCode) -> None:
+        message_actions.copy_code(self, message.blocks)
+
+    @on(MessageView.Copy)
+    def _copy(self, message: MessageView.Copy) -> None:
+        self.copy_text(message.text, message.what)
 
     @on(AlternativesView.Keep)
     def _keep(self, message: AlternativesView.Keep) -> None:
@@ -291,9 +416,5 @@ class ChatScreen(ChatActions, PersonaActions, Screen[None]):
         if session is self.current:
             self.prompt.focus()
 
-    @work(exclusive=True, group="dialog")
-    async def search(self, term: str = "") -> None:
-        """The search dialog; the hit picked opens its chat."""
-        hit = await self.app.push_screen_wait(ChatSearch(self.saved.store.search, term))
-        if hit is not None:
-            self.open_saved(hit.session_id)
+    def copy_text(self, text: str, what: str) -> None:
+        copy_text(self, text, what, self.say)

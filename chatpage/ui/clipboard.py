@@ -4,6 +4,7 @@ OSC 52 asks the terminal to set its clipboard; some terminals and multiplexers d
 (tmux without ``set-clipboard on``, macOS Terminal), so a system clipboard is used first when
 this machine has one: pyperclip if it is installed, else the platform's own tool (wl-copy on
 Wayland, xclip or xsel on X11, pbcopy on macOS). Over SSH there is usually no display: OSC 52.
+`copy_text` does both and says which reached the text.
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
+
+from textual.dom import DOMNode
 
 TOOL_TIMEOUT_S = 3.0
+OSC52_NOTE = "the terminal's clipboard (OSC 52: tmux needs set-clipboard on, some terminals drop it)"
 
 _TOOLS: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
     # (tool, arguments, environment variable that must be set, or None for macOS)
@@ -63,3 +68,25 @@ def copy_to_system(text: str) -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return os.path.basename(command[0])
+
+
+def copy_text(node: DOMNode, text: str, what: str, say: Callable[[str], None]) -> None:
+    """Copy ``text``: the app's own clipboard and OSC 52 at once; the system clipboard too
+    where there is one (in a thread worker of ``node``). ``say`` gets the notice that says
+    which reached ``text`` (``what`` names it: "reply", "code block")."""
+    app = node.app
+    app.copy_to_clipboard(text)
+
+    def copied(system: str | None) -> None:
+        where = f"the system clipboard ({system})" if system else OSC52_NOTE
+        say(f"copied the {what} ({len(text):,} characters) to {where}")
+
+    if not has_system_clipboard():
+        copied(None)
+        return
+
+    def to_system() -> None:
+        how = copy_to_system(text)
+        app.call_from_thread(copied, how)
+
+    node.run_worker(to_system, thread=True, group="clipboard")

@@ -7,27 +7,27 @@ common prefix first, then one after another on each further tab).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-PERSONA_COMMANDS = ("new", "persona")
-PATH_COMMANDS = ("file",)
 MAX_PATHS = 200
 
 
-def completions(text: str, commands: Iterable[str], personas: Iterable[str]) -> list[str]:
-    """The lines ``text`` (one line starting with ``/``) completes to, sorted; [] when none."""
+def completions(text: str, commands: Iterable[str], arguments: Mapping[str, str],
+                personas: Iterable[str]) -> list[str]:
+    """The lines ``text`` (one line starting with ``/``) completes to, sorted; [] when none.
+    ``arguments`` says what follows a command: "persona" (a name of ``personas``) or "path"."""
     if not text.startswith("/") or text.startswith("//") or "\n" in text:
         return []
     head, space, arg = text[1:].partition(" ")
     if not space:
         return [f"/{name} " for name in sorted(commands) if name.startswith(head.lower())]
-    name = head.lower()
-    if name in PERSONA_COMMANDS:
+    argument = arguments.get(head.lower())
+    if argument == "persona":
         needle = arg.casefold()
         return [f"/{head} {p}" for p in sorted(personas, key=str.casefold)
                 if p.casefold().startswith(needle)]
-    if name in PATH_COMMANDS:
+    if argument == "path":
         return [f"/{head} {path}" for path in path_completions(arg)]
     return []
 

@@ -1,124 +1,50 @@
-"""What each slash command does on the chat screen (parsing lives in `chatpage.chat.commands`).
+"""Slash commands typed in the message box, parsed against the table of actions.
 
-It is handed the screen's controls (`SlashHost`), not the app.
+``/temp 0.7`` runs the action whose slash command (or alias) is ``temp`` with the argument
+``0.7``; ``//text`` sends the message ``/text``. Every problem is a ValueError with one line for
+the user.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from dataclasses import dataclass
 
-from chatpage.chat.chats import Chats
-from chatpage.chat.commands import (
-    SETTING_COMMANDS,
-    Command,
-    parse_compare,
-    parse_k,
-    read_attachment,
-)
-from chatpage.chat.sampling import SETTING_BY_FIELD, AltMode
-from chatpage.chat.session import ChatSession
-from chatpage.config.personas import Persona, find_persona
-from chatpage.ui.history import EXPORT_NAMES
+from chatpage.ui.actions.action import Action, Argument
+from chatpage.ui.actions.table import ACTIONS, BY_SLASH
 
-_ACTIONS = {"help": "app.help", "stop": "stop", "regen": "regenerate", "edit": "edit_last",
-            "settings": "sampling_settings", "new": "new_session", "quit": "app.quit",
-            "persona": "switch_persona", "model": "app.switch_model"}
-"""Commands that only run a bound action (of the chat screen, or ``app.``)."""
+COMMAND_NAMES = frozenset(a.slash for a in ACTIONS if a.slash)
+"""The slash commands' own names (tab completes these; aliases work too)."""
+ARGUMENTS: dict[str, Argument] = {name: a.argument for name, a in BY_SLASH.items() if a.argument}
+"""What tab completes after a slash command (by its names and aliases)."""
 
 
-class SlashHost(Protocol):
-    """What slash commands act on (the chat screen)."""
+@dataclass(frozen=True)
+class SlashCommand:
+    """A slash command typed: its action and what followed its name."""
 
-    chats: Chats
-    personas: list[Persona]
-    current: ChatSession | None
-
-    def say(self, message: str, severity: str = "information",
-            timeout: float | None = None) -> None: ...
-    ModelWanted: Any
-
-    async def run_action(self, action: str) -> Any: ...
-    def post_message(self, message: Any) -> bool: ...
-    def set_system_prompt(self, session: ChatSession, text: str) -> None: ...
-    def edit_system_prompt(self) -> Any: ...
-    def switch_persona(self, session: ChatSession, persona: Persona) -> None: ...
-    def action_save_as_persona(self, name: str = "") -> Any: ...
-    async def open_session(self, persona: Persona) -> ChatSession: ...
-    def search(self, term: str) -> Any: ...
-    def action_export(self, fmt: str) -> Any: ...
+    action: Action
+    arg: str
 
 
-def _setting_value(value: object) -> str:
-    return "off" if value is None else str(value)
+def parse_command(text: str) -> SlashCommand | None:
+    """The command in ``text``, or None when it is a message (``//x`` is the message ``/x``)."""
+    stripped = text.strip()
+    if not stripped.startswith("/") or stripped.startswith("//"):
+        return None
+    head, _, arg = stripped[1:].partition(" ")
+    action = BY_SLASH.get(head.strip().lower())
+    if action is None:
+        raise ValueError(f"unknown command /{head}; type /help for the list "
+                         "(start with // to send a message that begins with /)")
+    return SlashCommand(action, arg.strip())
 
 
-async def run_slash_command(host: SlashHost, command: Command) -> None:
-    """Run ``command`` on the host's current session; a ValueError is a one-line problem."""
-    session, name, arg = host.current, command.name, command.arg
-    if session is None:
-        return
-    chats = host.chats
-    if name in SETTING_COMMANDS:
-        field = SETTING_COMMANDS[name]
-        info = SETTING_BY_FIELD[field]
-        if not arg:
-            host.say(f"{info.label} is {_setting_value(getattr(session.sampling, field))} "
-                     f"(set it with /{name} VALUE: {info.allowed})")
-            return
-        chats.set_setting(session, field, arg)
-        host.say(f"{info.label} set to {_setting_value(getattr(session.sampling, field))}")
-    elif name in ("samples", "beam"):
-        chats.set_alt_mode(session, AltMode(name, parse_k(arg, name)))
-        host.say(f"next reply: {session.alt_mode.describe()}, side by side")
-    elif name == "single":
-        chats.set_alt_mode(session, AltMode(k=session.alt_mode.k))
-    elif name == "compare":
-        chats.compare(session, *parse_compare(arg))
-    elif name == "keep":
-        if not arg.isdigit():
-            raise ValueError(f"use /keep N with N the pane's number, got {arg!r}")
-        chats.keep(session, int(arg))
-    elif name == "file":
-        attachment = read_attachment(arg, chats.client.max_model_len or None)
-        chats.attach(session, attachment)
-        host.say(f"attached {attachment.name} to your next message")
-    elif name == "detach":
-        chats.detach(session)
-    elif name == "new" and arg:
-        await host.open_session(persona_named(host.personas, arg))
-    elif name == "title":
-        if not arg:
-            raise ValueError("give the new title: /title TEXT")
-        chats.rename(session, arg)
-    elif name == "search":
-        host.search(arg)
-    elif name == "export":
-        fmt = arg.lower().lstrip(".") or "md"
-        if fmt not in EXPORT_NAMES:
-            raise ValueError(f"use /export md or /export json, got {arg!r}")
-        host.action_export(fmt)
-    elif name == "copy":
-        await host.run_action("copy_code" if arg.lower().startswith("code") else "copy_reply")
-    elif name == "clear":
-        chats.clear(session)
-    elif name == "continue":
-        chats.continue_reply(session)
-    elif name == "system":
-        host.set_system_prompt(session, arg) if arg else host.edit_system_prompt()
-    elif name == "persona" and arg:
-        host.switch_persona(session, persona_named(host.personas, arg))
-    elif name == "model" and arg:
-        host.post_message(host.ModelWanted("" if arg.lower() == "default" else arg))
-    elif name == "saveas":
-        host.action_save_as_persona(arg)
-    else:
-        await host.run_action(_ACTIONS[name])
+def message_text(text: str) -> str:
+    """What to send for a non-command line: ``//x`` becomes ``/x``."""
+    stripped = text.lstrip()
+    return stripped[1:] if stripped.startswith("//") else text
 
 
-def persona_named(personas: list[Persona], name: str) -> Persona:
-    """The persona called ``name``; ValueError listing the names when there is none."""
-    persona = find_persona(personas, name)
-    if persona is None:
-        names = ", ".join(p.name for p in personas)
-        raise ValueError(f"no persona named {name!r}; the personas are: {names}")
-    return persona
+def help_rows() -> list[tuple[str, str]]:
+    """(usage, help) of every slash command, for the help screen."""
+    return [(a.usage, a.help) for a in ACTIONS if a.slash]

@@ -1,4 +1,5 @@
-"""HelpScreen: the keys (as remapped by the user's config) and the slash commands."""
+"""HelpScreen: the keys (as remapped by the user's config) and the slash commands, as the chat
+screen lists them from the table of actions."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Markdown
-
-from chatpage.chat.commands import COMMANDS
 
 INTRO = """\
 # chatpage
@@ -43,17 +42,19 @@ class HelpScreen(ModalScreen[None]):
         Binding("escape,f1,q", "close", "Close", id="help_close"),
     ]
 
-    def __init__(self, keys: list[tuple[str, str, str]]) -> None:
-        """``keys``: (key, binding id, description) rows."""
+    def __init__(self, keys: list[tuple[str, str, str]],
+                 commands: list[tuple[str, str]]) -> None:
+        """``keys``: (key, binding id, description) rows; ``commands``: (usage, help) rows."""
         super().__init__(classes="dialog-screen")
         self.keys = keys
+        self.commands = commands
 
     def compose(self) -> ComposeResult:
         lines = [INTRO, "## Keys", "", "| key | id (for `bindings:` in config.yaml) | action |",
                  "|---|---|---|"]
         lines += [f"| `{_cell(k)}` | `{_cell(i)}` | {_cell(d)} |" for k, i, d in self.keys]
         lines += ["", "## Commands", "", "| command | what it does |", "|---|---|"]
-        lines += [f"| `{_cell(c.usage)}` | {_cell(c.help)} |" for c in COMMANDS]
+        lines += [f"| `{_cell(usage)}` | {_cell(what)} |" for usage, what in self.commands]
         lines += ["", "Start a message with `//` to send text that begins with `/`."]
         with Vertical(classes="dialog help"):
             yield Markdown("\n".join(lines))
