@@ -63,11 +63,18 @@ SMALL_BATCH_ROWS = 4
 # 1 thread: see the module docstring).
 GEMV_ROWS = {"fp32": 16, "bf16": 4, "int8": 4, "int4": 1}
 
+# With the native kernels loaded, matmuls of at least this many rows run through the tiled GEMMs
+# of csrc/cpu/gemm.cpp (the weights decoded once per call, fp32 FMAs), between the two cut-overs
+# through torch's path (int4: torch's int4pack kernel is faster from 2 to 8 rows; see the module
+# docstring). fp32 keeps MKL's sgemm.
+GEMM_ROWS = {"bf16": 5, "int8": 5, "int4": 16}
+
 
 class Gemv:
-    """One matmul's native GEMV (``csrc/cpu/gemv.cpp``) with its weight tensors bound: ``op(x,
-    *parts, bias)`` for inputs of at most ``rows`` rows. ``parts`` are what the native decode
-    loop (``torch.ops.chatpage.decode_layers``) takes too."""
+    """One matmul's native kernel with its weight tensors bound: ``op(x, *parts, bias)``; a GEMV
+    (``csrc/cpu/gemv.cpp``) for inputs of at most ``rows`` rows, a GEMM (``csrc/cpu/gemm.cpp``)
+    for inputs of at least ``rows`` rows. ``parts`` are what the native decode loop
+    (``torch.ops.chatpage.decode_layers``) takes too."""
 
     __slots__ = ("op", "parts", "bias", "rows")
 
@@ -217,14 +224,16 @@ def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
         fn = lambda x: torch.ops.aten._weight_int8pack_mm(x, q, s)  # noqa: E731
         if native:
             gemv = Gemv(lib.gemv_int8, (q, s), bias, GEMV_ROWS["int8"])
+            gemm = Gemv(lib.gemm_int8, (q, s), bias, GEMM_ROWS["int8"])
         k = q.shape[1]
     elif name + ".q4" in packed:
         p = _aligned(packed[name + ".packed"], device)
         sz = _aligned(packed[name + ".scales_zeros"], device)
         fn = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, p, INT4_GROUP, sz)  # noqa: E731
-        if native:  # the GEMV's own layout; torch's path needs only the int4pack one
+        if native:  # the GEMV's own layout, which the GEMM reads too
             parts = tuple(packed[name + x].to(device) for x in (".q4", ".scales", ".zeros"))
             gemv = Gemv(lib.gemv_int4, parts, bias, GEMV_ROWS["int4"])
+            gemm = Gemv(lib.gemm_int4, parts, bias, GEMM_ROWS["int4"])
         k = p.shape[1] * 2
     else:
         w = packed[name + ".weight"].to(device).contiguous()
@@ -237,20 +246,28 @@ def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
         if not native:
             return Linear((lambda x: _small_batch_linear(x, w, bias, SMALL_BATCH_ROWS)) if fp32
                           else plain, k)
-        gemv = Gemv(lib.gemv_fp32 if fp32 else lib.gemv_bf16, (w,), bias,
-                    GEMV_ROWS["fp32" if fp32 else "bf16"])
-        return Linear(_few_or_many(gemv, plain), k, gemv)
+        if fp32:
+            gemv = Gemv(lib.gemv_fp32, (w,), bias, GEMV_ROWS["fp32"])
+            return Linear(_by_rows(gemv, plain), k, gemv)
+        gemv = Gemv(lib.gemv_bf16, (w,), bias, GEMV_ROWS["bf16"])
+        gemm = Gemv(lib.gemm_bf16, (w,), bias, GEMM_ROWS["bf16"])
+        return Linear(_by_rows(gemv, plain, gemm), k, gemv)
     many = fn if bias is None else (lambda x: fn(x) + bias)
     if not native:
         return Linear(many, k)
-    return Linear(_few_or_many(gemv, many), k, gemv)
+    return Linear(_by_rows(gemv, many, gemm), k, gemv)
 
 
-def _few_or_many(few: Gemv, many: Callable[[torch.Tensor], torch.Tensor]
-                 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``few`` for inputs of at most ``few.rows`` rows, ``many`` for more."""
+def _by_rows(few: Gemv, middle: Callable[[torch.Tensor], torch.Tensor], many: Gemv | None = None
+             ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The kernel for a step's rows: ``few`` for at most ``few.rows``, ``many`` (a GEMM) from
+    ``many.rows`` on, ``middle`` (torch's path) between."""
     rows = few.rows
-    return lambda x: few(x) if x.shape[0] <= rows else many(x)
+    if many is None:
+        return lambda x: few(x) if x.shape[0] <= rows else middle(x)
+    from_rows = many.rows
+    return lambda x: (few(x) if x.shape[0] <= rows
+                      else many(x) if x.shape[0] >= from_rows else middle(x))
 
 
 def _aligned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
