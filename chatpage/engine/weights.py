@@ -23,13 +23,39 @@ from 2). The step's matmuls in ``chatpage bench single`` (lm_head included), sid
 torch paths in the same minutes on a busy machine: fp32 19-28 ms against 42, int8 6-7 against 12,
 int4 4.5-6.8 against 7.7 (docs/benchmarks.md has the current figures).
 
+Past a few rows a matmul is bound by multiply-adds, and torch's quantized and bf16 kernels fall
+behind fp32 sgemm there (all layers, 1 thread, ms at 8 / 32 / 64 rows: sgemm 40 / 69-79 / 107,
+int4pack 25.5 / 101 / 222, int8pack 27 / 107 / 257, bf16 36-42 / 98-120 / 190-200). From
+``GEMM_ROWS[format]`` rows on the native kernels run the tiled GEMMs of ``csrc/cpu/gemm.cpp``
+(weights decoded once per call, fp32 FMAs). Measured in one process, kernels alternating, min /
+median of 7 repeats, 1 thread, process time, on a busy machine (ms, all 30 layers):
+
+====  =========  ==========  ==========  =========  =========  ==========  =========  =========
+rows  sgemm      int4pack    int4 GEMM   int8pack   int8 GEMV  int8 GEMM   bf16       bf16 GEMM
+====  =========  ==========  ==========  =========  =========  ==========  =========  =========
+2     19 / 24    9.8 / 11    14 / 19     10 / 12    7.3 / 9.2  12 / 14     20 / 26    21 / 23
+8     46 / 53    28 / 30     27 / 35     31 / 33    26 / 30    24 / 28     50 / 51    31 / 34
+16    51 / 60    52 / 55     35 / 48     55 / 65    44 / 46    32 / 36     63 / 80    37 / 56
+32    92 / 97    120 / 123   89 / 98     128 / 139             87 / 90     120 / 132  93 / 100
+64    142 / 146  231 / 241   153 / 180   262 / 264             150 / 174   215 / 222  166 / 181
+====  =========  ==========  ==========  =========  =========  ==========  =========  =========
+
+So the GEMMs beat torch's quantized and bf16 paths from 8-16 rows on (1.5-1.7x at 64) and are
+level with sgemm at 32 rows and 5-20% behind it at 64 (earlier runs: 0.8-1.1x of sgemm's time; on
+the 3072x576 gate_up matrix alone at 64 rows 54-57 GMAC/s against sgemm's 49-61): their FMAs
+run at MKL's rate, not past it, so the goal of beating sgemm at 32-64 rows is not met by fp32
+FMAs. At 2 threads (wall) the shared 2-core machine gave only 32-row minima worth quoting: int4
+and int8 GEMM 47 ms against sgemm 65 and int4pack 75. An int8-activation VNNI kernel (vpdpbusd:
+4.3x the multiply-adds per second of fp32 FMAs on this core, measured; vdpbf16ps only 0.5x, which
+is why bf16 loses here) is the way past sgemm.
+
 The quantized torch paths take bf16 activations (with fp32 ones they are 10-20x slower), so a
 quantized model's matmul inputs are bf16 while the residual stream, norms, RoPE, attention and
 the KV cache keep the engine dtype; the GEMVs take either.
 
 int4 is stored in both layouts (the same size each): the GEMV's, whose nibbles line up with
-consecutive activations, and torch's int4pack for prefill and batches, so a cached start converts
-nothing (torch's packing of the whole model costs ~0.2 s, and start-up is over its goal already).
+consecutive activations and which the GEMM reads too, and torch's int4pack for 2-15 rows (and
+everything without the native kernels), so a cached start converts nothing (torch's packing of the whole model costs ~0.2 s, and start-up is over its goal already).
 Only the GEMV's counts in :func:`step_bytes`; without the native kernels make_linear keeps only
 torch's.
 """
