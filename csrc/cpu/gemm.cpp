@@ -7,8 +7,10 @@
 // buffer that stays in L1 (R K floats: 14 KB for K = 576 at R = 6), and runs every activation row
 // against it, T rows at a time: a T x R tile of dot products over K in registers, T + R vector
 // loads for T R fused multiply-adds, the sums folded into one vector per activation row at the
-// end. So the weights are read and decoded once per call, whatever M is, and the FMA units do
-// the rest. Blocks of weight rows are split among threads with at::parallel_for.
+// end. So the weights are read and decoded once per call (per 64 activation rows: more would
+// push the activations out of L2), and the FMA units do the rest; a long K runs in chunks of 768
+// so that a chunk of the block and of a tile stay in L1 together. Blocks of weight rows are
+// split among threads with at::parallel_for.
 //
 // The layouts are the GEMVs' (csrc/cpu/gemv.cpp; chatpage/engine/gemv.py's reference_* functions
 // are the specification of both): bf16 [N, K]; int8 [N, K] with one bf16 scale per row, applied
@@ -204,8 +206,8 @@ at::Tensor tiled_gemm(const at::Tensor& x, int64_t n, const c10::optional<at::Te
   at::Tensor out = output_for(x, n), bias_f;
   const float* b = bias_data(bias, bias_f);
   const Output dst = output_of(out);
-  // A long prefill runs in slices of rows whose activations stay in L2; each slice decodes the
-  // weights again, which is little next to its kMaxRows multiply-adds per weight.
+  // More rows run in slices whose activations stay in L2; each slice decodes the weights again,
+  // which is little next to its kMaxRows multiply-adds per weight.
   for (int64_t m0 = 0; m0 < m; m0 += kMaxRows)
     gemm_rows(xf.data_ptr<float>(), m0, std::min(m, m0 + kMaxRows), n, k, kp, b, dst, decode,
               row_scale);
