@@ -195,4 +195,25 @@ inline void check_gemv_args(const at::Tensor& x, const at::Tensor& weight, int64
               ": every tensor must be on the CPU");
 }
 
+// An int8 matrix [N, K] with one bf16 scale per output row.
+inline void check_int8_args(const at::Tensor& qweight, const at::Tensor& scales, const char* op) {
+  TORCH_CHECK(qweight.scalar_type() == at::kChar, "chatpage::", op, ": qweight must be int8");
+  TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && scales.is_contiguous() &&
+                  scales.numel() == qweight.size(0),
+              "chatpage::", op, ": scales must be bfloat16 with one value per output row");
+}
+
+// An int4 matrix in the GEMV's layout: q [N, K/2] uint8, scales and zeros [N, K/group] bf16.
+inline void check_int4_args(const at::Tensor& q, const at::Tensor& scales,
+                            const at::Tensor& zeros, int64_t group, const char* op) {
+  TORCH_CHECK(q.scalar_type() == at::kByte, "chatpage::", op, ": q must be uint8");
+  const int64_t n = q.size(0), k = q.size(1) * 2;
+  TORCH_CHECK(k % group == 0, "chatpage::", op, ": inputs must be a multiple of ", group);
+  for (const at::Tensor* t : {&scales, &zeros})
+    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->dim() == 2 &&
+                    t->size(0) == n && t->size(1) == k / group,
+                "chatpage::", op, ": scales and zeros must be contiguous bfloat16 [", n, ", ",
+                k / group, "]");
+}
+
 }  // namespace chatpage

@@ -30,6 +30,11 @@ TORCH_LIBRARY(chatpage, m) {
   m.def("gemv_bf16(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("gemv_int8(Tensor x, Tensor qweight, Tensor scales, Tensor? bias) -> Tensor");
   m.def("gemv_int4(Tensor x, Tensor q, Tensor scales, Tensor zeros, Tensor? bias) -> Tensor");
+  // The same matmuls for many rows (bf16, int8 and int4 weights in the GEMVs' layouts, the same
+  // references); CPU only.
+  m.def("gemm_bf16(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("gemm_int8(Tensor x, Tensor qweight, Tensor scales, Tensor? bias) -> Tensor");
+  m.def("gemm_int4(Tensor x, Tensor q, Tensor scales, Tensor zeros, Tensor? bias) -> Tensor");
   // A few-row step's decoder layers in one call (LlamaModel._python_layers is its reference);
   // returns the last layer's MLP output, which the final norm adds to hidden. CPU only.
   m.def(
@@ -52,5 +57,8 @@ TORCH_LIBRARY_IMPL(chatpage, CPU, m) {
   m.impl("gemv_bf16", &chatpage::cpu::gemv_bf16);
   m.impl("gemv_int8", &chatpage::cpu::gemv_int8);
   m.impl("gemv_int4", &chatpage::cpu::gemv_int4);
+  m.impl("gemm_bf16", &chatpage::cpu::gemm_bf16);
+  m.impl("gemm_int8", &chatpage::cpu::gemm_int8);
+  m.impl("gemm_int4", &chatpage::cpu::gemm_int4);
   m.impl("decode_layers", &chatpage::cpu::decode_layers);
 }

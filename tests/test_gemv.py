@@ -2,7 +2,7 @@
 (chatpage/engine/gemv.py) on shapes that exercise every tail: output rows not a multiple of the
 kernel's row block, an odd number of int4 groups, inputs not a multiple of 16, activation rows
 beyond one tile, fp32 and bf16 activations, with and without a bias; and make_linear uses them for
-few rows and torch's path for more, with the same answers."""
+few rows, torch's path or the GEMMs (tests/test_gemm.py) for more, with the same answers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from chatpage.engine import gemv, ops
-from chatpage.engine.weights import GEMV_ROWS, make_linear, pack_int4_both, quantize_int4
+from chatpage.engine.weights import GEMM_ROWS, GEMV_ROWS, make_linear, pack_int4_both, quantize_int4
 
 LIB = torch.ops.chatpage
 BF16, F32 = torch.bfloat16, torch.float32
@@ -95,24 +95,33 @@ def test_bad_arguments_are_refused():
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4"])
-def test_make_linear_agrees_below_and_above_the_cut_over(fmt):
-    """Few rows take the native kernel, more take torch's path; row for row the answers agree."""
+def test_make_linear_agrees_below_and_above_the_cut_overs(fmt):
+    """Few rows take the GEMV, from GEMM_ROWS on the GEMM (csrc/cpu/gemm.cpp; fp32 has none),
+    torch's path between and beyond; row for row the answers agree."""
     torch.manual_seed(0)
-    n, k = 16, 96  # torch's int4 packing needs outputs in multiples of 16
+    n, k = 32, 96  # torch's int4 packing needs outputs in multiples of 16
     w = torch.randn(n, k)
     if fmt == "int4":
         state = pack_int4_both(*quantize_int4(w), "m")
+        parts = [state["m.q4"], state["m.scales"], state["m.zeros"]]
     elif fmt == "int8":
         state = {"m.qweight": torch.randint(-127, 128, (n, k), dtype=torch.int8),
                  "m.scales": (torch.rand(n) / 100).to(BF16)}
+        parts = [state["m.qweight"], state["m.scales"]]
     else:
         state = {"m.weight": w.to(BF16) if fmt == "bf16" else w}
+        parts = [state["m.weight"]]
     state["m.bias"] = torch.randn(n)
     linear = make_linear(state, "m", torch.device("cpu"))
     assert linear.gemv is not None and linear.gemv.rows == GEMV_ROWS[fmt]
     dtype = F32 if fmt == "fp32" else BF16
-    x = torch.randn(GEMV_ROWS[fmt] + 1, k).to(dtype)
-    many = linear(x)
-    few = torch.cat([linear(x[i : i + 1]) for i in range(x.shape[0])])
+    x = torch.randn(GEMM_ROWS.get(fmt, GEMV_ROWS[fmt]) + 3, k).to(dtype)
+    one_by_one = torch.cat([linear(x[i : i + 1]) for i in range(x.shape[0])])
     tol = 1e-4 if fmt == "fp32" else 2e-2
-    torch.testing.assert_close(few.float(), many.float(), rtol=tol, atol=tol)
+    for rows in sorted({GEMV_ROWS[fmt] + 1, GEMM_ROWS.get(fmt, x.shape[0]), x.shape[0]}):
+        torch.testing.assert_close(linear(x[:rows]).float(), one_by_one[:rows].float(),
+                                   rtol=tol, atol=tol)
+    if fmt in GEMM_ROWS:  # from GEMM_ROWS on it is the GEMM itself
+        bias = state["m.bias"].to(dtype if fmt == "bf16" else F32)
+        gemm = getattr(LIB, f"gemm_{fmt}")
+        assert torch.equal(linear(x), gemm(x, *parts, bias))

@@ -41,6 +41,9 @@ CSRC = Path(__file__).resolve().parents[2] / "csrc"
 _RECIPE = 1  # bump when the way the extension is built changes
 _CFLAGS = ("-O3", "-march=native", "-fopenmp", "-DNDEBUG")
 _LDFLAGS = ("-fopenmp",)
+# The build of an AVX2 machine on this one (no AVX-512 of any kind): what the kernels' AVX2 paths
+# are tested with (tests/test_gemm.py), in a process of its own.
+AVX2_CFLAGS = (*_CFLAGS, "-mno-avx512f")
 _CUDA_CFLAGS = ("-O3", "-DNDEBUG")
 _STALE_LOCK_S = 15 * 60  # a build lock older than this was left by a killed build
 
@@ -90,13 +93,16 @@ def _loaded_elsewhere(library: Path) -> str | None:
 class KernelLoader:
     """Compiles/loads one copy of the extension; thread-safe, does its work at most once.
 
-    The module keeps one instance; tests may build their own over other sources (``csrc``) or
-    another cache directory (``cache_dir``).
+    The module keeps one instance; tests may build their own over other sources (``csrc``),
+    another cache directory (``cache_dir``) or other compiler flags (``cflags``, e.g.
+    :data:`AVX2_CFLAGS`: the build's name carries them, so each set has its own cached library).
     """
 
-    def __init__(self, csrc: Path = CSRC, cache_dir: Path | None = None) -> None:
+    def __init__(self, csrc: Path = CSRC, cache_dir: Path | None = None,
+                 cflags: tuple[str, ...] = _CFLAGS) -> None:
         self.csrc = Path(csrc)
         self.cache_dir = cache_dir
+        self.cflags = cflags
         self._lock = threading.Lock()
         self._done = False
         self._devices: frozenset[str] = frozenset()
@@ -188,7 +194,7 @@ class KernelLoader:
         for path in sorted(p for p in self.csrc.rglob("*") if p.is_file()):
             h.update(str(path.relative_to(self.csrc)).encode())
             h.update(path.read_bytes())
-        for part in (_RECIPE, _CFLAGS, _LDFLAGS, _CUDA_CFLAGS, cuda, torch.__version__,
+        for part in (_RECIPE, self.cflags, _LDFLAGS, _CUDA_CFLAGS, cuda, torch.__version__,
                      torch.version.cuda, sys.version, _cpu_features(),
                      os.environ.get("TORCH_CUDA_ARCH_LIST", "")):
             h.update(repr(part).encode())
@@ -219,7 +225,7 @@ class KernelLoader:
                 name=name,
                 sources=[str(p) for p in self._sources(cuda)],
                 # copies: cpp_extension appends to the lists it is given
-                extra_cflags=list(_CFLAGS),
+                extra_cflags=list(self.cflags),
                 extra_cuda_cflags=list(_CUDA_CFLAGS) if cuda else None,
                 extra_ldflags=list(_LDFLAGS),
                 extra_include_paths=[str(self.csrc)],

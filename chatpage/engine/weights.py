@@ -23,13 +23,39 @@ from 2). The step's matmuls in ``chatpage bench single`` (lm_head included), sid
 torch paths in the same minutes on a busy machine: fp32 19-28 ms against 42, int8 6-7 against 12,
 int4 4.5-6.8 against 7.7 (docs/benchmarks.md has the current figures).
 
+Past a few rows a matmul is bound by multiply-adds, and torch's quantized and bf16 kernels fall
+behind fp32 sgemm there (all layers, 1 thread, ms at 8 / 32 / 64 rows: sgemm 40 / 69-79 / 107,
+int4pack 25.5 / 101 / 222, int8pack 27 / 107 / 257, bf16 36-42 / 98-120 / 190-200). From
+``GEMM_ROWS[format]`` rows on the native kernels run the tiled GEMMs of ``csrc/cpu/gemm.cpp``
+(weights decoded once per call, fp32 FMAs). Measured in one process, kernels alternating, min /
+median of 7 repeats, 1 thread, process time, on a busy machine (ms, all 30 layers):
+
+====  =========  ==========  ==========  =========  =========  ==========  =========  =========
+rows  sgemm      int4pack    int4 GEMM   int8pack   int8 GEMV  int8 GEMM   bf16       bf16 GEMM
+====  =========  ==========  ==========  =========  =========  ==========  =========  =========
+2     19 / 24    9.8 / 11    14 / 19     10 / 12    7.3 / 9.2  12 / 14     20 / 26    21 / 23
+8     46 / 53    28 / 30     27 / 35     31 / 33    26 / 30    24 / 28     50 / 51    31 / 34
+16    51 / 60    52 / 55     35 / 48     55 / 65    44 / 46    32 / 36     63 / 80    37 / 56
+32    92 / 97    120 / 123   89 / 98     128 / 139             87 / 90     120 / 132  93 / 100
+64    142 / 146  231 / 241   153 / 180   262 / 264             150 / 174   215 / 222  166 / 181
+====  =========  ==========  ==========  =========  =========  ==========  =========  =========
+
+So the GEMMs beat torch's quantized and bf16 paths from 8-16 rows on (1.5-1.7x at 64) and are
+level with sgemm at 32 rows and 5-20% behind it at 64 (earlier runs: 0.8-1.1x of sgemm's time; on
+the 3072x576 gate_up matrix alone at 64 rows 54-57 GMAC/s against sgemm's 49-61): their FMAs
+run at MKL's rate, not past it, so the goal of beating sgemm at 32-64 rows is not met by fp32
+FMAs. At 2 threads (wall) the shared 2-core machine gave only 32-row minima worth quoting: int4
+and int8 GEMM 47 ms against sgemm 65 and int4pack 75. An int8-activation VNNI kernel (vpdpbusd:
+4.3x the multiply-adds per second of fp32 FMAs on this core, measured; vdpbf16ps only 0.5x, which
+is why bf16 loses here) is the way past sgemm.
+
 The quantized torch paths take bf16 activations (with fp32 ones they are 10-20x slower), so a
 quantized model's matmul inputs are bf16 while the residual stream, norms, RoPE, attention and
 the KV cache keep the engine dtype; the GEMVs take either.
 
 int4 is stored in both layouts (the same size each): the GEMV's, whose nibbles line up with
-consecutive activations, and torch's int4pack for prefill and batches, so a cached start converts
-nothing (torch's packing of the whole model costs ~0.2 s, and start-up is over its goal already).
+consecutive activations and which the GEMM reads too, and torch's int4pack for 2-15 rows (and
+everything without the native kernels), so a cached start converts nothing (torch's packing of the whole model costs ~0.2 s, and start-up is over its goal already).
 Only the GEMV's counts in :func:`step_bytes`; without the native kernels make_linear keeps only
 torch's.
 """
@@ -64,11 +90,18 @@ SMALL_BATCH_ROWS = 4
 # 1 thread: see the module docstring).
 GEMV_ROWS = {"fp32": 16, "bf16": 4, "int8": 4, "int4": 1}
 
+# With the native kernels loaded, matmuls of at least this many rows run through the tiled GEMMs
+# of csrc/cpu/gemm.cpp (the weights decoded once per call, fp32 FMAs), between the two cut-overs
+# through torch's path (int4: torch's int4pack kernel is faster from 2 to 8 rows; see the module
+# docstring). fp32 keeps MKL's sgemm.
+GEMM_ROWS = {"bf16": 5, "int8": 5, "int4": 16}
+
 
 class Gemv:
-    """One matmul's native GEMV (``csrc/cpu/gemv.cpp``) with its weight tensors bound: ``op(x,
-    *parts, bias)`` for inputs of at most ``rows`` rows. ``parts`` are what the native decode
-    loop (``torch.ops.chatpage.decode_layers``) takes too."""
+    """One matmul's native kernel with its weight tensors bound: ``op(x, *parts, bias)``; a GEMV
+    (``csrc/cpu/gemv.cpp``) for inputs of at most ``rows`` rows, a GEMM (``csrc/cpu/gemm.cpp``)
+    for inputs of at least ``rows`` rows. ``parts`` are what the native decode loop
+    (``torch.ops.chatpage.decode_layers``) takes too."""
 
     __slots__ = ("op", "parts", "bias", "rows")
 
@@ -218,14 +251,16 @@ def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
         fn = lambda x: torch.ops.aten._weight_int8pack_mm(x, q, s)  # noqa: E731
         if native:
             gemv = Gemv(lib.gemv_int8, (q, s), bias, GEMV_ROWS["int8"])
+            gemm = Gemv(lib.gemm_int8, (q, s), bias, GEMM_ROWS["int8"])
         k = q.shape[1]
     elif name + ".q4" in packed:
         p = _aligned(packed[name + ".packed"], device)
         sz = _aligned(packed[name + ".scales_zeros"], device)
         fn = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, p, INT4_GROUP, sz)  # noqa: E731
-        if native:  # the GEMV's own layout; torch's path needs only the int4pack one
+        if native:  # the GEMV's own layout, which the GEMM reads too
             parts = tuple(packed[name + x].to(device) for x in (".q4", ".scales", ".zeros"))
             gemv = Gemv(lib.gemv_int4, parts, bias, GEMV_ROWS["int4"])
+            gemm = Gemv(lib.gemm_int4, parts, bias, GEMM_ROWS["int4"])
         k = p.shape[1] * 2
     else:
         w = packed[name + ".weight"].to(device).contiguous()
@@ -238,20 +273,28 @@ def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
         if not native:
             return Linear((lambda x: _small_batch_linear(x, w, bias, SMALL_BATCH_ROWS)) if fp32
                           else plain, k)
-        gemv = Gemv(lib.gemv_fp32 if fp32 else lib.gemv_bf16, (w,), bias,
-                    GEMV_ROWS["fp32" if fp32 else "bf16"])
-        return Linear(_few_or_many(gemv, plain), k, gemv)
+        if fp32:
+            gemv = Gemv(lib.gemv_fp32, (w,), bias, GEMV_ROWS["fp32"])
+            return Linear(_by_rows(gemv, plain), k, gemv)
+        gemv = Gemv(lib.gemv_bf16, (w,), bias, GEMV_ROWS["bf16"])
+        gemm = Gemv(lib.gemm_bf16, (w,), bias, GEMM_ROWS["bf16"])
+        return Linear(_by_rows(gemv, plain, gemm), k, gemv)
     many = fn if bias is None else (lambda x: fn(x) + bias)
     if not native:
         return Linear(many, k)
-    return Linear(_few_or_many(gemv, many), k, gemv)
+    return Linear(_by_rows(gemv, many, gemm), k, gemv)
 
 
-def _few_or_many(few: Gemv, many: Callable[[torch.Tensor], torch.Tensor]
-                 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``few`` for inputs of at most ``few.rows`` rows, ``many`` for more."""
+def _by_rows(few: Gemv, middle: Callable[[torch.Tensor], torch.Tensor], many: Gemv | None = None
+             ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The kernel for a step's rows: ``few`` for at most ``few.rows``, ``many`` (a GEMM) from
+    ``many.rows`` on, ``middle`` (torch's path) between."""
     rows = few.rows
-    return lambda x: few(x) if x.shape[0] <= rows else many(x)
+    if many is None:
+        return lambda x: few(x) if x.shape[0] <= rows else middle(x)
+    from_rows = many.rows
+    return lambda x: (few(x) if x.shape[0] <= rows
+                      else many(x) if x.shape[0] >= from_rows else middle(x))
 
 
 def _aligned(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -20,6 +20,7 @@
 // from group sums taken once per call. int8, bf16 and fp32 weights are widened to fp32 and
 // multiplied with fp32 activations. Without AVX-512 the same layouts run through plain loops.
 #include "checks.h"
+#include "cpu/matmul.h"
 #include "cpu/ops_cpu.h"
 
 #include <ATen/Parallel.h>
@@ -329,42 +330,6 @@ Activations int4_activations(const at::Tensor& x, int64_t groups) {
   return {values, sums};
 }
 
-// Where a call writes its [M, N] result: fp32 or bf16.
-struct Output {
-  float* f32;
-  c10::BFloat16* bf16;
-  int64_t n;
-};
-
-Output output_of(const at::Tensor& out) {
-  const bool f32 = out.scalar_type() == at::kFloat;
-  return {f32 ? out.data_ptr<float>() : nullptr, f32 ? nullptr : out.data_ptr<c10::BFloat16>(),
-          out.size(1)};
-}
-
-// out[m0 + t, n0 + r] = dots[t][r] * row_scale(n0 + r) + bias[n0 + r]
-template <int T, int R, typename Scale>
-void store(const Output& out, const float* bias, int64_t m0, int64_t n0, const float (*dots)[R],
-           Scale&& row_scale) {
-  for (int t = 0; t < T; ++t)
-    for (int r = 0; r < R; ++r) {
-      const int64_t col = n0 + r, at = (m0 + t) * out.n + col;
-      const float y = dots[t][r] * row_scale(col) + (bias ? bias[col] : 0.f);
-      if (out.f32) out.f32[at] = y;
-      else out.bf16[at] = static_cast<c10::BFloat16>(y);
-    }
-}
-
-at::Tensor output_for(const at::Tensor& x, int64_t n) {
-  return at::empty({x.size(0), n}, x.options());
-}
-
-const float* bias_data(const c10::optional<at::Tensor>& bias, at::Tensor& holder) {
-  if (!bias.has_value()) return nullptr;
-  holder = bias->to(at::kFloat).contiguous();
-  return holder.data_ptr<float>();
-}
-
 // y = (x @ W.T) * row_scale(row) + bias for dense weights W [N, K] (fp32, bf16 or int8), the
 // activations widened to fp32
 template <typename W, typename Scale>
@@ -417,10 +382,7 @@ at::Tensor gemv_bf16(const at::Tensor& x, const at::Tensor& weight,
 at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
                      const c10::optional<at::Tensor>& bias) {
   check_gemv_args(x, qweight, qweight.size(1), bias, "gemv_int8");
-  TORCH_CHECK(qweight.scalar_type() == at::kChar, "chatpage::gemv_int8: qweight must be int8");
-  TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && scales.is_contiguous() &&
-                  scales.numel() == qweight.size(0),
-              "chatpage::gemv_int8: scales must be bfloat16 with one value per output row");
+  check_int8_args(qweight, scales, "gemv_int8");
   const c10::BFloat16* s = scales.data_ptr<c10::BFloat16>();
   return dense_gemv(x, qweight.data_ptr<int8_t>(), qweight.size(0), bias,
                     [s](int64_t col) { return static_cast<float>(s[col]); });
@@ -430,14 +392,8 @@ at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
                      const at::Tensor& zeros, const c10::optional<at::Tensor>& bias) {
   const int64_t k = q.size(1) * 2;
   check_gemv_args(x, q, k, bias, "gemv_int4");
-  TORCH_CHECK(q.scalar_type() == at::kByte, "chatpage::gemv_int4: q must be uint8");
-  TORCH_CHECK(k % kGroup == 0, "chatpage::gemv_int4: inputs must be a multiple of ", kGroup);
+  check_int4_args(q, scales, zeros, kGroup, "gemv_int4");
   const int64_t n = q.size(0), groups = k / kGroup;
-  for (const at::Tensor* t : {&scales, &zeros})
-    TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->dim() == 2 &&
-                    t->size(0) == n && t->size(1) == groups,
-                "chatpage::gemv_int4: scales and zeros must be contiguous bfloat16 [", n, ", ",
-                groups, "]");
   const Activations act = int4_activations(x, groups);
   at::Tensor out = output_for(x, n), bias_f;
   const float* b = bias_data(bias, bias_f);

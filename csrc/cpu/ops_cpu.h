@@ -41,6 +41,16 @@ at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& qweight, const at::T
 at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
                      const at::Tensor& zeros, const c10::optional<at::Tensor>& bias);
 
+// csrc/cpu/gemm.cpp: the same matmuls for many rows (weights as the GEMVs take them)
+at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& weight,
+                     const c10::optional<at::Tensor>& bias);
+
+at::Tensor gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                     const c10::optional<at::Tensor>& bias);
+
+at::Tensor gemm_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
+                     const at::Tensor& zeros, const c10::optional<at::Tensor>& bias);
+
 // csrc/cpu/decode.cpp: the decoder layers of a few-row step (weights as the GEMVs above take them)
 at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
                          const at::Tensor& cos, const at::Tensor& sin, at::TensorList norms,

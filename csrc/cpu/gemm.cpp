@@ -1,0 +1,266 @@
+// Matmuls of many activation rows (a batch's decode rows, a prefill chunk) against bf16, int8 and
+// int4 weights: y [M, N] = x [M, K] @ W.T, in fp32.
+//
+// Past a few rows a matmul is bound by multiply-adds, not by reading the weights, and torch's
+// quantized CPU kernels fall far behind a plain fp32 GEMM there (chatpage/engine/weights.py has
+// the numbers). Here each task takes a block of R weight rows, decodes it once into fp32 in a
+// buffer that stays in L1 (R K floats: 14 KB for K = 576 at R = 6), and runs every activation row
+// against it, T rows at a time: a T x R tile of dot products over K in registers, T + R vector
+// loads for T R fused multiply-adds, the sums folded into one vector per activation row at the
+// end. So the weights are read and decoded once per call (per 64 activation rows: more would
+// push the activations out of L2), and the FMA units do the rest; a long K runs in chunks of 768
+// so that a chunk of the block and of a tile stay in L1 together. Blocks of weight rows are
+// split among threads with at::parallel_for.
+//
+// The layouts are the GEMVs' (csrc/cpu/gemv.cpp; chatpage/engine/gemv.py's reference_* functions
+// are the specification of both): bf16 [N, K]; int8 [N, K] with one bf16 scale per row, applied
+// to the finished sums; int4 q [N, K/2] uint8 in groups of 32 inputs (byte j holds input j in its
+// low nibble, j + 16 in its high one), w = (q - 8) * scale + zero, whose activations are rounded
+// to bf16 first as the reference does. The vectors are AVX-512's 16 lanes where the build has
+// AVX-512F, else vec.h's eight (AVX2 + FMA, or portable loops).
+#include "checks.h"
+#include "cpu/matmul.h"
+#include "cpu/ops_cpu.h"
+#include "cpu/vec.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace chatpage::cpu {
+namespace {
+
+constexpr int kGroup = 32;                  // int4 inputs per scale/zero pair
+constexpr int64_t kTaskMacs = 1 << 18;      // multiply-adds below which a task is not split
+constexpr int64_t kChunk = 768;             // inputs per pass over a decoded block
+constexpr int64_t kMaxRows = 64;            // activation rows per pass over the weights
+
+#if defined(__AVX512F__)
+// 16 fp32 lanes; a tile of 4 activation rows by 6 weight rows keeps 24 accumulators, the 4
+// activation vectors and one of weights in the 32 registers (with 3 x 8 the compiler reads each
+// weight vector three times from memory instead, and the loads become the bottleneck).
+struct Lanes {
+  using V = __m512;
+  static constexpr int kWidth = 16, kTile = 4;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static Vec8 fold(V a) {
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    return {_mm256_add_ps(_mm512_castps512_ps256(a), hi)};
+  }
+};
+#else
+// vec.h's eight lanes; 2 x 6 accumulators, 2 activation vectors and one of weights fit AVX2's 16
+// registers.
+struct Lanes {
+  using V = Vec8;
+  static constexpr int kWidth = 8, kTile = 2;
+  static V zero() { return zero8(); }
+  static V load(const float* p) { return load8(p); }
+  static V fma(V a, V b, V c) { return fma8(a, b, c); }
+  static Vec8 fold(V a) { return a; }
+};
+#endif
+
+constexpr int kWidth = Lanes::kWidth;
+constexpr int kRows = 6;  // weight rows per block (at most 8: their sums fold into one Vec8)
+
+// fn.template operator()<C>() for the C in 1..Max that equals c
+template <int Max, typename Fn>
+void with_count(int c, Fn&& fn) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((c == I + 1 ? fn.template operator()<I + 1>() : void()), ...);
+  }(std::make_integer_sequence<int, Max>{});
+}
+
+// Lane r of sums[t] = sum over i < len of x[t * stride + i] * w[r * stride + i] for r < R, zero
+// beyond (len a multiple of kWidth)
+template <int T, int R>
+void tile_dots(const float* x, const float* w, int64_t stride, int64_t len, Vec8 (&sums)[T]) {
+  using V = Lanes::V;
+  V acc[T][R];
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) acc[t][r] = Lanes::zero();
+  for (int64_t i = 0; i < len; i += kWidth) {
+    V xv[T];
+    for (int t = 0; t < T; ++t) xv[t] = Lanes::load(x + t * stride + i);
+    for (int r = 0; r < R; ++r) {
+      const V wv = Lanes::load(w + r * stride + i);
+      for (int t = 0; t < T; ++t) acc[t][r] = Lanes::fma(wv, xv[t], acc[t][r]);
+    }
+  }
+  for (int t = 0; t < T; ++t) {
+    Vec8 folded[8];
+    for (int r = 0; r < 8; ++r) folded[r] = r < R ? Lanes::fold(acc[t][r]) : zero8();
+    sums[t] = transpose_sum8(folded);
+  }
+}
+
+// Writes the first `count` lanes of y to p (fp32, or rounded to bf16 as torch rounds).
+void store_row(float* p, Vec8 y, int count) {
+  alignas(32) float lanes[8];
+  store8(lanes, y);
+  std::copy(lanes, lanes + count, p);
+}
+
+void store_row(c10::BFloat16* p, Vec8 y, int count) {
+#if defined(__AVX512BF16__) && defined(__AVX512VL__)
+  const __m128i bits = (__m128i)_mm256_cvtneps_pbh(y.v);
+  _mm_mask_storeu_epi16(p, static_cast<__mmask8>((1u << count) - 1), bits);
+#else
+  alignas(32) float lanes[8];
+  store8(lanes, y);
+  for (int r = 0; r < count; ++r) p[r] = static_cast<c10::BFloat16>(lanes[r]);
+#endif
+}
+
+// The 32 weights of one int4 group: (q - 8) * scale + zero, as the reference computes them.
+inline void decode_int4_group(const uint8_t* src, float scale, float zero, float* dst) {
+#if defined(__AVX512F__)
+  const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  const __m512i eight = _mm512_set1_epi32(8), nibble = _mm512_set1_epi32(15);
+  const __m512 s = _mm512_set1_ps(scale), z = _mm512_set1_ps(zero);
+  const __m512 lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(bytes, nibble), eight));
+  const __m512 hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(bytes, 4), eight));
+  _mm512_storeu_ps(dst, _mm512_fmadd_ps(lo, s, z));
+  _mm512_storeu_ps(dst + kGroup / 2, _mm512_fmadd_ps(hi, s, z));
+#else
+  uint8_t bytes[kGroup / 2];  // a copy: stores through dst could alias src otherwise
+  std::memcpy(bytes, src, sizeof(bytes));
+  for (int j = 0; j < kGroup / 2; ++j) {
+    dst[j] = static_cast<float>((bytes[j] & 15) - 8) * scale + zero;
+    dst[j + kGroup / 2] = static_cast<float>((bytes[j] >> 4) - 8) * scale + zero;
+  }
+#endif
+}
+
+// Rows [m_begin, m_end) of y = (x @ W.T) * row_scale(row) + bias: xp holds the fp32 activations
+// (rows of kp floats, zero beyond k), decode(row, dst) writes weight row `row` as k floats.
+template <typename Decode, typename Scale>
+void gemm_rows(const float* xp, int64_t m_begin, int64_t m_end, int64_t n, int64_t k, int64_t kp,
+               const float* bias, const Output& dst, const Decode& decode, const Scale& row_scale) {
+  constexpr int T = Lanes::kTile;
+  const int64_t m = m_end - m_begin;
+  // K in chunks of at most kChunk: a chunk of the decoded block and of a tile's activations
+  // together stay in L1 (the down projection's 1536 inputs would not)
+  const int64_t chunks = (kp + kChunk - 1) / kChunk;
+  const int64_t chunk = (kp / chunks + kWidth - 1) / kWidth * kWidth;
+  const int64_t blocks = (n + kRows - 1) / kRows;
+  const int64_t grain = std::max<int64_t>(1, kTaskMacs / std::max<int64_t>(1, kRows * k * m));
+  at::parallel_for(0, blocks, grain, [&](int64_t first, int64_t last) {
+    std::vector<float> w(kRows * kp, 0.f);  // the decoded block; the padding stays zero
+    std::vector<Vec8> sums(m);              // lane r of row t: its dot with weight row n0 + r
+    for (int64_t blk = first; blk < last; ++blk) {
+      const int64_t n0 = blk * kRows;
+      const int rows = static_cast<int>(std::min<int64_t>(kRows, n - n0));
+      alignas(32) float scale[8] = {}, offset[8] = {};
+      for (int r = 0; r < rows; ++r) {
+        decode(n0 + r, w.data() + r * kp);
+        scale[r] = row_scale(n0 + r);
+        offset[r] = bias ? bias[n0 + r] : 0.f;
+      }
+      with_count<kRows>(rows, [&]<int R>() {
+        for (int64_t c0 = 0; c0 < kp; c0 += chunk) {
+          const int64_t len = std::min(chunk, kp - c0);
+          auto tile = [&]<int Tc>(int64_t t0) {
+            Vec8 part[Tc];
+            tile_dots<Tc, R>(xp + (m_begin + t0) * kp + c0, w.data() + c0, kp, len, part);
+            for (int t = 0; t < Tc; ++t) sums[t0 + t] = c0 ? add8(sums[t0 + t], part[t]) : part[t];
+          };
+          int64_t t0 = 0;
+          for (; t0 + T <= m; t0 += T) tile.template operator()<T>(t0);
+          if constexpr (T > 1)
+            if (t0 < m)
+              with_count<T - 1>(static_cast<int>(m - t0),
+                                [&]<int Tc>() { tile.template operator()<Tc>(t0); });
+        }
+      });
+      const Vec8 scale8 = load8(scale), offset8 = load8(offset);
+      for (int64_t t = 0; t < m; ++t) {
+        const Vec8 y = fma8(sums[t], scale8, offset8);
+        const int64_t at = (m_begin + t) * n + n0;
+        if (dst.f32) store_row(dst.f32 + at, y, rows);
+        else store_row(dst.bf16 + at, y, rows);
+      }
+    }
+  });
+}
+
+// y = (x @ W.T) * row_scale(row) + bias, where decode(row, dst) writes weight row `row` as K
+// floats; `round_to_bf16`: the activations are rounded to bf16 first (int4's specification).
+template <typename Decode, typename Scale>
+at::Tensor tiled_gemm(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias,
+                      bool round_to_bf16, Decode&& decode, Scale&& row_scale) {
+  const int64_t m = x.size(0), k = x.size(1), kp = (k + kWidth - 1) / kWidth * kWidth;
+  at::Tensor xf = (round_to_bf16 ? x.to(at::kBFloat16) : x).to(at::kFloat).contiguous();
+  if (kp != k) xf = at::constant_pad_nd(xf, {0, kp - k});
+  at::Tensor out = output_for(x, n), bias_f;
+  const float* b = bias_data(bias, bias_f);
+  const Output dst = output_of(out);
+  // More rows run in slices whose activations stay in L2; each slice decodes the weights again,
+  // which is little next to its kMaxRows multiply-adds per weight.
+  for (int64_t m0 = 0; m0 < m; m0 += kMaxRows)
+    gemm_rows(xf.data_ptr<float>(), m0, std::min(m, m0 + kMaxRows), n, k, kp, b, dst, decode,
+              row_scale);
+  return out;
+}
+
+float unscaled(int64_t) { return 1.f; }
+
+}  // namespace
+
+at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& weight,
+                     const c10::optional<at::Tensor>& bias) {
+  check_gemv_args(x, weight, weight.size(1), bias, "gemm_bf16");
+  TORCH_CHECK(weight.scalar_type() == at::kBFloat16,
+              "chatpage::gemm_bf16: weight must be bfloat16");
+  const c10::BFloat16* w = weight.data_ptr<c10::BFloat16>();
+  const int64_t k = weight.size(1);
+  return tiled_gemm(x, weight.size(0), bias, false, [w, k](int64_t row, float* out) {
+    const c10::BFloat16* src = w + row * k;
+    for (int64_t i = 0; i < k; ++i) out[i] = static_cast<float>(src[i]);
+  }, unscaled);
+}
+
+at::Tensor gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                     const c10::optional<at::Tensor>& bias) {
+  check_gemv_args(x, qweight, qweight.size(1), bias, "gemm_int8");
+  check_int8_args(qweight, scales, "gemm_int8");
+  const int8_t* q = qweight.data_ptr<int8_t>();
+  const c10::BFloat16* s = scales.data_ptr<c10::BFloat16>();
+  const int64_t k = qweight.size(1);
+  return tiled_gemm(x, qweight.size(0), bias, false, [q, k](int64_t row, float* out) {
+    const int8_t* src = q + row * k;
+    for (int64_t i = 0; i < k; ++i) out[i] = static_cast<float>(src[i]);
+  }, [s](int64_t col) { return static_cast<float>(s[col]); });
+}
+
+at::Tensor gemm_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
+                     const at::Tensor& zeros, const c10::optional<at::Tensor>& bias) {
+  const int64_t k = q.size(1) * 2;
+  check_gemv_args(x, q, k, bias, "gemm_int4");
+  check_int4_args(q, scales, zeros, kGroup, "gemm_int4");
+  const int64_t groups = k / kGroup;
+  const uint8_t* qp = q.data_ptr<uint8_t>();
+  const c10::BFloat16* sp = scales.data_ptr<c10::BFloat16>();
+  const c10::BFloat16* zp = zeros.data_ptr<c10::BFloat16>();
+  return tiled_gemm(x, q.size(0), bias, true, [=](int64_t row, float* out) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* src = qp + row * (k / 2) + g * (kGroup / 2);
+      const float scale = static_cast<float>(sp[row * groups + g]);
+      const float zero = static_cast<float>(zp[row * groups + g]);
+      decode_int4_group(src, scale, zero, out + g * kGroup);
+    }
+  }, unscaled);
+}
+
+}  // namespace chatpage::cpu

@@ -1,0 +1,53 @@
+"""The many-row matmul kernels (csrc/cpu/gemm.cpp) match their torch references on this machine's
+build (AVX-512 here) and on an AVX2 build of the same sources (``-mno-avx512f``, its own process
+and cache), on shapes that exercise every tail (tests/test_gemv.py checks that make_linear picks
+them by the step's rows)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from gemm_checks import CASES, check_case
+
+from chatpage.engine import ops
+
+BF16 = torch.bfloat16
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_kernels_are_loaded():
+    assert ops.available("cpu")
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_the_gemms_match_the_reference(case):
+    check_case(*case)
+
+
+def test_the_avx2_build_matches_the_reference(tmp_path):
+    """The same checks against a build without AVX-512 (vec.h's eight-lane paths)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    cache = ops.cache_root() / "avx2"  # kept between runs: the build takes a minute or more
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "gemm_checks.py"), str(cache)],
+                          capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-2:] == [str(len(CASES)), "passed"]
+
+
+def test_bad_arguments_are_refused():
+    x = torch.randn(8, 64)
+    lib = torch.ops.chatpage
+    with pytest.raises(RuntimeError, match="gemm_bf16: weight must be bfloat16"):
+        lib.gemm_bf16(x, torch.randn(4, 64), None)
+    with pytest.raises(RuntimeError, match="gemm_int8: x has 64 inputs, the weight 32"):
+        lib.gemm_int8(x, torch.zeros(4, 32, dtype=torch.int8), torch.ones(4, dtype=BF16), None)
+    with pytest.raises(RuntimeError, match="gemm_int8: scales must be bfloat16"):
+        lib.gemm_int8(x, torch.zeros(4, 64, dtype=torch.int8), torch.ones(3, dtype=BF16), None)
+    with pytest.raises(RuntimeError, match="gemm_int4: scales and zeros must be contiguous"):
+        lib.gemm_int4(x, torch.zeros(4, 32, dtype=torch.uint8), torch.ones(4, 1), torch.ones(4, 1),
+                      None)
