@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import threading
 
+from chatpage.config import errorlog
 from chatpage.engine import EngineConfig, SamplingParams
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.client import FinishReason, LocalEngineClient, RequestUpdate
@@ -63,6 +64,9 @@ def test_a_template_that_rejects_the_system_role_fails_only_that_request(tiny_ll
         assert last.outputs[0].finish_reason is FinishReason.ERROR
         assert "System role not supported" in last.error
         assert any("System role not supported" in s for s in client.statuses), client.statuses
+        log = errorlog.log_path().read_text()  # the whole story behind the one line
+        assert "engine command submit: System role not supported" in log
+        assert "Traceback (most recent call last)" in log and "TemplateError" in log
         last = _ask(client, [{"role": "user", "content": "hi"}])
         assert last.outputs[0].finish_reason is FinishReason.LENGTH and last.error is None
         assert last.outputs[0].num_tokens == 3 == last.usage.completion_tokens

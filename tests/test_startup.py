@@ -11,9 +11,9 @@ PROBE = """
 import sys
 import chatpage.cli.main
 import chatpage.ui.app
-from chatpage.cli.common import engine_config
 from chatpage.config.settings import Settings
-app = chatpage.ui.app.ChatApp(config=engine_config(Settings(), None))
+from chatpage.engine.config import EngineConfig
+app = chatpage.ui.app.ChatApp(config=EngineConfig.for_settings(Settings(), None))
 print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 """
 

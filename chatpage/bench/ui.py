@@ -47,12 +47,12 @@ def _percentile(values: list[float], q: float) -> float:
 async def _measure(args) -> dict:
     from textual import events
 
-    from chatpage.cli.common import engine_config
     from chatpage.config.settings import load_settings
+    from chatpage.engine.config import EngineConfig
     from chatpage.ui.app import ChatApp
 
     settings, _ = load_settings(overrides={"model": args.model, "weights": args.weights})
-    config = engine_config(settings, args.threads)
+    config = EngineConfig.for_settings(settings, args.threads)
     app = ChatApp(model=settings.model, config=config, settings=settings)
     async with app.run_test(headless=True, size=(160, 48)) as pilot:
         painted = asyncio.Event()

@@ -8,13 +8,13 @@ import sys
 
 from chatpage.cli.common import (
     add_engine_args,
-    engine_config,
     remote_client,
     settings_or_warn,
     size_arg,
 )
 from chatpage.config.personas import default_persona, find_persona, load_personas
 from chatpage.engine.accumulator import OutputAccumulator
+from chatpage.engine.config import EngineConfig
 from chatpage.engine.outputs import RequestOutput, RequestUpdate
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.vocab import SAMPLING_RULES
@@ -54,7 +54,7 @@ def cmd_ask(args) -> int:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
         if settings.backend:
             return _ask_remote(settings, messages, params)
-        config = engine_config(settings, args.threads)
+        config = EngineConfig.for_settings(settings, args.threads)
         torch.set_num_threads(config.threads)
         engine = LLMEngine.from_pretrained(settings.model, config)
         ids = render_prompt(engine.tokenizer, messages)

@@ -33,13 +33,6 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                         help="torch threads for the engine (default: every core)")
 
 
-def engine_config(settings, threads: int | None = None):
-    from chatpage.engine import EngineConfig
-
-    return EngineConfig(kv_cache_bytes=settings.kv_cache, block_size=settings.block_size,
-                        weight_dtype=settings.weights, num_threads=threads)
-
-
 def load_with_overrides(args):
     return load_settings(overrides={
         "model": getattr(args, "model", None), "kv_cache": getattr(args, "kv_cache", None),

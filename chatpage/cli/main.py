@@ -10,12 +10,12 @@ from chatpage.cli import config as config_cli
 from chatpage.cli import history as history_cli
 from chatpage.cli.common import (
     add_engine_args,
-    engine_config,
     load_with_overrides,
     remote_client,
     size_arg,
 )
 from chatpage.config.personas import load_personas
+from chatpage.engine.config import EngineConfig
 
 
 # -- chatpage (the TUI) ----------------------------------------------------------------------------
@@ -24,7 +24,7 @@ def cmd_tui(args) -> int:
 
     settings, warnings = load_with_overrides(args)  # shown as notices inside the app
     client = remote_client(settings) if settings.backend else None
-    ChatApp(model=settings.model, config=engine_config(settings, args.threads), settings=settings,
+    ChatApp(model=settings.model, config=EngineConfig.for_settings(settings, args.threads), settings=settings,
             warnings=warnings, client=client).run()
     return 0
 

@@ -6,8 +6,9 @@ import argparse
 import os
 import sys
 
-from chatpage.cli.common import add_engine_args, engine_config, settings_or_warn, size_arg
+from chatpage.cli.common import add_engine_args, settings_or_warn, size_arg
 from chatpage.config.personas import load_personas
+from chatpage.engine.config import EngineConfig
 
 API_KEY_ENV = "CHATPAGE_API_KEY"
 
@@ -27,7 +28,7 @@ def cmd_serve(args) -> int:
     personas, errors = load_personas()
     for err in errors:
         print(f"chatpage: warning: {err}", file=sys.stderr)
-    client = LocalEngineClient(settings.model, engine_config(settings, args.threads))
+    client = LocalEngineClient(settings.model, EngineConfig.for_settings(settings, args.threads))
     client.start(lambda msg: print(f"chatpage serve: {msg}", file=sys.stderr, flush=True))
     for prompt in dict.fromkeys(p.system_prompt for p in personas):
         client.pin_system_prompt(prompt)

@@ -11,10 +11,10 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from chatpage.config.errorlog import log_error
 from chatpage.engine.chat_template import continue_prompt, render_prompt, system_prefix
 from chatpage.engine.config import EngineConfig
 from chatpage.engine.outputs import (
@@ -127,7 +127,7 @@ class LocalEngineClient:
             ops.set_notify(self._status)
             ops.available(torch.device(self.config.device))
         except Exception as e:  # reported to the UI, which keeps running
-            self.error = str(e).splitlines()[0] if str(e) else type(e).__name__
+            self.error = log_error(e, f"loading the model {self.model or '(default)'}")
             self._status(f"error: {self.error}")
             self._ready.set()
             self._answer_with_errors()
@@ -147,8 +147,8 @@ class LocalEngineClient:
                 continue
             try:
                 updates = engine.step()
-            except Exception:  # an engine bug must not take the UI down silently
-                self.error = traceback.format_exc().strip().splitlines()[-1]
+            except Exception as e:  # an engine bug must not take the UI down silently
+                self.error = f"{type(e).__name__}: {log_error(e, 'engine step')}"
                 self._status(f"engine error: {self.error}")
                 for rid in list(self._callbacks):
                     update = engine.abort(rid, FinishReason.ERROR, self.error)
@@ -194,7 +194,7 @@ class LocalEngineClient:
             elif kind == "pin":
                 engine.pin_prefix(system_prefix(engine.tokenizer, cmd[1]))
         except Exception as e:  # bad input or a template error: this command fails, not the thread
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            why = log_error(e, f"engine command {kind}")
             if kind == "submit":
                 self._fail(cmd[1], why)
             else:

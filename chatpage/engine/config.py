@@ -12,6 +12,8 @@ from chatpage.vocab import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, WEIGHT_FORMATS
 if TYPE_CHECKING:  # torch loads on the engine thread, not when the app imports this
     import torch
 
+    from chatpage.config.settings import Settings
+
 DTYPES = ("float32", "bfloat16", "float16")
 """The engine dtypes (activations, KV cache), by their torch names."""
 
@@ -60,6 +62,12 @@ class EngineConfig:
     dtype: str = "float32"
     weight_dtype: str = "fp32"
     num_threads: int | None = None
+
+    @classmethod
+    def for_settings(cls, settings: Settings, threads: int | None = None) -> EngineConfig:
+        """The engine that config.yaml (and the command line's overrides) ask for."""
+        return cls(kv_cache_bytes=settings.kv_cache, block_size=settings.block_size,
+                   weight_dtype=settings.weights, num_threads=threads)
 
     @property
     def threads(self) -> int:
