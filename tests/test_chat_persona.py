@@ -8,6 +8,7 @@ from helpers import PERSONA, FakeClient
 
 from chatpage.chat.chats import ChatError, Chats
 from chatpage.chat.sampling import AltMode, SamplingSettings
+from chatpage.chat.session import Change, SettingsChanged
 from chatpage.config.personas import Persona
 
 CODER = Persona("coder", "writes code", "You write code.", temperature=0.2, max_tokens=64,
@@ -29,17 +30,17 @@ def test_a_system_prompt_of_its_own_is_pinned_once_another_chat_shares_it():
     client = PinningClient()
     chats = Chats(client, lambda e: None)
     first, second = chats.open(PERSONA), chats.open(PERSONA)
-    kinds: list[str] = []
-    first.observers.append(lambda s, change: kinds.append(change.kind))
+    changes: list[Change] = []
+    first.observers.append(lambda s, change: changes.append(change))
     with pytest.raises(ChatError, match="give the new system prompt"):
         chats.set_system_prompt(first, "   ")
-    assert first.persona is PERSONA and kinds == []
+    assert first.persona is PERSONA and changes == []
 
     assert chats.set_system_prompt(first, "  Be terse.\n") == 0  # no other chat has it
     assert (first.persona.name, first.persona.system_prompt) == ("p", "Be terse.")
     assert first.persona.temperature == PERSONA.temperature  # the rest of the persona stays
     assert first.for_model()[0] == {"role": "system", "content": "Be terse."}
-    assert kinds == ["settings"] and client.pins == []
+    assert changes == [SettingsChanged()] and client.pins == []
 
     assert chats.set_system_prompt(second, "Be terse.") == 1  # shared: pinned, once
     assert chats.set_system_prompt(first, "Be terse.") == 1
@@ -52,14 +53,14 @@ def test_switching_persona_takes_its_prompt_and_sampling_defaults():
     session = chats.open(PERSONA)
     chats.set_setting(session, "temperature", "1.1")
     chats.set_system_prompt(session, "my own prompt")
-    kinds: list[str] = []
-    session.observers.append(lambda s, change: kinds.append(change.kind))
+    changes: list[Change] = []
+    session.observers.append(lambda s, change: changes.append(change))
     chats.switch_persona(session, CODER)
     assert session.persona is CODER
     assert session.sampling == SamplingSettings.for_persona(CODER)
     assert (session.sampling.temperature, session.sampling.seed) == (0.2, 3)
     assert session.for_model()[0] == {"role": "system", "content": "You write code."}
-    assert kinds == ["settings"] and client.pins == ["You write code."]
+    assert changes == [SettingsChanged()] and client.pins == ["You write code."]
     chats.switch_persona(chats.open(PERSONA), CODER)
     assert client.pins == ["You write code."]  # pinned once for every chat with it
 
