@@ -17,7 +17,7 @@ from chatpage.chat.session import ChatSession, Entry
 from chatpage.chat.tree import Place
 from chatpage.config.personas import Persona
 from chatpage.engine.chat_template import continue_prompt, render_prompt
-from chatpage.engine.client import EngineClient, EngineConfig
+from chatpage.engine.client import EngineConfig, LocalEngineClient
 from chatpage.store import NewMessage, Store
 
 PERSONA = Persona("tiny", "a test persona", "You are tiny. Answer briefly.", temperature=0.0,
@@ -26,7 +26,7 @@ PERSONA = Persona("tiny", "a test persona", "You are tiny. Answer briefly.", tem
 
 @pytest.fixture(scope="module")
 def client(tiny_llama_dir):
-    client = EngineClient(str(tiny_llama_dir), EngineConfig(kv_cache_bytes=8 << 20))
+    client = LocalEngineClient(str(tiny_llama_dir), EngineConfig(kv_cache_bytes=8 << 20))
     client.start()
     assert client.wait_ready(120), client.error
     yield client
@@ -37,7 +37,7 @@ class Rig:
     """Chats over the engine, saved by a recorder into a store at `path`; `restart` reopens
     the store and brings the open chats back, as the app does at start."""
 
-    def __init__(self, client: EngineClient, path: Path) -> None:
+    def __init__(self, client: LocalEngineClient, path: Path) -> None:
         self.client, self.path = client, path
         self.problems: list[str] = []
         self._open()

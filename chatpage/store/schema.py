@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -204,13 +205,33 @@ class Opened:
     fault: str | None = None
 
 
+_BUSY = {sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED}
+BUSY_RETRIES = 4
+
+
+def _prepare_when_free(path: Path) -> sqlite3.Connection:
+    """Connect to and prepare `path`, trying again a few times while it is busy: another
+    chatpage starting at the same moment holds it for a moment, and some of SQLite's locks at
+    start-up (WAL set-up, recovery) answer busy at once instead of waiting."""
+    attempt = 0
+    while True:
+        try:
+            return prepare(connect(path), check=True)
+        except sqlite3.Error as err:
+            code = getattr(err, "sqlite_errorcode", None)
+            if attempt == BUSY_RETRIES or code is None or code & 0xFF not in _BUSY:
+                raise
+        attempt += 1
+        time.sleep(0.1 * attempt)
+
+
 def open_database(path: Path) -> Opened:
     """Open (creating its folder 0700, migrating) the database at `path`; see the module doc."""
     try:
         if not path.parent.is_dir():
             path.parent.mkdir(parents=True, mode=0o700)
             path.parent.chmod(0o700)
-        return Opened(prepare(connect(path), check=True), persistent=True)
+        return Opened(_prepare_when_free(path), persistent=True)
     except OSError as err:
         return _in_memory(path, _reason(err))
     except sqlite3.Error as err:
