@@ -20,7 +20,7 @@ SERVER = textwrap.dedent("""
         def do_GET(self):
             self.send_response(200 if self.path == "/v1/models" else 404)
             self.end_headers()
-            self.wfile.write(b"{}")
+            self.wfile.write(b"{\"data\": [{\"id\": \"fake\"}]}")
     http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """)
 
@@ -30,7 +30,7 @@ def test_a_server_and_its_workers_are_gone_after_the_run(tmp_path: Path) -> None
     server = peers.Server("fake", [sys.executable, "-c", SERVER, str(port)], {},
                           tmp_path / "fake.log")
     with peers.running(server, port) as live:
-        assert httpx.get(f"{live.url}/v1/models").status_code == 200
+        assert httpx.get(f"{live.url}/v1/models").status_code == 200 and live.model == "fake"
         assert len(peers.group_members(live.pgid)) == 2  # the server and its worker
     assert peers.group_members(live.pgid) == []
     with pytest.raises(httpx.HTTPError):

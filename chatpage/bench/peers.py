@@ -178,6 +178,7 @@ class Server:
 class Live:
     url: str
     pgid: int  # the server's process group (its workers included)
+    model: str  # the name it serves the model under (its first /v1/models entry)
 
 
 @contextmanager
@@ -198,7 +199,8 @@ def running(server: Server, port: int) -> Iterator[Live]:
                 raise RuntimeError(f"{server.name} exited with {proc.returncode} before it was "
                                    f"ready; see {server.log}")
             try:
-                if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                models = httpx.get(f"{url}/v1/models", timeout=2)
+                if models.status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -207,7 +209,7 @@ def running(server: Server, port: int) -> Iterator[Live]:
                                    f"see {server.log}")
             time.sleep(1)
         common.say(f"{server.name}: ready in {time.monotonic() - t0:.0f} s")
-        yield Live(url, proc.pid)
+        yield Live(url, proc.pid, models.json()["data"][0]["id"])
     finally:
         stop_group(proc)
 
@@ -230,14 +232,14 @@ def chatpage_server(model: str | None, port: int, log: Path) -> Server:
 
 # -- the clients -----------------------------------------------------------------------------
 
-def vllm_client(python: Path, url: str, folder: Path, concurrency: int, seed: int,
+def vllm_client(python: Path, live: Live, folder: Path, concurrency: int, seed: int,
                 scale: float) -> dict:
     """One run of vLLM's benchmark client at ``concurrency``; its figures."""
     prompts = max(4, int(2 * concurrency * scale))
     with tempfile.TemporaryDirectory() as out:
         subprocess.run([
-            str(python), "-c", CLIENT, "--backend", "openai", "--base-url", url,
-            "--model", SERVED_NAME, "--tokenizer", str(folder), "--dataset-name", "random",
+            str(python), "-c", CLIENT, "--backend", "openai", "--base-url", live.url,
+            "--model", live.model, "--tokenizer", str(folder), "--dataset-name", "random",
             "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
             "--ignore-eos", "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
             "--percentile-metrics", "ttft,tpot", "--metric-percentiles", "50,99",
@@ -251,13 +253,13 @@ def vllm_client(python: Path, url: str, folder: Path, concurrency: int, seed: in
             "tpot_p99_ms": raw["p99_tpot_ms"]}
 
 
-async def chat_run(url: str, n: int, max_tokens: int) -> dict:
+async def chat_run(live: Live, n: int, max_tokens: int) -> dict:
     """``CHATS`` concurrent streamed chat requests sharing ``PERSONA`` as their system prompt,
     ``n`` samples each: output tok/s (from the usage), TTFT and TPOT per request."""
     import httpx
 
     async def one(http: httpx.AsyncClient, question: str) -> tuple[float, float, float, int]:
-        body = {"model": SERVED_NAME, "stream": True, "n": n, "max_tokens": max_tokens,
+        body = {"model": live.model, "stream": True, "n": n, "max_tokens": max_tokens,
                 "temperature": 0.8, "top_p": 0.95, "ignore_eos": True,
                 "stream_options": {"include_usage": True},
                 "messages": [{"role": "system", "content": PERSONA},
@@ -277,7 +279,7 @@ async def chat_run(url: str, n: int, max_tokens: int) -> dict:
         end = time.perf_counter()
         return start, first or end, end, tokens
 
-    async with httpx.AsyncClient(base_url=url, timeout=900) as http:
+    async with httpx.AsyncClient(base_url=live.url, timeout=900) as http:
         t0 = time.perf_counter()
         got = await asyncio.gather(*(one(http, q) for q in QUESTIONS[:CHATS]))
         wall = time.perf_counter() - t0
@@ -288,18 +290,18 @@ async def chat_run(url: str, n: int, max_tokens: int) -> dict:
             "tpot_p50_ms": common.percentile(tpot, 50), "tpot_p99_ms": common.percentile(tpot, 99)}
 
 
-def measure(url: str, python: Path, folder: Path, concurrencies: list[int], seed: int,
+def measure(live: Live, python: Path, folder: Path, concurrencies: list[int], seed: int,
             scale: float) -> dict:
-    """Every run against the server at ``url``."""
+    """Every run against the server ``live``."""
     result: dict = {}
     for c in concurrencies:
         common.say(f"  concurrency {c}")
-        result[str(c)] = vllm_client(python, url, folder, c, seed, scale)
+        result[str(c)] = vllm_client(python, live, folder, c, seed, scale)
     max_tokens = max(8, int(OUTPUT_LEN * scale))
     common.say(f"  {CHATS} chats sharing a system prompt")
-    result["chats"] = asyncio.run(chat_run(url, 1, max_tokens))
+    result["chats"] = asyncio.run(chat_run(live, 1, max_tokens))
     common.say(f"  {CHATS} requests of n = {SAMPLES_N}")
-    result["samples"] = asyncio.run(chat_run(url, SAMPLES_N, max_tokens))
+    result["samples"] = asyncio.run(chat_run(live, SAMPLES_N, max_tokens))
     return result
 
 
@@ -350,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                                                           logs / "chatpage.log"))):
             common.say(f"round {i + 1}/{args.rounds}: {server.name}")
             with running(server, int(server.command[server.command.index("--port") + 1])) as live:
-                got[name] = measure(live.url, python, folder, args.concurrency, args.seed + i,
+                got[name] = measure(live, python, folder, args.concurrency, args.seed + i,
                                     args.scale)
         rounds.append(got)
     result = {"bench": "peers", "model": folder.name, "peer": VLLM_PIN, "rounds": args.rounds,
