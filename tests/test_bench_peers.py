@@ -20,7 +20,7 @@ SERVER = textwrap.dedent("""
         def do_GET(self):
             self.send_response(200 if self.path == "/v1/models" else 404)
             self.end_headers()
-            self.wfile.write(b"{\"data\": [{\"id\": \"fake\"}]}")
+            self.wfile.write(b'{"data": [{"id": "fake"}]}')
     http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """)
 
