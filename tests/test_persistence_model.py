@@ -151,6 +151,38 @@ def test_a_first_draft_or_own_system_prompt_saves_an_empty_chat(rig):
     assert store.get_session(drafted.store_id).draft == ""
     assert problems == []
 
+def test_an_emptied_draft_never_deletes_a_chat_another_chatpage_filled(tmp_path):
+    """Two chatpages on one database both show a draft-only chat; B sends in it, then A, whose
+    view is still empty, empties its draft: the chat and B's message stay."""
+    path = tmp_path / "chats.db"
+    with Store.open(path) as first:
+        drafted = Chats(FakeClient(), lambda e: None).open(PERSONA)
+        drafted.draft = "half a thought"
+        Recorder(first).keep_draft(drafted)
+    windows = []
+    for _ in range(2):
+        store = Store.open(path)
+        problems: list[str] = []
+        chats = Chats(FakeClient(), lambda e: None)
+        chats.observers.append(recorder := Recorder(store, problems.append))
+        (session,), _ = restore(store, [PERSONA], PERSONA, first_id=1)
+        windows.append((store, chats, chats.adopt(session), recorder, problems))
+    (store_a, _chats, view_a, recorder_a, problems_a), (store_b, chats_b, view_b, _rec,
+                                                        problems_b) = windows
+    try:
+        chats_b.send(view_b, "sent from B")
+        view_a.draft = ""
+        recorder_a.keep_draft(view_a)
+        assert view_a.store_id == view_b.store_id  # A keeps saving into the chat it shares
+        assert saved(store_a, view_b.store_id) == [("user", "sent from B", "done"),
+                                                   ("assistant", "", "streaming")]
+        assert store_a.get_session(view_b.store_id).draft == ""
+        assert problems_a == problems_b == []
+    finally:
+        store_a.close()
+        store_b.close()
+
+
 def test_alternatives_are_saved_as_versions_of_the_reply(rig):
     chats, _client, store, _recorder, _clock, _problems = rig
     session = chats.open(PERSONA)

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 from chatpage.chat.session import MAX_ALTERNATIVES, MIN_ALTERNATIVES, Attachment
@@ -44,7 +46,9 @@ def parse_compare(arg: str) -> tuple[str, list[str]]:
 
 
 def read_attachment(arg: str, context_tokens: int | None) -> Attachment:
-    """The text file at ``arg``; ValueError when it is missing, binary, huge or cannot fit.
+    """The text file at ``arg``; ValueError when it is missing, not a regular file, binary,
+    huge or cannot fit. It reads at most `MAX_ATTACHMENT_BYTES` + 1 bytes, and may wait on a
+    slow disk: call it off the UI loop.
 
     ``context_tokens`` (the model's window, None before it loads) rejects files that clearly
     cannot fit, by a rough count; the engine's exact count catches the rest when sending.
@@ -57,13 +61,19 @@ def read_attachment(arg: str, context_tokens: int | None) -> Attachment:
     if path.is_dir():
         raise ValueError(f"{arg}: is a folder; give a text file")
     try:
-        size = path.stat().st_size
-        if size > MAX_ATTACHMENT_BYTES:
-            raise ValueError(f"{arg}: {size // 1024} KiB is too big to attach (the limit is "
-                             f"{MAX_ATTACHMENT_BYTES // 1024} KiB)")
-        data = path.read_bytes()
+        _require_regular(arg, path.stat().st_mode)  # opening a pipe or a device may block
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as file:
+            status = os.fstat(file.fileno())
+            _require_regular(arg, status.st_mode)  # swapped for another kind since the stat
+            data = (b"" if status.st_size > MAX_ATTACHMENT_BYTES  # it may grow: read one more
+                    else file.read(MAX_ATTACHMENT_BYTES + 1))
     except OSError as err:
         raise ValueError(f"{arg}: cannot read it ({err.strerror})") from None
+    size = max(status.st_size, len(data))
+    if size > MAX_ATTACHMENT_BYTES:
+        raise ValueError(f"{arg}: {-(-size // 1024)} KiB is too big to attach (the limit is "
+                         f"{MAX_ATTACHMENT_BYTES // 1024} KiB)")
     if b"\x00" in data:
         raise ValueError(f"{arg}: looks like a binary file; only text files can be attached")
     try:
@@ -79,3 +89,11 @@ def read_attachment(arg: str, context_tokens: int | None) -> Attachment:
                 "tokens too many)"
             )
     return Attachment(path.name, text)
+
+
+def _require_regular(arg: str, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        kind = ("a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file")
+        raise ValueError(f"{arg}: is {kind}, not a regular file; only text files can be "
+                         "attached")

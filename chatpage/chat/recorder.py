@@ -6,7 +6,8 @@ millisecond). What is saved when:
 
 - a chat is created in the store with its first message, its first draft or its own system
   prompt (`keep_draft`, `keep_system_prompt`); an empty chat whose draft is emptied again is
-  removed (one with nothing to keep is never saved);
+  removed (one with nothing to keep is never saved), unless the store holds a message or a
+  system prompt for it that another chatpage on the same database added;
 - every message when it is added, under its parent (the messages form a tree, as in the
   session): the user's at send, a reply at once (status "streaming"), then its text at most
   every `SAVE_INTERVAL_S` while it streams (on the next update, or on `flush`, which the app
@@ -196,10 +197,8 @@ class Recorder:
                 return
             chat = self._chat(session)
             if (not session.draft and next(iter(session.transcript), None) is None
-                    and (row := self.store.get_session(chat)) is not None
-                    and row.system_prompt is None):
+                    and self.store.delete_if_empty(chat)):  # kept if another chatpage filled it
                 session.store_id = None  # nothing left to keep
-                self.store.delete_session(chat)
             else:
                 self.store.set_draft(chat, session.draft)
         except (sqlite3.Error, NotFound) as err:

@@ -7,6 +7,7 @@ import queue
 import sys
 
 from chatpage.cli.common import (
+    add_backend_args,
     add_engine_args,
     remote_client,
     settings_or_warn,
@@ -109,6 +110,8 @@ def _ask_remote(settings, messages, params) -> int:
     try:
         if not client.wait_ready(timeout=CONNECT_S):
             reason = client.error or client.status.split(";")[0]  # not retrying any more
+            if reason.startswith("connecting"):  # the probe got no answer yet
+                reason = f"{client.url} did not answer within {CONNECT_S:g} s"
             print(f"chatpage: error: {reason}", file=sys.stderr)
             return 1
         for note in client.warnings:
@@ -152,8 +155,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ask.add_argument("--system", help="system prompt (instead of the persona's)")
     ask.add_argument("--model", help="HF model directory or .gguf file")
     ask.add_argument("--kv-cache", type=size_arg, metavar="SIZE", help="KV cache budget")
-    ask.add_argument("--backend", metavar="URL",
-                     help="ask an OpenAI-compatible server instead of the local engine")
+    add_backend_args(ask, "ask an OpenAI-compatible server instead of the local engine")
     add_engine_args(ask)
     for rule in FLAGS:
         note = _NOTES.get(rule.field, rule.label)

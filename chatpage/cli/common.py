@@ -8,7 +8,12 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from chatpage.config.settings import load_settings, parse_size
+from chatpage.config.settings import (
+    DEFAULT_BACKEND_TIMEOUT_S,
+    load_settings,
+    parse_seconds,
+    parse_size,
+)
 from chatpage.vocab import WEIGHT_FORMATS
 
 
@@ -17,6 +22,22 @@ def size_arg(value: str) -> int:
         return parse_size(value)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def seconds_arg(value: str) -> float:
+    try:
+        return parse_seconds(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {value!r}: use {e}") from None
+
+
+def add_backend_args(parser: argparse.ArgumentParser, what: str) -> None:
+    """--backend URL (``what``: its help) and --backend-timeout SECONDS."""
+    parser.add_argument("--backend", metavar="URL", help=what)
+    parser.add_argument("--backend-timeout", type=seconds_arg, metavar="SECONDS",
+                        help="give a reply up when the server sends nothing for this long "
+                             f"(default {DEFAULT_BACKEND_TIMEOUT_S:g}, or backend_timeout in "
+                             "config.yaml)")
 
 
 def threads_arg(value: str) -> int:
@@ -37,6 +58,7 @@ def load_with_overrides(args):
     return load_settings(overrides={
         "model": getattr(args, "model", None), "kv_cache": getattr(args, "kv_cache", None),
         "backend": getattr(args, "backend", None),
+        "backend_timeout": getattr(args, "backend_timeout", None),
         "weights": getattr(args, "weights", None),
     })
 
@@ -49,7 +71,7 @@ def remote_client(settings):
         print(f"chatpage: error: --backend needs the serve extra ({e.name} is missing); install "
               "it with: pip install 'chatpage[serve]'", file=sys.stderr)
         raise SystemExit(2) from None
-    return RemoteEngineClient(settings.backend)
+    return RemoteEngineClient(settings.backend, timeout_s=settings.backend_timeout)
 
 
 def settings_or_warn(args):

@@ -26,6 +26,8 @@ def _describe(key: str, settings: Settings) -> str:
         return "(the default model)"
     if key == "backend" and value is None:
         return "(the local engine)"
+    if key == "backend_timeout":
+        return f"{value:g} s"
     if key == "kv_cache":
         return f"{format_size(value)} ({value} bytes)"
     if key == "bindings":

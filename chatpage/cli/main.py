@@ -9,6 +9,7 @@ from chatpage.cli import ask, bench, serve
 from chatpage.cli import config as config_cli
 from chatpage.cli import history as history_cli
 from chatpage.cli.common import (
+    add_backend_args,
     add_engine_args,
     load_with_overrides,
     remote_client,
@@ -47,9 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", help="HF model directory or .gguf file (default: SmolLM2-135M)")
     parser.add_argument("--kv-cache", type=size_arg, metavar="SIZE",
                         help="KV cache budget, e.g. 512MiB or 2G")
-    parser.add_argument("--backend", metavar="URL",
-                        help="use an OpenAI-compatible server (vLLM, SGLang, llama-server, "
-                             "chatpage serve) instead of the local engine")
+    add_backend_args(parser, "use an OpenAI-compatible server (vLLM, SGLang, llama-server, "
+                     "chatpage serve) instead of the local engine")
     add_engine_args(parser)
     parser.set_defaults(func=cmd_tui)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

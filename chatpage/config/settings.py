@@ -5,6 +5,7 @@ A bad value never stops the app: it is reported as a one-line warning and the de
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ from chatpage.config.paths import config_dir
 from chatpage.vocab import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, DEFAULT_WEIGHTS, WEIGHT_FORMATS
 
 SOURCE_DEFAULT = "default"
+DEFAULT_BACKEND_TIMEOUT_S = 120.0
+"""How long a ``--backend`` server may send nothing before a reply is given up."""
 SOURCE_CLI = "command line"
 
 _UNITS = {
@@ -72,11 +75,12 @@ class Settings:
     theme: str = "chatpage"
     bindings: Mapping[str, str] = field(default_factory=dict)
     backend: str | None = None  # an OpenAI-compatible server's URL instead of the local engine
+    backend_timeout: float = DEFAULT_BACKEND_TIMEOUT_S  # seconds the server may send nothing
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 SETTING_KEYS = ("model", "kv_cache", "block_size", "weights", "default_persona", "theme",
-                "bindings", "backend")
+                "bindings", "backend", "backend_timeout")
 
 
 def _model(value: Any) -> str | None:
@@ -94,6 +98,20 @@ def _backend(value: Any) -> str | None:
     if not text.startswith(("http://", "https://")) or len(text.split("://", 1)[1]) == 0:
         raise ValueError("a server URL such as http://host:8000, or null for the local engine")
     return text
+
+
+def parse_seconds(value: Any) -> float:
+    """A positive, finite number of seconds; ValueError saying what is expected."""
+    if isinstance(value, str):
+        value = value.strip().removesuffix("s").strip()
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not 0 < value < math.inf:
+        raise ValueError("a number of seconds above zero, e.g. 120")
+    return float(value)
 
 
 def _kv_cache(value: Any) -> int:
@@ -153,6 +171,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "default_persona": _name,
     "theme": _name,
     "backend": _backend,
+    "backend_timeout": parse_seconds,
 }
 
 

@@ -50,6 +50,8 @@ class Backend:
     max_model_len: int
     version: str | None = None
     capabilities: set[str] = field(default_factory=set)
+    problems: list[str] = field(default_factory=list)
+    """What the server said that could not be used (and was ignored), one line each."""
 
     @property
     def label(self) -> str:
@@ -64,8 +66,9 @@ class Backend:
         return Dialect(TOP_K_OFF[self.name], self.can("vllm_extras"), self.name in TOKENS_BY_ID)
 
     def notes(self) -> list[str]:
-        """What this backend cannot do, one line each, for the user to see."""
-        out = []
+        """What this backend cannot do and what it said that was ignored, one line each, for
+        the user to see."""
+        out = list(self.problems)
         if not self.can("beam"):
             out.append(f"{self.label} has no beam search (vLLM has; SGLang with "
                        "--enable-beam-search)")
@@ -117,7 +120,8 @@ async def probe(client: httpx.AsyncClient, url: str, model: str | None = None) -
     except (ValueError, AttributeError):
         raise BackendError(f"{url}/v1/models is not an OpenAI model list; is this an "
                            "OpenAI-compatible server?") from None
-    models = [m for m in listed if isinstance(m, dict) and "id" in m]
+    models = [m for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str)
+              ] if isinstance(listed, list) else []
     if not models:
         raise BackendError(f"{url} serves no model (/v1/models is empty)")
     chosen = next((m for m in models if m["id"] == model), None) if model else models[0]
@@ -142,11 +146,13 @@ async def probe(client: httpx.AsyncClient, url: str, model: str | None = None) -
         name = "vllm"
     else:
         name = "openai"
-    context = chosen.get("max_model_len")
+    context, where = chosen.get("max_model_len"), "/v1/models max_model_len"
     if context is None and isinstance(server_info, dict):
-        context = server_info.get("context_length")
+        context, where = server_info.get("context_length"), "/server_info context_length"
     if context is None and isinstance(props, dict):
-        context = (props.get("default_generation_settings") or {}).get("n_ctx")
+        context, where = (props.get("default_generation_settings") or {}).get("n_ctx"), \
+            "/props n_ctx"
+    window, problems = _context_window(context, f"{url}{where}")
     caps = set()
     if name in ("vllm", "chatpage") or (
             isinstance(server_info, dict) and server_info.get("enable_beam_search")):
@@ -166,5 +172,17 @@ async def probe(client: httpx.AsyncClient, url: str, model: str | None = None) -
     number = version.get("version") if isinstance(version, dict) else None
     if name == "sglang" and isinstance(server_info, dict):
         number = server_info.get("version", number)
-    return Backend(url, name, chosen["id"], int(context or 0),
-                   str(number) if number and name != "chatpage" else None, caps)
+    return Backend(url, name, chosen["id"], window,
+                   str(number) if number and name != "chatpage" else None, caps, problems)
+
+
+def _context_window(value: object, where: str) -> tuple[int, list[str]]:
+    """The context length a server gave (0: it did not say), and a line if it is unusable."""
+    if value is None:
+        return 0, []
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value, []
+    return 0, [f"{where} is {value!r}, not a number of tokens; ignored (prompts are not checked "
+               "against the context window before they are sent)"]

@@ -9,7 +9,6 @@ the caller's callback on that thread, exactly like the local engine's.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import os
 import threading
@@ -18,27 +17,32 @@ from collections.abc import Callable
 
 import httpx
 
-from chatpage.engine.outputs import EngineStats
+from chatpage.config.settings import DEFAULT_BACKEND_TIMEOUT_S
 from chatpage.engine.protocol import UpdateCallback
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.remote.backend import Backend, BackendError, BackendNotReady, probe
 from chatpage.remote.requests import RemoteReply, RequestFailed, run_request, split_samples
-from chatpage.remote.stats import Poller, RemoteStats
+from chatpage.remote.stats import Poller, RemoteStats, engine_stats
 from chatpage.vocab import FinishReason
 
 API_KEY_ENV = "CHATPAGE_API_KEY"
 POLL_S = 1.0
 RETRY_S = 2.0
-_ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineStats)}
+CONNECT_TIMEOUT_S = 10.0
 
 
 class RemoteEngineClient:
     """Talks to the server at ``url``; ``model`` None uses the first model it serves.
-    An `EngineClient` whose stats are `RemoteStats`."""
+    An `EngineClient` whose stats are `RemoteStats`.
 
-    def __init__(self, url: str, model: str | None = None, api_key: str | None = None) -> None:
+    ``timeout_s`` is the longest the server may stay silent: waiting for an answer, or for the
+    next data line of a stream (keep-alive comments do not count); a reply then fails."""
+
+    def __init__(self, url: str, model: str | None = None, api_key: str | None = None,
+                 timeout_s: float = DEFAULT_BACKEND_TIMEOUT_S) -> None:
         self.url = url.rstrip("/")
         self.model = model
+        self.timeout_s = timeout_s
         key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.backend: Backend | None = None
@@ -131,7 +135,8 @@ class RemoteEngineClient:
 
     def _connect(self) -> None:
         self._http = httpx.AsyncClient(base_url=self.url, headers=self._headers,
-                                       timeout=httpx.Timeout(10.0, read=None))
+                                       timeout=httpx.Timeout(CONNECT_TIMEOUT_S,
+                                                             read=self.timeout_s))
         self._tasks["connect"] = self._loop.create_task(self._probe_and_poll())
 
     async def _probe_and_poll(self) -> None:
@@ -141,15 +146,10 @@ class RemoteEngineClient:
             try:
                 backend = await probe(self._http, self.url, self.model)
             except BackendError as e:
-                self.error = str(e)
-                self._status(f"error: {e}")
-                self._ready.set()
-                for rid, *_rest, on_update, t_submit in self._pending:
-                    RemoteReply(rid, on_update, t_submit).fail(self.error)
-                self._pending.clear()
+                self._give_up(str(e))
                 return
             except httpx.TransportError as e:
-                self._status(f"cannot reach {self.url} ({_reason(e)}); retrying every "
+                self._status(f"cannot reach {self.url} ({self._reason(e)}); retrying every "
                              f"{RETRY_S:.0f} s")
                 await asyncio.sleep(RETRY_S)
                 continue
@@ -157,6 +157,10 @@ class RemoteEngineClient:
                 self._status(f"{e}; retrying every {RETRY_S:.0f} s")
                 await asyncio.sleep(RETRY_S)
                 continue
+            except Exception as e:  # an answer the probe cannot read: say so, never hang
+                self._give_up(f"unexpected answer from {self.url} while probing it: "
+                              f"{type(e).__name__}: {e}")
+                return
             self.backend = backend
         self.load_seconds = time.perf_counter() - t0
         self.model_name = f"{backend.model} on {backend.label}"
@@ -175,6 +179,15 @@ class RemoteEngineClient:
             await asyncio.sleep(POLL_S)
             await self._poll_once()
 
+    def _give_up(self, error: str) -> None:
+        """The server cannot be used: say why, and fail the replies waiting for it."""
+        self.error = error
+        self._status(f"error: {error}")
+        self._ready.set()
+        for rid, *_rest, on_update, t_submit in self._pending:
+            RemoteReply(rid, on_update, t_submit).fail(error)
+        self._pending.clear()
+
     async def _poll_once(self) -> None:
         backend = self.backend
         label = f"{backend.label} at {self.url}"
@@ -187,12 +200,15 @@ class RemoteEngineClient:
             if backend.can("stats"):
                 r = await self._http.get("/v1/chatpage/stats")
                 if r.status_code == 200:
-                    engine = EngineStats(**{k: v for k, v in r.json().items()
-                                            if k in _ENGINE_FIELDS})
+                    engine = engine_stats(_json_or_none(r))
+                    if engine is None:
+                        notes = (*notes, f"{self.url}/v1/chatpage/stats is not a whole set of "
+                                         "block-pool figures; ignored")
         except httpx.HTTPError as e:
             if self._reachable:
                 self._reachable = False
-                self._status(f"lost {self.url} ({_reason(e)}); retrying every {POLL_S:.0f} s")
+                self._status(f"lost {self.url} ({self._reason(e)}); retrying every "
+                             f"{POLL_S:.0f} s")
             self._stats = RemoteStats(label, False, notes=notes)
             return
         self._stats = self._poller.stats(label, text, time.monotonic(), engine, notes)
@@ -222,7 +238,8 @@ class RemoteEngineClient:
                    ) -> None:
         try:
             await asyncio.gather(*(
-                run_request(self._http, self.backend, reply, kind, payload, p, index)
+                run_request(self._http, self.backend, reply, kind, payload, p, index,
+                            self.timeout_s)
                 for index, p in enumerate(parts)))
         except asyncio.CancelledError:
             reply.finish(FinishReason.ABORT)
@@ -231,7 +248,7 @@ class RemoteEngineClient:
             reply.fail(str(e))
             return
         except httpx.TransportError as e:
-            reply.fail(f"lost the connection to {self.url} ({_reason(e)})")
+            reply.fail(f"lost the connection to {self.url} ({self._reason(e)})")
             return
         except Exception as e:  # a reply the client cannot read ends with an error, never hangs
             reply.fail(f"unexpected answer from {self.url}: {type(e).__name__}: {e}")
@@ -272,6 +289,16 @@ class RemoteEngineClient:
         await self._loop.shutdown_asyncgens()
 
 
-def _reason(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    def _reason(self, error: Exception) -> str:
+        """Why a request did not get through, in a few words."""
+        if isinstance(error, httpx.ReadTimeout):
+            return f"it sent nothing for {self.timeout_s:g} s"
+        text = str(error).strip()
+        return text.splitlines()[0] if text else type(error).__name__
+
+
+def _json_or_none(response: httpx.Response) -> object:
+    try:
+        return response.json()
+    except ValueError:
+        return None

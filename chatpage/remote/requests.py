@@ -4,10 +4,12 @@ its answer read back by the wire's readers into `RemoteReply`, which turns what 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import random
 import time
+from typing import Any
 
 import httpx
 
@@ -23,6 +25,15 @@ from chatpage.wire.requests import request_body
 
 class RequestFailed(Exception):
     """The server refused or broke off a request; the message is the server's own."""
+
+
+class Stalled(RequestFailed):
+    """The server sent no data for the idle deadline (``backend_timeout``)."""
+
+    def __init__(self, url: str, idle_s: float) -> None:
+        super().__init__(f"{url} sent nothing for {idle_s:g} s, so the reply was given up; to "
+                         "wait longer, raise backend_timeout in config.yaml or pass "
+                         "--backend-timeout SECONDS")
 
 
 @dataclasses.dataclass
@@ -99,42 +110,67 @@ def split_samples(backend: Backend, params: SamplingParams) -> list[SamplingPara
 
 
 async def run_request(http: httpx.AsyncClient, backend: Backend, reply: RemoteReply, kind: str,
-                      payload, params: SamplingParams, offset: int) -> None:
-    """Send one request; its choices arrive in ``reply`` as choices ``offset``, ``offset+1``..."""
+                      payload: Any, params: SamplingParams, offset: int, idle_s: float) -> None:
+    """Send one request; its choices arrive in ``reply`` as choices ``offset``, ``offset+1``...
+
+    `Stalled` when the server sends no data for ``idle_s`` (no answer at all, or only
+    keep-alive comments); `RequestFailed` when the stream ends before the reply does."""
     if params.use_beam_search and not backend.can("beam"):
         raise RequestFailed(f"{backend.label} has no beam search (vLLM has; SGLang started with "
                             "--enable-beam-search); ask for samples instead")
     path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
     body = request_body(backend.model, kind, payload, params, backend.dialect)
     chat = kind != "completion"
-    if not body["stream"]:  # beam search: the final beams, at once
-        r = await http.post(path, json=body)
-        _check(r, backend)
-        data = r.json()
-        for choice in data.get("choices", []):
+    try:
+        async with asyncio.timeout(idle_s) as quiet:
+            if not body["stream"]:  # beam search: the final beams, at once
+                r = await http.post(path, json=body)
+                _check(r, backend)
+                data = r.json()
+                for choice in data.get("choices", []):
+                    delta = read_choice(choice, chat, params.top_logprobs)
+                    reply.add(dataclasses.replace(
+                        delta, index=offset + delta.index,
+                        finish_reason=delta.finish_reason or FinishReason.STOP))
+                reply.usage(read_usage(data.get("usage")))
+                return
+            async with http.stream("POST", path, json=body) as r:
+                if r.status_code != 200:
+                    await r.aread()
+                    _check(r, backend)
+                if await _read_stream(r, backend, reply, quiet, idle_s, chat, params, offset):
+                    return
+    except (TimeoutError, httpx.ReadTimeout):  # whichever notices the silence first
+        raise Stalled(backend.url, idle_s) from None
+    raise RequestFailed(f"{backend.label} at {backend.url} ended the stream before the reply "
+                        "was finished (no finish reason, no [DONE]); the text so far is kept")
+
+
+async def _read_stream(r: httpx.Response, backend: Backend, reply: RemoteReply,
+                       quiet: asyncio.Timeout, idle_s: float, chat: bool, params: SamplingParams,
+                       offset: int) -> bool:
+    """Read the SSE stream into ``reply``, each data line putting the ``quiet`` deadline off by
+    ``idle_s``; whether the stream said the reply is over ([DONE], or every choice finished)."""
+    loop = asyncio.get_running_loop()
+    finished: set[int] = set()
+    async for line in r.aiter_lines():
+        data = sse_data(line)
+        if data is None:  # a keep-alive comment or a blank line is not progress
+            continue
+        quiet.reschedule(loop.time() + idle_s)
+        if data == DONE_DATA:
+            return True
+        chunk = json.loads(data)
+        if "error" in chunk:
+            raise RequestFailed(f"{backend.label}: {read_error(chunk)}")
+        if chunk.get("usage"):
+            reply.usage(read_usage(chunk["usage"]))
+        for choice in chunk.get("choices") or []:
             delta = read_choice(choice, chat, params.top_logprobs)
-            reply.add(dataclasses.replace(delta, index=offset + delta.index,
-                                         finish_reason=delta.finish_reason or FinishReason.STOP))
-        reply.usage(read_usage(data.get("usage")))
-        return
-    async with http.stream("POST", path, json=body) as r:
-        if r.status_code != 200:
-            await r.aread()
-            _check(r, backend)
-        async for line in r.aiter_lines():
-            data = sse_data(line)
-            if data is None:
-                continue
-            if data == DONE_DATA:
-                break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                raise RequestFailed(f"{backend.label}: {read_error(chunk)}")
-            if chunk.get("usage"):
-                reply.usage(read_usage(chunk["usage"]))
-            for choice in chunk.get("choices") or []:
-                delta = read_choice(choice, chat, params.top_logprobs)
-                reply.add(dataclasses.replace(delta, index=offset + delta.index))
+            reply.add(dataclasses.replace(delta, index=offset + delta.index))
+            if delta.finish_reason is not None:
+                finished.add(delta.index)
+    return finished >= set(range(params.n))
 
 
 def _check(response: httpx.Response, backend: Backend) -> None:

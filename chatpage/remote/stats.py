@@ -9,7 +9,9 @@ speaks vLLM's names, and its whole block pool comes from ``/v1/chatpage/stats``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
 
 from chatpage.engine.outputs import EngineStats
 
@@ -83,7 +85,13 @@ class Poller:
 
     def stats(self, backend: str, text: str | None, now: float, engine: EngineStats | None,
               notes: tuple[str, ...]) -> RemoteStats:
-        f = figures(read_metrics(text)) if text else {}
+        values = read_metrics(text) if text else {}
+        bad = [name for name, value in values.items() if not 0 <= value < math.inf]  # NaN too
+        if bad:
+            shown = ", ".join(f"{name} = {values[name]}" for name in sorted(bad))
+            notes = (*notes, f"{backend}'s /metrics says {shown}: not a figure the gauge can "
+                             "show; ignored")
+        f = figures({name: value for name, value in values.items() if name not in bad})
         rate = f.get("throughput")
         if rate is None and "generated" in f:
             if self._last is not None and now > self._last[0]:
@@ -92,9 +100,33 @@ class Poller:
         hit = f.get("hit_rate")
         if hit is None and f.get("prefix_queries"):
             hit = f.get("prefix_hits", 0.0) / f["prefix_queries"]
+        usage = f.get("kv_usage")
 
         def count(name: str) -> int | None:
             return int(f[name]) if name in f else None
 
-        return RemoteStats(backend, True, f.get("kv_usage"), count("running"), count("waiting"),
-                           hit, count("preemptions"), rate, engine, notes)
+        return RemoteStats(backend, True, None if usage is None else min(usage, 1.0),
+                           count("running"), count("waiting"),
+                           None if hit is None else min(hit, 1.0), count("preemptions"), rate,
+                           engine, notes)
+
+
+def engine_stats(data: object) -> EngineStats | None:
+    """chatpage serve's block pool from its ``/v1/chatpage/stats`` JSON; None unless every
+    figure is there and is a number the gauge can show."""
+    if not isinstance(data, dict):
+        return None
+    values: dict[str, Any] = {}
+    for info in fields(EngineStats):
+        value = data.get(info.name, info.default)
+        if info.name == "kernels":
+            ok = isinstance(value, str)
+        elif info.name == "tokens_per_s":
+            ok = isinstance(value, int | float) and not isinstance(value, bool) \
+                and 0 <= value < math.inf
+        else:
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        if value is MISSING or not ok:
+            return None
+        values[info.name] = value
+    return EngineStats(**values)

@@ -182,6 +182,17 @@ class Store(MessageTree):
             if conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,)).rowcount == 0:
                 raise NotFound(f"no chat with id {session_id}")
 
+    def delete_if_empty(self, session_id: int) -> bool:
+        """Delete a chat only if it has no messages and no system prompt of its own, in one
+        statement: a message another chatpage added to it meanwhile keeps it. True if it was
+        deleted; False if it was kept or is gone already."""
+        with transaction(self._conn) as conn:
+            cur = conn.execute(
+                "DELETE FROM sessions WHERE id = ? AND system_prompt IS NULL "
+                "AND NOT EXISTS (SELECT 1 FROM messages WHERE session_id = ?)",
+                (session_id, session_id))
+        return cur.rowcount > 0
+
     def set_draft(self, session_id: int, text: str) -> None:
         """Keep the text left unsent in a chat's prompt ("" for none); NotFound if there is no
         such chat. Does not move the chat in the recency order."""

@@ -210,7 +210,7 @@ class ChatApp(App[None]):
         if target is not None and is_backend_url(target):
             from chatpage.remote.client import RemoteEngineClient  # needs the serve extra
 
-            return RemoteEngineClient(target)
+            return RemoteEngineClient(target, timeout_s=self.settings.backend_timeout)
         return LocalEngineClient(target, self.engine_config)
 
     def on_engine_events(self, message: EngineEvents) -> None:

@@ -3,6 +3,8 @@ through the messages."""
 
 from __future__ import annotations
 
+import asyncio
+
 from chatpage.chat.commands import read_attachment
 from chatpage.chat.session import ChatSession
 from chatpage.ui.actions.action import Controls, Handler, on_chat
@@ -31,7 +33,8 @@ async def continue_reply(c: Controls, session: ChatSession, arg: str | None) -> 
 
 @on_chat
 async def attach(c: Controls, session: ChatSession, arg: str | None) -> None:
-    attachment = read_attachment(arg or "", c.chats.client.max_model_len or None)
+    attachment = await asyncio.to_thread(  # a slow disk must not hold up the UI
+        read_attachment, arg or "", c.chats.client.max_model_len or None)
     c.chats.attach(session, attachment)
     c.say(f"attached {attachment.name} to your next message")
 
