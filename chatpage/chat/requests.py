@@ -32,10 +32,10 @@ from chatpage.chat.session import (
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.outputs import RequestUpdate
 from chatpage.engine.protocol import EngineClient, UpdateCallback
-from chatpage.vocab import FinishReason, MessageStatus
+from chatpage.vocab import FinishReason, MessageStatus, UserError
 
 
-class ChatError(ValueError):
+class ChatError(UserError):
     """Something the user asked for cannot be done now; the message is one line for them."""
 
 

@@ -25,7 +25,12 @@ from chatpage.engine.sampling_params import SamplingParams
 from chatpage.engine.scheduler import Sample, SamplerOutput, ScheduledSeq, Scheduler
 from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
 from chatpage.engine.stop import StopCheck
-from chatpage.vocab import FinishReason
+from chatpage.vocab import FinishReason, UserError
+
+
+class RequestRefused(UserError):
+    """A request the engine cannot run as asked (an empty prompt, one too long for the context
+    window, more sequences or KV blocks than there are); the message says what to change."""
 
 
 class LLMEngine:
@@ -92,14 +97,14 @@ class LLMEngine:
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, *, pin_prefix: bool = False) -> str:
-        """Queue a request; returns its id. Raises ValueError for a request that cannot run."""
+        """Queue a request; returns its id. Raises RequestRefused for one that cannot run."""
         params = params or SamplingParams()
         ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) \
             else list(prompt)
         self._check_fits(ids, params)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.groups:
-            raise ValueError(f"request id {rid!r} is already in use")
+            raise RequestRefused(f"request id {rid!r} is already in use")
         first = Sequence(list(ids), len(ids), IncrementalDetokenizer(self.tokenizer, ids, params.stop))
         if not params.use_beam_search:
             first.generator = make_generator(params.seed, 0, self.device)
@@ -110,19 +115,20 @@ class LLMEngine:
 
     def _check_fits(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
-            raise ValueError("the prompt is empty: give at least one token")
+            raise RequestRefused("the prompt is empty: give at least one token")
         vocab = self.model.embed.shape[0]
         if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab}), the model's vocabulary")
+            raise RequestRefused(
+                f"prompt token ids must be in [0, {vocab}), the model's vocabulary")
         n = len(ids)
         if params.width > self.config.max_num_seqs:
-            raise ValueError(
+            raise RequestRefused(
                 f"the request runs {params.width} sequences at once (n or beam_width) but "
                 f"max_num_seqs={self.config.max_num_seqs}; lower n / beam_width or raise "
                 "max_num_seqs"
             )
         if n >= self.max_model_len:
-            raise ValueError(
+            raise RequestRefused(
                 f"the prompt is {n} tokens but the context window is {self.max_model_len} "
                 f"(max_model_len); shorten it by at least {n - self.max_model_len + 1} tokens"
             )
@@ -132,7 +138,7 @@ class LLMEngine:
         need = per_seq + (params.width - 1) * (per_seq - n // bs)
         have = self.bm.pool.num_blocks - self.bm.pool.num_pinned
         if need > have:
-            raise ValueError(
+            raise RequestRefused(
                 f"the request needs {need} KV blocks ({need * self.block_bytes / 2**20:.0f} MiB) "
                 f"at its longest but the KV cache holds {have} besides pinned prefixes "
                 f"({have * self.block_bytes / 2**20:.0f} MiB); raise the KV cache size "

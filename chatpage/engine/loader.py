@@ -27,6 +27,7 @@ from chatpage.engine.model_config import read_config
 from chatpage.engine.models.llama import SUPPORTED_MODEL_TYPES
 from chatpage.engine.tokenizer import read_plain
 from chatpage.engine.weights import PACKED_LAYOUT, check_format, fuse_state, pack_state
+from chatpage.vocab import UserError
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -38,7 +39,7 @@ PLAIN_CHAT_TEMPLATE = (
 )
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(UserError):
     """A model could not be loaded; the message is one line saying why and what to do."""
 
 
