@@ -54,7 +54,7 @@ class Persona:
     seed: int | None = None
     source: Path = field(default=Path("<builtin>"), compare=False)
 
-    def sampling(self) -> dict[str, float | int]:
+    def sampling(self) -> dict[str, Any]:
         """The sampling defaults this persona sets, e.g. ``{"temperature": 0.2}``."""
         return {key: getattr(self, key) for key in SAMPLING_KEYS if getattr(self, key) is not None}
 
@@ -130,13 +130,15 @@ def parse_persona(data: object, source: Path) -> Persona:
         listed = ", ".join(repr(key) for key in missing)
         raise InvalidPersona(f"missing required key {listed}; add it")
     greeting = data.get("greeting")
+    # each checked by its rule, and of its rule's kind
+    sampling: dict[str, Any] = {key: _number(key, data.get(key)) for key in SAMPLING_KEYS}
     return Persona(
         name=_name(data["name"]),
         description=_text("description", data["description"], one_line=True),
         system_prompt=_text("system_prompt", data["system_prompt"], one_line=False),
         greeting=None if greeting is None else _text("greeting", greeting, one_line=False),
         source=source,
-        **{key: _number(key, data.get(key)) for key in SAMPLING_KEYS},
+        **sampling,
     )
 
 
