@@ -16,6 +16,7 @@ from chatpage.engine.config import EngineConfig, PreemptionMode
 from chatpage.engine.detokenizer import IncrementalDetokenizer
 from chatpage.engine.kv_cache import KVCache, bytes_per_block
 from chatpage.engine.loader import LoadedModel, load_model
+from chatpage.engine.model_config import ModelShape
 from chatpage.engine.model_runner import ModelRunner
 from chatpage.engine.models.llama import LlamaModel
 from chatpage.engine.outputs import EngineStats, RequestOutput, RequestUpdate, TokenRate
@@ -46,8 +47,9 @@ class LLMEngine:
         self.model = LlamaModel(hf, loaded.state, config.torch_dtype, config.device,
                                 config.weight_dtype)
         limit = hf.max_position_embeddings
-        if getattr(hf, "sliding_window", None):
-            limit = min(limit, hf.sliding_window)  # no sliding-window attention: stay inside it
+        window = getattr(hf, "sliding_window", None)
+        if window:
+            limit = min(limit, window)  # no sliding-window attention: stay inside it
         self.max_model_len = min(config.max_model_len or limit, limit)
         self.block_bytes = bytes_per_block(
             self.model.num_layers, config.block_size, self.model.num_kv_heads,
@@ -87,7 +89,7 @@ class LLMEngine:
         config = config or EngineConfig()
         return cls(load_model(model, progress, config.weight_dtype), config)
 
-    def _eos_ids(self, hf) -> frozenset[int]:
+    def _eos_ids(self, hf: ModelShape) -> frozenset[int]:
         ids = hf.eos_token_id
         eos = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
         if self.tokenizer.eos_token_id is not None:
@@ -202,9 +204,10 @@ class LLMEngine:
         if preempted or sched.running or sched.swapped or not sched.waiting:
             return []
         rid = self.scheduler.waiting[0].request_id
-        return [self.abort(rid, FinishReason.ERROR,
-                           f"request {rid} does not fit in the KV cache next to the pinned "
-                           "prefixes; raise the KV cache size or lower max_tokens")]
+        failed = self.abort(rid, FinishReason.ERROR,
+                            f"request {rid} does not fit in the KV cache next to the pinned "
+                            "prefixes; raise the KV cache size or lower max_tokens")
+        return [] if failed is None else [failed]
 
     def _sample(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> SamplerOutput:
         """Pick the step's tokens from ``logits`` (row i: ``sampling[i]``): plain and n-sample
