@@ -83,9 +83,9 @@ class PersonaEditor(ModalScreen[Persona | None]):
             if value.strip() or key != "greeting":
                 data[key] = value
         for key in SAMPLING_KEYS:
-            value = _number(self.query_one(f"#persona-{key}", Input).value)
-            if value is not None:
-                data[key] = value
+            number = _number(self.query_one(f"#persona-{key}", Input).value)
+            if number is not None:
+                data[key] = number
         data["system_prompt"] = self.query_one("#persona-system_prompt", TextArea).text
         return data
 
