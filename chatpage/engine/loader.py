@@ -48,7 +48,8 @@ class ModelLoadError(UserError):
 @dataclass
 class LoadedModel:
     name: str
-    directory: Path  # the HF-format directory the weights were read from
+    directory: Path | None  # the HF-format directory the weights were read from (None: built
+    # in memory, as the soak's tiny model)
     config: ModelShape  # engine/model_config.ModelConfig, or a transformers PretrainedConfig
     state: dict[str, torch.Tensor]  # HF names (fp32), or packed in ``weights`` when not fp32
     tokenizer: TextTokenizer  # engine/tokenizer.Tokenizer, or a transformers tokenizer
