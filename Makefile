@@ -34,9 +34,11 @@ test-peers: setup
 		CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install 'llama-cpp-python[server]'
 	$(BIN)/python -m pytest -q -m peers tests
 
+# mypy (pip-installable, no node toolchain as pyright needs): settings in pyproject.toml
 lint: setup
 	$(BIN)/ruff check chatpage tests
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 # All benchmarks on the default model (about 20 min on 2 cores); writes docs/benchmarks.md and
 # docs/bench-*.png. One benchmark: `.venv/bin/chatpage bench NAME --json` (see docs/benchmarks.md).

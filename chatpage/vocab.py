@@ -15,6 +15,18 @@ from dataclasses import dataclass
 from typing import cast
 
 
+class UserError(ValueError):
+    """Something the user can fix: a bad value, a misused command, a file that cannot be read,
+    a model that does not load, a prompt too long for the context window. ``str()`` is one line
+    saying what and what to do. The UI shows these as advice; any other exception is a bug (its
+    traceback goes to the error log). A ValueError, so callers that take any bad value (the CLI,
+    the server's 400 answers) catch these too."""
+
+
+class SamplingValueError(UserError):
+    """A sampling field's value outside its rule (`SAMPLING_RULES`)."""
+
+
 class FinishReason(enum.StrEnum):
     """Why an output ended. A str: it compares equal to, and stores as, its value."""
 
@@ -155,7 +167,8 @@ class SamplingRule:
         return self.high is None or value <= self.high
 
     def parse(self, raw: str | float | int | None) -> Value:
-        """Typed text or a number as this field's value; ValueError names it and the rule."""
+        """Typed text or a number as this field's value; SamplingValueError names it and the
+        rule."""
         value: object = raw
         if isinstance(raw, str):
             text = raw.strip()
@@ -168,7 +181,7 @@ class SamplingRule:
         elif self.kind is float and isinstance(raw, int) and not isinstance(raw, bool):
             value = float(raw)
         if not self.ok(value):
-            raise ValueError(f"{self.label} must be {self.allowed}, got {raw!r}")
+            raise SamplingValueError(f"{self.label} must be {self.allowed}, got {raw!r}")
         return cast(Value, value)  # ok() checked it
 
 

@@ -102,7 +102,7 @@ def test_reservation_scheduler_admits_only_what_fits(tiny_llama_dir):
     loaded = common.load(str(tiny_llama_dir))
     eng = common.engine(loaded, blocks=4)
     # each request reserves 4 + 28 tokens = 2 blocks: two fit in 4 blocks, not three
-    eng.scheduler = ReservationScheduler(eng.config, eng.bm, {f"r{i}": 32 for i in range(3)})
+    eng.scheduler = ReservationScheduler(eng.config, eng.bm, eng.stop, {f"r{i}": 32 for i in range(3)})
     for i in range(3):
         eng.add_request([100 + i] * 4, SamplingParams(temperature=0, max_tokens=28,
                                                       ignore_eos=True), request_id=f"r{i}")

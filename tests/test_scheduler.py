@@ -1,42 +1,51 @@
 """Scheduler over a real BlockManager (no model): token and sequence budgets, chunked prefill,
-preemption order, and swapped groups that cannot come back as they are."""
+preemption order, swapped groups that cannot come back as they are, and what the step's picks do
+(update_from_output)."""
 
 from __future__ import annotations
+
+import torch
 
 from chatpage.engine.block_manager import BlockManager
 from chatpage.engine.config import EngineConfig
 from chatpage.engine.sampling_params import SamplingParams
-from chatpage.engine.scheduler import Scheduler, SchedulerOutput
+from chatpage.engine.scheduler import Sample, SamplerOutput, Scheduler, SchedulerOutput
 from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
+from chatpage.engine.stop import StopCheck
 
 BS = 16
+EOS = 2
 
 
 class _Detok:
     def copy(self) -> _Detok:
         return self
 
+    def update(self, token_ids: list[int]) -> bool:
+        return False  # no stop strings
+
 
 def _scheduler(blocks: int, **config) -> Scheduler:
     cfg = EngineConfig(block_size=BS, **config)
-    return Scheduler(cfg, BlockManager(blocks, 32, BS, enable_caching=False))
+    return Scheduler(cfg, BlockManager(blocks, 32, BS, enable_caching=False),
+                     StopCheck(frozenset({EOS}), 10**6))
 
 
-def _group(sched: Scheduler, rid: str, prompt_len: int, t: float) -> SequenceGroup:
+def _group(sched: Scheduler, rid: str, prompt_len: int, t: float,
+           params: SamplingParams | None = None) -> SequenceGroup:
     tokens = [7 + i % 50 for i in range(prompt_len)]
-    group = SequenceGroup(rid, tokens, SamplingParams(temperature=0),
+    group = SequenceGroup(rid, tokens, params or SamplingParams(temperature=0),
                           [Sequence(list(tokens), prompt_len, _Detok())], arrival_time=t)
     sched.add(group)
     return group
 
 
-def _step(sched: Scheduler) -> SchedulerOutput:
-    """What the engine does around schedule(): compute, then append a token where all is done."""
+def _step(sched: Scheduler, token: int = 5) -> SchedulerOutput:
+    """A step without a model: schedule, then pick ``token`` for every row that samples."""
     out = sched.schedule()
-    for item in out.scheduled:
-        item.seq.num_computed_tokens += item.num_new_tokens
-        if item.seq.num_computed_tokens == len(item.seq):
-            item.seq.append(5, 0.0)
+    picks = SamplerOutput([Sample(item.group, item.seq, token, 0.0, None)
+                           for item in out.scheduled if item.samples])
+    sched.update_from_output(out, picks)
     return out
 
 
@@ -97,3 +106,45 @@ def test_a_swapped_group_that_can_never_step_again_is_recomputed_not_bounced():
     assert not out.scheduled and not out.preempted
     assert a.status is GroupStatus.WAITING and list(sched.waiting) == [a]
     assert not sched.swapped and sched.bm.pool.num_free == 8 and sched.bm.cpu_pool.num_used == 0
+
+
+def test_update_appends_the_picks_and_finishes_and_frees_what_ended():
+    sched = _scheduler(8)
+    a = _group(sched, "a", 20, 1.0)
+    b = _group(sched, "b", 20, 2.0, SamplingParams(temperature=0, max_tokens=2))
+    _step(sched)
+    assert a.seqs[0].output_ids == [5] and b.seqs[0].output_ids == [5]
+    assert a.seqs[0].num_computed_tokens == 20 and a.first_token_time is not None
+    out = sched.schedule()  # a picks EOS (STOP), b reaches max_tokens (LENGTH)
+    moved = sched.update_from_output(out, SamplerOutput([
+        Sample(a, a.seqs[0], EOS, -0.5, None), Sample(b, b.seqs[0], 6, -0.25, {6: -0.25})]))
+    assert moved == [a, b]
+    assert a.seqs[0].finish_reason.value == "stop" and b.seqs[0].finish_reason.value == "length"
+    assert b.seqs[0].logprobs == [0.0, -0.25] and b.seqs[0].top_logprobs == [{6: -0.25}]
+    assert a.status is b.status is GroupStatus.FINISHED and not sched.running
+    assert not sched.bm.tables and sched.bm.pool.num_free == 8
+
+
+def test_update_forks_each_n_sample_from_the_prefill_as_it_was():
+    sched = _scheduler(8)
+    group = _group(sched, "n", 20, 1.0, SamplingParams(temperature=1.0, n=2))
+    out = sched.schedule()
+    first = group.seqs[0]
+    generator = torch.Generator()
+    sched.update_from_output(out, SamplerOutput([
+        Sample(group, first, 11, -1.0, None), Sample(group, first, 12, -2.0, None, 1, generator)]))
+    parent, child = group.seqs
+    assert (parent.output_ids, child.output_ids) == ([11], [12])
+    assert (child.index, child.generator, child.logprobs) == (1, generator, [-2.0])
+    assert child.num_computed_tokens == 20 and group.forked
+    # the prompt's blocks are shared, not copied
+    assert sched.bm.tables[parent.seq_id] == sched.bm.tables[child.seq_id]
+
+
+def test_a_finished_persona_prefix_is_pinned_before_its_blocks_are_freed():
+    sched = _scheduler(8)
+    group = _group(sched, "p", 40, 1.0, SamplingParams(temperature=0, max_tokens=1))
+    group.pin_prefix = True
+    _step(sched)
+    assert group.status is GroupStatus.FINISHED and not sched.bm.tables
+    assert sched.bm.pool.num_pinned == 2  # the prompt's two full blocks

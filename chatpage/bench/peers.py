@@ -109,7 +109,9 @@ def model_folder(peers: Path, model: str | None) -> Path:
 
     hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                               dtype=torch.bfloat16)
-    hf.hf_quantizer = None  # a GGUF-loaded model refuses save_pretrained without this
+    # a GGUF-loaded model refuses save_pretrained without this (transformers declares no such
+    # attribute, so mypy sees nn.Module's tensor-or-module attributes)
+    hf.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(hf.config, "quantization_config"):
         del hf.config.quantization_config
     partial = target.with_name(target.name + ".partial")

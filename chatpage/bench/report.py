@@ -180,7 +180,7 @@ def _why_memory(m: dict) -> str:
 def _why_serve(s: dict) -> str:
     top = max(x["rate"] for x in s["rates"])
     at = {r["system"]: r for r in s["rates"] if r["rate"] == top}
-    c, o = at.get("chatpage"), at.get("oracle")
+    c, o = at["chatpage"], at["oracle"]
     text = (f"with {s['kv_blocks']} KV blocks chatpage batches more at the highest rate "
             f"({c['mean_batch']:.1f} vs {o['mean_batch']:.1f}) and starts requests sooner "
             f"(TTFT p50 {c['ttft_p50_s']:.2f} vs {o['ttft_p50_s']:.2f} s), but on this CPU a "

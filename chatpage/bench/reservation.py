@@ -152,8 +152,8 @@ class ReservationScheduler(Scheduler):
     the groups already admitted. Requests missing from ``reservations`` reserve prompt +
     max_tokens."""
 
-    def __init__(self, config, block_manager, reservations: dict[str, int]) -> None:
-        super().__init__(config, block_manager)
+    def __init__(self, config, block_manager, stop, reservations: dict[str, int]) -> None:
+        super().__init__(config, block_manager, stop)
         self.reservations = reservations
 
     def _blocks(self, group) -> int:

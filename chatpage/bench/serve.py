@@ -47,7 +47,7 @@ LATENCY_FACTOR = 2.0
 def _engine(loaded, blocks: int, oracle: bool, reservations: dict[str, int]):
     eng = common.engine(loaded, blocks=blocks)
     if oracle:
-        eng.scheduler = ReservationScheduler(eng.config, eng.bm, reservations)
+        eng.scheduler = ReservationScheduler(eng.config, eng.bm, eng.stop, reservations)
     return eng
 
 

@@ -27,6 +27,7 @@ import statistics
 import threading
 import time
 from collections import defaultdict
+from typing import cast
 
 from chatpage.bench import common
 from chatpage.bench.workloads import BenchRequest
@@ -62,8 +63,9 @@ def _params(r: BenchRequest) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
 
 
-def _figures(starts: list[float], firsts: list[float], ends: list[float],
-             outputs: list[int]) -> dict:
+def _figures(times: list[tuple[float, float, float]], outputs: list[int]) -> dict:
+    """Latency figures of requests timed as (start, first token, end)."""
+    starts, firsts, ends = ([t[i] for t in times] for i in range(3))
     ttft = [f - s for s, f in zip(starts, firsts, strict=True)]
     tpot = [(e - f) / (n - 1) for f, e, n in zip(firsts, ends, outputs, strict=True) if n > 1]
     return {"rate": len(starts) / (max(ends) - min(starts)),
@@ -77,8 +79,10 @@ async def in_process(client: LocalEngineClient, trace: list[BenchRequest]) -> di
     async def one(r: BenchRequest) -> tuple[float, float, float]:
         queue: asyncio.Queue[RequestUpdate] = asyncio.Queue()
         start = time.perf_counter()
-        client.submit_prompt(r.prompt_ids, _params(r),
-                             lambda e: loop.call_soon_threadsafe(queue.put_nowait, e))
+        def on_update(update: RequestUpdate) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, update)
+
+        client.submit_prompt(r.prompt_ids, _params(r), on_update)
         first = None
         while not (update := await queue.get()).finished:
             if first is None and update.usage.completion_tokens:
@@ -86,7 +90,7 @@ async def in_process(client: LocalEngineClient, trace: list[BenchRequest]) -> di
         return start, first or time.perf_counter(), time.perf_counter()
 
     got = await asyncio.gather(*(one(r) for r in trace))
-    return _figures(*map(list, zip(*got, strict=True)), [r.output_len for r in trace])
+    return _figures(got, [r.output_len for r in trace])
 
 
 async def over_http(url: str, timed: TimedClient, trace: list[BenchRequest]) -> dict:
@@ -115,7 +119,7 @@ async def over_http(url: str, timed: TimedClient, trace: list[BenchRequest]) -> 
     limits = httpx.Limits(max_connections=len(trace) + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
         got = await asyncio.gather(*(one(http, r) for r in trace))
-    result = _figures(*map(list, zip(*got, strict=True)), [r.output_len for r in trace])
+    result = _figures(got, [r.output_len for r in trace])
     waits = [received - emitted for emitted, received in pairs]
     result["api_overhead_ms"] = sum(_burst_spans(pairs)) / len(pairs) * 1000
     result["api_latency_p50_ms"] = statistics.median(waits) * 1000
@@ -127,15 +131,16 @@ async def over_http(url: str, timed: TimedClient, trace: list[BenchRequest]) -> 
 def _burst_spans(pairs: list[tuple[float, float]]) -> list[float]:
     """First emit to last receipt of each engine step's tokens (grouped by their emit times)."""
     spans: list[float] = []
-    start = last_emit = last_receipt = None
+    start: float | None = None
+    last_emit = last_receipt = 0.0
     for emitted, received in sorted(pairs):
         if start is not None and emitted - last_emit > BURST_GAP_S:
             spans.append(last_receipt - start)
-            start = last_receipt = None
+            start = None
         if start is None:
-            start = emitted
+            start, last_receipt = emitted, received
         last_emit = emitted
-        last_receipt = received if last_receipt is None else max(last_receipt, received)
+        last_receipt = max(last_receipt, received)
     if start is not None:
         spans.append(last_receipt - start)
     return spans
@@ -160,7 +165,8 @@ def run(model: str | None, trace: list[BenchRequest], kv_cache_bytes: int) -> di
     if not client.wait_ready():
         raise SystemExit(f"chatpage bench serve --api: the model did not load: {client.error}")
     timed = TimedClient(client)
-    app = build_app(timed)  # sets the GIL switch interval for both runs
+    # (a TimedClient forwards all but submit_prompt to the LocalEngineClient it wraps)
+    app = build_app(cast(LocalEngineClient, timed))  # sets the GIL switch interval for both runs
     warm = trace[0]
     asyncio.run(in_process(client, [BenchRequest(warm.prompt_ids[:8], 2)]))
     common.say(f"in-process: {len(trace)} concurrent requests")

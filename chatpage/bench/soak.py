@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -93,7 +94,8 @@ class Tally:
 
 def _params(rng: random.Random, stops: list[str]) -> SamplingParams:
     kind = rng.choice(("greedy", "greedy", "sampled", "n", "beam"))
-    common_args = dict(max_tokens=rng.randint(1, 24), stop=rng.sample(stops, rng.randint(0, 1)))
+    common_args: dict[str, Any] = dict(max_tokens=rng.randint(1, 24),
+                                       stop=rng.sample(stops, rng.randint(0, 1)))
     if kind == "greedy":
         return SamplingParams(temperature=0, **common_args)
     if kind == "sampled":

@@ -215,6 +215,7 @@ def run_hf(model, trace: list[BenchRequest], batch_size: int, pad_id: int,
 
 
 def best_hf(loaded, trace: list[BenchRequest], batches: list[int]) -> tuple[dict, list[dict]]:
+    """The fastest of transformers' static batch sizes, and every one tried."""
     model = hf_model(loaded)
     pad_id = loaded.tokenizer.pad_token_id
     if pad_id is None:
@@ -232,6 +233,9 @@ def best_hf(loaded, trace: list[BenchRequest], batches: list[int]) -> tuple[dict
                 best = res
         tried.append(res)
     del model
+    if best is None:
+        raise SystemExit("chatpage: error: --hf-batches names no batch size to run "
+                         "transformers with")
     return best, tried
 
 

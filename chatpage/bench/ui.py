@@ -48,6 +48,7 @@ async def _measure(args) -> dict:
     from textual import events
 
     from chatpage.config.settings import load_settings
+    from chatpage.engine.client import LocalEngineClient
     from chatpage.engine.config import EngineConfig
     from chatpage.ui.app import ChatApp
 
@@ -81,11 +82,14 @@ async def _measure(args) -> dict:
         prompt = app.chat.prompt
         prompt.focus()
         await pilot.pause()
-        engine = app.client.engine
+        client = app.client
+        if not isinstance(client, LocalEngineClient) or client.engine is None:
+            raise SystemExit("chatpage: error: bench ui measures the local engine")
+        engine = client.engine
         # measure while every session decodes (persona pins and prompts prefilled first: on one
         # thread the nine personas' pins alone take seconds of prefill)
         while True:
-            stats = app.client.stats()
+            stats = client.stats()
             if stats is not None and engine.num_generated:
                 if (stats.num_running >= args.sessions and not stats.num_waiting
                         and engine.num_generated >= 2 * args.sessions):
@@ -94,7 +98,10 @@ async def _measure(args) -> dict:
                     raise SystemExit("chatpage: error: the replies ended before the measurement "
                                      "began; raise --max-tokens")
             await asyncio.sleep(0.1)
-        reply = app.chat.current.entries[-1]
+        current = app.chat.current
+        if current is None:
+            raise SystemExit("chatpage: error: no chat is on show")
+        reply = current.entries[-1]
         # the request's own sampling (the persona's): engine alone runs it the same way
         params = next(iter(list(engine.groups.values()))).params
 
@@ -124,14 +131,16 @@ async def _measure(args) -> dict:
             latencies.append((time.perf_counter() - t) * 1e3)
             if i % 10 == 9:
                 print(f"{i + 1}/{args.keys} keys", file=sys.stderr)
-            if app.client.stats().num_running < args.sessions:  # a reply ended: stop the clock
+            stats = client.stats()
+            if stats is not None and stats.num_running < args.sessions:  # a reply ended: stop
                 break
             await asyncio.sleep(0.1)
         elapsed = time.perf_counter() - t_start
         tok_s = (engine.num_generated - generated0) / elapsed
         typing_span[1] = shown()
-        running = app.client.stats().num_running
-        system = app.chat.current.persona.system_prompt if args.sessions == 1 else None
+        stats = client.stats()
+        running = stats.num_running if stats is not None else 0
+        system = current.persona.system_prompt if args.sessions == 1 else None
     alone = {}
     if system is not None:
         alone = _engine_alone(settings.model, config, system, params, args.max_tokens,

@@ -163,7 +163,7 @@ class Chats(Requests):
         rid = self.client.submit(session.for_model(upto=reply), session.sampling.params(),
                                  self.deliver, continue_reply=True)
         reply.status = MessageStatus.STREAMING
-        reply.stats = ReplyStats(**before.as_dict())
+        reply.stats = replace(before)
         session.changed(EntryUpdated(reply))
         gen = Generation("reply", [rid], entry=reply, parent=reply.parent,
                          continued=before, base_text=reply.content)

@@ -1,6 +1,6 @@
 """The arguments of slash commands, checked (no UI here): numbers of alternatives, what
 ``/compare`` varies, files to attach. The commands themselves are the UI's table of actions
-(`chatpage.ui.actions`). Every problem is a ValueError with one line for the user.
+(`chatpage.ui.actions`). Every problem is a UserError with one line for the user.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import stat
 from pathlib import Path
 
 from chatpage.chat.session import MAX_ALTERNATIVES, MIN_ALTERNATIVES, Attachment
+from chatpage.vocab import UserError
 
 MAX_ATTACHMENT_BYTES = 1 << 20
 CHARS_PER_TOKEN = 4  # a rough guess before the engine counts exactly
@@ -25,9 +26,9 @@ def parse_k(arg: str, what: str) -> int:
     try:
         k = int(arg or "3")
     except ValueError:
-        raise ValueError(f"{what} must be {allowed}, got {arg!r}") from None
+        raise UserError(f"{what} must be {allowed}, got {arg!r}") from None
     if not MIN_ALTERNATIVES <= k <= MAX_ALTERNATIVES:
-        raise ValueError(f"{what} must be {allowed}, got {k}")
+        raise UserError(f"{what} must be {allowed}, got {k}")
     return k
 
 
@@ -36,31 +37,36 @@ def parse_compare(arg: str) -> tuple[str, list[str]]:
     name, sep, values = arg.partition("=")
     setting = COMPARE_SETTINGS.get(name.strip().lower())
     if not sep or setting is None:
-        raise ValueError("use /compare SETTING=V1,V2,... with SETTING one of temp, top_p, top_k, "
+        raise UserError("use /compare SETTING=V1,V2,... with SETTING one of temp, top_p, top_k, "
                          "max, seed; e.g. /compare temp=0.2,0.8,1.2")
     items = [v.strip() for v in values.split(",") if v.strip()]
     if not MIN_ALTERNATIVES <= len(items) <= MAX_ALTERNATIVES:
-        raise ValueError(f"/compare takes {MIN_ALTERNATIVES} to {MAX_ALTERNATIVES} values "
+        raise UserError(f"/compare takes {MIN_ALTERNATIVES} to {MAX_ALTERNATIVES} values "
                          f"separated by commas, got {len(items)}")
     return setting, items
 
 
 def read_attachment(arg: str, context_tokens: int | None) -> Attachment:
+<<<<<<< HEAD
     """The text file at ``arg``; ValueError when it is missing, not a regular file, binary,
     huge or cannot fit. It reads at most `MAX_ATTACHMENT_BYTES` + 1 bytes, and may wait on a
     slow disk: call it off the UI loop.
+=======
+    """The text file at ``arg``; UserError when it is missing, binary, huge or cannot fit.
+>>>>>>> h18
 
     ``context_tokens`` (the model's window, None before it loads) rejects files that clearly
     cannot fit, by a rough count; the engine's exact count catches the rest when sending.
     """
     if not arg:
-        raise ValueError("give a path: /file PATH")
+        raise UserError("give a path: /file PATH")
     path = Path(arg.strip().strip("'\"")).expanduser()
     if not path.exists():
-        raise ValueError(f"{arg}: no such file")
+        raise UserError(f"{arg}: no such file")
     if path.is_dir():
-        raise ValueError(f"{arg}: is a folder; give a text file")
+        raise UserError(f"{arg}: is a folder; give a text file")
     try:
+<<<<<<< HEAD
         _require_regular(arg, path.stat().st_mode)  # opening a pipe or a device may block
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as file:
@@ -74,16 +80,25 @@ def read_attachment(arg: str, context_tokens: int | None) -> Attachment:
     if size > MAX_ATTACHMENT_BYTES:
         raise ValueError(f"{arg}: {-(-size // 1024)} KiB is too big to attach (the limit is "
                          f"{MAX_ATTACHMENT_BYTES // 1024} KiB)")
+=======
+        size = path.stat().st_size
+        if size > MAX_ATTACHMENT_BYTES:
+            raise UserError(f"{arg}: {size // 1024} KiB is too big to attach (the limit is "
+                             f"{MAX_ATTACHMENT_BYTES // 1024} KiB)")
+        data = path.read_bytes()
+    except OSError as err:
+        raise UserError(f"{arg}: cannot read it ({err.strerror})") from None
+>>>>>>> h18
     if b"\x00" in data:
-        raise ValueError(f"{arg}: looks like a binary file; only text files can be attached")
+        raise UserError(f"{arg}: looks like a binary file; only text files can be attached")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise ValueError(f"{arg}: is not UTF-8 text; only text files can be attached") from None
+        raise UserError(f"{arg}: is not UTF-8 text; only text files can be attached") from None
     if context_tokens:
         estimate = len(text) // CHARS_PER_TOKEN
         if estimate >= context_tokens:
-            raise ValueError(
+            raise UserError(
                 f"{path.name} is about {estimate} tokens but the context window is "
                 f"{context_tokens}: it would not fit (about {estimate - context_tokens + 1} "
                 "tokens too many)"

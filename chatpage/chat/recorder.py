@@ -29,6 +29,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import asdict, fields, replace
+from typing import Any
 
 from chatpage.chat.sampling import SamplingSettings
 from chatpage.chat.session import (
@@ -141,15 +142,16 @@ class Recorder:
 
     def _due(self, entry: Entry) -> None:
         """A streaming reply changed: write it if its last write is old enough."""
-        self._streaming.setdefault(entry.store_id, entry)  # a continued reply streams again
-        last = self._saved_at.get(entry.store_id)
+        message_id = saved_id(entry)
+        self._streaming.setdefault(message_id, entry)  # a continued reply streams again
+        last = self._saved_at.get(message_id)
         if last is None or self._clock() - last >= SAVE_INTERVAL_S:
             self._write(entry)
         else:
-            self._dirty.add(entry.store_id)
+            self._dirty.add(message_id)
 
     def _write(self, entry: Entry, status: str | None = None) -> None:
-        message_id = entry.store_id
+        message_id = saved_id(entry)
         status = status or entry.status
         self.store.update_message(message_id, entry.content, status, reply_metadata(entry))
         self._saved_at[message_id] = self._clock()
@@ -158,6 +160,8 @@ class Recorder:
             self._forget(message_id)
 
     def _forget(self, message_id: int | None) -> None:
+        if message_id is None:  # never saved
+            return
         self._streaming.pop(message_id, None)
         self._saved_at.pop(message_id, None)
         self._dirty.discard(message_id)
@@ -240,7 +244,7 @@ def user_metadata(entry: Entry) -> dict[str, object]:
 
 
 def reply_metadata(entry: Entry) -> dict[str, object]:
-    meta: dict[str, object] = entry.stats.as_dict() if entry.stats is not None else {}
+    meta: dict[str, object] = dict(entry.stats.as_dict()) if entry.stats is not None else {}
     if entry.label is not None:
         meta["label"] = entry.label
     if entry.error is not None:
@@ -291,12 +295,20 @@ def load_session(store: Store, row: SessionRow, personas: list[Persona], fallbac
         entry = entry_from(m.role, m.content, m.status, m.metadata, m.id)
         nodes[m.id] = session.transcript.attach(entry, parent, current=m.kept)
     typed = sorted((e for e in session.transcript if e.role == "user" and e.content),
-                   key=lambda e: e.store_id)
+                   key=saved_id)
     session.history = [e.content for e in typed]
     return session, note
 
 
-def entry_from(role: str, content: str, status: str, meta: dict, message_id: int) -> Entry:
+def saved_id(entry: Entry) -> int:
+    """The row of a message that has been saved."""
+    if entry.store_id is None:
+        raise ValueError("the message has not been saved")
+    return entry.store_id
+
+
+def entry_from(role: str, content: str, status: str, meta: dict[str, Any], message_id: int
+               ) -> Entry:
     if status == MessageStatus.STREAMING:  # another chatpage may still be writing it
         status = MessageStatus.INTERRUPTED
     if role == "user":
@@ -304,7 +316,7 @@ def entry_from(role: str, content: str, status: str, meta: dict, message_id: int
                        for a in meta.get("attachments", []) if isinstance(a, dict)]
         return Entry("user", content, MessageStatus(status), attachments=attachments,
                      store_id=message_id)
-    numbers = {k: meta[k] for k in _STATS_KEYS
+    numbers: dict[str, Any] = {k: meta[k] for k in _STATS_KEYS
                if isinstance(meta.get(k), int | float) and not isinstance(meta[k], bool)}
     stats = ReplyStats(**numbers) if "tokens" in numbers else None
     label, error = meta.get("label"), meta.get("error")
@@ -313,7 +325,7 @@ def entry_from(role: str, content: str, status: str, meta: dict, message_id: int
                  error=error if isinstance(error, str) else None, store_id=message_id)
 
 
-def sampling_from(saved: dict, persona: Persona) -> SamplingSettings:
+def sampling_from(saved: dict[str, Any], persona: Persona) -> SamplingSettings:
     """The saved settings over the persona's defaults (a value that no longer passes is
     dropped)."""
     sampling = SamplingSettings.for_persona(persona)

@@ -32,10 +32,10 @@ from chatpage.chat.session import (
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.outputs import RequestUpdate
 from chatpage.engine.protocol import EngineClient, UpdateCallback
-from chatpage.vocab import FinishReason, MessageStatus
+from chatpage.vocab import FinishReason, MessageStatus, UserError
 
 
-class ChatError(ValueError):
+class ChatError(UserError):
     """Something the user asked for cannot be done now; the message is one line for them."""
 
 
@@ -73,14 +73,12 @@ class Requests:
         if chosen.error:
             raise ChatError(f"alternative {number} failed: {chosen.error}")
         self._drop_generation(session)
-        kept = None
+        kept = _candidate_entry(chosen)
         for cand in gen.candidates:
             if cand.error and cand is not chosen:
                 continue
-            entry = Entry("assistant", cand.text, status=_candidate_status(cand),
-                          stats=cand.stats, label=cand.label)
+            entry = kept if cand is chosen else _candidate_entry(cand)
             session.transcript.attach(entry, gen.parent, current=cand is chosen)
-            kept = entry if cand is chosen else kept
             session.changed(EntryAdded(entry))
         session.changed(PathChanged())
         return kept
@@ -90,7 +88,7 @@ class Requests:
         """Apply one engine update; returns the session it changed (None if it was stale)."""
         session = self._by_request.get(update.request_id)
         gen = session.generation if session is not None else None
-        if gen is None or update.request_id not in gen.request_ids:
+        if session is None or gen is None or update.request_id not in gen.request_ids:
             return None
         out = self._outputs.add(update)
         if update.finished:
@@ -126,7 +124,7 @@ class Requests:
         if session.streaming:
             raise ChatError("a reply is still streaming in this chat: wait for it, or press "
                             "esc to stop it")
-        if session.choosing:
+        if session.choosing and session.generation is not None:
             n = len(session.generation.candidates)
             raise ChatError(f"keep one of the alternatives first: press 1-{n}, click a pane, "
                             "or type /keep N")
@@ -138,8 +136,9 @@ class Requests:
         outcome = fit(session.persona.system_prompt, session.transcript.path(upto),
                       session.sampling.max_tokens, session.context_tokens)
         session.changed(ContextChanged())
-        if notice and outcome.notice():
-            self.notify(outcome.notice())
+        note = outcome.notice()
+        if notice and note:
+            self.notify(note)
 
     def _ask(self, session: ChatSession, question: Entry) -> None:
         """Ask for a reply to `question` (a new version of the turn after it), as one reply
@@ -211,3 +210,9 @@ def _candidate_status(cand: Candidate) -> MessageStatus:
     if cand.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
         return MessageStatus.DONE
     return MessageStatus.STOPPED
+
+
+def _candidate_entry(cand: Candidate) -> Entry:
+    """The reply an alternative becomes once one is kept."""
+    return Entry("assistant", cand.text, status=_candidate_status(cand), stats=cand.stats,
+                 label=cand.label)

@@ -40,14 +40,16 @@ class SamplingSettings:
         return cls(**persona.sampling())
 
     def params(self, **overrides: object) -> SamplingParams:
-        """SamplingParams for one request (raises ValueError naming a bad field)."""
+        """SamplingParams for one request (raises SamplingValueError naming a bad field)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(overrides)
-        return SamplingParams(**values)  # type: ignore[arg-type]
+        return SamplingParams(**values)
 
     def with_value(self, name: str, raw: str | float | int | None) -> SamplingSettings:
-        """A copy with ``name`` set from user input; ValueError names the setting and the rule."""
-        return replace(self, **{name: SETTING_BY_FIELD[name].parse(raw)})
+        """A copy with ``name`` set from user input; SamplingValueError names the setting and
+        the rule."""
+        change: dict[str, Any] = {name: SETTING_BY_FIELD[name].parse(raw)}  # checked by the rule
+        return replace(self, **change)
 
     def describe(self) -> str:
         seed = "random" if self.seed is None else str(self.seed)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import queue
 import sys
+from typing import Any
 
 from chatpage.cli.common import (
     add_backend_args,
@@ -138,7 +139,7 @@ def _params(args: argparse.Namespace, persona: dict[str, float | int]) -> Sampli
     """Each field as its flag says, else as the persona does, else the chat default; except
     that one answer is greedy unless --temperature says otherwise (n samples need the
     persona's spread)."""
-    values = {}
+    values: dict[str, Any] = {}  # each of its rule's kind (checked by SamplingParams)
     for rule in SAMPLING_RULES:
         given = getattr(args, rule.field) if rule.cli else None
         choices = (given, persona.get(rule.field), rule.for_chat)

@@ -120,6 +120,8 @@ def cmd_import(args: argparse.Namespace) -> int:
             session_id = import_json(store, text)
         except ValueError as err:
             return _fail(f"{args.file}: {err}")
-        title = store.get_session(session_id).title
-    print(f"Imported chat {session_id}: {one_line(title)}")
+        row = store.get_session(session_id)
+    if row is None:
+        return _fail(f"{args.file}: the imported chat {session_id} cannot be read back")
+    print(f"Imported chat {session_id}: {one_line(row.title)}")
     return 0

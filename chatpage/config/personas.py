@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 
 from chatpage.config.paths import config_dir, shipped_personas_dir
-from chatpage.vocab import CHAT_SETTINGS, RULE_BY_FIELD
+from chatpage.vocab import CHAT_SETTINGS, RULE_BY_FIELD, UserError
 
 DEFAULT_PERSONA = "assistant"
 """The persona a new chat uses unless the user configured another one."""
@@ -54,9 +54,14 @@ class Persona:
     seed: int | None = None
     source: Path = field(default=Path("<builtin>"), compare=False)
 
-    def sampling(self) -> dict[str, float | int]:
+    def sampling(self) -> dict[str, Any]:
         """The sampling defaults this persona sets, e.g. ``{"temperature": 0.2}``."""
         return {key: getattr(self, key) for key in SAMPLING_KEYS if getattr(self, key) is not None}
+
+
+class InvalidPersona(UserError):
+    """A persona that cannot be read, is not valid, or cannot be written; one line saying why
+    and what to do."""
 
 
 @dataclass(frozen=True)
@@ -82,17 +87,17 @@ def _display(path: Path) -> str:
 
 def _text(key: str, value: object, *, one_line: bool) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{key!r} must be non-empty text, got {value!r}; write some text for it")
+        raise InvalidPersona(f"{key!r} must be non-empty text, got {value!r}; write some text for it")
     value = value.strip()
     if one_line and "\n" in value:
-        raise ValueError(f"{key!r} must be a single line; put it on one line")
+        raise InvalidPersona(f"{key!r} must be a single line; put it on one line")
     return value
 
 
 def _name(value: object) -> str:
     name = _text("name", value, one_line=True)
     if len(name) > _MAX_NAME:
-        raise ValueError(f"'name' must be at most {_MAX_NAME} characters; shorten it")
+        raise InvalidPersona(f"'name' must be at most {_MAX_NAME} characters; shorten it")
     return name
 
 
@@ -102,16 +107,16 @@ def _number(key: str, value: object) -> float | int | None:
         return None
     rule = RULE_BY_FIELD[key]
     if not rule.ok(value):
-        raise ValueError(f"{key!r} must be {rule.allowed}, got {value!r}; fix the value or "
+        raise InvalidPersona(f"{key!r} must be {rule.allowed}, got {value!r}; fix the value or "
                          "remove the key")
     return rule.kind(value)
 
 
 def parse_persona(data: object, source: Path) -> Persona:
-    """Validate one parsed YAML document; raises ValueError with a one-line reason."""
+    """Validate one parsed YAML document; raises InvalidPersona with a one-line reason."""
     if not isinstance(data, dict):
         kind = "empty" if data is None else f"a {type(data).__name__}"
-        raise ValueError(
+        raise InvalidPersona(
             f"the file is {kind}, not a mapping; write keys like 'name:', 'description:' "
             "and 'system_prompt:'"
         )
@@ -119,37 +124,39 @@ def parse_persona(data: object, source: Path) -> Persona:
     if unknown:
         allowed = ", ".join(REQUIRED_KEYS + OPTIONAL_KEYS)
         listed = ", ".join(repr(key) for key in unknown)
-        raise ValueError(f"unknown key {listed}; remove it or use one of: {allowed}")
+        raise InvalidPersona(f"unknown key {listed}; remove it or use one of: {allowed}")
     missing = [key for key in REQUIRED_KEYS if data.get(key) is None]
     if missing:
         listed = ", ".join(repr(key) for key in missing)
-        raise ValueError(f"missing required key {listed}; add it")
+        raise InvalidPersona(f"missing required key {listed}; add it")
     greeting = data.get("greeting")
+    # each checked by its rule, and of its rule's kind
+    sampling: dict[str, Any] = {key: _number(key, data.get(key)) for key in SAMPLING_KEYS}
     return Persona(
         name=_name(data["name"]),
         description=_text("description", data["description"], one_line=True),
         system_prompt=_text("system_prompt", data["system_prompt"], one_line=False),
         greeting=None if greeting is None else _text("greeting", greeting, one_line=False),
         source=source,
-        **{key: _number(key, data.get(key)) for key in SAMPLING_KEYS},
+        **sampling,
     )
 
 
 def load_persona_file(path: Path) -> Persona:
-    """Read and validate one persona file; raises ValueError with a one-line reason."""
+    """Read and validate one persona file; raises InvalidPersona with a one-line reason."""
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
-        raise ValueError("the file is not UTF-8 text; save it as UTF-8") from None
+        raise InvalidPersona("the file is not UTF-8 text; save it as UTF-8") from None
     except OSError as err:
-        raise ValueError(f"cannot read the file ({err.strerror}); check its permissions") from None
+        raise InvalidPersona(f"cannot read the file ({err.strerror}); check its permissions") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or "not valid YAML"
-        raise ValueError(f"invalid YAML{where}: {problem}; fix the syntax") from None
+        raise InvalidPersona(f"invalid YAML{where}: {problem}; fix the syntax") from None
     return parse_persona(data, path)
 
 
@@ -179,7 +186,7 @@ def load_personas(dirs: list[Path] | None = None) -> tuple[list[Persona], list[P
         for path in _files(directory):
             try:
                 persona = load_persona_file(path)
-            except ValueError as err:
+            except InvalidPersona as err:
                 errors.append(PersonaError(path, str(err)))
                 continue
             if persona.name in seen_here:
@@ -255,7 +262,7 @@ def save_persona(persona: Persona, directory: Path | None = None) -> Persona:
     ``config_dir()/personas``) and return it as read back from there.
 
     The file is ``NAME.yaml`` (the name made safe for a file name); a file there that holds the
-    same persona name is replaced, another persona's file never is. Raises ValueError (one line)
+    same persona name is replaced, another persona's file never is. Raises InvalidPersona (one line)
     when the persona is not valid or the file cannot be written.
     """
     directory = config_dir() / "personas" if directory is None else directory
@@ -268,14 +275,14 @@ def save_persona(persona: Persona, directory: Path | None = None) -> Persona:
         if not path.exists() or _holds(path, persona.name):
             break
     else:
-        raise ValueError(f"too many persona files named {stem}-N.yaml in {_display(directory)}")
+        raise InvalidPersona(f"too many persona files named {stem}-N.yaml in {_display(directory)}")
     try:
         directory.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
     except OSError as err:
-        raise ValueError(f"cannot write {_display(path)} ({err.strerror or err}); check the "
+        raise InvalidPersona(f"cannot write {_display(path)} ({err.strerror or err}); check the "
                          "folder's permissions") from None
     return load_persona_file(path)
 
@@ -284,5 +291,5 @@ def _holds(path: Path, name: str) -> bool:
     """Whether the persona file at ``path`` is the persona called ``name``."""
     try:
         return load_persona_file(path).name == name
-    except ValueError:
+    except InvalidPersona:
         return False

@@ -16,19 +16,19 @@ if TYPE_CHECKING:
     from chatpage.engine.outputs import (
         CompletionOutput,
         EngineStats,
-        FinishReason,
         OutputDelta,
         RequestOutput,
         RequestUpdate,
         Usage,
     )
     from chatpage.engine.sampling_params import SamplingParams
+    from chatpage.vocab import FinishReason
 
 _HOMES = {
     "CompletionOutput": "chatpage.engine.outputs",
     "EngineConfig": "chatpage.engine.config",
     "EngineStats": "chatpage.engine.outputs",
-    "FinishReason": "chatpage.engine.outputs",
+    "FinishReason": "chatpage.vocab",
     "OutputDelta": "chatpage.engine.outputs",
     "LLMEngine": "chatpage.engine.llm_engine",
     "RequestOutput": "chatpage.engine.outputs",

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from chatpage.engine.outputs import (
     CompletionOutput,
-    FinishReason,
     OutputDelta,
     RequestOutput,
     RequestUpdate,
     Usage,
 )
+from chatpage.vocab import FinishReason
 
 
 class OutputAccumulator:

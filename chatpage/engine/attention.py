@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from chatpage.engine import ops
 
@@ -131,7 +132,8 @@ def reference_swap_blocks(src: torch.Tensor, dst: torch.Tensor, mapping: torch.T
 # ---------------------------------------------------------------------------------------------
 
 
-def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
+def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor,
+             slot_mapping: Tensor) -> None:
     """Store new keys/values into the paged caches (native op when available)."""
     if ops.available(k_cache.device):
         torch.ops.chatpage.write_kv(key, value, k_cache, v_cache, slot_mapping)
@@ -139,7 +141,9 @@ def write_kv(key, value, k_cache, v_cache, slot_mapping) -> None:
         reference_write_kv(key, value, k_cache, v_cache, slot_mapping)
 
 
-def paged_attention(out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale):
+def paged_attention(out: Tensor, query: Tensor, k_cache: Tensor, v_cache: Tensor,
+                    block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor,
+                    scale: float) -> None:
     """Attention over the paged caches for a mixed prefill/decode batch (see module docstring)."""
     if ops.available(query.device):
         torch.ops.chatpage.paged_attention(

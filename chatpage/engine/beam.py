@@ -35,7 +35,7 @@ class BeamSearch:
 
     def score(self, group: SequenceGroup, cumulative: float, length: int) -> float:
         """The length-penalized score of a beam."""
-        return cumulative / (max(length, 1) ** group.params.length_penalty)
+        return cumulative / float(max(length, 1) ** group.params.length_penalty)
 
     def propose(self, group: SequenceGroup, seq_rows: list[tuple[Sequence, int]],
                 logits: torch.Tensor) -> BeamCandidates:

@@ -35,7 +35,7 @@ class BlockPool:
         self.block_hash: list[bytes | None] = [None] * num_blocks
         self.pin_count = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
-        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._evictable: OrderedDict[int, bytes] = OrderedDict()  # block -> its hash
         self._index: dict[bytes, int] = {}
         self.num_used = 0
         self.num_pinned = 0
@@ -61,8 +61,8 @@ class BlockPool:
         if self._free:
             block = self._free.popleft()
         elif self._evictable:
-            block, _ = self._evictable.popitem(last=False)
-            del self._index[self.block_hash[block]]
+            block, stale = self._evictable.popitem(last=False)
+            del self._index[stale]
             self.block_hash[block] = None
             self.evictions += 1
         else:
@@ -88,8 +88,8 @@ class BlockPool:
             self.num_shared -= 1
         elif r == 0:
             self.num_used -= 1
-            if self.block_hash[block] is not None:
-                self._evictable[block] = None  # most recently released: evicted last
+            if (cached := self.block_hash[block]) is not None:
+                self._evictable[block] = cached  # most recently released: evicted last
             else:
                 self._free.append(block)
 

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def render_prompt(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = True
+if TYPE_CHECKING:
+    from chatpage.engine.tokenizer import TextTokenizer
+
+
+def render_prompt(tokenizer: TextTokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = True
                   ) -> list[int]:
     """Token ids of ``messages`` through the tokenizer's chat template."""
     text = tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=add_generation_prompt
     )
+    if not isinstance(text, str):
+        raise TypeError("apply_chat_template(tokenize=False) gave token ids, not text")
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def continue_prompt(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+def continue_prompt(tokenizer: TextTokenizer, messages: list[dict[str, str]]) -> list[int]:
     """Token ids that let the last message, a reply, go on: the conversation before it with
     the generation prompt (exactly as the reply was first asked for, so the prefix cache
     serves it), then the reply's text, left open (no end-of-turn)."""
@@ -22,7 +29,7 @@ def continue_prompt(tokenizer, messages: list[dict[str, str]]) -> list[int]:
             + tokenizer.encode(messages[-1]["content"], add_special_tokens=False))
 
 
-def system_prefix(tokenizer, system_prompt: str) -> list[int]:
+def system_prefix(tokenizer: TextTokenizer, system_prompt: str) -> list[int]:
     """The tokens every conversation with this system prompt starts with (a persona prefix)."""
     return render_prompt(tokenizer, [{"role": "system", "content": system_prompt}],
                          add_generation_prompt=False)

@@ -12,14 +12,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from chatpage.config.errorlog import log_error
 from chatpage.engine.chat_template import continue_prompt, render_prompt, system_prefix
 from chatpage.engine.config import EngineConfig
 from chatpage.engine.outputs import (
     EngineStats,
-    FinishReason,
     OutputDelta,
     RequestUpdate,
     Usage,
@@ -27,9 +26,17 @@ from chatpage.engine.outputs import (
 )
 from chatpage.engine.protocol import EngineClient, UpdateCallback
 from chatpage.engine.sampling_params import SamplingParams
+from chatpage.vocab import FinishReason
 
 if TYPE_CHECKING:  # torch and the model code load on the engine thread (see _run), so that
     from chatpage.engine.llm_engine import LLMEngine  # the app paints before they are imported
+    from chatpage.engine.tokenizer import TextTokenizer
+
+Render = Callable[["TextTokenizer", list[dict[str, str]]], list[int]]
+"""How chat messages become a prompt's token ids (`render_prompt`, `continue_prompt`)."""
+Command = tuple[Any, ...]
+"""What the engine thread is asked: ``("submit", id, prompt, params, on_update, t0, render)``,
+``("cancel", id)`` or ``("pin", system_prompt)``."""
 
 __all__ = ["EngineClient", "EngineConfig", "EngineStats", "FinishReason", "LocalEngineClient",
            "OutputDelta", "RequestUpdate", "SamplingParams", "UpdateCallback", "Usage"]
@@ -42,7 +49,7 @@ class LocalEngineClient:
     def __init__(self, model: str | None = None, config: EngineConfig | None = None) -> None:
         self.model = model
         self.config = config or EngineConfig()
-        self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stopping = False
@@ -89,7 +96,8 @@ class LocalEngineClient:
                       on_update: UpdateCallback) -> str:
         return self._submit(prompt, params, on_update, None)
 
-    def _submit(self, prompt, params: SamplingParams, on_update: UpdateCallback, render) -> str:
+    def _submit(self, prompt: list[dict[str, str]] | str | list[int], params: SamplingParams,
+                on_update: UpdateCallback, render: Render | None) -> str:
         """Queue a request; ``render`` turns chat messages into token ids (None: a raw prompt)."""
         with self._id_lock:
             rid = f"chat-{self._next_id}"
@@ -142,7 +150,7 @@ class LocalEngineClient:
         self._status("ready")
         reported = len(self.warnings)  # the load's warnings: shown by the UI at "ready"
         while not self._stopping:
-            self._drain(block=not engine.has_unfinished())
+            self._drain(engine, block=not engine.has_unfinished())
             if self._stopping or not engine.has_unfinished():
                 continue
             try:
@@ -164,22 +172,21 @@ class LocalEngineClient:
                 self._status(f"warning: {self.warnings[reported]}")
                 reported += 1
 
-    def _drain(self, block: bool) -> None:
+    def _drain(self, engine: LLMEngine, block: bool) -> None:
         try:
             cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
         except queue.Empty:
             return
         while True:
-            self._handle(cmd)
+            self._handle(engine, cmd)
             try:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 return
 
-    def _handle(self, cmd: tuple) -> None:
+    def _handle(self, engine: LLMEngine, cmd: Command) -> None:
         """Run one command; a failure is reported (on its request, or as a status line for a pin)
         and the thread keeps serving."""
-        engine = self.engine
         kind = cmd[0]
         try:
             if kind == "submit":

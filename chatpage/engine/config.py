@@ -79,7 +79,8 @@ class EngineConfig:
         """``dtype`` as a torch dtype (imports torch: call it on the engine's side)."""
         import torch
 
-        return getattr(torch, self.dtype)
+        dtype: torch.dtype = getattr(torch, self.dtype)
+        return dtype
 
     def __post_init__(self) -> None:
         if self.block_size not in BLOCK_SIZES:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -121,8 +122,9 @@ Capture = Callable[[Forward, StaticInputs, object], tuple[Replay, torch.Tensor, 
 ``replay()`` recomputes ``logits`` in place from the buffers' current contents."""
 
 
-def cuda_capture(forward: Forward, inputs: StaticInputs, pool: object
+def cuda_capture(forward: Forward, inputs: StaticInputs, pool: Any
                  ) -> tuple[Replay, torch.Tensor, object]:
+    # pool: what an earlier capture's graph.pool() returned (torch's private _POOL_HANDLE)
     """Capture ``forward(inputs)`` in a CUDA graph (after one warm-up run on a side stream, so
     lazy initialisations stay out of it), in memory pool ``pool`` (None: a new one)."""
     side = torch.cuda.Stream()

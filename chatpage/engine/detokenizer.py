@@ -6,6 +6,11 @@ it) and never shows any part of a stop string: text that could still turn into o
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from chatpage.engine.tokenizer import TextTokenizer
+
 # how many tokens before the read offset are re-decoded for context (spaces, merges)
 _CONTEXT = 6
 
@@ -13,7 +18,7 @@ _CONTEXT = 6
 class IncrementalDetokenizer:
     """Turns one sequence's output tokens into text, step by step."""
 
-    def __init__(self, tokenizer, prompt_ids: list[int], stop: list[str]) -> None:
+    def __init__(self, tokenizer: TextTokenizer, prompt_ids: list[int], stop: list[str]) -> None:
         self.tokenizer = tokenizer
         self.stop = stop
         self._holdback = max((len(s) for s in stop), default=1) - 1

@@ -11,22 +11,27 @@ import torch
 
 from chatpage.engine import ops
 from chatpage.engine.accumulator import OutputAccumulator
-from chatpage.engine.beam import BeamSearch
 from chatpage.engine.block_manager import BlockManager
 from chatpage.engine.config import EngineConfig, PreemptionMode
 from chatpage.engine.detokenizer import IncrementalDetokenizer
 from chatpage.engine.kv_cache import KVCache, bytes_per_block
 from chatpage.engine.loader import LoadedModel, load_model
+from chatpage.engine.model_config import ModelShape
 from chatpage.engine.model_runner import ModelRunner
 from chatpage.engine.models.llama import LlamaModel
 from chatpage.engine.outputs import EngineStats, RequestOutput, RequestUpdate, TokenRate
 from chatpage.engine.request_update import closing_update, request_update
 from chatpage.engine.sampler import make_generator, sample
 from chatpage.engine.sampling_params import SamplingParams
-from chatpage.engine.scheduler import ScheduledSeq, Scheduler
+from chatpage.engine.scheduler import Sample, SamplerOutput, ScheduledSeq, Scheduler
 from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
 from chatpage.engine.stop import StopCheck
-from chatpage.vocab import FinishReason
+from chatpage.vocab import FinishReason, UserError
+
+
+class RequestRefused(UserError):
+    """A request the engine cannot run as asked (an empty prompt, one too long for the context
+    window, more sequences or KV blocks than there are); the message says what to change."""
 
 
 class LLMEngine:
@@ -42,8 +47,9 @@ class LLMEngine:
         self.model = LlamaModel(hf, loaded.state, config.torch_dtype, config.device,
                                 config.weight_dtype)
         limit = hf.max_position_embeddings
-        if getattr(hf, "sliding_window", None):
-            limit = min(limit, hf.sliding_window)  # no sliding-window attention: stay inside it
+        window = getattr(hf, "sliding_window", None)
+        if window:
+            limit = min(limit, window)  # no sliding-window attention: stay inside it
         self.max_model_len = min(config.max_model_len or limit, limit)
         self.block_bytes = bytes_per_block(
             self.model.num_layers, config.block_size, self.model.num_kv_heads,
@@ -61,11 +67,10 @@ class LLMEngine:
         self.kv = KVCache(self.model.num_layers, num_blocks, num_cpu_blocks, config.block_size,
                           self.model.num_kv_heads, self.model.head_dim, config.torch_dtype,
                           config.device)
-        self.scheduler = Scheduler(config, self.bm)
+        self.stop = StopCheck(self._eos_ids(hf), self.max_model_len)
+        self.scheduler = Scheduler(config, self.bm, self.stop)
         self.runner = ModelRunner(self.model, self.kv, self.bm.tables, config.block_size,
                                   warnings=self.warnings)
-        self.stop = StopCheck(self._eos_ids(hf), self.max_model_len)
-        self.beam = BeamSearch(self.bm, self.stop)
         self.groups: dict[str, SequenceGroup] = {}
         self._ids = itertools.count()
         self._pins = itertools.count()
@@ -84,7 +89,7 @@ class LLMEngine:
         config = config or EngineConfig()
         return cls(load_model(model, progress, config.weight_dtype), config)
 
-    def _eos_ids(self, hf) -> frozenset[int]:
+    def _eos_ids(self, hf: ModelShape) -> frozenset[int]:
         ids = hf.eos_token_id
         eos = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
         if self.tokenizer.eos_token_id is not None:
@@ -94,14 +99,14 @@ class LLMEngine:
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, *, pin_prefix: bool = False) -> str:
-        """Queue a request; returns its id. Raises ValueError for a request that cannot run."""
+        """Queue a request; returns its id. Raises RequestRefused for one that cannot run."""
         params = params or SamplingParams()
         ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) \
             else list(prompt)
         self._check_fits(ids, params)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.groups:
-            raise ValueError(f"request id {rid!r} is already in use")
+            raise RequestRefused(f"request id {rid!r} is already in use")
         first = Sequence(list(ids), len(ids), IncrementalDetokenizer(self.tokenizer, ids, params.stop))
         if not params.use_beam_search:
             first.generator = make_generator(params.seed, 0, self.device)
@@ -112,19 +117,20 @@ class LLMEngine:
 
     def _check_fits(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
-            raise ValueError("the prompt is empty: give at least one token")
+            raise RequestRefused("the prompt is empty: give at least one token")
         vocab = self.model.embed.shape[0]
         if min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"prompt token ids must be in [0, {vocab}), the model's vocabulary")
+            raise RequestRefused(
+                f"prompt token ids must be in [0, {vocab}), the model's vocabulary")
         n = len(ids)
         if params.width > self.config.max_num_seqs:
-            raise ValueError(
+            raise RequestRefused(
                 f"the request runs {params.width} sequences at once (n or beam_width) but "
                 f"max_num_seqs={self.config.max_num_seqs}; lower n / beam_width or raise "
                 "max_num_seqs"
             )
         if n >= self.max_model_len:
-            raise ValueError(
+            raise RequestRefused(
                 f"the prompt is {n} tokens but the context window is {self.max_model_len} "
                 f"(max_model_len); shorten it by at least {n - self.max_model_len + 1} tokens"
             )
@@ -134,7 +140,7 @@ class LLMEngine:
         need = per_seq + (params.width - 1) * (per_seq - n // bs)
         have = self.bm.pool.num_blocks - self.bm.pool.num_pinned
         if need > have:
-            raise ValueError(
+            raise RequestRefused(
                 f"the request needs {need} KV blocks ({need * self.block_bytes / 2**20:.0f} MiB) "
                 f"at its longest but the KV cache holds {have} besides pinned prefixes "
                 f"({have * self.block_bytes / 2**20:.0f} MiB); raise the KV cache size "
@@ -176,8 +182,9 @@ class LLMEngine:
 
     # -- the step ----------------------------------------------------------------------------------
     def step(self) -> list[RequestUpdate]:
-        """Schedule, run the model once over the whole batch, sample; return what changed: one
-        update per request that moved."""
+        """Schedule, run the model once over the whole batch, sample, and let the scheduler
+        update its sequences from the picks; return what changed: one update per request that
+        moved."""
         sched = self.scheduler.schedule()
         self.kv.swap_out(sched.swap_out)
         self.kv.swap_in(sched.swap_in)
@@ -185,13 +192,9 @@ class LLMEngine:
         if not sched.scheduled:
             return self._fail_unschedulable(bool(sched.preempted))
         logits = self.runner.execute(sched.scheduled)
-        sampling: list[ScheduledSeq] = []
-        for item in sched.scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
-            self.bm.commit(item.seq)
-            if item.samples:
-                sampling.append(item)
-        touched = self._process(sampling, logits)
+        picks = self._sample([item for item in sched.scheduled if item.samples], logits)
+        touched = self.scheduler.update_from_output(sched, picks)
+        self.rate.add(time.monotonic(), picks.num_tokens)
         return [self._update(g) for g in touched]
 
     def _fail_unschedulable(self, preempted: bool) -> list[RequestUpdate]:
@@ -201,83 +204,52 @@ class LLMEngine:
         if preempted or sched.running or sched.swapped or not sched.waiting:
             return []
         rid = self.scheduler.waiting[0].request_id
-        return [self.abort(rid, FinishReason.ERROR,
-                           f"request {rid} does not fit in the KV cache next to the pinned "
-                           "prefixes; raise the KV cache size or lower max_tokens")]
+        failed = self.abort(rid, FinishReason.ERROR,
+                            f"request {rid} does not fit in the KV cache next to the pinned "
+                            "prefixes; raise the KV cache size or lower max_tokens")
+        return [] if failed is None else [failed]
 
-    def _process(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> list[SequenceGroup]:
-        """Turn the step's logits into tokens: plain and n-sample rows in one sampler call, beam
-        groups through their beam step."""
+    def _sample(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> SamplerOutput:
+        """Pick the step's tokens from ``logits`` (row i: ``sampling[i]``): plain and n-sample
+        rows in one sampler call, beam groups' candidates through their beam search."""
         by_group: dict[str, list[tuple[Sequence, int]]] = {}
+        groups: dict[str, SequenceGroup] = {}
         for row, item in enumerate(sampling):
             by_group.setdefault(item.group.request_id, []).append((item.seq, row))
-        targets: list[tuple[SequenceGroup, Sequence, int]] = []
-        beams: list[tuple[SequenceGroup, list[tuple[Sequence, int]]]] = []
+            groups[item.group.request_id] = item.group
+        targets: list[tuple[SequenceGroup, Sequence, int, int | None, torch.Generator | None]] = []
+        out = SamplerOutput()
         for rid, seq_rows in by_group.items():
-            group = self.groups[rid]
+            group = groups[rid]
             if group.params.use_beam_search:
-                beams.append((group, seq_rows))
+                out.beams.append(self.scheduler.beam.propose(group, seq_rows, logits))
                 continue
+            targets += [(group, seq, row, None, seq.generator) for seq, row in seq_rows]
             if group.params.n > 1 and not group.forked:
-                # one prefill, then n samples from its logits, each on its own fork
+                # one prefill, then n samples from its logits, each for its own fork
                 seq, row = seq_rows[0]
-                seq_rows = seq_rows + [(self._fork(group, seq, i), row)
-                                       for i in range(1, group.params.n)]
-            targets += [(group, seq, row) for seq, row in seq_rows]
-        touched: dict[str, SequenceGroup] = {}
+                targets += [(group, seq, row, i, make_generator(group.params.seed, i, self.device))
+                            for i in range(1, group.params.n)]
         if targets:
-            rows = [row for _, _, row in targets]
+            rows = [row for _, _, row, _, _ in targets]
             # the usual case, one row per sequence in order, needs no copy of the logits
             same = rows == list(range(logits.shape[0]))
             tokens, logprobs, tops = sample(
                 logits if same else logits[torch.tensor(rows, device=logits.device)],
-                [g.params for g, _, _ in targets],
-                [s.generator for _, s, _ in targets],
+                [g.params for g, _, _, _, _ in targets],
+                [gen for _, _, _, _, gen in targets],
             )
-            for (group, seq, _), tok, lp, top in zip(targets, tokens, logprobs, tops,
-                                                     strict=True):
-                seq.append(tok, lp, top)
-                seq.finish_reason = self.stop(group.params, seq)
-                touched[group.request_id] = group
-        for group, seq_rows in beams:
-            self.beam.step(self.beam.propose(group, seq_rows, logits))
-            touched[group.request_id] = group
-        now = time.monotonic()
-        for group in touched.values():
-            if group.first_token_time is None:
-                group.first_token_time = now
-            for seq in group.seqs:
-                if seq.finished and seq.seq_id in self.bm.tables:
-                    self._release(group, seq)
-            self._close_if_done(group)  # (a beam step may have dropped every sequence)
-        self.rate.add(now, len(targets) + sum(len(r) for _, r in beams))
-        return list(touched.values())
-
-    def _fork(self, group: SequenceGroup, parent: Sequence, index: int) -> Sequence:
-        """Sample ``index`` of an n-sample request, with its own generator."""
-        child = group.fork(parent, index)
-        child.generator = make_generator(group.params.seed, index, self.device)
-        self.bm.fork(parent, child)
-        return child
-
-    def _release(self, group: SequenceGroup, seq: Sequence) -> None:
-        """Free a finished sequence (pinning a persona prefix first)."""
-        if group.pin_prefix:
-            self.bm.pin(seq, group.request_id)
-        self.bm.free(seq)
-
-    def _close_if_done(self, group: SequenceGroup) -> None:
-        """A group with no live sequence left is finished."""
-        if not group.live_seqs and group.status is not GroupStatus.FINISHED:
-            group.status = GroupStatus.FINISHED
-            group.finish_time = time.monotonic()
-            self.scheduler.running.remove(group)
+            out.samples = [
+                Sample(group, seq, tok, lp, top, fork, gen if fork is not None else None)
+                for (group, seq, _, fork, gen), tok, lp, top
+                in zip(targets, tokens, logprobs, tops, strict=True)]
+        return out
 
     # -- outputs and stats -------------------------------------------------------------------------
     def _update(self, group: SequenceGroup) -> RequestUpdate:
         if group.status is GroupStatus.FINISHED:
             self.groups.pop(group.request_id, None)
-        return request_update(group, self.beam.score)
+        return request_update(group, self.scheduler.beam.score)
 
     def tokens_per_s(self) -> float:
         """Generated tokens per second over the last few seconds."""

@@ -19,14 +19,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
 
 from chatpage.config.paths import cache_dir
-from chatpage.engine.model_config import read_config
+from chatpage.engine.config import check_format
+from chatpage.engine.model_config import ModelShape, read_config
 from chatpage.engine.models.llama import SUPPORTED_MODEL_TYPES
-from chatpage.engine.tokenizer import read_plain
-from chatpage.engine.weights import PACKED_LAYOUT, check_format, fuse_state, pack_state
+from chatpage.engine.tokenizer import TextTokenizer, read_plain
+from chatpage.engine.weights import PACKED_LAYOUT, fuse_state, pack_state
+from chatpage.vocab import UserError
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
@@ -38,17 +41,18 @@ PLAIN_CHAT_TEMPLATE = (
 )
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(UserError):
     """A model could not be loaded; the message is one line saying why and what to do."""
 
 
 @dataclass
 class LoadedModel:
     name: str
-    directory: Path  # the HF-format directory the weights were read from
-    config: object  # engine/model_config.ModelConfig, or a transformers PretrainedConfig
+    directory: Path | None  # the HF-format directory the weights were read from (None: built
+    # in memory, as the soak's tiny model)
+    config: ModelShape  # engine/model_config.ModelConfig, or a transformers PretrainedConfig
     state: dict[str, torch.Tensor]  # HF names (fp32), or packed in ``weights`` when not fp32
-    tokenizer: object  # engine/tokenizer.Tokenizer, or a transformers tokenizer
+    tokenizer: TextTokenizer  # engine/tokenizer.Tokenizer, or a transformers tokenizer
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     weights: str = "fp32"
@@ -91,7 +95,7 @@ def packed_weights_path(directory: Path, weights: str) -> Path:
     return directory / "packed" / f"{weights}.v{PACKED_LAYOUT}.safetensors"
 
 
-def _packed_state(directory: Path, config, weights: str, say: Callable[[str], None]
+def _packed_state(directory: Path, config: ModelShape, weights: str, say: Callable[[str], None]
                   ) -> dict[str, torch.Tensor]:
     """The model's weights packed in ``weights``: read from the cache, or packed and cached."""
     from safetensors.torch import load_file, save_file
@@ -150,7 +154,7 @@ def _dequantize_gguf(gguf: Path, target: Path, progress: Callable[[str], None]) 
         raise
 
 
-def _read_config(directory: Path):
+def _read_config(directory: Path) -> ModelShape:
     try:
         raw = json.loads((directory / "config.json").read_text())
     except FileNotFoundError:
@@ -172,7 +176,7 @@ def _read_config(directory: Path):
         raise ModelLoadError(f"{directory}/config.json: {' '.join(str(e).split())}") from None
 
 
-def _read_tokenizer(directory: Path):
+def _read_tokenizer(directory: Path) -> TextTokenizer:
     """The tokenizer in ``directory``: read directly where that is exact (``engine/tokenizer.py``),
     else through AutoTokenizer."""
     plain = read_plain(directory)
@@ -180,7 +184,8 @@ def _read_tokenizer(directory: Path):
         return plain
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(directory)
+    # a transformers tokenizer has TextTokenizer's methods (with wider signatures)
+    return cast(TextTokenizer, AutoTokenizer.from_pretrained(directory))
 
 
 def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -203,7 +208,7 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_model(model: str | os.PathLike | None, progress: Callable[[str], None] | None = None,
+def load_model(model: str | os.PathLike[str] | None, progress: Callable[[str], None] | None = None,
                weights: str = "fp32") -> LoadedModel:
     """Resolve ``model`` (None = the default) and load config, weights and tokenizer; the weights
     come packed in ``weights`` (cached after the first load) unless that is fp32."""

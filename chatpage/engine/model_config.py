@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 # Fields a config.json must state for the fast path; with these missing, transformers' defaults
 # (which differ by model type) decide, so AutoConfig reads the file.
@@ -21,6 +21,27 @@ REQUIRED = (
     "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "max_position_embeddings",
     "tie_word_embeddings", "eos_token_id",
 )
+
+
+class ModelShape(Protocol):
+    """What the engine reads of any model's config: a :class:`ModelConfig`, or a transformers
+    PretrainedConfig, which has these and more (the optional fields, such as ``head_dim`` or
+    ``sliding_window``, are read with getattr)."""
+
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def num_attention_heads(self) -> int: ...
+    @property
+    def num_hidden_layers(self) -> int: ...
+    @property
+    def max_position_embeddings(self) -> int: ...
+    @property
+    def rms_norm_eps(self) -> float: ...
+    @property
+    def eos_token_id(self) -> int | list[int] | None: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,11 +109,12 @@ def fast_config(raw: dict[str, Any]) -> ModelConfig | None:
                        head_dim=raw.get("head_dim"))
 
 
-def read_config(directory: Path, raw: dict[str, Any]):
+def read_config(directory: Path, raw: dict[str, Any]) -> ModelShape:
     """The config of the model in ``directory`` whose config.json parsed to ``raw``."""
     config = fast_config(raw)
     if config is not None:
         return config
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(directory)
+    loaded: ModelShape = AutoConfig.from_pretrained(directory)
+    return loaded

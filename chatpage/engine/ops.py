@@ -86,7 +86,7 @@ def _loaded_elsewhere(library: Path) -> str | None:
     mine = os.path.realpath(library)
     for path in torch.ops.loaded_libraries:
         if "chatpage_kernels_" in os.path.basename(path) and os.path.realpath(path) != mine:
-            return path
+            return str(path)
     return None
 
 

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 from chatpage.engine.outputs import (
-    FinishReason,
     OutputDelta,
     RequestUpdate,
     Usage,
@@ -21,6 +20,7 @@ from chatpage.engine.outputs import (
 )
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
+from chatpage.vocab import FinishReason
 
 BeamScore = Callable[[SequenceGroup, float, int], float]
 """(group, cumulative logprob, length) -> the length-penalized beam score."""

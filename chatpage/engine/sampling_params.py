@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatpage.vocab import RULE_BY_FIELD, SAMPLING_RULES
+from chatpage.vocab import RULE_BY_FIELD, SAMPLING_RULES, SamplingValueError
 
 
 def _default(name: str) -> Any:  # typed by the field it defaults
@@ -21,7 +21,7 @@ class SamplingParams:
     (then temperature/top_k/top_p are unused). ``logprobs`` as in vLLM: None (or False) returns
     none, 0 (or True) the sampled token's log-probability per generated token, N also the N most
     likely tokens' at each step (at most `MAX_LOGPROBS`; under beam search, per beam). Invalid
-    values raise ``ValueError`` naming the field.
+    values raise ``SamplingValueError`` naming the field.
     """
 
     n: int = _default("n")
@@ -45,12 +45,12 @@ class SamplingParams:
         for rule in SAMPLING_RULES:
             value = getattr(self, rule.field)
             if not rule.ok(value):
-                raise ValueError(f"SamplingParams.{rule.field} must be {rule.allowed}, "
+                raise SamplingValueError(f"SamplingParams.{rule.field} must be {rule.allowed}, "
                                  f"got {value!r}")
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
         if self.use_beam_search and self.n > 1:
-            raise ValueError(
+            raise SamplingValueError(
                 "SamplingParams: use n (parallel samples) or beam_width (beam search), not both"
             )
 

@@ -2,18 +2,25 @@
 
 Every step: running groups (oldest first) get their next token or prefill chunk; when blocks run
 out, the most recently arrived group is preempted as a whole (recompute or swap). Swapped groups
-come back before waiting ones are admitted.
+come back before waiting ones are admitted. After the forward pass, ``update_from_output`` takes
+the sampler's picks: it appends them, forks n samples and beams, runs the stop check, and finishes
+and frees what ended.
 """
 
 from __future__ import annotations
 
 import bisect
+import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 
+import torch
+
+from chatpage.engine.beam import BeamCandidates, BeamSearch
 from chatpage.engine.block_manager import BlockCopies, BlockManager, Demand
 from chatpage.engine.config import EngineConfig, PreemptionMode
 from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
+from chatpage.engine.stop import StopCheck
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,12 +52,46 @@ class SchedulerOutput:
         return sum(s.num_new_tokens for s in self.scheduled)
 
 
-class Scheduler:
-    """Owns the waiting / running / swapped queues."""
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """The token picked for ``seq`` of a plain or n-sample ``group``, its log-probability and
+    (when the request asks) the step's most likely tokens. ``fork``: the token starts n-sample
+    output ``fork`` on a new sequence forked from ``seq`` (the prefill's one row samples all
+    n), drawn with ``generator``, which the fork keeps."""
 
-    def __init__(self, config: EngineConfig, block_manager: BlockManager) -> None:
+    group: SequenceGroup
+    seq: Sequence
+    token: int
+    logprob: float
+    top: dict[int, float] | None
+    fork: int | None = None
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class SamplerOutput:
+    """What the sampler picked from one step's logits: plain and n-sample tokens, in row order,
+    and each beam group's candidates."""
+
+    samples: list[Sample] = field(default_factory=list)
+    beams: list[BeamCandidates] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens generated this step (every sequence of every request)."""
+        return len(self.samples) + sum(len(b.seqs) for b in self.beams)
+
+
+class Scheduler:
+    """Owns the waiting / running / swapped queues, and every sequence's life in them: what runs
+    each step, and what the step's picks do to it (append, fork, stop, finish, free)."""
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager,
+                 stop: StopCheck) -> None:
         self.config = config
         self.bm = block_manager
+        self.stop = stop
+        self.beam = BeamSearch(block_manager, stop)
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []  # sorted by arrival time
         self.swapped: deque[SequenceGroup] = deque()
@@ -214,3 +255,46 @@ class Scheduler:
             take(group, demands, copies)
             self._insert_running(group)
         return out
+
+    # -- after the step ----------------------------------------------------------------------------
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           sampler_output: SamplerOutput) -> list[SequenceGroup]:
+        """The step ran ``scheduler_output``: advance each chunk's computed tokens (indexing the
+        blocks they filled), append the sampler's picks (forking n samples; beams through their
+        beam step), stop what ended, free finished sequences (pinning a persona prefix first) and
+        finish groups with no live sequence. Returns the groups that moved, in the order of the
+        sampler's picks."""
+        for item in scheduler_output.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.bm.commit(item.seq)
+        targets: list[tuple[Sample, Sequence]] = []
+        for sample in sampler_output.samples:  # forks first: they copy the parent as it was
+            seq = sample.seq
+            if sample.fork is not None:
+                seq = sample.group.fork(sample.seq, sample.fork)
+                seq.generator = sample.generator
+                self.bm.fork(sample.seq, seq)
+            targets.append((sample, seq))
+        touched: dict[str, SequenceGroup] = {}
+        for sample, seq in targets:
+            group = sample.group
+            seq.append(sample.token, sample.logprob, sample.top)
+            seq.finish_reason = self.stop(group.params, seq)
+            touched[group.request_id] = group
+        for picks in sampler_output.beams:
+            self.beam.step(picks)
+            touched[picks.group.request_id] = picks.group
+        now = time.monotonic()
+        for group in touched.values():
+            if group.first_token_time is None:
+                group.first_token_time = now
+            for seq in group.seqs:
+                if seq.finished and seq.seq_id in self.bm.tables:
+                    if group.pin_prefix:
+                        self.bm.pin(seq, group.request_id)
+                    self.bm.free(seq)
+            if not group.live_seqs:  # (a beam step may have dropped every sequence)
+                group.status = GroupStatus.FINISHED
+                group.finish_time = now
+                self.running.remove(group)
+        return list(touched.values())

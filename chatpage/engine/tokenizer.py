@@ -15,8 +15,13 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import jinja2
 
 # tokenizer_class values that name the plain tokenizers-library tokenizer (v5's name, then v4's)
 PLAIN_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
@@ -27,18 +32,40 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
+class TextTokenizer(Protocol):
+    """What chatpage uses of a tokenizer: a :class:`Tokenizer`, or a transformers tokenizer
+    (which has these and more)."""
+
+    chat_template: str | None
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
+
+    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = True,
+                            add_generation_prompt: bool = False) -> str | list[int]: ...
+
+
 class Tokenizer:
     """Encoding, decoding and chat templating over a ``tokenizers.Tokenizer``; the subset of a
     transformers tokenizer's interface chatpage uses, with the same results."""
 
-    def __init__(self, backend, special_tokens: dict[str, str], chat_template: str | None) -> None:
+    def __init__(self, backend: Any, special_tokens: dict[str, str],
+                 chat_template: str | None) -> None:
+        # backend: a tokenizers.Tokenizer (the tokenizers package ships no type hints)
         self._backend = backend
         self.special_tokens = special_tokens  # name (``eos_token``) -> token text
         self.chat_template = chat_template
 
     def _token_id(self, name: str) -> int | None:
         token = self.special_tokens.get(name)
-        return None if token is None else self._backend.token_to_id(token)
+        if token is None:
+            return None
+        found: int | None = self._backend.token_to_id(token)
+        return found
 
     @property
     def bos_token_id(self) -> int | None:
@@ -53,12 +80,14 @@ class Tokenizer:
         return self._token_id("pad_token")
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        ids: list[int] = self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+        return ids
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        text: str = self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return text
 
-    def apply_chat_template(self, messages: list[dict], tokenize: bool = True,
+    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = True,
                             add_generation_prompt: bool = False) -> str | list[int]:
         """``messages`` through the chat template, with the special tokens as variables; token
         ids (no special tokens added: the template writes them) unless ``tokenize`` is False."""
@@ -71,16 +100,17 @@ class Tokenizer:
 
 
 @functools.lru_cache(maxsize=8)
-def compile_template(source: str):
+def compile_template(source: str) -> jinja2.Template:
     """A chat template compiled in the sandbox chat templates are written for: they come with
     downloaded models, so they may not reach Python internals or change their arguments."""
     import jinja2.ext
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    def raise_exception(message: str):
+    def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    def tojson(value: object, ensure_ascii: bool = False, indent: int | str | None = None,
+               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
         # Jinja's own tojson escapes <, > and & for HTML, which would change the prompt's text
         return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                           sort_keys=sort_keys)
@@ -93,7 +123,7 @@ def compile_template(source: str):
     return env.from_string(source)
 
 
-def _token_text(value) -> str | None:
+def _token_text(value: object) -> str | None:
     """A special token as tokenizer_config.json writes it: its text, or an object with its text."""
     if isinstance(value, dict):
         value = value.get("content")

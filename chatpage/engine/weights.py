@@ -70,6 +70,7 @@ import torch.nn.functional as F
 from chatpage.engine import gemv, ops
 from chatpage.engine.config import check_format
 from chatpage.engine.gemv import INT4_GROUP
+from chatpage.engine.model_config import ModelShape
 from chatpage.vocab import WEIGHT_FORMATS
 
 # Bumped whenever a format's stored tensors change (the packed cache's file names carry it, so
@@ -105,8 +106,9 @@ class Gemv:
 
     __slots__ = ("op", "parts", "bias", "rows")
 
-    def __init__(self, op, parts: tuple[torch.Tensor, ...], bias: torch.Tensor | None,
-                 rows: int) -> None:
+    def __init__(self, op: Callable[..., torch.Tensor], parts: tuple[torch.Tensor, ...],
+                 bias: torch.Tensor | None, rows: int) -> None:
+        # op: a kernel, op(x, *parts, bias) -> the product (torch.ops' functions are untyped)
         self.op, self.parts, self.bias, self.rows = op, parts, bias, rows
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -134,7 +136,7 @@ def matmul_dtype(weights: str, dtype: torch.dtype) -> torch.dtype:
     return dtype if weights == "fp32" else torch.bfloat16
 
 
-def fuse_state(config, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def fuse_state(config: ModelShape, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """HF-named fp32 tensors -> the model's names (``layers.{i}.qkv.weight``, ...), consuming
     ``state``; QKV and gate+up are concatenated along the output dimension."""
     out = {"embed.weight": state.pop("model.embed_tokens.weight"),
@@ -156,7 +158,7 @@ def fuse_state(config, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
-def linear_names(config, fused: dict[str, torch.Tensor]) -> list[str]:
+def linear_names(config: ModelShape, fused: dict[str, torch.Tensor]) -> list[str]:
     """Prefixes of every matmul weight in a fused or packed state (lm_head included when untied)."""
     names = [f"layers.{i}.{n}" for i in range(config.num_hidden_layers) for n in LAYER_LINEARS]
     if "lm_head.weight" in fused or "lm_head.qweight" in fused or "lm_head.q4" in fused:
@@ -204,7 +206,7 @@ def pack_int4_both(levels: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
     }
 
 
-def pack_state(config, fused: dict[str, torch.Tensor], weights: str,
+def pack_state(config: ModelShape, fused: dict[str, torch.Tensor], weights: str,
                dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """Store every matmul weight of a fused state in ``weights`` (consumes ``fused``).
 
@@ -246,6 +248,7 @@ def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
         bias = bias.to(device)
     native = device.type == "cpu" and ops.available(device)
     lib = torch.ops.chatpage
+    fn: Callable[[torch.Tensor], torch.Tensor]  # the quantized product, for many rows
     if name + ".qweight" in packed:
         q, s = _aligned(packed[name + ".qweight"], device), _aligned(packed[name + ".scales"], device)
         fn = lambda x: torch.ops.aten._weight_int8pack_mm(x, q, s)  # noqa: E731
@@ -322,7 +325,7 @@ def packed_bytes(packed: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in packed.values())
 
 
-def step_bytes(config, packed: dict[str, torch.Tensor]) -> int:
+def step_bytes(config: ModelShape, packed: dict[str, torch.Tensor]) -> int:
     """Bytes one decode step reads from a packed state: every matmul weight (the lm_head, tied or
     not), the norms and biases; the embedding table counts only when it is the lm_head. Of int4's
     two layouts (the same size) only the GEMV's counts."""

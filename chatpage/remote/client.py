@@ -129,6 +129,19 @@ class RemoteEngineClient:
         self._call(self._begin, rid, kind, payload, params, on_update, time.monotonic())
         return rid
 
+    @property
+    def http(self) -> httpx.AsyncClient:
+        """The HTTP client, made when this client's loop starts (`_connect`)."""
+        if self._http is None:
+            raise RuntimeError("the remote client has not started")
+        return self._http
+
+    def _found(self) -> Backend:
+        """The server the probe found (asked for only once it has answered)."""
+        if self.backend is None:
+            raise RuntimeError(f"{self.url} has not been probed yet")
+        return self.backend
+
     def _status(self, msg: str) -> None:
         self.status = msg
         self._on_status(msg)
@@ -144,7 +157,7 @@ class RemoteEngineClient:
         self._status(f"connecting to {self.url}")
         while self.backend is None:
             try:
-                backend = await probe(self._http, self.url, self.model)
+                backend = await probe(self.http, self.url, self.model)
             except BackendError as e:
                 self._give_up(str(e))
                 return
@@ -189,16 +202,16 @@ class RemoteEngineClient:
         self._pending.clear()
 
     async def _poll_once(self) -> None:
-        backend = self.backend
+        backend = self._found()
         label = f"{backend.label} at {self.url}"
         notes = (self._note,) if self._note else ()
         try:
             text = engine = None
             if backend.can("metrics"):
-                r = await self._http.get("/metrics")
+                r = await self.http.get("/metrics")
                 text = r.text if r.status_code == 200 else None
             if backend.can("stats"):
-                r = await self._http.get("/v1/chatpage/stats")
+                r = await self.http.get("/v1/chatpage/stats")
                 if r.status_code == 200:
                     engine = engine_stats(_json_or_none(r))
                     if engine is None:
@@ -238,7 +251,7 @@ class RemoteEngineClient:
                    ) -> None:
         try:
             await asyncio.gather(*(
-                run_request(self._http, self.backend, reply, kind, payload, p, index,
+                run_request(self.http, self._found(), reply, kind, payload, p, index,
                             self.timeout_s)
                 for index, p in enumerate(parts)))
         except asyncio.CancelledError:
@@ -276,7 +289,7 @@ class RemoteEngineClient:
 
     async def _warm(self, body: dict) -> None:
         try:
-            await self._http.post("/v1/chat/completions", json=body)
+            await self.http.post("/v1/chat/completions", json=body)
         except httpx.HTTPError:  # only a warm-up: the poller reports an unreachable server
             pass
 

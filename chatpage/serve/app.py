@@ -87,7 +87,10 @@ class ServeState:
             raise ApiError(503, f"the model is still loading ({self.client.status})")
 
     def token_text(self, token_id: int) -> str:
-        return self.client.engine.tokenizer.decode([token_id])
+        engine = self.client.engine
+        if engine is None:  # (asked only of a request's tokens, so after the load)
+            raise RuntimeError("a token's text was asked for before the model loaded")
+        return engine.tokenizer.decode([token_id])
 
 
 def _state(request: Request) -> ServeState:
@@ -153,7 +156,7 @@ async def generate(request: Request, kind: str) -> Response:
         finished, first = await _until_disconnect(request, stream.first())
     except ApiError as e:
         return _error(e)
-    if not finished:
+    if not finished or first is None:
         stream.cancel()
         return Response(status_code=499)
     if api.stream:
@@ -165,7 +168,7 @@ async def generate(request: Request, kind: str) -> Response:
             pass
 
     finished, _ = await _until_disconnect(request, collect())
-    if not finished:
+    if not finished or first is None:
         stream.cancel()
         return Response(status_code=499)
     _record(state, stream)
@@ -240,6 +243,8 @@ async def stats(request: Request) -> Response:
     except ApiError as e:
         return _error(e)
     snapshot = state.client.stats()
+    if snapshot is None:
+        return _error(ApiError(503, "the engine has no statistics yet"))
     counters = state.counters
     return JSONResponse({
         **asdict(snapshot), "sharing_saving": snapshot.sharing_saving,

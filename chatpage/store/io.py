@@ -88,7 +88,8 @@ def _to_json(session: SessionRow, messages: list[MessageRow]) -> str:
         "system_prompt": session.system_prompt,
         "created_at": session.created_at, "updated_at": session.updated_at,
         "messages": [
-            {"id": numbers[m.id], "parent": numbers.get(m.parent_id), "role": m.role,
+            {"id": numbers[m.id], "role": m.role,
+             "parent": None if m.parent_id is None else numbers.get(m.parent_id),
              "content": m.content, "status": m.status, "metadata": m.metadata,
              "created_at": m.created_at, "kept": m.kept}
             for m in messages

@@ -104,6 +104,13 @@ class CorruptDatabase(sqlite3.DatabaseError):
     """The database failed its integrity check."""
 
 
+def inserted_id(cur: sqlite3.Cursor) -> int:
+    """The id of the row the INSERT just run on ``cur`` made."""
+    if cur.lastrowid is None:
+        raise sqlite3.InterfaceError("the statement inserted no row")
+    return cur.lastrowid
+
+
 @contextmanager
 def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
     conn.execute("BEGIN IMMEDIATE")

@@ -23,7 +23,7 @@ from typing import Any
 
 from chatpage.config.paths import data_dir
 from chatpage.store.rows import NewMessage, NotFound, SearchHit, SessionRow
-from chatpage.store.schema import open_database, transaction
+from chatpage.store.schema import inserted_id, open_database, transaction
 from chatpage.store.tree import ACTIVE_PATH, ROLES, STATUSES, MessageTree, check, now
 
 DB_NAME = "chatpage.db"
@@ -105,7 +105,7 @@ class Store(MessageTree):
             cur = conn.execute(
                 "INSERT INTO sessions (title, persona, settings, created_at, updated_at) "
                 "VALUES (?, ?, ?, ?, ?)", (title, persona, json.dumps(settings or {}), stamp, stamp))
-        return int(cur.lastrowid)
+        return inserted_id(cur)
 
     _SESSION_SELECT = (
         "SELECT s.*, (" + ACTIVE_PATH.format(session="s.id") + "SELECT COUNT(*) FROM path) "
@@ -161,7 +161,7 @@ class Store(MessageTree):
                 "system_prompt) VALUES (?, ?, ?, ?, ?, ?)",
                 (title, persona, json.dumps(settings), created_at or stamp, updated_at or stamp,
                  system_prompt))
-            session_id = int(cur.lastrowid)
+            session_id = inserted_id(cur)
             ids: list[int] = []
             for n, msg in enumerate(messages, 1):
                 where = f"message {n}: "

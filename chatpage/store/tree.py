@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from chatpage.store.rows import MessageRow, NotFound
-from chatpage.store.schema import transaction
+from chatpage.store.schema import inserted_id, transaction
 from chatpage.vocab import MessageStatus, Role
 
 ROLES = tuple(Role)
@@ -99,7 +99,7 @@ class MessageTree:
             "metadata, kept, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (session_id, parent_id, position, role, content, status, json.dumps(metadata),
              int(kept), created_at))
-        return int(cur.lastrowid)
+        return inserted_id(cur)
 
     def update_message(self, message_id: int, content: str | None = None,
                        status: str | None = None, metadata: dict[str, Any] | None = None) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from textual import work
 from textual.app import App, SystemCommand
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
 from chatpage.chat.chats import Chats
@@ -185,24 +186,29 @@ class ChatApp(App[None]):
         return default_persona(self.personas, self.settings.default_persona)
 
     # -- notices ----------------------------------------------------------------------------------
-    def say(self, message: str, severity: str = "information", timeout: float | None = None
-            ) -> None:
+    def say(self, message: str, severity: SeverityLevel = "information",
+            timeout: float | None = None) -> None:
         """Show a one-line notice (never parsed as markup) and log it in `notices`."""
         message = clean(message)
         self.notices.append(f"{severity}: {message}")
-        self.notify(message, severity=severity, markup=False,  # type: ignore[arg-type]
-                    **({"timeout": timeout} if timeout else {}))
+        self.notify(message, severity=severity, markup=False, timeout=timeout or None)
 
     # -- the engine ------------------------------------------------------------------------------
     def _delivery(self, client: EngineClient[object]) -> UpdateCallback:
         """How ``client``'s updates reach this app (called on its engine thread: no waiting): into
         an inbox that this app empties DRAIN_S after its first update, at once for a last one."""
-        inbox = Inbox(lambda urgent: self.post_message(EngineEvents(inbox, client, urgent)))
+        def wake(urgent: bool) -> None:
+            self.post_message(EngineEvents(inbox, client, urgent))
+
+        inbox = Inbox(wake)
         return inbox.put
 
     def _start(self, client: EngineClient[object]) -> None:
         """Start ``client``; its status lines come to this app, tagged with it."""
-        client.start(lambda text: self.post_message(EngineStatus(text, client)))
+        def status(text: str) -> None:
+            self.post_message(EngineStatus(text, client))
+
+        client.start(status)
 
     def make_client(self, target: str | None) -> EngineClient[EngineStats | RemoteStats]:
         """A new (not started) client for the model ``target`` (None: the default model; a URL:

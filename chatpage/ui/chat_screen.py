@@ -41,6 +41,7 @@ from chatpage.ui.actions.table import BY_ID
 from chatpage.ui.bindings import CHAT_BINDINGS, all_bindings
 from chatpage.ui.clipboard import copy_text
 from chatpage.ui.completion import completions
+from chatpage.ui.errors import report
 from chatpage.ui.external_editor import edit_text, editor_command
 from chatpage.ui.history import SavedChats, Say
 from chatpage.ui.screens.chat_search import ChatSearch
@@ -277,8 +278,9 @@ class ChatScreen(Screen[None]):
                 session.history.append(text)
             if command is not None:
                 await self.perform(command.action, command.arg)
-        except ValueError as err:  # ChatError included: one line for the user
-            self.say(str(err), "error")
+        except Exception as err:  # a UserError is advice; anything else a bug, logged
+            slash = text.lstrip().startswith("/")
+            report(err, f"running {text.split()[0]}" if slash else "sending a message", self.say)
             if not prompt.text:  # a command that failed comes back to be fixed
                 prompt.load_text(text)
                 prompt.move_cursor(prompt.document.end)
@@ -305,13 +307,13 @@ class ChatScreen(Screen[None]):
     # -- actions ----------------------------------------------------------------------------------
     async def perform(self, action: Action, arg: str | None = None) -> None:
         """Run ``action`` on this screen (``arg``: what followed its slash command, None from a
-        key or the palette), unless it is not live now; ValueError is a one-line problem."""
+        key or the palette), unless it is not live now; UserError is a one-line problem."""
         if self._live(action):
             await action.run(self, arg)
 
     async def act(self, action: Action, arg: str | None = None) -> None:
         """`perform`, saying a problem instead of raising it (keys and the palette)."""
-        await self._guard(lambda: self.perform(action, arg))
+        await self._guard(lambda: self.perform(action, arg), f"running {action.id}")
 
     async def action_act(self, action_id: str) -> None:
         """What a key bound from the table runs (`chatpage.ui.bindings`)."""
@@ -331,17 +333,18 @@ class ChatScreen(Screen[None]):
             return None
         return True
 
-    async def _guard(self, run: Callable[[], Awaitable[None] | None]) -> None:
+    async def _guard(self, run: Callable[[], Awaitable[None] | None], where: str) -> None:
+        """Run ``run``; what it raises is reported (`chatpage.ui.errors`), not raised."""
         try:
             done = run()
             if done is not None:
                 await done
-        except ValueError as err:
-            self.say(str(err), "error")
+        except Exception as err:
+            report(err, where, self.say)
 
     def dialog(self, flow: Callable[[], Awaitable[None]]) -> None:
         """Run ``flow`` as this screen's dialog worker (a newer one replaces it)."""
-        self.run_worker(self._guard(flow), exclusive=True, group="dialog")
+        self.run_worker(self._guard(flow, "in a dialog"), exclusive=True, group="dialog")
 
     async def ask(self, screen: Screen[T]) -> T | None:
         """Show ``screen`` and wait for its answer (in a `dialog` flow)."""
@@ -381,15 +384,17 @@ class ChatScreen(Screen[None]):
 
     @on(MessageView.Edit)
     async def _edit(self, message: MessageView.Edit) -> None:
-        await self._guard(lambda: message_actions.edit(self, message.entry))
+        await self._guard(lambda: message_actions.edit(self, message.entry), "editing a message")
 
     @on(MessageView.Regenerate)
     async def _regenerate(self, message: MessageView.Regenerate) -> None:
-        await self._guard(lambda: message_actions.regenerate(self, message.entry))
+        await self._guard(lambda: message_actions.regenerate(self, message.entry),
+                          "regenerating a reply")
 
     @on(MessageView.Switch)
     async def _switch(self, message: MessageView.Switch) -> None:
-        await self._guard(lambda: message_actions.switch(self, message.entry, message.step))
+        await self._guard(lambda: message_actions.switch(self, message.entry, message.step),
+                          "switching versions")
 
     @on(MessageView.Delete)
     def _delete(self, message: MessageView.Delete) -> None:
@@ -410,8 +415,8 @@ class ChatScreen(Screen[None]):
             return
         try:
             self.chats.keep(session, message.number)
-        except ValueError as err:
-            self.say(str(err), "error")
+        except Exception as err:
+            report(err, "keeping an alternative", self.say)
             return
         if session is self.current:
             self.prompt.focus()

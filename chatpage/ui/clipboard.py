@@ -52,8 +52,8 @@ def copy_to_system(text: str) -> str | None:
     try:
         import pyperclip  # optional: used when the user has it installed
     except ImportError:
-        pyperclip = None
-    if pyperclip is not None:
+        pass
+    else:
         try:
             pyperclip.copy(text)
             return "pyperclip"

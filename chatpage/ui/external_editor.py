@@ -8,6 +8,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from chatpage.vocab import UserError
+
 
 def editor_command() -> list[str]:
     """The editor to run, as arguments (the file name is appended)."""
@@ -18,7 +20,7 @@ def editor_command() -> list[str]:
 def edit_text(text: str, command: list[str]) -> str:
     """Run ``command FILE`` on a temporary file holding ``text`` and return the file's text
     afterwards (one trailing newline, which editors add, is dropped). Blocks until the editor
-    exits. Raises ValueError (one line) when the editor cannot run or fails."""
+    exits. Raises UserError (one line) when the editor cannot run or fails."""
     fd, name = tempfile.mkstemp(prefix="chatpage-draft-", suffix=".md")
     path = Path(name)
     try:
@@ -27,10 +29,10 @@ def edit_text(text: str, command: list[str]) -> str:
         try:
             done = subprocess.run([*command, str(path)], check=False)
         except OSError as err:
-            raise ValueError(f"cannot run the editor {shlex.join(command)!r} "
+            raise UserError(f"cannot run the editor {shlex.join(command)!r} "
                              f"({err.strerror or err}); set $EDITOR to one you have") from None
         if done.returncode != 0:
-            raise ValueError(f"the editor {shlex.join(command)!r} exited with status "
+            raise UserError(f"the editor {shlex.join(command)!r} exited with status "
                              f"{done.returncode}; the draft is unchanged")
         edited = path.read_text(encoding="utf-8", errors="replace")
     finally:

@@ -51,7 +51,8 @@ class SavedChats:
         try:
             sessions, notes = restore(self.store, personas, fallback, self.chats.next_id)
             for session in sessions:
-                session.draft = self.store.draft(session.store_id)
+                if session.store_id is not None:  # (restored: always)
+                    session.draft = self.store.draft(session.store_id)
         except Exception as err:  # a store that fails here must not stop the app
             self.say(f"could not restore the saved chats: {err}", "error", timeout=20)
             return []

@@ -1,7 +1,7 @@
 """Slash commands typed in the message box, parsed against the table of actions.
 
 ``/temp 0.7`` runs the action whose slash command (or alias) is ``temp`` with the argument
-``0.7``; ``//text`` sends the message ``/text``. Every problem is a ValueError with one line for
+``0.7``; ``//text`` sends the message ``/text``. Every problem is a UserError with one line for
 the user.
 """
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from chatpage.ui.actions.action import Action, Argument
 from chatpage.ui.actions.table import ACTIONS, BY_SLASH
+from chatpage.vocab import UserError
 
 COMMAND_NAMES = frozenset(a.slash for a in ACTIONS if a.slash)
 """The slash commands' own names (tab completes these; aliases work too)."""
@@ -34,7 +35,7 @@ def parse_command(text: str) -> SlashCommand | None:
     head, _, arg = stripped[1:].partition(" ")
     action = BY_SLASH.get(head.strip().lower())
     if action is None:
-        raise ValueError(f"unknown command /{head}; type /help for the list "
+        raise UserError(f"unknown command /{head}; type /help for the list "
                          "(start with // to send a message that begins with /)")
     return SlashCommand(action, arg.strip())
 

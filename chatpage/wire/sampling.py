@@ -42,7 +42,7 @@ CHATPAGE = Dialect()
 
 # -- the server's side: a request body -> SamplingParams ----------------------------------------
 
-def _given(body: dict, rule: SamplingRule) -> tuple[str, Any]:
+def _given(body: dict[str, Any], rule: SamplingRule) -> tuple[str, Any]:
     """(the wire name, the value) a body sets ``rule``'s field with; the newest name first
     (max_completion_tokens over max_tokens); the value None when it does not."""
     for name in reversed(rule.wire):
@@ -51,7 +51,7 @@ def _given(body: dict, rule: SamplingRule) -> tuple[str, Any]:
     return rule.wire[0], None
 
 
-def read_flag(body: dict, name: str) -> bool:
+def read_flag(body: dict[str, Any], name: str) -> bool:
     """A true/false field (None and absent: false); a 400 for anything else."""
     value = body.get(name, False)
     if value is None:
@@ -61,7 +61,7 @@ def read_flag(body: dict, name: str) -> bool:
     return value
 
 
-def _logprobs(body: dict, kind: str) -> tuple[str, Any]:
+def _logprobs(body: dict[str, Any], kind: str) -> tuple[str, Any]:
     """(the wire name, `SamplingParams.logprobs`) as a request asks (None: no logprobs). Chat:
     ``logprobs: true`` and ``top_logprobs: N`` alternatives per token; completions:
     ``logprobs: N`` (0 = the sampled token's only). The range is SamplingParams' own check."""
@@ -79,7 +79,7 @@ def _logprobs(body: dict, kind: str) -> tuple[str, Any]:
     return name, 0 if count is None else count
 
 
-def read_sampling(body: dict, kind: str, defaults: dict[str, Any] | None = None
+def read_sampling(body: dict[str, Any], kind: str, defaults: dict[str, Any] | None = None
                   ) -> SamplingParams:
     """The SamplingParams of a request body of kind "chat" or "completion"; ``defaults``
     (a persona's sampling settings) fill what the body leaves out, before the table's API

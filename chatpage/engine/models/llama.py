@@ -14,12 +14,14 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from chatpage.engine import attention
 from chatpage.engine import fused as fused_ops
+from chatpage.engine.config import check_format
+from chatpage.engine.model_config import ModelShape
 from chatpage.engine.weights import (
     Linear,
-    check_format,
     fuse_state,
     make_linear,
     matmul_dtype,
@@ -51,7 +53,7 @@ class LayerWeights:
     down: Linear
 
 
-def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
+def rope_inv_freq(config: ModelShape) -> tuple[torch.Tensor, float]:
     """Inverse frequencies and attention scaling from ``config.rope_parameters``."""
     params = getattr(config, "rope_parameters", None) or {}
     rope_type = params.get("rope_type", "default")
@@ -71,28 +73,31 @@ class NativeLayers:
     """``torch.ops.chatpage.decode_layers`` with one model's weights bound: all its decoder layers
     for a step of at most ``rows`` rows in one native call (the decode steps)."""
 
-    def __init__(self, model: LlamaModel, linears: list) -> None:
+    def __init__(self, model: LlamaModel, linears: list[Linear]) -> None:
         self.model = model
         self.norms = [n for layer in model.layers for n in (layer.input_norm, layer.post_norm)]
-        self.weights = [t for f in linears for t in f.gemv.parts]
-        self.biases = [f.gemv.bias for f in linears]
-        self.parts = len(linears[0].gemv.parts)
-        self.rows = min(f.gemv.rows for f in linears)
+        gemvs = [f.gemv for f in linears if f.gemv is not None]  # (all have one: see the caller)
+        self.weights = [t for g in gemvs for t in g.parts]
+        self.biases = [g.bias for g in gemvs]
+        self.parts = len(gemvs[0].parts)
+        self.rows = min(g.rows for g in gemvs)
 
-    def __call__(self, h, positions, meta, k_caches, v_caches, x, q, k, v, act, attn_out
-                 ) -> torch.Tensor:
+    def __call__(self, h: Tensor, positions: Tensor, meta: AttentionMetadata,
+                 k_caches: list[Tensor], v_caches: list[Tensor], x: Tensor, q: Tensor, k: Tensor,
+                 v: Tensor, act: Tensor, attn_out: Tensor) -> Tensor:
         m = self.model
-        return torch.ops.chatpage.decode_layers(
+        out: Tensor = torch.ops.chatpage.decode_layers(
             h, positions, m.cos, m.sin, self.norms, self.weights, self.biases, self.parts,
             k_caches, v_caches, meta.slot_mapping, meta.block_tables, meta.seq_lens,
             meta.query_start_loc, m.eps, m.scale, x, q, k, v, act, attn_out)
+        return out
 
 
 class LlamaModel:
     """The decoder stack with weights as plain tensors; ``forward`` runs one engine step."""
 
-    def __init__(self, config, state: dict[str, torch.Tensor], dtype: torch.dtype, device: str,
-                 weights: str = "fp32"):
+    def __init__(self, config: ModelShape, state: dict[str, torch.Tensor], dtype: torch.dtype,
+                 device: str, weights: str = "fp32") -> None:
         """``state``: HF-named fp32 tensors (fused and packed here, consumed) or a state already
         packed by :func:`chatpage.engine.weights.pack_state` (a cached start) in ``weights``."""
         self.config = config
@@ -156,14 +161,15 @@ class LlamaModel:
             return None
         return NativeLayers(self, linears)
 
-    def _python_layers(self, h, positions, meta, k_caches, v_caches, x, q, k, v, act, attn_out
-                       ) -> torch.Tensor:
+    def _python_layers(self, h: Tensor, positions: Tensor, meta: AttentionMetadata,
+                       k_caches: list[Tensor], v_caches: list[Tensor], x: Tensor, q: Tensor,
+                       k: Tensor, v: Tensor, act: Tensor, attn_out: Tensor) -> Tensor | None:
         """Every decoder layer on the residual stream ``h`` (updated in place), through the
         scratch tensors; returns the last layer's MLP output (the final norm adds it). The
         specification of ``decode_layers`` (csrc/cpu/decode.cpp)."""
         fused, eps = self.fused, self.eps
         attn_flat = attn_out.view(attn_out.shape[0], -1)
-        delta = None  # the previous layer's MLP output, added by the next norm
+        delta: Tensor | None = None  # the previous layer's MLP output, added by the next norm
         for i, layer in enumerate(self.layers):
             fused.add_rms_norm(h, delta, layer.input_norm, eps, x)
             fused.rope_qkv(layer.qkv(x), positions, self.cos, self.sin, q, k, v)

@@ -9,14 +9,15 @@ from chatpage.ui.actions.action import Controls, Handler, on_chat
 from chatpage.ui.history import EXPORT_NAMES
 from chatpage.ui.screens.confirm import Confirm
 from chatpage.ui.screens.persona_picker import PersonaPicker
+from chatpage.vocab import UserError
 
 
 def persona_named(personas: list[Persona], name: str) -> Persona:
-    """The persona called ``name``; ValueError listing the names when there is none."""
+    """The persona called ``name``; UserError listing the names when there is none."""
     persona = find_persona(personas, name)
     if persona is None:
         names = ", ".join(p.name for p in personas)
-        raise ValueError(f"no persona named {name!r}; the personas are: {names}")
+        raise UserError(f"no persona named {name!r}; the personas are: {names}")
     return persona
 
 
@@ -80,14 +81,14 @@ async def search(c: Controls, arg: str | None) -> None:
 async def export(c: Controls, session: ChatSession, arg: str | None) -> None:
     fmt = (arg or "").lower().lstrip(".") or "md"
     if fmt not in EXPORT_NAMES:
-        raise ValueError(f"use /export md or /export json, got {arg!r}")
+        raise UserError(f"use /export md or /export json, got {arg!r}")
     c.saved.export(session, fmt)
 
 
 @on_chat
 async def rename(c: Controls, session: ChatSession, arg: str | None) -> None:
     if not arg:
-        raise ValueError("give the new title: /title TEXT")
+        raise UserError("give the new title: /title TEXT")
     c.chats.rename(session, arg)
 
 

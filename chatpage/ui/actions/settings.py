@@ -20,6 +20,7 @@ from chatpage.ui.screens.persona_editor import PersonaEditor
 from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.screens.sampling_settings import SamplingSettingsScreen
 from chatpage.ui.screens.system_prompt import SystemPromptEditor
+from chatpage.vocab import UserError
 
 
 def _setting_value(value: object) -> str:
@@ -80,7 +81,7 @@ async def compare(c: Controls, session: ChatSession, arg: str | None) -> None:
 @on_chat
 async def keep(c: Controls, session: ChatSession, arg: str | None) -> None:
     if not arg or not arg.isdigit():
-        raise ValueError(f"use /keep N with N the pane's number, got {arg or ''!r}")
+        raise UserError(f"use /keep N with N the pane's number, got {arg or ''!r}")
     c.chats.keep(session, int(arg))
 
 
@@ -147,7 +148,7 @@ async def save_as_persona(c: Controls, session: ChatSession, arg: str | None) ->
             return
         try:
             saved = save_persona(edited)
-        except ValueError as err:
+        except UserError as err:
             c.say(str(err), "error")
             return
         c.reload_personas()

@@ -16,7 +16,7 @@ from textual.containers import Grid, Horizontal, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
 
-from chatpage.config.personas import SAMPLING_KEYS, Persona, parse_persona
+from chatpage.config.personas import SAMPLING_KEYS, InvalidPersona, Persona, parse_persona
 
 _LINES = (("name", "Name"), ("description", "Description"), ("greeting", "Greeting"))
 _LABELS = {"temperature": "Temperature", "top_p": "Top-p", "top_k": "Top-k",
@@ -83,9 +83,9 @@ class PersonaEditor(ModalScreen[Persona | None]):
             if value.strip() or key != "greeting":
                 data[key] = value
         for key in SAMPLING_KEYS:
-            value = _number(self.query_one(f"#persona-{key}", Input).value)
-            if value is not None:
-                data[key] = value
+            number = _number(self.query_one(f"#persona-{key}", Input).value)
+            if number is not None:
+                data[key] = number
         data["system_prompt"] = self.query_one("#persona-system_prompt", TextArea).text
         return data
 
@@ -94,7 +94,7 @@ class PersonaEditor(ModalScreen[Persona | None]):
     def action_save(self) -> None:
         try:
             persona = parse_persona(self.values(), Path("<editor>"))
-        except ValueError as err:
+        except InvalidPersona as err:
             self.query_one("#persona-error", Static).update(Text(str(err)))
             return
         self.dismiss(persona)

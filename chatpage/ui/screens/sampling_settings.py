@@ -12,6 +12,7 @@ from textual.widgets import Button, Input, Label, Static
 
 from chatpage.chat.sampling import SETTINGS, SamplingSettings
 from chatpage.config.personas import Persona
+from chatpage.vocab import SamplingValueError
 
 
 class SamplingSettingsScreen(ModalScreen[SamplingSettings | None]):
@@ -58,7 +59,7 @@ class SamplingSettingsScreen(ModalScreen[SamplingSettings | None]):
     def _save(self) -> None:
         try:
             settings = self._values()
-        except ValueError as err:
+        except SamplingValueError as err:
             self.query_one("#settings-error", Static).update(Text(str(err)))
             return
         self.dismiss(settings)

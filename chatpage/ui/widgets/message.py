@@ -18,6 +18,7 @@ from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.dom import DOMNode
 from textual.message import Message
 from textual.widgets import Static
 from textual.widgets.markdown import MarkdownFence
@@ -207,7 +208,7 @@ class MessageView(Throttled, Vertical, can_focus=True):
     def _copy_code(self, event: events.Click) -> None:
         if self.screen.get_selected_text():  # the end of a drag that selected text
             return
-        node = event.widget
+        node: DOMNode | None = event.widget
         while node is not None and node is not self:
             if isinstance(node, MarkdownFence):
                 event.stop()

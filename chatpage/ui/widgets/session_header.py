@@ -49,7 +49,7 @@ class SessionHeader(Static):
         text.append(f"\n{s.sampling.describe()} · next reply: {s.alt_mode.describe()}")
         if s.streaming:
             text.append("\ngenerating… (esc stops)", "bold")
-        elif s.choosing:
+        elif s.choosing and s.generation is not None:
             text.append(f"\nchoose an alternative: 1-{len(s.generation.candidates)}, a click, "
                         "or /keep N", "bold")
         self.update(text)

@@ -59,7 +59,7 @@ class Transcript(VerticalScroll):
             return False
         focused = self.screen.focused
         if focused in views:
-            index = views.index(focused) + step  # type: ignore[arg-type]
+            index = views.index(focused) + step
         else:
             index = len(views) - 1 if step < 0 else 0
         if index >= len(views):
@@ -130,9 +130,10 @@ class Transcript(VerticalScroll):
         old = self.alternatives
         if old is not None:
             old.remove()
-        if not self.session.choosing:
+        generation = self.session.generation
+        if not self.session.choosing or generation is None:
             return None
-        view = AlternativesView(self.session.id, self.session.generation)
+        view = AlternativesView(self.session.id, generation)
         self.mount(view)
         self.follow()
         return view
