@@ -9,6 +9,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
+from chatpage.config.errorlog import log_error
 from chatpage.engine import ops
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.beam import BeamSearch
@@ -191,8 +192,9 @@ class LLMEngine:
             self.bm.commit(item.seq)
             if item.samples:
                 sampling.append(item)
-        touched = self._process(sampling, logits)
-        return [self._update(g) for g in touched]
+        touched, failed = self._process(sampling, logits)
+        return [self._update(g) for g in touched] + [
+            self._fail_request(rid, e) for rid, e in failed.items()]
 
     def _fail_unschedulable(self, preempted: bool) -> list[RequestUpdate]:
         """Nothing could run with the device otherwise empty: the head of the queue needs more
@@ -205,9 +207,11 @@ class LLMEngine:
                            f"request {rid} does not fit in the KV cache next to the pinned "
                            "prefixes; raise the KV cache size or lower max_tokens")]
 
-    def _process(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> list[SequenceGroup]:
+    def _process(self, sampling: list[ScheduledSeq], logits: torch.Tensor
+                 ) -> tuple[list[SequenceGroup], dict[str, Exception]]:
         """Turn the step's logits into tokens: plain and n-sample rows in one sampler call, beam
-        groups through their beam step."""
+        groups through their beam step. Returns the groups that moved, and the requests whose
+        rows could not be sampled, with why (the others move on without them)."""
         by_group: dict[str, list[tuple[Sequence, int]]] = {}
         for row, item in enumerate(sampling):
             by_group.setdefault(item.group.request_id, []).append((item.seq, row))
@@ -225,22 +229,31 @@ class LLMEngine:
                                        for i in range(1, group.params.n)]
             targets += [(group, seq, row) for seq, row in seq_rows]
         touched: dict[str, SequenceGroup] = {}
+        failed: dict[str, Exception] = {}
         if targets:
             rows = [row for _, _, row in targets]
             # the usual case, one row per sequence in order, needs no copy of the logits
             same = rows == list(range(logits.shape[0]))
-            tokens, logprobs, tops = sample(
+            tokens, logprobs, tops, errors = sample(
                 logits if same else logits[torch.tensor(rows, device=logits.device)],
                 [g.params for g, _, _ in targets],
                 [s.generator for _, s, _ in targets],
             )
+            for row, error in errors.items():
+                failed.setdefault(targets[row][0].request_id, error)
             for (group, seq, _), tok, lp, top in zip(targets, tokens, logprobs, tops,
                                                      strict=True):
+                if group.request_id in failed:
+                    continue
                 seq.append(tok, lp, top)
                 seq.finish_reason = self.stop(group.params, seq)
                 touched[group.request_id] = group
         for group, seq_rows in beams:
-            self.beam.step(self.beam.propose(group, seq_rows, logits))
+            try:
+                self.beam.step(self.beam.propose(group, seq_rows, logits))
+            except Exception as e:  # this request's beams could not be scored: it fails alone
+                failed[group.request_id] = e
+                continue
             touched[group.request_id] = group
         now = time.monotonic()
         for group in touched.values():
@@ -251,7 +264,16 @@ class LLMEngine:
                     self._release(group, seq)
             self._close_if_done(group)  # (a beam step may have dropped every sequence)
         self.rate.add(now, len(targets) + sum(len(r) for _, r in beams))
-        return list(touched.values())
+        return list(touched.values()), failed
+
+    def _fail_request(self, request_id: str, error: Exception) -> RequestUpdate:
+        """End a request whose rows could not be sampled, with why (the traceback goes to the
+        error log)."""
+        why = f"{type(error).__name__}: {log_error(error, f'sampling {request_id}')}"
+        update = self.abort(request_id, FinishReason.ERROR,
+                            f"{request_id} could not be sampled: {why}")
+        assert update is not None  # (it ran this step)
+        return update
 
     def _fork(self, group: SequenceGroup, parent: Sequence, index: int) -> Sequence:
         """Sample ``index`` of an n-sample request, with its own generator."""
