@@ -69,6 +69,11 @@ OFF_WORDS = ("off", "none", "random", "")
 """What a user may type for a setting that can be off (None), e.g. a random seed."""
 MAX_LOGPROBS = 20
 """The most alternatives per generated token a request may ask for (vLLM's default limit)."""
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+GREEDY_BELOW = 1e-5
+"""A temperature below this is greedy, as 0 is (vLLM's epsilon): logits divided by less would
+overflow the float range, and the distribution is already all on the top token."""
 
 Value = float | int | bool | tuple[str, ...] | tuple[int, ...] | None
 
@@ -78,7 +83,7 @@ class SamplingRule:
     """One sampling field: its type and range, its defaults and where people set it.
 
     ``kind`` is int, float or bool, or tuple for a list of ``item``s (non-empty strings, or
-    whole numbers >= ``low``). A number runs from ``low`` (excluded when ``low_open``; None: no
+    whole numbers >= ``low``), at most ``max_items`` of them, strings of at most ``max_chars``. A number runs from ``low`` (excluded when ``low_open``; None: no
     bound) up to ``high``; ``nullable``: None (typed as "off") turns it off; ``zero_means``:
     what 0 does, for the description.
 
@@ -102,6 +107,8 @@ class SamplingRule:
     nullable: bool = False
     zero_means: str | None = None
     item: type | None = None
+    max_items: int | None = None
+    max_chars: int | None = None
     api_default: Value = None
     chat_default: Value = None
     wire: tuple[str, ...] = ()
@@ -133,9 +140,11 @@ class SamplingRule:
         if self.kind is bool:
             return "true or false"
         if self.kind is tuple:
+            most = f"at most {self.max_items} " if self.max_items is not None else ""
             if self.item is str:
-                return "a list of non-empty strings"
-            return f"a list of token ids >= {self.low:g}"
+                chars = f" of at most {self.max_chars} characters" if self.max_chars else ""
+                return f"a list of {most}non-empty strings{chars}"
+            return f"a list of {most}token ids >= {self.low:g}"
         noun = "a whole number" if self.kind is int else "a number"
         text = noun if self.low is None else f"{noun} {'>' if self.low_open else '>='} {self.low:g}"
         if self.high is not None:
@@ -153,8 +162,11 @@ class SamplingRule:
         if self.kind is tuple:
             if not isinstance(value, list | tuple):
                 return False
+            if self.max_items is not None and len(value) > self.max_items:
+                return False
             if self.item is str:
-                return all(isinstance(v, str) and v for v in value)
+                return all(isinstance(v, str) and 0 < len(v) <= (self.max_chars or len(v))
+                           for v in value)
             return all(_whole(v) and v >= (self.low or 0) for v in value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             return False
@@ -205,7 +217,9 @@ SAMPLING_RULES: tuple[SamplingRule, ...] = (
                  wire=("max_tokens", "max_completion_tokens"), cli="--max-tokens", slash="max"),
     SamplingRule("seed", "seed", int, None, 0, nullable=True, wire=("seed",), cli="--seed",
                  slash="seed"),
-    SamplingRule("stop", "stop strings", tuple, (), item=str, wire=("stop",)),
+    # each is looked for in the new text of every step: a few, short (OpenAI allows 4)
+    SamplingRule("stop", "stop strings", tuple, (), item=str, max_items=MAX_STOP_STRINGS,
+                 max_chars=MAX_STOP_CHARS, wire=("stop",)),
     SamplingRule("stop_token_ids", "stop token ids", tuple, (), 0, item=int,
                  wire=("stop_token_ids",), vllm_extra=True),
     SamplingRule("ignore_eos", "ignore EOS", bool, False, wire=("ignore_eos",), vllm_extra=True),

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,10 +24,11 @@ def free_port() -> int:
 
 @contextmanager
 def running_server(model_dir: Path, home: Path, api_key: str | None = None,
-                   port: int | None = None) -> Iterator[str]:
-    """Start ``chatpage serve`` on ``model_dir``; yield its base URL once /health says ready."""
+                   port: int | None = None, extra: Sequence[str] = ()) -> Iterator[str]:
+    """Start ``chatpage serve`` on ``model_dir`` (with the flags ``extra``); yield its base URL
+    once /health says ready."""
     cmd = [sys.executable, "-m", "chatpage.cli", "serve", "--model", str(model_dir),
-           "--kv-cache", "32MiB"]
+           "--kv-cache", "32MiB", *extra]
     if api_key:
         cmd += ["--api-key", api_key]
     with _process(cmd, home, port or free_port(), "/health") as url:

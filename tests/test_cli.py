@@ -54,6 +54,21 @@ def test_ask_prints_alternatives_with_scores(flag, label, no_stdin, capsys, tiny
     assert "logprob" in out
 
 
+@pytest.mark.parametrize("extreme", [["--temperature", "1e-40"],
+                                     ["--temperature", "0.8", "--top-p", "1e-300"]])
+def test_ask_with_extreme_sampling_values_answers_as_their_limit(extreme, no_stdin, capsys,
+                                                                tiny_llama_dir):
+    """A temperature too small to divide by is greedy; a top-p below float32's range keeps the
+    top token (issue 20, item 1): the greedy answer, no traceback."""
+    base = ["ask", "hello", "--model", str(tiny_llama_dir), "--max-tokens", "5"]
+    assert main([*base, "--temperature", "0"]) == 0
+    greedy = capsys.readouterr().out
+    assert main([*base, *extreme]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and "error" not in captured.err
+    assert captured.out == greedy
+
+
 @pytest.mark.parametrize("args,message", [
     (["--temperature", "-1"], "SamplingParams.temperature must be a number >= 0"),
     (["--model", "/no/such/model"], "model path not found: /no/such/model"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+import time
 
 from chatpage.config import errorlog
 from chatpage.engine import EngineConfig, SamplingParams
@@ -131,5 +132,111 @@ def test_a_cancel_and_a_refused_request_each_end_with_one_explicit_final_update(
         client.cancel(rid)  # a request already ended: nothing more comes
         assert _ask(client, [{"role": "user", "content": "hi"}]).error is None
         assert len(reply.updates) == sent  # nothing after the final update
+    finally:
+        client.close()
+
+
+def _cpu_seconds(thread: threading.Thread) -> float:
+    """CPU time ``thread`` has used so far (its own clock)."""
+    assert thread.ident is not None
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+def test_a_failed_step_ends_pins_like_requests_and_the_idle_engine_thread_blocks(tiny_llama_dir):
+    """A step that raises (here the real runner, made to fail while `broken` is set) ends every
+    request and every pin in the engine with the error; nothing is left to step, so the engine
+    thread waits for work (no CPU while idle) instead of failing the same step over and over,
+    and once the device works again the next request is answered (issue 20, item 5)."""
+    client = _client(tiny_llama_dir, 32)
+    engine = client.engine
+    real = engine.runner.execute
+    broken = threading.Event()
+
+    def execute(scheduled):
+        if broken.is_set():
+            raise RuntimeError("device lost")
+        return real(scheduled)
+
+    engine.runner.execute = execute
+    try:
+        broken.set()
+        client.pin_system_prompt("You are terse.")
+        reply = _Reply()
+        client.submit([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=3), reply)
+        assert reply.done.wait(20)
+        assert reply.out.error == "RuntimeError: device lost"
+        assert reply.out.outputs[0].finish_reason is FinishReason.ERROR
+        deadline = time.monotonic() + 20
+        while engine.has_unfinished() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not engine.has_unfinished(), sorted(engine.groups)  # the pin ended too
+        stats = engine.stats()
+        assert stats.blocks_used == stats.blocks_pinned == 0
+        before = _cpu_seconds(client._thread)
+        time.sleep(1.0)
+        assert _cpu_seconds(client._thread) - before < 0.05  # blocked on its queue
+        assert any(s.startswith("engine error: RuntimeError: device lost") for s in
+                   client.statuses), client.statuses
+        broken.clear()
+        assert client.error is None  # a failed step is not a broken engine
+        last = _ask(client, [{"role": "user", "content": "hi"}])
+        assert last.error is None and last.outputs[0].num_tokens == 3
+    finally:
+        client.close()
+
+
+def test_a_raising_update_callback_is_logged_and_stops_only_its_request(tiny_llama_dir):
+    """A consumer whose callback raises once took the engine thread down without a word
+    (issue 20, item 8): now the error is logged, that request is stopped, the others go on."""
+    client = _client(tiny_llama_dir, 32)
+
+    def broken(update: RequestUpdate) -> None:
+        raise KeyError("consumer bug")
+
+    try:
+        rid = client.submit([{"role": "user", "content": "hi"}],
+                            SamplingParams(max_tokens=200, ignore_eos=True), broken)
+        last = _ask(client, [{"role": "user", "content": "hi"}])
+        assert last.error is None and last.outputs[0].num_tokens == 3
+        deadline = time.monotonic() + 20
+        while rid in client.engine.groups and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rid not in client.engine.groups  # stopped: nobody takes its updates
+        log = errorlog.log_path().read_text()
+        assert f"the update callback of request {rid}: 'consumer bug'" in log
+        assert "KeyError" in log
+    finally:
+        client.close()
+
+
+def test_prompts_and_system_prompts_are_tokenized_off_the_engine_thread(tiny_llama_dir):
+    """The engine thread steps the running requests while a new prompt is tokenized (issue 20,
+    item 2); a prompt of more characters than the context window can hold whatever its tokens
+    is refused before it is tokenized at all."""
+    client = _client(tiny_llama_dir, 32)
+    tokenizer = client.engine.tokenizer
+    real = tokenizer.encode
+    threads: list[str] = []
+
+    def encode(text, add_special_tokens=True):
+        threads.append(threading.current_thread().name)
+        return real(text, add_special_tokens=add_special_tokens)
+
+    tokenizer.encode = encode
+    try:
+        client.pin_system_prompt("You are terse.")
+        assert _ask(client, [{"role": "user", "content": "hi"}]).error is None
+        reply = _Reply()
+        client.submit_prompt("Once upon a time", SamplingParams(max_tokens=2), reply)
+        assert reply.done.wait(20) and reply.out.error is None
+        assert len(threads) >= 3 and set(threads) == {"chatpage-tokenizer"}, threads
+        threads.clear()
+        huge = _Reply()
+        client.submit([{"role": "user", "content": "x" * (32 * client.max_model_len + 1)}],
+                      SamplingParams(max_tokens=2), huge)
+        assert huge.done.wait(20)
+        assert huge.out.error.startswith(f"the prompt is {32 * client.max_model_len + 1} "
+                                         "characters, far more than the context window")
+        assert threads == []  # refused by its length, never tokenized
     finally:
         client.close()

@@ -104,6 +104,29 @@ async def test_two_personas_stream_switch_cache_and_gauge(tiny_llama_dir, person
         assert third not in app.chats.sessions and len(app.chats.sessions) == 2
 
 
+async def test_a_tiny_temperature_in_one_chat_is_greedy_and_ends_no_other_reply(tiny_llama_dir,
+                                                                                personas_dir):
+    """`/temp 1e-40` once overflowed the sampler and the step's error ended every chat's reply
+    (issue 20, item 1): now it is greedy, and the other chat's reply streams on."""
+    app = make_app(tiny_llama_dir, personas_dir)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        first = app.chat.current
+        for line in ("/max 200", "/temp 1", "/seed 1", "a long sampled reply"):
+            await send(pilot, line)
+        await send(pilot, "/new beta")
+        second = app.chat.current
+        await send(pilot, "/temp 1e-40")
+        await send(pilot, "hello beta")
+        assert first.streaming and second.streaming
+        await wait_for(pilot, lambda: idle(app), "both replies")
+        for session in (first, second):
+            reply = session.entries[-1]
+            assert reply.role == "assistant" and reply.status == "done", reply.error
+            assert reply.error is None and reply.stats.tokens > 0
+        assert app.client.error is None
+
+
 async def test_stop_regenerate_edit_and_history(tiny_llama_dir, personas_dir):
     app = make_app(tiny_llama_dir, personas_dir)
     async with app.run_test(size=SIZE) as pilot:

@@ -1,7 +1,8 @@
 """Soak: thousands of mixed requests through a small block pool, checked after every step.
 
 Greedy, sampled, n up to 4, beam up to 4, stop strings, random aborts, pinned persona prefixes
-(some prompts start with them) and unpins (some before the pin is done) run on a tiny random
+(some prompts start with them) and unpins (some before the pin is done), and one request in
+twenty with sampling values at the edge of the float range (`EXTREMES`), run on a tiny random
 Llama through a pool of 12-24 blocks, in every preemption mode. After every step the block
 manager's reference counts must equal its tables' references plus its pins, and every group must
 sit in the queue its status names. At the end every request must have ended within a bounded
@@ -9,7 +10,9 @@ number of steps, no block may be left (used == pinned, swap pool empty, then not
 unpinned), and greedy requests must produce the tokens they produce when run alone.
 
 ``chatpage bench soak --requests N`` runs N requests (split over the modes) and prints
-{requests, finished, errored, hung, leaked_blocks, steps, seconds} (``--json``: as JSON).
+{requests, finished, errored, failed_by_others, hung, leaked_blocks, steps, seconds}
+(``--json``: as JSON); ``failed_by_others`` counts the requests of ordinary values that
+failed: a request's values must never fail another's.
 """
 
 from __future__ import annotations
@@ -32,6 +35,15 @@ POOLS = {"recompute": 12, "swap": 16, "auto": 24}  # blocks of 16 tokens
 SWAP_BLOCKS = 20
 IN_FLIGHT = 10
 GREEDY_CHECKS = 12  # greedy requests per mode rerun alone
+EXTREME_SHARE = 0.05
+EXTREMES: tuple[dict[str, float], ...] = (
+    {"temperature": 1e-40},  # logits / T overflow: greedy
+    {"temperature": 1e-300, "top_k": 20},
+    {"temperature": 1e300},  # (every token alike)
+    {"top_p": 1e-300},  # 0 in float32: the nucleus is the top token
+    {"top_p": 5e-324, "temperature": 1e-6, "top_k": 5},
+)
+BEAM_EXTREMES = (1e300, -1e300, 1000.0, -1000.0)  # length penalties: 3 ** 1000.0 overflows
 
 
 def tiny_model(tokenizer, seed: int = 0) -> LoadedModel:
@@ -80,6 +92,8 @@ class Tally:
     requests: int = 0
     finished: int = 0
     errored: int = 0
+    failed_by_others: int = 0  # requests of ordinary values that errored
+    extreme: int = 0  # requests with values at the edge of the float range
     aborted: int = 0
     rejected: int = 0
     hung: int = 0
@@ -92,10 +106,22 @@ class Tally:
     preemptions: dict[str, dict[str, int]] = field(default_factory=dict)  # per mode: swap / recompute
 
 
-def _params(rng: random.Random, stops: list[str]) -> SamplingParams:
+def _params(rng: random.Random, stops: list[str]) -> tuple[SamplingParams, bool]:
+    """A request's sampling values, and whether they are extreme ones."""
     kind = rng.choice(("greedy", "greedy", "sampled", "n", "beam"))
     common_args: dict[str, Any] = dict(max_tokens=rng.randint(1, 24),
                                        stop=rng.sample(stops, rng.randint(0, 1)))
+    if rng.random() < EXTREME_SHARE:
+        if kind == "beam":
+            return SamplingParams(beam_width=rng.randint(2, 4),
+                                  length_penalty=rng.choice(BEAM_EXTREMES), **common_args), True
+        n = rng.randint(2, 4) if kind == "n" else 1
+        return SamplingParams(n=n, seed=rng.randrange(1000), **rng.choice(EXTREMES),
+                              **common_args), True
+    return _ordinary(rng, kind, common_args), False
+
+
+def _ordinary(rng: random.Random, kind: str, common_args: dict[str, Any]) -> SamplingParams:
     if kind == "greedy":
         return SamplingParams(temperature=0, **common_args)
     if kind == "sampled":
@@ -119,6 +145,7 @@ def soak_mode(loaded: LoadedModel, mode: str, requests: int, seed: int = 0,
     prefixes = [[rng.randrange(3, vocab) for _ in range(rng.choice((17, 32)))] for _ in range(2)]
     pins: dict[str, list[int]] = {}
     greedy: dict[str, tuple[list[int], SamplingParams]] = {}
+    extreme: set[str] = set()
     outputs: dict[str, list[int]] = {}
     live: set[str] = set()
     folded = OutputAccumulator()
@@ -129,15 +156,18 @@ def soak_mode(loaded: LoadedModel, mode: str, requests: int, seed: int = 0,
             prompt = [rng.randrange(3, vocab) for _ in range(rng.randint(1, 40))]
             if rng.random() < 0.3:
                 prompt = rng.choice(prefixes) + prompt[:8]
-            params = _params(rng, stops)
+            params, odd = _params(rng, stops)
             submitted += 1
             tally.requests += 1
+            tally.extreme += odd
             try:
                 rid = engine.add_request(prompt, params)
             except ValueError:
                 tally.rejected += 1
                 continue
             live.add(rid)
+            if odd:
+                extreme.add(rid)
             if params.greedy and params.n == 1 and not params.use_beam_search:
                 greedy[rid] = (prompt, params)
         if rng.random() < 0.01 and len(pins) < 2:
@@ -162,6 +192,7 @@ def soak_mode(loaded: LoadedModel, mode: str, requests: int, seed: int = 0,
                 tally.finished += 1
                 if out.error is not None:
                     tally.errored += 1
+                    tally.failed_by_others += out.request_id not in extreme
                     tally.errors.append(f"{mode}: {out.error}")
                 outputs[out.request_id] = out.outputs[0].token_ids if out.outputs else []
         tally.steps += 1
@@ -206,6 +237,7 @@ def run(loaded: LoadedModel, requests: int, seed: int = 0) -> dict:
             soak_mode(loaded, mode, n, seed + i, tally)
     return {
         "requests": tally.requests, "finished": tally.finished, "errored": tally.errored,
+        "failed_by_others": tally.failed_by_others, "extreme": tally.extreme,
         "hung": tally.hung, "leaked_blocks": tally.leaked_blocks, "steps": tally.steps,
         "seconds": round(time.perf_counter() - t0, 2),
         "aborted": tally.aborted, "rejected": tally.rejected, "problems": tally.problems,

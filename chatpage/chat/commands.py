@@ -47,13 +47,9 @@ def parse_compare(arg: str) -> tuple[str, list[str]]:
 
 
 def read_attachment(arg: str, context_tokens: int | None) -> Attachment:
-<<<<<<< HEAD
-    """The text file at ``arg``; ValueError when it is missing, not a regular file, binary,
+    """The text file at ``arg``; UserError when it is missing, not a regular file, binary,
     huge or cannot fit. It reads at most `MAX_ATTACHMENT_BYTES` + 1 bytes, and may wait on a
     slow disk: call it off the UI loop.
-=======
-    """The text file at ``arg``; UserError when it is missing, binary, huge or cannot fit.
->>>>>>> h18
 
     ``context_tokens`` (the model's window, None before it loads) rejects files that clearly
     cannot fit, by a rough count; the engine's exact count catches the rest when sending.
@@ -66,7 +62,6 @@ def read_attachment(arg: str, context_tokens: int | None) -> Attachment:
     if path.is_dir():
         raise UserError(f"{arg}: is a folder; give a text file")
     try:
-<<<<<<< HEAD
         _require_regular(arg, path.stat().st_mode)  # opening a pipe or a device may block
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as file:
@@ -75,20 +70,11 @@ def read_attachment(arg: str, context_tokens: int | None) -> Attachment:
             data = (b"" if status.st_size > MAX_ATTACHMENT_BYTES  # it may grow: read one more
                     else file.read(MAX_ATTACHMENT_BYTES + 1))
     except OSError as err:
-        raise ValueError(f"{arg}: cannot read it ({err.strerror})") from None
+        raise UserError(f"{arg}: cannot read it ({err.strerror})") from None
     size = max(status.st_size, len(data))
     if size > MAX_ATTACHMENT_BYTES:
-        raise ValueError(f"{arg}: {-(-size // 1024)} KiB is too big to attach (the limit is "
+        raise UserError(f"{arg}: {-(-size // 1024)} KiB is too big to attach (the limit is "
                          f"{MAX_ATTACHMENT_BYTES // 1024} KiB)")
-=======
-        size = path.stat().st_size
-        if size > MAX_ATTACHMENT_BYTES:
-            raise UserError(f"{arg}: {size // 1024} KiB is too big to attach (the limit is "
-                             f"{MAX_ATTACHMENT_BYTES // 1024} KiB)")
-        data = path.read_bytes()
-    except OSError as err:
-        raise UserError(f"{arg}: cannot read it ({err.strerror})") from None
->>>>>>> h18
     if b"\x00" in data:
         raise UserError(f"{arg}: looks like a binary file; only text files can be attached")
     try:
@@ -110,5 +96,5 @@ def _require_regular(arg: str, mode: int) -> None:
     if not stat.S_ISREG(mode):
         kind = ("a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
                 else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file")
-        raise ValueError(f"{arg}: is {kind}, not a regular file; only text files can be "
+        raise UserError(f"{arg}: is {kind}, not a regular file; only text files can be "
                          "attached")

@@ -18,12 +18,19 @@ def cmd_serve(args) -> int:
         import uvicorn
 
         from chatpage.serve import build_app
+        from chatpage.serve.limits import ServeLimits
     except ImportError as e:
         print(f"chatpage: error: chatpage serve needs the serve extra ({e.name} is missing); "
               "install it with: pip install 'chatpage[serve]'", file=sys.stderr)
         return 2
     from chatpage.engine.client import LocalEngineClient
 
+    try:
+        given = {"max_body_bytes": args.max_body, "body_timeout_s": args.body_timeout}
+        limits = ServeLimits(**{k: v for k, v in given.items() if v is not None})
+    except ValueError as e:
+        print(f"chatpage: error: {e}", file=sys.stderr)
+        return 2
     settings = settings_or_warn(args)
     personas, errors = load_personas()
     for err in errors:
@@ -33,7 +40,7 @@ def cmd_serve(args) -> int:
     for prompt in dict.fromkeys(p.system_prompt for p in personas):
         client.pin_system_prompt(prompt)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    app = build_app(client, api_key, personas)
+    app = build_app(client, api_key, personas, args.host, limits)
     print(f"chatpage serve: http://{args.host}:{args.port}/v1 (OpenAI-compatible; "
           f"{'API key required' if api_key else 'no API key'})", file=sys.stderr, flush=True)
     try:
@@ -50,6 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on /v1 "
                                          f"(default: ${API_KEY_ENV}, else none)")
+    serve.add_argument("--max-body", type=size_arg, metavar="SIZE",
+                       help="largest request body taken; larger ones get a 413 (default 4MiB)")
+    serve.add_argument("--body-timeout", type=float, metavar="SECONDS",
+                       help="how long a client may take to send its body before a 408 "
+                            "(default 30)")
     serve.add_argument("--model", help="HF model directory or .gguf file")
     serve.add_argument("--kv-cache", type=size_arg, metavar="SIZE", help="KV cache budget")
     add_engine_args(serve)

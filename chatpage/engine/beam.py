@@ -3,6 +3,7 @@ beams to match (a part of the scheduler's update)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,9 @@ class BeamCandidates:
     tops: tuple[dict[int, float] | None, ...]
 
 
+_EXP_MAX = math.log(1.7e308)  # math.exp overflows past this
+
+
 class BeamSearch:
     """Keeps the ``beam_width`` best continuations of a group's beams, step by step."""
 
@@ -34,8 +38,19 @@ class BeamSearch:
         self.stop = stop
 
     def score(self, group: SequenceGroup, cumulative: float, length: int) -> float:
-        """The length-penalized score of a beam."""
-        return cumulative / float(max(length, 1) ** group.params.length_penalty)
+        """The length-penalized score of a beam, ``cumulative / length ** length_penalty``
+        (-inf or -0.0 where that leaves the float range). Beams are ranked by `rank`."""
+        rank = self.rank(group, cumulative, length)
+        if rank == math.inf:
+            return 0.0
+        return -math.exp(-rank) if rank > -_EXP_MAX else -math.inf
+
+    def rank(self, group: SequenceGroup, cumulative: float, length: int) -> float:
+        """The score's order in log space, higher is better: ``-log(-score)``, which no length
+        penalty overflows or divides by zero (+inf for a beam of log-probability 0)."""
+        if cumulative >= 0:
+            return math.inf
+        return group.params.length_penalty * math.log(max(length, 1)) - math.log(-cumulative)
 
     def propose(self, group: SequenceGroup, seq_rows: list[tuple[Sequence, int]],
                 logits: torch.Tensor) -> BeamCandidates:
@@ -103,8 +118,8 @@ class BeamSearch:
                 self._add_hypothesis(group, s, length, FinishReason.LENGTH)
             done = True
         elif live and len(group.beam_hypotheses) >= k:
-            best_live = max(self.score(group, s.cumulative_logprob, length) for s in live)
-            done = group.beam_hypotheses[-1].score >= best_live
+            best_live = max(self.rank(group, s.cumulative_logprob, length) for s in live)
+            done = self._rank_of(group, group.beam_hypotheses[-1]) >= best_live
         else:
             done = not live
         if done:
@@ -130,5 +145,8 @@ class BeamSearch:
         hyps = group.beam_hypotheses
         hyps.append(BeamHypothesis(ids, cum, self.score(group, cum, length),
                                    seq.detok.text, reason, logprobs, tops))
-        hyps.sort(key=lambda h: -h.score)
+        hyps.sort(key=lambda h: -self._rank_of(group, h))
         del hyps[group.params.beam_width:]
+
+    def _rank_of(self, group: SequenceGroup, hyp: BeamHypothesis) -> float:
+        return self.rank(group, hyp.cumulative_logprob, len(hyp.token_ids))

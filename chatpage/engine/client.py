@@ -43,14 +43,21 @@ __all__ = ["EngineClient", "EngineConfig", "EngineStats", "FinishReason", "Local
 """The engine's whole surface for the UI (ui/ imports the engine only through this module)."""
 
 
+CHARS_PER_TOKEN = 32
+"""More characters than any one token of a usual vocabulary spells: a prompt of more than this
+many times the context window's tokens cannot fit, and is refused before it is tokenized."""
+
+
 class LocalEngineClient:
     """Owns an engine thread; submit / cancel / stats from anywhere."""
 
     def __init__(self, model: str | None = None, config: EngineConfig | None = None) -> None:
         self.model = model
         self.config = config or EngineConfig()
-        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()  # callers -> tokenizer
+        self._work: queue.SimpleQueue[Command] = queue.SimpleQueue()  # tokenized -> engine thread
         self._thread: threading.Thread | None = None
+        self._tokenizer_thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._stopping = False
         self._stats: EngineStats | None = None
@@ -83,8 +90,10 @@ class LocalEngineClient:
     def close(self) -> None:
         self._stopping = True
         self._commands.put(("wake",))
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._work.put(("wake",))
+        for thread in (self._thread, self._tokenizer_thread):
+            if thread is not None:
+                thread.join(timeout=5)
 
     # -- requests (see `EngineClient`) ---------------------------------------------------------------
     def submit(self, messages: list[dict[str, str]], params: SamplingParams,
@@ -138,7 +147,7 @@ class LocalEngineClient:
             self.error = log_error(e, f"loading the model {self.model or '(default)'}")
             self._status(f"error: {self.error}")
             self._ready.set()
-            self._answer_with_errors()
+            self._answer_with_errors(self._commands, "the model did not load")
             return
         self.load_seconds = time.perf_counter() - t0
         self.engine = engine
@@ -146,6 +155,9 @@ class LocalEngineClient:
         self.max_model_len = engine.max_model_len
         self.warnings = engine.warnings
         self._stats = engine.stats()
+        self._tokenizer_thread = threading.Thread(target=self._tokenize, args=(engine,),
+                                                  name="chatpage-tokenizer", daemon=True)
+        self._tokenizer_thread.start()
         self._ready.set()
         self._status("ready")
         reported = len(self.warnings)  # the load's warnings: shown by the UI at "ready"
@@ -156,14 +168,9 @@ class LocalEngineClient:
             try:
                 updates = engine.step()
             except Exception as e:  # an engine bug must not take the UI down silently
-                self.error = f"{type(e).__name__}: {log_error(e, 'engine step')}"
-                self._status(f"engine error: {self.error}")
-                for rid in list(self._callbacks):
-                    update = engine.abort(rid, FinishReason.ERROR, self.error)
-                    if update is None:  # (refused at submit, its end not sent yet)
-                        self._fail(rid, self.error)
-                    else:
-                        self._dispatch(update)
+                if not self._step_failed(engine, e):
+                    self._answer_with_errors(self._work, "the engine stopped")
+                    return
                 continue
             for update in updates:
                 self._dispatch(update)
@@ -172,17 +179,77 @@ class LocalEngineClient:
                 self._status(f"warning: {self.warnings[reported]}")
                 reported += 1
 
+    def _step_failed(self, engine: LLMEngine, error: Exception) -> bool:
+        """A step raised (one request's values fail that request alone, in the engine: this is
+        the model or the device): every request and every pinning prefix in the engine ends with
+        the error, alike. Returns whether the engine can go on: not when its blocks no longer
+        add up (then `error` says so, for good)."""
+        why = f"{type(error).__name__}: {log_error(error, 'engine step')}"
+        for rid in list(engine.groups):
+            update = engine.abort(rid, FinishReason.ERROR, why)
+            if update is not None:
+                self._dispatch(update)
+        for rid in list(self._callbacks):  # (refused at submit, its end not sent yet)
+            self._fail(rid, why)
+        problems = engine.bm.audit()
+        if problems:
+            self.error = f"{why}; the KV cache no longer adds up ({problems[0]})"
+        self._status(f"engine error: {self.error or why}")
+        return not problems
+
     def _drain(self, engine: LLMEngine, block: bool) -> None:
+        """Run the queued commands; with ``block``, wait for one first (an idle engine thread
+        sleeps here until there is work or `close`)."""
         try:
-            cmd = self._commands.get(timeout=0.5) if block else self._commands.get_nowait()
+            cmd = self._work.get() if block else self._work.get_nowait()
         except queue.Empty:
             return
         while True:
             self._handle(engine, cmd)
             try:
-                cmd = self._commands.get_nowait()
+                cmd = self._work.get_nowait()
             except queue.Empty:
                 return
+
+    def _tokenize(self, engine: LLMEngine) -> None:
+        """The tokenizer thread: a request's messages or text, and a persona's system prompt,
+        become token ids here, so that the engine thread never stops stepping the others while
+        a long prompt is tokenized; a prompt far longer than the context window is refused by
+        its characters first. Commands reach the engine thread in the order they were given (a
+        cancel never overtakes its submit)."""
+        while not self._stopping:
+            cmd = self._commands.get()
+            kind = cmd[0]
+            try:
+                if kind == "submit":
+                    _, rid, prompt, params, on_update, t0, render = cmd
+                    self._check_length(prompt)
+                    if render is not None:
+                        ids = render(engine.tokenizer, prompt)
+                    elif isinstance(prompt, str):
+                        ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
+                    else:
+                        ids = list(prompt)
+                    cmd = ("submit", rid, ids, params, on_update, t0)
+                elif kind == "pin":
+                    cmd = ("pin", system_prefix(engine.tokenizer, cmd[1]))
+            except Exception as e:  # bad input or a template error: this command fails alone
+                cmd = ("failed", cmd, log_error(e, f"engine command {kind}"))
+            self._work.put(cmd)
+
+    def _check_length(self, prompt: str | list[int] | list[dict[str, str]]) -> None:
+        """ValueError for text that cannot fit the context window whatever its tokens (no
+        token is longer than `CHARS_PER_TOKEN` characters), before tokenizing it."""
+        if isinstance(prompt, str):
+            chars = len(prompt)
+        elif prompt and isinstance(prompt[0], dict):
+            chars = sum(len(m["content"]) for m in prompt)
+        else:
+            return
+        if chars > CHARS_PER_TOKEN * self.max_model_len:
+            raise ValueError(f"the prompt is {chars} characters, far more than the context "
+                             f"window of {self.max_model_len} tokens (max_model_len) holds; "
+                             "shorten it")
 
     def _handle(self, engine: LLMEngine, cmd: Command) -> None:
         """Run one command; a failure is reported (on its request, or as a status line for a pin)
@@ -190,35 +257,42 @@ class LocalEngineClient:
         kind = cmd[0]
         try:
             if kind == "submit":
-                _, rid, prompt, params, on_update, t0, render = cmd
+                _, rid, ids, params, on_update, t0 = cmd
                 self._callbacks[rid] = (on_update, t0)
-                ids = render(engine.tokenizer, prompt) if render else prompt
                 engine.add_request(ids, params, request_id=rid)
             elif kind == "cancel":
                 update = engine.abort(cmd[1])
                 if update is not None:
                     self._dispatch(update)
             elif kind == "pin":
-                engine.pin_prefix(system_prefix(engine.tokenizer, cmd[1]))
-        except Exception as e:  # bad input or a template error: this command fails, not the thread
-            why = log_error(e, f"engine command {kind}")
-            if kind == "submit":
-                self._fail(cmd[1], why)
-            else:
-                self._status(f"error: {kind} failed: {why}")
+                engine.pin_prefix(cmd[1])
+            elif kind == "failed":  # (on the tokenizer thread)
+                self._failed(cmd[1], cmd[2])
+        except Exception as e:  # a request that cannot run: this command fails, not the thread
+            self._failed(cmd, log_error(e, f"engine command {kind}"))
         self._stats = engine.stats()
 
-    def _answer_with_errors(self) -> None:
-        """No model: every submit, queued or later, gets a final error update."""
+    def _failed(self, cmd: Command, why: str) -> None:
+        """Report a command that failed: on its request, or as a status line for a pin."""
+        kind = cmd[0]
+        if kind == "submit":
+            _, rid, _prompt, _params, on_update, t0 = cmd[:6]
+            self._callbacks[rid] = (on_update, t0)
+            self._fail(rid, why)
+        else:
+            self._status(f"error: {kind} failed: {why}")
+
+    def _answer_with_errors(self, commands: queue.SimpleQueue[Command], why: str) -> None:
+        """No model (or a broken engine): every submit from ``commands``, queued or later, gets
+        a final error update, ``why`` and `error`."""
         while not self._stopping:
-            try:
-                cmd = self._commands.get(timeout=0.5)
-            except queue.Empty:
-                continue
+            cmd = commands.get()
+            if cmd[0] == "failed":
+                cmd = cmd[1]
             if cmd[0] == "submit":
-                _, rid, _msgs, _params, on_update, t0, _render = cmd
+                _, rid, _prompt, _params, on_update, t0 = cmd[:6]
                 self._callbacks[rid] = (on_update, t0)
-                self._fail(rid, f"the model did not load: {self.error}")
+                self._fail(rid, f"{why}: {self.error}")
 
     def _fail(self, rid: str, why: str) -> None:
         """A request the engine does not hold: its one update ends it with ``why``."""
@@ -233,4 +307,9 @@ class LocalEngineClient:
             return
         if update.finished:
             del self._callbacks[update.request_id]
-        entry[0](update)
+        try:
+            entry[0](update)
+        except Exception as e:  # the consumer's bug: logged, its request stopped, the thread on
+            log_error(e, f"the update callback of request {update.request_id}")
+            if self._callbacks.pop(update.request_id, None) is not None:
+                self._work.put(("cancel", update.request_id))

@@ -9,6 +9,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
+from chatpage.config.errorlog import log_error
 from chatpage.engine import ops
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.block_manager import BlockManager
@@ -192,10 +193,11 @@ class LLMEngine:
         if not sched.scheduled:
             return self._fail_unschedulable(bool(sched.preempted))
         logits = self.runner.execute(sched.scheduled)
-        picks = self._sample([item for item in sched.scheduled if item.samples], logits)
+        picks, failed = self._sample([item for item in sched.scheduled if item.samples], logits)
         touched = self.scheduler.update_from_output(sched, picks)
         self.rate.add(time.monotonic(), picks.num_tokens)
-        return [self._update(g) for g in touched]
+        return [self._update(g) for g in touched if g.request_id not in failed] + [
+            self._fail_request(rid, e) for rid, e in failed.items()]
 
     def _fail_unschedulable(self, preempted: bool) -> list[RequestUpdate]:
         """Nothing could run with the device otherwise empty: the head of the queue needs more
@@ -209,9 +211,13 @@ class LLMEngine:
                             "prefixes; raise the KV cache size or lower max_tokens")
         return [] if failed is None else [failed]
 
-    def _sample(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> SamplerOutput:
+    def _sample(self, sampling: list[ScheduledSeq], logits: torch.Tensor
+                ) -> tuple[SamplerOutput, dict[str, Exception]]:
         """Pick the step's tokens from ``logits`` (row i: ``sampling[i]``): plain and n-sample
-        rows in one sampler call, beam groups' candidates through their beam search."""
+        rows in one sampler call, beam groups' candidates through their beam search. Also
+        returns the requests whose rows could not be sampled, with why: they get no pick (the
+        others move on without them)."""
+        failed: dict[str, Exception] = {}
         by_group: dict[str, list[tuple[Sequence, int]]] = {}
         groups: dict[str, SequenceGroup] = {}
         for row, item in enumerate(sampling):
@@ -222,7 +228,10 @@ class LLMEngine:
         for rid, seq_rows in by_group.items():
             group = groups[rid]
             if group.params.use_beam_search:
-                out.beams.append(self.scheduler.beam.propose(group, seq_rows, logits))
+                try:
+                    out.beams.append(self.scheduler.beam.propose(group, seq_rows, logits))
+                except Exception as e:  # this request's beams cannot be scored: it fails alone
+                    failed[rid] = e
                 continue
             targets += [(group, seq, row, None, seq.generator) for seq, row in seq_rows]
             if group.params.n > 1 and not group.forked:
@@ -234,16 +243,28 @@ class LLMEngine:
             rows = [row for _, _, row, _, _ in targets]
             # the usual case, one row per sequence in order, needs no copy of the logits
             same = rows == list(range(logits.shape[0]))
-            tokens, logprobs, tops = sample(
+            tokens, logprobs, tops, errors = sample(
                 logits if same else logits[torch.tensor(rows, device=logits.device)],
                 [g.params for g, _, _, _, _ in targets],
                 [gen for _, _, _, _, gen in targets],
             )
+            for row, error in errors.items():
+                failed.setdefault(targets[row][0].request_id, error)
             out.samples = [
                 Sample(group, seq, tok, lp, top, fork, gen if fork is not None else None)
                 for (group, seq, _, fork, gen), tok, lp, top
-                in zip(targets, tokens, logprobs, tops, strict=True)]
-        return out
+                in zip(targets, tokens, logprobs, tops, strict=True)
+                if group.request_id not in failed]
+        return out, failed
+
+    def _fail_request(self, request_id: str, error: Exception) -> RequestUpdate:
+        """End a request whose rows could not be sampled, with why (the traceback goes to the
+        error log)."""
+        why = f"{type(error).__name__}: {log_error(error, f'sampling {request_id}')}"
+        update = self.abort(request_id, FinishReason.ERROR,
+                            f"{request_id} could not be sampled: {why}")
+        assert update is not None  # (it ran this step)
+        return update
 
     # -- outputs and stats -------------------------------------------------------------------------
     def _update(self, group: SequenceGroup) -> RequestUpdate:

@@ -35,6 +35,7 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
         probs = sorted_logits.softmax(-1)
         # drop a token when the tokens ranked above it already reach top_p
         drop = (probs.cumsum(-1) - probs) >= top_p
+        drop[0] = False  # the top token always (a top_p below float32's range is 0)
         logits = logits.clone()
         logits[order[drop]] = float("-inf")
     return logits
@@ -54,6 +55,7 @@ def _sample_row(row: torch.Tensor, p: SamplingParams, generator: torch.Generator
         cum = probs.cumsum(0)
         if p.top_p >= 1.0 or cum[-1] >= p.top_p or len(ids) == k:
             keep = (cum - probs) < p.top_p  # the nucleus: stop once top_p is reached
+            keep[0] = True  # and the top token always (a tiny top_p is 0 in float32)
             choice = torch.multinomial(probs[keep], 1, generator=generator)
             return int(ids[keep][choice])
     probs = _filter(row, p.top_k, p.top_p).softmax(-1)
@@ -64,18 +66,25 @@ def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
-) -> tuple[list[int], list[float], list[dict[int, float] | None]]:
-    """Pick one token per row of ``logits`` [N, V]; return tokens, their log-probabilities and,
-    for the rows whose params ask for alternatives (``logprobs`` > 0), the most likely tokens'.
+) -> tuple[list[int], list[float], list[dict[int, float] | None],
+           dict[int, Exception]]:
+    """Pick one token per row of ``logits`` [N, V]; return tokens, their log-probabilities,
+    for the rows whose params ask for alternatives (``logprobs`` > 0) the most likely tokens',
+    and the rows that could not be sampled, with why (their token is the top one; the caller
+    fails their requests): one row's failure never costs another row its token.
 
     Log-probabilities are ``log_softmax`` of the model's raw logits, whatever the sampling.
     Everything runs on the logits' device (``generators`` included); only the results come back.
     """
     logprobs = torch.log_softmax(logits, dim=-1)
     tokens = logits.argmax(dim=-1).cpu().tolist()
+    failed: dict[int, Exception] = {}
     for i, p in enumerate(params):
         if not p.greedy:
-            tokens[i] = _sample_row(logits[i], p, generators[i])
+            try:
+                tokens[i] = _sample_row(logits[i], p, generators[i])
+            except Exception as e:  # e.g. a distribution of NaNs: this row's request fails
+                failed[i] = e
     picked = torch.tensor(tokens, device=logits.device).unsqueeze(1)
     chosen = logprobs.gather(1, picked).squeeze(1).cpu().tolist()
     tops: list[dict[int, float] | None] = [None] * len(params)
@@ -84,7 +93,7 @@ def sample(
         found = top_logprobs(logprobs, asking, [params[i].top_logprobs for i in asking])
         for i, top in zip(asking, found, strict=True):
             tops[i] = top
-    return tokens, chosen, tops
+    return tokens, chosen, tops, failed
 
 
 def top_logprobs(logprobs: torch.Tensor, rows: list[int], counts: list[int]

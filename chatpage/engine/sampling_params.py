@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatpage.vocab import RULE_BY_FIELD, SAMPLING_RULES, SamplingValueError
+from chatpage.vocab import GREEDY_BELOW, RULE_BY_FIELD, SAMPLING_RULES, SamplingValueError
 
 
 def _default(name: str) -> Any:  # typed by the field it defaults
@@ -65,7 +65,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        """Picks the top token: temperature 0 (or below `GREEDY_BELOW`), or top_k 1."""
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
 
     @property
     def width(self) -> int:

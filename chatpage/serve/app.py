@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import importlib.metadata
-import json
 import sys
 import time
 import uuid
@@ -28,9 +28,10 @@ from chatpage.engine.client import LocalEngineClient
 from chatpage.engine.outputs import OutputDelta
 from chatpage.serve import metrics
 from chatpage.serve.bridge import EventPump, RequestStream
+from chatpage.serve.limits import ServeLimits, check_keyless, read_json
 from chatpage.vocab import FinishReason, Role
 from chatpage.wire.chunks import DONE, ChunkWriter, sse, sse_error
-from chatpage.wire.errors import ApiError
+from chatpage.wire.errors import ApiError, bad_value
 from chatpage.wire.requests import ApiRequest, parse_request
 
 SWITCH_INTERVAL_S = 0.0005
@@ -44,10 +45,12 @@ T = TypeVar("T")
 class ServeState:
     """What every handler shares: the engine client, the key, the personas and the counters."""
 
-    def __init__(self, client: LocalEngineClient, api_key: str | None, personas: list[Persona]
-                 ) -> None:
+    def __init__(self, client: LocalEngineClient, api_key: str | None, personas: list[Persona],
+                 host: str = "127.0.0.1", limits: ServeLimits | None = None) -> None:
         self.client = client
         self.api_key = api_key
+        self.host = host  # the address it listens on (a keyless server answers only its names)
+        self.limits = limits or ServeLimits()
         self.personas = {PERSONA_PREFIX + p.name: p for p in personas}
         self.counters = metrics.ServerCounters()
         self.created = int(time.time())
@@ -67,6 +70,8 @@ class ServeState:
 
     def resolve(self, model: Any) -> tuple[str, Persona | None]:
         """The model id a request names (None: the base model) and its persona, if any."""
+        if model is not None and not isinstance(model, str):
+            raise bad_value("model", "a string (GET /v1/models lists them)", model)
         if model is None or model == self.client.model_name:
             return self.client.model_name, None
         if model in self.personas:
@@ -75,10 +80,14 @@ class ServeState:
                             f"{', '.join(self.model_ids())}", "model")
 
     def check(self, request: Request) -> None:
-        """401 for a wrong or missing key; 503 while the model loads or when it failed."""
-        if self.api_key is not None:
-            given = request.headers.get("authorization", "")
-            if given != f"Bearer {self.api_key}":
+        """401 for a wrong or missing key (compared in constant time); with no key, 403 for a
+        Host that is not this server's and 415 for a body that is not JSON; 503 while the model
+        loads or when it failed."""
+        if self.api_key is None:
+            check_keyless(request, self.host)
+        else:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
                 raise ApiError(401, "missing or wrong API key: send the header 'Authorization: "
                                     "Bearer KEY' with the --api-key chatpage serve was given")
         if not self.client.ready:
@@ -122,18 +131,10 @@ async def _until_disconnect(request: Request, work: Awaitable[T]) -> tuple[bool,
     return False, None
 
 
-async def _body(request: Request) -> Any:
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
-
-
 async def _prepare(request: Request, kind: str) -> tuple[ApiRequest, str]:
     state = _state(request)
     state.check(request)
-    body = await _body(request)
+    body = await read_json(request, state.limits)
     model, persona = state.resolve(body.get("model") if isinstance(body, dict) else None)
     api = parse_request(body, kind, persona.sampling() if persona else None)
     if persona is not None and kind == "chat" \
@@ -258,9 +259,10 @@ async def prometheus(request: Request) -> Response:
 
 
 def build_app(client: LocalEngineClient, api_key: str | None = None,
-              personas: list[Persona] | None = None) -> Starlette:
-    """The ASGI app over a started (or starting) ``client``; closing it is the caller's job.
-    Shortens the process's GIL switch interval (`SWITCH_INTERVAL_S`)."""
+              personas: list[Persona] | None = None, host: str = "127.0.0.1",
+              limits: ServeLimits | None = None) -> Starlette:
+    """The ASGI app over a started (or starting) ``client``, listening on ``host``; closing it
+    is the caller's job. Shortens the process's GIL switch interval (`SWITCH_INTERVAL_S`)."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     app = Starlette(routes=[
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -271,5 +273,5 @@ def build_app(client: LocalEngineClient, api_key: str | None = None,
         Route("/version", version, methods=["GET"]),
         Route("/metrics", prometheus, methods=["GET"]),
     ])
-    app.state.serve = ServeState(client, api_key, personas or [])
+    app.state.serve = ServeState(client, api_key, personas or [], host, limits)
     return app
