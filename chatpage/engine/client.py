@@ -8,11 +8,12 @@ given at submit, called on the engine thread (`chatpage.engine.protocol` says ho
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from chatpage.config.errorlog import log_error
 from chatpage.engine.chat_template import continue_prompt, render_prompt, system_prefix
@@ -80,10 +81,12 @@ class LocalEngineClient:
             self._thread.join(timeout=5)
 
     # -- requests (see `EngineClient`) ---------------------------------------------------------------
-    def submit(self, messages: list[dict[str, str]], params: SamplingParams,
-               on_update: UpdateCallback, *, continue_reply: bool = False) -> str:
+    def submit(self, messages: list[dict[str, Any]], params: SamplingParams,
+               on_update: UpdateCallback, *, continue_reply: bool = False,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        render = continue_prompt if continue_reply else render_prompt
         return self._submit(messages, params, on_update,
-                            continue_prompt if continue_reply else render_prompt)
+                            functools.partial(render, tools=tools) if tools else render)
 
     def submit_prompt(self, prompt: str | list[int], params: SamplingParams,
                       on_update: UpdateCallback) -> str:
@@ -186,7 +189,8 @@ class LocalEngineClient:
                 _, rid, prompt, params, on_update, t0, render = cmd
                 self._callbacks[rid] = (on_update, t0)
                 ids = render(engine.tokenizer, prompt) if render else prompt
-                engine.add_request(ids, params, request_id=rid)
+                engine.add_request(ids, params, request_id=rid,
+                                   split_thinking=render is not None)
             elif kind == "cancel":
                 update = engine.abort(cmd[1])
                 if update is not None:

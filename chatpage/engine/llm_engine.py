@@ -14,12 +14,15 @@ from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.beam import BeamSearch
 from chatpage.engine.block_manager import BlockManager
 from chatpage.engine.config import EngineConfig, PreemptionMode
+from chatpage.engine.constraints import LogitConstraints
 from chatpage.engine.detokenizer import IncrementalDetokenizer
+from chatpage.engine.grammar import Grammars
 from chatpage.engine.kv_cache import KVCache, bytes_per_block
 from chatpage.engine.loader import LoadedModel, load_model
 from chatpage.engine.model_runner import ModelRunner
 from chatpage.engine.models.llama import LlamaModel
 from chatpage.engine.outputs import EngineStats, RequestOutput, RequestUpdate, TokenRate
+from chatpage.engine.reasoning import reasoning_format
 from chatpage.engine.request_update import closing_update, request_update
 from chatpage.engine.sampler import make_generator, sample
 from chatpage.engine.sampling_params import SamplingParams
@@ -66,6 +69,10 @@ class LLMEngine:
                                   warnings=self.warnings)
         self.stop = StopCheck(self._eos_ids(hf), self.max_model_len)
         self.beam = BeamSearch(self.bm, self.stop)
+        self.grammars = Grammars(self.tokenizer, self.model.embed.shape[0],
+                                 self.tokenizer.eos_token_id)
+        self.constraints = LogitConstraints()
+        self.reasoning = reasoning_format(getattr(self.tokenizer, "chat_template", None))
         self.groups: dict[str, SequenceGroup] = {}
         self._ids = itertools.count()
         self._pins = itertools.count()
@@ -93,8 +100,11 @@ class LLMEngine:
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, *, pin_prefix: bool = False) -> str:
-        """Queue a request; returns its id. Raises ValueError for a request that cannot run."""
+                    request_id: str | None = None, *, pin_prefix: bool = False,
+                    split_thinking: bool = False) -> str:
+        """Queue a request; returns its id. Raises ValueError for a request that cannot run
+        (a grammar that does not compile among them). ``split_thinking``: a chat reply, whose
+        thinking (where the model's template declares markers) comes apart from its answer."""
         params = params or SamplingParams()
         ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) \
             else list(prompt)
@@ -103,9 +113,15 @@ class LLMEngine:
         if rid in self.groups:
             raise ValueError(f"request id {rid!r} is already in use")
         first = Sequence(list(ids), len(ids), IncrementalDetokenizer(self.tokenizer, ids, params.stop))
+        if params.structured is not None:
+            first.matcher = self.grammars.matcher(params.structured)
+        thinking = self.reasoning.splitter(self.tokenizer.decode(ids[-8:])) \
+            if split_thinking and self.reasoning is not None else None
+        first.thinking = thinking.copy() if thinking is not None else None
         if not params.use_beam_search:
             first.generator = make_generator(params.seed, 0, self.device)
-        group = SequenceGroup(rid, list(ids), params, [first], pin_prefix=pin_prefix)
+        group = SequenceGroup(rid, list(ids), params, [first], pin_prefix=pin_prefix,
+                              thinking=thinking)
         self.groups[rid] = group
         self.scheduler.add(group)
         return rid
@@ -206,8 +222,13 @@ class LLMEngine:
                            "prefixes; raise the KV cache size or lower max_tokens")]
 
     def _process(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> list[SequenceGroup]:
-        """Turn the step's logits into tokens: plain and n-sample rows in one sampler call, beam
-        groups through their beam step."""
+        """Turn the step's logits into tokens: logit biases and grammar masks first, then plain
+        and n-sample rows in one sampler call, beam groups through their beam step."""
+        constrained = [(row, item.group.params, item.seq.matcher)
+                       for row, item in enumerate(sampling)
+                       if item.seq.matcher is not None or item.group.params.logit_bias]
+        if constrained:
+            self.constraints.apply(logits, constrained)
         by_group: dict[str, list[tuple[Sequence, int]]] = {}
         for row, item in enumerate(sampling):
             by_group.setdefault(item.group.request_id, []).append((item.seq, row))

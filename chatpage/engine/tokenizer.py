@@ -36,6 +36,11 @@ class Tokenizer:
         self.special_tokens = special_tokens  # name (``eos_token``) -> token text
         self.chat_template = chat_template
 
+    @property
+    def backend_tokenizer(self):
+        """The ``tokenizers.Tokenizer`` itself (transformers' name for it)."""
+        return self._backend
+
     def _token_id(self, name: str) -> int | None:
         token = self.special_tokens.get(name)
         return None if token is None else self._backend.token_to_id(token)
@@ -59,13 +64,15 @@ class Tokenizer:
         return self._backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], tokenize: bool = True,
-                            add_generation_prompt: bool = False) -> str | list[int]:
-        """``messages`` through the chat template, with the special tokens as variables; token
-        ids (no special tokens added: the template writes them) unless ``tokenize`` is False."""
+                            add_generation_prompt: bool = False,
+                            tools: list[dict] | None = None) -> str | list[int]:
+        """``messages`` through the chat template, with the special tokens and ``tools`` as
+        variables; token ids (no special tokens added: the template writes them) unless
+        ``tokenize`` is False."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template")
         text = compile_template(self.chat_template).render(
-            messages=messages, tools=None, documents=None,
+            messages=messages, tools=tools, documents=None,
             add_generation_prompt=add_generation_prompt, **self.special_tokens)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
