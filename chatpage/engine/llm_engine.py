@@ -29,6 +29,7 @@ from chatpage.engine.sampling_params import SamplingParams
 from chatpage.engine.scheduler import ScheduledSeq, Scheduler
 from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
 from chatpage.engine.stop import StopCheck
+from chatpage.engine.tool_calls import tool_format
 from chatpage.vocab import FinishReason
 
 
@@ -72,7 +73,9 @@ class LLMEngine:
         self.grammars = Grammars(self.tokenizer, self.model.embed.shape[0],
                                  self.tokenizer.eos_token_id)
         self.constraints = LogitConstraints()
-        self.reasoning = reasoning_format(getattr(self.tokenizer, "chat_template", None))
+        template = getattr(self.tokenizer, "chat_template", None)
+        self.reasoning = reasoning_format(template)  # its thinking markers, if it thinks
+        self.tool_format = tool_format(template)  # how it writes tool calls
         self.groups: dict[str, SequenceGroup] = {}
         self._ids = itertools.count()
         self._pins = itertools.count()

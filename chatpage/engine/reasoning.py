@@ -76,7 +76,7 @@ class ThinkSplitter:
             marker = self.fmt.close if self.inside else self.fmt.open
             at = text.find(marker)
             if at < 0:
-                keep = 0 if final else _partial(text, marker)
+                keep = 0 if final else partial_marker(text, marker)
                 at, self._held = len(text) - keep, text[len(text) - keep:]
             piece = text[:at]
             if self.inside:
@@ -91,7 +91,7 @@ class ThinkSplitter:
         return "".join(parts[0]), "".join(parts[1])
 
 
-def _partial(text: str, marker: str) -> int:
+def partial_marker(text: str, marker: str) -> int:
     """How many characters at the end of ``text`` could begin ``marker``."""
     for n in range(min(len(marker) - 1, len(text)), 0, -1):
         if marker.startswith(text[-n:]):
