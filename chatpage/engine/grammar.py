@@ -19,9 +19,10 @@ from chatpage.engine.sampling_params import GrammarKind, Structured
 
 if TYPE_CHECKING:  # imported on first use: ~0.3 s that a start without grammars does not pay
     import llguidance
+    from llguidance._lib import JsonCompileOptions
 
-COMPACT_JSON: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ",
-                                "key_separator": ": "}
+COMPACT_JSON: JsonCompileOptions = {"whitespace_flexible": False,
+                                    "item_separator": ", ", "key_separator": ": "}
 """JSON written as `json.dumps` writes it: a small model cannot wander off in whitespace."""
 CACHE_SIZE = 64
 """Distinct grammars kept compiled."""
