@@ -24,11 +24,12 @@ def free_port() -> int:
 
 @contextmanager
 def running_server(model_dir: Path, home: Path, api_key: str | None = None,
-                   port: int | None = None, extra: Sequence[str] = ()) -> Iterator[str]:
+                   port: int | None = None, extra: Sequence[str] = (),
+                   kv_cache: str = "32MiB") -> Iterator[str]:
     """Start ``chatpage serve`` on ``model_dir`` (with the flags ``extra``); yield its base URL
     once /health says ready."""
     cmd = [sys.executable, "-m", "chatpage.cli", "serve", "--model", str(model_dir),
-           "--kv-cache", "32MiB", *extra]
+           "--kv-cache", kv_cache, *extra]
     if api_key:
         cmd += ["--api-key", api_key]
     with _process(cmd, home, port or free_port(), "/health") as url:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 from collections import deque
+from pathlib import Path
 
 import pytest
 
-from chatpage.bench import memory, prefix, report, serve, sharing, throughput
+from chatpage.bench import memory, prefix, report, serve, sharing, structured, throughput
 from chatpage.bench.reservation import ReservationScheduler, reservation, simulate
 from chatpage.bench.serve import sustainable_rate
 from chatpage.bench.workloads import (
@@ -173,6 +174,20 @@ def test_sharing_json(tiny_llama_dir, capsys):
     assert all(0 <= x["saving"] < 1 for x in r["results"])
     beam6 = [x["saving"] for x in r["results"] if x["mode"] == "beam" and x["width"] == 6]
     assert min(beam6) > 0  # beams share their prompt at least
+
+
+def test_structured_json(tiny_llama_dir, capsys):
+    r = _run(structured, ["--json", "--model", str(tiny_llama_dir), "--scale", "0.1",
+                          "--weights", "fp32"], capsys)
+    _has(r, "results", "tokens", "grammar_engine")
+    assert [x["rows"] for x in r["results"]] == [1, 32]
+    for x in r["results"]:
+        assert x["free_tok_s"] > 0 and x["json_schema_tok_s"] > 0
+        assert 0 < x["mask_share"] < 1  # the constrained run did compute masks
+    text = report.render({"structured": {"command": "chatpage bench structured --json",
+                                         "seconds": 1.0, "returncode": 0, "result": r}},
+                         Path("b.md"), "test machine", 1.0)
+    assert "| structured | mask time / decode step, 32 rows |" in text
 
 
 def test_report_renders_goals(tmp_path):

@@ -28,7 +28,8 @@ from chatpage.bench import report_single
 # One torch thread and the CPU-time clock (bench/common.now): on a shared 2-core machine, two
 # OpenMP threads collapse whenever another process runs, and wall times swing by 2-10x.
 DEFAULT_BENCH_ARGS = "--threads 1"
-ORDER = ("single", "quality", "ui", "startup", "throughput", "memory", "serve", "prefix", "sharing", "kernel")
+ORDER = ("single", "quality", "ui", "startup", "throughput", "memory", "serve", "prefix", "sharing",
+         "structured", "kernel")
 # Arguments of one benchmark only (the TUI bench: one chat, long enough to outlast the keys).
 BENCH_ARGS = {"ui": ["--sessions", "1", "--max-tokens", "1500"]}
 PLOTTED = ("throughput", "memory", "serve", "prefix", "sharing")
@@ -122,6 +123,18 @@ def goals(results: dict) -> list[dict]:
             label = "beam width 6" if mode == "beam" else "n = 6"
             add("sharing", f"{label} saving, {workload}-shaped", v, f">= {target:.2f}",
                 v >= target, _why_sharing(h, workload, mode))
+    g = results.get("structured")
+    if g:
+        for row in g["results"]:
+            add("structured", f"JSON-schema / free decode tok/s, {row['rows']} row(s)",
+                row["ratio"], ">= 0.9", row["ratio"] >= 0.9,
+                f"{row['json_schema_tok_s']:.1f} against {row['free_tok_s']:.1f} tok/s; the masks "
+                f"take {row['mask_ms_per_step']:.2f} ms a step ({g['grammar_engine']})")
+        wide = max(g["results"], key=lambda r: r["rows"])
+        add("structured", f"mask time / decode step, {wide['rows']} rows", wide["mask_share"],
+            "<= 0.1", wide["mask_share"] <= 0.1,
+            "the rows' masks are computed together, in parallel, into one bitmask, then applied "
+            "to the logits in one masked fill")
     return rows
 
 
@@ -300,6 +313,13 @@ def _figures(name: str, r: dict) -> list[str]:
                 "", _table(["workload", "mode", "width", "memory saving (%)"], rows), "",
                 f"Beam width 4: {r['beam4_tok_s']:.1f} tok/s against four independent requests: "
                 f"{r['independent4_tok_s']:.1f} tok/s (**{r['beam4_vs_independent']:.2f}x**)."]
+    if name == "structured":
+        rows = [[x["rows"], x["free_tok_s"], x["json_schema_tok_s"], x["ratio"],
+                 100 * x["mask_share"]] for x in r["results"]]
+        return [f"{r['tokens']} tokens per row, {r['weights']} weights, grammars by "
+                f"{r['grammar_engine']}.", "",
+                _table(["rows", "free tok/s", "JSON schema tok/s", "ratio", "masks (% of step)"],
+                       rows)]
     if name == "kernel":
         rows = [[c["kind"], c["batch"], c["context"], c["paged_ms"], c["contiguous_sdpa_ms"],
                  c["gather_sdpa_ms"]] for c in r["cases"]]

@@ -36,7 +36,16 @@ def cmd_serve(args) -> int:
     for err in errors:
         print(f"chatpage: warning: {err}", file=sys.stderr)
     client = LocalEngineClient(settings.model, EngineConfig.for_settings(settings, args.threads))
-    client.start(lambda msg: print(f"chatpage serve: {msg}", file=sys.stderr, flush=True))
+    def status(msg: str) -> None:
+        print(f"chatpage serve: {msg}", file=sys.stderr, flush=True)
+        if msg == "ready":  # how this model's tool calls and thinking are read
+            engine = client.engine
+            thinking = f"{engine.reasoning.open}...{engine.reasoning.close} as reasoning_content" \
+                if engine.reasoning else "none (the chat template declares no markers)"
+            print(f"chatpage serve: {engine.tool_format.describe()}; thinking: {thinking}",
+                  file=sys.stderr, flush=True)
+
+    client.start(status)
     for prompt in dict.fromkeys(p.system_prompt for p in personas):
         client.pin_system_prompt(prompt)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None

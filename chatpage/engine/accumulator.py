@@ -63,10 +63,12 @@ def _fold(c: CompletionOutput, d: OutputDelta) -> None:
     """Append ``d`` to ``c``, or (a rewrite) replace ``c``'s text, tokens and logprobs."""
     if d.rewrite:
         c.text, c.token_ids, c.num_tokens = d.text, list(d.token_ids), d.num_tokens
+        c.reasoning = d.reasoning
         c.logprobs = list(d.logprobs) if d.logprobs is not None else None
         c.top_logprobs = list(d.top_logprobs) if d.top_logprobs is not None else None
     else:
         c.text += d.text
+        c.reasoning += d.reasoning
         c.token_ids += d.token_ids
         c.num_tokens += d.num_tokens
         if d.logprobs is not None:

@@ -8,6 +8,7 @@ given at submit, called on the engine thread (`chatpage.engine.protocol` says ho
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 import time
@@ -35,8 +36,10 @@ if TYPE_CHECKING:  # torch and the model code load on the engine thread (see _ru
 Render = Callable[["TextTokenizer", list[dict[str, str]]], list[int]]
 """How chat messages become a prompt's token ids (`render_prompt`, `continue_prompt`)."""
 Command = tuple[Any, ...]
-"""What the engine thread is asked: ``("submit", id, prompt, params, on_update, t0, render)``,
-``("cancel", id)`` or ``("pin", system_prompt)``."""
+"""What the tokenizer thread is asked: ``("submit", id, prompt, params, on_update, t0, render)``,
+``("cancel", id)`` or ``("pin", system_prompt)``; it hands the engine thread the same with token
+ids for the prompt (and, for a submit, whether it is a chat reply instead of ``render``), or
+``("failed", command, why)``."""
 
 __all__ = ["EngineClient", "EngineConfig", "EngineStats", "FinishReason", "LocalEngineClient",
            "OutputDelta", "RequestUpdate", "SamplingParams", "UpdateCallback", "Usage"]
@@ -96,10 +99,12 @@ class LocalEngineClient:
                 thread.join(timeout=5)
 
     # -- requests (see `EngineClient`) ---------------------------------------------------------------
-    def submit(self, messages: list[dict[str, str]], params: SamplingParams,
-               on_update: UpdateCallback, *, continue_reply: bool = False) -> str:
+    def submit(self, messages: list[dict[str, Any]], params: SamplingParams,
+               on_update: UpdateCallback, *, continue_reply: bool = False,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        render = continue_prompt if continue_reply else render_prompt
         return self._submit(messages, params, on_update,
-                            continue_prompt if continue_reply else render_prompt)
+                            functools.partial(render, tools=tools) if tools else render)
 
     def submit_prompt(self, prompt: str | list[int], params: SamplingParams,
                       on_update: UpdateCallback) -> str:
@@ -230,7 +235,7 @@ class LocalEngineClient:
                         ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
                     else:
                         ids = list(prompt)
-                    cmd = ("submit", rid, ids, params, on_update, t0)
+                    cmd = ("submit", rid, ids, params, on_update, t0, render is not None)
                 elif kind == "pin":
                     cmd = ("pin", system_prefix(engine.tokenizer, cmd[1]))
             except Exception as e:  # bad input or a template error: this command fails alone
@@ -257,9 +262,9 @@ class LocalEngineClient:
         kind = cmd[0]
         try:
             if kind == "submit":
-                _, rid, ids, params, on_update, t0 = cmd
+                _, rid, ids, params, on_update, t0, chat = cmd
                 self._callbacks[rid] = (on_update, t0)
-                engine.add_request(ids, params, request_id=rid)
+                engine.add_request(ids, params, request_id=rid, split_thinking=chat)
             elif kind == "cancel":
                 update = engine.abort(cmd[1])
                 if update is not None:

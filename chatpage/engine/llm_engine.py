@@ -14,19 +14,23 @@ from chatpage.engine import ops
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.block_manager import BlockManager
 from chatpage.engine.config import EngineConfig, PreemptionMode
+from chatpage.engine.constraints import LogitConstraints
 from chatpage.engine.detokenizer import IncrementalDetokenizer
+from chatpage.engine.grammar import Grammars
 from chatpage.engine.kv_cache import KVCache, bytes_per_block
 from chatpage.engine.loader import LoadedModel, load_model
 from chatpage.engine.model_config import ModelShape
 from chatpage.engine.model_runner import ModelRunner
 from chatpage.engine.models.llama import LlamaModel
 from chatpage.engine.outputs import EngineStats, RequestOutput, RequestUpdate, TokenRate
+from chatpage.engine.reasoning import reasoning_format
 from chatpage.engine.request_update import closing_update, request_update
 from chatpage.engine.sampler import make_generator, sample
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.engine.scheduler import Sample, SamplerOutput, ScheduledSeq, Scheduler
 from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
 from chatpage.engine.stop import StopCheck
+from chatpage.engine.tool_calls import tool_format
 from chatpage.vocab import FinishReason, UserError
 
 
@@ -72,6 +76,12 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.bm, self.stop)
         self.runner = ModelRunner(self.model, self.kv, self.bm.tables, config.block_size,
                                   warnings=self.warnings)
+        self.grammars = Grammars(self.tokenizer, self.model.embed.shape[0],
+                                 self.tokenizer.eos_token_id)
+        self.constraints = LogitConstraints()
+        template = getattr(self.tokenizer, "chat_template", None)
+        self.reasoning = reasoning_format(template)  # its thinking markers, if it thinks
+        self.tool_format = tool_format(template)  # how it writes tool calls
         self.groups: dict[str, SequenceGroup] = {}
         self._ids = itertools.count()
         self._pins = itertools.count()
@@ -99,8 +109,11 @@ class LLMEngine:
 
     # -- requests --------------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, *, pin_prefix: bool = False) -> str:
-        """Queue a request; returns its id. Raises RequestRefused for one that cannot run."""
+                    request_id: str | None = None, *, pin_prefix: bool = False,
+                    split_thinking: bool = False) -> str:
+        """Queue a request; returns its id. Raises RequestRefused for one that cannot run (a
+        grammar that does not compile among them). ``split_thinking``: a chat reply, whose
+        thinking (where the model's template declares markers) comes apart from its answer."""
         params = params or SamplingParams()
         ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) \
             else list(prompt)
@@ -109,9 +122,15 @@ class LLMEngine:
         if rid in self.groups:
             raise RequestRefused(f"request id {rid!r} is already in use")
         first = Sequence(list(ids), len(ids), IncrementalDetokenizer(self.tokenizer, ids, params.stop))
+        if params.structured is not None:
+            first.matcher = self.grammars.matcher(params.structured)
+        thinking = self.reasoning.splitter(self.tokenizer.decode(ids[-8:])) \
+            if split_thinking and self.reasoning is not None else None
+        first.thinking = thinking.copy() if thinking is not None else None
         if not params.use_beam_search:
             first.generator = make_generator(params.seed, 0, self.device)
-        group = SequenceGroup(rid, list(ids), params, [first], pin_prefix=pin_prefix)
+        group = SequenceGroup(rid, list(ids), params, [first], pin_prefix=pin_prefix,
+                              thinking=thinking)
         self.groups[rid] = group
         self.scheduler.add(group)
         return rid
@@ -218,6 +237,11 @@ class LLMEngine:
         returns the requests whose rows could not be sampled, with why: they get no pick (the
         others move on without them)."""
         failed: dict[str, Exception] = {}
+        constrained = [(row, item.group.params, item.seq.matcher)
+                       for row, item in enumerate(sampling)
+                       if item.seq.matcher is not None or item.group.params.logit_bias]
+        if constrained:  # logit biases and grammar masks first
+            self.constraints.apply(logits, constrained)
         by_group: dict[str, list[tuple[Sequence, int]]] = {}
         groups: dict[str, SequenceGroup] = {}
         for row, item in enumerate(sampling):

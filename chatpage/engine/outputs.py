@@ -24,6 +24,7 @@ class CompletionOutput:
     top_logprobs: list[dict[int, float]] | None = None  # per token: the SamplingParams.logprobs
     # most likely token ids -> log-probability, best first (when that is > 0)
     num_tokens: int = 0  # generated tokens (len(token_ids) where the ids are known)
+    reasoning: str = ""  # the model's thinking, split out of ``text``
 
 
 @dataclass
@@ -57,6 +58,7 @@ class OutputDelta:
     score: float | None = None  # beam search: the length-penalized score
     rewrite: bool = False
     num_tokens: int = 0  # new tokens: len(token_ids), or a count where a server names no ids
+    reasoning: str = ""  # new thinking (the model's, between its markers; not in ``text``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,14 +37,14 @@ def request_update(group: SequenceGroup, beam_score: BeamScore) -> RequestUpdate
     if finished and group.beam_hypotheses:
         hyps = group.beam_hypotheses
         outputs = tuple(
-            _rewrite(i, h.text, h.token_ids, h.logprobs, h.top_logprobs, group.params,
-                     h.cumulative_logprob, h.score, h.finish_reason)
+            _rewrite(i, _split(group, h.text), h.token_ids, h.logprobs, h.top_logprobs,
+                     group.params, h.cumulative_logprob, h.score, h.finish_reason)
             for i, h in enumerate(hyps))
         return _update(group, outputs, sum(len(h.token_ids) for h in hyps), True)
     live = sorted(group.live_seqs, key=_index)
     outputs = tuple(
-        _rewrite(s.index, s.detok.visible(False), s.output_ids, s.logprobs, s.top_logprobs,
-                 group.params, s.cumulative_logprob,
+        _rewrite(s.index, _split(group, s.detok.visible(False)), s.output_ids, s.logprobs,
+                 s.top_logprobs, group.params, s.cumulative_logprob,
                  beam_score(group, s.cumulative_logprob, s.num_output_tokens), None)
         for s in live)
     return _update(group, outputs, sum(s.num_output_tokens for s in live), finished)
@@ -66,26 +66,38 @@ def _index(seq: Sequence) -> int:
     return seq.index
 
 
+def _split(group: SequenceGroup, text: str) -> tuple[str, str]:
+    """(reasoning, answer) of a whole reply of ``group``."""
+    if group.thinking is None:
+        return "", text
+    return group.thinking.copy().feed(text, final=True)
+
+
 def _appended(seq: Sequence, p: SamplingParams) -> OutputDelta:
-    """What ``seq`` gained since it last reported: new tokens, their logprobs, new text."""
+    """What ``seq`` gained since it last reported: new tokens, their logprobs, new text (its
+    thinking apart)."""
     start = seq.num_reported
     ids = tuple(seq.token_ids[seq.prompt_len + start :])
     seq.num_reported = seq.num_output_tokens
     seq.end_reported = seq.finished
+    text, reasoning = seq.detok.take(seq.finished), ""
+    if seq.thinking is not None:
+        reasoning, text = seq.thinking.feed(text, seq.finished)
     return OutputDelta(
-        seq.index, seq.detok.take(seq.finished), ids,
+        seq.index, text, ids, reasoning=reasoning,
         logprobs=tuple(seq.logprobs[start:]) if p.logprobs is not None else None,
         top_logprobs=tuple(seq.top_logprobs[start:]) if p.top_logprobs else None,
         finish_reason=seq.finish_reason, cumulative_logprob=seq.cumulative_logprob,
         num_tokens=len(ids))
 
 
-def _rewrite(index: int, text: str, ids: Seq[int], logprobs: Seq[float],
+def _rewrite(index: int, split: tuple[str, str], ids: Seq[int], logprobs: Seq[float],
              tops: Seq[dict[int, float]], p: SamplingParams, cumulative: float,
              score: float | None, reason: FinishReason | None) -> OutputDelta:
-    """A whole beam (or hypothesis) so far, replacing what output ``index`` showed."""
+    """A whole beam (or hypothesis) so far, replacing what output ``index`` showed; ``split``:
+    its (reasoning, answer)."""
     return OutputDelta(
-        index, text, tuple(ids),
+        index, split[1], tuple(ids), reasoning=split[0],
         logprobs=tuple(logprobs) if p.logprobs is not None else None,
         top_logprobs=tuple(tops) if p.top_logprobs else None,
         finish_reason=reason, cumulative_logprob=cumulative, score=score, rewrite=True,

@@ -3,10 +3,34 @@ table (`chatpage.vocab.SAMPLING_RULES`), which also holds every field's default.
 
 from __future__ import annotations
 
+import enum
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from chatpage.vocab import GREEDY_BELOW, RULE_BY_FIELD, SAMPLING_RULES, SamplingValueError
+
+MAX_LOGIT_BIAS = 100.0
+"""The largest bias (either sign) a token may get, as in OpenAI's API."""
+
+
+class GrammarKind(enum.StrEnum):
+    """What a `Structured` spec is written in."""
+
+    JSON_SCHEMA = "json_schema"  # a JSON schema, as JSON text
+    JSON_OBJECT = "json_object"  # any JSON object (the spec is unused)
+    REGEX = "regex"
+    CHOICE = "choice"  # a JSON list of the strings allowed
+    GRAMMAR = "grammar"  # a Lark grammar (llguidance's dialect) or a GBNF one
+
+
+@dataclass(frozen=True, slots=True)
+class Structured:
+    """A grammar every output of a request must follow (constrained decoding): ``kind`` and
+    its ``spec`` text. Equal specs share one compiled grammar (`chatpage.engine.grammar`)."""
+
+    kind: GrammarKind
+    spec: str = ""
 
 
 def _default(name: str) -> Any:  # typed by the field it defaults
@@ -36,6 +60,9 @@ class SamplingParams:
     ignore_eos: bool = _default("ignore_eos")
     length_penalty: float = _default("length_penalty")
     logprobs: int | None = _default("logprobs")
+    # outside the rule table (no persona key or slash command): a request's own
+    structured: Structured | None = None  # a grammar the output must follow
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
 
     def __post_init__(self) -> None:
         if isinstance(self.logprobs, bool):  # True: the sampled token's only; False: none
@@ -49,6 +76,18 @@ class SamplingParams:
                                  f"got {value!r}")
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
+        if self.structured is not None and not isinstance(self.structured, Structured):
+            raise ValueError(f"SamplingParams.structured must be a Structured or None, "
+                             f"got {self.structured!r}")
+        for token, bias in self.logit_bias.items():
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+                raise ValueError(f"SamplingParams.logit_bias keys must be token ids >= 0, "
+                                 f"got {token!r}")
+            if isinstance(bias, bool) or not isinstance(bias, int | float) \
+                    or not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS:
+                raise ValueError(f"SamplingParams.logit_bias values must be numbers from "
+                                 f"-{MAX_LOGIT_BIAS:g} to {MAX_LOGIT_BIAS:g}, got {bias!r} "
+                                 f"for token {token}")
         if self.use_beam_search and self.n > 1:
             raise SamplingValueError(
                 "SamplingParams: use n (parallel samples) or beam_width (beam search), not both"

@@ -6,12 +6,17 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from chatpage.engine.detokenizer import IncrementalDetokenizer
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.vocab import FinishReason
+
+if TYPE_CHECKING:
+    from chatpage.engine.grammar import GrammarMatcher
+    from chatpage.engine.reasoning import ThinkSplitter
 
 
 class GroupStatus(enum.Enum):
@@ -47,6 +52,8 @@ class Sequence:
         self.generator: torch.Generator | None = None
         self.num_reported = 0  # output tokens already sent in a RequestUpdate
         self.end_reported = False  # its finish reason has been sent
+        self.matcher: GrammarMatcher | None = None  # its place in the request's grammar
+        self.thinking: ThinkSplitter | None = None  # splits its text into thinking and answer
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -69,7 +76,9 @@ class Sequence:
 
     def append(self, token_id: int, logprob: float, top: dict[int, float] | None = None) -> None:
         """Add a generated token, its log-probability and (if asked for) the step's most
-        likely tokens'."""
+        likely tokens'. The grammar (if any) moves on with it."""
+        if self.matcher is not None:
+            self.matcher.advance(token_id)
         self.token_ids.append(token_id)
         self.cumulative_logprob += logprob
         self.logprobs.append(logprob)
@@ -84,6 +93,8 @@ class Sequence:
         child.logprobs = list(self.logprobs)
         child.top_logprobs = list(self.top_logprobs)
         child.num_reported = self.num_reported
+        child.matcher = self.matcher.fork() if self.matcher is not None else None
+        child.thinking = self.thinking.copy() if self.thinking is not None else None
         return child
 
 
@@ -116,6 +127,7 @@ class SequenceGroup:
     pin_prefix: bool = False  # a persona prefix: pin its full blocks when it finishes
     beam_hypotheses: list[BeamHypothesis] = field(default_factory=list)
     started: bool = False  # has been scheduled at least once (prefix hits counted then)
+    thinking: ThinkSplitter | None = None  # how a reply of it starts: split whole texts with it
 
     @property
     def prompt_len(self) -> int:

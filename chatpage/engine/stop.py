@@ -25,8 +25,13 @@ class StopCheck:
     def __call__(self, params: SamplingParams, seq: Sequence) -> FinishReason | None:
         """Why ``seq`` ends with the token just appended to it, if it does: STOP on a stop or EOS
         token or a stop string (the detokenizer, brought up to date here, finds it), LENGTH at
-        max_tokens or the context window."""
+        max_tokens or the context window. A grammar that is complete ends it (STOP); one
+        that is not yet leaves EOS forbidden, so max_tokens ends it (LENGTH: the structure
+        is unfinished)."""
         if self.ends_on(params, seq.token_ids[-1]):
+            return FinishReason.STOP
+        if seq.matcher is not None and seq.matcher.done:
+            seq.detok.update(seq.token_ids)
             return FinishReason.STOP
         if seq.detok.update(seq.token_ids):
             return FinishReason.STOP

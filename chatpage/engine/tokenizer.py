@@ -60,6 +60,11 @@ class Tokenizer:
         self.special_tokens = special_tokens  # name (``eos_token``) -> token text
         self.chat_template = chat_template
 
+    @property
+    def backend_tokenizer(self):
+        """The ``tokenizers.Tokenizer`` itself (transformers' name for it)."""
+        return self._backend
+
     def _token_id(self, name: str) -> int | None:
         token = self.special_tokens.get(name)
         if token is None:
@@ -87,14 +92,16 @@ class Tokenizer:
         text: str = self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
         return text
 
-    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = True,
-                            add_generation_prompt: bool = False) -> str | list[int]:
-        """``messages`` through the chat template, with the special tokens as variables; token
-        ids (no special tokens added: the template writes them) unless ``tokenize`` is False."""
+    def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool = True,
+                            add_generation_prompt: bool = False,
+                            tools: list[dict[str, Any]] | None = None) -> str | list[int]:
+        """``messages`` through the chat template, with the special tokens and ``tools`` as
+        variables; token ids (no special tokens added: the template writes them) unless
+        ``tokenize`` is False."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template")
         text = compile_template(self.chat_template).render(
-            messages=messages, tools=None, documents=None,
+            messages=messages, tools=tools, documents=None,
             add_generation_prompt=add_generation_prompt, **self.special_tokens)
         return self.encode(text, add_special_tokens=False) if tokenize else text
 

@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, TypeVar
 
 from starlette.applications import Starlette
@@ -26,6 +26,8 @@ from starlette.routing import Route
 from chatpage.config.personas import Persona
 from chatpage.engine.client import LocalEngineClient
 from chatpage.engine.outputs import OutputDelta
+from chatpage.engine.sampling_params import GrammarKind, Structured
+from chatpage.engine.tool_calls import ToolFormat
 from chatpage.serve import metrics
 from chatpage.serve.bridge import EventPump, RequestStream
 from chatpage.serve.limits import ServeLimits, check_keyless, read_json
@@ -101,6 +103,27 @@ class ServeState:
             raise RuntimeError("a token's text was asked for before the model loaded")
         return engine.tokenizer.decode([token_id])
 
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How the model writes tool calls (from its chat template)."""
+        return self.client.engine.tool_format
+
+    def special_token(self, text: str) -> int | None:
+        """The id of ``text`` when it is one token of the vocabulary."""
+        ids = self.client.engine.tokenizer.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 else None
+
+    def offer_tools(self, api: ApiRequest) -> None:
+        """Put a request's tools into its prompt the model's way; a tool_choice that forces a
+        call becomes the grammar of the reply."""
+        tools, fmt = api.tools, self.tool_format
+        if not tools.offered:
+            return
+        api.messages = fmt.prompt_messages(api.messages, tools.tools)
+        if tools.forced:
+            grammar = fmt.grammar(tools.forced, tools.parallel, self.special_token)
+            api.params = replace(api.params, structured=Structured(GrammarKind.GRAMMAR, grammar))
+
 
 def _state(request: Request) -> ServeState:
     return request.app.state.serve
@@ -141,6 +164,7 @@ async def _prepare(request: Request, kind: str) -> tuple[ApiRequest, str]:
             and not any(m["role"] == Role.SYSTEM for m in api.messages):
         # the persona's system prompt: its pinned prefix blocks serve this request
         api.messages.insert(0, {"role": str(Role.SYSTEM), "content": persona.system_prompt})
+    state.offer_tools(api)
     return api, model
 
 
@@ -150,9 +174,11 @@ async def generate(request: Request, kind: str) -> Response:
     except ApiError as e:
         return _error(e)
     state = _state(request)
-    stream = RequestStream(state.client, api, state.pump)
+    fmt = state.tool_format
+    stream = RequestStream(state.client, api, state.pump,
+                           api.tools.tools if api.tools.offered and fmt.renders_tools else None)
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-    writer = ChunkWriter(api, rid, model, int(time.time()), state.token_text)
+    writer = ChunkWriter(api, rid, model, int(time.time()), state.token_text, fmt)
     try:
         finished, first = await _until_disconnect(request, stream.first())
     except ApiError as e:

@@ -13,10 +13,11 @@ import asyncio
 import threading
 from collections import deque
 from collections.abc import AsyncIterator
+from typing import Any
 
 from chatpage.engine.accumulator import OutputAccumulator
+from chatpage.engine.client import LocalEngineClient
 from chatpage.engine.outputs import CompletionOutput, OutputDelta, RequestUpdate, Usage
-from chatpage.engine.protocol import EngineClient
 from chatpage.wire.errors import ApiError
 from chatpage.wire.requests import ApiRequest
 
@@ -48,10 +49,11 @@ class EventPump:
 
 
 class RequestStream:
-    """One submitted request; iterate `updates()`, then read `outputs`, `usage`, `error`."""
+    """One submitted request; iterate `updates()`, then read `outputs`, `usage`, `error`.
+    ``tools``: function tools for the chat template to render."""
 
-    def __init__(self, client: EngineClient[object], request: ApiRequest,
-                 pump: EventPump) -> None:
+    def __init__(self, client: LocalEngineClient, request: ApiRequest, pump: EventPump,
+                 tools: list[dict[str, Any]] | None = None) -> None:
         self.client = client
         self.request = request
         self.usage = Usage()
@@ -66,7 +68,8 @@ class RequestStream:
 
         if request.kind == "chat":
             self.request_id = client.submit(request.messages, request.params, on_update,
-                                            continue_reply=request.continue_final_message)
+                                            continue_reply=request.continue_final_message,
+                                            tools=tools)
         else:
             self.request_id = client.submit_prompt(request.prompt, request.params, on_update)
 

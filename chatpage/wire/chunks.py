@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from chatpage.engine.outputs import OutputDelta, Usage
+from chatpage.engine.tool_calls import ToolCall, ToolCallStream, ToolFormat
 from chatpage.vocab import FinishReason, Role
 from chatpage.wire.errors import error_body
 from chatpage.wire.requests import ApiRequest
@@ -24,6 +25,8 @@ TOKEN_ID_PREFIX = "token_id:"
 """How a token is named in logprobs under vLLM's return_tokens_as_token_ids."""
 DONE_DATA = "[DONE]"
 """The data of a stream's last event."""
+TOOL_CALLS = "tool_calls"
+"""The finish reason of a reply that ended in tool calls (OpenAI's)."""
 
 
 class Output(Protocol):
@@ -41,6 +44,8 @@ class Output(Protocol):
     def top_logprobs(self) -> Sequence[dict[int, float]] | None: ...
     @property
     def finish_reason(self) -> str | None: ...
+    @property
+    def reasoning(self) -> str: ...
 
 
 # -- SSE framing --------------------------------------------------------------------------------
@@ -88,20 +93,36 @@ def token_id_name(token_id: int) -> str:
     return f"{TOKEN_ID_PREFIX}{token_id}"
 
 
+def tool_call_body(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    """A call as OpenAI writes it in a message (or, with its ``index``, in a stream delta)."""
+    body: dict[str, Any] = {"id": call.id, "type": "function",
+                            "function": {"name": call.name, "arguments": call.arguments}}
+    return body if index is None else {"index": index, **body}
+
+
 class ChunkWriter:
     """The response bodies of one request (``request.kind`` "chat" or "completion"): whole
     (`whole`), or streamed (`chunks` per delta, then `usage_chunk`). ``token_text`` names a
-    token by its text (for logprobs and completions' text offsets)."""
+    token by its text (for logprobs and completions' text offsets); ``tools``: the model's
+    tool-call format, when the request offers tools (replies are read for calls)."""
 
     def __init__(self, request: ApiRequest, response_id: str, model: str, created: int,
-                 token_text: TokenText) -> None:
+                 token_text: TokenText, tools: ToolFormat | None = None) -> None:
         self.request = request
         self.chat = request.kind == "chat"
         self.id = response_id
         self.model = model
         self.created = created
         self.token_text = token_text
+        self.tools = tools if request.tools.offered else None
         self._sent: dict[int, int] = {}  # per streamed choice: the characters sent so far
+        self._calls: dict[int, ToolCallStream] = {}  # per streamed choice: its tool calls
+        self._num_calls: dict[int, int] = {}  # per streamed choice: calls sent so far
+
+    def _reason(self, reason: str | None, calls: bool) -> str | None:
+        if reason is None:
+            return None
+        return TOOL_CALLS if calls and reason == FinishReason.STOP else str(reason)
 
     def _head(self, whole: bool) -> dict[str, Any]:
         kind = ("chat.completion" if whole else "chat.completion.chunk") if self.chat \
@@ -140,14 +161,20 @@ class ChunkWriter:
         choices = []
         for o in sorted(outputs, key=lambda o: o.index):
             logprobs = self._logprobs(o, 0)
-            reason = None if o.finish_reason is None else str(o.finish_reason)
             if self.chat:
-                choices.append({"index": o.index, "message": {"role": str(Role.ASSISTANT),
-                                                              "content": o.text},
-                                "logprobs": logprobs, "finish_reason": reason})
+                text, calls = self.tools.parse(o.text) if self.tools else (o.text, [])
+                message: dict[str, Any] = {"role": str(Role.ASSISTANT),
+                                           "content": text if text or not calls else None}
+                if o.reasoning:
+                    message["reasoning_content"] = o.reasoning
+                if calls:
+                    message["tool_calls"] = [tool_call_body(c) for c in calls]
+                choices.append({"index": o.index, "message": message, "logprobs": logprobs,
+                                "finish_reason": self._reason(o.finish_reason, bool(calls))})
             else:
                 choices.append({"index": o.index, "text": o.text, "logprobs": logprobs,
-                                "finish_reason": reason, "stop_reason": None})
+                                "finish_reason": self._reason(o.finish_reason, False),
+                                "stop_reason": None})
         return {**self._head(True), "choices": choices, "usage": usage_body(usage)}
 
     def chunks(self, delta: OutputDelta) -> list[dict[str, Any]]:
@@ -163,14 +190,30 @@ class ChunkWriter:
         logprobs = self._logprobs(delta, self._sent[delta.index])
         self._sent[delta.index] += len(delta.text)
         if self.chat:
-            choice: dict[str, Any] = {"index": delta.index,
-                                      "delta": {"content": delta.text} if delta.text else {}}
+            choice: dict[str, Any] = {"index": delta.index, "delta": self._chat_delta(delta)}
         else:
             choice = {"index": delta.index, "text": delta.text}
-        reason = None if delta.finish_reason is None else str(delta.finish_reason)
-        choice.update(logprobs=logprobs, finish_reason=reason)
+        choice.update(logprobs=logprobs, finish_reason=self._reason(
+            delta.finish_reason, self._num_calls.get(delta.index, 0) > 0))
         out.append({**self._head(False), "choices": [choice], **usage})
         return out
+
+    def _chat_delta(self, delta: OutputDelta) -> dict[str, Any]:
+        """A chat choice's delta: new reasoning, new content, and the tool calls completed."""
+        text, calls = delta.text, []
+        if self.tools is not None:
+            stream = self._calls.setdefault(delta.index, self.tools.stream())
+            text, calls = stream.feed(delta.text, final=delta.finish_reason is not None)
+        body: dict[str, Any] = {}
+        if delta.reasoning:
+            body["reasoning_content"] = delta.reasoning
+        if text:
+            body["content"] = text
+        if calls:
+            sent = self._num_calls.get(delta.index, 0)
+            body["tool_calls"] = [tool_call_body(c, sent + k) for k, c in enumerate(calls)]
+            self._num_calls[delta.index] = sent + len(calls)
+        return body
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         """The chunk after the last, with the usage (when the request asked for it)."""
@@ -228,9 +271,11 @@ def read_choice(choice: dict[str, Any], chat: bool, count: int = 0) -> OutputDel
     if chat:
         part = choice.get("delta") or choice.get("message") or {}
         text = part.get("content") or ""
+        reasoning = part.get("reasoning_content") or ""
     else:
-        text = choice.get("text") or ""
+        text, reasoning = choice.get("text") or "", ""
     ids, logprobs, tops = _read_logprobs(choice.get("logprobs"), chat, count)
-    return OutputDelta(index=int(choice.get("index") or 0), text=text, token_ids=ids,
+    return OutputDelta(index=int(choice.get("index") or 0), text=text, reasoning=reasoning,
+                       token_ids=ids,
                        logprobs=logprobs, top_logprobs=tops,
                        finish_reason=read_finish_reason(choice.get("finish_reason")))

@@ -2,9 +2,12 @@
 (the server's side: a decoded body -> a validated `ApiRequest`, or an `ApiError`) and
 `request_body` (the client's: what to send).
 
-Unknown fields are ignored; a bad value is a 400 naming the field. Besides the sampling fields
-(`chatpage.wire.sampling`), vLLM's ``continue_final_message`` and
-``return_tokens_as_token_ids`` are read.
+A field chatpage does not implement is a 400 (`FIELDS`), never ignored; a few OpenAI and vLLM
+fields are taken at their neutral value only (`NEUTRAL`). A bad value is a 400 naming the
+field. Besides the sampling fields (`chatpage.wire.sampling`, with ``logit_bias`` and the
+structured outputs of `chatpage.wire.structured`), the tools (`chatpage.wire.tools`) and vLLM's
+``continue_final_message``, ``add_generation_prompt`` and ``return_tokens_as_token_ids`` are
+read.
 """
 
 from __future__ import annotations
@@ -13,13 +16,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chatpage.engine.sampling_params import SamplingParams
-from chatpage.vocab import Role
+from chatpage.vocab import SAMPLING_RULES, Role
 from chatpage.wire.errors import ApiError, bad_value
 from chatpage.wire.sampling import CHATPAGE, Dialect, read_flag, read_sampling, write_sampling
+from chatpage.wire.tools import TOOL, ToolRequest, read_tools, tool_calls_of
 
 DEVELOPER = "developer"
 """OpenAI's newer name of the system role; read as `Role.SYSTEM`."""
-ROLES = (Role.SYSTEM, DEVELOPER, Role.USER, Role.ASSISTANT)
+ROLES = (Role.SYSTEM, DEVELOPER, Role.USER, Role.ASSISTANT, TOOL)
+_COMMON = {"model", "stream", "stream_options", "use_beam_search", "logit_bias",
+           "return_tokens_as_token_ids", "response_format", "structured_outputs", "user",
+           *(name for rule in SAMPLING_RULES for name in rule.wire)}
+FIELDS = {"chat": _COMMON | {"messages", "continue_final_message", "add_generation_prompt",
+                             "tools", "tool_choice", "parallel_tool_calls"},
+          "completion": _COMMON | {"prompt"}}
+"""The request fields chatpage reads, per endpoint."""
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
+    "min_tokens": (0,), "min_p": (0, 0.0), "best_of": (1,), "echo": (False,), "suffix": ("",),
+    "skip_special_tokens": (True,), "include_stop_str_in_output": (False,), "store": (False,),
+    "spaces_between_special_tokens": (True,)}
+"""Fields chatpage does not implement but takes at the value that does nothing (or null)."""
 KINDS = ("chat", "completion", "continue")
 """What a client asks for: a reply to messages, a completion of a prompt, or more of the last
 message (a reply cut short: chat with vLLM's continue_final_message)."""
@@ -32,13 +49,14 @@ class ApiRequest:
     kind: str  # "chat" | "completion"
     model: str | None
     params: SamplingParams
-    messages: list[dict[str, str]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
     prompt: str | list[int] = ""
     stream: bool = False
     include_usage: bool = False
     continue_final_message: bool = False  # the last message, a reply, goes on (vLLM's name)
     tokens_as_ids: bool = False  # logprobs name tokens "token_id:N" (vLLM's
     # return_tokens_as_token_ids)
+    tools: ToolRequest = field(default_factory=ToolRequest)
 
     @property
     def beam(self) -> bool:
@@ -67,10 +85,12 @@ def _text_content(content: Any, where: str) -> str:
     return "".join(texts)
 
 
-def parse_messages(raw: Any) -> list[dict[str, str]]:
+def parse_messages(raw: Any) -> list[dict[str, Any]]:
+    """The chat history: role and text content, and the tool conversation (an assistant's
+    ``tool_calls``, whose content may be null; a ``tool`` result with its ``tool_call_id``)."""
     if not isinstance(raw, list) or not raw:
         raise bad_value("messages", "a non-empty list of {role, content} objects", raw)
-    messages = []
+    messages: list[dict[str, Any]] = []
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
@@ -78,9 +98,41 @@ def parse_messages(raw: Any) -> list[dict[str, str]]:
         role = m.get("role")
         if role not in ROLES:
             raise bad_value(f"{where}.role", f"one of {', '.join(ROLES)}", role)
-        role = Role.SYSTEM if role == DEVELOPER else Role(role)
-        messages.append({"role": str(role), "content": _text_content(m.get("content"), where)})
+        role = str(Role.SYSTEM) if role == DEVELOPER else str(role)
+        calls = m.get("tool_calls")
+        content = m.get("content")
+        message: dict[str, Any] = {"role": role, "content": "" if content is None and (
+            calls or role == TOOL) else _text_content(content, where)}
+        if calls is not None:
+            if role != Role.ASSISTANT:
+                raise ApiError(400, f"{where}.tool_calls: only an assistant message makes tool "
+                                    "calls", f"{where}.tool_calls")
+            message["tool_calls"] = tool_calls_of(m, where)
+        if role == TOOL:
+            call_id = m.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise bad_value(f"{where}.tool_call_id", "the id of the call it answers", call_id)
+            message["tool_call_id"] = call_id
+            if isinstance(m.get("name"), str):
+                message["name"] = m["name"]
+        messages.append(message)
     return messages
+
+
+def check_fields(body: dict[str, Any], kind: str) -> None:
+    """A 400 for a field chatpage does not implement (one of `NEUTRAL` at another value than
+    its neutral one, or a field it does not know)."""
+    for name, value in body.items():
+        if name in FIELDS[kind] or value is None:
+            continue
+        if name in NEUTRAL:
+            if value not in NEUTRAL[name] or isinstance(value, bool) != isinstance(
+                    NEUTRAL[name][0], bool):
+                raise ApiError(400, f"{name} is not implemented by chatpage: leave it out (or "
+                                    f"at {NEUTRAL[name][0]!r}), got {value!r}", name)
+            continue
+        raise ApiError(400, f"unknown field {name!r}: chatpage does not implement it; leave it "
+                            "out", name)
 
 
 def parse_prompt(raw: Any) -> str | list[int]:
@@ -98,6 +150,7 @@ def parse_request(body: Any, kind: str, defaults: dict[str, Any] | None = None) 
     /v1/completions ("completion"). ``defaults`` are a persona's sampling defaults."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    check_fields(body, "chat" if kind == "chat" else "completion")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad_value("model", "a string", model)
@@ -117,6 +170,14 @@ def parse_request(body: Any, kind: str, defaults: dict[str, Any] | None = None) 
         if request.continue_final_message and request.messages[-1]["role"] != Role.ASSISTANT:
             raise ApiError(400, "continue_final_message needs the last message to be the "
                                 "assistant's reply to continue", "continue_final_message")
+        if body.get("add_generation_prompt", True) is not True \
+                and not request.continue_final_message:
+            raise ApiError(400, "add_generation_prompt false is only taken with "
+                                "continue_final_message true", "add_generation_prompt")
+        request.tools = read_tools(body)
+        if request.tools.forced and params.structured is not None:
+            raise ApiError(400, "a tool_choice that forces a call cannot be combined with "
+                                "response_format or structured_outputs", "tool_choice")
     else:
         request.prompt = parse_prompt(body.get("prompt"))
     return request

@@ -14,6 +14,7 @@ from typing import Any
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.vocab import RULE_BY_FIELD, SAMPLING_RULES, SamplingRule
 from chatpage.wire.errors import ApiError, bad_value
+from chatpage.wire.structured import read_structured
 
 VLLM_TOP_K_OFF = -1
 """top_k "off" as vLLM (and SGLang) write it; chatpage reads it as 0."""
@@ -79,6 +80,22 @@ def _logprobs(body: dict[str, Any], kind: str) -> tuple[str, Any]:
     return name, 0 if count is None else count
 
 
+def _logit_bias(raw: Any) -> dict[int, float]:
+    """OpenAI's logit_bias: token ids (as JSON keys, strings) -> a bias from -100 to 100 (the
+    range is SamplingParams' own check)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise bad_value("logit_bias", 'an object of token id -> bias, such as {"50256": -100}',
+                        raw)
+    bias: dict[int, float] = {}
+    for key, value in raw.items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise bad_value("logit_bias", "token ids as keys", key)
+        bias[int(key)] = value
+    return bias
+
+
 def read_sampling(body: dict[str, Any], kind: str, defaults: dict[str, Any] | None = None
                   ) -> SamplingParams:
     """The SamplingParams of a request body of kind "chat" or "completion"; ``defaults``
@@ -101,6 +118,8 @@ def read_sampling(body: dict[str, Any], kind: str, defaults: dict[str, Any] | No
         values.update(BEAM_SEARCH_VALUES)
     names.update(n="n", beam_width="n")
     names["logprobs"], values["logprobs"] = _logprobs(body, kind)
+    values["logit_bias"] = _logit_bias(body.get("logit_bias"))
+    values["structured"] = read_structured(body)
     try:
         return SamplingParams(**values)
     except ValueError as e:

@@ -1,0 +1,80 @@
+"""The logits step before sampling: each row's logit bias, then its grammar's token mask.
+
+One call per engine step over the rows that sample. The masks of all constrained rows are
+computed together (llguidance's executor, in parallel) into one int32 bitmask, 32 tokens a word,
+which is unpacked on the logits' device and applied in one ``masked_fill_``. Sampling, logprobs
+and beam search all read the masked logits: a token the grammar forbids has probability 0.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from chatpage.engine.grammar import GrammarMatcher
+from chatpage.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import llguidance
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+class LogitConstraints:
+    """Applies logit biases and grammar masks; counts the time the masks take."""
+
+    def __init__(self) -> None:
+        self._executor: llguidance.LLExecutor | None = None
+        self._bitmask: torch.Tensor | None = None
+        self.mask_seconds = 0.0  # spent computing and applying masks, since the start
+        self.masked_rows = 0
+
+    @torch.inference_mode()  # (the logits are the model's inference tensors)
+    def apply(self, logits: torch.Tensor,
+              rows: Seq[tuple[int, SamplingParams, GrammarMatcher | None]]) -> None:
+        """Change ``logits`` [N, V] in place: for each (row, params, matcher), add the row's
+        logit bias, then forbid what its matcher does not allow."""
+        constrained: list[tuple[int, GrammarMatcher]] = []
+        for row, params, matcher in rows:
+            if params.logit_bias:
+                ids = torch.tensor(list(params.logit_bias), device=logits.device)
+                ids = ids[ids < logits.shape[1]]
+                bias = torch.tensor([params.logit_bias[int(i)] for i in ids.tolist()],
+                                    dtype=logits.dtype, device=logits.device)
+                logits[row, ids] += bias
+            if matcher is not None:
+                constrained.append((row, matcher))
+        if constrained:
+            t0 = time.perf_counter()
+            self._mask(logits, constrained)
+            self.mask_seconds += time.perf_counter() - t0
+            self.masked_rows += len(constrained)
+
+    def _mask(self, logits: torch.Tensor, constrained: list[tuple[int, GrammarMatcher]]
+              ) -> None:
+        import llguidance
+
+        if self._executor is None:
+            self._executor = llguidance.LLExecutor()
+        n, vocab = len(constrained), logits.shape[1]
+        words = (vocab + 31) // 32
+        if self._bitmask is None or self._bitmask.shape[0] < n \
+                or self._bitmask.shape[1] != words:
+            self._bitmask = torch.empty(max(n, 32), words, dtype=torch.int32)
+        bitmask = self._bitmask[:n]
+        pairs: list[tuple[Any, int]] = [(m.raw, i) for i, (_, m) in enumerate(constrained)]
+        self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), words * 4, n)
+        allowed = unpack(bitmask.to(logits.device), vocab)
+        index = torch.tensor([row for row, _ in constrained], device=logits.device)
+        sub = logits.index_select(0, index)
+        sub.masked_fill_(~allowed, float("-inf"))
+        logits.index_copy_(0, index, sub)
+
+
+def unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """An int32 bitmask [N, words] (bit b of word w: token 32 w + b) as bools [N, vocab]."""
+    bits = _BITS.to(bitmask.device)
+    return ((bitmask.unsqueeze(-1) >> bits) & 1).bool().flatten(1)[:, :vocab]
