@@ -10,10 +10,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import tiny_model_dir
+from helpers import hf_model_dir, tiny_model_dir
 
 from chatpage.config.paths import cache_dir
-from chatpage.engine.loader import load_model, packed_weights_path
+from chatpage.engine.loader import default_model_path, packed_weights_path
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -30,8 +30,9 @@ def _no_packed_leftovers(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
-    """The dequantized default model (built into the XDG cache on first use)."""
-    return load_model(None, progress=lambda _m: None).directory
+    """The default model as an fp32 HF directory (written from the GGUF into the cache's
+    test-models/ on first use): what transformers runs as the reference."""
+    return hf_model_dir(default_model_path(), cache_dir() / "test-models")
 
 
 @pytest.fixture(scope="session")

@@ -113,7 +113,7 @@ class LLMEngine:
     def _check_fits(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
             raise ValueError("the prompt is empty: give at least one token")
-        vocab = self.model.embed.shape[0]
+        vocab = self.model.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise ValueError(f"prompt token ids must be in [0, {vocab}), the model's vocabulary")
         n = len(ids)

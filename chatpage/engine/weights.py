@@ -63,6 +63,7 @@ torch's.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -74,7 +75,9 @@ from chatpage.vocab import WEIGHT_FORMATS
 
 # Bumped whenever a format's stored tensors change (the packed cache's file names carry it, so
 # an older cache is packed again, never misread). 2: int4 stores the native GEMV's layout too.
-PACKED_LAYOUT = 2
+# 3: no dense fp32 embedding table in the quantized formats (bf16 rows, or int8 rows: the tied
+# lm_head's own).
+PACKED_LAYOUT = 3
 
 # The model's matmuls per layer (fused) and the lm_head, in the packed state's names.
 LAYER_LINEARS = ("qkv", "o", "gate_up", "down")
@@ -134,34 +137,61 @@ def matmul_dtype(weights: str, dtype: torch.dtype) -> torch.dtype:
     return dtype if weights == "fp32" else torch.bfloat16
 
 
-def fuse_state(config, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF-named fp32 tensors -> the model's names (``layers.{i}.qkv.weight``, ...), consuming
-    ``state``; QKV and gate+up are concatenated along the output dimension."""
-    out = {"embed.weight": state.pop("model.embed_tokens.weight"),
-           "norm": state.pop("model.norm.weight")}
-    if "lm_head.weight" in state:
-        out["lm_head.weight"] = state.pop("lm_head.weight")
+class TensorSource(Protocol):
+    """Where a checkpoint's tensors come from, one at a time, by their HF names: a GGUF file
+    (``engine/gguf_model.py``), a safetensors folder, or a dict of tensors already in memory."""
+
+    def __contains__(self, name: object) -> bool: ...
+
+    def load(self, name: str) -> torch.Tensor: ...
+
+
+class StateSource:
+    """A :class:`TensorSource` over a dict of HF-named tensors (each handed out once)."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        self.state = state
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.state
+
+    def load(self, name: str) -> torch.Tensor:
+        return self.state.pop(name)
+
+
+def fused_layout(config: Any, source: TensorSource) -> list[tuple[str, tuple[str, ...]]]:
+    """Every tensor of the model's own layout with the HF tensors it is made of, in order: one
+    QKV (Qwen2's bias too) and one gate+up matrix per layer, concatenated along the outputs."""
+    out = [("embed.weight", ("model.embed_tokens.weight",)), ("norm", ("model.norm.weight",))]
+    if "lm_head.weight" in source:
+        out.append(("lm_head.weight", ("lm_head.weight",)))
     for i in range(config.num_hidden_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
-        out[q + "qkv.weight"] = torch.cat([state.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
-        if p + "self_attn.q_proj.bias" in state:
-            out[q + "qkv.bias"] = torch.cat([state.pop(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
-        out[q + "o.weight"] = state.pop(p + "self_attn.o_proj.weight")
-        out[q + "gate_up.weight"] = torch.cat(
-            [state.pop(p + "mlp.gate_proj.weight"), state.pop(p + "mlp.up_proj.weight")]
-        )
-        out[q + "down.weight"] = state.pop(p + "mlp.down_proj.weight")
-        out[q + "input_norm"] = state.pop(p + "input_layernorm.weight")
-        out[q + "post_norm"] = state.pop(p + "post_attention_layernorm.weight")
+        out.append((q + "qkv.weight", tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv")))
+        if p + "self_attn.q_proj.bias" in source:
+            out.append((q + "qkv.bias", tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv")))
+        out += [(q + "o.weight", (p + "self_attn.o_proj.weight",)),
+                (q + "gate_up.weight", (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")),
+                (q + "down.weight", (p + "mlp.down_proj.weight",)),
+                (q + "input_norm", (p + "input_layernorm.weight",)),
+                (q + "post_norm", (p + "post_attention_layernorm.weight",))]
     return out
 
 
-def linear_names(config, fused: dict[str, torch.Tensor]) -> list[str]:
-    """Prefixes of every matmul weight in a fused or packed state (lm_head included when untied)."""
-    names = [f"layers.{i}.{n}" for i in range(config.num_hidden_layers) for n in LAYER_LINEARS]
-    if "lm_head.weight" in fused or "lm_head.qweight" in fused or "lm_head.q4" in fused:
-        names.append("lm_head")
-    return names
+def _fused(source: TensorSource, parts: tuple[str, ...]) -> torch.Tensor:
+    return source.load(parts[0]) if len(parts) == 1 else torch.cat([source.load(n) for n in parts])
+
+
+def read_state(config: Any, source: TensorSource) -> dict[str, torch.Tensor]:
+    """Every tensor of ``source`` the model uses, by HF name."""
+    return {n: source.load(n) for _, parts in fused_layout(config, source) for n in parts}
+
+
+def fuse_state(config: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF-named fp32 tensors -> the model's names (``layers.{i}.qkv.weight``, ...), consuming
+    ``state`` (:func:`fused_layout`)."""
+    source = StateSource(state)
+    return {name: _fused(source, parts) for name, parts in fused_layout(config, source)}
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,31 +234,59 @@ def pack_int4_both(levels: torch.Tensor, scales: torch.Tensor, zeros: torch.Tens
     }
 
 
-def pack_state(config, fused: dict[str, torch.Tensor], weights: str,
-               dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Store every matmul weight of a fused state in ``weights`` (consumes ``fused``).
+def pack_tensor(name: str, w: torch.Tensor, weights: str, tied: bool,
+                dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """One tensor of the model's own layout (``name``: ``layers.3.qkv.weight``, ``embed.weight``,
+    ``norm``, ...) stored in ``weights``: the packed tensors it becomes. The seam every loading
+    path packs through, one tensor at a time.
 
-    Embeddings, norms and biases keep ``dtype``. With tied embeddings the lm_head is packed as
-    its own copy for the quantized formats (the lookup keeps the dense table). The int4 format
-    keeps the lm_head in int8: in int4 it cost the default model 4.2% of perplexity, in int8 the
-    whole format is within 0.1% of fp32 (``chatpage bench quality``).
+    Matmul weights take the format; the int4 format keeps the lm_head in int8 (in int4 it cost the
+    default model 4.2% of perplexity, in int8 the whole format is within 0.1% of fp32: ``chatpage
+    bench quality``). The embedding table is never kept dense in fp32 by a quantized format: bf16
+    keeps it in bf16, int8 and int4 as int8 rows; with ``tied`` embeddings it is stored once, as
+    the lm_head, and the lookups read those rows. fp32 keeps it in ``dtype`` (the tied lm_head
+    reads it). Norms and biases keep ``dtype``.
     """
+    prefix, _, kind = name.rpartition(".")
+    if name == "embed.weight" and weights != "fp32":
+        if tied:
+            return pack_tensor("lm_head.weight", w, weights, tied, dtype)
+        if weights == "bf16":
+            return {name: w.to(torch.bfloat16).contiguous()}
+        q, s = quantize_int8(w)
+        return {"embed.qweight": q, "embed.scales": s}
+    if kind != "weight" or not (prefix == "lm_head" or prefix.rpartition(".")[2] in LAYER_LINEARS):
+        return {name: w.to(dtype).contiguous()}
+    if weights == "int8" or (weights == "int4" and prefix == "lm_head"):
+        q, s = quantize_int8(w)
+        return {prefix + ".qweight": q, prefix + ".scales": s}
+    if weights == "int4":
+        return pack_int4_both(*quantize_int4(w), prefix)
+    return {name: w.to(torch.bfloat16 if weights == "bf16" else dtype).contiguous()}
+
+
+def pack_source(config: Any, source: TensorSource, weights: str,
+                dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """The packed state of the checkpoint ``source`` in ``weights``, read and packed one fused
+    tensor at a time (at most one of them unpacked in memory besides the packed state)."""
     check_format(weights)
-    names = linear_names(config, fused)
-    if "lm_head.weight" not in fused and weights != "fp32":
-        fused["lm_head.weight"] = fused["embed.weight"]
-        names.append("lm_head")
+    tied = "lm_head.weight" not in source
     out: dict[str, torch.Tensor] = {}
-    for name in names:
-        w = fused.pop(name + ".weight")
-        if weights == "int8" or (weights == "int4" and name == "lm_head"):
-            out[name + ".qweight"], out[name + ".scales"] = quantize_int8(w)
-        elif weights == "int4":
-            out.update(pack_int4_both(*quantize_int4(w), name))
-        else:
-            out[name + ".weight"] = w.to(torch.bfloat16 if weights == "bf16" else dtype).contiguous()
-    for key, t in fused.items():
-        out[key] = t.to(dtype).contiguous()
+    for name, parts in fused_layout(config, source):
+        out.update(pack_tensor(name, _fused(source, parts), weights, tied, dtype))
+    out["format." + weights] = torch.zeros(0)
+    return out
+
+
+def pack_state(config: Any, fused: dict[str, torch.Tensor], weights: str,
+               dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Store every tensor of a fused state in ``weights`` (consumes ``fused``;
+    :func:`pack_tensor`)."""
+    check_format(weights)
+    tied = "lm_head.weight" not in fused
+    out: dict[str, torch.Tensor] = {}
+    for name in list(fused):
+        out.update(pack_tensor(name, fused.pop(name), weights, tied, dtype))
     out["format." + weights] = torch.zeros(0)
     return out
 
@@ -283,6 +341,31 @@ def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
     if not native:
         return Linear(many, k)
     return Linear(_by_rows(gemv, many, gemm), k, gemv)
+
+
+class Embedding:
+    """The token embedding lookup of a packed state: ``embedding(ids [T]) -> [T, H]`` in the
+    engine dtype, from a dense table, or from int8 rows and their scales (:func:`pack_tensor`)."""
+
+    __slots__ = ("lookup", "num_embeddings")
+
+    def __init__(self, packed: dict[str, torch.Tensor], device: torch.device,
+                 dtype: torch.dtype) -> None:
+        name = next(n for n in ("embed", "lm_head")
+                    if n + ".weight" in packed or n + ".qweight" in packed)
+        if name + ".qweight" in packed:
+            q, s = packed[name + ".qweight"].to(device), packed[name + ".scales"].to(device)
+            self.lookup: Callable[[torch.Tensor], torch.Tensor] = lambda ids: (
+                q.index_select(0, ids).to(dtype) * s.index_select(0, ids).to(dtype)[:, None])
+        else:
+            w = packed[name + ".weight"].to(device)
+            w = w.to(dtype).contiguous() if w.dtype == torch.float32 else w.contiguous()
+            self.lookup = lambda ids: F.embedding(ids, w).to(dtype)
+        self.num_embeddings = packed[name + (".qweight" if name + ".qweight" in packed
+                                             else ".weight")].shape[0]
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lookup(ids)
 
 
 def _by_rows(few: Gemv, middle: Callable[[torch.Tensor], torch.Tensor], many: Gemv | None = None
