@@ -13,15 +13,17 @@ import pytest
 from helpers import hf_model_dir, tiny_model_dir
 
 from chatpage.config.paths import cache_dir
-from chatpage.engine.loader import default_model_path, packed_weights_path
+from chatpage.engine.loader import default_model_path, gguf_cache_dir, packed_weights_path
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _no_packed_leftovers(tmp_path_factory):
     """Weights the tests pack for their temporary models are cached like a user's (under the
-    cache's models/, keyed by the model's path): at the end, remove the packs of the models this
-    session wrote (other sessions' and the user's stay)."""
+    cache's models/, keyed by the model's path): at the end, remove the packs (and a GGUF's
+    tokenizer) of the models this session wrote (other sessions' and the user's stay)."""
     yield
+    for gguf in tmp_path_factory.getbasetemp().rglob("*.gguf"):  # the tests' own GGUF files
+        shutil.rmtree(gguf_cache_dir(gguf), ignore_errors=True)
     for config in tmp_path_factory.getbasetemp().rglob("config.json"):
         packs = packed_weights_path(config.parent, "int4").parent.parent
         if packs.parent == cache_dir() / "models" and packs.is_dir():

@@ -149,6 +149,12 @@ def _gguf_tokenizer(gguf: Path, directory: Path, say: Callable[[str], None]) -> 
     tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=directory))
     try:
         built.save_pretrained(tmp)
+        # The class transformers picks by architecture (Qwen2Tokenizer, ...) only builds the
+        # backend, which tokenizer.json now holds whole: mark it as the plain one, read_plain's
+        config_file = tmp / "tokenizer_config.json"
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        config["tokenizer_class"] = "TokenizersBackend"
+        config_file.write_text(json.dumps(config, indent=2), encoding="utf-8")
         for f in sorted(tmp.iterdir(), key=lambda f: f.name == "tokenizer_config.json"):
             os.replace(f, directory / f.name)  # tokenizer_config.json last: it marks them whole
     finally:

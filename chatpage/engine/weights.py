@@ -53,11 +53,10 @@ The quantized torch paths take bf16 activations (with fp32 ones they are 10-20x 
 quantized model's matmul inputs are bf16 while the residual stream, norms, RoPE, attention and
 the KV cache keep the engine dtype; the GEMVs take either.
 
-int4 is stored in both layouts (the same size each): the GEMV's, whose nibbles line up with
-consecutive activations and which the GEMM reads too, and torch's int4pack for 2-15 rows (and
-everything without the native kernels), so a cached start converts nothing (torch's packing of the whole model costs ~0.2 s, and start-up is over its goal already).
-Only the GEMV's counts in :func:`step_bytes`; without the native kernels make_linear keeps only
-torch's.
+int4 is stored in the GEMV's layout, whose nibbles line up with consecutive activations and which
+the GEMM reads too; :func:`make_linear` derives torch's int4pack (for 2-15 rows, and everything
+without the native kernels) from it with byte moves at load, so a pack holds the nibbles once (a
+GGUF's pack stays near the file's size). Only the GEMV's layout counts in :func:`step_bytes`.
 """
 
 from __future__ import annotations
@@ -70,7 +69,7 @@ import torch.nn.functional as F
 
 from chatpage.engine import gemv, ops
 from chatpage.engine.config import check_format
-from chatpage.engine.gemv import INT4_GROUP
+from chatpage.engine.gemv import INT4_GROUP, torch_int4pack
 from chatpage.vocab import WEIGHT_FORMATS
 
 # Bumped whenever a format's stored tensors change (the packed cache's file names carry it, so
@@ -222,16 +221,12 @@ def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP
     return q.to(torch.int32).view(n, k), scale, zero
 
 
-def pack_int4_both(levels: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                   name: str) -> dict[str, torch.Tensor]:
-    """One int4 matrix in both layouts: the native GEMV's (``.q4``, ``.scales``, ``.zeros``,
-    :mod:`chatpage.engine.gemv`) and torch's ``_weight_int4pack_mm_for_cpu`` (``.packed``,
-    ``.scales_zeros`` [K/32, N, 2])."""
-    return {
-        name + ".q4": gemv.pack_int4(levels), name + ".scales": scales, name + ".zeros": zeros,
-        name + ".packed": torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1),
-        name + ".scales_zeros": torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous(),
-    }
+def pack_int4(levels: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+              name: str) -> dict[str, torch.Tensor]:
+    """One int4 matrix as stored: the native GEMV's layout (``.q4``, ``.scales``, ``.zeros``,
+    :mod:`chatpage.engine.gemv`), which the GEMM reads too; :func:`make_linear` derives torch's
+    int4pack from it (byte moves), so a pack holds the nibbles once."""
+    return {name + ".q4": gemv.pack_int4(levels), name + ".scales": scales, name + ".zeros": zeros}
 
 
 def pack_tensor(name: str, w: torch.Tensor, weights: str, tied: bool,
@@ -261,7 +256,7 @@ def pack_tensor(name: str, w: torch.Tensor, weights: str, tied: bool,
         q, s = quantize_int8(w)
         return {prefix + ".qweight": q, prefix + ".scales": s}
     if weights == "int4":
-        return pack_int4_both(*quantize_int4(w), prefix)
+        return pack_int4(*quantize_int4(w), prefix)
     return {name: w.to(torch.bfloat16 if weights == "bf16" else dtype).contiguous()}
 
 
@@ -312,11 +307,12 @@ def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
             gemm = Gemv(lib.gemm_int8, (q, s), bias, GEMM_ROWS["int8"])
         k = q.shape[1]
     elif name + ".q4" in packed:
-        p = _aligned(packed[name + ".packed"], device)
-        sz = _aligned(packed[name + ".scales_zeros"], device)
+        q4, scales, zeros = (packed[name + x] for x in (".q4", ".scales", ".zeros"))
+        p = _aligned(torch_int4pack(q4), device)  # torch's layout, [K/32, N, 2] scales
+        sz = _aligned(torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous(), device)
         fn = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, p, INT4_GROUP, sz)  # noqa: E731
         if native:  # the GEMV's own layout, which the GEMM reads too
-            parts = tuple(packed[name + x].to(device) for x in (".q4", ".scales", ".zeros"))
+            parts = tuple(t.to(device) for t in (q4, scales, zeros))
             gemv = Gemv(lib.gemv_int4, parts, bias, GEMV_ROWS["int4"])
             gemm = Gemv(lib.gemm_int4, parts, bias, GEMM_ROWS["int4"])
         k = p.shape[1] * 2
@@ -407,12 +403,10 @@ def packed_bytes(packed: dict[str, torch.Tensor]) -> int:
 
 def step_bytes(config, packed: dict[str, torch.Tensor]) -> int:
     """Bytes one decode step reads from a packed state: every matmul weight (the lm_head, tied or
-    not), the norms and biases; the embedding table counts only when it is the lm_head. Of int4's
-    two layouts (the same size) only the GEMV's counts."""
+    not), the norms and biases; the embedding table counts only when it is the lm_head."""
     tied = not any(k.startswith("lm_head.") for k in packed)
     skip = () if tied else ("embed.",)
     return sum(
         t.numel() * t.element_size() for k, t in packed.items()
         if not k.startswith(skip) and not k.startswith("format.")
-        and not k.endswith((".packed", ".scales_zeros"))
     )
