@@ -10,18 +10,20 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import tiny_model_dir
+from helpers import hf_model_dir, tiny_model_dir
 
 from chatpage.config.paths import cache_dir
-from chatpage.engine.loader import load_model, packed_weights_path
+from chatpage.engine.loader import default_model_path, gguf_cache_dir, packed_weights_path
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _no_packed_leftovers(tmp_path_factory):
     """Weights the tests pack for their temporary models are cached like a user's (under the
-    cache's models/, keyed by the model's path): at the end, remove the packs of the models this
-    session wrote (other sessions' and the user's stay)."""
+    cache's models/, keyed by the model's path): at the end, remove the packs (and a GGUF's
+    tokenizer) of the models this session wrote (other sessions' and the user's stay)."""
     yield
+    for gguf in tmp_path_factory.getbasetemp().rglob("*.gguf"):  # the tests' own GGUF files
+        shutil.rmtree(gguf_cache_dir(gguf), ignore_errors=True)
     for config in tmp_path_factory.getbasetemp().rglob("config.json"):
         packs = packed_weights_path(config.parent, "int4").parent.parent
         if packs.parent == cache_dir() / "models" and packs.is_dir():
@@ -30,8 +32,9 @@ def _no_packed_leftovers(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def default_model_dir() -> Path:
-    """The dequantized default model (built into the XDG cache on first use)."""
-    return load_model(None, progress=lambda _m: None).directory
+    """The default model as an fp32 HF directory (written from the GGUF into the cache's
+    test-models/ on first use): what transformers runs as the reference."""
+    return hf_model_dir(default_model_path(), cache_dir() / "test-models")
 
 
 @pytest.fixture(scope="session")

@@ -258,3 +258,41 @@ def tiny_model_dir(kind: str, root: Path, tokenizer_dir: Path, **overrides) -> P
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
     return out
+
+
+def hf_model_dir(gguf: Path, root: Path) -> Path:
+    """An HF directory (config.json, fp32 model.safetensors, the tokenizer files) of the GGUF
+    file ``gguf`` as ``load_model`` reads it in fp32, under ``root`` (written once: the reference
+    the tests run transformers on)."""
+    import json
+    import os
+    import shutil
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    from chatpage.engine.loader import gguf_cache_dir, load_model
+
+    out = root / f"{gguf_cache_dir(gguf).name}-hf"
+    if (out / "model.safetensors").is_file():
+        return out
+    loaded = load_model(gguf, progress=lambda _m: None)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=root))
+    c = loaded.config
+    config = {"architectures": ["LlamaForCausalLM" if c.model_type == "llama"
+                                else "Qwen2ForCausalLM"],
+              **{k: getattr(c, k) for k in c.__dataclass_fields__ if k != "sliding_window"},
+              "bos_token_id": loaded.tokenizer.bos_token_id,
+              "pad_token_id": loaded.tokenizer.pad_token_id}
+    (tmp / "config.json").write_text(json.dumps(config, indent=1))
+    state = {k: v for k, v in loaded.state.items() if k != "lm_head.weight" or not c.tie_word_embeddings}
+    save_file(state, tmp / "model.safetensors")
+    for f in loaded.directory.iterdir():
+        if f.is_file():
+            shutil.copy(f, tmp / f.name)
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another session wrote it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

@@ -48,7 +48,7 @@ def _greedy(max_tokens: int) -> SamplingParams:
 
 def test_beam_search_ends_when_every_candidate_is_an_end_token(tiny_llama_dir):
     engine = _engine(tiny_llama_dir, 32)
-    every_token = list(range(engine.model.embed.shape[0]))
+    every_token = list(range(engine.model.vocab_size))
     rid = engine.add_request([5, 6, 7, 8], SamplingParams(beam_width=2, max_tokens=8,
                                                           stop_token_ids=every_token))
     out = _drain(engine, limit=10)[rid]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from chatpage.engine import gemv, ops
-from chatpage.engine.weights import GEMM_ROWS, GEMV_ROWS, make_linear, pack_int4_both, quantize_int4
+from chatpage.engine.weights import GEMM_ROWS, GEMV_ROWS, make_linear, pack_int4, quantize_int4
 
 LIB = torch.ops.chatpage
 BF16, F32 = torch.bfloat16, torch.float32
@@ -102,7 +102,7 @@ def test_make_linear_agrees_below_and_above_the_cut_overs(fmt):
     n, k = 32, 96  # torch's int4 packing needs outputs in multiples of 16
     w = torch.randn(n, k)
     if fmt == "int4":
-        state = pack_int4_both(*quantize_int4(w), "m")
+        state = pack_int4(*quantize_int4(w), "m")
         parts = [state["m.q4"], state["m.scales"], state["m.zeros"]]
     elif fmt == "int8":
         state = {"m.qweight": torch.randint(-127, 128, (n, k), dtype=torch.int8),
@@ -125,3 +125,13 @@ def test_make_linear_agrees_below_and_above_the_cut_overs(fmt):
         bias = state["m.bias"].to(dtype if fmt == "bf16" else F32)
         gemm = getattr(LIB, f"gemm_{fmt}")
         assert torch.equal(linear(x), gemm(x, *parts, bias))
+
+
+@pytest.mark.parametrize("n", [32, 96, 48])
+def test_torch_int4pack_is_torchs_own_packing_of_the_levels(n):
+    """The int4 pack holds the GEMV's nibbles only; torch's layout is derived from them with byte
+    moves (row counts not a multiple of its 32-row block through torch's own conversion)."""
+    torch.manual_seed(n)
+    levels = torch.randint(0, 16, (n, 96), dtype=torch.int32)
+    want = torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1)
+    assert torch.equal(gemv.torch_int4pack(gemv.pack_int4(levels)), want)

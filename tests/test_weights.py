@@ -18,7 +18,7 @@ from chatpage.engine.weights import (
     INT4_GROUP,
     PACKED_LAYOUT,
     make_linear,
-    pack_int4_both,
+    pack_int4,
     quantize_int4,
     quantize_int8,
     state_format,
@@ -61,8 +61,7 @@ def test_int4_is_exact_on_a_16_level_grid():
     step = 2.0 ** -torch.randint(4, 8, (n, k // INT4_GROUP, 1)).float()
     low = (torch.randint(-64, 0, (n, k // INT4_GROUP, 1)) * step)
     w = (low + levels * step).view(n, k)
-    state = pack_int4_both(*quantize_int4(w), "m")
-    assert state["m.scales_zeros"].shape == (k // INT4_GROUP, n, 2)
+    state = pack_int4(*quantize_int4(w), "m")
     assert state["m.q4"].shape == (n, k // 2) and state["m.scales"].shape == (n, k // INT4_GROUP)
     linear = make_linear(state, "m", torch.device("cpu"))
     for rows in (1, GEMV_ROWS["int4"] + 3):
@@ -140,7 +139,7 @@ def test_a_cache_in_another_layout_is_packed_again(tiny_qwen2_dir):
     messages: list[str] = []
     loaded = load_model(tiny_qwen2_dir, progress=messages.append, weights="int4")
     assert any("Packing" in m for m in messages) and path.is_file()
-    assert "layers.0.qkv.q4" in loaded.state and loaded.state["layers.0.qkv.packed"].numel() > 256
+    assert "layers.0.qkv.q4" in loaded.state and loaded.state["layers.0.qkv.q4"].numel() > 256
     assert not old.exists() and other.exists()
     other.unlink()
 

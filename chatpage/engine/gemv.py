@@ -33,6 +33,23 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.cat([g & 15, g >> 4], dim=2).reshape(n, half * 2)
 
 
+# torch's CPU int4pack (``_convert_weight_to_int4pack_for_cpu``) stores rows in blocks of 32: for
+# each input k, 16 bytes hold rows i (low nibble) and i + 16 (high nibble) of the block.
+_TORCH_BLOCK_ROWS = 32
+
+
+def torch_int4pack(q4: torch.Tensor) -> torch.Tensor:
+    """The kernel's [N, K/2] nibbles (:func:`pack_int4`) in torch's CPU int4pack layout, the
+    operand of ``_weight_int4pack_mm_for_cpu`` (byte moves only; the same bytes as torch's own
+    conversion of the levels)."""
+    levels = unpack_int4(q4)
+    n, k = levels.shape
+    if n % _TORCH_BLOCK_ROWS:
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels.to(torch.int32), 1)
+    g = levels.view(n // _TORCH_BLOCK_ROWS, 2, _TORCH_BLOCK_ROWS // 2, k)
+    return (g[:, 0] | (g[:, 1] << 4)).transpose(1, 2).contiguous().view(n, k // 2)
+
+
 def dequantize_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
     """fp32 [N, K] weights of an int4 matrix in the kernel's layout."""
     levels = unpack_int4(q).float().view(q.shape[0], -1, INT4_GROUP) - 8

@@ -76,7 +76,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.bm, self.stop)
         self.runner = ModelRunner(self.model, self.kv, self.bm.tables, config.block_size,
                                   warnings=self.warnings)
-        self.grammars = Grammars(self.tokenizer, self.model.embed.shape[0],
+        self.grammars = Grammars(self.tokenizer, self.model.vocab_size,
                                  self.tokenizer.eos_token_id)
         self.constraints = LogitConstraints()
         template = getattr(self.tokenizer, "chat_template", None)
@@ -138,7 +138,7 @@ class LLMEngine:
     def _check_fits(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
             raise RequestRefused("the prompt is empty: give at least one token")
-        vocab = self.model.embed.shape[0]
+        vocab = self.model.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise RequestRefused(
                 f"prompt token ids must be in [0, {vocab}), the model's vocabulary")

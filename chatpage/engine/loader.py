@@ -1,9 +1,14 @@
 """Model and tokenizer from the default package, a local HF directory, or a .gguf file.
 
-A .gguf file is dequantized through transformers once (slow: ~15-30 s) and written as fp32
-safetensors under the XDG cache dir, keyed by the source file's identity; later loads read that copy.
-A weight format other than fp32 (``engine/weights.py``) is packed once and cached the same way, next
-to the dequantized model (``packed/int4.v2.safetensors``, ...); a cached start reads only that file.
+A .gguf file is read directly (``engine/gguf_file.py``, memory-mapped): its architecture and config
+come from the metadata, checked before anything heavy, so a file chatpage cannot run is refused at
+once. Its tensors go one at a time from the file into the chosen weight format
+(``engine/weights.py`` :func:`pack_source`); a format other than fp32 is packed once and cached
+under the XDG cache dir, keyed by the file's identity (``packed/int4.v3.safetensors``, ...), so a
+cached start reads only that pack. fp32 is dequantized from the file on every start (a cached fp32
+copy would be several times the file). The tokenizer is built from the metadata once, through
+transformers' GGUF converter, and cached beside the packs as a tokenizer.json that later starts
+read without transformers. An HF directory is read as it is, packed and cached the same way.
 """
 
 from __future__ import annotations
@@ -19,16 +24,24 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import torch
 
 from chatpage.config.paths import cache_dir
 from chatpage.engine.config import check_format
+from chatpage.engine.gguf_file import GGUFError, GGUFFile
+from chatpage.engine.gguf_model import GGUFSource, gguf_config
 from chatpage.engine.model_config import ModelShape, read_config
 from chatpage.engine.models.llama import SUPPORTED_MODEL_TYPES
 from chatpage.engine.tokenizer import TextTokenizer, read_plain
-from chatpage.engine.weights import PACKED_LAYOUT, fuse_state, pack_state
+from chatpage.engine.weights import (
+    PACKED_LAYOUT,
+    StateSource,
+    TensorSource,
+    pack_source,
+    read_state,
+)
 from chatpage.vocab import UserError
 
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -56,6 +69,7 @@ class LoadedModel:
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     weights: str = "fp32"
+    gguf: Path | None = None  # the .gguf file the model was read from, if any
 
 
 def default_model_path() -> Path:
@@ -80,8 +94,10 @@ def _cache_key(path: Path, files: list[Path]) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
-def _gguf_cache_dir(gguf: Path) -> Path:
-    return cache_dir() / "models" / f"{gguf.stem}-{_cache_key(gguf, [gguf])}"
+def gguf_cache_dir(gguf: Path) -> Path:
+    """The cache folder of a GGUF file's tokenizer and packs (``-gguf``: read directly; the
+    folders without it hold the fp32 copies of earlier versions)."""
+    return cache_dir() / "models" / f"{gguf.stem}-{_cache_key(gguf, [gguf])}-gguf"
 
 
 def packed_weights_path(directory: Path, weights: str) -> Path:
@@ -95,16 +111,17 @@ def packed_weights_path(directory: Path, weights: str) -> Path:
     return directory / "packed" / f"{weights}.v{PACKED_LAYOUT}.safetensors"
 
 
-def _packed_state(directory: Path, config: ModelShape, weights: str, say: Callable[[str], None]
-                  ) -> dict[str, torch.Tensor]:
-    """The model's weights packed in ``weights``: read from the cache, or packed and cached."""
+def _packed_state(directory: Path, config: Any, source: Callable[[], TensorSource], weights: str,
+                  say: Callable[[str], None]) -> dict[str, torch.Tensor]:
+    """The model's weights packed in ``weights``: read from the cache, or packed from ``source``
+    one tensor at a time and cached."""
     from safetensors.torch import load_file, save_file
 
     path = packed_weights_path(directory, weights)
     if path.is_file():
         return load_file(path)
     say(f"Packing the weights as {weights} (first run only)")
-    state = pack_state(config, fuse_state(config, _read_weights(directory)), weights)
+    state = pack_source(config, source(), weights)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".partial-", dir=path.parent)
     os.close(fd)
@@ -120,38 +137,40 @@ def _packed_state(directory: Path, config: ModelShape, weights: str, say: Callab
     return state
 
 
-def _dequantize_gguf(gguf: Path, target: Path, progress: Callable[[str], None]) -> None:
-    """Load a GGUF through transformers and write an fp32 HF directory at ``target``."""
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _gguf_tokenizer(gguf: Path, directory: Path, say: Callable[[str], None]) -> Any:
+    """The GGUF file's tokenizer: from the cached tokenizer.json, or built from the metadata by
+    transformers' GGUF converter and cached (the files AutoTokenizer writes)."""
+    tokenizer = read_plain(directory)
+    if tokenizer is not None:
+        return tokenizer
+    from transformers import AutoTokenizer
 
-    progress(f"Dequantizing {gguf.name} (first run only)")
+    say(f"Reading the tokenizer of {gguf.name} (first run only)")
+    built = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=directory))
     try:
-        tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        )
-    except Exception as e:  # transformers raises many types for unreadable files
-        raise ModelLoadError(f"cannot read GGUF file {gguf}: {e}".splitlines()[0]) from e
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=target.parent))
-    try:
-        config = model.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        config.save_pretrained(tmp)
-        state = {k: v.contiguous() for k, v in model.state_dict().items()}
-        if getattr(config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)
-        save_file(state, tmp / "model.safetensors")
-        tok.save_pretrained(tmp)
-        if target.exists():  # another process finished first
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, target)
-    except BaseException:
+        built.save_pretrained(tmp)
+        # The class transformers picks by architecture (Qwen2Tokenizer, ...) only builds the
+        # backend, which tokenizer.json now holds whole: mark it as the plain one, read_plain's
+        config_file = tmp / "tokenizer_config.json"
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        config["tokenizer_class"] = "TokenizersBackend"
+        config_file.write_text(json.dumps(config, indent=2), encoding="utf-8")
+        for f in sorted(tmp.iterdir(), key=lambda f: f.name == "tokenizer_config.json"):
+            os.replace(f, directory / f.name)  # tokenizer_config.json last: it marks them whole
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    return read_plain(directory) or built
+
+
+def _open_gguf(path: Path) -> tuple[GGUFFile, Any]:
+    """The GGUF file and its config, checked (one-line ModelLoadError for what cannot run)."""
+    try:
+        gf = GGUFFile(path)
+        return gf, gguf_config(gf)
+    except GGUFError as e:
+        raise ModelLoadError(str(e)) from None
 
 
 def _read_config(directory: Path) -> ModelShape:
@@ -226,30 +245,41 @@ def load_model(model: str | os.PathLike[str] | None, progress: Callable[[str], N
             )
         name = source.stem if source.is_file() else source.name
 
+    check_format(weights)
     if source.is_file():
         if source.suffix != ".gguf":
             raise ModelLoadError(f"{source} is not a .gguf file or a model directory")
-        directory = _gguf_cache_dir(source)
-        if not (directory / "model.safetensors").is_file():
-            _dequantize_gguf(source, directory, say)
-            timings["dequantize_s"] = time.perf_counter() - t0
+        gf, config = _open_gguf(source)
+        directory = gguf_cache_dir(source)
+        try:
+            tokenizer = _gguf_tokenizer(source, directory, say)
+        except Exception as e:  # transformers raises many types for a vocabulary it cannot build
+            raise ModelLoadError(
+                f"cannot build the tokenizer of {source}: {e}".splitlines()[0]) from e
+        say(f"Loading {name}")
+        gguf_source = GGUFSource(gf, config)
+        if weights == "fp32":
+            state = read_state(config, gguf_source)
+        else:
+            state = _packed_state(directory, config, lambda: gguf_source, weights, say)
     else:
         directory = source
-
-    check_format(weights)
-    say(f"Loading {name}")
-    config = _read_config(directory)
-    if weights == "fp32":
-        state = _read_weights(directory)
-    else:
-        state = _packed_state(directory, config, weights, say)
-    try:
-        tokenizer = _read_tokenizer(directory)
-    except Exception as e:
-        raise ModelLoadError(f"cannot load the tokenizer from {directory}: {e}".splitlines()[0]) from e
+        say(f"Loading {name}")
+        config = _read_config(directory)
+        if weights == "fp32":
+            state = _read_weights(directory)
+        else:
+            state = _packed_state(directory, config,
+                                  lambda: StateSource(_read_weights(directory)), weights, say)
+        try:
+            tokenizer = _read_tokenizer(directory)
+        except Exception as e:
+            raise ModelLoadError(
+                f"cannot load the tokenizer from {directory}: {e}".splitlines()[0]) from e
     warnings = []
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
         warnings.append(f"{name} has no chat template; using a plain 'Role: text' template")
     timings["load_s"] = time.perf_counter() - t0
-    return LoadedModel(name, directory, config, state, tokenizer, warnings, timings, weights)
+    return LoadedModel(name, directory, config, state, tokenizer, warnings, timings, weights,
+                       source if source.is_file() else None)

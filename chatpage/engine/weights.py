@@ -53,29 +53,31 @@ The quantized torch paths take bf16 activations (with fp32 ones they are 10-20x 
 quantized model's matmul inputs are bf16 while the residual stream, norms, RoPE, attention and
 the KV cache keep the engine dtype; the GEMVs take either.
 
-int4 is stored in both layouts (the same size each): the GEMV's, whose nibbles line up with
-consecutive activations and which the GEMM reads too, and torch's int4pack for 2-15 rows (and
-everything without the native kernels), so a cached start converts nothing (torch's packing of the whole model costs ~0.2 s, and start-up is over its goal already).
-Only the GEMV's counts in :func:`step_bytes`; without the native kernels make_linear keeps only
-torch's.
+int4 is stored in the GEMV's layout, whose nibbles line up with consecutive activations and which
+the GEMM reads too; :func:`make_linear` derives torch's int4pack (for 2-15 rows, and everything
+without the native kernels) from it with byte moves at load, so a pack holds the nibbles once (a
+GGUF's pack stays near the file's size). Only the GEMV's layout counts in :func:`step_bytes`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from chatpage.engine import gemv, ops
 from chatpage.engine.config import check_format
-from chatpage.engine.gemv import INT4_GROUP
+from chatpage.engine.gemv import INT4_GROUP, torch_int4pack
 from chatpage.engine.model_config import ModelShape
 from chatpage.vocab import WEIGHT_FORMATS
 
 # Bumped whenever a format's stored tensors change (the packed cache's file names carry it, so
 # an older cache is packed again, never misread). 2: int4 stores the native GEMV's layout too.
-PACKED_LAYOUT = 2
+# 3: no dense fp32 embedding table in the quantized formats (bf16 rows, or int8 rows: the tied
+# lm_head's own).
+PACKED_LAYOUT = 3
 
 # The model's matmuls per layer (fused) and the lm_head, in the packed state's names.
 LAYER_LINEARS = ("qkv", "o", "gate_up", "down")
@@ -136,34 +138,61 @@ def matmul_dtype(weights: str, dtype: torch.dtype) -> torch.dtype:
     return dtype if weights == "fp32" else torch.bfloat16
 
 
-def fuse_state(config: ModelShape, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF-named fp32 tensors -> the model's names (``layers.{i}.qkv.weight``, ...), consuming
-    ``state``; QKV and gate+up are concatenated along the output dimension."""
-    out = {"embed.weight": state.pop("model.embed_tokens.weight"),
-           "norm": state.pop("model.norm.weight")}
-    if "lm_head.weight" in state:
-        out["lm_head.weight"] = state.pop("lm_head.weight")
+class TensorSource(Protocol):
+    """Where a checkpoint's tensors come from, one at a time, by their HF names: a GGUF file
+    (``engine/gguf_model.py``), a safetensors folder, or a dict of tensors already in memory."""
+
+    def __contains__(self, name: object) -> bool: ...
+
+    def load(self, name: str) -> torch.Tensor: ...
+
+
+class StateSource:
+    """A :class:`TensorSource` over a dict of HF-named tensors (each handed out once)."""
+
+    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+        self.state = state
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.state
+
+    def load(self, name: str) -> torch.Tensor:
+        return self.state.pop(name)
+
+
+def fused_layout(config: Any, source: TensorSource) -> list[tuple[str, tuple[str, ...]]]:
+    """Every tensor of the model's own layout with the HF tensors it is made of, in order: one
+    QKV (Qwen2's bias too) and one gate+up matrix per layer, concatenated along the outputs."""
+    out = [("embed.weight", ("model.embed_tokens.weight",)), ("norm", ("model.norm.weight",))]
+    if "lm_head.weight" in source:
+        out.append(("lm_head.weight", ("lm_head.weight",)))
     for i in range(config.num_hidden_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
-        out[q + "qkv.weight"] = torch.cat([state.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"])
-        if p + "self_attn.q_proj.bias" in state:
-            out[q + "qkv.bias"] = torch.cat([state.pop(p + f"self_attn.{x}_proj.bias") for x in "qkv"])
-        out[q + "o.weight"] = state.pop(p + "self_attn.o_proj.weight")
-        out[q + "gate_up.weight"] = torch.cat(
-            [state.pop(p + "mlp.gate_proj.weight"), state.pop(p + "mlp.up_proj.weight")]
-        )
-        out[q + "down.weight"] = state.pop(p + "mlp.down_proj.weight")
-        out[q + "input_norm"] = state.pop(p + "input_layernorm.weight")
-        out[q + "post_norm"] = state.pop(p + "post_attention_layernorm.weight")
+        out.append((q + "qkv.weight", tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv")))
+        if p + "self_attn.q_proj.bias" in source:
+            out.append((q + "qkv.bias", tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv")))
+        out += [(q + "o.weight", (p + "self_attn.o_proj.weight",)),
+                (q + "gate_up.weight", (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")),
+                (q + "down.weight", (p + "mlp.down_proj.weight",)),
+                (q + "input_norm", (p + "input_layernorm.weight",)),
+                (q + "post_norm", (p + "post_attention_layernorm.weight",))]
     return out
 
 
-def linear_names(config: ModelShape, fused: dict[str, torch.Tensor]) -> list[str]:
-    """Prefixes of every matmul weight in a fused or packed state (lm_head included when untied)."""
-    names = [f"layers.{i}.{n}" for i in range(config.num_hidden_layers) for n in LAYER_LINEARS]
-    if "lm_head.weight" in fused or "lm_head.qweight" in fused or "lm_head.q4" in fused:
-        names.append("lm_head")
-    return names
+def _fused(source: TensorSource, parts: tuple[str, ...]) -> torch.Tensor:
+    return source.load(parts[0]) if len(parts) == 1 else torch.cat([source.load(n) for n in parts])
+
+
+def read_state(config: Any, source: TensorSource) -> dict[str, torch.Tensor]:
+    """Every tensor of ``source`` the model uses, by HF name."""
+    return {n: source.load(n) for _, parts in fused_layout(config, source) for n in parts}
+
+
+def fuse_state(config: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """HF-named fp32 tensors -> the model's names (``layers.{i}.qkv.weight``, ...), consuming
+    ``state`` (:func:`fused_layout`)."""
+    source = StateSource(state)
+    return {name: _fused(source, parts) for name, parts in fused_layout(config, source)}
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,43 +223,67 @@ def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP
     return q.to(torch.int32).view(n, k), scale, zero
 
 
-def pack_int4_both(levels: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                   name: str) -> dict[str, torch.Tensor]:
-    """One int4 matrix in both layouts: the native GEMV's (``.q4``, ``.scales``, ``.zeros``,
-    :mod:`chatpage.engine.gemv`) and torch's ``_weight_int4pack_mm_for_cpu`` (``.packed``,
-    ``.scales_zeros`` [K/32, N, 2])."""
-    return {
-        name + ".q4": gemv.pack_int4(levels), name + ".scales": scales, name + ".zeros": zeros,
-        name + ".packed": torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1),
-        name + ".scales_zeros": torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous(),
-    }
+def pack_int4(levels: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+              name: str) -> dict[str, torch.Tensor]:
+    """One int4 matrix as stored: the native GEMV's layout (``.q4``, ``.scales``, ``.zeros``,
+    :mod:`chatpage.engine.gemv`), which the GEMM reads too; :func:`make_linear` derives torch's
+    int4pack from it (byte moves), so a pack holds the nibbles once."""
+    return {name + ".q4": gemv.pack_int4(levels), name + ".scales": scales, name + ".zeros": zeros}
 
 
-def pack_state(config: ModelShape, fused: dict[str, torch.Tensor], weights: str,
-               dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Store every matmul weight of a fused state in ``weights`` (consumes ``fused``).
+def pack_tensor(name: str, w: torch.Tensor, weights: str, tied: bool,
+                dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """One tensor of the model's own layout (``name``: ``layers.3.qkv.weight``, ``embed.weight``,
+    ``norm``, ...) stored in ``weights``: the packed tensors it becomes. The seam every loading
+    path packs through, one tensor at a time.
 
-    Embeddings, norms and biases keep ``dtype``. With tied embeddings the lm_head is packed as
-    its own copy for the quantized formats (the lookup keeps the dense table). The int4 format
-    keeps the lm_head in int8: in int4 it cost the default model 4.2% of perplexity, in int8 the
-    whole format is within 0.1% of fp32 (``chatpage bench quality``).
+    Matmul weights take the format; the int4 format keeps the lm_head in int8 (in int4 it cost the
+    default model 4.2% of perplexity, in int8 the whole format is within 0.1% of fp32: ``chatpage
+    bench quality``). The embedding table is never kept dense in fp32 by a quantized format: bf16
+    keeps it in bf16, int8 and int4 as int8 rows; with ``tied`` embeddings it is stored once, as
+    the lm_head, and the lookups read those rows. fp32 keeps it in ``dtype`` (the tied lm_head
+    reads it). Norms and biases keep ``dtype``.
     """
+    prefix, _, kind = name.rpartition(".")
+    if name == "embed.weight" and weights != "fp32":
+        if tied:
+            return pack_tensor("lm_head.weight", w, weights, tied, dtype)
+        if weights == "bf16":
+            return {name: w.to(torch.bfloat16).contiguous()}
+        q, s = quantize_int8(w)
+        return {"embed.qweight": q, "embed.scales": s}
+    if kind != "weight" or not (prefix == "lm_head" or prefix.rpartition(".")[2] in LAYER_LINEARS):
+        return {name: w.to(dtype).contiguous()}
+    if weights == "int8" or (weights == "int4" and prefix == "lm_head"):
+        q, s = quantize_int8(w)
+        return {prefix + ".qweight": q, prefix + ".scales": s}
+    if weights == "int4":
+        return pack_int4(*quantize_int4(w), prefix)
+    return {name: w.to(torch.bfloat16 if weights == "bf16" else dtype).contiguous()}
+
+
+def pack_source(config: Any, source: TensorSource, weights: str,
+                dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """The packed state of the checkpoint ``source`` in ``weights``, read and packed one fused
+    tensor at a time (at most one of them unpacked in memory besides the packed state)."""
     check_format(weights)
-    names = linear_names(config, fused)
-    if "lm_head.weight" not in fused and weights != "fp32":
-        fused["lm_head.weight"] = fused["embed.weight"]
-        names.append("lm_head")
+    tied = "lm_head.weight" not in source
     out: dict[str, torch.Tensor] = {}
-    for name in names:
-        w = fused.pop(name + ".weight")
-        if weights == "int8" or (weights == "int4" and name == "lm_head"):
-            out[name + ".qweight"], out[name + ".scales"] = quantize_int8(w)
-        elif weights == "int4":
-            out.update(pack_int4_both(*quantize_int4(w), name))
-        else:
-            out[name + ".weight"] = w.to(torch.bfloat16 if weights == "bf16" else dtype).contiguous()
-    for key, t in fused.items():
-        out[key] = t.to(dtype).contiguous()
+    for name, parts in fused_layout(config, source):
+        out.update(pack_tensor(name, _fused(source, parts), weights, tied, dtype))
+    out["format." + weights] = torch.zeros(0)
+    return out
+
+
+def pack_state(config: Any, fused: dict[str, torch.Tensor], weights: str,
+               dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Store every tensor of a fused state in ``weights`` (consumes ``fused``;
+    :func:`pack_tensor`)."""
+    check_format(weights)
+    tied = "lm_head.weight" not in fused
+    out: dict[str, torch.Tensor] = {}
+    for name in list(fused):
+        out.update(pack_tensor(name, fused.pop(name), weights, tied, dtype))
     out["format." + weights] = torch.zeros(0)
     return out
 
@@ -257,11 +310,12 @@ def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
             gemm = Gemv(lib.gemm_int8, (q, s), bias, GEMM_ROWS["int8"])
         k = q.shape[1]
     elif name + ".q4" in packed:
-        p = _aligned(packed[name + ".packed"], device)
-        sz = _aligned(packed[name + ".scales_zeros"], device)
+        q4, scales, zeros = (packed[name + x] for x in (".q4", ".scales", ".zeros"))
+        p = _aligned(torch_int4pack(q4), device)  # torch's layout, [K/32, N, 2] scales
+        sz = _aligned(torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous(), device)
         fn = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, p, INT4_GROUP, sz)  # noqa: E731
         if native:  # the GEMV's own layout, which the GEMM reads too
-            parts = tuple(packed[name + x].to(device) for x in (".q4", ".scales", ".zeros"))
+            parts = tuple(t.to(device) for t in (q4, scales, zeros))
             gemv = Gemv(lib.gemv_int4, parts, bias, GEMV_ROWS["int4"])
             gemm = Gemv(lib.gemm_int4, parts, bias, GEMM_ROWS["int4"])
         k = p.shape[1] * 2
@@ -286,6 +340,31 @@ def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
     if not native:
         return Linear(many, k)
     return Linear(_by_rows(gemv, many, gemm), k, gemv)
+
+
+class Embedding:
+    """The token embedding lookup of a packed state: ``embedding(ids [T]) -> [T, H]`` in the
+    engine dtype, from a dense table, or from int8 rows and their scales (:func:`pack_tensor`)."""
+
+    __slots__ = ("lookup", "num_embeddings")
+
+    def __init__(self, packed: dict[str, torch.Tensor], device: torch.device,
+                 dtype: torch.dtype) -> None:
+        name = next(n for n in ("embed", "lm_head")
+                    if n + ".weight" in packed or n + ".qweight" in packed)
+        if name + ".qweight" in packed:
+            q, s = packed[name + ".qweight"].to(device), packed[name + ".scales"].to(device)
+            self.lookup: Callable[[torch.Tensor], torch.Tensor] = lambda ids: (
+                q.index_select(0, ids).to(dtype) * s.index_select(0, ids).to(dtype)[:, None])
+        else:
+            w = packed[name + ".weight"].to(device)
+            w = w.to(dtype).contiguous() if w.dtype == torch.float32 else w.contiguous()
+            self.lookup = lambda ids: F.embedding(ids, w).to(dtype)
+        self.num_embeddings = packed[name + (".qweight" if name + ".qweight" in packed
+                                             else ".weight")].shape[0]
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lookup(ids)
 
 
 def _by_rows(few: Gemv, middle: Callable[[torch.Tensor], torch.Tensor], many: Gemv | None = None
@@ -327,12 +406,10 @@ def packed_bytes(packed: dict[str, torch.Tensor]) -> int:
 
 def step_bytes(config: ModelShape, packed: dict[str, torch.Tensor]) -> int:
     """Bytes one decode step reads from a packed state: every matmul weight (the lm_head, tied or
-    not), the norms and biases; the embedding table counts only when it is the lm_head. Of int4's
-    two layouts (the same size) only the GEMV's counts."""
+    not), the norms and biases; the embedding table counts only when it is the lm_head."""
     tied = not any(k.startswith("lm_head.") for k in packed)
     skip = () if tied else ("embed.",)
     return sum(
         t.numel() * t.element_size() for k, t in packed.items()
         if not k.startswith(skip) and not k.startswith("format.")
-        and not k.endswith((".packed", ".scales_zeros"))
     )

@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from chatpage.engine import attention
@@ -21,6 +20,7 @@ from chatpage.engine import fused as fused_ops
 from chatpage.engine.config import check_format
 from chatpage.engine.model_config import ModelShape
 from chatpage.engine.weights import (
+    Embedding,
     Linear,
     fuse_state,
     make_linear,
@@ -124,7 +124,8 @@ class LlamaModel:
         def t(name: str) -> torch.Tensor:
             return state[name].to(device=self.device, dtype=dtype).contiguous()
 
-        self.embed = t("embed.weight")
+        self.embed = Embedding(state, self.device, dtype)
+        self.vocab_size = self.embed.num_embeddings
         self.layers = [
             LayerWeights(
                 input_norm=t(f"layers.{i}.input_norm"),
@@ -198,7 +199,7 @@ class LlamaModel:
         T = input_ids.shape[0]
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         dev = self.device
-        h = F.embedding(input_ids, self.embed)  # the residual stream, updated in place
+        h = self.embed(input_ids)  # the residual stream, updated in place
         x = torch.empty(T, self.hidden, dtype=self.mm_dtype, device=dev)
         q = torch.empty(T, hq, d, dtype=self.dtype, device=dev)
         k = torch.empty(T, hkv, d, dtype=self.dtype, device=dev)

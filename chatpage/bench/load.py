@@ -1,0 +1,110 @@
+"""`chatpage bench load`: loading a model, first (fresh cache) and cached, in each weight format.
+
+Every load is a fresh process (``python -m chatpage.bench.load --child``) that loads the model
+through ``load_model`` and reports its own time and peak RSS (``ru_maxrss``: the most host memory it
+ever held, interpreter and torch included). The first load of a format runs against an empty cache
+folder (``XDG_CACHE_HOME`` pointed at a temporary directory: tokenizer conversion and packing
+included); the cached load then reads what it left. Reported with the bytes that cache holds and
+the ratios of each figure to the model file's size (a GGUF; for a folder, its weight files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from chatpage.bench import common
+
+# Goals of issue 21 for a GGUF (a 0.5B Q4_K_M file on this kind of machine for the seconds).
+GOALS = {"first_load_s": 15.0, "cached_load_s": 2.0, "cache_ratio": 1.3}
+
+
+def _child(model: str | None, weights: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    from chatpage.engine.loader import load_model
+
+    loaded = load_model(model, progress=lambda _m: None, weights=weights)
+    seconds = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux counts KiB
+    return {"load_s": seconds, "peak_rss_bytes": rss, "tensors": len(loaded.state)}
+
+
+def _load(model: str | None, weights: str, cache: Path) -> dict[str, Any]:
+    """One load in a fresh process with ``cache`` as its XDG cache: its figures and wall time."""
+    cmd = [sys.executable, "-m", "chatpage.bench.load", "--child", "--weights", weights]
+    if model:
+        cmd += ["--model", model]
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
+    if done.returncode != 0:
+        lines = (done.stderr.strip() or "no output").splitlines()
+        raise SystemExit(f"chatpage: error: the {weights} load failed: {lines[-1]}")
+    return {**json.loads(done.stdout.strip().splitlines()[-1]),
+            "process_s": time.perf_counter() - t0}
+
+
+def _bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+def source_bytes(model: str | None) -> int:
+    """Bytes of the model as the user has it: the GGUF file, or a folder's weight files."""
+    from chatpage.engine.loader import default_model_path
+
+    path = default_model_path() if model is None else Path(model).expanduser()
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.iterdir()
+               if f.suffix in (".safetensors", ".bin") and f.is_file())
+
+
+def measure(model: str | None, weights: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="chatpage-bench-load-") as tmp:
+        cache = Path(tmp)
+        first = _load(model, weights, cache)
+        cached = _load(model, weights, cache)
+        models = cache / "chatpage" / "models"
+        cache_bytes = _bytes(models) if models.is_dir() else 0
+    size = source_bytes(model)
+    return {"weights": weights, "first_load_s": first["load_s"],
+            "first_process_s": first["process_s"], "cached_load_s": cached["load_s"],
+            "cached_process_s": cached["process_s"],
+            "first_peak_rss_bytes": first["peak_rss_bytes"],
+            "cached_peak_rss_bytes": cached["peak_rss_bytes"], "cache_bytes": cache_bytes,
+            "cache_ratio": cache_bytes / size,
+            "first_peak_rss_ratio": first["peak_rss_bytes"] / size,
+            "cached_peak_rss_ratio": cached["peak_rss_bytes"] / size}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    rows = []
+    for fmt in args.weights:
+        common.say(f"{fmt}: a first load into an empty cache, then a cached one")
+        rows.append(measure(args.model, fmt))
+    return {"benchmark": "load", "model": args.model or "default",
+            "file_bytes": source_bytes(args.model), "results": rows, "goals": GOALS}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = common.parser("load", __doc__.splitlines()[0], default_scale=1.0)
+    p.add_argument("--weights", type=common.weight_formats, default=["int4"],
+                   help="comma-separated weight formats (default: int4, the default format)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = common.parse(p, argv)
+    if args.child:
+        print(json.dumps(_child(args.model, args.weights[0])), flush=True)
+        return 0
+    return common.emit(common.round_floats(run(args)), args.json)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
