@@ -13,6 +13,7 @@ from textual import events
 from textual.widgets.markdown import MarkdownFence
 
 from chatpage.store import Store
+from chatpage.ui.actions.table import BY_ID
 from chatpage.ui.clipboard import system_tool
 from chatpage.ui.screens.code_picker import CodeBlockPicker
 from chatpage.ui.screens.confirm import Confirm
@@ -231,7 +232,8 @@ async def test_regenerate_and_delete_a_focused_message(tmp_path):
         await pilot.press("alt+up", "d")  # delete it: the other version comes back
         await opened(pilot, Confirm)
         assert app.screen.question == "Delete this reply?"
-        assert app.screen.detail == "It is the last message. This cannot be undone."
+        assert app.screen.detail == ("It is the last message. ctrl+z or /undo brings it back "
+                                     "until the chat closes.")
         await pilot.press("escape")
         await pilot.pause()
         assert len(session.entries) == 2 and isinstance(app.focused, MessageView)
@@ -277,3 +279,113 @@ async def test_a_draft_in_a_chat_with_no_messages_survives_a_restart(tmp_path):
         await pilot.press("escape")
     with Store.open() as store:
         assert store.list_sessions() == []
+
+
+def burst(app, keys: list[tuple[str, str]]) -> None:
+    """Keys as one read of the terminal gives them (a paste, fast typing): posted to the app
+    together, before any of them is handled."""
+    for key, character in keys:
+        app.post_message(events.Key(key, character))
+
+
+SLASH_EDIT = [("slash", "/"), ("e", "e"), ("d", "d"), ("i", "i"), ("t", "t"), ("enter", "\r")]
+
+
+async def test_typing_on_a_focused_message_goes_to_the_message_box(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        await reply(pilot, app, "first answer")
+        await reply(pilot, app, "second answer")
+        views = list(app.chat.session_view(session).query(MessageView))
+        prompt = app.chat.prompt
+        prompt.focus()
+        await pilot.press("alt+down")  # from the box, either way: the message nearest it
+        assert app.focused is views[3]
+        await pilot.press("escape")
+        assert app.focused is prompt
+        await pilot.press("alt+up", "k")
+        assert app.focused is views[2]
+
+        # "/edit" and enter in one burst: the slash command, never e (edit) then d (delete)
+        burst(app, SLASH_EDIT)
+        await wait_for(pilot, lambda: prompt.text == "a question", "the message to edit")
+        assert not isinstance(app.screen, Confirm) and len(session.entries) == 4
+        assert session.editing is session.entries[2] and app.focused is prompt
+
+        # a key that is no message key goes to the box with its character
+        prompt.load_text("")
+        await pilot.press("alt+up", "x", "y")
+        assert prompt.text == "xy" and app.focused is prompt
+        prompt.load_text("")
+        await pilot.press("alt+up", "k", "k")  # the reply above: its keys act
+        assert app.focused is views[1]
+        burst(app, [("r", "r"), ("d", "d"), ("e", "e")])  # r acts, the rest of the burst is text
+        await wait_for(pilot, lambda: prompt.text == "de", "the burst in the box")
+        assert not isinstance(app.screen, Confirm) and app.focused is prompt
+
+
+async def test_delete_asks_with_cancel_first_and_can_be_undone(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        await reply(pilot, app, "first answer")
+        await reply(pilot, app, "second answer")
+        app.chat.prompt.focus()
+        await pilot.press("alt+up", "k", "k", "d")  # the first reply, and the turn after it
+        await opened(pilot, Confirm)
+        await pilot.press("enter")  # enter: the focused button, Cancel
+        await wait_for(pilot, lambda: not isinstance(app.screen, Confirm), "the dialog to go")
+        assert len(session.entries) == 4
+
+        await pilot.press("d")
+        await opened(pilot, Confirm)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: len(session.entries) == 1, "the deletion")
+        assert app.notices[-1] == ("information: deleted this reply and the 2 after it: "
+                                   "undo with ctrl+z or /undo")
+        with Store.open() as store:
+            assert len(store.messages(session.store_id)) == 1
+
+        app.chat.prompt.focus()
+        await pilot.press("ctrl+z")  # the box is empty: the chat's undo
+        await wait_for(pilot, lambda: len(session.entries) == 4, "the undo")
+        assert [e.content for e in session.entries] == [
+            "a question", "first answer", "a question", "second answer"]
+        views = list(app.chat.session_view(session).query(MessageView))
+        assert [v.entry for v in views] == session.entries
+        assert "information: brought back the reply" in app.notices
+        await app.chat.submit_prompt("/undo")
+        assert "error: there is no deleted message to bring back" in app.notices
+    with Store.open() as store:  # saved again, in order, on the path on show
+        path = store.messages(session.store_id, active_only=True)
+        assert [m.content for m in path] == ["a question", "first answer", "a question",
+                                             "second answer"]
+
+
+async def test_switching_versions_keeps_the_focus_on_the_message(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        await reply(pilot, app, "first answer")
+        submitted = fake_submits(app)
+        await app.chat.perform(BY_ID["regenerate"])
+        app.chats.deliver(reply_update(f"fake-{len(submitted)}", "second answer", True))
+        await wait_for(pilot, lambda: session.entries[-1].content == "second answer"
+                       and session.entries[-1].status == "done", "the other version")
+        await app.chat.submit_prompt("next question")
+        app.chats.deliver(reply_update(f"fake-{len(submitted)}", "third", True))
+        await wait_for(pilot, lambda: session.entries[-1].status == "done", "the third reply")
+        app.chat.prompt.focus()
+        await pilot.press("alt+up", "k", "k", "left_square_bracket")
+        await wait_for(pilot, lambda: session.entries[1].content == "first answer",
+                       "the first version")
+        await pilot.pause()
+        await wait_for(pilot, lambda: isinstance(app.focused, MessageView)
+                       and app.focused.entry is session.entries[1], "the focus on it")
+        await pilot.press("right_square_bracket")
+        await wait_for(pilot, lambda: isinstance(app.focused, MessageView)
+                       and app.focused.entry.content == "second answer", "the focus on it")

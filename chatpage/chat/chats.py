@@ -22,6 +22,8 @@ from chatpage.chat.session import (
     ChatSession,
     Cleared,
     Closed,
+    Deletion,
+    EntriesRestored,
     Entry,
     EntryAdded,
     EntryRemoved,
@@ -186,13 +188,30 @@ class Chats(Requests):
         self._check_idle(session)
         if session.editing is not None and session.editing in below(message):
             session.editing = None
+        fork = session.transcript.fork_of(message)
+        session.deleted.append(Deletion(message, fork.index(message), fork.chosen() is message))
         shown = session.transcript.remove(message)
         session.changed(EntryRemoved(message, shown))
+
+    def undo_delete(self, session: ChatSession) -> Entry:
+        """Bring back the message deleted last (with what followed it) where it was; returns
+        it. Its rows are written again."""
+        self._check_idle(session)
+        if not session.deleted:
+            raise ChatError("there is no deleted message to bring back")
+        deletion = session.deleted.pop()
+        session.transcript.restore(deletion.entry, deletion.index, deletion.shown)
+        for entry in below(deletion.entry):
+            entry.store_id = None  # its rows were deleted: saved anew
+        session.changed(EntriesRestored(deletion.entry))
+        self._fit(session, None, notice=False)
+        return deletion.entry
 
     def clear(self, session: ChatSession) -> None:
         self.stop(session)
         self._drop_generation(session)
         session.editing = None
+        session.deleted.clear()
         session.transcript.clear()
         session.changed(Cleared())
 

@@ -29,6 +29,7 @@ from chatpage.chat.session import (
     BusyChanged,
     Change,
     ChatSession,
+    Entry,
     GenerationChanged,
     SettingsChanged,
     TitleChanged,
@@ -288,7 +289,7 @@ class ChatScreen(Screen[None]):
         prompt = self.prompt
         prompt.load_text(text)
         prompt.move_cursor(prompt.document.end)
-        prompt.focus()
+        self.set_focus(prompt)  # at once: keys already on their way follow the text
 
     def edit_draft(self) -> None:
         """Edit the draft in $EDITOR: the app steps aside until the editor exits."""
@@ -390,6 +391,17 @@ class ChatScreen(Screen[None]):
     @on(MessageView.Switch)
     async def _switch(self, message: MessageView.Switch) -> None:
         await self._guard(lambda: message_actions.switch(self, message.entry, message.step))
+
+    @on(MessageView.Left)
+    async def _left(self) -> None:
+        """Escape on a message: the box has the focus again; a reply in progress stops too
+        (escape is the stop key)."""
+        await self.act(BY_ID["stop"])
+
+    def focus_entry(self, entry: Entry) -> None:
+        """Focus the message of ``entry`` in the chat on show."""
+        if self.current is not None:
+            self.session_view(self.current).transcript.focus_entry(entry)
 
     @on(MessageView.Delete)
     def _delete(self, message: MessageView.Delete) -> None:

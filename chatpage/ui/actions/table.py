@@ -64,6 +64,10 @@ ACTIONS: tuple[Action, ...] = (
     Action("edit_last", "Edit last", turns.edit_last, key="alt+e", show=False, slash="edit",
            usage="/edit", help="put your last message back in the input: sending it forks the "
            "chat there, and the old version stays"),
+    Action("undo_delete", "Undo delete", turns.undo_delete, key="ctrl+z", show=False,
+           priority=True, yields=True, slash="undo", usage="/undo",
+           help="bring back the message deleted last, with what followed it (box with text: "
+           "ctrl+z undoes typing)"),
     Action("continue_reply", "Continue", turns.continue_reply, slash="continue",
            usage="/continue", help="let the last reply go on from where it ended"),
     Action("cycle_alternatives", "Alternatives", settings.cycle_alternatives, key="ctrl+a",

@@ -7,6 +7,11 @@ of its code blocks, e edits it (sending forks the chat there), r asks again for 
 version of it), d deletes it and what follows. Where the chat forks, ``◀ 2/3 ▶`` shows which version of the turn
 this is: click its arrows, or press [ and ] on the focused message, to show another. A message
 left out of what the model sees (the chat outgrew the context) is greyed.
+
+Typing never acts by accident: escape, and any printable key the message has no use for (``/``,
+a letter that is not one of its keys), go back to the message box, the key with them; so do the
+keys that follow in the same burst (a paste, or ``/edit`` typed fast: one read of the terminal),
+those that would be the message's keys too.
 """
 
 from __future__ import annotations
@@ -25,8 +30,13 @@ from textual.widgets.markdown import MarkdownFence
 from chatpage.chat.session import Entry, ReplyStats
 from chatpage.engine.client import OutputDelta
 from chatpage.ui.text import clean, code_blocks
+from chatpage.ui.widgets.prompt_input import PromptInput, is_chord
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
 from chatpage.ui.widgets.throttle import Throttled
+
+BURST_S = 0.01
+"""Keys this close together came in one read of the terminal (a paste, a burst of typing): not
+a person pressing one key, then another."""
 
 STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "error": "failed",
                 "streaming": "…"}
@@ -63,6 +73,7 @@ class MessageView(Throttled, Vertical, can_focus=True):
         Binding("d", "delete", "Delete", id="message_delete"),
         Binding("left_square_bracket", "switch(-1)", "Previous version", id="message_prev"),
         Binding("right_square_bracket", "switch(1)", "Next version", id="message_next"),
+        Binding("escape", "leave", "Message box", id="message_leave"),
     ]
 
     @dataclass
@@ -96,6 +107,9 @@ class MessageView(Throttled, Vertical, can_focus=True):
 
         entry: Entry
 
+    class Left(Message):
+        """Escape took the focus back to the message box."""
+
     @dataclass
     class Switch(Message):
         """Show the version ``step`` away from ``entry`` (-1 previous, 1 next)."""
@@ -110,6 +124,7 @@ class MessageView(Throttled, Vertical, can_focus=True):
         self._speaker = Static(classes="message-speaker")
         self._versions = Static(classes="message-versions")
         self._foot_line = Static(classes="message-foot")
+        self._last_key_at = 0.0
         self._body: Static | StreamingMarkdown = (
             Static(classes="message-body") if entry.role == "user"
             else StreamingMarkdown(entry.content, classes="message-body")
@@ -171,6 +186,32 @@ class MessageView(Throttled, Vertical, can_focus=True):
             self._body.draw()
         else:
             self._body.update(Text(clean(entry.content)))
+
+    # -- keys ------------------------------------------------------------------------------------
+    async def _on_key(self, event: events.Key) -> None:
+        burst = event.time - self._last_key_at < BURST_S
+        self._last_key_at = event.time
+        typed = event.is_printable and not is_chord(event.key)
+        if self.app.focused is not self or (
+                typed and (burst or event.key not in self.screen.active_bindings)):
+            event.stop()
+            event.prevent_default()
+            self._hand_over(events.Key(event.key, event.character))
+
+    def _hand_over(self, key: events.Key | None) -> None:
+        """Give the focus back to the message box at once (so the keys still on their way here
+        follow it there), with ``key``; a key that comes after the focus left goes to where it
+        is now."""
+        target = self.app.focused
+        if target is self or target is None:
+            target = self.screen.query_one(PromptInput)
+            self.screen.set_focus(target)
+        if key is not None:
+            target.post_message(key)
+
+    def action_leave(self) -> None:
+        self._hand_over(None)
+        self.post_message(self.Left())
 
     # -- copying ---------------------------------------------------------------------------------
     def action_copy_message(self) -> None:
