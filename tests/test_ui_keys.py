@@ -8,16 +8,18 @@ from __future__ import annotations
 import os
 import stat
 
-from helpers import fake_submits, offline_app, opened, reply_update, wait_for
+from helpers import fake_submits, offline_app, opened, reply_update, stopped, wait_for
 from textual import events
 from textual.widgets.markdown import MarkdownFence
 
+from chatpage.engine.client import FinishReason, OutputDelta, RequestUpdate, Usage
 from chatpage.store import Store
 from chatpage.ui.actions.table import BY_ID
 from chatpage.ui.clipboard import system_tool
 from chatpage.ui.screens.code_picker import CodeBlockPicker
 from chatpage.ui.screens.confirm import Confirm
 from chatpage.ui.screens.persona_picker import PersonaPicker
+from chatpage.ui.widgets.alternatives import AlternativesView
 from chatpage.ui.widgets.message import MessageView
 from chatpage.ui.widgets.session_list import SessionList
 
@@ -389,3 +391,84 @@ async def test_switching_versions_keeps_the_focus_on_the_message(tmp_path):
         await pilot.press("right_square_bracket")
         await wait_for(pilot, lambda: isinstance(app.focused, MessageView)
                        and app.focused.entry.content == "second answer", "the focus on it")
+
+
+async def test_ctrl_c_stops_the_reply_first_and_quits_when_pressed_again(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        fake_submits(app)
+        cancelled: list[str] = []
+        app.client.cancel = cancelled.append
+        await app.chat.submit_prompt("a long answer, please")
+        app.chats.deliver(reply_update("fake-1", "once upon", False))
+        await wait_for(pilot, lambda: session.entries[-1].content == "once upon", "the stream")
+        await pilot.press("ctrl+c")
+        assert cancelled == ["fake-1"] and app.is_running
+        assert app.notices[-1] == "information: stopped the reply; ctrl+c again quits"
+        app.chats.deliver(stopped("fake-1"))
+        await wait_for(pilot, lambda: session.entries[-1].status == "stopped", "the stop")
+        await pilot.press("ctrl+c")
+        await wait_for(pilot, lambda: not app.is_running, "the quit")
+
+
+async def test_a_pending_edit_shows_and_escape_cancels_it(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        await reply(pilot, app, "first answer")
+        info = app.chat.query_one("#prompt-info")
+        app.chat.prompt.focus()
+        await pilot.press("alt+e")
+        assert session.editing is session.entries[0]
+        assert "editing message 1 — esc to cancel" in str(info.render())
+        await pilot.press("escape")
+        assert session.editing is None and app.chat.prompt.text == ""
+        assert "editing" not in str(info.render())
+
+
+def samples_update(rid: str, texts: list[str]) -> RequestUpdate:
+    """The last update of a samples request: one finished output per text."""
+    return RequestUpdate(
+        rid, tuple(OutputDelta(i, text, finish_reason=FinishReason.STOP, cumulative_logprob=-2.0,
+                               num_tokens=3) for i, text in enumerate(texts)),
+        Usage(prompt_tokens=20, cached_tokens=0, completion_tokens=3 * len(texts)),
+        finished=True, ttft_s=0.05, elapsed_s=0.3)
+
+
+async def test_a_fast_keep_command_typed_on_the_panes_and_the_version_count(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        fake_submits(app)
+        await app.chat.submit_prompt("/samples 2")
+        await app.chat.submit_prompt("two ways?")
+        app.chats.deliver(samples_update("fake-1", ["one way", "another way"]))
+        await wait_for(pilot, lambda: isinstance(app.focused, AlternativesView)
+                       and not session.streaming, "the panes")
+        burst(app, [("slash", "/"), *((c, c) for c in "keep"), ("space", " "), ("1", "1"),
+                    ("enter", "\r")])
+        await wait_for(pilot, lambda: not session.choosing, "the keep")
+        assert session.entries[-1].content == "one way" and app.chat.prompt.text == ""
+        assert not any(n.startswith("error") for n in app.notices[1:])
+        view = app.chat.session_view(session).query(MessageView).last()
+        await wait_for(pilot, lambda: "1/2" in str(view.query_one(".message-versions").render()),
+                       "the version count of the kept reply")
+
+
+async def test_the_draft_is_saved_as_it_changes(tmp_path):
+    """What a crash would find in the store: the draft as it was a moment ago, deleted text
+    included (not the draft of the last switch)."""
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        await reply(pilot, app)
+        chat = app.chat.current.store_id
+        store = app.saved.store
+        await type_text(pilot, app, "half a thought")
+        await wait_for(pilot, lambda: store.draft(chat) == "half a thought", "the draft saved")
+        await pilot.press(*["backspace"] * len(" thought"))
+        await wait_for(pilot, lambda: store.draft(chat) == "half a", "the shorter draft saved")

@@ -152,6 +152,15 @@ class Chats(Requests):
         session.changed(AttachmentsChanged())
         return message.content
 
+    def cancel_edit(self, session: ChatSession) -> None:
+        """Stop rewriting the message being edited: the next send is a new turn again, and
+        the edited message's attachments leave the pending ones."""
+        message, session.editing = session.editing, None
+        if message is not None:
+            session.attachments = [a for a in session.attachments
+                                   if not any(a is b for b in message.attachments)]
+            session.changed(AttachmentsChanged())
+
     def continue_reply(self, session: ChatSession) -> None:
         """Let the last reply on show (finished, stopped or cut off) go on from where it ended."""
         self._check_idle(session)

@@ -58,6 +58,8 @@ class Controls(Protocol):
     def switch_model(self, target: str | None) -> None:
         """Switch to the model at ``target`` ("" for the default; None: pick one)."""
     def quit(self) -> None: ...
+    def interrupt(self) -> None:
+        """ctrl+c: copy a selection, else stop the reply, else quit when pressed twice."""
 
 
 Handler = Callable[[Controls, str | None], Awaitable[None]]

@@ -26,6 +26,10 @@ def _streaming(c: Controls) -> bool:
     return c.current is not None and c.current.streaming
 
 
+def _editing(c: Controls) -> bool:
+    return c.current is not None and c.current.editing is not None and not c.current.streaming
+
+
 ACTIONS: tuple[Action, ...] = (
     Action("help", "Help", sessions.show_help, key="f1", app=True, slash="help",
            usage="/help", help="show keys and commands"),
@@ -68,6 +72,8 @@ ACTIONS: tuple[Action, ...] = (
            priority=True, yields=True, slash="undo", usage="/undo",
            help="bring back the message deleted last, with what followed it (box with text: "
            "ctrl+z undoes typing)"),
+    Action("cancel_edit", "Cancel edit", turns.cancel_edit, key="escape", active=_editing,
+           show=False),
     Action("continue_reply", "Continue", turns.continue_reply, slash="continue",
            usage="/continue", help="let the last reply go on from where it ended"),
     Action("cycle_alternatives", "Alternatives", settings.cycle_alternatives, key="ctrl+a",
@@ -134,6 +140,8 @@ ACTIONS: tuple[Action, ...] = (
            "default (a picker when no path is given); chats stay",
            palette=(PaletteEntry("Switch model", "a model folder, a .gguf file or the default "
                                  "model; the chats stay (/model)"),)),
+    Action("interrupt", "Stop or quit", sessions.interrupt, key="ctrl+c", show=False,
+           priority=True),
     Action("quit", "Quit", sessions.quit_app, slash="quit", aliases=("exit",), usage="/quit",
            help="quit chatpage"),
 )

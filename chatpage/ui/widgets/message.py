@@ -8,10 +8,9 @@ version of it), d deletes it and what follows. Where the chat forks, ``◀ 2/3 �
 this is: click its arrows, or press [ and ] on the focused message, to show another. A message
 left out of what the model sees (the chat outgrew the context) is greyed.
 
-Typing never acts by accident: escape, and any printable key the message has no use for (``/``,
-a letter that is not one of its keys), go back to the message box, the key with them; so do the
-keys that follow in the same burst (a paste, or ``/edit`` typed fast: one read of the terminal),
-those that would be the message's keys too.
+Typing never acts by accident: escape goes back to the message box, and so does any printable
+key the message has no use for (``/``, a letter that is not one of its keys), with the keys
+that follow it in the same burst (``/edit`` typed fast: `TypingGoesToTheBox`).
 """
 
 from __future__ import annotations
@@ -30,13 +29,9 @@ from textual.widgets.markdown import MarkdownFence
 from chatpage.chat.session import Entry, ReplyStats
 from chatpage.engine.client import OutputDelta
 from chatpage.ui.text import clean, code_blocks
-from chatpage.ui.widgets.prompt_input import PromptInput, is_chord
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
 from chatpage.ui.widgets.throttle import Throttled
-
-BURST_S = 0.01
-"""Keys this close together came in one read of the terminal (a paste, a burst of typing): not
-a person pressing one key, then another."""
+from chatpage.ui.widgets.typing import TypingGoesToTheBox
 
 STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "error": "failed",
                 "streaming": "…"}
@@ -62,7 +57,7 @@ def _update(line: Static, content: str | Text) -> None:
         line.update(content)
 
 
-class MessageView(Throttled, Vertical, can_focus=True):
+class MessageView(Throttled, TypingGoesToTheBox, Vertical, can_focus=True):
     """Shows an `Entry`; `refresh_entry` redraws it after the entry changed."""
 
     BINDINGS = [
@@ -124,7 +119,6 @@ class MessageView(Throttled, Vertical, can_focus=True):
         self._speaker = Static(classes="message-speaker")
         self._versions = Static(classes="message-versions")
         self._foot_line = Static(classes="message-foot")
-        self._last_key_at = 0.0
         self._body: Static | StreamingMarkdown = (
             Static(classes="message-body") if entry.role == "user"
             else StreamingMarkdown(entry.content, classes="message-body")
@@ -188,29 +182,8 @@ class MessageView(Throttled, Vertical, can_focus=True):
             self._body.update(Text(clean(entry.content)))
 
     # -- keys ------------------------------------------------------------------------------------
-    async def _on_key(self, event: events.Key) -> None:
-        burst = event.time - self._last_key_at < BURST_S
-        self._last_key_at = event.time
-        typed = event.is_printable and not is_chord(event.key)
-        if self.app.focused is not self or (
-                typed and (burst or event.key not in self.screen.active_bindings)):
-            event.stop()
-            event.prevent_default()
-            self._hand_over(events.Key(event.key, event.character))
-
-    def _hand_over(self, key: events.Key | None) -> None:
-        """Give the focus back to the message box at once (so the keys still on their way here
-        follow it there), with ``key``; a key that comes after the focus left goes to where it
-        is now."""
-        target = self.app.focused
-        if target is self or target is None:
-            target = self.screen.query_one(PromptInput)
-            self.screen.set_focus(target)
-        if key is not None:
-            target.post_message(key)
-
     def action_leave(self) -> None:
-        self._hand_over(None)
+        self.hand_over(None)
         self.post_message(self.Left())
 
     # -- copying ---------------------------------------------------------------------------------

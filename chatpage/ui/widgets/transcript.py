@@ -120,12 +120,15 @@ class Transcript(VerticalScroll):
             view.refresh_entry()
 
     def reset(self) -> None:
-        """Drop the message views whose entries are gone; add any that are new."""
+        """Drop the message views whose entries are gone; add any that are new; redraw the
+        others (their ``◀ 1/2 ▶`` may have changed: an alternative kept, a version deleted)."""
         alive = {id(e) for e in self.session.entries}
         for key, view in list(self._views.items()):
             if key not in alive:
                 del self._views[key]
                 view.remove()
+            else:
+                view.refresh_entry()
         for entry in self.session.entries:
             if id(entry) not in self._views:
                 self.add(entry)
