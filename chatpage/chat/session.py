@@ -145,6 +145,12 @@ class ReplyStats:
     prefix_hit_tokens: int = 0
     ttft_s: float | None = None
     elapsed_s: float = 0.0
+    prefilled_tokens: int = 0  # of prompt_tokens, while the prompt prefills (not saved)
+
+    @property
+    def prefilling(self) -> bool:
+        """The prompt is still being prefilled (no token yet)."""
+        return self.tokens == 0 and 0 < self.prefilled_tokens < self.prompt_tokens
 
     @property
     def tokens_per_s(self) -> float:

@@ -177,7 +177,7 @@ class LLMEngine:
     # -- the step ----------------------------------------------------------------------------------
     def step(self) -> list[RequestUpdate]:
         """Schedule, run the model once over the whole batch, sample; return what changed: one
-        update per request that moved."""
+        update per request that moved (a prefill chunk included: its usage counts it)."""
         sched = self.scheduler.schedule()
         self.kv.swap_out(sched.swap_out)
         self.kv.swap_in(sched.swap_in)
@@ -192,7 +192,11 @@ class LLMEngine:
             if item.samples:
                 sampling.append(item)
         touched = self._process(sampling, logits)
-        return [self._update(g) for g in touched]
+        ids = {g.request_id for g in touched}
+        prefilling = {item.group.request_id: item.group for item in sched.scheduled
+                      if not item.samples and item.group.request_id not in ids}
+        # a prompt chunk that picks no token yet still says how far the prefill is
+        return [self._update(g) for g in (*touched, *prefilling.values())]
 
     def _fail_unschedulable(self, preempted: bool) -> list[RequestUpdate]:
         """Nothing could run with the device otherwise empty: the head of the queue needs more

@@ -38,9 +38,12 @@ STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "error": "fa
 
 
 def stats_line(stats: ReplyStats | None) -> str:
-    """``24 tokens · 31.5 tok/s · first token 0.21 s · cache 16/40 prompt tokens``."""
+    """``24 tokens · 31.5 tok/s · first token 0.21 s · cache 16/40 prompt tokens``; while a long
+    prompt prefills, ``reading the prompt: 2,048 / 6,000 tokens``."""
     if stats is None:
         return ""
+    if stats.prefilling:
+        return f"reading the prompt: {stats.prefilled_tokens:,} / {stats.prompt_tokens:,} tokens"
     parts = [f"{stats.tokens} token{'s' if stats.tokens != 1 else ''}"]
     if stats.tokens_per_s:
         parts.append(f"{stats.tokens_per_s:.1f} tok/s")
