@@ -11,14 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from chatpage.chat.requests import ChatError, Requests
+from chatpage.chat.requests import ChatError, Requests, compare_labels
 from chatpage.chat.sampling import SETTING_BY_FIELD, AltKind, AltMode, SamplingSettings
 from chatpage.chat.session import (
     MAX_ALTERNATIVES,
     MIN_ALTERNATIVES,
     Attachment,
     AttachmentsChanged,
-    Candidate,
     ChatSession,
     Cleared,
     Closed,
@@ -42,7 +41,8 @@ from chatpage.store import make_title
 from chatpage.vocab import MessageStatus
 
 TITLE_WIDTH = 32
-_ALT_CYCLE: dict[AltKind, AltKind] = {"off": "samples", "samples": "beam", "beam": "off"}
+_ALT_CYCLE: dict[AltKind, AltKind] = {"off": "samples", "samples": "beam", "beam": "off",
+                                       "compare": "off"}
 CONTINUABLE = (MessageStatus.DONE, MessageStatus.STOPPED, MessageStatus.INTERRUPTED)
 
 __all__ = ["ChatError", "Chats"]
@@ -291,30 +291,15 @@ class Chats(Requests):
         self.pin(persona.system_prompt)
 
     def compare(self, session: ChatSession, name: str, values: list[str]) -> None:
-        """Answer the last message once per value of setting ``name``, each in its own pane;
-        the one kept becomes a new version of the reply."""
-        self._check_idle(session)
-        question = session.last("user")
-        if question is None:
-            raise ChatError("send a message first: /compare answers your last message again")
+        """Ask for the next reply (as /samples and /beam do; ctrl+r: the last message again)
+        once per value of setting ``name``, each in its own pane; the one kept becomes the
+        reply, the others its versions. The values are checked now."""
         if not MIN_ALTERNATIVES <= len(values) <= MAX_ALTERNATIVES:
             raise ChatError(f"/compare takes {MIN_ALTERNATIVES} to {MAX_ALTERNATIVES} values, "
                             f"got {len(values)}")
-        info = SETTING_BY_FIELD[name]
-        settings = [session.sampling.with_value(name, raw) for raw in values]
-        labels = [f"{_short(name)}={getattr(s, name)}" for s in settings]
+        labels = compare_labels(session.sampling, name, values)
         if len(set(labels)) != len(labels):
-            raise ChatError(f"/compare needs different values of {info.label}")
-        self._fit(session, question)
-        messages = session.for_model(upto=question)
-        gen = Generation("compare", [], parent=question)
-        for label, setting in zip(labels, settings, strict=True):
-            rid = self.client.submit(messages, setting.params(), self.deliver)
-            gen.request_ids.append(rid)
-            gen.candidates.append(Candidate(label, rid, 0))
-            self._by_request[rid] = session
-        self._offer(session, gen)
+            raise ChatError(f"/compare needs different values of {SETTING_BY_FIELD[name].label}")
+        self.set_alt_mode(session, AltMode("compare", session.alt_mode.k, name, tuple(values)))
 
 
-def _short(name: str) -> str:
-    return SETTING_BY_FIELD[name].slash or name

@@ -62,7 +62,7 @@ def alternatives(kind: AltKind) -> Handler:
         k = session.alt_mode.k if arg is None or kind == "off" else parse_k(arg, kind)
         c.chats.set_alt_mode(session, AltMode(kind, k))
         if kind != "off" and arg is not None:
-            c.say(f"next reply: {session.alt_mode.describe()}, side by side")
+            _say_next(c, session)
 
     return run
 
@@ -75,6 +75,13 @@ async def cycle_alternatives(c: Controls, session: ChatSession, arg: str | None)
 @on_chat
 async def compare(c: Controls, session: ChatSession, arg: str | None) -> None:
     c.chats.compare(session, *parse_compare(arg or ""))
+    _say_next(c, session)
+
+
+def _say_next(c: Controls, session: ChatSession) -> None:
+    """What the next reply will be (/samples, /beam, /compare all ask for the next one)."""
+    again = " (ctrl+r: your last message again, that way)" if session.last("user") else ""
+    c.say(f"next reply: {session.alt_mode.describe()}, side by side{again}")
 
 
 @on_chat
