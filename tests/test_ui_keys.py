@@ -472,3 +472,22 @@ async def test_the_draft_is_saved_as_it_changes(tmp_path):
         await wait_for(pilot, lambda: store.draft(chat) == "half a thought", "the draft saved")
         await pilot.press(*["backspace"] * len(" thought"))
         await wait_for(pilot, lambda: store.draft(chat) == "half a", "the shorter draft saved")
+
+
+async def test_a_long_prefill_shows_its_progress(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        fake_submits(app)
+        await app.chat.submit_prompt("a long paste")
+        app.chats.deliver(RequestUpdate("fake-1", (), Usage(prompt_tokens=6000,
+                                                            prefilled_tokens=2048)))
+        view = app.chat.session_view(session).query(MessageView).last()
+        await wait_for(pilot, lambda: view.query(".message-foot"), "the reply's view")
+        foot = view.query_one(".message-foot")
+        await wait_for(pilot, lambda: "reading the prompt: 2,048 / 6,000 tokens"
+                       in str(foot.render()), "the prefill progress")
+        app.chats.deliver(reply_update("fake-1", "done reading", True))
+        await wait_for(pilot, lambda: "reading" not in str(foot.render())
+                       and "7 tokens" in str(foot.render()), "the reply's stats")
