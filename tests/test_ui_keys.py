@@ -455,7 +455,8 @@ async def test_a_fast_keep_command_typed_on_the_panes_and_the_version_count(tmp_
         assert session.entries[-1].content == "one way" and app.chat.prompt.text == ""
         assert not any(n.startswith("error") for n in app.notices[1:])
         view = app.chat.session_view(session).query(MessageView).last()
-        await wait_for(pilot, lambda: "1/2" in str(view.query_one(".message-versions").render()),
+        await wait_for(pilot, lambda: any("1/2" in str(w.render())
+                                          for w in view.query(".message-versions")),
                        "the version count of the kept reply")
 
 

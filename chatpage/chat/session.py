@@ -145,7 +145,8 @@ class ReplyStats:
     prefix_hit_tokens: int = 0
     ttft_s: float | None = None
     elapsed_s: float = 0.0
-    prefilled_tokens: int = 0  # of prompt_tokens, while the prompt prefills (not saved)
+    prefilled_tokens: int = field(default=0, compare=False)  # of prompt_tokens, while the
+    # prompt prefills (shown, not saved)
 
     @property
     def prefilling(self) -> bool:
