@@ -325,6 +325,7 @@ async def test_typing_on_a_focused_message_goes_to_the_message_box(tmp_path):
         assert app.focused is views[1]
         burst(app, [("r", "r"), ("d", "d"), ("e", "e")])  # r acts, the rest of the burst is text
         await wait_for(pilot, lambda: prompt.text == "de", "the burst in the box")
+        await wait_for(pilot, lambda: session.streaming, "r: the reply asked again")
         assert not isinstance(app.screen, Confirm) and app.focused is prompt
 
 
