@@ -159,29 +159,39 @@ def test_deleting_a_message_removes_what_followed_and_shows_another_version():
     assert session.entries == []
 
 
-def test_chats_compare_offers_versions_and_reports_errors():
+def test_chats_compare_shapes_the_next_reply_offers_versions_and_reports_errors():
     client = FakeClient()
     chats = Chats(client, lambda e: None)
     session = chats.open(PERSONA)
-    with pytest.raises(ChatError, match="send a message first"):
-        chats.compare(session, "temperature", ["0.2", "0.8"])
+    chats.compare(session, "temperature", ["0.4", "0.9"])  # the next reply, as /samples
+    assert session.alt_mode.describe() == "compare temp=0.4,0.9"
+    chats.send(session, "first")
+    assert [c.label for c in session.generation.candidates] == ["temp=0.4", "temp=0.9"]
+    assert session.alt_mode.kind == "off"  # once
+    for rid in ("r1", "r2"):
+        chats.apply(event(rid, "x", finished=True, reason=FinishReason.STOP))
+    chats.keep(session, 1)
     chats.send(session, "q")
-    chats.apply(event("r1", "a", finished=True, reason=FinishReason.STOP))
+    chats.apply(event("r3", "a", finished=True, reason=FinishReason.STOP))
     chats.compare(session, "temperature", ["0.2", "0.8", "1.2"])
-    temps = [p.temperature for _, p, _ in client.submitted[1:]]
+    assert len(client.submitted) == 3  # nothing asked yet: ctrl+r asks the last again
+    chats.regenerate(session)
+    temps = [p.temperature for _, p, _ in client.submitted[3:]]
     assert temps == [0.2, 0.8, 1.2]
     assert [c.label for c in session.generation.candidates] == ["temp=0.2", "temp=0.8",
                                                                 "temp=1.2"]
     assert session.entries[-1].role == "user"  # the old reply gives way to the comparison
-    for rid in ("r2", "r3", "r4"):
+    for rid in ("r4", "r5", "r6"):
         chats.apply(final_update(rid, FinishReason.ERROR,
                                  error="the prompt is 2000 tokens but ..."))
     assert session.generation is None
     assert session.entries[-1].status == "error"
     assert "2000 tokens" in session.entries[-1].error
-    assert [v.content for v in session.entries[0].replies.versions] == ["a", ""]
+    assert [v.content for v in session.entries[-2].replies.versions] == ["a", ""]
     with pytest.raises(ValueError, match="temperature must be"):
         chats.compare(session, "temperature", ["0.2", "-3"])
+    with pytest.raises(ChatError, match="different values"):
+        chats.compare(session, "temperature", ["0.2", "0.20"])
 
 
 # -- context ---------------------------------------------------------------------------------------

@@ -155,3 +155,16 @@ def test_a_request_squeezed_out_by_a_pin_ends_with_one_error_update(tiny_llama_d
     assert final.outputs == (OutputDelta(0, finish_reason=FinishReason.ERROR),)
     assert "does not fit in the KV cache next to the pinned prefixes" in final.error
     assert final.usage.completion_tokens == sum(d.num_tokens for u in updates for d in u.outputs)
+
+
+def test_a_long_prompt_reports_its_prefill_chunk_by_chunk(tiny_llama_dir):
+    engine = LLMEngine.from_pretrained(str(tiny_llama_dir),
+                                       EngineConfig(kv_cache_bytes=16 << 20,
+                                                    max_num_batched_tokens=32),
+                                       progress=lambda _m: None)
+    prompt = list(range(100, 200))  # 100 tokens: 4 chunks of at most 32
+    updates = _stream(engine, SamplingParams(temperature=0, max_tokens=2), prompt)
+    before_first = [u for u in updates if not u.outputs]
+    assert [u.usage.prefilled_tokens for u in before_first] == [32, 64, 96]
+    assert all(u.usage.prompt_tokens == 100 and u.ttft_s is None for u in before_first)
+    assert updates[len(before_first)].usage.prefilled_tokens == 100

@@ -228,6 +228,8 @@ async def test_compare_settings_share_the_prompt(tiny_llama_dir, personas_dir):
         await wait_for(pilot, lambda: idle(app), "the first reply")
         await send(pilot, "/max 3")
         await send(pilot, "/compare temp=0,0.5,1.2")
+        assert "next reply: compare temp=0,0.5,1.2, side by side (ctrl+r" in app.notices[-1]
+        await pilot.press("ctrl+r")  # the last message again, that way
         labels = [c.label for c in session.generation.candidates]
         assert labels == ["temp=0.0", "temp=0.5", "temp=1.2"]
         await wait_for(pilot, lambda: not session.streaming, "the comparison")

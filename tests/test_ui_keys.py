@@ -8,15 +8,18 @@ from __future__ import annotations
 import os
 import stat
 
-from helpers import fake_submits, offline_app, opened, reply_update, wait_for
+from helpers import fake_submits, offline_app, opened, reply_update, stopped, wait_for
 from textual import events
 from textual.widgets.markdown import MarkdownFence
 
+from chatpage.engine.client import FinishReason, OutputDelta, RequestUpdate, Usage
 from chatpage.store import Store
+from chatpage.ui.actions.table import BY_ID
 from chatpage.ui.clipboard import system_tool
 from chatpage.ui.screens.code_picker import CodeBlockPicker
 from chatpage.ui.screens.confirm import Confirm
 from chatpage.ui.screens.persona_picker import PersonaPicker
+from chatpage.ui.widgets.alternatives import AlternativesView
 from chatpage.ui.widgets.message import MessageView
 from chatpage.ui.widgets.session_list import SessionList
 
@@ -231,7 +234,8 @@ async def test_regenerate_and_delete_a_focused_message(tmp_path):
         await pilot.press("alt+up", "d")  # delete it: the other version comes back
         await opened(pilot, Confirm)
         assert app.screen.question == "Delete this reply?"
-        assert app.screen.detail == "It is the last message. This cannot be undone."
+        assert app.screen.detail == ("It is the last message. ctrl+z or /undo brings it back "
+                                     "until the chat closes.")
         await pilot.press("escape")
         await pilot.pause()
         assert len(session.entries) == 2 and isinstance(app.focused, MessageView)
@@ -277,3 +281,215 @@ async def test_a_draft_in_a_chat_with_no_messages_survives_a_restart(tmp_path):
         await pilot.press("escape")
     with Store.open() as store:
         assert store.list_sessions() == []
+
+
+def burst(app, keys: list[tuple[str, str]]) -> None:
+    """Keys as one read of the terminal gives them (a paste, fast typing): posted to the app
+    together, before any of them is handled."""
+    for key, character in keys:
+        app.post_message(events.Key(key, character))
+
+
+SLASH_EDIT = [("slash", "/"), ("e", "e"), ("d", "d"), ("i", "i"), ("t", "t"), ("enter", "\r")]
+
+
+async def test_typing_on_a_focused_message_goes_to_the_message_box(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        await reply(pilot, app, "first answer")
+        await reply(pilot, app, "second answer")
+        views = list(app.chat.session_view(session).query(MessageView))
+        prompt = app.chat.prompt
+        prompt.focus()
+        await pilot.press("alt+down")  # from the box, either way: the message nearest it
+        assert app.focused is views[3]
+        await pilot.press("escape")
+        assert app.focused is prompt
+        await pilot.press("alt+up", "k")
+        assert app.focused is views[2]
+
+        # "/edit" and enter in one burst: the slash command, never e (edit) then d (delete)
+        burst(app, SLASH_EDIT)
+        await wait_for(pilot, lambda: prompt.text == "a question", "the message to edit")
+        assert not isinstance(app.screen, Confirm) and len(session.entries) == 4
+        assert session.editing is session.entries[2] and app.focused is prompt
+
+        # a key that is no message key goes to the box with its character
+        prompt.load_text("")
+        await pilot.press("alt+up", "x", "y")
+        assert prompt.text == "xy" and app.focused is prompt
+        prompt.load_text("")
+        await pilot.press("alt+up", "k", "k")  # the reply above: its keys act
+        assert app.focused is views[1]
+        burst(app, [("r", "r"), ("d", "d"), ("e", "e")])  # r acts, the rest of the burst is text
+        await wait_for(pilot, lambda: prompt.text == "de", "the burst in the box")
+        await wait_for(pilot, lambda: session.streaming, "r: the reply asked again")
+        assert not isinstance(app.screen, Confirm) and app.focused is prompt
+
+
+async def test_delete_asks_with_cancel_first_and_can_be_undone(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        await reply(pilot, app, "first answer")
+        await reply(pilot, app, "second answer")
+        app.chat.prompt.focus()
+        await pilot.press("alt+up", "k", "k", "d")  # the first reply, and the turn after it
+        await opened(pilot, Confirm)
+        await pilot.press("enter")  # enter: the focused button, Cancel
+        await wait_for(pilot, lambda: not isinstance(app.screen, Confirm), "the dialog to go")
+        assert len(session.entries) == 4
+
+        await pilot.press("d")
+        await opened(pilot, Confirm)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: len(session.entries) == 1, "the deletion")
+        assert app.notices[-1] == ("information: deleted this reply and the 2 after it: "
+                                   "undo with ctrl+z or /undo")
+        with Store.open() as store:
+            assert len(store.messages(session.store_id)) == 1
+
+        app.chat.prompt.focus()
+        await pilot.press("ctrl+z")  # the box is empty: the chat's undo
+        await wait_for(pilot, lambda: len(session.entries) == 4, "the undo")
+        assert [e.content for e in session.entries] == [
+            "a question", "first answer", "a question", "second answer"]
+        views = list(app.chat.session_view(session).query(MessageView))
+        assert [v.entry for v in views] == session.entries
+        assert "information: brought back the reply" in app.notices
+        await app.chat.submit_prompt("/undo")
+        assert "error: there is no deleted message to bring back" in app.notices
+    with Store.open() as store:  # saved again, in order, on the path on show
+        path = store.messages(session.store_id, active_only=True)
+        assert [m.content for m in path] == ["a question", "first answer", "a question",
+                                             "second answer"]
+
+
+async def test_switching_versions_keeps_the_focus_on_the_message(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        await reply(pilot, app, "first answer")
+        submitted = fake_submits(app)
+        await app.chat.perform(BY_ID["regenerate"])
+        app.chats.deliver(reply_update(f"fake-{len(submitted)}", "second answer", True))
+        await wait_for(pilot, lambda: session.entries[-1].content == "second answer"
+                       and session.entries[-1].status == "done", "the other version")
+        await app.chat.submit_prompt("next question")
+        app.chats.deliver(reply_update(f"fake-{len(submitted)}", "third", True))
+        await wait_for(pilot, lambda: session.entries[-1].status == "done", "the third reply")
+        app.chat.prompt.focus()
+        await pilot.press("alt+up", "k", "k", "left_square_bracket")
+        await wait_for(pilot, lambda: session.entries[1].content == "first answer",
+                       "the first version")
+        await pilot.pause()
+        await wait_for(pilot, lambda: isinstance(app.focused, MessageView)
+                       and app.focused.entry is session.entries[1], "the focus on it")
+        await pilot.press("right_square_bracket")
+        await wait_for(pilot, lambda: isinstance(app.focused, MessageView)
+                       and app.focused.entry.content == "second answer", "the focus on it")
+
+
+async def test_ctrl_c_stops_the_reply_first_and_quits_when_pressed_again(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        fake_submits(app)
+        cancelled: list[str] = []
+        app.client.cancel = cancelled.append
+        await app.chat.submit_prompt("a long answer, please")
+        app.chats.deliver(reply_update("fake-1", "once upon", False))
+        await wait_for(pilot, lambda: session.entries[-1].content == "once upon", "the stream")
+        await pilot.press("ctrl+c")
+        assert cancelled == ["fake-1"] and app.is_running
+        assert app.notices[-1] == "information: stopped the reply; ctrl+c again quits"
+        app.chats.deliver(stopped("fake-1"))
+        await wait_for(pilot, lambda: session.entries[-1].status == "stopped", "the stop")
+        await pilot.press("ctrl+c")
+        await wait_for(pilot, lambda: not app.is_running, "the quit")
+
+
+async def test_a_pending_edit_shows_and_escape_cancels_it(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        await reply(pilot, app, "first answer")
+        info = app.chat.query_one("#prompt-info")
+        app.chat.prompt.focus()
+        await pilot.press("alt+e")
+        assert session.editing is session.entries[0]
+        assert "editing message 1 — esc to cancel" in str(info.render())
+        await pilot.press("escape")
+        assert session.editing is None and app.chat.prompt.text == ""
+        assert "editing" not in str(info.render())
+
+
+def samples_update(rid: str, texts: list[str]) -> RequestUpdate:
+    """The last update of a samples request: one finished output per text."""
+    return RequestUpdate(
+        rid, tuple(OutputDelta(i, text, finish_reason=FinishReason.STOP, cumulative_logprob=-2.0,
+                               num_tokens=3) for i, text in enumerate(texts)),
+        Usage(prompt_tokens=20, cached_tokens=0, completion_tokens=3 * len(texts)),
+        finished=True, ttft_s=0.05, elapsed_s=0.3)
+
+
+async def test_a_fast_keep_command_typed_on_the_panes_and_the_version_count(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        fake_submits(app)
+        await app.chat.submit_prompt("/samples 2")
+        await app.chat.submit_prompt("two ways?")
+        app.chats.deliver(samples_update("fake-1", ["one way", "another way"]))
+        await wait_for(pilot, lambda: isinstance(app.focused, AlternativesView)
+                       and not session.streaming, "the panes")
+        burst(app, [("slash", "/"), *((c, c) for c in "keep"), ("space", " "), ("1", "1"),
+                    ("enter", "\r")])
+        await wait_for(pilot, lambda: not session.choosing, "the keep")
+        assert session.entries[-1].content == "one way" and app.chat.prompt.text == ""
+        assert not any(n.startswith("error") for n in app.notices[1:])
+        view = app.chat.session_view(session).query(MessageView).last()
+        await wait_for(pilot, lambda: any("1/2" in str(w.render())
+                                          for w in view.query(".message-versions")),
+                       "the version count of the kept reply")
+
+
+async def test_the_draft_is_saved_as_it_changes(tmp_path):
+    """What a crash would find in the store: the draft as it was a moment ago, deleted text
+    included (not the draft of the last switch)."""
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        await reply(pilot, app)
+        chat = app.chat.current.store_id
+        store = app.saved.store
+        await type_text(pilot, app, "half a thought")
+        await wait_for(pilot, lambda: store.draft(chat) == "half a thought", "the draft saved")
+        await pilot.press(*["backspace"] * len(" thought"))
+        await wait_for(pilot, lambda: store.draft(chat) == "half a", "the shorter draft saved")
+
+
+async def test_a_long_prefill_shows_its_progress(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        fake_submits(app)
+        await app.chat.submit_prompt("a long paste")
+        app.chats.deliver(RequestUpdate("fake-1", (), Usage(prompt_tokens=6000,
+                                                            prefilled_tokens=2048)))
+        view = app.chat.session_view(session).query(MessageView).last()
+        await wait_for(pilot, lambda: view.query(".message-foot"), "the reply's view")
+        foot = view.query_one(".message-foot")
+        await wait_for(pilot, lambda: "reading the prompt: 2,048 / 6,000 tokens"
+                       in str(foot.render()), "the prefill progress")
+        app.chats.deliver(reply_update("fake-1", "done reading", True))
+        await wait_for(pilot, lambda: "reading" not in str(foot.render())
+                       and "7 tokens" in str(foot.render()), "the reply's stats")

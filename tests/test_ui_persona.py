@@ -153,3 +153,21 @@ async def test_a_system_prompt_set_with_system_survives_a_restart(tmp_path):
             empty.persona.name, TERSE.strip())
         assert terse.for_model()[0] == {"role": "system", "content": TERSE.strip()}
         assert by_id[switched.store_id].persona.system_prompt == persona_prompt
+
+
+async def test_switching_persona_says_what_of_the_chat_s_own_it_replaced(tmp_path):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        session = app.chat.current
+        await send(pilot, "/max 300")
+        await send(pilot, "/system Answer in French.")
+        coder = next(p for p in app.personas if p.name == "coder")
+        await send(pilot, "/persona coder")
+        assert session.persona.system_prompt == coder.system_prompt
+        notice = app.notices[-1]
+        assert notice.startswith("information: this chat continues as 'coder'; its own system "
+                                 "prompt → the persona's, ")
+        assert f"max tokens 300 → {session.sampling.max_tokens}" in notice
+        await send(pilot, "/persona coder")  # nothing of its own left to replace
+        assert app.notices[-1] == "information: this chat continues as 'coder'"

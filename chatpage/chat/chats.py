@@ -11,17 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from chatpage.chat.requests import ChatError, Requests
+from chatpage.chat.requests import ChatError, Requests, compare_labels
 from chatpage.chat.sampling import SETTING_BY_FIELD, AltKind, AltMode, SamplingSettings
 from chatpage.chat.session import (
     MAX_ALTERNATIVES,
     MIN_ALTERNATIVES,
     Attachment,
     AttachmentsChanged,
-    Candidate,
     ChatSession,
     Cleared,
     Closed,
+    Deletion,
+    EntriesRestored,
     Entry,
     EntryAdded,
     EntryRemoved,
@@ -40,7 +41,8 @@ from chatpage.store import make_title
 from chatpage.vocab import MessageStatus
 
 TITLE_WIDTH = 32
-_ALT_CYCLE: dict[AltKind, AltKind] = {"off": "samples", "samples": "beam", "beam": "off"}
+_ALT_CYCLE: dict[AltKind, AltKind] = {"off": "samples", "samples": "beam", "beam": "off",
+                                       "compare": "off"}
 CONTINUABLE = (MessageStatus.DONE, MessageStatus.STOPPED, MessageStatus.INTERRUPTED)
 
 __all__ = ["ChatError", "Chats"]
@@ -150,6 +152,15 @@ class Chats(Requests):
         session.changed(AttachmentsChanged())
         return message.content
 
+    def cancel_edit(self, session: ChatSession) -> None:
+        """Stop rewriting the message being edited: the next send is a new turn again, and
+        the edited message's attachments leave the pending ones."""
+        message, session.editing = session.editing, None
+        if message is not None:
+            session.attachments = [a for a in session.attachments
+                                   if not any(a is b for b in message.attachments)]
+            session.changed(AttachmentsChanged())
+
     def continue_reply(self, session: ChatSession) -> None:
         """Let the last reply on show (finished, stopped or cut off) go on from where it ended."""
         self._check_idle(session)
@@ -186,13 +197,30 @@ class Chats(Requests):
         self._check_idle(session)
         if session.editing is not None and session.editing in below(message):
             session.editing = None
+        fork = session.transcript.fork_of(message)
+        session.deleted.append(Deletion(message, fork.index(message), fork.chosen() is message))
         shown = session.transcript.remove(message)
         session.changed(EntryRemoved(message, shown))
+
+    def undo_delete(self, session: ChatSession) -> Entry:
+        """Bring back the message deleted last (with what followed it) where it was; returns
+        it. Its rows are written again."""
+        self._check_idle(session)
+        if not session.deleted:
+            raise ChatError("there is no deleted message to bring back")
+        deletion = session.deleted.pop()
+        session.transcript.restore(deletion.entry, deletion.index, deletion.shown)
+        for entry in below(deletion.entry):
+            entry.store_id = None  # its rows were deleted: saved anew
+        session.changed(EntriesRestored(deletion.entry))
+        self._fit(session, None, notice=False)
+        return deletion.entry
 
     def clear(self, session: ChatSession) -> None:
         self.stop(session)
         self._drop_generation(session)
         session.editing = None
+        session.deleted.clear()
         session.transcript.clear()
         session.changed(Cleared())
 
@@ -263,30 +291,15 @@ class Chats(Requests):
         self.pin(persona.system_prompt)
 
     def compare(self, session: ChatSession, name: str, values: list[str]) -> None:
-        """Answer the last message once per value of setting ``name``, each in its own pane;
-        the one kept becomes a new version of the reply."""
-        self._check_idle(session)
-        question = session.last("user")
-        if question is None:
-            raise ChatError("send a message first: /compare answers your last message again")
+        """Ask for the next reply (as /samples and /beam do; ctrl+r: the last message again)
+        once per value of setting ``name``, each in its own pane; the one kept becomes the
+        reply, the others its versions. The values are checked now."""
         if not MIN_ALTERNATIVES <= len(values) <= MAX_ALTERNATIVES:
             raise ChatError(f"/compare takes {MIN_ALTERNATIVES} to {MAX_ALTERNATIVES} values, "
                             f"got {len(values)}")
-        info = SETTING_BY_FIELD[name]
-        settings = [session.sampling.with_value(name, raw) for raw in values]
-        labels = [f"{_short(name)}={getattr(s, name)}" for s in settings]
+        labels = compare_labels(session.sampling, name, values)
         if len(set(labels)) != len(labels):
-            raise ChatError(f"/compare needs different values of {info.label}")
-        self._fit(session, question)
-        messages = session.for_model(upto=question)
-        gen = Generation("compare", [], parent=question)
-        for label, setting in zip(labels, settings, strict=True):
-            rid = self.client.submit(messages, setting.params(), self.deliver)
-            gen.request_ids.append(rid)
-            gen.candidates.append(Candidate(label, rid, 0))
-            self._by_request[rid] = session
-        self._offer(session, gen)
+            raise ChatError(f"/compare needs different values of {SETTING_BY_FIELD[name].label}")
+        self.set_alt_mode(session, AltMode("compare", session.alt_mode.k, name, tuple(values)))
 
 
-def _short(name: str) -> str:
-    return SETTING_BY_FIELD[name].slash or name

@@ -14,7 +14,8 @@ millisecond). What is saved when:
   calls on a timer), and at once when it ends ("done", "stopped", "error"); alternatives when
   one is kept, each a version of the reply;
 - which version is on show at each fork (after an edit, a regenerate, a switch), a deleted
-  message (with what followed it, and the version the tree shows in its place), a cleared
+  message (with what followed it, and the version the tree shows in its place; an undo writes
+  them again), a cleared
   chat, the title, sampling settings, and a closed chat (kept in the history, not reopened at
   start). Which version is current is always the session's tree's answer; the store is told
   it, never left to work it out.
@@ -38,6 +39,7 @@ from chatpage.chat.session import (
     ChatSession,
     Cleared,
     Closed,
+    EntriesRestored,
     Entry,
     EntryAdded,
     EntryRemoved,
@@ -90,6 +92,10 @@ class Recorder:
         match change:
             case EntryAdded(entry):
                 self._add(session, entry)
+            case EntriesRestored(entry):  # an undone delete: its rows again, as they were
+                for restored in below(entry):
+                    self._add(session, restored)
+                self._select_shown(session)
             case _ if session.store_id is None:
                 return  # nothing saved yet: the first message creates the chat
             case EntryUpdated(entry) if entry.store_id is not None:

@@ -46,6 +46,9 @@ def apply_reply(session: ChatSession, gen: Generation, entry: Entry, update: Req
     """One update of a plain reply (``out``: its outputs so far); True when the reply ended."""
     output = out.outputs[0] if out.outputs else None
     delta = next((d for d in update.outputs if d.index == 0), None)
+    if entry.stats is not None and not entry.stats.tokens:  # how far the prompt's prefill is
+        entry.stats.prompt_tokens = update.usage.prompt_tokens
+        entry.stats.prefilled_tokens = update.usage.prefilled_tokens
     if output is not None:
         entry.content = gen.base_text + output.text
         if entry.stats is not None:

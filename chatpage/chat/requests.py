@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from chatpage.chat.context import fit
 from chatpage.chat.replies import apply_candidate, apply_reply
-from chatpage.chat.sampling import AltMode
+from chatpage.chat.sampling import AltMode, SamplingSettings, setting_name
 from chatpage.chat.session import (
     BusyChanged,
     Candidate,
@@ -157,6 +157,9 @@ class Requests:
             self._by_request[rid] = session
             self._start(session, Generation("reply", [rid], entry=entry, parent=question))
             return
+        if mode.kind == "compare":
+            self._compare(session, question, messages, mode)
+            return
         if mode.kind == "samples":
             params = session.sampling.params(n=mode.k)
         else:
@@ -169,6 +172,21 @@ class Requests:
         session.alt_mode = AltMode(k=mode.k)  # one reply only: back to single replies
         session.changed(SettingsChanged())
         self._by_request[rid] = session
+        self._offer(session, gen)
+
+    def _compare(self, session: ChatSession, question: Entry, messages: list[dict[str, str]],
+                 mode: AltMode) -> None:
+        """The reply to ``question`` once per value of ``mode``'s setting, side by side."""
+        settings = [session.sampling.with_value(mode.setting, raw) for raw in mode.values]
+        labels = compare_labels(session.sampling, mode.setting, list(mode.values))
+        gen = Generation("compare", [], parent=question)
+        for label, setting in zip(labels, settings, strict=True):
+            rid = self.client.submit(messages, setting.params(), self.deliver)
+            gen.request_ids.append(rid)
+            gen.candidates.append(Candidate(label, rid, 0))
+            self._by_request[rid] = session
+        session.alt_mode = AltMode(k=mode.k)  # one comparison: back to single replies
+        session.changed(SettingsChanged())
         self._offer(session, gen)
 
     def _offer(self, session: ChatSession, gen: Generation) -> None:
@@ -216,3 +234,10 @@ def _candidate_entry(cand: Candidate) -> Entry:
     """The reply an alternative becomes once one is kept."""
     return Entry("assistant", cand.text, status=_candidate_status(cand), stats=cand.stats,
                  label=cand.label)
+
+
+def compare_labels(sampling: SamplingSettings, name: str, values: list[str]) -> list[str]:
+    """The pane titles of a comparison of setting ``name`` (``temp=0.2``); ValueError names
+    a value that is not allowed."""
+    return [f"{setting_name(name)}={getattr(sampling.with_value(name, raw), name)}"
+            for raw in values]

@@ -17,7 +17,7 @@ from chatpage.vocab import CHAT_SETTINGS
 SETTINGS = CHAT_SETTINGS
 """The settings a user can change, in the order the settings screen shows them."""
 SETTING_BY_FIELD = {rule.field: rule for rule in SETTINGS}
-AltKind = Literal["off", "samples", "beam"]
+AltKind = Literal["off", "samples", "beam", "compare"]
 
 
 def _chat_default(name: str) -> Any:  # typed by the field it defaults
@@ -60,14 +60,24 @@ class SamplingSettings:
 
 @dataclass(frozen=True)
 class AltMode:
-    """How the next reply is asked for: one reply, n samples, or a beam of width k."""
+    """How the next reply is asked for: one reply, n samples, a beam of width k, or once per
+    value of one setting (``compare``: ``setting`` and its ``values``)."""
 
     kind: AltKind = "off"
     k: int = 3
+    setting: str = ""
+    values: tuple[str, ...] = ()
 
     def describe(self) -> str:
         if self.kind == "samples":
             return f"{self.k} samples"
         if self.kind == "beam":
             return f"beam width {self.k}"
+        if self.kind == "compare":
+            return f"compare {setting_name(self.setting)}={','.join(self.values)}"
         return "one reply"
+
+
+def setting_name(field: str) -> str:
+    """How the user names a setting (its slash command: ``temp`` for temperature)."""
+    return SETTING_BY_FIELD[field].slash or field

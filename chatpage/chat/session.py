@@ -62,6 +62,13 @@ class PathChanged:
 
 
 @dataclass(frozen=True)
+class EntriesRestored:
+    """A deleted `entry` and what followed it came back to the tree, where they were (undo)."""
+
+    entry: Entry
+
+
+@dataclass(frozen=True)
 class Cleared:
     """Every message left the chat (/clear)."""
 
@@ -109,7 +116,8 @@ class Closed:
     """The session was closed (its generation stopped); it is no longer open."""
 
 
-Change = (EntryAdded | EntryUpdated | EntryRemoved | PathChanged | Cleared | ContextChanged
+Change = (EntryAdded | EntryUpdated | EntryRemoved | EntriesRestored | PathChanged | Cleared
+          | ContextChanged
           | GenerationChanged | CandidateUpdated | SettingsChanged | TitleChanged
           | AttachmentsChanged | BusyChanged | Closed)
 """Every kind of change a session tells its observers about."""
@@ -137,6 +145,13 @@ class ReplyStats:
     prefix_hit_tokens: int = 0
     ttft_s: float | None = None
     elapsed_s: float = 0.0
+    prefilled_tokens: int = field(default=0, compare=False)  # of prompt_tokens, while the
+    # prompt prefills (shown, not saved)
+
+    @property
+    def prefilling(self) -> bool:
+        """The prompt is still being prefilled (no token yet)."""
+        return self.tokens == 0 and 0 < self.prefilled_tokens < self.prompt_tokens
 
     @property
     def tokens_per_s(self) -> float:
@@ -185,6 +200,16 @@ class Entry:
         parts = [self.content] if self.content else []
         parts += [a.for_model() for a in self.attachments]
         return "\n\n".join(parts)
+
+
+@dataclass(frozen=True)
+class Deletion:
+    """A message deleted (with what followed it) and where it stood, for undo: its place
+    among the versions of its turn, and whether it was the one on show."""
+
+    entry: Entry
+    index: int
+    shown: bool
 
 
 @dataclass
@@ -246,6 +271,7 @@ class ChatSession:
     history: list[str] = field(default_factory=list)  # prompts typed, oldest first
     draft: str = ""
     editing: Entry | None = None  # a message of the user's being rewritten (the next send forks)
+    deleted: list[Deletion] = field(default_factory=list)  # what undo brings back, last first
     context_tokens: int = 0  # the model's window (0 until it is known)
     store_id: int | None = None  # the saved chat, once it has a message
     observers: list[Observer] = field(default_factory=list, repr=False)

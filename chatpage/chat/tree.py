@@ -147,6 +147,16 @@ class Transcript:
             fork.current -= 1
         return fork.chosen()
 
+    def restore(self, entry: Entry, index: int, current: bool) -> None:
+        """Put a removed `entry` (with what followed it) back at `index` among the versions
+        of its turn; `current`: on show again."""
+        fork = self.fork_of(entry)
+        fork.versions.insert(index, entry)
+        if current:
+            fork.current = index
+        elif index <= fork.current:
+            fork.current += 1
+
     def clear(self) -> None:
         self.top = Fork()
 

@@ -204,7 +204,7 @@ class LLMEngine:
     def step(self) -> list[RequestUpdate]:
         """Schedule, run the model once over the whole batch, sample, and let the scheduler
         update its sequences from the picks; return what changed: one update per request that
-        moved."""
+        moved (a prefill chunk included: its usage counts it)."""
         sched = self.scheduler.schedule()
         self.kv.swap_out(sched.swap_out)
         self.kv.swap_in(sched.swap_in)
@@ -215,7 +215,12 @@ class LLMEngine:
         picks, failed = self._sample([item for item in sched.scheduled if item.samples], logits)
         touched = self.scheduler.update_from_output(sched, picks)
         self.rate.add(time.monotonic(), picks.num_tokens)
-        return [self._update(g) for g in touched if g.request_id not in failed] + [
+        moved = {g.request_id for g in touched}
+        # a prompt chunk that picks no token yet still says how far the prefill is
+        prefilling = {item.group.request_id: item.group for item in sched.scheduled
+                      if not item.samples and item.group.request_id not in moved}
+        return [self._update(g) for g in (*touched, *prefilling.values())
+                if g.request_id not in failed] + [
             self._fail_request(rid, e) for rid, e in failed.items()]
 
     def _fail_unschedulable(self, preempted: bool) -> list[RequestUpdate]:

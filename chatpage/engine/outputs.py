@@ -68,6 +68,8 @@ class Usage:
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
     completion_tokens: int = 0  # over every output
+    prefilled_tokens: int = 0  # prompt tokens in the cache so far (cached ones included): a
+    # long prompt prefills in chunks, and an update comes after each
 
 
 @dataclass(frozen=True, slots=True)

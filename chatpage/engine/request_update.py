@@ -112,7 +112,8 @@ def _update(group: SequenceGroup, outputs: tuple[OutputDelta, ...], completion_t
 
 
 def _usage(group: SequenceGroup, completion_tokens: int) -> Usage:
-    return Usage(group.prompt_len, group.prefix_hit_tokens, completion_tokens)
+    prefilled = min(group.prompt_len, max((s.num_computed_tokens for s in group.seqs), default=0))
+    return Usage(group.prompt_len, group.prefix_hit_tokens, completion_tokens, prefilled)
 
 
 def _times(group: SequenceGroup) -> tuple[float | None, float]:

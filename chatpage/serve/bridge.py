@@ -88,6 +88,8 @@ class RequestStream:
         """The first deltas; raises `ApiError` 400 when the engine refused the request (too
         long a prompt, a KV cache too small), before anything was generated."""
         deltas = await self._next()
+        while not deltas and not self.done and not self.request.beam:  # prefill chunks: no text
+            deltas = await self._next()
         if self.error is not None and not any(o.token_ids or o.text for o in self._outputs):
             raise ApiError(400 if self.client.error is None else 500, self.error)
         return deltas

@@ -39,6 +39,7 @@ from chatpage.ui.history import SavedChats
 from chatpage.ui.messages import EngineEvents, EngineStatus, Inbox
 from chatpage.ui.palette import palette_commands
 from chatpage.ui.screens.model_picker import ModelPicker, is_backend_url, model_problem
+from chatpage.ui.terminal import read_keys_as_meant
 from chatpage.ui.text import clean
 from chatpage.ui.theme import CHATPAGE_THEME
 
@@ -78,6 +79,7 @@ class ChatApp(App[None]):
                  warnings: Sequence[str] = (),
                  client: EngineClient[EngineStats | RemoteStats] | None = None) -> None:
         super().__init__()
+        read_keys_as_meant()
         self.settings = settings or Settings()
         self.store = store
         self._warnings = list(warnings)

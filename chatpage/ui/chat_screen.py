@@ -10,6 +10,7 @@ reads top to bottom.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -21,6 +22,7 @@ from textual.containers import Horizontal, Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import ContentSwitcher, Footer, Static, TextArea
 
 from chatpage.chat.chats import Chats
@@ -29,6 +31,7 @@ from chatpage.chat.session import (
     BusyChanged,
     Change,
     ChatSession,
+    Entry,
     GenerationChanged,
     SettingsChanged,
     TitleChanged,
@@ -62,6 +65,10 @@ from chatpage.ui.widgets.session_list import SessionList
 from chatpage.ui.widgets.session_view import SessionView
 
 T = TypeVar("T")
+QUIT_AGAIN_S = 3.0
+"""A second ctrl+c within this long quits."""
+DRAFT_SAVE_S = 0.5
+"""The draft is saved this long after the last change to it."""
 
 
 class ChatScreen(Screen[None]):
@@ -98,6 +105,8 @@ class ChatScreen(Screen[None]):
         self.prompt.completer = lambda text: completions(
             text, COMMAND_NAMES, ARGUMENTS, [p.name for p in self.personas])
         self._completion_note = ""
+        self._interrupted_at = -QUIT_AGAIN_S  # the last ctrl+c that did not quit
+        self._draft_timer: Timer | None = None  # saves the draft once typing pauses
 
     # -- layout -----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -220,6 +229,9 @@ class ChatScreen(Screen[None]):
         session = self.current
         text = Text(clean(self._completion_note) + ("  " if self._completion_note else ""))
         if session is not None:
+            if session.editing is not None and session.editing in session.entries:
+                number = session.entries.index(session.editing) + 1
+                text.append(f"editing message {number} — esc to cancel  ", "bold")
             if session.alt_mode.kind != "off":
                 text.append(f"next reply: {session.alt_mode.describe()}  ", "bold")
             for attachment in session.attachments:
@@ -255,6 +267,9 @@ class ChatScreen(Screen[None]):
 
     @on(TextArea.Changed, "#prompt")
     def _prompt_changed(self) -> None:
+        if self._draft_timer is not None:
+            self._draft_timer.stop()
+        self._draft_timer = self.set_timer(DRAFT_SAVE_S, self._save_draft)
         if self._completion_note:
             self._completion_note = ""
             self._show_prompt_info()
@@ -262,6 +277,15 @@ class ChatScreen(Screen[None]):
         if has_text != self._prompt_had_text:  # the editing keys change hands
             self._prompt_had_text = has_text
             self.refresh_bindings()
+
+    def _save_draft(self) -> None:
+        """Save the chat on show's draft as it is now (a crash loses at most DRAFT_SAVE_S of
+        typing, and never brings back text that was deleted)."""
+        self._draft_timer = None
+        session = self.current
+        if session is not None and session.draft != self.prompt.text:
+            session.draft = self.prompt.text
+            self.saved.save_draft(session)
 
     async def submit_prompt(self, text: str) -> None:
         """What enter in the prompt does: run a slash command or send a message."""
@@ -273,6 +297,7 @@ class ChatScreen(Screen[None]):
             command = parse_command(text)
             if command is None:
                 self.chats.send(session, message_text(text))
+                self._show_prompt_info()  # an edit is sent: no longer pending
             prompt.take()
             if not session.history or session.history[-1] != text:
                 session.history.append(text)
@@ -290,7 +315,7 @@ class ChatScreen(Screen[None]):
         prompt = self.prompt
         prompt.load_text(text)
         prompt.move_cursor(prompt.document.end)
-        prompt.focus()
+        self.set_focus(prompt)  # at once: keys already on their way follow the text
 
     def edit_draft(self) -> None:
         """Edit the draft in $EDITOR: the app steps aside until the editor exits."""
@@ -370,6 +395,25 @@ class ChatScreen(Screen[None]):
     def quit(self) -> None:
         self.app.exit()
 
+    def interrupt(self) -> None:
+        """ctrl+c: copy the text selected (in the box or on the screen); else stop the reply in
+        progress; else quit, when pressed again within QUIT_AGAIN_S."""
+        selected = self.prompt.selected_text if self.focused is self.prompt else ""
+        selected = selected or self.get_selected_text() or ""
+        if selected:
+            self.copy_text(selected, "selection")
+            return
+        session, now = self.current, time.monotonic()
+        if session is not None and session.streaming:
+            self.chats.stop(session)
+            self.say("stopped the reply; ctrl+c again quits")
+        elif now - self._interrupted_at < QUIT_AGAIN_S:
+            self.quit()
+            return
+        else:
+            self.say("ctrl+c again quits (or /quit)")
+        self._interrupted_at = now
+
     def toggle_sidebar(self) -> None:
         sidebar = self.query_one(SessionList)
         sidebar.display = not sidebar.display
@@ -395,6 +439,17 @@ class ChatScreen(Screen[None]):
     async def _switch(self, message: MessageView.Switch) -> None:
         await self._guard(lambda: message_actions.switch(self, message.entry, message.step),
                           "switching versions")
+
+    @on(MessageView.Left)
+    async def _left(self) -> None:
+        """Escape on a message: the box has the focus again; a reply in progress stops too
+        (escape is the stop key)."""
+        await self.act(BY_ID["stop"])
+
+    def focus_entry(self, entry: Entry) -> None:
+        """Focus the message of ``entry`` in the chat on show."""
+        if self.current is not None:
+            self.session_view(self.current).transcript.focus_entry(entry)
 
     @on(MessageView.Delete)
     def _delete(self, message: MessageView.Delete) -> None:

@@ -9,7 +9,7 @@ from typing import Literal, Protocol, TypeVar
 from textual.screen import Screen
 
 from chatpage.chat.chats import Chats
-from chatpage.chat.session import ChatSession
+from chatpage.chat.session import ChatSession, Entry
 from chatpage.config.personas import Persona
 from chatpage.ui.history import SavedChats, Say
 
@@ -28,6 +28,8 @@ class Controls(Protocol):
     current: ChatSession | None
     say: Say
     default_persona: Callable[[], Persona]
+    key_for: Callable[[str], str | None]
+    """The key(s) of a binding id after the user's keymap."""
 
     async def open_session(self, persona: Persona) -> ChatSession: ...
     async def close_session(self, session: ChatSession) -> None: ...
@@ -45,6 +47,8 @@ class Controls(Protocol):
         """Edit the draft in the user's external editor."""
     def focus_message(self, step: int) -> None:
         """Move the focus through the messages on show; past the last: the message box."""
+    def focus_entry(self, entry: Entry) -> None:
+        """Focus the message of ``entry`` (in the chat on show)."""
     def toggle_sidebar(self) -> None: ...
     def copy_text(self, text: str, what: str) -> None:
         """Copy ``text`` to the clipboard and say where it went."""
@@ -54,6 +58,8 @@ class Controls(Protocol):
     def switch_model(self, target: str | None) -> None:
         """Switch to the model at ``target`` ("" for the default; None: pick one)."""
     def quit(self) -> None: ...
+    def interrupt(self) -> None:
+        """ctrl+c: copy a selection, else stop the reply, else quit when pressed twice."""
 
 
 Handler = Callable[[Controls, str | None], Awaitable[None]]

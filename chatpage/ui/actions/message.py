@@ -49,12 +49,16 @@ def delete(c: Controls, entry: Entry) -> None:
 
     async def confirm() -> None:
         after = len(session.entries) - session.entries.index(entry) - 1
+        undo = (c.key_for("undo_delete") or "").split(",")[0]
+        how = f"{undo} or /undo" if undo else "/undo"
         detail = (f"The {after} message(s) after it go too, on every branch." if after
-                  else "It is the last message.") + " This cannot be undone."
+                  else "It is the last message.") + f" {how} brings it back until the chat closes."
         who = "your message" if entry.role == "user" else "this reply"
         if await c.ask(Confirm(f"Delete {who}?", detail, "Delete")):
             if session in c.chats.sessions and entry in session.entries:
                 c.chats.delete(session, entry)
+                c.say(f"deleted {who}{f' and the {after} after it' if after else ''}: "
+                      f"undo with {how}", timeout=12)
 
     c.dialog(confirm)
 
@@ -63,7 +67,7 @@ def switch(c: Controls, entry: Entry, step: int) -> None:
     """Show another version of a turn (◀ ▶ at a fork)."""
     session = _on_show(c, entry)
     if session is not None:
-        c.chats.switch(session, entry, step)
+        c.focus_entry(c.chats.switch(session, entry, step))
 
 
 def copy_code(c: Controls, blocks: list[str]) -> None:

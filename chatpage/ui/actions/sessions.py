@@ -108,3 +108,7 @@ async def show_help(c: Controls, arg: str | None) -> None:
 
 async def quit_app(c: Controls, arg: str | None) -> None:
     c.quit()
+
+
+async def interrupt(c: Controls, arg: str | None) -> None:
+    c.interrupt()

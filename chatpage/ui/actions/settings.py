@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from chatpage.chat.commands import parse_compare, parse_k
-from chatpage.chat.sampling import SETTING_BY_FIELD, AltKind, AltMode, SamplingSettings
+from chatpage.chat.sampling import SETTING_BY_FIELD, SETTINGS, AltKind, AltMode, SamplingSettings
 from chatpage.chat.session import ChatSession
-from chatpage.config.personas import Persona, save_persona
+from chatpage.config.personas import Persona, find_persona, save_persona
 from chatpage.ui.actions.action import Controls, Handler, on_chat
 from chatpage.ui.actions.sessions import persona_named
 from chatpage.ui.screens.persona_editor import PersonaEditor
@@ -63,7 +63,7 @@ def alternatives(kind: AltKind) -> Handler:
         k = session.alt_mode.k if arg is None or kind == "off" else parse_k(arg, kind)
         c.chats.set_alt_mode(session, AltMode(kind, k))
         if kind != "off" and arg is not None:
-            c.say(f"next reply: {session.alt_mode.describe()}, side by side")
+            _say_next(c, session)
 
     return run
 
@@ -76,6 +76,13 @@ async def cycle_alternatives(c: Controls, session: ChatSession, arg: str | None)
 @on_chat
 async def compare(c: Controls, session: ChatSession, arg: str | None) -> None:
     c.chats.compare(session, *parse_compare(arg or ""))
+    _say_next(c, session)
+
+
+def _say_next(c: Controls, session: ChatSession) -> None:
+    """What the next reply will be (/samples, /beam, /compare all ask for the next one)."""
+    again = " (ctrl+r: your last message again, that way)" if session.last("user") else ""
+    c.say(f"next reply: {session.alt_mode.describe()}, side by side{again}")
 
 
 @on_chat
@@ -112,10 +119,19 @@ async def system_prompt(c: Controls, session: ChatSession, arg: str | None) -> N
 
 
 def switch_persona_to(c: Controls, session: ChatSession, persona: Persona) -> None:
-    """Continue ``session`` as ``persona``, keep it, and say so."""
+    """Continue ``session`` as ``persona``, keep it, and say so: with what of the chat's own
+    it replaced (its /system prompt, settings set with /max, /temp...)."""
+    before, prompt = session.sampling, session.persona.system_prompt
+    own = find_persona(c.personas, session.persona.name)
     c.chats.switch_persona(session, persona)
     c.saved.save_persona(session)
-    c.say(f"this chat continues as {persona.name!r}")
+    changed = [f"{rule.label} {getattr(before, rule.field)} → {getattr(session.sampling, rule.field)}"
+               for rule in SETTINGS
+               if getattr(before, rule.field) != getattr(session.sampling, rule.field)]
+    if (own is None or own.system_prompt != prompt) and prompt != persona.system_prompt:
+        changed.insert(0, "its own system prompt → the persona's")
+    c.say(f"this chat continues as {persona.name!r}"
+          + (f"; {', '.join(changed)}" if changed else ""), timeout=12 if changed else None)
 
 
 @on_chat

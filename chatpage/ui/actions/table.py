@@ -26,6 +26,10 @@ def _streaming(c: Controls) -> bool:
     return c.current is not None and c.current.streaming
 
 
+def _editing(c: Controls) -> bool:
+    return c.current is not None and c.current.editing is not None and not c.current.streaming
+
+
 ACTIONS: tuple[Action, ...] = (
     Action("help", "Help", sessions.show_help, key="f1", app=True, slash="help",
            usage="/help", help="show keys and commands"),
@@ -64,16 +68,24 @@ ACTIONS: tuple[Action, ...] = (
     Action("edit_last", "Edit last", turns.edit_last, key="alt+e", show=False, slash="edit",
            usage="/edit", help="put your last message back in the input: sending it forks the "
            "chat there, and the old version stays"),
+    Action("undo_delete", "Undo delete", turns.undo_delete, key="ctrl+z", show=False,
+           priority=True, yields=True, slash="undo", usage="/undo",
+           help="bring back the message deleted last, with what followed it (box with text: "
+           "ctrl+z undoes typing)"),
+    Action("cancel_edit", "Cancel edit", turns.cancel_edit, key="escape", active=_editing,
+           show=False, palette=()),
     Action("continue_reply", "Continue", turns.continue_reply, slash="continue",
            usage="/continue", help="let the last reply go on from where it ended"),
     Action("cycle_alternatives", "Alternatives", settings.cycle_alternatives, key="ctrl+a",
            priority=True, yields=True),
     Action("samples", "Samples", settings.alternatives("samples"), slash="samples",
-           usage="/samples K", help=f"next reply as K samples side by side {_RANGE}",
+           usage="/samples K", help=f"the next reply as K samples side by side {_RANGE}; ctrl+r then asks your "
+           "last message again that way",
            palette=(PaletteEntry("Next reply: samples",
                                  "ask for the next reply as samples side by side"),)),
     Action("beam", "Beam search", settings.alternatives("beam"), slash="beam", usage="/beam K",
-           help=f"next reply by beam search of width K {_RANGE}",
+           help=f"the next reply by beam search of width K {_RANGE}; ctrl+r then asks your last "
+           "message again that way",
            palette=(PaletteEntry("Next reply: beam search",
                                  "ask for the next reply by beam search, beams side by side"),)),
     Action("single", "Single reply", settings.alternatives("off"), slash="single",
@@ -81,8 +93,9 @@ ACTIONS: tuple[Action, ...] = (
            help="next reply as one reply again (alternatives off)",
            palette=(PaletteEntry("Next reply: single", "one reply again (alternatives off)"),)),
     Action("compare", "Compare", settings.compare, slash="compare",
-           usage="/compare temp=0.2,0.8,1.2", help="answer your last message once per value "
-           "(temp, top_p, top_k, max or seed), side by side"),
+           usage="/compare temp=0.2,0.8,1.2", help="the next reply once per value (temp, "
+           "top_p, top_k, max or seed), side by side, as /samples; ctrl+r then asks your last "
+           "message again that way"),
     Action("keep", "Keep", settings.keep, slash="keep", usage="/keep N",
            help="keep alternative N as the reply"),
     Action("copy_reply", "Copy reply", turns.copy_reply, key="alt+c", show=False, slash="copy",
@@ -130,6 +143,8 @@ ACTIONS: tuple[Action, ...] = (
            "default (a picker when no path is given); chats stay",
            palette=(PaletteEntry("Switch model", "a model folder, a .gguf file or the default "
                                  "model; the chats stay (/model)"),)),
+    Action("interrupt", "Stop or quit", sessions.interrupt, key="ctrl+c", show=False,
+           priority=True),
     Action("quit", "Quit", sessions.quit_app, slash="quit", aliases=("exit",), usage="/quit",
            help="quit chatpage"),
 )

@@ -27,6 +27,18 @@ async def edit_last(c: Controls, session: ChatSession, arg: str | None) -> None:
 
 
 @on_chat
+async def cancel_edit(c: Controls, session: ChatSession, arg: str | None) -> None:
+    c.chats.cancel_edit(session)
+    c.put_back("")
+
+
+@on_chat
+async def undo_delete(c: Controls, session: ChatSession, arg: str | None) -> None:
+    entry = c.chats.undo_delete(session)
+    c.say(f"brought back {'your message' if entry.role == 'user' else 'the reply'}")
+
+
+@on_chat
 async def continue_reply(c: Controls, session: ChatSession, arg: str | None) -> None:
     c.chats.continue_reply(session)
 

@@ -1,4 +1,5 @@
-"""Confirm: ask before doing something that cannot be undone (enter or y confirms)."""
+"""Confirm: ask before doing something destructive. Cancel has the focus, so enter (a key typed
+in a burst) cancels; y or the action's button goes ahead."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class Confirm(ModalScreen[bool]):
                 yield Button("Cancel", id="confirm-no")
 
     def on_mount(self) -> None:
-        self.query_one("#confirm-yes", Button).focus()
+        self.query_one("#confirm-no", Button).focus()
 
     @on(Button.Pressed)
     def _pressed(self, event: Button.Pressed) -> None:

@@ -16,9 +16,9 @@ from chatpage.chat.session import MAX_ALTERNATIVES, Candidate, Generation
 from chatpage.engine.client import FinishReason, OutputDelta
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.message import stats_line
-from chatpage.ui.widgets.prompt_input import PromptInput
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
 from chatpage.ui.widgets.throttle import Throttled
+from chatpage.ui.widgets.typing import TypingGoesToTheBox
 
 
 def score_text(kind: str, cand: Candidate) -> str:
@@ -80,7 +80,7 @@ class AltPane(Throttled, Vertical):
         view.post_message(AlternativesView.Keep(view.session_id, self.number))
 
 
-class AlternativesView(Horizontal, can_focus=True):
+class AlternativesView(TypingGoesToTheBox, Horizontal, can_focus=True):
     """The panes of a session's alternatives; focused while they are on show."""
 
     @dataclass
@@ -116,11 +116,3 @@ class AlternativesView(Horizontal, can_focus=True):
 
     def action_keep(self, number: int) -> None:
         self.post_message(self.Keep(self.session_id, number))
-
-    def on_key(self, event: events.Key) -> None:
-        """Typing something else goes back to the prompt (the keystroke is not lost)."""
-        if event.is_printable and event.character and not event.character.isdigit():
-            prompt = self.screen.query_one(PromptInput)
-            prompt.focus()
-            prompt.insert(event.character)
-            event.stop()

@@ -115,7 +115,8 @@ class BlockGauge(Widget):
             text.append(f" {name} {counts[name]}  ")
         text.append("│ swap ", self._style("swap"))
         text.append(f"{stats.blocks_swapped}/{stats.num_cpu_blocks} CPU blocks")
-        text.append(f"\n {stats.tokens_per_s:.1f} tok/s │ running {stats.num_running} · "
+        rate = f"{stats.tokens_per_s:.1f} tok/s" if stats.num_running else "idle"  # not the last
+        text.append(f"\n {rate} │ running {stats.num_running} · "
                     f"waiting {stats.num_waiting} · swapped {stats.num_swapped} │ preempted "
                     f"{stats.preemptions_recompute} recompute · {stats.preemptions_swap} swap │ "
                     f"prefix hits {stats.prefix_hit_tokens} tokens │ kernels {stats.kernels}")

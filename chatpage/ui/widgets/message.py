@@ -7,6 +7,10 @@ of its code blocks, e edits it (sending forks the chat there), r asks again for 
 version of it), d deletes it and what follows. Where the chat forks, ``◀ 2/3 ▶`` shows which version of the turn
 this is: click its arrows, or press [ and ] on the focused message, to show another. A message
 left out of what the model sees (the chat outgrew the context) is greyed.
+
+Typing never acts by accident: escape goes back to the message box, and so does any printable
+key the message has no use for (``/``, a letter that is not one of its keys), with the keys
+that follow it in the same burst (``/edit`` typed fast: `TypingGoesToTheBox`).
 """
 
 from __future__ import annotations
@@ -28,15 +32,19 @@ from chatpage.engine.client import OutputDelta
 from chatpage.ui.text import clean, code_blocks
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
 from chatpage.ui.widgets.throttle import Throttled
+from chatpage.ui.widgets.typing import TypingGoesToTheBox
 
 STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "error": "failed",
                 "streaming": "…"}
 
 
 def stats_line(stats: ReplyStats | None) -> str:
-    """``24 tokens · 31.5 tok/s · first token 0.21 s · cache 16/40 prompt tokens``."""
+    """``24 tokens · 31.5 tok/s · first token 0.21 s · cache 16/40 prompt tokens``; while a long
+    prompt prefills, ``reading the prompt: 2,048 / 6,000 tokens``."""
     if stats is None:
         return ""
+    if stats.prefilling:
+        return f"reading the prompt: {stats.prefilled_tokens:,} / {stats.prompt_tokens:,} tokens"
     parts = [f"{stats.tokens} token{'s' if stats.tokens != 1 else ''}"]
     if stats.tokens_per_s:
         parts.append(f"{stats.tokens_per_s:.1f} tok/s")
@@ -53,7 +61,7 @@ def _update(line: Static, content: str | Text) -> None:
         line.update(content)
 
 
-class MessageView(Throttled, Vertical, can_focus=True):
+class MessageView(Throttled, TypingGoesToTheBox, Vertical, can_focus=True):
     """Shows an `Entry`; `refresh_entry` redraws it after the entry changed."""
 
     BINDINGS = [
@@ -64,6 +72,7 @@ class MessageView(Throttled, Vertical, can_focus=True):
         Binding("d", "delete", "Delete", id="message_delete"),
         Binding("left_square_bracket", "switch(-1)", "Previous version", id="message_prev"),
         Binding("right_square_bracket", "switch(1)", "Next version", id="message_next"),
+        Binding("escape", "leave", "Message box", id="message_leave"),
     ]
 
     @dataclass
@@ -96,6 +105,9 @@ class MessageView(Throttled, Vertical, can_focus=True):
         """Delete ``entry`` and what follows it."""
 
         entry: Entry
+
+    class Left(Message):
+        """Escape took the focus back to the message box."""
 
     @dataclass
     class Switch(Message):
@@ -172,6 +184,11 @@ class MessageView(Throttled, Vertical, can_focus=True):
             self._body.draw()
         else:
             self._body.update(Text(clean(entry.content)))
+
+    # -- keys ------------------------------------------------------------------------------------
+    def action_leave(self) -> None:
+        self.hand_over(None)
+        self.post_message(self.Left())
 
     # -- copying ---------------------------------------------------------------------------------
     def action_copy_message(self) -> None:

@@ -1,7 +1,8 @@
 """PromptInput: the multi-line message box.
 
 enter sends; ctrl+j (and shift+enter where the terminal reports it) adds a newline; up on the
-first line and down on the last walk through the session's earlier prompts. tab on a slash
+first line and down on the last walk through the session's earlier prompts. A key with alt (or
+ctrl) never types its character: it is the chat's key. tab on a slash
 command line completes it (`completer`): the common prefix first, then each option in turn.
 """
 
@@ -17,6 +18,13 @@ from textual.widgets import TextArea
 from chatpage.ui.completion import common_prefix
 
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
+MODIFIERS = frozenset({"alt", "ctrl", "super", "meta", "hyper"})
+
+
+def is_chord(key: str) -> bool:
+    """Whether ``key`` is a key with a modifier (``alt+e``): a terminal that sends alt+e as
+    ESC e gives it the character ``e``, which is the chat's key here, never text."""
+    return not MODIFIERS.isdisjoint(key.split("+")[:-1])
 
 
 class PromptInput(TextArea):
@@ -58,6 +66,9 @@ class PromptInput(TextArea):
         if key in NEWLINE_KEYS:
             self._stop(event)
             self.insert("\n")
+            return
+        if is_chord(key):  # not the text area's: on to the bindings (no "e" for alt+e)
+            event.prevent_default()
             return
         if key == "tab" and self.text.startswith("/"):
             self._stop(event)  # a command line: tab never leaves the box

@@ -13,6 +13,7 @@ from chatpage.chat.session import (
     Cleared,
     Closed,
     ContextChanged,
+    EntriesRestored,
     EntryAdded,
     EntryRemoved,
     EntryStatus,
@@ -54,7 +55,7 @@ class SessionView(Vertical):
                     transcript.add(entry)
             case EntryUpdated(entry, delta):
                 transcript.update(entry, delta)
-            case PathChanged() | EntryRemoved() | Cleared():
+            case PathChanged() | EntryRemoved() | EntriesRestored() | Cleared():
                 transcript.reset()
             case ContextChanged():
                 transcript.refresh_entries()

@@ -52,8 +52,8 @@ class Transcript(VerticalScroll):
         self.follow()
 
     def focus_step(self, step: int) -> bool:
-        """Focus the message ``step`` away from the focused one (from outside: the last for a
-        step back, the first for a step on). False when that runs past the last message."""
+        """Focus the message ``step`` away from the focused one (from outside, either way: the
+        last, the one nearest the message box). False when that runs past the last message."""
         views = list(self.query(MessageView))
         if not views:
             return False
@@ -61,11 +61,17 @@ class Transcript(VerticalScroll):
         if focused in views:
             index = views.index(focused) + step
         else:
-            index = len(views) - 1 if step < 0 else 0
+            index = len(views) - 1
         if index >= len(views):
             return False
-        views[max(0, index)].focus()
+        self.screen.set_focus(views[max(0, index)])  # at once: the next key is the message's
         return True
+
+    def focus_entry(self, entry: Entry) -> None:
+        """Focus ``entry``'s message once it is mounted (after a version switch drew it)."""
+        view = self._views.get(id(entry))
+        if view is not None:
+            self.call_after_refresh(view.focus)
 
     def action_focus_step(self, step: int) -> None:
         self.focus_step(step)
@@ -114,12 +120,15 @@ class Transcript(VerticalScroll):
             view.refresh_entry()
 
     def reset(self) -> None:
-        """Drop the message views whose entries are gone; add any that are new."""
+        """Drop the message views whose entries are gone; add any that are new; redraw the
+        others (their ``◀ 1/2 ▶`` may have changed: an alternative kept, a version deleted)."""
         alive = {id(e) for e in self.session.entries}
         for key, view in list(self._views.items()):
             if key not in alive:
                 del self._views[key]
                 view.remove()
+            else:
+                view.refresh_entry()
         for entry in self.session.entries:
             if id(entry) not in self._views:
                 self.add(entry)
