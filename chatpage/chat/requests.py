@@ -121,8 +121,8 @@ class Requests:
     # -- helpers -------------------------------------------------------------------------------
     def _check_idle(self, session: ChatSession) -> None:
         if self.client.error is not None and not self.client.ready:
-            raise ChatError(f"the model did not load ({self.client.error}); restart chatpage "
-                            "with a working --model")
+            raise ChatError(f"the model did not load ({self.client.error}); switch to another "
+                            "with /model PATH, or /model default")
         if session.streaming:
             raise ChatError("a reply is still streaming in this chat: wait for it, or press "
                             "esc to stop it")

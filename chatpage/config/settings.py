@@ -72,11 +72,12 @@ class Settings:
     theme: str = "chatpage"
     bindings: Mapping[str, str] = field(default_factory=dict)
     backend: str | None = None  # an OpenAI-compatible server's URL instead of the local engine
+    models_dirs: tuple[str, ...] = ()  # folders whose models the model picker lists
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 SETTING_KEYS = ("model", "kv_cache", "block_size", "weights", "default_persona", "theme",
-                "bindings", "backend")
+                "bindings", "backend", "models_dirs")
 
 
 def _model(value: Any) -> str | None:
@@ -94,6 +95,16 @@ def _backend(value: Any) -> str | None:
     if not text.startswith(("http://", "https://")) or len(text.split("://", 1)[1]) == 0:
         raise ValueError("a server URL such as http://host:8000, or null for the local engine")
     return text
+
+
+def _models_dirs(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(v, str) and v.strip() for v in items):
+        raise ValueError("a list of folders holding model folders or .gguf files, e.g. "
+                         "[~/models]")
+    return tuple(str(Path(v.strip()).expanduser()) for v in items)
 
 
 def _kv_cache(value: Any) -> int:
@@ -153,6 +164,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "default_persona": _name,
     "theme": _name,
     "backend": _backend,
+    "models_dirs": _models_dirs,
 }
 
 
