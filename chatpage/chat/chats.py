@@ -160,13 +160,12 @@ class Chats(Requests):
                             "once it has stopped or finished")
         self._fit(session, reply)
         before = reply.stats if reply.stats is not None else ReplyStats()
-        rid = self.client.submit(session.for_model(upto=reply), session.sampling.params(),
-                                 self.deliver, continue_reply=True)
+        rid = self._submit(session, reply, session.sampling.params(), continue_reply=True)
         reply.status = MessageStatus.STREAMING
         reply.stats = ReplyStats(**before.as_dict())
         session.changed(EntryUpdated(reply))
         gen = Generation("reply", [rid], entry=reply, parent=reply.parent,
-                         continued=before, base_text=reply.content)
+                         continued=before, base_text=reply.content, base_ids=reply.token_ids)
         self._by_request[rid] = session
         self._start(session, gen)
 
@@ -278,10 +277,9 @@ class Chats(Requests):
         if len(set(labels)) != len(labels):
             raise ChatError(f"/compare needs different values of {info.label}")
         self._fit(session, question)
-        messages = session.for_model(upto=question)
         gen = Generation("compare", [], parent=question)
         for label, setting in zip(labels, settings, strict=True):
-            rid = self.client.submit(messages, setting.params(), self.deliver)
+            rid = self._submit(session, question, setting.params())
             gen.request_ids.append(rid)
             gen.candidates.append(Candidate(label, rid, 0))
             self._by_request[rid] = session

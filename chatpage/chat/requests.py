@@ -32,6 +32,7 @@ from chatpage.chat.session import (
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.outputs import RequestUpdate
 from chatpage.engine.protocol import EngineClient, UpdateCallback
+from chatpage.engine.sampling_params import SamplingParams
 from chatpage.vocab import FinishReason, MessageStatus
 
 
@@ -78,7 +79,8 @@ class Requests:
             if cand.error and cand is not chosen:
                 continue
             entry = Entry("assistant", cand.text, status=_candidate_status(cand),
-                          stats=cand.stats, label=cand.label)
+                          stats=cand.stats, label=cand.label, token_ids=cand.token_ids,
+                          token_source=self.client.model_name)
             session.transcript.attach(entry, gen.parent, current=cand is chosen)
             kept = entry if cand is chosen else kept
             session.changed(EntryAdded(entry))
@@ -141,15 +143,22 @@ class Requests:
         if notice and outcome.notice():
             self.notify(outcome.notice())
 
+    def _submit(self, session: ChatSession, upto: Entry, params: SamplingParams,
+                continue_reply: bool = False) -> str:
+        """Submit what the model sees up to `upto`, the replies it wrote as their own ids."""
+        return self.client.submit(session.for_model(upto=upto), params, self.deliver,
+                                  continue_reply=continue_reply,
+                                  reply_ids=session.reply_ids(self.client.model_name, upto))
+
     def _ask(self, session: ChatSession, question: Entry) -> None:
         """Ask for a reply to `question` (a new version of the turn after it), as one reply
         or as alternatives (the next-reply mode)."""
         mode = session.alt_mode
         self._fit(session, question)
-        messages = session.for_model(upto=question)
         if mode.kind == "off":
-            rid = self.client.submit(messages, session.sampling.params(), self.deliver)
-            entry = Entry("assistant", "", status=MessageStatus.STREAMING, stats=ReplyStats())
+            rid = self._submit(session, question, session.sampling.params())
+            entry = Entry("assistant", "", status=MessageStatus.STREAMING, stats=ReplyStats(),
+                          token_source=self.client.model_name)
             forked = bool(question.replies.versions)
             session.transcript.attach(entry, question)
             session.changed(EntryAdded(entry))
@@ -162,7 +171,7 @@ class Requests:
             params = session.sampling.params(n=mode.k)
         else:
             params = session.sampling.params(beam_width=mode.k)
-        rid = self.client.submit(messages, params, self.deliver)
+        rid = self._submit(session, question, params)
         noun = "sample" if mode.kind == "samples" else "beam"
         gen = Generation(mode.kind, [rid], parent=question, candidates=[
             Candidate(f"{noun} {i + 1}", rid, i) for i in range(mode.k)

@@ -171,6 +171,10 @@ class Entry:
     replies: Fork = field(default_factory=Fork, repr=False)
     dropped: bool = False
     """Left out of what the model was last sent, to fit its context (shown greyed)."""
+    token_ids: tuple[int, ...] | None = field(default=None, repr=False)
+    """A reply's token ids as the model produced them (`token_source` names the model): sent
+    back as they are, so the next turn's prompt is what the prefix cache holds."""
+    token_source: str | None = field(default=None, repr=False)
 
     @property
     def in_context(self) -> bool:
@@ -200,6 +204,7 @@ class Candidate:
     finish_reason: FinishReason | None = None
     error: str | None = None
     stats: ReplyStats = field(default_factory=ReplyStats)
+    token_ids: tuple[int, ...] | None = None
 
     @property
     def finished(self) -> bool:
@@ -216,6 +221,7 @@ class Generation:
     parent: Entry | None = None  # the message being answered (None: a reply at the top)
     continued: ReplyStats | None = None  # /continue: the reply's stats before it went on
     base_text: str = ""  # /continue: the reply's text before it went on
+    base_ids: tuple[int, ...] | None = None  # /continue: the reply's token ids before it went on
     candidates: list[Candidate] = field(default_factory=list)
     finished_requests: set[str] = field(default_factory=set)
 
@@ -275,16 +281,25 @@ class ChatSession:
         """The messages on show: the current version at every fork, from the top down."""
         return self.transcript.path()
 
+    def sent(self, upto: Entry | None = None) -> list[Entry]:
+        """The messages the model sees: those on show (up to and including `upto`), less
+        failed replies and turns dropped to fit the context."""
+        return [e for e in self.transcript.path(upto) if e.in_context and not e.dropped]
+
     def conversation(self, upto: Entry | None = None) -> Conversation:
-        """What the model sees: the system prompt and the messages on show (up to and
-        including `upto`), less failed replies and turns dropped to fit the context."""
+        """What the model sees: the system prompt and the `sent` messages."""
         return Conversation(self.persona.system_prompt, [
-            Message(e.role, e.model_content()) for e in self.transcript.path(upto)
-            if e.in_context and not e.dropped
+            Message(e.role, e.model_content()) for e in self.sent(upto)
         ])
 
     def for_model(self, upto: Entry | None = None) -> list[dict[str, str]]:
         return self.conversation(upto).for_model()
+
+    def reply_ids(self, model: str, upto: Entry | None = None) -> dict[int, tuple[int, ...]]:
+        """The token ids ``model`` produced for the replies of `for_model` (`upto`), by their
+        index there (after the system prompt)."""
+        return {i: e.token_ids for i, e in enumerate(self.sent(upto), start=1)
+                if e.token_ids is not None and e.token_source == model}
 
     def last(self, role: str) -> Entry | None:
         return next((e for e in reversed(self.entries) if e.role == role), None)

@@ -15,7 +15,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from chatpage.config.errorlog import log_error
-from chatpage.engine.chat_template import continue_prompt, render_prompt, system_prefix
+from chatpage.engine.chat_template import (
+    ReplyIds,
+    continue_prompt,
+    render_prompt,
+    system_prefix,
+)
 from chatpage.engine.config import EngineConfig
 from chatpage.engine.outputs import (
     EngineStats,
@@ -81,9 +86,11 @@ class LocalEngineClient:
 
     # -- requests (see `EngineClient`) ---------------------------------------------------------------
     def submit(self, messages: list[dict[str, str]], params: SamplingParams,
-               on_update: UpdateCallback, *, continue_reply: bool = False) -> str:
+               on_update: UpdateCallback, *, continue_reply: bool = False,
+               reply_ids: ReplyIds | None = None) -> str:
+        template = continue_prompt if continue_reply else render_prompt
         return self._submit(messages, params, on_update,
-                            continue_prompt if continue_reply else render_prompt)
+                            lambda tokenizer, msgs: template(tokenizer, msgs, reply_ids=reply_ids))
 
     def submit_prompt(self, prompt: str | list[int], params: SamplingParams,
                       on_update: UpdateCallback) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import httpx
 
 from chatpage.engine.outputs import EngineStats
-from chatpage.engine.protocol import UpdateCallback
+from chatpage.engine.protocol import ReplyIds, UpdateCallback
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.remote.backend import Backend, BackendError, BackendNotReady, probe
 from chatpage.remote.requests import RemoteReply, RequestFailed, run_request, split_samples
@@ -92,9 +92,11 @@ class RemoteEngineClient:
 
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, messages: list[dict[str, str]], params: SamplingParams,
-               on_update: UpdateCallback, *, continue_reply: bool = False) -> str:
+               on_update: UpdateCallback, *, continue_reply: bool = False,
+               reply_ids: ReplyIds | None = None) -> str:
         """Queue a chat reply for ``messages`` (held until the server is reachable);
-        ``continue_reply``: the last message, a reply, goes on instead of a new one starting."""
+        ``continue_reply``: the last message, a reply, goes on instead of a new one starting.
+        ``reply_ids`` are not used: the server renders the prompt itself."""
         return self._submit("continue" if continue_reply else "chat", messages, params, on_update)
 
     def submit_prompt(self, prompt: str | list[int], params: SamplingParams,
