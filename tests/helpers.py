@@ -164,6 +164,7 @@ class FakeClient:
 
     error = None
     ready = True
+    counter = None
     model_name = "fake"
 
     def __init__(self, max_model_len: int = 0) -> None:

@@ -138,7 +138,8 @@ class Requests:
         the last message on show) would not fit the context; `notice` says so to the user."""
         session.context_tokens = self.client.max_model_len or session.context_tokens
         outcome = fit(session.persona.system_prompt, session.transcript.path(upto),
-                      session.sampling.max_tokens, session.context_tokens)
+                      session.sampling.max_tokens, session.context_tokens, self.client.counter)
+        session.prompt_tokens = outcome.needed - session.sampling.max_tokens
         session.changed(ContextChanged())
         if notice and outcome.notice():
             self.notify(outcome.notice())

@@ -175,6 +175,8 @@ class Entry:
     """A reply's token ids as the model produced them (`token_source` names the model): sent
     back as they are, so the next turn's prompt is what the prefix cache holds."""
     token_source: str | None = field(default=None, repr=False)
+    token_count: tuple[str, int, int] | None = field(default=None, repr=False)
+    """The exact count of its content: (tokenizer, hash of the text counted, tokens)."""
 
     @property
     def in_context(self) -> bool:
@@ -253,6 +255,7 @@ class ChatSession:
     draft: str = ""
     editing: Entry | None = None  # a message of the user's being rewritten (the next send forks)
     context_tokens: int = 0  # the model's window (0 until it is known)
+    prompt_tokens: int = 0  # what the prompt of the latest turn sent takes (its fit's count)
     store_id: int | None = None  # the saved chat, once it has a message
     observers: list[Observer] = field(default_factory=list, repr=False)
 
@@ -306,7 +309,15 @@ class ChatSession:
 
     @property
     def used_tokens(self) -> int:
-        """What the latest reply on show took of the context: its prompt and its tokens."""
+        """What the latest reply on show took of the context: its prompt and its tokens; while
+        one streams, its prompt (as counted before it was sent, until the engine says) and the
+        tokens so far."""
+        gen = self.generation
+        if gen is not None and gen.streaming and gen.entry is not None \
+                and gen.entry.stats is not None:
+            stats = gen.entry.stats
+            before = gen.continued.tokens if gen.continued is not None else 0
+            return (stats.prompt_tokens or self.prompt_tokens) + stats.tokens - before
         stats = self.last_stats()
         return 0 if stats is None else stats.prompt_tokens + stats.tokens
 

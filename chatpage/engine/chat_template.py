@@ -105,3 +105,39 @@ def system_prefix(tokenizer: Any, system_prompt: str) -> list[int]:
     return render_prompt(tokenizer, [{"role": "system", "content": system_prompt}],
                          add_generation_prompt=False)
 
+
+class TokenCounter:
+    """Exact prompt sizes for one tokenizer's chat template, in parts that add up: the system
+    prompt with the generation prompt (`system`), each message's content (`text`, or a reply's
+    own ids: `reply`) and the tokens the template writes around a message of each role
+    (`overhead`, measured once). Exact where the template puts special tokens or line breaks
+    around each message (ChatML and most others); `key` names the tokenizer, for counts kept."""
+
+    def __init__(self, tokenizer: Any, key: str) -> None:
+        self.tokenizer = tokenizer
+        self.key = key
+        self._systems: dict[str, int] = {}
+        system = [{"role": "system", "content": "S"}]
+        user = system + [{"role": "user", "content": "U"}]
+        both = user + [{"role": "assistant", "content": "A"}]
+        sizes = [len(render_prompt(tokenizer, m)) for m in (system, user, both)]
+        self.overhead = {"user": sizes[1] - sizes[0] - self.text("U"),
+                         "assistant": sizes[2] - sizes[1] - self.text("A")}
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self._eos = eos if isinstance(eos, int) else None
+
+    def text(self, text: str) -> int:
+        """The tokens of a message's content."""
+        return len(_encode(self.tokenizer, text))
+
+    def reply(self, ids: Sequence[int]) -> int:
+        """The tokens of a reply sent as its own ids (an end-of-turn it ended with is the
+        template's own, counted in `overhead`)."""
+        return len(ids) - (bool(ids) and ids[-1] == self._eos)
+
+    def system(self, system_prompt: str) -> int:
+        """The system message and the generation prompt: a prompt with no other message."""
+        if system_prompt not in self._systems:
+            self._systems[system_prompt] = len(render_prompt(
+                self.tokenizer, [{"role": "system", "content": system_prompt}]))
+        return self._systems[system_prompt]

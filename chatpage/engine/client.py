@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from chatpage.config.errorlog import log_error
 from chatpage.engine.chat_template import (
     ReplyIds,
+    TokenCounter,
     continue_prompt,
     render_prompt,
     system_prefix,
@@ -61,6 +62,7 @@ class LocalEngineClient:
         self.model_name = "model"
         self.max_model_len = 0
         self.warnings: list[str] = []
+        self.counter: TokenCounter | None = None
         self.load_seconds: float | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -144,6 +146,10 @@ class LocalEngineClient:
         self.model_name = engine.model_name
         self.max_model_len = engine.max_model_len
         self.warnings = engine.warnings
+        try:
+            self.counter = TokenCounter(engine.tokenizer, engine.model_name)
+        except Exception as e:  # a template that cannot render a short chat: estimates instead
+            self.warnings.append(f"prompt sizes are estimated: {log_error(e, 'token counts')}")
         self._stats = engine.stats()
         self._ready.set()
         self._status("ready")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from chatpage.engine.chat_template import ReplyIds
+from chatpage.engine.chat_template import ReplyIds, TokenCounter
 from chatpage.engine.outputs import RequestUpdate
 from chatpage.engine.sampling_params import SamplingParams
 
@@ -35,6 +35,8 @@ class EngineClient(Protocol[StatsT]):
     model_name: str
     max_model_len: int
     warnings: list[str]
+    counter: TokenCounter | None
+    """Exact prompt sizes with the model's tokenizer (None: not ready, or a server's model)."""
     """What the load found wrong but survived (shown once the client is ready)."""
 
     def start(self, on_status: Callable[[str], None] | None = None) -> None:

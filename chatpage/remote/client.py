@@ -19,7 +19,7 @@ from collections.abc import Callable
 import httpx
 
 from chatpage.engine.outputs import EngineStats
-from chatpage.engine.protocol import ReplyIds, UpdateCallback
+from chatpage.engine.protocol import ReplyIds, TokenCounter, UpdateCallback
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.remote.backend import Backend, BackendError, BackendNotReady, probe
 from chatpage.remote.requests import RemoteReply, RequestFailed, run_request, split_samples
@@ -48,6 +48,7 @@ class RemoteEngineClient:
         self.model_name = "model"
         self.max_model_len = 0
         self.warnings: list[str] = []
+        self.counter: TokenCounter | None = None  # the server counts: the chat estimates
         self.load_seconds: float | None = None
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
