@@ -164,6 +164,8 @@ class FakeClient:
 
     error = None
     ready = True
+    counter = None
+    model_name = "fake"
 
     def __init__(self, max_model_len: int = 0) -> None:
         self.max_model_len = max_model_len
@@ -171,7 +173,8 @@ class FakeClient:
         self.continued: list[bool] = []
         self.cancelled: list[str] = []
 
-    def submit(self, messages, params, on_update, *, continue_reply: bool = False) -> str:
+    def submit(self, messages, params, on_update, *, continue_reply: bool = False,
+               reply_ids=None) -> str:
         self.submitted.append((messages, params, on_update))
         self.continued.append(continue_reply)
         return f"r{len(self.submitted)}"

@@ -123,3 +123,17 @@ def test_unreadable_file_warns(tmp_path: Path) -> None:
     path.mkdir()  # reading a directory fails even as root
     settings, (warning,) = load_settings(path)
     assert settings == Settings() and "cannot read" in warning
+
+
+def test_models_dirs_is_a_list_of_folders(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("models_dirs: [~/models, /srv/llm]\n")
+    settings, warnings = load_settings(path)
+    assert warnings == []
+    assert settings.models_dirs == (str(Path("~/models").expanduser()), "/srv/llm")
+    path.write_text("models_dirs: 7\n")
+    settings, warnings = load_settings(path)
+    assert settings.models_dirs == ()
+    assert warnings == ["config.yaml: models_dirs = 7 is not valid; expected a list of folders "
+                        "holding model folders or .gguf files, e.g. [~/models]; using the "
+                        "default value"]

@@ -5,10 +5,14 @@
     prefix caching). Sessions run one after another, so TTFT is the prefill itself, no queueing
     (timed by the benchmarks' clock, see common.now); ``ttft_ratio`` = median cached / median
     cold.
-(b) One conversation of several turns on the caching engine: per turn, the prompt's length, its
-    new tokens (those not in the previous turn's prompt + reply, or in the persona prefix for
-    the first turn), and the tokens actually computed (prompt - prefix_hit_tokens). Only full
-    blocks are shared, so a turn computes at most its new tokens plus one block.
+(b) One conversation of several turns on the caching engine, its replies SAMPLED (temperature
+    0.8, top-p 0.95, seeded): per turn, the prompt's length, its new tokens (what the turn adds
+    after the previous turn's prompt + reply), the tokens served from the cache and those
+    actually computed (prompt - prefix_hit_tokens). ``turns``: each reply goes back into the
+    next prompt as the token ids the model sampled (what the chat does); only full blocks are
+    shared, so a turn computes at most its new tokens plus one block. ``turns_retokenized``: the
+    same chat with each reply's text tokenized again (what a server given text does): a sampled
+    reply the tokenizer would split otherwise is computed again from the first difference on.
 """
 
 from __future__ import annotations
@@ -76,23 +80,27 @@ def ttft_sessions(loaded, sessions) -> dict:
     }
 
 
-def conversation(loaded, session) -> list[dict]:
+def conversation(loaded, session, own_ids: bool) -> list[dict]:
+    """The turns of ``session`` with sampled replies; ``own_ids``: each reply goes back as its
+    sampled token ids, else as its text tokenized again."""
     eng = common.engine(loaded)
     tok = loaded.tokenizer
     prefix = system_prefix(tok, session.system_prompt)
     eng.pin_prefix(prefix)
     common.drain(eng)
     conv = Conversation(session.system_prompt)
-    previous = prefix  # what the cache can hold for the next prompt
+    reply_ids: dict[int, list[int]] = {}
+    previous = prefix  # what the cache holds for the next prompt
     turns = []
     for i, (ask, reply_len) in enumerate(zip(session.user_turns, session.reply_tokens,
                                              strict=True)):
         conv.add("user", ask)
-        prompt = render_prompt(tok, conv.for_model())
+        prompt = render_prompt(tok, conv.for_model(), reply_ids=reply_ids if own_ids else None)
+        params = SamplingParams(temperature=0.8, top_p=0.95, seed=1000 + i, max_tokens=reply_len)
         t0 = common.now()
-        (out,) = eng.generate([prompt], SamplingParams(temperature=0, max_tokens=reply_len))
+        (out,) = eng.generate([prompt], params)
         seconds = common.now() - t0
-        new = len(prompt) - _common_prefix(prompt, previous)
+        new = max(len(prompt) - len(previous), 0)
         computed = len(prompt) - out.usage.cached_tokens
         turns.append({
             "turn": i + 1,
@@ -100,11 +108,14 @@ def conversation(loaded, session) -> list[dict]:
             "new_tokens": new,
             "computed_tokens": computed,
             "prefix_hit_tokens": out.usage.cached_tokens,
+            "reused_share": out.usage.cached_tokens / len(prompt),
+            "shared_with_previous": _common_prefix(prompt, previous),
             "reply_tokens": len(out.outputs[0].token_ids),
             "turn_s": seconds,
             "within_new_plus_block": computed <= new + eng.config.block_size,
         })
         conv.add("assistant", out.outputs[0].text)
+        reply_ids[len(conv.messages)] = out.outputs[0].token_ids  # its index after the system
         previous = prompt + out.outputs[0].token_ids
     return turns
 
@@ -127,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     ttft = ttft_sessions(loaded, sessions)
     common.say(f"(a) TTFT cold {ttft['cold_ttft_s']:.3f} s, cached {ttft['cached_ttft_s']:.3f} s")
     common.say(f"(b) one conversation of {turns} turns")
-    rows = conversation(loaded, sessions[0])
+    rows = conversation(loaded, sessions[0], own_ids=True)
+    common.say("(b) the same chat, its replies tokenized again")
+    retokenized = conversation(loaded, sessions[0], own_ids=False)
     result = {
         "benchmark": "prefix",
         "scale": args.scale,
@@ -138,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         "turns": rows,
         "block_size": EngineConfig().block_size,
         "all_turns_within_new_plus_block": all(r["within_new_plus_block"] for r in rows),
+        "turns_retokenized": retokenized,
+        "retokenized_turns_within_new_plus_block": sum(r["within_new_plus_block"]
+                                                       for r in retokenized),
     }
     if args.plot:
         result["plot"] = plots.prefix(result, args.plot)

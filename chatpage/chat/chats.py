@@ -171,13 +171,12 @@ class Chats(Requests):
                             "once it has stopped or finished")
         self._fit(session, reply)
         before = reply.stats if reply.stats is not None else ReplyStats()
-        rid = self.client.submit(session.for_model(upto=reply), session.sampling.params(),
-                                 self.deliver, continue_reply=True)
+        rid = self._submit(session, reply, session.sampling.params(), continue_reply=True)
         reply.status = MessageStatus.STREAMING
         reply.stats = replace(before)
         session.changed(EntryUpdated(reply))
         gen = Generation("reply", [rid], entry=reply, parent=reply.parent,
-                         continued=before, base_text=reply.content)
+                         continued=before, base_text=reply.content, base_ids=reply.token_ids)
         self._by_request[rid] = session
         self._start(session, gen)
 

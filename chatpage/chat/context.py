@@ -1,11 +1,12 @@
 """Fitting a turn into the model's context window.
 
-Before a turn is sent, `fit` counts what it would take: each reply by its exact token count
-from the engine, everything else by a cautious estimate from its length, plus room for the
-reply (max tokens). When that exceeds the window, the oldest turns after the system prompt
-are left out of what is sent (marked `Entry.dropped`, shown greyed, kept in the store) until
-it fits; the message being answered is never dropped. The engine still counts exactly and
-refuses what cannot fit at all.
+Before a turn is sent, `fit` counts what it would take, plus room for the reply (max tokens):
+exactly with the model's tokenizer and chat template where the client offers a `TokenCounter`
+(each message's count kept on its entry, a reply sent as its own ids counted by them), else by
+a cautious estimate from the text's length (a server's model). When that exceeds the window,
+the oldest turns after the system prompt are left out of what is sent (marked `Entry.dropped`,
+shown greyed, kept in the store) until it fits; the message being answered is never dropped.
+The engine still counts exactly and refuses what cannot fit at all.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from math import ceil
 
 from chatpage.chat.session import Entry
+from chatpage.engine.chat_template import TokenCounter
 
 CHARS_PER_TOKEN_CAUTIOUS = 3
 """Fewer characters per token than most text has, so an estimate errs on the large side."""
@@ -26,11 +28,21 @@ def estimate_tokens(text: str) -> int:
     return ceil(len(text) / CHARS_PER_TOKEN_CAUTIOUS)
 
 
-def message_tokens(entry: Entry) -> int:
-    """What `entry` takes in a prompt: a reply's exact count when the engine gave one."""
-    if entry.role == "assistant" and entry.stats is not None and entry.stats.tokens:
-        return entry.stats.tokens + MESSAGE_OVERHEAD
-    return estimate_tokens(entry.model_content()) + MESSAGE_OVERHEAD
+def message_tokens(entry: Entry, counter: TokenCounter | None = None) -> int:
+    """What `entry` takes in a prompt: exactly with `counter` (the count kept on the entry
+    while its text stays), else a reply's count from the engine or an estimate."""
+    if counter is None:
+        if entry.role == "assistant" and entry.stats is not None and entry.stats.tokens:
+            return entry.stats.tokens + MESSAGE_OVERHEAD
+        return estimate_tokens(entry.model_content()) + MESSAGE_OVERHEAD
+    overhead = counter.overhead[entry.role]
+    if entry.token_ids is not None and entry.token_source == counter.key:
+        return counter.reply(entry.token_ids) + overhead
+    text = entry.model_content()
+    kept = entry.token_count
+    if kept is None or kept[:2] != (counter.key, hash(text)):
+        kept = entry.token_count = (counter.key, hash(text), counter.text(text))
+    return kept[2] + overhead
 
 
 @dataclass(frozen=True)
@@ -49,15 +61,17 @@ class Fit:
                 f"{noun} (greyed) are left out of what the model sees; they stay saved")
 
 
-def fit(system_prompt: str, path: list[Entry], reply_tokens: int, context_tokens: int) -> Fit:
+def fit(system_prompt: str, path: list[Entry], reply_tokens: int, context_tokens: int,
+        counter: TokenCounter | None = None) -> Fit:
     """Mark (`Entry.dropped`) the oldest whole turns of `path` that must be left out for it,
     the system prompt and `reply_tokens` to fit in `context_tokens` (0: unknown, drop
-    nothing); unmark the rest. The last message is always kept."""
+    nothing); unmark the rest. The last message is always kept. `counter`: count exactly."""
     sent = [e for e in path if e.in_context]
     for entry in path:
         entry.dropped = False
-    needed = (estimate_tokens(system_prompt) + MESSAGE_OVERHEAD + reply_tokens
-              + sum(message_tokens(e) for e in sent))
+    system = (counter.system(system_prompt) if counter is not None
+              else estimate_tokens(system_prompt) + MESSAGE_OVERHEAD)
+    needed = system + reply_tokens + sum(message_tokens(e, counter) for e in sent)
     dropped = 0
     while context_tokens and needed > context_tokens and len(sent) > 1:
         # a whole turn: the oldest message and what answers it, never the last message
@@ -66,7 +80,7 @@ def fit(system_prompt: str, path: list[Entry], reply_tokens: int, context_tokens
             turn += 1
         for entry in sent[:turn]:
             entry.dropped = True
-            needed -= message_tokens(entry)
+            needed -= message_tokens(entry, counter)
         dropped += turn
         del sent[:turn]
     return Fit(dropped, needed)

@@ -255,6 +255,9 @@ def reply_metadata(entry: Entry) -> dict[str, object]:
         meta["label"] = entry.label
     if entry.error is not None:
         meta["error"] = entry.error
+    if entry.token_ids is not None and entry.token_source is not None:
+        meta["token_ids"] = list(entry.token_ids)
+        meta["token_source"] = entry.token_source
     return meta
 
 
@@ -326,9 +329,13 @@ def entry_from(role: str, content: str, status: str, meta: dict[str, Any], messa
                if isinstance(meta.get(k), int | float) and not isinstance(meta[k], bool)}
     stats = ReplyStats(**numbers) if "tokens" in numbers else None
     label, error = meta.get("label"), meta.get("error")
+    ids, source = meta.get("token_ids"), meta.get("token_source")
+    known = (isinstance(ids, list) and isinstance(source, str)
+             and all(isinstance(i, int) and not isinstance(i, bool) for i in ids))
     return Entry("assistant", content, MessageStatus(status), stats=stats,
                  label=label if isinstance(label, str) else None,
-                 error=error if isinstance(error, str) else None, store_id=message_id)
+                 error=error if isinstance(error, str) else None, store_id=message_id,
+                 token_ids=tuple(ids) if known else None, token_source=source if known else None)
 
 
 def sampling_from(saved: dict[str, Any], persona: Persona) -> SamplingSettings:

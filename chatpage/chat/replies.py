@@ -41,6 +41,14 @@ def update_stats(stats: ReplyStats, out: RequestOutput, output: CompletionOutput
     stats.elapsed_s = out.elapsed_s
 
 
+def _ids(output: CompletionOutput, before: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """The output's token ids after ``before`` (a continued reply's); None where they are not
+    all known (a server that names no ids, a continued reply whose ids were not known)."""
+    if before is None or len(output.token_ids) != output.num_tokens or not output.num_tokens:
+        return None
+    return before + tuple(output.token_ids)
+
+
 def apply_reply(session: ChatSession, gen: Generation, entry: Entry, update: RequestUpdate,
                 out: RequestOutput) -> bool:
     """One update of a plain reply (``out``: its outputs so far); True when the reply ended."""
@@ -51,6 +59,7 @@ def apply_reply(session: ChatSession, gen: Generation, entry: Entry, update: Req
         entry.stats.prefilled_tokens = update.usage.prefilled_tokens
     if output is not None:
         entry.content = gen.base_text + output.text
+        entry.token_ids = _ids(output, gen.base_ids if gen.continued is not None else ())
         if entry.stats is not None:
             update_stats(entry.stats, out, output, gen.continued)
     if update.finished:
@@ -73,6 +82,7 @@ def apply_candidate(session: ChatSession, gen: Generation, update: RequestUpdate
         output = outputs.get(cand.index) if delta is not None else None
         if output is not None:
             cand.text = output.text
+            cand.token_ids = _ids(output, ())
             cand.cumulative_logprob = output.cumulative_logprob
             cand.score = output.score
             update_stats(cand.stats, out, output)

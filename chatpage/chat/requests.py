@@ -32,6 +32,7 @@ from chatpage.chat.session import (
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.outputs import RequestUpdate
 from chatpage.engine.protocol import EngineClient, UpdateCallback
+from chatpage.engine.sampling_params import SamplingParams
 from chatpage.vocab import FinishReason, MessageStatus, UserError
 
 
@@ -73,11 +74,11 @@ class Requests:
         if chosen.error:
             raise ChatError(f"alternative {number} failed: {chosen.error}")
         self._drop_generation(session)
-        kept = _candidate_entry(chosen)
+        kept = _candidate_entry(chosen, self.client.model_name)
         for cand in gen.candidates:
             if cand.error and cand is not chosen:
                 continue
-            entry = kept if cand is chosen else _candidate_entry(cand)
+            entry = kept if cand is chosen else _candidate_entry(cand, self.client.model_name)
             session.transcript.attach(entry, gen.parent, current=cand is chosen)
             session.changed(EntryAdded(entry))
         session.changed(PathChanged())
@@ -119,8 +120,8 @@ class Requests:
     # -- helpers -------------------------------------------------------------------------------
     def _check_idle(self, session: ChatSession) -> None:
         if self.client.error is not None and not self.client.ready:
-            raise ChatError(f"the model did not load ({self.client.error}); restart chatpage "
-                            "with a working --model")
+            raise ChatError(f"the model did not load ({self.client.error}); switch to another "
+                            "with /model PATH, or /model default")
         if session.streaming:
             raise ChatError("a reply is still streaming in this chat: wait for it, or press "
                             "esc to stop it")
@@ -134,21 +135,29 @@ class Requests:
         the last message on show) would not fit the context; `notice` says so to the user."""
         session.context_tokens = self.client.max_model_len or session.context_tokens
         outcome = fit(session.persona.system_prompt, session.transcript.path(upto),
-                      session.sampling.max_tokens, session.context_tokens)
+                      session.sampling.max_tokens, session.context_tokens, self.client.counter)
+        session.prompt_tokens = outcome.needed - session.sampling.max_tokens
         session.changed(ContextChanged())
         note = outcome.notice()
         if notice and note:
             self.notify(note)
+
+    def _submit(self, session: ChatSession, upto: Entry, params: SamplingParams,
+                continue_reply: bool = False) -> str:
+        """Submit what the model sees up to `upto`, the replies it wrote as their own ids."""
+        return self.client.submit(session.for_model(upto=upto), params, self.deliver,
+                                  continue_reply=continue_reply,
+                                  reply_ids=session.reply_ids(self.client.model_name, upto))
 
     def _ask(self, session: ChatSession, question: Entry) -> None:
         """Ask for a reply to `question` (a new version of the turn after it), as one reply
         or as alternatives (the next-reply mode)."""
         mode = session.alt_mode
         self._fit(session, question)
-        messages = session.for_model(upto=question)
         if mode.kind == "off":
-            rid = self.client.submit(messages, session.sampling.params(), self.deliver)
-            entry = Entry("assistant", "", status=MessageStatus.STREAMING, stats=ReplyStats())
+            rid = self._submit(session, question, session.sampling.params())
+            entry = Entry("assistant", "", status=MessageStatus.STREAMING, stats=ReplyStats(),
+                          token_source=self.client.model_name)
             forked = bool(question.replies.versions)
             session.transcript.attach(entry, question)
             session.changed(EntryAdded(entry))
@@ -158,13 +167,13 @@ class Requests:
             self._start(session, Generation("reply", [rid], entry=entry, parent=question))
             return
         if mode.kind == "compare":
-            self._compare(session, question, messages, mode)
+            self._compare(session, question, mode)
             return
         if mode.kind == "samples":
             params = session.sampling.params(n=mode.k)
         else:
             params = session.sampling.params(beam_width=mode.k)
-        rid = self.client.submit(messages, params, self.deliver)
+        rid = self._submit(session, question, params)
         noun = "sample" if mode.kind == "samples" else "beam"
         gen = Generation(mode.kind, [rid], parent=question, candidates=[
             Candidate(f"{noun} {i + 1}", rid, i) for i in range(mode.k)
@@ -174,14 +183,13 @@ class Requests:
         self._by_request[rid] = session
         self._offer(session, gen)
 
-    def _compare(self, session: ChatSession, question: Entry, messages: list[dict[str, str]],
-                 mode: AltMode) -> None:
+    def _compare(self, session: ChatSession, question: Entry, mode: AltMode) -> None:
         """The reply to ``question`` once per value of ``mode``'s setting, side by side."""
         settings = [session.sampling.with_value(mode.setting, raw) for raw in mode.values]
         labels = compare_labels(session.sampling, mode.setting, list(mode.values))
         gen = Generation("compare", [], parent=question)
         for label, setting in zip(labels, settings, strict=True):
-            rid = self.client.submit(messages, setting.params(), self.deliver)
+            rid = self._submit(session, question, setting.params())
             gen.request_ids.append(rid)
             gen.candidates.append(Candidate(label, rid, 0))
             self._by_request[rid] = session
@@ -230,10 +238,10 @@ def _candidate_status(cand: Candidate) -> MessageStatus:
     return MessageStatus.STOPPED
 
 
-def _candidate_entry(cand: Candidate) -> Entry:
+def _candidate_entry(cand: Candidate, token_source: str | None) -> Entry:
     """The reply an alternative becomes once one is kept."""
     return Entry("assistant", cand.text, status=_candidate_status(cand), stats=cand.stats,
-                 label=cand.label)
+                 label=cand.label, token_ids=cand.token_ids, token_source=token_source)
 
 
 def compare_labels(sampling: SamplingSettings, name: str, values: list[str]) -> list[str]:

@@ -186,6 +186,12 @@ class Entry:
     replies: Fork = field(default_factory=Fork, repr=False)
     dropped: bool = False
     """Left out of what the model was last sent, to fit its context (shown greyed)."""
+    token_ids: tuple[int, ...] | None = field(default=None, repr=False)
+    """A reply's token ids as the model produced them (`token_source` names the model): sent
+    back as they are, so the next turn's prompt is what the prefix cache holds."""
+    token_source: str | None = field(default=None, repr=False)
+    token_count: tuple[str, int, int] | None = field(default=None, repr=False)
+    """The exact count of its content: (tokenizer, hash of the text counted, tokens)."""
 
     @property
     def in_context(self) -> bool:
@@ -225,6 +231,7 @@ class Candidate:
     finish_reason: FinishReason | None = None
     error: str | None = None
     stats: ReplyStats = field(default_factory=ReplyStats)
+    token_ids: tuple[int, ...] | None = None
 
     @property
     def finished(self) -> bool:
@@ -241,6 +248,7 @@ class Generation:
     parent: Entry | None = None  # the message being answered (None: a reply at the top)
     continued: ReplyStats | None = None  # /continue: the reply's stats before it went on
     base_text: str = ""  # /continue: the reply's text before it went on
+    base_ids: tuple[int, ...] | None = None  # /continue: the reply's token ids before it went on
     candidates: list[Candidate] = field(default_factory=list)
     finished_requests: set[str] = field(default_factory=set)
 
@@ -273,6 +281,7 @@ class ChatSession:
     editing: Entry | None = None  # a message of the user's being rewritten (the next send forks)
     deleted: list[Deletion] = field(default_factory=list)  # what undo brings back, last first
     context_tokens: int = 0  # the model's window (0 until it is known)
+    prompt_tokens: int = 0  # what the prompt of the latest turn sent takes (its fit's count)
     store_id: int | None = None  # the saved chat, once it has a message
     observers: list[Observer] = field(default_factory=list, repr=False)
 
@@ -301,23 +310,40 @@ class ChatSession:
         """The messages on show: the current version at every fork, from the top down."""
         return self.transcript.path()
 
+    def sent(self, upto: Entry | None = None) -> list[Entry]:
+        """The messages the model sees: those on show (up to and including `upto`), less
+        failed replies and turns dropped to fit the context."""
+        return [e for e in self.transcript.path(upto) if e.in_context and not e.dropped]
+
     def conversation(self, upto: Entry | None = None) -> Conversation:
-        """What the model sees: the system prompt and the messages on show (up to and
-        including `upto`), less failed replies and turns dropped to fit the context."""
+        """What the model sees: the system prompt and the `sent` messages."""
         return Conversation(self.persona.system_prompt, [
-            Message(e.role, e.model_content()) for e in self.transcript.path(upto)
-            if e.in_context and not e.dropped
+            Message(e.role, e.model_content()) for e in self.sent(upto)
         ])
 
     def for_model(self, upto: Entry | None = None) -> list[dict[str, str]]:
         return self.conversation(upto).for_model()
+
+    def reply_ids(self, model: str, upto: Entry | None = None) -> dict[int, tuple[int, ...]]:
+        """The token ids ``model`` produced for the replies of `for_model` (`upto`), by their
+        index there (after the system prompt)."""
+        return {i: e.token_ids for i, e in enumerate(self.sent(upto), start=1)
+                if e.token_ids is not None and e.token_source == model}
 
     def last(self, role: str) -> Entry | None:
         return next((e for e in reversed(self.entries) if e.role == role), None)
 
     @property
     def used_tokens(self) -> int:
-        """What the latest reply on show took of the context: its prompt and its tokens."""
+        """What the latest reply on show took of the context: its prompt and its tokens; while
+        one streams, its prompt (as counted before it was sent, until the engine says) and the
+        tokens so far."""
+        gen = self.generation
+        if gen is not None and gen.streaming and gen.entry is not None \
+                and gen.entry.stats is not None:
+            stats = gen.entry.stats
+            before = gen.continued.tokens if gen.continued is not None else 0
+            return (stats.prompt_tokens or self.prompt_tokens) + stats.tokens - before
         stats = self.last_stats()
         return 0 if stats is None else stats.prompt_tokens + stats.tokens
 

@@ -76,11 +76,12 @@ class Settings:
     bindings: Mapping[str, str] = field(default_factory=dict)
     backend: str | None = None  # an OpenAI-compatible server's URL instead of the local engine
     backend_timeout: float = DEFAULT_BACKEND_TIMEOUT_S  # seconds the server may send nothing
+    models_dirs: tuple[str, ...] = ()  # folders whose models the model picker lists
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
 
 SETTING_KEYS = ("model", "kv_cache", "block_size", "weights", "default_persona", "theme",
-                "bindings", "backend", "backend_timeout")
+                "bindings", "backend", "backend_timeout", "models_dirs")
 
 
 def _model(value: Any) -> str | None:
@@ -112,6 +113,16 @@ def parse_seconds(value: Any) -> float:
             or not 0 < value < math.inf:
         raise ValueError("a number of seconds above zero, e.g. 120")
     return float(value)
+
+
+def _models_dirs(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(v, str) and v.strip() for v in items):
+        raise ValueError("a list of folders holding model folders or .gguf files, e.g. "
+                         "[~/models]")
+    return tuple(str(Path(v.strip()).expanduser()) for v in items)
 
 
 def _kv_cache(value: Any) -> int:
@@ -172,6 +183,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "theme": _name,
     "backend": _backend,
     "backend_timeout": parse_seconds,
+    "models_dirs": _models_dirs,
 }
 
 

@@ -16,7 +16,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from chatpage.config.errorlog import log_error
-from chatpage.engine.chat_template import continue_prompt, render_prompt, system_prefix
+from chatpage.engine.chat_template import (
+    ReplyIds,
+    TokenCounter,
+    continue_prompt,
+    render_prompt,
+    system_prefix,
+)
 from chatpage.engine.config import EngineConfig
 from chatpage.engine.outputs import (
     EngineStats,
@@ -73,6 +79,7 @@ class LocalEngineClient:
         self.model_name = "model"
         self.max_model_len = 0
         self.warnings: list[str] = []
+        self.counter: TokenCounter | None = None
         self.load_seconds: float | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -101,10 +108,11 @@ class LocalEngineClient:
     # -- requests (see `EngineClient`) ---------------------------------------------------------------
     def submit(self, messages: list[dict[str, Any]], params: SamplingParams,
                on_update: UpdateCallback, *, continue_reply: bool = False,
-               tools: list[dict[str, Any]] | None = None) -> str:
-        render = continue_prompt if continue_reply else render_prompt
-        return self._submit(messages, params, on_update,
-                            functools.partial(render, tools=tools) if tools else render)
+               tools: list[dict[str, Any]] | None = None,
+               reply_ids: ReplyIds | None = None) -> str:
+        template = continue_prompt if continue_reply else render_prompt
+        return self._submit(messages, params, on_update, functools.partial(
+            template, reply_ids=reply_ids, tools=tools))
 
     def submit_prompt(self, prompt: str | list[int], params: SamplingParams,
                       on_update: UpdateCallback) -> str:
@@ -159,6 +167,10 @@ class LocalEngineClient:
         self.model_name = engine.model_name
         self.max_model_len = engine.max_model_len
         self.warnings = engine.warnings
+        try:
+            self.counter = TokenCounter(engine.tokenizer, engine.model_name)
+        except Exception as e:  # a template that cannot render a short chat: estimates instead
+            self.warnings.append(f"prompt sizes are estimated: {log_error(e, 'token counts')}")
         self._stats = engine.stats()
         self._tokenizer_thread = threading.Thread(target=self._tokenize, args=(engine,),
                                                   name="chatpage-tokenizer", daemon=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
+from chatpage.engine.chat_template import ReplyIds, TokenCounter
 from chatpage.engine.outputs import RequestUpdate
 from chatpage.engine.sampling_params import SamplingParams
 
@@ -34,6 +35,8 @@ class EngineClient(Protocol[StatsT]):
     model_name: str
     max_model_len: int
     warnings: list[str]
+    counter: TokenCounter | None
+    """Exact prompt sizes with the model's tokenizer (None: not ready, or a server's model)."""
     """What the load found wrong but survived (shown once the client is ready)."""
 
     def start(self, on_status: Callable[[str], None] | None = None) -> None:
@@ -50,10 +53,14 @@ class EngineClient(Protocol[StatsT]):
     def close(self) -> None: ...
 
     def submit(self, messages: list[dict[str, str]], params: SamplingParams,
-               on_update: UpdateCallback, *, continue_reply: bool = False) -> str:
+               on_update: UpdateCallback, *, continue_reply: bool = False,
+               reply_ids: ReplyIds | None = None) -> str:
         """Queue a chat reply for ``messages`` (before ready too); returns its request id. With
         ``continue_reply`` the last message is a reply to go on with: updates carry only the
-        new text and tokens."""
+        new text and tokens. ``reply_ids``: the token ids this model produced for some of the
+        replies in ``messages`` (by index), sent as they are where the template writes the
+        reply verbatim, so the prefix cache serves them (a client that renders no prompt of its
+        own ignores them)."""
         ...
 
     def submit_prompt(self, prompt: str | list[int], params: SamplingParams,

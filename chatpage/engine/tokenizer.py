@@ -84,6 +84,10 @@ class Tokenizer:
     def pad_token_id(self) -> int | None:
         return self._token_id("pad_token")
 
+    def __len__(self) -> int:
+        """The number of token ids, added tokens included (as ``len`` of a transformers one)."""
+        return self._backend.get_vocab_size(with_added_tokens=True)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids: list[int] = self._backend.encode(text, add_special_tokens=add_special_tokens).ids
         return ids

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import httpx
 
 from chatpage.config.settings import DEFAULT_BACKEND_TIMEOUT_S
-from chatpage.engine.protocol import UpdateCallback
+from chatpage.engine.protocol import ReplyIds, TokenCounter, UpdateCallback
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.remote.backend import Backend, BackendError, BackendNotReady, probe
 from chatpage.remote.requests import RemoteReply, RequestFailed, run_request, split_samples
@@ -52,6 +52,7 @@ class RemoteEngineClient:
         self.model_name = "model"
         self.max_model_len = 0
         self.warnings: list[str] = []
+        self.counter: TokenCounter | None = None  # the server counts: the chat estimates
         self.load_seconds: float | None = None
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
@@ -96,9 +97,11 @@ class RemoteEngineClient:
 
     # -- requests ----------------------------------------------------------------------------------
     def submit(self, messages: list[dict[str, str]], params: SamplingParams,
-               on_update: UpdateCallback, *, continue_reply: bool = False) -> str:
+               on_update: UpdateCallback, *, continue_reply: bool = False,
+               reply_ids: ReplyIds | None = None) -> str:
         """Queue a chat reply for ``messages`` (held until the server is reachable);
-        ``continue_reply``: the last message, a reply, goes on instead of a new one starting."""
+        ``continue_reply``: the last message, a reply, goes on instead of a new one starting.
+        ``reply_ids`` are not used: the server renders the prompt itself."""
         return self._submit("continue" if continue_reply else "chat", messages, params, on_update)
 
     def submit_prompt(self, prompt: str | list[int], params: SamplingParams,

@@ -21,6 +21,7 @@ from textual.screen import Screen
 
 from chatpage.chat.chats import Chats
 from chatpage.chat.recorder import SAVE_INTERVAL_S
+from chatpage.config.models import find_models, remember_model
 from chatpage.config.personas import Persona, default_persona, find_persona, load_personas
 from chatpage.config.settings import Settings
 from chatpage.engine.client import (
@@ -90,6 +91,10 @@ class ChatApp(App[None]):
         self.client: EngineClient[EngineStats | RemoteStats] = client or LocalEngineClient(
             model if model is not None else self.settings.model, config)
         self._gathering: set[Inbox] = set()  # inboxes whose updates are taken on a timer
+        self._loading: EngineClient[EngineStats | RemoteStats] | None = None
+        """A model being switched to, loading beside the one in use (see `switch_model`)."""
+        self._announced: EngineClient[EngineStats | RemoteStats] | None = None
+        """The client whose readiness was last shown (see `_model_ready`)."""
         self.chats = Chats(self.client, self._delivery(self.client),
                            notify=lambda line: self.say(line, "warning", timeout=10))
         self.personas_dirs = personas_dirs
@@ -135,6 +140,8 @@ class ChatApp(App[None]):
                 self.chat.current.draft = self.chat.prompt.text
             self.saved.stop()
         await asyncio.to_thread(self.client.close)  # joins the engine thread: not on the loop
+        if self._loading is not None:
+            await asyncio.to_thread(self._loading.close)
 
     # -- keys ----------------------------------------------------------------------------------------
     def _apply_keymap(self) -> None:
@@ -236,18 +243,17 @@ class ChatApp(App[None]):
             self.chats.apply_all(updates)
 
     def on_engine_status(self, message: EngineStatus) -> None:
-        if message.client is not self.client:
-            return
         gauge = self.chat.gauge
         text = message.text
+        if message.client is self._loading:  # a model being switched to (see _swap_client)
+            if not text.startswith(("error", "engine error", "ready")):
+                gauge.status = (f"{self.client.model_name} · ready · loading "
+                                f"{message.client.model or 'the default model'}: {text}…")
+            return
+        if message.client is not self.client:
+            return
         if text == "ready":
-            client = self.client
-            gauge.status = (f"{client.model_name} · ready · context {client.max_model_len} "
-                            f"tokens · {len(self.personas)} personas")
-            for warning in client.warnings:
-                self.say(warning, "warning")
-            self.chats.model_ready()
-            self._poll_stats()
+            self._model_ready(self.client)
         elif text.startswith("warning: "):
             self.say(text.removeprefix("warning: "), "warning", timeout=15)
         elif text.startswith(("error", "engine error")):
@@ -256,12 +262,27 @@ class ChatApp(App[None]):
         else:
             gauge.status = f"{text}…"
 
+    def _model_ready(self, client: EngineClient[EngineStats | RemoteStats]) -> None:
+        """``client`` (the one in use) is ready: said once, however its "ready" arrives."""
+        if client is self._announced:
+            return
+        self._announced = client
+        self.chat.gauge.status = (f"{client.model_name} · ready · context "
+                                  f"{client.max_model_len} tokens · {len(self.personas)} personas")
+        for warning in client.warnings:
+            self.say(warning, "warning")
+        if client.model and not is_backend_url(client.model):
+            remember_model(client.model)
+        self.chats.model_ready()
+        self._poll_stats()
+
     @work(exclusive=True, group="dialog")
     async def action_switch_model(self) -> None:
         """The model picker; the model picked replaces the one in use."""
         in_use = getattr(self.client, "url", None) or self.client.model
+        found = await asyncio.to_thread(find_models, self.settings.models_dirs)
         target = await self.push_screen_wait(
-            ModelPicker(in_use, self.settings.model, self.settings.backend))
+            ModelPicker(in_use, self.settings.model, self.settings.backend, found))
         if target is not None:
             self.switch_model(target)
 
@@ -272,30 +293,49 @@ class ChatApp(App[None]):
             self.switch_model(message.target)
 
     def switch_model(self, target: str) -> None:
-        """Replace the model with ``target`` ("" for the default): replies in progress stop,
-        a new client starts, the chats stay, their system prompts are pinned on the new
-        model, and the old engine is closed (off the UI thread)."""
+        """Replace the model with ``target`` ("" for the default): it loads beside the one in
+        use, which keeps answering; once it is ready, replies in progress stop, the chats move
+        to it (their system prompts pinned on it) and the old engine is closed (off the UI
+        thread). If it fails to load, the model in use stays and a notice says why."""
         problem = model_problem(target) if target else None
         if problem:
             self.say(problem, "error")
+        elif self._loading is not None:
+            self.say(f"{self._loading.model or 'the default model'} is still loading; switch "
+                     "again once it is ready (or it failed)", "warning")
         else:
             self._swap_client(target)
 
     @work(exclusive=True, group="model")
     async def _swap_client(self, target: str) -> None:
+        name = target or "the default model"
+        new = self.make_client(target or None)
+        self._loading = new
+        self._start(new)
+        self.say(f"loading {name}; {self.client.model_name} answers until it is ready")
+        try:
+            await asyncio.to_thread(new.wait_ready)
+        finally:
+            self._loading = None
+        if not new.ready:
+            self.say(f"could not switch to {name}: {new.error}; {self.client.model_name} is "
+                     "still serving", "error", timeout=20)
+            self._poll_stats()
+            await asyncio.to_thread(new.close)
+            return
         for session in self.chats.sessions:
             self.chats.stop(session)
         deadline = time.monotonic() + STOP_WAIT_S
         while any(s.streaming for s in self.chats.sessions) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        old, new = self.client, self.make_client(target or None)
+        old = self.client
         self.client = self.chats.client = new
         self.chats.deliver = self._delivery(new)
         self.chat.gauge.stats = None
-        self._start(new)
         for prompt in self.chats.pinned:
             new.pin_system_prompt(prompt)
-        self.say(f"switching to {target or 'the default model'}; the chats stay")
+        self._model_ready(new)
+        self.say(f"switched to {name}; the chats stay")
         await asyncio.to_thread(old.close)
 
     def _poll_stats(self) -> None:

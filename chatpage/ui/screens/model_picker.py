@@ -1,6 +1,7 @@
 """ModelPicker: the model to switch to: the default model, the configured one, the configured
-backend (an OpenAI-compatible server), or a local model directory, .gguf file or server URL typed
-(with a folder's directories and .gguf files listed)."""
+backend (an OpenAI-compatible server), the local models found (loaded before, in ``models_dirs``,
+in the cache: `chatpage.config.models`), or a local model directory, .gguf file or server URL
+typed (with a folder's directories and .gguf files listed)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from rich.text import Text
 from textual.widgets import Input
 from textual.widgets.option_list import Option
 
+from chatpage.config.models import FoundModel
 from chatpage.ui.completion import path_completions
 from chatpage.ui.screens.list_dialog import ListDialog
 from chatpage.ui.text import clean
@@ -41,13 +43,14 @@ class ModelPicker(ListDialog[str]):
     """Dismisses with the model path picked ("" for the default model), or None on escape."""
 
     def __init__(self, current: str | None, configured: str | None,
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, found: list[FoundModel] | None = None) -> None:
         super().__init__("Switch model: chats stay, replies come from the new model",
                          "a model folder, a .gguf file or a server URL (http://host:8000)",
                          "model-picker")
         self.current = current
         self.configured = configured
         self.backend = backend
+        self.found = found or []
 
     def options(self, text: str) -> list[Option]:
         text = text.strip()
@@ -63,6 +66,12 @@ class ModelPicker(ListDialog[str]):
                 options.append(Option(self._label(f"backend {self.backend}",
                                                   self.current == self.backend),
                                       id=self.backend))
+            listed = {self.configured, self.backend}
+            for model in self.found:
+                if model.path not in listed:
+                    label = self._label(model.path, self.current == model.path)
+                    label.append(f"  {clean(model.origin)}", style="dim")
+                    options.append(Option(label, id=model.path))
             return options
         if model_problem(text) is None:
             options.append(Option(self._label(text, text == self.current), id=text))

@@ -8,6 +8,7 @@ from textual.widgets import Static
 
 from chatpage.chat.session import ChatSession
 from chatpage.ui.text import clean, one_line
+from chatpage.ui.widgets.throttle import Throttled
 
 
 def cache_line(session: ChatSession) -> str:
@@ -30,14 +31,18 @@ def context_line(session: ChatSession) -> str:
     return line
 
 
-class SessionHeader(Static):
-    """One session's header; `refresh_session` redraws it."""
+class SessionHeader(Throttled, Static):
+    """One session's header; `refresh_session` redraws it (`request_redraw` while a reply
+    streams: the context meter follows it)."""
 
     def __init__(self, session: ChatSession, **kwargs) -> None:
         super().__init__(**kwargs)
         self.session = session
 
     def on_mount(self) -> None:
+        self.refresh_session()
+
+    def redraw(self) -> None:
         self.refresh_session()
 
     def refresh_session(self) -> None:

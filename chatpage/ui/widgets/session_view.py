@@ -71,6 +71,6 @@ class SessionView(Vertical):
             case CandidateUpdated() | TitleChanged() | AttachmentsChanged() | Closed():
                 pass  # nothing the header shows
             case EntryUpdated(entry) if entry.status == EntryStatus.STREAMING:
-                pass  # a reply's figures reach the header when it ends
+                self.header.request_redraw(final=False)  # the context meter, throttled
             case _:
                 self.header.refresh_session()
