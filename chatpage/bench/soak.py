@@ -36,7 +36,7 @@ SWAP_BLOCKS = 20
 IN_FLIGHT = 10
 GREEDY_CHECKS = 12  # greedy requests per mode rerun alone
 EXTREME_SHARE = 0.05
-EXTREMES: tuple[dict[str, float], ...] = (
+EXTREMES: tuple[dict[str, Any], ...] = (
     {"temperature": 1e-40},  # logits / T overflow: greedy
     {"temperature": 1e-300, "top_k": 20},
     {"temperature": 1e300},  # (every token alike)

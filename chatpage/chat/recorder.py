@@ -335,7 +335,7 @@ def entry_from(role: str, content: str, status: str, meta: dict[str, Any], messa
     return Entry("assistant", content, MessageStatus(status), stats=stats,
                  label=label if isinstance(label, str) else None,
                  error=error if isinstance(error, str) else None, store_id=message_id,
-                 token_ids=tuple(ids) if known else None, token_source=source if known else None)
+                 token_ids=tuple(ids) if known and isinstance(ids, list) else None, token_source=source if known else None)
 
 
 def sampling_from(saved: dict[str, Any], persona: Persona) -> SamplingSettings:

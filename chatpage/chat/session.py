@@ -341,9 +341,9 @@ class ChatSession:
         gen = self.generation
         if gen is not None and gen.streaming and gen.entry is not None \
                 and gen.entry.stats is not None:
-            stats = gen.entry.stats
+            streaming = gen.entry.stats
             before = gen.continued.tokens if gen.continued is not None else 0
-            return (stats.prompt_tokens or self.prompt_tokens) + stats.tokens - before
+            return (streaming.prompt_tokens or self.prompt_tokens) + streaming.tokens - before
         stats = self.last_stats()
         return 0 if stats is None else stats.prompt_tokens + stats.tokens
 

@@ -38,8 +38,8 @@ def cmd_serve(args) -> int:
     client = LocalEngineClient(settings.model, EngineConfig.for_settings(settings, args.threads))
     def status(msg: str) -> None:
         print(f"chatpage serve: {msg}", file=sys.stderr, flush=True)
-        if msg == "ready":  # how this model's tool calls and thinking are read
-            engine = client.engine
+        engine = client.engine
+        if msg == "ready" and engine is not None:  # how its tool calls and thinking are read
             thinking = f"{engine.reasoning.open}...{engine.reasoning.close} as reasoning_content" \
                 if engine.reasoning else "none (the chat template declares no markers)"
             print(f"chatpage serve: {engine.tool_format.describe()}; thinking: {thinking}",

@@ -18,12 +18,16 @@ ReplyIds = Mapping[int, Sequence[int]]
 produced for it."""
 
 
-def render_text(tokenizer: Any, messages: list[dict[str, str]],
-                add_generation_prompt: bool = True) -> str:
-    """``messages`` through the tokenizer's chat template, as text."""
-    text: str = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+def render_text(tokenizer: Any, messages: list[dict[str, Any]],
+                add_generation_prompt: bool = True,
+                tools: list[dict[str, Any]] | None = None) -> str:
+    """``messages`` through the tokenizer's chat template, as text; ``tools`` (OpenAI's
+    function tools) are the template's ``tools`` variable, as transformers passes them."""
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, tools=tools
     )
+    if not isinstance(text, str):
+        raise TypeError("apply_chat_template(tokenize=False) gave token ids, not text")
     return text
 
 

@@ -45,7 +45,9 @@ def torch_int4pack(q4: torch.Tensor) -> torch.Tensor:
     levels = unpack_int4(q4)
     n, k = levels.shape
     if n % _TORCH_BLOCK_ROWS:
-        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels.to(torch.int32), 1)
+        packed: torch.Tensor = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            levels.to(torch.int32), 1)
+        return packed
     g = levels.view(n // _TORCH_BLOCK_ROWS, 2, _TORCH_BLOCK_ROWS // 2, k)
     return (g[:, 0] | (g[:, 1] << 4)).transpose(1, 2).contiguous().view(n, k // 2)
 

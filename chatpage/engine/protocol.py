@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from chatpage.engine.chat_template import ReplyIds, TokenCounter
+from chatpage.engine.chat_template import ReplyIds as ReplyIds
+from chatpage.engine.chat_template import TokenCounter as TokenCounter
 from chatpage.engine.outputs import RequestUpdate
 from chatpage.engine.sampling_params import SamplingParams
 

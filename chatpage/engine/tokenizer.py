@@ -45,8 +45,9 @@ class TextTokenizer(Protocol):
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
 
-    def apply_chat_template(self, messages: list[dict[str, str]], tokenize: bool = True,
-                            add_generation_prompt: bool = False) -> str | list[int]: ...
+    def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool = True,
+                            add_generation_prompt: bool = False,
+                            tools: list[dict[str, Any]] | None = None) -> str | list[int]: ...
 
 
 class Tokenizer:
@@ -61,7 +62,7 @@ class Tokenizer:
         self.chat_template = chat_template
 
     @property
-    def backend_tokenizer(self):
+    def backend_tokenizer(self) -> Any:
         """The ``tokenizers.Tokenizer`` itself (transformers' name for it)."""
         return self._backend
 
@@ -86,7 +87,8 @@ class Tokenizer:
 
     def __len__(self) -> int:
         """The number of token ids, added tokens included (as ``len`` of a transformers one)."""
-        return self._backend.get_vocab_size(with_added_tokens=True)
+        size: int = self._backend.get_vocab_size(with_added_tokens=True)
+        return size
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         ids: list[int] = self._backend.encode(text, add_special_tokens=add_special_tokens).ids

@@ -163,7 +163,8 @@ class StateSource:
 def fused_layout(config: Any, source: TensorSource) -> list[tuple[str, tuple[str, ...]]]:
     """Every tensor of the model's own layout with the HF tensors it is made of, in order: one
     QKV (Qwen2's bias too) and one gate+up matrix per layer, concatenated along the outputs."""
-    out = [("embed.weight", ("model.embed_tokens.weight",)), ("norm", ("model.norm.weight",))]
+    out: list[tuple[str, tuple[str, ...]]] = [("embed.weight", ("model.embed_tokens.weight",)),
+                                              ("norm", ("model.norm.weight",))]
     if "lm_head.weight" in source:
         out.append(("lm_head.weight", ("lm_head.weight",)))
     for i in range(config.num_hidden_layers):

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import asdict, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -28,6 +28,9 @@ from chatpage.engine.client import LocalEngineClient
 from chatpage.engine.outputs import OutputDelta
 from chatpage.engine.sampling_params import GrammarKind, Structured
 from chatpage.engine.tool_calls import ToolFormat
+
+if TYPE_CHECKING:
+    from chatpage.engine.llm_engine import LLMEngine
 from chatpage.serve import metrics
 from chatpage.serve.bridge import EventPump, RequestStream
 from chatpage.serve.limits import ServeLimits, check_keyless, read_json
@@ -97,20 +100,24 @@ class ServeState:
                 raise ApiError(503, f"the model did not load: {self.client.error}")
             raise ApiError(503, f"the model is still loading ({self.client.status})")
 
-    def token_text(self, token_id: int) -> str:
+    def _engine(self) -> LLMEngine:
+        """The loaded engine (asked for only while serving requests, so after the load)."""
         engine = self.client.engine
-        if engine is None:  # (asked only of a request's tokens, so after the load)
-            raise RuntimeError("a token's text was asked for before the model loaded")
-        return engine.tokenizer.decode([token_id])
+        if engine is None:
+            raise RuntimeError("the engine was asked for before the model loaded")
+        return engine
+
+    def token_text(self, token_id: int) -> str:
+        return self._engine().tokenizer.decode([token_id])
 
     @property
     def tool_format(self) -> ToolFormat:
         """How the model writes tool calls (from its chat template)."""
-        return self.client.engine.tool_format
+        return self._engine().tool_format
 
     def special_token(self, text: str) -> int | None:
         """The id of ``text`` when it is one token of the vocabulary."""
-        ids = self.client.engine.tokenizer.encode(text, add_special_tokens=False)
+        ids = self._engine().tokenizer.encode(text, add_special_tokens=False)
         return ids[0] if len(ids) == 1 else None
 
     def offer_tools(self, api: ApiRequest) -> None:

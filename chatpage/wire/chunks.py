@@ -200,7 +200,7 @@ class ChunkWriter:
 
     def _chat_delta(self, delta: OutputDelta) -> dict[str, Any]:
         """A chat choice's delta: new reasoning, new content, and the tool calls completed."""
-        text, calls = delta.text, []
+        text, calls = delta.text, list[ToolCall]()
         if self.tools is not None:
             stream = self._calls.setdefault(delta.index, self.tools.stream())
             text, calls = stream.feed(delta.text, final=delta.finish_reason is not None)
