@@ -187,3 +187,16 @@ def test_every_step_stays_on_the_engine_device(tiny_llama_dir, cpu_outputs, fake
     # the same requests on the CPU (native kernels where built) give the same greedy tokens
     assert outputs["greedy"] == cpu_outputs["greedy"]
     assert [len(o) for o in outputs["n"]] == [10, 10, 10] and len(outputs["beam"]) == 3
+
+
+def test_dense_weights_stream_straight_onto_the_device(tiny_llama_dir, fake_accelerator):
+    """The streamed loader (engine/stream.py) puts each tensor on the device as it is read: the
+    model's weights are device tensors, and a bf16 model's steps stay there too."""
+    config = EngineConfig(device="meta", weight_dtype="bf16", kv_cache_bytes=12 * BLOCK_BYTES)
+    engine = LLMEngine.from_pretrained(str(tiny_llama_dir), config, progress=lambda _m: None)
+    assert engine.plan.device == "meta" and engine.stats().device == "meta"
+    assert all(isinstance(t, OnDevice) for t in (engine.model.embed, engine.model.norm,
+                                                  engine.model.layers[0].input_norm))
+    before = fake_accelerator.device_ops
+    (out,) = engine.generate([list(range(40, 70))], SamplingParams(temperature=0, max_tokens=6))
+    assert len(out.outputs[0].token_ids) == 6 and fake_accelerator.device_ops > before

@@ -16,7 +16,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +25,7 @@ import torch
 from chatpage.config.paths import cache_dir
 from chatpage.engine.model_config import read_config
 from chatpage.engine.models.llama import SUPPORTED_MODEL_TYPES
+from chatpage.engine.stream import streamed_checkpoint
 from chatpage.engine.tokenizer import read_plain
 from chatpage.engine.weights import PACKED_LAYOUT, check_format, fuse_state, pack_state
 
@@ -47,11 +48,18 @@ class LoadedModel:
     name: str
     directory: Path  # the HF-format directory the weights were read from
     config: object  # engine/model_config.ModelConfig, or a transformers PretrainedConfig
-    state: dict[str, torch.Tensor]  # HF names (fp32), or packed in ``weights`` when not fp32
+    # HF names (fp32), streamed from the files for the dense formats (engine/stream.py), or
+    # packed in ``weights`` for the quantized ones
+    state: MutableMapping[str, torch.Tensor]
     tokenizer: object  # engine/tokenizer.Tokenizer, or a transformers tokenizer
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     weights: str = "fp32"
+
+
+def stderr_progress(message: str) -> None:
+    """Where load progress goes when no callback is given: one line on stderr."""
+    print(f"chatpage: {message}", file=sys.stderr)
 
 
 def default_model_path() -> Path:
@@ -100,7 +108,8 @@ def _packed_state(directory: Path, config, weights: str, say: Callable[[str], No
     if path.is_file():
         return load_file(path)
     say(f"Packing the weights as {weights} (first run only)")
-    state = pack_state(config, fuse_state(config, _read_weights(directory)), weights)
+    checkpoint = streamed_checkpoint(directory, torch.device("cpu"), torch.float32, torch.float32)
+    state = pack_state(config, fuse_state(config, checkpoint or _read_weights(directory)), weights)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".partial-", dir=path.parent)
     os.close(fd)
@@ -204,10 +213,15 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(model: str | os.PathLike | None, progress: Callable[[str], None] | None = None,
-               weights: str = "fp32") -> LoadedModel:
+               weights: str = "fp32", device: torch.device | None = None,
+               dtype: torch.dtype = torch.float32) -> LoadedModel:
     """Resolve ``model`` (None = the default) and load config, weights and tokenizer; the weights
-    come packed in ``weights`` (cached after the first load) unless that is fp32."""
-    say = progress or (lambda msg: print(f"chatpage: {msg}", file=sys.stderr))
+    come packed in ``weights`` (cached after the first load) unless that is fp32 or bf16.
+
+    The dense formats of a safetensors checkpoint are streamed (``engine/stream.py``): each
+    tensor is read when the model takes it and lands on ``device`` (default the CPU) in ``dtype``
+    (the matmul weights of bf16 in bf16), so host memory never holds the whole model."""
+    say = progress or stderr_progress
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     if model is None:
@@ -234,7 +248,13 @@ def load_model(model: str | os.PathLike | None, progress: Callable[[str], None] 
     check_format(weights)
     say(f"Loading {name}")
     config = _read_config(directory)
-    if weights == "fp32":
+    streamed = None
+    if weights in ("fp32", "bf16"):
+        streamed = streamed_checkpoint(directory, device or torch.device("cpu"), dtype,
+                                       torch.bfloat16 if weights == "bf16" else dtype)
+    if streamed is not None:
+        state: MutableMapping[str, torch.Tensor] = streamed
+    elif weights == "fp32":
         state = _read_weights(directory)
     else:
         state = _packed_state(directory, config, weights, say)

@@ -62,7 +62,7 @@ torch's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 
 import torch
 import torch.nn.functional as F
@@ -134,9 +134,10 @@ def matmul_dtype(weights: str, dtype: torch.dtype) -> torch.dtype:
     return dtype if weights == "fp32" else torch.bfloat16
 
 
-def fuse_state(config, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def fuse_state(config, state: MutableMapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """HF-named fp32 tensors -> the model's names (``layers.{i}.qkv.weight``, ...), consuming
-    ``state``; QKV and gate+up are concatenated along the output dimension."""
+    ``state`` (a dict, or a checkpoint streamed tensor by tensor: ``engine/stream.py``); QKV and
+    gate+up are concatenated along the output dimension, on the tensors' device."""
     out = {"embed.weight": state.pop("model.embed_tokens.weight"),
            "norm": state.pop("model.norm.weight")}
     if "lm_head.weight" in state:
@@ -239,8 +240,12 @@ def state_format(packed: dict[str, torch.Tensor]) -> str | None:
     return found[0] if found else None
 
 
-def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device) -> Linear:
-    """The :class:`Linear` ``x [T, K] -> x @ W.T (+ bias)`` of the packed weight ``name``."""
+def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device,
+                half: torch.dtype | None = None) -> Linear:
+    """The :class:`Linear` ``x [T, K] -> x @ W.T (+ bias)`` of the packed weight ``name``
+    (on CUDA: :func:`cuda_linear`, dense weights in ``half`` when given)."""
+    if device.type == "cuda":
+        return cuda_linear(packed, name, device, half)
     bias = packed.get(name + ".bias")
     if bias is not None:
         bias = bias.to(device)
@@ -283,6 +288,46 @@ def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
     if not native:
         return Linear(many, k)
     return Linear(_by_rows(gemv, many, gemm), k, gemv)
+
+
+def int4pack_inner_tiles(k: int) -> int:
+    """The ``innerKTiles`` of torch's CUDA int4 layout for ``k`` inputs: the most of 8, 4, 2 whose
+    tile (16 inputs each) divides ``k``; ValueError when none does."""
+    for tiles in (8, 4, 2):
+        if k % (tiles * 16) == 0:
+            return tiles
+    raise ValueError(f"torch's CUDA int4 matmul needs input sizes divisible by 32, got {k}")
+
+
+def cuda_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device,
+                half: torch.dtype | None) -> Linear:
+    """A matmul on a GPU through torch's CUDA paths: int8 ``_weight_int8pack_mm``, int4
+    ``_weight_int4pack_mm`` (the levels repacked on the GPU into its tiled layout; the same
+    scales and zeros as the CPU's: w = (q - 8) * scale + zero), dense ``F.linear`` (cuBLAS) with
+    the weights in ``half`` (or as stored). Inputs: bf16 for the quantized ones."""
+    bias = packed.get(name + ".bias")
+    aten = torch.ops.aten
+    if name + ".qweight" in packed:
+        q = packed[name + ".qweight"].to(device).contiguous()
+        s = packed[name + ".scales"].to(device).contiguous()
+        fn: Callable[[torch.Tensor], torch.Tensor] = lambda x: aten._weight_int8pack_mm(x, q, s)  # noqa: E731
+        k = q.shape[1]
+    elif name + ".q4" in packed:
+        levels = gemv.unpack_int4(packed[name + ".q4"].to(device))
+        k = levels.shape[1]
+        pairs = (levels[:, ::2] << 4 | levels[:, 1::2]).to(torch.uint8).contiguous()
+        p = aten._convert_weight_to_int4pack(pairs, int4pack_inner_tiles(k))
+        sz = packed[name + ".scales_zeros"].to(device, torch.bfloat16).contiguous()
+        fn = lambda x: aten._weight_int4pack_mm(x, p, INT4_GROUP, sz)  # noqa: E731
+    else:
+        w = packed[name + ".weight"]
+        w = w.to(device, half or w.dtype).contiguous()
+        b = None if bias is None else bias.to(device, w.dtype)
+        return Linear(lambda x: F.linear(x, w, b), w.shape[1])
+    if bias is None:
+        return Linear(fn, k)
+    b = bias.to(device, torch.bfloat16)
+    return Linear(lambda x: fn(x) + b, k)
 
 
 def _by_rows(few: Gemv, middle: Callable[[torch.Tensor], torch.Tensor], many: Gemv | None = None

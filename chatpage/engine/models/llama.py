@@ -10,6 +10,7 @@ allocated once per step; the residual add of each sublayer happens inside the ne
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 import torch
@@ -91,10 +92,14 @@ class NativeLayers:
 class LlamaModel:
     """The decoder stack with weights as plain tensors; ``forward`` runs one engine step."""
 
-    def __init__(self, config, state: dict[str, torch.Tensor], dtype: torch.dtype, device: str,
-                 weights: str = "fp32"):
-        """``state``: HF-named fp32 tensors (fused and packed here, consumed) or a state already
-        packed by :func:`chatpage.engine.weights.pack_state` (a cached start) in ``weights``."""
+    def __init__(self, config, state: MutableMapping[str, torch.Tensor], dtype: torch.dtype,
+                 device: str | torch.device, weights: str = "fp32",
+                 half: torch.dtype | None = None):
+        """``state``: HF-named fp32 tensors (fused and packed here, consumed; a checkpoint
+        streamed onto the device, ``engine/stream.py``) or a state already packed by
+        :func:`chatpage.engine.weights.pack_state` (a cached start) in ``weights``. ``half``
+        (a GPU's bf16 or fp16) is the dtype of the matmul inputs and dense weights when given;
+        the residual stream, norms and RoPE keep ``dtype``."""
         self.config = config
         self.num_layers = config.num_hidden_layers
         self.hidden = config.hidden_size
@@ -106,9 +111,7 @@ class LlamaModel:
         self.dtype = dtype
         self.device = torch.device(device)
         self.weights = check_format(weights)
-        self.mm_dtype = matmul_dtype(weights, dtype)
-        if weights != "fp32" and self.device.type != "cpu":
-            raise ValueError(f"weights {weights!r} run on the CPU only; use fp32 on {device}")
+        self.mm_dtype = half or matmul_dtype(weights, dtype)
         found = state_format(state)
         if found is None:
             state = pack_state(config, fuse_state(config, state), weights, dtype)
@@ -123,17 +126,17 @@ class LlamaModel:
         self.layers = [
             LayerWeights(
                 input_norm=t(f"layers.{i}.input_norm"),
-                qkv=make_linear(state, f"layers.{i}.qkv", self.device),
-                o=make_linear(state, f"layers.{i}.o", self.device),
+                qkv=make_linear(state, f"layers.{i}.qkv", self.device, half),
+                o=make_linear(state, f"layers.{i}.o", self.device, half),
                 post_norm=t(f"layers.{i}.post_norm"),
-                gate_up=make_linear(state, f"layers.{i}.gate_up", self.device),
-                down=make_linear(state, f"layers.{i}.down", self.device),
+                gate_up=make_linear(state, f"layers.{i}.gate_up", self.device, half),
+                down=make_linear(state, f"layers.{i}.down", self.device, half),
             )
             for i in range(self.num_layers)
         ]
         self.norm = t("norm")
         tied = not any(k.startswith("lm_head.") for k in state)
-        self.lm_head = make_linear(state, "embed" if tied else "lm_head", self.device)
+        self.lm_head = make_linear(state, "embed" if tied else "lm_head", self.device, half)
         state.clear()
 
         inv_freq, scaling = rope_inv_freq(config)
