@@ -258,3 +258,24 @@ def tiny_model_dir(kind: str, root: Path, tokenizer_dir: Path, **overrides) -> P
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
     return out
+
+
+def offline_tokenizer_dir(root: Path) -> Path:
+    """A small byte-level BPE tokenizer (about 300 tokens, <s> and </s> as ids 1 and 2) trained
+    here on a few sentences: for machines without the default model and no network (a GPU box).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    text = ["The capital of France is Paris.", "Hello, how are you today?",
+            "Paged attention keeps the KV cache in blocks."]
+    tok.train_from_iterator(text * 20, trainer)
+    out = root / "offline-tokenizer"
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(out)
+    return out

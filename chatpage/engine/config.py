@@ -77,6 +77,7 @@ class EngineConfig:
     num_threads: int | None = None
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     cuda_graphs: bool = True  # replay decode steps through CUDA graphs on a GPU (False: eager)
+    gpu_blocks: int | None = None  # a GPU pool of this many blocks instead of sizing it from memory
 
     @classmethod
     def for_settings(cls, settings: Settings, threads: int | None = None) -> EngineConfig:
@@ -131,6 +132,8 @@ class EngineConfig:
             self.device = check_device_name(self.device)
         except ValueError as e:
             raise ValueError(f"EngineConfig.device: {e}") from None
+        if self.gpu_blocks is not None and self.gpu_blocks < 1:
+            raise ValueError(f"EngineConfig.gpu_blocks must be >= 1, got {self.gpu_blocks}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("EngineConfig.gpu_memory_utilization must be in (0, 1], "
                              f"got {self.gpu_memory_utilization}")

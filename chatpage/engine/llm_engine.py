@@ -60,7 +60,9 @@ class LLMEngine:
             self.model.head_dim, kv_dtype,
         )
         pool_bytes = config.kv_cache_bytes
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and config.gpu_blocks:
+            pool_bytes = config.gpu_blocks * self.block_bytes
+        elif self.device.type == "cuda":
             pool_bytes = kv_pool_bytes(profile_step(self.model, config, self.max_model_len, kv_dtype),
                                        config.gpu_memory_utilization, self.block_bytes)
         num_blocks = pool_bytes // self.block_bytes
