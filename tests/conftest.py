@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import tiny_model_dir
+from model_dirs import tiny_model_dir
 
 from chatpage.config.paths import cache_dir
 from chatpage.engine.loader import load_model, packed_weights_path

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_model_dir
+from model_dirs import tiny_model_dir
 from safetensors.torch import load_file, save_file
 
 from chatpage.engine.loader import load_model

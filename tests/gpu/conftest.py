@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import offline_tokenizer_dir, tiny_model_dir  # noqa: E402
+from model_dirs import offline_tokenizer_dir, tiny_model_dir  # noqa: E402
 
 from chatpage.engine.loader import ModelLoadError, load_model  # noqa: E402
 
