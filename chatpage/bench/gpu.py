@@ -15,6 +15,7 @@ import gc
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -73,7 +74,8 @@ def hf_decode(directory: Path, batch: int, device: str) -> float:
     """Decode tok/s of transformers' ``generate`` (bf16, greedy) at ``batch`` sequences."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16).to(device)
+    model: Any = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
+    model = model.to(device)
     ids = torch.tensor(_prompts(batch, model.config.vocab_size, 2), device=device)
     mask = torch.ones_like(ids)
 
@@ -91,13 +93,13 @@ def hf_decode(directory: Path, batch: int, device: str) -> float:
     return batch * (NEW_TOKENS - 1) / max(total - prefill, 1e-9)  # (the caller frees the GPU)
 
 
-def greedy_equivalence(directory: Path, device: str) -> dict:
+def greedy_equivalence(directory: Path, device: str) -> dict[str, Any]:
     """Greedy tokens of chatpage on the GPU against the CPU path on the same prompts: fp32 on
     both (expected equal) and the GPU's default bf16 (first tokens and matching prefix)."""
     prompts = [list(range(40, 95)), [5, 6, 7, 8, 9], list(range(300, 340)), [11, 12, 13]]
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 
-    def tokens(**config) -> list[list[int]]:
+    def tokens(**config: Any) -> list[list[int]]:
         engine = LLMEngine.from_pretrained(str(directory), EngineConfig(**config),
                                            progress=lambda _m: None)
         out = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
@@ -124,8 +126,8 @@ def greedy_equivalence(directory: Path, device: str) -> dict:
     }
 
 
-def run(args: argparse.Namespace, device: str) -> dict:
-    result: dict = {"device": device, "gpu": torch.cuda.get_device_name(device),
+def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
+    result: dict[str, Any] = {"device": device, "gpu": torch.cuda.get_device_name(device),
                     "torch": torch.__version__, "decode": [], "equivalence": []}
     if not args.no_decode:
         loaded = common.load(args.model)

@@ -34,7 +34,7 @@ class KVCache:
         cuda = torch.device(device).type == "cuda"
         self.cpu_k = [torch.empty(cpu_shape, dtype=dtype, pin_memory=cuda) for _ in range(num_layers)]
         self.cpu_v = [torch.empty(cpu_shape, dtype=dtype, pin_memory=cuda) for _ in range(num_layers)]
-        self._side = torch.cuda.Stream(torch.device(device)) if cuda else None
+        self._side = torch.cuda.Stream(torch.device(device)) if cuda else None  # type: ignore[no-untyped-call]
 
     @staticmethod
     def _pairs(pairs: list[tuple[int, int]]) -> torch.Tensor:

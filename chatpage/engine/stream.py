@@ -62,7 +62,7 @@ def read_tensor(entry: _Entry) -> torch.Tensor:
     nbytes = entry.end - entry.start
     buffer = torch.empty(nbytes, dtype=torch.uint8)
     if nbytes:
-        view = memoryview(buffer.numpy())
+        view = buffer.numpy().data
         with open(entry.path, "rb", buffering=0) as f:
             f.seek(entry.start)
             done = 0
