@@ -69,6 +69,7 @@ import torch.nn.functional as F
 
 from chatpage.engine import gemv, ops
 from chatpage.engine.config import check_format
+from chatpage.engine.device import has_cuda_kernel
 from chatpage.engine.gemv import INT4_GROUP
 from chatpage.vocab import WEIGHT_FORMATS
 
@@ -301,12 +302,19 @@ def int4pack_inner_tiles(k: int) -> int:
 
 def cuda_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device,
                 half: torch.dtype | None) -> Linear:
-    """A matmul on a GPU through torch's CUDA paths: int8 ``_weight_int8pack_mm``, int4
+    """A matmul on a GPU through torch's CUDA paths: int8 ``_weight_int8pack_mm`` (dequantized
+    to ``half`` where this torch has no CUDA kernel for it: the int8 lm_head of int4), int4
     ``_weight_int4pack_mm`` (the levels repacked on the GPU into its tiled layout; the same
     scales and zeros as the CPU's: w = (q - 8) * scale + zero), dense ``F.linear`` (cuBLAS) with
     the weights in ``half`` (or as stored). Inputs: bf16 for the quantized ones."""
     bias = packed.get(name + ".bias")
     aten = torch.ops.aten
+    if name + ".qweight" in packed and not has_cuda_kernel("aten::_weight_int8pack_mm"):
+        # int4's lm_head is int8: without torch's CUDA int8 kernel it runs dequantized
+        q = packed[name + ".qweight"].to(device)
+        w = (q.float() * packed[name + ".scales"].to(device).float()[:, None]).to(half or torch.bfloat16)
+        b = None if bias is None else bias.to(device, w.dtype)
+        return Linear(lambda x: F.linear(x, w, b), w.shape[1])
     if name + ".qweight" in packed:
         q = packed[name + ".qweight"].to(device).contiguous()
         s = packed[name + ".scales"].to(device).contiguous()

@@ -140,3 +140,13 @@ def test_int4_through_torchs_cuda_matmul(rows, n, k):
     want = reference_int4(x.float(), packed["w.q4"], packed["w.scales"], packed["w.zeros"], None)
     got = linear(x.cuda()).float().cpu()
     assert torch.allclose(got, want, rtol=2e-2, atol=2e-1 * want.abs().mean().item())
+
+
+def test_int4_engine_on_the_gpu(gpu_tiny_dir):
+    """The app's default format on a GPU: int4 layers through torch's CUDA int4 matmul and the
+    int8 lm_head (through torch's CUDA int8 kernel, or dequantized where there is none)."""
+    engine = _engine(gpu_tiny_dir, device="cuda", dtype="auto", weight_dtype="int4")
+    assert engine.plan.weights == "int4" and not engine.plan.notes
+    gpu = _tokens(engine)
+    cpu = _tokens(_engine(gpu_tiny_dir, device="cpu", weight_dtype="int4"))
+    assert [t[0] for t in gpu] == [t[0] for t in cpu]
