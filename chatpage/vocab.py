@@ -59,6 +59,26 @@ WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
 DEFAULT_WEIGHTS = "int4"
 """The app's weight format: the fastest whose quality holds (`chatpage bench single` / `bench
 quality`); the engine's own default stays fp32, the exact reference."""
+DEVICES = ("auto", "cpu", "cuda", "cuda:N")
+"""The engine devices a user may name (N: a GPU's index); ``auto`` is the first CUDA GPU torch
+sees, else the CPU."""
+
+DEFAULT_DEVICE = "auto"
+
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+"""The share of a GPU's memory the engine may fill (weights, activations, the KV pool), as vLLM."""
+
+
+def check_device_name(name: object) -> str:
+    """``name`` normalised ("CUDA:0 " -> "cuda:0") when it is a device of :data:`DEVICES` (or the
+    tests' "meta"); ValueError naming the choices otherwise."""
+    text = name.strip().lower() if isinstance(name, str) else ""
+    kind, colon, index = text.partition(":")
+    if text in ("auto", "cpu", "cuda", "meta") or (kind == "cuda" and colon and index.isdigit()):
+        return text
+    raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N (N a GPU index)")
+
+
 BLOCK_SIZES = (8, 16, 32)
 """The KV-cache block sizes (tokens per block) the kernels support."""
 DEFAULT_BLOCK_SIZE = 16

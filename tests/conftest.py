@@ -10,7 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import hf_model_dir, tiny_model_dir
+from helpers import hf_model_dir
+from model_dirs import tiny_model_dir
 
 from chatpage.config.paths import cache_dir
 from chatpage.engine.loader import default_model_path, gguf_cache_dir, packed_weights_path

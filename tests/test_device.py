@@ -23,6 +23,11 @@ FAKE = torch.device("meta")
 BLOCK_BYTES = 16 * 2 * 2 * 2 * 64 * 4  # the tiny Llama: 2 layers, 2 KV heads of 64, fp32
 
 
+# a value of a device tensor read on the host (int(), .item(), a branch on it) or a boolean index
+# (its size depends on the data): each one waits for the device
+WAITING_OPS = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default)
+
+
 class DeviceMismatch(AssertionError):
     pass
 
@@ -54,6 +59,7 @@ class FakeAccelerator(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.device_ops = 0
+        self.waits: list[str] = []  # ops that make the host wait for a device value
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -64,6 +70,8 @@ class FakeAccelerator(TorchDispatchMode):
         to_fake = FAKE in named
         if on_device:
             self.device_ops += 1
+            if func in WAITING_OPS or (named and not to_fake):  # a value read, or a copy home
+                self.waits.append(str(func))
             for t in flat:
                 if type(t) is torch.Tensor and t.dim() > 0:
                     raise DeviceMismatch(f"{func}: a host tensor {tuple(t.shape)} meets device "
@@ -187,3 +195,34 @@ def test_every_step_stays_on_the_engine_device(tiny_llama_dir, cpu_outputs, fake
     # the same requests on the CPU (native kernels where built) give the same greedy tokens
     assert outputs["greedy"] == cpu_outputs["greedy"]
     assert [len(o) for o in outputs["n"]] == [10, 10, 10] and len(outputs["beam"]) == 3
+
+
+def test_dense_weights_stream_straight_onto_the_device(tiny_llama_dir, fake_accelerator):
+    """The streamed loader (engine/stream.py) puts each tensor on the device as it is read: the
+    model's weights are device tensors, and a bf16 model's steps stay there too."""
+    config = EngineConfig(device="meta", weight_dtype="bf16", kv_cache_bytes=12 * BLOCK_BYTES)
+    engine = LLMEngine.from_pretrained(str(tiny_llama_dir), config, progress=lambda _m: None)
+    assert engine.plan.device == "meta" and engine.stats().device == "meta"
+    assert all(isinstance(t, OnDevice) for t in (engine.model.embed, engine.model.norm,
+                                                  engine.model.layers[0].input_norm))
+    before = fake_accelerator.device_ops
+    (out,) = engine.generate([list(range(40, 70))], SamplingParams(temperature=0, max_tokens=6))
+    assert len(out.outputs[0].token_ids) == 6 and fake_accelerator.device_ops > before
+
+
+def test_sampling_waits_for_the_device_once_per_step(fake_accelerator):
+    """Greedy, temperature, top-k, top-p and logprob rows of one step sample on the device and
+    come back in one copy, not one wait per row."""
+    from chatpage.engine.sampler import make_generator, sample
+
+    logits = torch.randn(6, 300, device="meta")
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0.8, seed=1),
+              SamplingParams(top_k=20, seed=2), SamplingParams(top_p=0.7, seed=3),
+              SamplingParams(top_k=5, top_p=0.9, seed=4), SamplingParams(temperature=0)]
+    generators = [make_generator(p.seed, 0, "meta") for p in params]
+    fake_accelerator.waits.clear()
+    tokens, logprobs, _ = sample(logits, params, generators)
+    assert fake_accelerator.waits == ["aten.to.dtype_layout"]  # the one copy home
+    host = logits.cpu()
+    assert tokens[0] == int(host[0].argmax()) and tokens[5] == int(host[5].argmax())
+    assert all(0 <= t < 300 for t in tokens) and all(lp <= 0 for lp in logprobs)

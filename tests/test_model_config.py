@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from helpers import tiny_model_dir
+from model_dirs import tiny_model_dir
 
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
 from chatpage.engine.loader import _read_config

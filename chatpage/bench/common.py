@@ -14,6 +14,7 @@ from dataclasses import replace
 import torch
 
 from chatpage.engine import EngineConfig, LLMEngine
+from chatpage.engine.device import DeviceError, probe_cuda, resolve_device
 from chatpage.engine.kv_cache import bytes_per_block
 from chatpage.engine.loader import LoadedModel, load_model
 
@@ -34,7 +35,22 @@ def parser(prog: str, description: str, default_scale: float) -> argparse.Argume
     p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads for every system measured (default: torch's default)")
+    add_device_arg(p)
     return p
+
+
+def add_device_arg(p: argparse.ArgumentParser) -> None:
+    """``--device``: where the engines of a benchmark run (the CPU unless asked)."""
+    p.add_argument("--device", default="cpu", metavar="DEVICE",
+                   help="auto, cpu, cuda or cuda:N (default cpu: the figures are the CPU's)")
+
+
+def device(p: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """``args.device`` resolved ("auto" -> "cuda:0" or "cpu"); a missing GPU is a usage error."""
+    try:
+        return resolve_device(args.device, probe_cuda()).device
+    except DeviceError as e:
+        p.error(str(e))
 
 
 def weight_formats(value: str) -> list[str]:
@@ -53,6 +69,8 @@ def weight_formats(value: str) -> list[str]:
 def parse(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     """Parse and validate the common arguments; applies --threads."""
     args = p.parse_args(argv)
+    global DEVICE
+    DEVICE = device(p, args)
     if not 0 < args.scale <= 4:
         p.error(f"--scale must be in (0, 4], got {args.scale}")
     if args.threads is not None:
@@ -114,11 +132,18 @@ def block_bytes(loaded: LoadedModel, block_size: int = 16, dtype=torch.float32) 
     return bytes_per_block(c.num_hidden_layers, block_size, kv_heads, head_dim, dtype)
 
 
+DEVICE = "cpu"
+"""Where :func:`engine` puts its engines: the parsed ``--device`` (:func:`parse`)."""
+
+
 def engine(loaded: LoadedModel, *, blocks: int | None = None, **config) -> LLMEngine:
-    """A fresh engine over the already loaded weights (the loaded state is left intact).
+    """A fresh engine over the already loaded weights (the loaded state is left intact), on
+    :data:`DEVICE` unless ``config`` names a device.
 
     ``blocks`` sizes the KV pool in blocks instead of bytes.
     """
+    config.setdefault("device", DEVICE)
+    config.setdefault("dtype", "auto")  # float32 on the CPU; bf16 KV and matmuls on a GPU
     if blocks is not None:
         config["kv_cache_bytes"] = blocks * block_bytes(loaded, config.get("block_size", 16))
     return LLMEngine(replace(loaded, state=dict(loaded.state)), EngineConfig(**config))

@@ -6,7 +6,7 @@ import argparse
 import importlib
 
 BENCHES = ("kernel", "throughput", "memory", "serve", "prefix", "sharing", "ui", "startup", "single",
-           "quality", "soak", "peers", "structured", "load")
+           "quality", "soak", "peers", "structured", "load", "gpu")
 
 
 def cmd_bench(args) -> int:

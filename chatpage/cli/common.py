@@ -14,7 +14,7 @@ from chatpage.config.settings import (
     parse_seconds,
     parse_size,
 )
-from chatpage.vocab import WEIGHT_FORMATS
+from chatpage.vocab import WEIGHT_FORMATS, check_device_name
 
 
 def size_arg(value: str) -> int:
@@ -46,10 +46,41 @@ def threads_arg(value: str) -> int:
     return int(value)
 
 
+def device_arg(value: str) -> str:
+    try:
+        return check_device_name(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def fraction_arg(value: str) -> float:
+    try:
+        share = float(value)
+    except ValueError:
+        share = -1.0
+    if not 0 < share <= 1:
+        raise argparse.ArgumentTypeError(f"invalid fraction {value!r}: use a number above 0 and "
+                                         "at most 1, e.g. 0.9")
+    return share
+
+
+def add_device_arg(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    """``--device auto|cpu|cuda|cuda:N`` (None: config.yaml's, else auto)."""
+    parser.add_argument("--device", type=device_arg, default=default, metavar="DEVICE",
+                        help="where the engine runs: auto (the first CUDA GPU, else the CPU), "
+                             "cpu, cuda or cuda:N (default: "
+                             f"{default or 'auto, or config.yaml'})")
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """The engine flags of the TUI and `ask`: --weights and --threads."""
+    """The engine flags of the TUI, `ask` and `serve`: --weights, --threads, --device and
+    --gpu-memory-utilization."""
     parser.add_argument("--weights", choices=WEIGHT_FORMATS,
                         help="storage of the model's weights (default: int4, or config.yaml)")
+    add_device_arg(parser)
+    parser.add_argument("--gpu-memory-utilization", type=fraction_arg, metavar="FRACTION",
+                        help="share of the GPU's memory for the weights, activations and KV "
+                             "pool (default: 0.9, or config.yaml)")
     parser.add_argument("--threads", type=threads_arg, metavar="N",
                         help="torch threads for the engine (default: every core)")
 
@@ -60,7 +91,23 @@ def load_with_overrides(args):
         "backend": getattr(args, "backend", None),
         "backend_timeout": getattr(args, "backend_timeout", None),
         "weights": getattr(args, "weights", None),
+        "device": getattr(args, "device", None),
+        "gpu_memory_utilization": getattr(args, "gpu_memory_utilization", None),
     })
+
+
+def device_error(settings) -> str | None:
+    """The one-line error for a device (``--device`` or config.yaml) naming a GPU this machine
+    does not have; None for auto, cpu or a remote backend (those never fail: no torch import)."""
+    if settings.backend or not settings.device.startswith("cuda"):
+        return None
+    from chatpage.engine.device import DeviceError, probe_cuda, resolve_device
+
+    try:
+        resolve_device(settings.device, probe_cuda())
+    except DeviceError as e:
+        return str(e)
+    return None
 
 
 def remote_client(settings):

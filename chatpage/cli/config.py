@@ -32,7 +32,19 @@ def _describe(key: str, settings: Settings) -> str:
         return f"{format_size(value)} ({value} bytes)"
     if key == "bindings":
         return ", ".join(f"{k}={v}" for k, v in value.items()) or "(none)"
+    if key == "device":
+        return f"{value} -> {_resolved(value)}"
     return str(value)
+
+
+def _resolved(device: str) -> str:
+    """Where ``device`` puts the engine on this machine, or the one-line reason it cannot."""
+    from chatpage.engine.device import DeviceError, probe_cuda, resolve_device  # imports torch
+
+    try:
+        return resolve_device(device, probe_cuda()).why
+    except DeviceError as e:
+        return f"error: {e}"
 
 
 def cmd_config(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from chatpage.cli import history as history_cli
 from chatpage.cli.common import (
     add_backend_args,
     add_engine_args,
+    device_error,
     load_with_overrides,
     remote_client,
     size_arg,
@@ -24,6 +25,9 @@ def cmd_tui(args) -> int:
     from chatpage.ui.app import ChatApp
 
     settings, warnings = load_with_overrides(args)  # shown as notices inside the app
+    if (error := device_error(settings)) is not None:
+        print(f"chatpage: error: {error}", file=sys.stderr)
+        return 2
     client = remote_client(settings) if settings.backend else None
     ChatApp(model=settings.model, config=EngineConfig.for_settings(settings, args.threads), settings=settings,
             warnings=warnings, client=client).run()

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from chatpage.cli.common import add_engine_args, settings_or_warn, size_arg
+from chatpage.cli.common import add_engine_args, device_error, settings_or_warn, size_arg
 from chatpage.config.personas import load_personas
 from chatpage.engine.config import EngineConfig
 
@@ -32,6 +32,9 @@ def cmd_serve(args) -> int:
         print(f"chatpage: error: {e}", file=sys.stderr)
         return 2
     settings = settings_or_warn(args)
+    if (error := device_error(settings)) is not None:
+        print(f"chatpage: error: {error}", file=sys.stderr)
+        return 2
     personas, errors = load_personas()
     for err in errors:
         print(f"chatpage: warning: {err}", file=sys.stderr)

@@ -15,7 +15,15 @@ from typing import Any
 import yaml
 
 from chatpage.config.paths import config_dir
-from chatpage.vocab import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, DEFAULT_WEIGHTS, WEIGHT_FORMATS
+from chatpage.vocab import (
+    BLOCK_SIZES,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_DEVICE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_WEIGHTS,
+    WEIGHT_FORMATS,
+    check_device_name,
+)
 
 SOURCE_DEFAULT = "default"
 DEFAULT_BACKEND_TIMEOUT_S = 120.0
@@ -71,6 +79,8 @@ class Settings:
     kv_cache: int = 512 << 20
     block_size: int = DEFAULT_BLOCK_SIZE
     weights: str = DEFAULT_WEIGHTS
+    device: str = DEFAULT_DEVICE  # auto | cpu | cuda | cuda:N (engine/device.py resolves it)
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION  # of a GPU, for its KV pool
     default_persona: str = "assistant"
     theme: str = "chatpage"
     bindings: Mapping[str, str] = field(default_factory=dict)
@@ -80,8 +90,8 @@ class Settings:
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
 
-SETTING_KEYS = ("model", "kv_cache", "block_size", "weights", "default_persona", "theme",
-                "bindings", "backend", "backend_timeout", "models_dirs")
+SETTING_KEYS = ("model", "kv_cache", "block_size", "weights", "device", "gpu_memory_utilization",
+                "default_persona", "theme", "bindings", "backend", "backend_timeout", "models_dirs")
 
 
 def _model(value: Any) -> str | None:
@@ -149,6 +159,24 @@ def _weights(value: Any) -> str:
     return value
 
 
+def _device(value: Any) -> str:
+    try:
+        return check_device_name(value)
+    except ValueError:
+        raise ValueError("auto, cpu, cuda or cuda:N") from None
+
+
+def _utilization(value: Any) -> float:
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise ValueError("a fraction above 0 and at most 1, e.g. 0.9")
+    return float(value)
+
+
 def _name(value: Any) -> str:
     if not isinstance(value, str) or not value.strip() or "\n" in value:
         raise ValueError("a non-empty name on one line")
@@ -179,6 +207,8 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "kv_cache": _kv_cache,
     "block_size": _block_size,
     "weights": _weights,
+    "device": _device,
+    "gpu_memory_utilization": _utilization,
     "default_persona": _name,
     "theme": _name,
     "backend": _backend,

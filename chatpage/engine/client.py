@@ -155,7 +155,7 @@ class LocalEngineClient:
             engine = LLMEngine.from_pretrained(self.model, self.config, progress=self._status)
             # build (first run) or load the native kernels now, not in the first reply
             ops.set_notify(self._status)
-            ops.available(torch.device(self.config.device))
+            ops.available(engine.device)
         except Exception as e:  # reported to the UI, which keeps running
             self.error = log_error(e, f"loading the model {self.model or '(default)'}")
             self._status(f"error: {self.error}")

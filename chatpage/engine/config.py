@@ -7,15 +7,22 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from chatpage.vocab import BLOCK_SIZES, DEFAULT_BLOCK_SIZE, WEIGHT_FORMATS
+from chatpage.vocab import (
+    BLOCK_SIZES,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    WEIGHT_FORMATS,
+    check_device_name,
+)
 
 if TYPE_CHECKING:  # torch loads on the engine thread, not when the app imports this
     import torch
 
     from chatpage.config.settings import Settings
 
-DTYPES = ("float32", "bfloat16", "float16")
-"""The engine dtypes (activations, KV cache), by their torch names."""
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+"""The engine dtypes (activations, KV cache), by their torch names; "auto" is float32 on the CPU
+and, on a GPU, an fp32 residual stream with the KV cache and matmuls in bf16 (engine/device.py)."""
 
 
 def check_format(weights: str) -> str:
@@ -48,6 +55,12 @@ class EngineConfig:
     ``engine/weights.py``); fp32 here, the exact reference (the app's default is in settings).
     ``dtype`` names the torch dtype of activations and the KV cache (:attr:`torch_dtype`).
     ``num_threads`` is torch's thread count on the thread that steps the engine (None: every core).
+    ``device`` is "cpu" here (the exact reference; the app's default, "auto", is in settings),
+    "auto", "cuda" or "cuda:N" (``engine/device.py`` resolves it when the engine starts). On a GPU
+    the weights and activations are bf16 (fp16 on a GPU without bf16) and the KV pool is sized
+    from the card's free memory: ``gpu_memory_utilization`` of it, less the weights and the
+    activation peak of a forward of ``max_num_batched_tokens`` (``kv_cache_bytes`` is the CPU
+    pool's budget only).
     """
 
     block_size: int = DEFAULT_BLOCK_SIZE
@@ -62,12 +75,16 @@ class EngineConfig:
     dtype: str = "float32"
     weight_dtype: str = "fp32"
     num_threads: int | None = None
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    cuda_graphs: bool = True  # replay decode steps through CUDA graphs on a GPU (False: eager)
+    gpu_blocks: int | None = None  # a GPU pool of this many blocks instead of sizing it from memory
 
     @classmethod
     def for_settings(cls, settings: Settings, threads: int | None = None) -> EngineConfig:
         """The engine that config.yaml (and the command line's overrides) ask for."""
         return cls(kv_cache_bytes=settings.kv_cache, block_size=settings.block_size,
-                   weight_dtype=settings.weights, num_threads=threads)
+                   weight_dtype=settings.weights, num_threads=threads, device=settings.device,
+                   gpu_memory_utilization=settings.gpu_memory_utilization, dtype="auto")
 
     @property
     def threads(self) -> int:
@@ -76,10 +93,11 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        """``dtype`` as a torch dtype (imports torch: call it on the engine's side)."""
+        """``dtype`` as a torch dtype (imports torch: call it on the engine's side); "auto" is
+        float32, its meaning on the CPU (the engine's plan, ``engine/device.py``, has the rest)."""
         import torch
 
-        dtype: torch.dtype = getattr(torch, self.dtype)
+        dtype: torch.dtype = getattr(torch, "float32" if self.dtype == "auto" else self.dtype)
         return dtype
 
     def __post_init__(self) -> None:
@@ -105,11 +123,20 @@ class EngineConfig:
                 f"got {self.max_num_batched_tokens}"
             )
         if self.dtype not in DTYPES:
-            raise ValueError(f"EngineConfig.dtype must be 'float32', 'bfloat16' or 'float16', "
-                             f"got {self.dtype!r}")
+            raise ValueError(f"EngineConfig.dtype must be 'float32', 'bfloat16', 'float16' or "
+                             f"'auto', got {self.dtype!r}")
         try:
             check_format(self.weight_dtype)
         except ValueError as e:
             raise ValueError(f"EngineConfig.weight_dtype: {e}") from None
+        try:
+            self.device = check_device_name(self.device)
+        except ValueError as e:
+            raise ValueError(f"EngineConfig.device: {e}") from None
+        if self.gpu_blocks is not None and self.gpu_blocks < 1:
+            raise ValueError(f"EngineConfig.gpu_blocks must be >= 1, got {self.gpu_blocks}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("EngineConfig.gpu_memory_utilization must be in (0, 1], "
+                             f"got {self.gpu_memory_utilization}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"EngineConfig.num_threads must be >= 1, got {self.num_threads}")

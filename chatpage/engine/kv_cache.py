@@ -1,6 +1,13 @@
-"""The KV cache tensors: the device block pool and the CPU swap pool, per layer."""
+"""The KV cache tensors: the device block pool and the CPU swap pool, per layer.
+
+On a GPU the swap pool is pinned host memory and swaps run on a side stream: they start after
+the work already queued on the step's stream (which last wrote those blocks), and the step's
+stream waits for them before the next forward reads or overwrites the blocks.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -24,9 +31,10 @@ class KVCache:
         # zeros: padded reads of never-written slots must stay finite (masked out, times zero)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        pin = torch.device(device).type == "cuda"
-        self.cpu_k = [torch.empty(cpu_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers)]
-        self.cpu_v = [torch.empty(cpu_shape, dtype=dtype, pin_memory=pin) for _ in range(num_layers)]
+        cuda = torch.device(device).type == "cuda"
+        self.cpu_k = [torch.empty(cpu_shape, dtype=dtype, pin_memory=cuda) for _ in range(num_layers)]
+        self.cpu_v = [torch.empty(cpu_shape, dtype=dtype, pin_memory=cuda) for _ in range(num_layers)]
+        self._side = torch.cuda.Stream(torch.device(device)) if cuda else None
 
     @staticmethod
     def _pairs(pairs: list[tuple[int, int]]) -> torch.Tensor:
@@ -37,14 +45,33 @@ class KVCache:
         if pairs:
             attention.copy_blocks(self.k + self.v, self._pairs(pairs))
 
-    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+    def _on_side_stream(self, copies: Callable[[], None]) -> None:
+        """Run ``copies`` on the swap stream (a GPU pool), ordered after and before the step's
+        stream; on the CPU, right here."""
+        if self._side is None:
+            copies()
+            return
+        step = torch.cuda.current_stream(self._side.device)
+        self._side.wait_stream(step)
+        with torch.cuda.stream(self._side):
+            copies()
+        step.wait_stream(self._side)
+
+    def _swap(self, sources: list[torch.Tensor], targets: list[torch.Tensor],
+              pairs: list[tuple[int, int]]) -> None:
         if pairs:
             m = self._pairs(pairs)
-            for src, dst in zip(self.k + self.v, self.cpu_k + self.cpu_v, strict=True):
-                attention.swap_blocks(src, dst, m)
+
+            def copies() -> None:
+                for src, dst in zip(sources, targets, strict=True):
+                    attention.swap_blocks(src, dst, m)
+
+            self._on_side_stream(copies)
+
+    def swap_out(self, pairs: list[tuple[int, int]]) -> None:
+        """Device block src -> CPU block dst, in every layer."""
+        self._swap(self.k + self.v, self.cpu_k + self.cpu_v, pairs)
 
     def swap_in(self, pairs: list[tuple[int, int]]) -> None:
-        if pairs:
-            m = self._pairs(pairs)
-            for src, dst in zip(self.cpu_k + self.cpu_v, self.k + self.v, strict=True):
-                attention.swap_blocks(src, dst, m)
+        """CPU block src -> device block dst, in every layer."""
+        self._swap(self.cpu_k + self.cpu_v, self.k + self.v, pairs)

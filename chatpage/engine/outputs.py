@@ -122,6 +122,7 @@ class EngineStats:
     logical_blocks: int  # sum of the device block-table lengths
     tokens_per_s: float
     kernels: str = "reference"
+    device: str = "cpu"  # where the engine runs (and its KV pool lives): "cpu", "cuda:0", ...
 
     @property
     def segments(self) -> dict[str, int]:

@@ -36,30 +36,34 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
         # drop a token when the tokens ranked above it already reach top_p
         drop = (probs.cumsum(-1) - probs) >= top_p
         drop[0] = False  # the top token always (a top_p below float32's range is 0)
-        logits = logits.clone()
-        logits[order[drop]] = float("-inf")
+        # scattered back in place of a boolean index, which would wait for the device
+        logits = logits.scatter(0, order, sorted_logits.masked_fill(drop, float("-inf")))
     return logits
 
 
-def _sample_row(row: torch.Tensor, p: SamplingParams, generator: torch.Generator | None) -> int:
-    """One token from ``row`` (raw logits) under temperature, top-k and top-p."""
+def _sample_row(row: torch.Tensor, p: SamplingParams, generator: torch.Generator | None
+                ) -> torch.Tensor:
+    """One token (a 0-dim tensor on ``row``'s device) from ``row`` (raw logits) under
+    temperature, top-k and top-p. Nothing here waits for a GPU: there the whole filtered
+    vocabulary is sampled from (sorting it costs a GPU little), since the candidates shortcut
+    must look at the candidates' mass on the host to know whether they suffice."""
     row = row / p.temperature
     vocab = row.shape[-1]
     k = p.top_k if 0 < p.top_k < vocab else vocab
     if k == vocab and p.top_p >= 1.0:
-        return int(torch.multinomial(row.softmax(-1), 1, generator=generator))
-    if k <= _CANDIDATES or (k == vocab and p.top_p < 1.0):
+        return torch.multinomial(row.softmax(-1), 1, generator=generator).view(())
+    if row.device.type == "cpu" and (k <= _CANDIDATES or (k == vocab and p.top_p < 1.0)):
         values, ids = torch.topk(row, min(k, _CANDIDATES))  # best first
         log_z = torch.logsumexp(values if k <= _CANDIDATES else row, 0)
         probs = (values - log_z).exp()  # true probabilities within the top-k set
         cum = probs.cumsum(0)
         if p.top_p >= 1.0 or cum[-1] >= p.top_p or len(ids) == k:
-            keep = (cum - probs) < p.top_p  # the nucleus: stop once top_p is reached
+            keep = (cum - probs) < p.top_p  # the nucleus (a prefix): stop once top_p is reached
             keep[0] = True  # and the top token always (a tiny top_p is 0 in float32)
-            choice = torch.multinomial(probs[keep], 1, generator=generator)
-            return int(ids[keep][choice])
+            choice = torch.multinomial(probs.masked_fill(~keep, 0), 1, generator=generator)
+            return ids[choice].view(())
     probs = _filter(row, p.top_k, p.top_p).softmax(-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return torch.multinomial(probs, 1, generator=generator).view(())
 
 
 def sample(
@@ -74,26 +78,36 @@ def sample(
     fails their requests): one row's failure never costs another row its token.
 
     Log-probabilities are ``log_softmax`` of the model's raw logits, whatever the sampling.
-    Everything runs on the logits' device (``generators`` included); only the results come back.
+    Everything runs on the logits' device (``generators`` included); only the results come back,
+    in one copy per call (on a GPU the rows' draws never wait for each other).
     """
     logprobs = torch.log_softmax(logits, dim=-1)
-    tokens = logits.argmax(dim=-1).cpu().tolist()
+    picked = logits.argmax(dim=-1)
     failed: dict[int, Exception] = {}
+    rows: list[int] = []
+    drawn: list[torch.Tensor] = []
     for i, p in enumerate(params):
         if not p.greedy:
             try:
-                tokens[i] = _sample_row(logits[i], p, generators[i])
+                drawn.append(_sample_row(logits[i], p, generators[i]))
+                rows.append(i)
             except Exception as e:  # e.g. a distribution of NaNs: this row's request fails
                 failed[i] = e
-    picked = torch.tensor(tokens, device=logits.device).unsqueeze(1)
-    chosen = logprobs.gather(1, picked).squeeze(1).cpu().tolist()
+    if rows:
+        picked = picked.index_put((torch.tensor(rows, device=logits.device),),
+                                  torch.stack(drawn))
+    chosen = logprobs.gather(1, picked.unsqueeze(1)).squeeze(1)
+    # one copy to the host for the whole batch (ids are exact in float64)
+    both = torch.stack([picked.double(), chosen.double()]).cpu()
+    tokens = [int(t) for t in both[0].tolist()]
+    chosen_lp = both[1].tolist()
     tops: list[dict[int, float] | None] = [None] * len(params)
     asking = [i for i, p in enumerate(params) if p.top_logprobs]
     if asking:
         found = top_logprobs(logprobs, asking, [params[i].top_logprobs for i in asking])
         for i, top in zip(asking, found, strict=True):
             tops[i] = top
-    return tokens, chosen, tops, failed
+    return tokens, chosen_lp, tops, failed
 
 
 def top_logprobs(logprobs: torch.Tensor, rows: list[int], counts: list[int]

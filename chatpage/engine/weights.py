@@ -61,7 +61,7 @@ GGUF's pack stays near the file's size). Only the GEMV's layout counts in :func:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Protocol
 
 import torch
@@ -69,6 +69,7 @@ import torch.nn.functional as F
 
 from chatpage.engine import gemv, ops
 from chatpage.engine.config import check_format
+from chatpage.engine.device import has_cuda_kernel
 from chatpage.engine.gemv import INT4_GROUP, torch_int4pack
 from chatpage.engine.model_config import ModelShape
 from chatpage.vocab import WEIGHT_FORMATS
@@ -150,7 +151,7 @@ class TensorSource(Protocol):
 class StateSource:
     """A :class:`TensorSource` over a dict of HF-named tensors (each handed out once)."""
 
-    def __init__(self, state: dict[str, torch.Tensor]) -> None:
+    def __init__(self, state: MutableMapping[str, torch.Tensor]) -> None:
         self.state = state
 
     def __contains__(self, name: object) -> bool:
@@ -189,9 +190,10 @@ def read_state(config: Any, source: TensorSource) -> dict[str, torch.Tensor]:
     return {n: source.load(n) for _, parts in fused_layout(config, source) for n in parts}
 
 
-def fuse_state(config: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def fuse_state(config: Any, state: MutableMapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """HF-named fp32 tensors -> the model's names (``layers.{i}.qkv.weight``, ...), consuming
-    ``state`` (:func:`fused_layout`)."""
+    ``state`` (a dict, or a checkpoint streamed tensor by tensor: ``engine/stream.py``;
+    :func:`fused_layout`), on the tensors' device."""
     source = StateSource(state)
     return {name: _fused(source, parts) for name, parts in fused_layout(config, source)}
 
@@ -289,14 +291,18 @@ def pack_state(config: Any, fused: dict[str, torch.Tensor], weights: str,
     return out
 
 
-def state_format(packed: dict[str, torch.Tensor]) -> str | None:
+def state_format(packed: Mapping[str, torch.Tensor]) -> str | None:
     """The format a packed state is stored in; None for a state that is not packed."""
     found = [f for f in WEIGHT_FORMATS if "format." + f in packed]
     return found[0] if found else None
 
 
-def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device) -> Linear:
-    """The :class:`Linear` ``x [T, K] -> x @ W.T (+ bias)`` of the packed weight ``name``."""
+def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device,
+                half: torch.dtype | None = None) -> Linear:
+    """The :class:`Linear` ``x [T, K] -> x @ W.T (+ bias)`` of the packed weight ``name``
+    (on CUDA: :func:`cuda_linear`, dense weights in ``half`` when given)."""
+    if device.type == "cuda":
+        return cuda_linear(packed, name, device, half)
     bias = packed.get(name + ".bias")
     if bias is not None:
         bias = bias.to(device)
@@ -366,6 +372,54 @@ class Embedding:
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         return self.lookup(ids)
+
+
+def int4pack_inner_tiles(k: int) -> int:
+    """The ``innerKTiles`` of torch's CUDA int4 layout for ``k`` inputs: the most of 8, 4, 2 whose
+    tile (16 inputs each) divides ``k``; ValueError when none does."""
+    for tiles in (8, 4, 2):
+        if k % (tiles * 16) == 0:
+            return tiles
+    raise ValueError(f"torch's CUDA int4 matmul needs input sizes divisible by 32, got {k}")
+
+
+def cuda_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device,
+                half: torch.dtype | None) -> Linear:
+    """A matmul on a GPU through torch's CUDA paths: int8 ``_weight_int8pack_mm`` (dequantized
+    to ``half`` where this torch has no CUDA kernel for it: the int8 lm_head of int4), int4
+    ``_weight_int4pack_mm`` (the levels repacked on the GPU into its tiled layout; the same
+    scales and zeros as the CPU's: w = (q - 8) * scale + zero), dense ``F.linear`` (cuBLAS) with
+    the weights in ``half`` (or as stored). Inputs: bf16 for the quantized ones."""
+    bias = packed.get(name + ".bias")
+    aten = torch.ops.aten
+    if name + ".qweight" in packed and not has_cuda_kernel("aten::_weight_int8pack_mm"):
+        # int4's lm_head is int8: without torch's CUDA int8 kernel it runs dequantized
+        q = packed[name + ".qweight"].to(device)
+        w = (q.float() * packed[name + ".scales"].to(device).float()[:, None]).to(half or torch.bfloat16)
+        b = None if bias is None else bias.to(device, w.dtype)
+        return Linear(lambda x: F.linear(x, w, b), w.shape[1])
+    if name + ".qweight" in packed:
+        q = packed[name + ".qweight"].to(device).contiguous()
+        s = packed[name + ".scales"].to(device).contiguous()
+        fn: Callable[[torch.Tensor], torch.Tensor] = lambda x: aten._weight_int8pack_mm(x, q, s)  # noqa: E731
+        k = q.shape[1]
+    elif name + ".q4" in packed:
+        levels = gemv.unpack_int4(packed[name + ".q4"].to(device))
+        k = levels.shape[1]
+        pairs = (levels[:, ::2] << 4 | levels[:, 1::2]).to(torch.uint8).contiguous()
+        p = aten._convert_weight_to_int4pack(pairs, int4pack_inner_tiles(k))
+        sz = torch.stack([packed[name + ".scales"], packed[name + ".zeros"]], dim=-1
+                         ).transpose(0, 1).to(device, torch.bfloat16).contiguous()  # [K/32, N, 2]
+        fn = lambda x: aten._weight_int4pack_mm(x, p, INT4_GROUP, sz)  # noqa: E731
+    else:
+        w = packed[name + ".weight"]
+        w = w.to(device, half or w.dtype).contiguous()
+        b = None if bias is None else bias.to(device, w.dtype)
+        return Linear(lambda x: F.linear(x, w, b), w.shape[1])
+    if bias is None:
+        return Linear(fn, k)
+    b = bias.to(device, torch.bfloat16)
+    return Linear(lambda x: fn(x) + b, k)
 
 
 def _by_rows(few: Gemv, middle: Callable[[torch.Tensor], torch.Tensor], many: Gemv | None = None

@@ -10,6 +10,7 @@ allocated once per step; the residual add of each sublayer happens inside the ne
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 
 import torch
@@ -96,10 +97,14 @@ class NativeLayers:
 class LlamaModel:
     """The decoder stack with weights as plain tensors; ``forward`` runs one engine step."""
 
-    def __init__(self, config: ModelShape, state: dict[str, torch.Tensor], dtype: torch.dtype,
-                 device: str, weights: str = "fp32") -> None:
-        """``state``: HF-named fp32 tensors (fused and packed here, consumed) or a state already
-        packed by :func:`chatpage.engine.weights.pack_state` (a cached start) in ``weights``."""
+    def __init__(self, config: ModelShape, state: MutableMapping[str, torch.Tensor],
+                 dtype: torch.dtype, device: str | torch.device, weights: str = "fp32",
+                 half: torch.dtype | None = None) -> None:
+        """``state``: HF-named fp32 tensors (fused and packed here, consumed; a checkpoint
+        streamed onto the device, ``engine/stream.py``) or a state already packed by
+        :func:`chatpage.engine.weights.pack_state` (a cached start) in ``weights``. ``half``
+        (a GPU's bf16 or fp16) is the dtype of the matmul inputs and dense weights when given;
+        the residual stream, norms and RoPE keep ``dtype``."""
         self.config = config
         self.num_layers = config.num_hidden_layers
         self.hidden = config.hidden_size
@@ -111,36 +116,37 @@ class LlamaModel:
         self.dtype = dtype
         self.device = torch.device(device)
         self.weights = check_format(weights)
-        self.mm_dtype = matmul_dtype(weights, dtype)
-        if weights != "fp32" and self.device.type != "cpu":
-            raise ValueError(f"weights {weights!r} run on the CPU only; use fp32 on {device}")
+        self.mm_dtype = half or matmul_dtype(weights, dtype)
         found = state_format(state)
         if found is None:
-            state = pack_state(config, fuse_state(config, state), weights, dtype)
+            packed = pack_state(config, fuse_state(config, state), weights, dtype)
         elif found != weights:
             raise ValueError(f"the given state is packed as {found}, not {weights}")
-        self.weight_bytes = step_bytes(config, state)
+        else:
+            packed = dict(state)
+            state.clear()  # (consumed, as the HF-named tensors are)
+        self.weight_bytes = step_bytes(config, packed)
 
         def t(name: str) -> torch.Tensor:
-            return state[name].to(device=self.device, dtype=dtype).contiguous()
+            return packed[name].to(device=self.device, dtype=dtype).contiguous()
 
-        self.embed = Embedding(state, self.device, dtype)
+        self.embed = Embedding(packed, self.device, dtype)
         self.vocab_size = self.embed.num_embeddings
         self.layers = [
             LayerWeights(
                 input_norm=t(f"layers.{i}.input_norm"),
-                qkv=make_linear(state, f"layers.{i}.qkv", self.device),
-                o=make_linear(state, f"layers.{i}.o", self.device),
+                qkv=make_linear(packed, f"layers.{i}.qkv", self.device, half),
+                o=make_linear(packed, f"layers.{i}.o", self.device, half),
                 post_norm=t(f"layers.{i}.post_norm"),
-                gate_up=make_linear(state, f"layers.{i}.gate_up", self.device),
-                down=make_linear(state, f"layers.{i}.down", self.device),
+                gate_up=make_linear(packed, f"layers.{i}.gate_up", self.device, half),
+                down=make_linear(packed, f"layers.{i}.down", self.device, half),
             )
             for i in range(self.num_layers)
         ]
         self.norm = t("norm")
-        tied = not any(k.startswith("lm_head.") for k in state)
-        self.lm_head = make_linear(state, "embed" if tied else "lm_head", self.device)
-        state.clear()
+        tied = not any(k.startswith("lm_head.") for k in packed)
+        self.lm_head = make_linear(packed, "embed" if tied else "lm_head", self.device, half)
+        packed.clear()
 
         inv_freq, scaling = rope_inv_freq(config)
         self.max_positions = config.max_position_embeddings

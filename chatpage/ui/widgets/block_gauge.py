@@ -104,8 +104,9 @@ class BlockGauge(Widget):
         summary = (f"  {stats.blocks_used}/{stats.num_blocks} blocks · "
                    f"{format_size(stats.blocks_used * size)} of "
                    f"{format_size(stats.num_blocks * size)}")
-        width = max(10, self.size.width - len(summary) - 5)
-        text.append("\n KV ", self._style("label"))
+        label = f" KV {clean(stats.device)} "  # the pool lives there (the GPU's on a GPU)
+        width = max(10, self.size.width - len(summary) - len(label) - 1)
+        text.append("\n" + label, self._style("label"))
         for name, n in cells(counts, width).items():
             text.append(" " * n, self._style(name))
         text.append(summary)
@@ -119,7 +120,8 @@ class BlockGauge(Widget):
         text.append(f"\n {rate} │ running {stats.num_running} · "
                     f"waiting {stats.num_waiting} · swapped {stats.num_swapped} │ preempted "
                     f"{stats.preemptions_recompute} recompute · {stats.preemptions_swap} swap │ "
-                    f"prefix hits {stats.prefix_hit_tokens} tokens │ kernels {stats.kernels}")
+                    f"prefix hits {stats.prefix_hit_tokens} tokens │ {stats.device} · kernels "
+                    f"{stats.kernels}")
         return text
 
     def _render_remote(self, text: Text, r: RemoteStats) -> None:
