@@ -203,7 +203,8 @@ def test_dense_weights_stream_straight_onto_the_device(tiny_llama_dir, fake_acce
     config = EngineConfig(device="meta", weight_dtype="bf16", kv_cache_bytes=12 * BLOCK_BYTES)
     engine = LLMEngine.from_pretrained(str(tiny_llama_dir), config, progress=lambda _m: None)
     assert engine.plan.device == "meta" and engine.stats().device == "meta"
-    assert all(isinstance(t, OnDevice) for t in (engine.model.embed, engine.model.norm,
+    ids = torch.tensor([40, 41], device="meta")
+    assert all(isinstance(t, OnDevice) for t in (engine.model.embed(ids), engine.model.norm,
                                                   engine.model.layers[0].input_norm))
     before = fake_accelerator.device_ops
     (out,) = engine.generate([list(range(40, 70))], SamplingParams(temperature=0, max_tokens=6))
@@ -221,7 +222,8 @@ def test_sampling_waits_for_the_device_once_per_step(fake_accelerator):
               SamplingParams(top_k=5, top_p=0.9, seed=4), SamplingParams(temperature=0)]
     generators = [make_generator(p.seed, 0, "meta") for p in params]
     fake_accelerator.waits.clear()
-    tokens, logprobs, _ = sample(logits, params, generators)
+    tokens, logprobs, _, failed = sample(logits, params, generators)
+    assert not failed
     assert fake_accelerator.waits == ["aten.to.dtype_layout"]  # the one copy home
     host = logits.cpu()
     assert tokens[0] == int(host[0].argmax()) and tokens[5] == int(host[5].argmax())
