@@ -162,8 +162,7 @@ def test_prefix_json(tiny_llama_dir, capsys):
         _has(t, "prompt_tokens", "new_tokens", "computed_tokens")
         assert t["computed_tokens"] == t["prompt_tokens"] - t["prefix_hit_tokens"]
         assert t["computed_tokens"] <= t["new_tokens"] + 16
-    assert len(r["turns_retokenized"]) == 3  # the random model's sampled replies re-tokenize
-    assert r["retokenized_turns_within_new_plus_block"] < 3  # otherwise from the second turn
+    assert len(r["turns_retokenized"]) == 3  # (tests/test_reply_ids.py shows they diverge)
 
 
 def test_sharing_json(tiny_llama_dir, capsys):

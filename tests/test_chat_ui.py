@@ -90,7 +90,7 @@ async def test_a_long_chat_drops_its_oldest_turns_and_the_meter_shows_it(tiny_ll
         header = app.chat.session_view(session).header
         await send(pilot, "/max 8")
         for n in range(4):
-            await send(pilot, f"question {n}: " + "tell me about paging " * 6)
+            await send(pilot, f"question {n}: " + "tell me about paging " * 14)
             await wait_for(pilot, lambda: idle(app), f"reply {n}")
             assert session.entries[-1].status == "done"  # never refused
         dropped = [e for e in session.entries if e.dropped]
