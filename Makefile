@@ -38,6 +38,7 @@ test-peers: setup
 # mypy (pip-installable, no node toolchain as pyright needs): settings in pyproject.toml
 lint: setup
 	$(BIN)/ruff check chatpage tests
+	$(BIN)/ruff format --check chatpage tests
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 

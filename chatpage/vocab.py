@@ -151,8 +151,9 @@ class SamplingRule:
         """The rule in words, e.g. "a number > 0 and <= 1", or "..., or 'off'"."""
         if not self.nullable:
             return self.values
-        return self.values + (", or 'off' for a random one" if self.field == "seed"
-                              else ", or 'off'")
+        return self.values + (
+            ", or 'off' for a random one" if self.field == "seed" else ", or 'off'"
+        )
 
     @property
     def values(self) -> str:
@@ -185,8 +186,9 @@ class SamplingRule:
             if self.max_items is not None and len(value) > self.max_items:
                 return False
             if self.item is str:
-                return all(isinstance(v, str) and 0 < len(v) <= (self.max_chars or len(v))
-                           for v in value)
+                return all(
+                    isinstance(v, str) and 0 < len(v) <= (self.max_chars or len(v)) for v in value
+                )
             return all(_whole(v) and v >= (self.low or 0) for v in value)
         if isinstance(value, bool) or not isinstance(value, int | float):
             return False
@@ -223,31 +225,94 @@ def _whole(value: object) -> bool:
 
 SAMPLING_RULES: tuple[SamplingRule, ...] = (
     SamplingRule("n", "samples", int, 1, 1, wire=("n",), cli="--n"),
-    SamplingRule("beam_width", "beam width", int, 0, 0, zero_means="no beam search",
-                 wire=("n", "use_beam_search"), cli="--beam"),
+    SamplingRule(
+        "beam_width",
+        "beam width",
+        int,
+        0,
+        0,
+        zero_means="no beam search",
+        wire=("n", "use_beam_search"),
+        cli="--beam",
+    ),
     # a chat runs a little cooler and longer than the engine's defaults; an API request
     # without max_tokens wants a whole answer
-    SamplingRule("temperature", "temperature", float, 1.0, 0, zero_means="greedy",
-                 chat_default=0.7, wire=("temperature",), cli="--temperature", slash="temp"),
-    SamplingRule("top_p", "top-p", float, 1.0, 0, low_open=True, high=1, wire=("top_p",),
-                 cli="--top-p", slash="top_p"),
-    SamplingRule("top_k", "top-k", int, 0, 0, zero_means="off", wire=("top_k",),
-                 slash="top_k"),
-    SamplingRule("max_tokens", "max tokens", int, 256, 1, api_default=1024, chat_default=512,
-                 wire=("max_tokens", "max_completion_tokens"), cli="--max-tokens", slash="max"),
-    SamplingRule("seed", "seed", int, None, 0, nullable=True, wire=("seed",), cli="--seed",
-                 slash="seed"),
+    SamplingRule(
+        "temperature",
+        "temperature",
+        float,
+        1.0,
+        0,
+        zero_means="greedy",
+        chat_default=0.7,
+        wire=("temperature",),
+        cli="--temperature",
+        slash="temp",
+    ),
+    SamplingRule(
+        "top_p",
+        "top-p",
+        float,
+        1.0,
+        0,
+        low_open=True,
+        high=1,
+        wire=("top_p",),
+        cli="--top-p",
+        slash="top_p",
+    ),
+    SamplingRule("top_k", "top-k", int, 0, 0, zero_means="off", wire=("top_k",), slash="top_k"),
+    SamplingRule(
+        "max_tokens",
+        "max tokens",
+        int,
+        256,
+        1,
+        api_default=1024,
+        chat_default=512,
+        wire=("max_tokens", "max_completion_tokens"),
+        cli="--max-tokens",
+        slash="max",
+    ),
+    SamplingRule(
+        "seed", "seed", int, None, 0, nullable=True, wire=("seed",), cli="--seed", slash="seed"
+    ),
     # each is looked for in the new text of every step: a few, short (OpenAI allows 4)
-    SamplingRule("stop", "stop strings", tuple, (), item=str, max_items=MAX_STOP_STRINGS,
-                 max_chars=MAX_STOP_CHARS, wire=("stop",)),
-    SamplingRule("stop_token_ids", "stop token ids", tuple, (), 0, item=int,
-                 wire=("stop_token_ids",), vllm_extra=True),
+    SamplingRule(
+        "stop",
+        "stop strings",
+        tuple,
+        (),
+        item=str,
+        max_items=MAX_STOP_STRINGS,
+        max_chars=MAX_STOP_CHARS,
+        wire=("stop",),
+    ),
+    SamplingRule(
+        "stop_token_ids",
+        "stop token ids",
+        tuple,
+        (),
+        0,
+        item=int,
+        wire=("stop_token_ids",),
+        vllm_extra=True,
+    ),
     SamplingRule("ignore_eos", "ignore EOS", bool, False, wire=("ignore_eos",), vllm_extra=True),
-    SamplingRule("length_penalty", "length penalty", float, 1.0, wire=("length_penalty",),
-                 vllm_extra=True),
+    SamplingRule(
+        "length_penalty", "length penalty", float, 1.0, wire=("length_penalty",), vllm_extra=True
+    ),
     # once on, how many alternatives besides the sampled token (0: that token's only)
-    SamplingRule("logprobs", "logprobs", int, None, 0, high=MAX_LOGPROBS, nullable=True,
-                 wire=("logprobs", "top_logprobs")),
+    SamplingRule(
+        "logprobs",
+        "logprobs",
+        int,
+        None,
+        0,
+        high=MAX_LOGPROBS,
+        nullable=True,
+        wire=("logprobs", "top_logprobs"),
+    ),
 )
 RULE_BY_FIELD = {rule.field: rule for rule in SAMPLING_RULES}
 CHAT_SETTINGS = tuple(rule for rule in SAMPLING_RULES if rule.slash)

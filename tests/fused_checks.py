@@ -16,8 +16,13 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
     torch.testing.assert_close(a.float().cpu(), b.float().cpu(), rtol=tol, atol=tol)
 
 
-def check_add_rms_norm(native: fused.FusedOps, device: str, rows: int,
-                       delta_dtype: torch.dtype | None, out_dtype: torch.dtype) -> None:
+def check_add_rms_norm(
+    native: fused.FusedOps,
+    device: str,
+    rows: int,
+    delta_dtype: torch.dtype | None,
+    out_dtype: torch.dtype,
+) -> None:
     torch.manual_seed(0)
     n = 200  # not a multiple of 16 (CPU) or of the CTA's threads (CUDA): the tails run too
     hidden = torch.randn(rows, n, device=device)

@@ -21,10 +21,13 @@ BF16, F32 = torch.bfloat16, torch.float32
 ROWS = [2, 5, 13, 70]
 OUTPUTS = [7, 21]
 INPUTS = {"bf16": [40, 576, 1600], "int8": [40, 576, 1600], "int4": [32, 96, 1600]}
-CASES = [(fmt, m, n, k, dtype, bias)
-         for fmt in ("bf16", "int8", "int4")
-         for m, n, k, dtype, bias in itertools.product(ROWS, OUTPUTS, INPUTS[fmt], (F32, BF16),
-                                                       (False, True))]
+CASES = [
+    (fmt, m, n, k, dtype, bias)
+    for fmt in ("bf16", "int8", "int4")
+    for m, n, k, dtype, bias in itertools.product(
+        ROWS, OUTPUTS, INPUTS[fmt], (F32, BF16), (False, True)
+    )
+]
 
 
 def check_case(fmt: str, m: int, n: int, k: int, dtype: torch.dtype, with_bias: bool) -> None:

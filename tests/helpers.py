@@ -28,8 +28,10 @@ from chatpage.engine.client import (
 from chatpage.engine.outputs import final_update
 from chatpage.ui.app import ChatApp
 
-PROMPT_BODY = ("Answer in plain words. Keep every answer short and to the point. Never invent "
-               "facts. When unsure, say so. Use lists for steps and code blocks for code. ")
+PROMPT_BODY = (
+    "Answer in plain words. Keep every answer short and to the point. Never invent "
+    "facts. When unsure, say so. Use lists for steps and code blocks for code. "
+)
 
 
 # -- personas ----------------------------------------------------------------------------------------
@@ -53,15 +55,19 @@ def alpha_and_beta(tmp_path: Path) -> Path:
 # -- apps ----------------------------------------------------------------------------------------------
 def make_app(model_dir: Path, personas_dir: Path | None, **settings) -> ChatApp:
     """The app over ``model_dir`` (the tiny model) with a small KV cache."""
-    return ChatApp(model=str(model_dir), config=EngineConfig(kv_cache_bytes=4 << 20),
-                   settings=Settings(default_persona="alpha", **settings),
-                   personas_dirs=None if personas_dir is None else [personas_dir])
+    return ChatApp(
+        model=str(model_dir),
+        config=EngineConfig(kv_cache_bytes=4 << 20),
+        settings=Settings(default_persona="alpha", **settings),
+        personas_dirs=None if personas_dir is None else [personas_dir],
+    )
 
 
 def offline_app(tmp_path: Path, **settings) -> ChatApp:
     """The app over a model path that does not exist (the engine fails at once)."""
-    return ChatApp(model=str(tmp_path / "no-such-model"), config=EngineConfig(),
-                   settings=Settings(**settings))
+    return ChatApp(
+        model=str(tmp_path / "no-such-model"), config=EngineConfig(), settings=Settings(**settings)
+    )
 
 
 def fake_submits(app: ChatApp) -> list[list[dict[str, str]]]:
@@ -70,17 +76,29 @@ def fake_submits(app: ChatApp) -> list[list[dict[str, str]]]:
     submitted: list[list[dict[str, str]]] = []
     app.client.error = None
     app.client.submit = lambda messages, params, on_update, **_how: (
-        submitted.append(messages) or f"fake-{len(submitted)}")
+        submitted.append(messages) or f"fake-{len(submitted)}"
+    )
     return submitted
 
 
 def reply_update(rid: str, text: str, finished: bool) -> RequestUpdate:
     """An update of a plain reply that adds ``text`` (7 tokens; ends it when ``finished``)."""
     return RequestUpdate(
-        rid, (OutputDelta(0, text, finish_reason=FinishReason.STOP if finished else None,
-                          cumulative_logprob=-3.5, num_tokens=7),),
-        Usage(prompt_tokens=40, cached_tokens=32, completion_tokens=7), finished=finished,
-        ttft_s=0.05, elapsed_s=0.4)
+        rid,
+        (
+            OutputDelta(
+                0,
+                text,
+                finish_reason=FinishReason.STOP if finished else None,
+                cumulative_logprob=-3.5,
+                num_tokens=7,
+            ),
+        ),
+        Usage(prompt_tokens=40, cached_tokens=32, completion_tokens=7),
+        finished=finished,
+        ttft_s=0.05,
+        elapsed_s=0.4,
+    )
 
 
 # -- waiting ---------------------------------------------------------------------------------------------
@@ -95,10 +113,15 @@ async def wait_for(pilot, condition, what: str, timeout: float = 30.0) -> None:
 async def opened(pilot, screen_type) -> None:
     """Wait until a dialog of ``screen_type`` is on top, mounted, its widget focused if it has
     one (so the keys pressed next reach it: dialogs open in workers), and drawn."""
+
     def ready() -> bool:
         screen = pilot.app.screen
-        return isinstance(screen, screen_type) and screen.is_mounted \
+        return (
+            isinstance(screen, screen_type)
+            and screen.is_mounted
             and (screen.focused is not None or not screen.focus_chain)
+        )
+
     await wait_for(pilot, ready, f"the {screen_type.__name__} dialog")
     await pilot.pause()
 
@@ -111,20 +134,32 @@ async def palette_offers(pilot, query: str) -> None:
     await opened(pilot, CommandPalette)
     palette = app.screen
     await pilot.press(*query)
-    await wait_for(pilot, lambda: palette.query_one(CommandList).highlighted is not None
-                   and not any(w.node is palette and w.is_running for w in app.workers),
-                   f"a command matching {query!r}")
+    await wait_for(
+        pilot,
+        lambda: (
+            palette.query_one(CommandList).highlighted is not None
+            and not any(w.node is palette and w.is_running for w in app.workers)
+        ),
+        f"a command matching {query!r}",
+    )
 
 
 def idle(app: ChatApp) -> bool:
     stats = app.client.stats()
-    return (stats is not None and stats.num_running == 0 and stats.num_waiting == 0
-            and not any(s.streaming for s in app.chats.sessions))
+    return (
+        stats is not None
+        and stats.num_running == 0
+        and stats.num_waiting == 0
+        and not any(s.streaming for s in app.chats.sessions)
+    )
 
 
 async def ready(pilot, app: ChatApp) -> None:
-    await wait_for(pilot, lambda: app.client.ready and idle(app)
-                   and app.client.stats().blocks_pinned > 0, "the engine and pinned personas")
+    await wait_for(
+        pilot,
+        lambda: app.client.ready and idle(app) and app.client.stats().blocks_pinned > 0,
+        "the engine and pinned personas",
+    )
 
 
 async def send(pilot, text: str) -> None:
@@ -173,8 +208,9 @@ class FakeClient:
         self.continued: list[bool] = []
         self.cancelled: list[str] = []
 
-    def submit(self, messages, params, on_update, *, continue_reply: bool = False,
-               reply_ids=None) -> str:
+    def submit(
+        self, messages, params, on_update, *, continue_reply: bool = False, reply_ids=None
+    ) -> str:
         self.submitted.append((messages, params, on_update))
         self.continued.append(continue_reply)
         return f"r{len(self.submitted)}"
@@ -183,16 +219,34 @@ class FakeClient:
         self.cancelled.append(rid)
 
 
-def event(rid: str, text: str, index: int = 0, finished: bool = False,
-          reason: FinishReason | None = None, **kw) -> RequestUpdate:
+def event(
+    rid: str,
+    text: str,
+    index: int = 0,
+    finished: bool = False,
+    reason: FinishReason | None = None,
+    **kw,
+) -> RequestUpdate:
     """An update of request `rid` whose output `index` gains `text` (a token per character),
     ending that output with `reason`; `finished`: the request's last update."""
     return RequestUpdate(
-        rid, (OutputDelta(index, text, finish_reason=reason,
-                          cumulative_logprob=kw.get("logprob", -1.0), score=kw.get("score"),
-                          num_tokens=len(text)),),
-        Usage(kw.get("prompt_tokens", 20), 16, len(text)), finished=finished,
-        error=kw.get("error"), ttft_s=0.1, elapsed_s=0.5)
+        rid,
+        (
+            OutputDelta(
+                index,
+                text,
+                finish_reason=reason,
+                cumulative_logprob=kw.get("logprob", -1.0),
+                score=kw.get("score"),
+                num_tokens=len(text),
+            ),
+        ),
+        Usage(kw.get("prompt_tokens", 20), 16, len(text)),
+        finished=finished,
+        error=kw.get("error"),
+        ttft_s=0.1,
+        elapsed_s=0.5,
+    )
 
 
 def done(rid: str, text: str, **kw) -> RequestUpdate:
@@ -218,11 +272,13 @@ def settle(chats: Chats, events: queue.Queue, session: ChatSession) -> None:
 
 def facts(entries: list[Entry]) -> list[tuple]:
     """What each message holds (entries compare by identity: a restored one is another object)."""
-    return [(e.role, e.content, e.status, e.attachments, e.stats, e.label, e.error)
-            for e in entries]
+    return [
+        (e.role, e.content, e.status, e.attachments, e.stats, e.label, e.error) for e in entries
+    ]
 
 
 # -- models ------------------------------------------------------------------------------------------
+
 
 def hf_model_dir(gguf: Path, root: Path) -> Path:
     """An HF directory (config.json, fp32 model.safetensors, the tokenizer files) of the GGUF
@@ -244,13 +300,16 @@ def hf_model_dir(gguf: Path, root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=root))
     c = loaded.config
-    config = {"architectures": ["LlamaForCausalLM" if c.model_type == "llama"
-                                else "Qwen2ForCausalLM"],
-              **{k: getattr(c, k) for k in c.__dataclass_fields__ if k != "sliding_window"},
-              "bos_token_id": loaded.tokenizer.bos_token_id,
-              "pad_token_id": loaded.tokenizer.pad_token_id}
+    config = {
+        "architectures": ["LlamaForCausalLM" if c.model_type == "llama" else "Qwen2ForCausalLM"],
+        **{k: getattr(c, k) for k in c.__dataclass_fields__ if k != "sliding_window"},
+        "bos_token_id": loaded.tokenizer.bos_token_id,
+        "pad_token_id": loaded.tokenizer.pad_token_id,
+    }
     (tmp / "config.json").write_text(json.dumps(config, indent=1))
-    state = {k: v for k, v in loaded.state.items() if k != "lm_head.weight" or not c.tie_word_embeddings}
+    state = {
+        k: v for k, v in loaded.state.items() if k != "lm_head.weight" or not c.tie_word_embeddings
+    }
     save_file(state, tmp / "model.safetensors")
     for f in loaded.directory.iterdir():
         if f.is_file():

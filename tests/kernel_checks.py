@@ -34,8 +34,18 @@ def native(name: str):
 # ---------------------------------------------------------------------------------------------
 
 
-def check_paged_attention(device, seq_lens, q_lens, *, dtype=torch.float32, query_dtype=None,
-                          int64_indexes=False, strided=False, seed=0, **shape) -> None:
+def check_paged_attention(
+    device,
+    seq_lens,
+    q_lens,
+    *,
+    dtype=torch.float32,
+    query_dtype=None,
+    int64_indexes=False,
+    strided=False,
+    seed=0,
+    **shape,
+) -> None:
     """paged_attention equals the reference on one batch (NaN-filled output: every row is written)."""
     pb = make_paged_batch(seq_lens, q_lens, dtype=dtype, device=device, seed=seed, **shape)
     query = pb.query if query_dtype is None else pb.query.to(query_dtype)
@@ -47,7 +57,9 @@ def check_paged_attention(device, seq_lens, q_lens, *, dtype=torch.float32, quer
         fused = torch.randn(query.shape[0], query.shape[1] + 2, query.shape[2], device=device)
         fused[:, 1:-1] = query
         query = fused[:, 1:-1]
-        wide = torch.full((tables.shape[0], tables.shape[1] + 3), -1, dtype=tables.dtype, device=device)
+        wide = torch.full(
+            (tables.shape[0], tables.shape[1] + 3), -1, dtype=tables.dtype, device=device
+        )
         wide[:, : tables.shape[1]] = tables
         tables = wide[:, : tables.shape[1]]
         assert not query.is_contiguous() and not tables.is_contiguous()
@@ -74,8 +86,7 @@ def check_bad_indices_raise(device) -> None:
     caches = [torch.zeros(2, 16, 1, 64, device=device) for _ in range(2)]
     key = torch.ones(2, 1, 64, device=device)
     with pytest.raises(RuntimeError, match="beyond the cache"):
-        native("write_kv")(key, key, caches[0], caches[1],
-                           torch.tensor([3, 32], device=device))
+        native("write_kv")(key, key, caches[0], caches[1], torch.tensor([3, 32], device=device))
 
 
 def check_write_kv(device, dtype=torch.float32, key_dtype=None) -> None:
@@ -88,7 +99,9 @@ def check_write_kv(device, dtype=torch.float32, key_dtype=None) -> None:
         key, value = key.to(key_dtype), value.to(key_dtype)
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:20]
     slots[[3, 11]] = -1
-    caches = [torch.randn(num_blocks, block_size, heads, dim, generator=gen).to(dtype) for _ in range(2)]
+    caches = [
+        torch.randn(num_blocks, block_size, heads, dim, generator=gen).to(dtype) for _ in range(2)
+    ]
     ref = [c.clone() for c in caches]
     attention.reference_write_kv(key, value, ref[0], ref[1], slots)
     dev = [c.to(device) for c in caches]
@@ -115,7 +128,10 @@ def check_swap_blocks(src_device, dst_device, dtype=torch.float32) -> None:
     gen = torch.Generator().manual_seed(3)
     src = torch.randn(10, 16, 3, 64, generator=gen).to(dtype)
     dst = torch.randn(7, 16, 3, 64, generator=gen).to(dtype)
-    for mapping in (torch.tensor([[9, 0], [2, 6], [4, 3]]), torch.tensor([[1, 1]], dtype=torch.int32)):
+    for mapping in (
+        torch.tensor([[9, 0], [2, 6], [4, 3]]),
+        torch.tensor([[1, 1]], dtype=torch.int32),
+    ):
         want = dst.clone()
         attention.reference_swap_blocks(src, want, mapping)
         s, d = src.to(src_device), dst.to(dst_device)

@@ -21,9 +21,17 @@ def tiny_model_dir(kind: str, root: Path, tokenizer_dir: Path, **overrides) -> P
 
     torch.manual_seed(0)
     common = dict(
-        vocab_size=49152, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2, rms_norm_eps=1e-5,
+        vocab_size=49152,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+        rms_norm_eps=1e-5,
     )
     common.update(overrides)
     if kind == "llama":
@@ -34,7 +42,11 @@ def tiny_model_dir(kind: str, root: Path, tokenizer_dir: Path, **overrides) -> P
         model = Qwen2ForCausalLM(config)
         with torch.no_grad():  # random, non-zero qkv biases so the bias path is exercised
             for layer in model.model.layers:
-                for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                for proj in (
+                    layer.self_attn.q_proj,
+                    layer.self_attn.k_proj,
+                    layer.self_attn.v_proj,
+                ):
                     proj.bias.normal_(0, 0.5)
     # Untied, with a wider lm_head than the default init: logits spread enough that greedy choices
     # are not near-ties, yet no token is certain (a tied random model just repeats its input,
@@ -57,12 +69,19 @@ def offline_tokenizer_dir(root: Path) -> Path:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    text = ["The capital of France is Paris.", "Hello, how are you today?",
-            "Paged attention keeps the KV cache in blocks."]
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    text = [
+        "The capital of France is Paris.",
+        "Hello, how are you today?",
+        "Paged attention keeps the KV cache in blocks.",
+    ]
     tok.train_from_iterator(text * 20, trainer)
     out = root / "offline-tokenizer"
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>").save_pretrained(out)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    ).save_pretrained(out)
     return out

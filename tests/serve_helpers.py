@@ -23,13 +23,27 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_server(model_dir: Path, home: Path, api_key: str | None = None,
-                   port: int | None = None, extra: Sequence[str] = (),
-                   kv_cache: str = "32MiB") -> Iterator[str]:
+def running_server(
+    model_dir: Path,
+    home: Path,
+    api_key: str | None = None,
+    port: int | None = None,
+    extra: Sequence[str] = (),
+    kv_cache: str = "32MiB",
+) -> Iterator[str]:
     """Start ``chatpage serve`` on ``model_dir`` (with the flags ``extra``); yield its base URL
     once /health says ready."""
-    cmd = [sys.executable, "-m", "chatpage.cli", "serve", "--model", str(model_dir),
-           "--kv-cache", kv_cache, *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "chatpage.cli",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--kv-cache",
+        kv_cache,
+        *extra,
+    ]
     if api_key:
         cmd += ["--api-key", api_key]
     with _process(cmd, home, port or free_port(), "/health") as url:
@@ -47,8 +61,12 @@ def llama_server(gguf: Path, home: Path) -> Iterator[str]:
 @contextmanager
 def _process(cmd: list[str], home: Path, port: int, ready_path: str) -> Iterator[str]:
     """Run a server (``cmd`` plus ``--port``) and yield its URL once ``ready_path`` answers 200."""
-    env = {**os.environ, "XDG_CONFIG_HOME": str(home / "config"),
-           "XDG_DATA_HOME": str(home / "data"), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "XDG_CONFIG_HOME": str(home / "config"),
+        "XDG_DATA_HOME": str(home / "data"),
+        "OMP_NUM_THREADS": "1",
+    }
     cmd = [*cmd, "--port", str(port)]
     log = open(home / f"server-{port}.log", "w+")  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -26,12 +26,24 @@ import pyte
 COLUMNS, LINES = 150, 45
 
 _NAMED = {
-    "escape": "\x1b", "enter": "\r", "tab": "\t", "backspace": "\x7f",
-    "up": "\x1b[A", "down": "\x1b[B", "right": "\x1b[C", "left": "\x1b[D",
-    "f1": "\x1bOP", "f2": "\x1bOQ",
-    "alt+up": "\x1b[1;3A", "alt+down": "\x1b[1;3B",
-    "ctrl+pageup": "\x1b[5;5~", "ctrl+pagedown": "\x1b[6;5~",
-    "left_square_bracket": "[", "right_square_bracket": "]", "slash": "/", "space": " ",
+    "escape": "\x1b",
+    "enter": "\r",
+    "tab": "\t",
+    "backspace": "\x7f",
+    "up": "\x1b[A",
+    "down": "\x1b[B",
+    "right": "\x1b[C",
+    "left": "\x1b[D",
+    "f1": "\x1bOP",
+    "f2": "\x1bOQ",
+    "alt+up": "\x1b[1;3A",
+    "alt+down": "\x1b[1;3B",
+    "ctrl+pageup": "\x1b[5;5~",
+    "ctrl+pagedown": "\x1b[6;5~",
+    "left_square_bracket": "[",
+    "right_square_bracket": "]",
+    "slash": "/",
+    "space": " ",
 }
 
 
@@ -60,10 +72,20 @@ class Terminal:
         fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", LINES, COLUMNS, 0, 0))
         self._master = master
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "chatpage.cli", *args], stdin=slave, stdout=slave,
-            stderr=slave, cwd=cwd, start_new_session=True,
-            env={**os.environ, "TERM": "xterm-256color", "COLUMNS": str(COLUMNS),
-                 "LINES": str(LINES), **env})
+            [sys.executable, "-m", "chatpage.cli", *args],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            cwd=cwd,
+            start_new_session=True,
+            env={
+                **os.environ,
+                "TERM": "xterm-256color",
+                "COLUMNS": str(COLUMNS),
+                "LINES": str(LINES),
+                **env,
+            },
+        )
         os.close(slave)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -108,8 +130,9 @@ class Terminal:
             if condition(text):
                 return text
             if self.process.poll() is not None:
-                raise AssertionError(f"the app exited ({self.process.returncode}) waiting for "
-                                     f"{what}:\n{text}")
+                raise AssertionError(
+                    f"the app exited ({self.process.returncode}) waiting for {what}:\n{text}"
+                )
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out waiting for {what}; the screen:\n{text}")
             time.sleep(0.05)

@@ -15,8 +15,9 @@ BLOCK_BYTES_TINY = 16 * 2 * 2 * 2 * 64 * 4  # tiny Llama: 2 layers, 2 KV heads, 
 
 def _engine(path, **config) -> LLMEngine:
     config.setdefault("kv_cache_bytes", 32 << 20)
-    return LLMEngine.from_pretrained(str(path) if path else None, EngineConfig(**config),
-                                     progress=lambda _m: None)
+    return LLMEngine.from_pretrained(
+        str(path) if path else None, EngineConfig(**config), progress=lambda _m: None
+    )
 
 
 def _hf(path):
@@ -70,8 +71,7 @@ def reference_beam_search(hf, prompt, width, max_tokens, stop_ids, length_penalt
             if hyps[-1][0] >= best_live:
                 break
         cache.reorder_cache(torch.tensor(parents))
-        out = hf(torch.tensor([[toks[-1]] for toks, _ in beams]), cache=cache,
-                 use_cache=True)
+        out = hf(torch.tensor([[toks[-1]] for toks, _ in beams]), cache=cache, use_cache=True)
         cache, logits = out.past_key_values, out.logits[:, -1]
     return [(toks, cum, score) for score, toks, cum in hyps]
 
@@ -109,8 +109,10 @@ def test_beam_search_with_stop_token_reached_tiny(width, tiny, tiny_hf):
     greedy = tiny.generate([PROMPT], SamplingParams(temperature=0, max_tokens=4))[0]
     stop = greedy.outputs[0].token_ids[2]  # a token the beams are bound to meet
     ref = reference_beam_search(tiny_hf, PROMPT, width, 12, {2, stop}, length_penalty=0.5)
-    out = tiny.generate([PROMPT], SamplingParams(beam_width=width, max_tokens=12,
-                                                 stop_token_ids=[stop], length_penalty=0.5))[0]
+    out = tiny.generate(
+        [PROMPT],
+        SamplingParams(beam_width=width, max_tokens=12, stop_token_ids=[stop], length_penalty=0.5),
+    )[0]
     _assert_beams_equal(out, ref)
     assert any(c.token_ids[-1] == stop for c in out.outputs)
     assert tiny.stats().blocks_used == 0
@@ -139,14 +141,18 @@ def test_n_samples_reproducible_and_batch_independent(tiny):
     alone = tiny.generate([PROMPT], params)[0]
     mixed = tiny.generate(
         [PROMPT[:5], PROMPT, PROMPT[3:20]],
-        [SamplingParams(temperature=0.7, max_tokens=5), params,
-         SamplingParams(beam_width=3, max_tokens=6)],
+        [
+            SamplingParams(temperature=0.7, max_tokens=5),
+            params,
+            SamplingParams(beam_width=3, max_tokens=6),
+        ],
     )[1]
     assert [c.token_ids for c in alone.outputs] == [c.token_ids for c in mixed.outputs]
     assert [c.index for c in alone.outputs] == [0, 1, 2]
     assert len({tuple(c.token_ids) for c in alone.outputs}) > 1  # the samples differ
-    other_seed = tiny.generate([PROMPT], SamplingParams(n=3, temperature=1.0, seed=12,
-                                                        max_tokens=8))[0]
+    other_seed = tiny.generate(
+        [PROMPT], SamplingParams(n=3, temperature=1.0, seed=12, max_tokens=8)
+    )[0]
     assert [c.token_ids for c in other_seed.outputs] != [c.token_ids for c in alone.outputs]
 
 
@@ -159,8 +165,9 @@ def test_n_samples_at_temperature_zero_equal_greedy(tiny):
 @torch.inference_mode()
 def test_forked_samples_never_see_a_siblings_writes(tiny, tiny_hf):
     """Each sample's per-token logprobs equal transformers' on that sample's own tokens."""
-    out = tiny.generate([PROMPT], SamplingParams(n=4, temperature=1.0, seed=5, max_tokens=20,
-                                                 logprobs=True))[0]
+    out = tiny.generate(
+        [PROMPT], SamplingParams(n=4, temperature=1.0, seed=5, max_tokens=20, logprobs=True)
+    )[0]
     for c in out.outputs:
         ids = torch.tensor([PROMPT + c.token_ids])
         lp = torch.log_softmax(tiny_hf(ids).logits[0].float(), dim=-1)
@@ -189,10 +196,12 @@ def test_n_samples_share_prompt_blocks(tiny):
 
 def test_mixed_batch_each_request_equals_its_run_alone(tiny):
     prompts = [PROMPT, PROMPT[:9], PROMPT[5:30], PROMPT[:21]]
-    params = [SamplingParams(temperature=0, max_tokens=7),
-              SamplingParams(temperature=0.9, seed=3, max_tokens=7),
-              SamplingParams(n=3, temperature=0.8, seed=4, max_tokens=7),
-              SamplingParams(beam_width=4, max_tokens=7)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=7),
+        SamplingParams(temperature=0.9, seed=3, max_tokens=7),
+        SamplingParams(n=3, temperature=0.8, seed=4, max_tokens=7),
+        SamplingParams(beam_width=4, max_tokens=7),
+    ]
     together = tiny.generate(prompts, params)
     for prompt, p, out in zip(prompts, params, together, strict=True):
         alone = tiny.generate([prompt], p)[0]
@@ -202,15 +211,18 @@ def test_mixed_batch_each_request_equals_its_run_alone(tiny):
 @pytest.mark.parametrize("mode", ["swap", "recompute"])
 def test_preempted_groups_resume_exactly(mode, tiny_llama_dir, tiny):
     prompts = [PROMPT, PROMPT[:30], PROMPT[4:], PROMPT[:33]]
-    params = [SamplingParams(beam_width=4, max_tokens=24),
-              SamplingParams(n=4, temperature=1.0, seed=8, max_tokens=24),
-              SamplingParams(beam_width=3, max_tokens=24),
-              SamplingParams(n=3, temperature=0.8, seed=9, max_tokens=24)]
+    params = [
+        SamplingParams(beam_width=4, max_tokens=24),
+        SamplingParams(n=4, temperature=1.0, seed=8, max_tokens=24),
+        SamplingParams(beam_width=3, max_tokens=24),
+        SamplingParams(n=3, temperature=0.8, seed=9, max_tokens=24),
+    ]
     expected = tiny.generate(prompts, params)
     # groups of several sequences swap while there is swap space: none forces recompute
     swap_space = {} if mode == "swap" else {"swap_space_bytes": 0}
-    small = _engine(tiny_llama_dir, kv_cache_bytes=24 * BLOCK_BYTES_TINY, preemption_mode=mode,
-                    **swap_space)
+    small = _engine(
+        tiny_llama_dir, kv_cache_bytes=24 * BLOCK_BYTES_TINY, preemption_mode=mode, **swap_space
+    )
     got = small.generate(prompts, params)
     s = small.stats()
     assert (s.preemptions_swap if mode == "swap" else s.preemptions_recompute) > 0

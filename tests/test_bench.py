@@ -103,10 +103,15 @@ def test_reservation_scheduler_admits_only_what_fits(tiny_llama_dir):
     loaded = common.load(str(tiny_llama_dir))
     eng = common.engine(loaded, blocks=4)
     # each request reserves 4 + 28 tokens = 2 blocks: two fit in 4 blocks, not three
-    eng.scheduler = ReservationScheduler(eng.config, eng.bm, eng.stop, {f"r{i}": 32 for i in range(3)})
+    eng.scheduler = ReservationScheduler(
+        eng.config, eng.bm, eng.stop, {f"r{i}": 32 for i in range(3)}
+    )
     for i in range(3):
-        eng.add_request([100 + i] * 4, SamplingParams(temperature=0, max_tokens=28,
-                                                      ignore_eos=True), request_id=f"r{i}")
+        eng.add_request(
+            [100 + i] * 4,
+            SamplingParams(temperature=0, max_tokens=28, ignore_eos=True),
+            request_id=f"r{i}",
+        )
     eng.step()
     assert len(eng.scheduler.running) == 2
     assert isinstance(eng.scheduler.waiting, deque) and len(eng.scheduler.waiting) == 1
@@ -123,38 +128,117 @@ def test_sustainable_rate_interpolates():
 
 # -- the commands on the tiny model -----------------------------------------------------------------
 def test_throughput_json(tiny_llama_dir, capsys):
-    r = _run(throughput, ["--json", "--model", str(tiny_llama_dir), "--scale", "0.02",
-                          "--requests", "4", "--hf-batches", "2,4", "--roofline-batch", "4"], capsys)
-    _has(r, "requests", "prompt_tokens", "output_tokens", "chatpage_tok_s", "hf_tok_s", "ratio",
-         "chatpage_mean_batch", "gemm_bound_tok_s", "fraction_of_gemm_bound", "batch1_step_ms",
-         "weight_read_floor_ms", "batch1_floor_ratio", "scale")
+    r = _run(
+        throughput,
+        [
+            "--json",
+            "--model",
+            str(tiny_llama_dir),
+            "--scale",
+            "0.02",
+            "--requests",
+            "4",
+            "--hf-batches",
+            "2,4",
+            "--roofline-batch",
+            "4",
+        ],
+        capsys,
+    )
+    _has(
+        r,
+        "requests",
+        "prompt_tokens",
+        "output_tokens",
+        "chatpage_tok_s",
+        "hf_tok_s",
+        "ratio",
+        "chatpage_mean_batch",
+        "gemm_bound_tok_s",
+        "fraction_of_gemm_bound",
+        "batch1_step_ms",
+        "weight_read_floor_ms",
+        "batch1_floor_ratio",
+        "scale",
+    )
     assert r["scale"] == 0.02 and r["requests"] == 4
     assert r["hf_batch"] in (2, 4) and r["ratio"] > 0
 
 
 def test_memory_json(tiny_llama_dir, capsys):
     r = _run(memory, ["--json", "--model", str(tiny_llama_dir), "--scale", "0.05"], capsys)
-    _has(r, "chatpage_utilization", "max_utilization", "pow2_utilization", "oracle_utilization",
-         "chatpage_mean_batch", "max_mean_batch", "pow2_mean_batch", "oracle_mean_batch",
-         "chatpage_max_batch", "scale")
+    _has(
+        r,
+        "chatpage_utilization",
+        "max_utilization",
+        "pow2_utilization",
+        "oracle_utilization",
+        "chatpage_mean_batch",
+        "max_mean_batch",
+        "pow2_mean_batch",
+        "oracle_mean_batch",
+        "chatpage_max_batch",
+        "scale",
+    )
     for key in ("chatpage", "max", "pow2", "oracle"):
         assert 0 < r[f"{key}_utilization"] <= 1
     assert r["max_utilization"] <= r["oracle_utilization"]
 
 
 def test_serve_json(tiny_llama_dir, capsys):
-    r = _run(serve, ["--json", "--model", str(tiny_llama_dir), "--scale", "0.05",
-                     "--requests", "4", "--rates", "2,50"], capsys)
-    _has(r, "sustainable_rate_chatpage", "sustainable_rate_oracle", "rate_ratio", "rates",
-         "latency_bound_s", "scale")
+    r = _run(
+        serve,
+        [
+            "--json",
+            "--model",
+            str(tiny_llama_dir),
+            "--scale",
+            "0.05",
+            "--requests",
+            "4",
+            "--rates",
+            "2,50",
+        ],
+        capsys,
+    )
+    _has(
+        r,
+        "sustainable_rate_chatpage",
+        "sustainable_rate_oracle",
+        "rate_ratio",
+        "rates",
+        "latency_bound_s",
+        "scale",
+    )
     assert {x["system"] for x in r["rates"]} == {"chatpage", "oracle"}
-    _has(r["rates"][0], "rate", "normalized_latency_s", "ttft_p50_s", "ttft_p99_s",
-         "tpot_p50_s", "tpot_p99_s", "mean_batch")
+    _has(
+        r["rates"][0],
+        "rate",
+        "normalized_latency_s",
+        "ttft_p50_s",
+        "ttft_p99_s",
+        "tpot_p50_s",
+        "tpot_p99_s",
+        "mean_batch",
+    )
 
 
 def test_prefix_json(tiny_llama_dir, capsys):
-    r = _run(prefix, ["--json", "--model", str(tiny_llama_dir), "--scale", "0.1",
-                      "--sessions", "2", "--turns", "3"], capsys)
+    r = _run(
+        prefix,
+        [
+            "--json",
+            "--model",
+            str(tiny_llama_dir),
+            "--scale",
+            "0.1",
+            "--sessions",
+            "2",
+            "--turns",
+            "3",
+        ],
+        capsys,
+    )
     _has(r, "ttft_ratio", "cold_ttft_s", "cached_ttft_s", "turns", "scale")
     assert r["cached_prefix_hit_tokens"] >= 16 * ((r["persona_prefix_tokens"] - 1) // 16) - 16
     assert len(r["turns"]) == 3
@@ -166,44 +250,83 @@ def test_prefix_json(tiny_llama_dir, capsys):
 
 
 def test_sharing_json(tiny_llama_dir, capsys):
-    r = _run(sharing, ["--json", "--model", str(tiny_llama_dir), "--scale", "0.02",
-                       "--requests", "1"], capsys)
+    r = _run(
+        sharing,
+        ["--json", "--model", str(tiny_llama_dir), "--scale", "0.02", "--requests", "1"],
+        capsys,
+    )
     _has(r, "results", "beam4_tok_s", "independent4_tok_s", "beam4_vs_independent", "scale")
     combos = {(x["workload"], x["mode"], x["width"]) for x in r["results"]}
-    assert combos == {(w, m, k) for w in ("alpaca", "sharegpt") for m in ("parallel", "beam")
-                      for k in (2, 4, 6)}
+    assert combos == {
+        (w, m, k) for w in ("alpaca", "sharegpt") for m in ("parallel", "beam") for k in (2, 4, 6)
+    }
     assert all(0 <= x["saving"] < 1 for x in r["results"])
     beam6 = [x["saving"] for x in r["results"] if x["mode"] == "beam" and x["width"] == 6]
     assert min(beam6) > 0  # beams share their prompt at least
 
 
 def test_structured_json(tiny_llama_dir, capsys):
-    r = _run(structured, ["--json", "--model", str(tiny_llama_dir), "--scale", "0.1",
-                          "--weights", "fp32"], capsys)
+    r = _run(
+        structured,
+        ["--json", "--model", str(tiny_llama_dir), "--scale", "0.1", "--weights", "fp32"],
+        capsys,
+    )
     _has(r, "results", "tokens", "grammar_engine")
     assert [x["rows"] for x in r["results"]] == [1, 32]
     for x in r["results"]:
         assert x["free_tok_s"] > 0 and x["json_schema_tok_s"] > 0
         assert 0 < x["mask_share"] < 1  # the constrained run did compute masks
-    text = report.render({"structured": {"command": "chatpage bench structured --json",
-                                         "seconds": 1.0, "returncode": 0, "result": r}},
-                         Path("b.md"), "test machine", 1.0)
+    text = report.render(
+        {
+            "structured": {
+                "command": "chatpage bench structured --json",
+                "seconds": 1.0,
+                "returncode": 0,
+                "result": r,
+            }
+        },
+        Path("b.md"),
+        "test machine",
+        1.0,
+    )
     assert "| structured | mask time / decode step, 32 rows |" in text
 
 
 def test_report_renders_goals(tmp_path):
-    runs = {"memory": {"command": "chatpage bench memory --json", "seconds": 1.0, "returncode": 0,
-                       "result": {"chatpage_utilization": 0.98, "max_utilization": 0.2,
-                                  "pow2_utilization": 0.3, "oracle_utilization": 0.4,
-                                  "chatpage_mean_batch": 9, "max_mean_batch": 2,
-                                  "pow2_mean_batch": 4, "oracle_mean_batch": 5,
-                                  "chatpage_max_batch": 12, "max_max_batch": 2,
-                                  "pow2_max_batch": 5, "oracle_max_batch": 6, "requests": 4,
-                                  "scale": 1.0, "mean_input": 160, "mean_output": 330,
-                                  "kv_budget_tokens": 6144, "max_policy_len": 2048,
-                                  "block_size": 16}},
-            "prefix": {"command": "chatpage bench prefix", "seconds": 1.0, "returncode": 1,
-                       "error": "no JSON"}}
+    runs = {
+        "memory": {
+            "command": "chatpage bench memory --json",
+            "seconds": 1.0,
+            "returncode": 0,
+            "result": {
+                "chatpage_utilization": 0.98,
+                "max_utilization": 0.2,
+                "pow2_utilization": 0.3,
+                "oracle_utilization": 0.4,
+                "chatpage_mean_batch": 9,
+                "max_mean_batch": 2,
+                "pow2_mean_batch": 4,
+                "oracle_mean_batch": 5,
+                "chatpage_max_batch": 12,
+                "max_max_batch": 2,
+                "pow2_max_batch": 5,
+                "oracle_max_batch": 6,
+                "requests": 4,
+                "scale": 1.0,
+                "mean_input": 160,
+                "mean_output": 330,
+                "kv_budget_tokens": 6144,
+                "max_policy_len": 2048,
+                "block_size": 16,
+            },
+        },
+        "prefix": {
+            "command": "chatpage bench prefix",
+            "seconds": 1.0,
+            "returncode": 1,
+            "error": "no JSON",
+        },
+    }
     text = report.render(runs, tmp_path / "b.md", "test machine", 2.0)
     assert "| memory | chatpage KV utilization | 0.98 | >= 0.97 | met |" in text
     assert "**Failed:** no JSON" in text

@@ -27,8 +27,9 @@ SERVER = textwrap.dedent("""
 
 def test_a_server_and_its_workers_are_gone_after_the_run(tmp_path: Path) -> None:
     port = peers.free_port()
-    server = peers.Server("fake", [sys.executable, "-c", SERVER, str(port)], {},
-                          tmp_path / "fake.log")
+    server = peers.Server(
+        "fake", [sys.executable, "-c", SERVER, str(port)], {}, tmp_path / "fake.log"
+    )
     with peers.running(server, port) as live:
         assert httpx.get(f"{live.url}/v1/models").status_code == 200 and live.model == "fake"
         assert len(peers.group_members(live.pgid)) == 2  # the server and its worker
@@ -38,8 +39,9 @@ def test_a_server_and_its_workers_are_gone_after_the_run(tmp_path: Path) -> None
 
 
 def test_a_server_that_dies_at_start_is_an_error(tmp_path: Path) -> None:
-    server = peers.Server("broken", [sys.executable, "-c", "raise SystemExit(3)"], {},
-                          tmp_path / "broken.log")
+    server = peers.Server(
+        "broken", [sys.executable, "-c", "raise SystemExit(3)"], {}, tmp_path / "broken.log"
+    )
     with pytest.raises(RuntimeError, match="broken exited with 3 before it was ready"):
         with peers.running(server, peers.free_port()):
             pass
@@ -54,13 +56,21 @@ def test_stop_group_kills_what_ignores_term(monkeypatch) -> None:
 
 
 def _figures(tok_s: float, ttft: float, tpot: float) -> dict:
-    return {"output_tok_s": tok_s, "completed": 4, "ttft_p50_ms": ttft, "ttft_p99_ms": ttft,
-            "tpot_p50_ms": tpot, "tpot_p99_ms": tpot}
+    return {
+        "output_tok_s": tok_s,
+        "completed": 4,
+        "ttft_p50_ms": ttft,
+        "ttft_p99_ms": ttft,
+        "tpot_p50_ms": tpot,
+        "tpot_p99_ms": tpot,
+    }
 
 
 def test_compare_reports_the_median_round_and_the_goals() -> None:
-    rounds = [{"chatpage": {"8": _figures(c, 100, 20)}, "vllm": {"8": _figures(100, 90, 30)}}
-              for c in (120, 200, 160)]
+    rounds = [
+        {"chatpage": {"8": _figures(c, 100, 20)}, "vllm": {"8": _figures(100, 90, 30)}}
+        for c in (120, 200, 160)
+    ]
     run = peers.compare(rounds)["8"]
     assert run["ratios"] == [1.2, 2.0, 1.6]
     assert run["ratio"] == 1.6 and run["ratio_ok"]

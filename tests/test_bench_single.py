@@ -9,9 +9,19 @@ import pytest
 
 from chatpage.bench import quality, single
 
-SINGLE_FIELDS = ("weights", "threads", "prompt_tokens", "decode_tok_s", "ttft_ms", "step_ms",
-                 "weight_bytes", "read_bandwidth_gb_s", "floor_ratio", "llamacpp_tok_s",
-                 "ratio_vs_llamacpp")
+SINGLE_FIELDS = (
+    "weights",
+    "threads",
+    "prompt_tokens",
+    "decode_tok_s",
+    "ttft_ms",
+    "step_ms",
+    "weight_bytes",
+    "read_bandwidth_gb_s",
+    "floor_ratio",
+    "llamacpp_tok_s",
+    "ratio_vs_llamacpp",
+)
 
 
 def _run(module, argv, capsys) -> dict:
@@ -20,9 +30,25 @@ def _run(module, argv, capsys) -> dict:
 
 
 def test_single_json(tiny_llama_dir, capsys):
-    r = _run(single, ["--json", "--model", str(tiny_llama_dir), "--weights", "fp32,int4",
-                      "--prompt-tokens", "16", "--new-tokens", "4", "--repeats", "2",
-                      "--threads", "1"], capsys)
+    r = _run(
+        single,
+        [
+            "--json",
+            "--model",
+            str(tiny_llama_dir),
+            "--weights",
+            "fp32,int4",
+            "--prompt-tokens",
+            "16",
+            "--new-tokens",
+            "4",
+            "--repeats",
+            "2",
+            "--threads",
+            "1",
+        ],
+        capsys,
+    )
     assert r["benchmark"] == "single" and r["prompt_tokens"] == 16
     assert [row["weights"] for row in r["results"]] == ["fp32", "int4"]
     for row in r["results"]:
@@ -38,11 +64,28 @@ def test_single_json(tiny_llama_dir, capsys):
 
 
 @pytest.mark.peers
-@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                    reason="llama-cpp-python is not installed (make test-peers installs it)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None,
+    reason="llama-cpp-python is not installed (make test-peers installs it)",
+)
 def test_single_alternates_with_llamacpp_on_the_default_gguf(capsys):
-    r = _run(single, ["--json", "--weights", "int4", "--prompt-tokens", "16", "--new-tokens", "6",
-                      "--repeats", "3", "--threads", "1"], capsys)
+    r = _run(
+        single,
+        [
+            "--json",
+            "--weights",
+            "int4",
+            "--prompt-tokens",
+            "16",
+            "--new-tokens",
+            "6",
+            "--repeats",
+            "3",
+            "--threads",
+            "1",
+        ],
+        capsys,
+    )
     assert "llamacpp_error" not in r and r["rounds"] == 3
     (int4,) = r["results"]
     assert int4["llamacpp_tok_s"] == r["llamacpp_tok_s"] > 0 and r["llamacpp_ttft_ms"] > 0
@@ -58,8 +101,11 @@ def test_single_refuses_an_unknown_format(capsys):
 
 
 def test_quality_json(tiny_qwen2_dir, capsys):
-    r = _run(quality, ["--json", "--model", str(tiny_qwen2_dir), "--weights", "int8",
-                       "--threads", "1"], capsys)
+    r = _run(
+        quality,
+        ["--json", "--model", str(tiny_qwen2_dir), "--weights", "int8", "--threads", "1"],
+        capsys,
+    )
     assert r["benchmark"] == "quality" and r["text_tokens"] > 500
     fp32, int8 = r["formats"]
     assert fp32["weights"] == "fp32" and fp32["perplexity_delta"] == 0
@@ -71,27 +117,80 @@ def test_quality_json(tiny_qwen2_dir, capsys):
 def test_report_renders_single_and_quality(tmp_path):
     from chatpage.bench import report
 
-    row = {"weights": "int4", "threads": 1, "prompt_tokens": 128, "decode_tok_s": 100.0,
-           "step_ms": 10.0, "matmul_ms": 7.0, "ttft_ms": 30.0, "weight_bytes": 95e6,
-           "read_bandwidth_gb_s": 30.0, "floor_ms": 3.2, "floor_ratio": 3.1,
-           "llamacpp_tok_s": 125.0, "ratio_vs_llamacpp": 0.8}
-    fp32 = {**row, "weights": "fp32", "decode_tok_s": 30.0, "step_ms": 33.0, "matmul_ms": 29.0,
-            "weight_bytes": 538e6, "floor_ms": 18.0, "floor_ratio": 1.8, "ratio_vs_llamacpp": 0.24}
-    single_r = {"benchmark": "single", "threads": 1, "clock": "cpu", "prompt_tokens": 128,
-                "new_tokens": 128, "results": [fp32, row], "llamacpp_tok_s": 125.0,
-                "llamacpp_ttft_ms": 500.0, "best_weights": "int4"}
-    formats = [{"weights": "fp32", "perplexity": 24.0, "perplexity_delta": 0.0,
-                "greedy_agreement": 1.0, "greedy_prefix_tokens": 256, "weight_bytes": 538e6,
-                "goal_perplexity_delta": None, "met": None},
-               {"weights": "int4", "perplexity": 26.0, "perplexity_delta": 0.0833,
-                "greedy_agreement": 0.9, "greedy_prefix_tokens": 12, "weight_bytes": 95e6,
-                "goal_perplexity_delta": 0.06, "met": False}]
-    quality_r = {"benchmark": "quality", "text": "quality.txt", "text_tokens": 938,
-                 "greedy_tokens": 256, "formats": formats}
-    runs = {"single": {"command": "chatpage bench single --json", "seconds": 60.0,
-                       "result": single_r},
-            "quality": {"command": "chatpage bench quality --json", "seconds": 90.0,
-                        "result": quality_r}}
+    row = {
+        "weights": "int4",
+        "threads": 1,
+        "prompt_tokens": 128,
+        "decode_tok_s": 100.0,
+        "step_ms": 10.0,
+        "matmul_ms": 7.0,
+        "ttft_ms": 30.0,
+        "weight_bytes": 95e6,
+        "read_bandwidth_gb_s": 30.0,
+        "floor_ms": 3.2,
+        "floor_ratio": 3.1,
+        "llamacpp_tok_s": 125.0,
+        "ratio_vs_llamacpp": 0.8,
+    }
+    fp32 = {
+        **row,
+        "weights": "fp32",
+        "decode_tok_s": 30.0,
+        "step_ms": 33.0,
+        "matmul_ms": 29.0,
+        "weight_bytes": 538e6,
+        "floor_ms": 18.0,
+        "floor_ratio": 1.8,
+        "ratio_vs_llamacpp": 0.24,
+    }
+    single_r = {
+        "benchmark": "single",
+        "threads": 1,
+        "clock": "cpu",
+        "prompt_tokens": 128,
+        "new_tokens": 128,
+        "results": [fp32, row],
+        "llamacpp_tok_s": 125.0,
+        "llamacpp_ttft_ms": 500.0,
+        "best_weights": "int4",
+    }
+    formats = [
+        {
+            "weights": "fp32",
+            "perplexity": 24.0,
+            "perplexity_delta": 0.0,
+            "greedy_agreement": 1.0,
+            "greedy_prefix_tokens": 256,
+            "weight_bytes": 538e6,
+            "goal_perplexity_delta": None,
+            "met": None,
+        },
+        {
+            "weights": "int4",
+            "perplexity": 26.0,
+            "perplexity_delta": 0.0833,
+            "greedy_agreement": 0.9,
+            "greedy_prefix_tokens": 12,
+            "weight_bytes": 95e6,
+            "goal_perplexity_delta": 0.06,
+            "met": False,
+        },
+    ]
+    quality_r = {
+        "benchmark": "quality",
+        "text": "quality.txt",
+        "text_tokens": 938,
+        "greedy_tokens": 256,
+        "formats": formats,
+    }
+    runs = {
+        "single": {"command": "chatpage bench single --json", "seconds": 60.0, "result": single_r},
+        "quality": {
+            "command": "chatpage bench quality --json",
+            "seconds": 90.0,
+            "result": quality_r,
+        },
+    }
     goals = {g["goal"]: g for g in report.goals({k: v["result"] for k, v in runs.items()})}
     assert goals["decode tok/s at batch 1 (int4)"]["met"] is True
     assert goals["int4 / llama.cpp decode tok/s, same run"]["met"] is False
@@ -105,8 +204,22 @@ def test_report_renders_single_and_quality(tmp_path):
 
 def test_single_and_quality_print_readable_text_without_json(tiny_llama_dir, capsys):
     model = ["--model", str(tiny_llama_dir), "--threads", "1"]
-    assert single.main([*model, "--weights", "int8", "--prompt-tokens", "8", "--new-tokens", "3",
-                        "--repeats", "1"]) == 0
+    assert (
+        single.main(
+            [
+                *model,
+                "--weights",
+                "int8",
+                "--prompt-tokens",
+                "8",
+                "--new-tokens",
+                "3",
+                "--repeats",
+                "1",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.startswith("benchmark: single\n") and "\n    weights: int8\n" in out
     assert quality.main([*model, "--weights", "int8"]) == 0

@@ -183,8 +183,10 @@ class BlockManagerMachine(RuleBasedStateMachine):
                 hits = d.computed.blocks
                 assert seq.seq_id not in bm.tables
                 assert d.computed.num_tokens == len(hits) * BS < len(seq), "never the last token"
-                assert [pool.lookup(chain_of(tuple(seq.token_ids[: (i + 1) * BS])))
-                        for i in range(len(hits))] == list(hits), "hits follow the chain"
+                assert [
+                    pool.lookup(chain_of(tuple(seq.token_ids[: (i + 1) * BS])))
+                    for i in range(len(hits))
+                ] == list(hits), "hits follow the chain"
                 need += total - len(hits) + sum(pool.is_evictable(b) for b in hits)
                 copies.append(None)
                 continue
@@ -209,7 +211,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert taken == need if len(demands) == 1 else taken <= need, "the room is counted right"
         ids = {d.seq.seq_id for d in demands}
         assert {sid: t for sid, t in bm.tables.items() if sid not in ids} == {
-            sid: t for sid, t in tables_before.items() if sid not in ids}
+            sid: t for sid, t in tables_before.items() if sid not in ids
+        }
         self.plan.copies += made
         new_copies = iter(made)
         for d, old in zip(demands, copies, strict=True):
@@ -365,8 +368,9 @@ class BlockManagerMachine(RuleBasedStateMachine):
         cpu = {cpu_entry(b) for s in fam.seqs for b in bm.tables[s.seq_id] if b < 0}
         # a block whose contents are still indexed on the device comes back by reference
         # (reviving it if cached); the rest are copied into fresh blocks
-        by_ref = {c: b for c, h in self._full_cpu_blocks(fam).items()
-                  if (b := pool.lookup(h)) is not None}
+        by_ref = {
+            c: b for c, h in self._full_cpu_blocks(fam).items() if (b := pool.lookup(h)) is not None
+        }
         need = len(cpu) - len(by_ref) + len({b for b in by_ref.values() if pool.is_evictable(b)})
         free = pool.num_free
         tables = {s.seq_id: list(bm.tables[s.seq_id]) for s in fam.seqs}

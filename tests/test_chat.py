@@ -49,8 +49,10 @@ def test_chats_turns_stop_keep_and_observer_hook():
     chats.send(session, "hi there")
     assert session.title == "hi there" and session.streaming
     messages, params, _ = client.submitted[0]
-    assert messages == [{"role": "system", "content": "You are p."},
-                        {"role": "user", "content": "hi there"}]
+    assert messages == [
+        {"role": "system", "content": "You are p."},
+        {"role": "user", "content": "hi there"},
+    ]
     assert params.max_tokens == 8 and params.temperature == 0.5
     with pytest.raises(ChatError, match="still streaming"):
         chats.send(session, "again")
@@ -67,8 +69,7 @@ def test_chats_turns_stop_keep_and_observer_hook():
     assert client.submitted[-1][1].n == 3 and session.alt_mode.kind == "off"
     assert texts(session) == ["hi there"]  # no version of the reply on show while choosing
     for i in range(3):
-        chats.apply(event("r2", f"alt {i}", index=i, reason=FinishReason.LENGTH,
-                          finished=i == 2))
+        chats.apply(event("r2", f"alt {i}", index=i, reason=FinishReason.LENGTH, finished=i == 2))
     assert session.choosing and not session.streaming
     with pytest.raises(ChatError, match="keep one of the alternatives first"):
         chats.send(session, "next")
@@ -99,7 +100,10 @@ def test_regenerating_an_earlier_reply_forks_and_keeps_what_followed():
     chats.switch(session, back, 1)
     chats.send(session, "a new way")  # goes on from the version on show
     assert [m["content"] for m in client.submitted[-1][0][1:]] == [
-        "one", "re: one, again", "a new way"]
+        "one",
+        "re: one, again",
+        "a new way",
+    ]
 
 
 def test_editing_an_earlier_message_forks_at_it():
@@ -178,12 +182,12 @@ def test_chats_compare_shapes_the_next_reply_offers_versions_and_reports_errors(
     chats.regenerate(session)
     temps = [p.temperature for _, p, _ in client.submitted[3:]]
     assert temps == [0.2, 0.8, 1.2]
-    assert [c.label for c in session.generation.candidates] == ["temp=0.2", "temp=0.8",
-                                                                "temp=1.2"]
+    assert [c.label for c in session.generation.candidates] == ["temp=0.2", "temp=0.8", "temp=1.2"]
     assert session.entries[-1].role == "user"  # the old reply gives way to the comparison
     for rid in ("r4", "r5", "r6"):
-        chats.apply(final_update(rid, FinishReason.ERROR,
-                                 error="the prompt is 2000 tokens but ..."))
+        chats.apply(
+            final_update(rid, FinishReason.ERROR, error="the prompt is 2000 tokens but ...")
+        )
     assert session.generation is None
     assert session.entries[-1].status == "error"
     assert "2000 tokens" in session.entries[-1].error
@@ -223,8 +227,7 @@ def test_overflow_drops_the_oldest_turns_but_keeps_them():
     assert len(dropped) % 2 == 0 and dropped[-1].role == "assistant"
     assert len(session.entries) == 8  # ...and nothing left the chat
     assert notices and "left out of what the model sees" in notices[-1]
-    assert all(e.content not in {m["content"] for m in sent} for e in dropped
-               if e.role == "user")
+    assert all(e.content not in {m["content"] for m in sent} for e in dropped if e.role == "user")
 
     chats.edit(session, session.entries[0])  # a short branch at the top: nothing left out
     chats.send(session, "short")
@@ -270,17 +273,31 @@ def test_a_batch_of_updates_is_applied_in_order_each_adding_its_delta():
     chats.send(alts, "two")
     changes = []
     plain.observers.append(lambda s, change: changes.append(change))
-    chats.apply_all([event("r1", "a"), event("r2", "x", index=0), event("r1", "b"),
-                     event("r2", "y", index=1), event("r2", "z", index=0), event("r1", "c")])
+    chats.apply_all(
+        [
+            event("r1", "a"),
+            event("r2", "x", index=0),
+            event("r1", "b"),
+            event("r2", "y", index=1),
+            event("r2", "z", index=0),
+            event("r1", "c"),
+        ]
+    )
     assert [(type(c), c.delta.text) for c in changes] == [(EntryUpdated, t) for t in "abc"]
     assert plain.entries[-1].content == "abc" and plain.entries[-1].stats.tokens == 3
     assert [c.text for c in alts.generation.candidates] == ["xz", "y"]
     # an output's end is applied even when more updates of its request follow in the batch
-    chats.apply_all([event("r2", "z", index=0, reason=FinishReason.STOP),
-                     event("r2", "y", index=1, reason=FinishReason.LENGTH, finished=True),
-                     done("r1", "d")])
-    assert [c.finish_reason for c in alts.generation.candidates] == [FinishReason.STOP,
-                                                                    FinishReason.LENGTH]
+    chats.apply_all(
+        [
+            event("r2", "z", index=0, reason=FinishReason.STOP),
+            event("r2", "y", index=1, reason=FinishReason.LENGTH, finished=True),
+            done("r1", "d"),
+        ]
+    )
+    assert [c.finish_reason for c in alts.generation.candidates] == [
+        FinishReason.STOP,
+        FinishReason.LENGTH,
+    ]
     assert alts.choosing and not plain.streaming and plain.entries[-1].content == "abcd"
 
 
@@ -291,14 +308,21 @@ def test_outputs_ending_in_the_same_step_end_together_in_the_final_update():
     session = chats.open(PERSONA)
     chats.set_alt_mode(session, AltMode("samples", 3))
     chats.send(session, "three please")
-    chats.apply_all([event("r1", "a", index=0), event("r1", "b", index=1),
-                     event("r1", "c", index=2)])
+    chats.apply_all(
+        [event("r1", "a", index=0), event("r1", "b", index=1), event("r1", "c", index=2)]
+    )
     chats.apply(event("r1", "a", index=0, reason=FinishReason.STOP))
     assert session.streaming  # two outputs are still going
-    ends = [event("r1", t, index=i, reason=r) for i, t, r in
-            ((1, "b", FinishReason.LENGTH), (2, "c", FinishReason.STOP))]
-    chats.apply(dataclasses.replace(ends[0], outputs=ends[0].outputs + ends[1].outputs,
-                                    finished=True))
-    assert [(c.text, c.stats.tokens, c.finish_reason) for c in session.generation.candidates] == \
-        [("aa", 2, "stop"), ("bb", 2, "length"), ("cc", 2, "stop")]
+    ends = [
+        event("r1", t, index=i, reason=r)
+        for i, t, r in ((1, "b", FinishReason.LENGTH), (2, "c", FinishReason.STOP))
+    ]
+    chats.apply(
+        dataclasses.replace(ends[0], outputs=ends[0].outputs + ends[1].outputs, finished=True)
+    )
+    assert [(c.text, c.stats.tokens, c.finish_reason) for c in session.generation.candidates] == [
+        ("aa", 2, "stop"),
+        ("bb", 2, "length"),
+        ("cc", 2, "stop"),
+    ]
     assert session.choosing and not session.streaming

@@ -13,8 +13,13 @@ from chatpage.config.personas import Persona
 from chatpage.engine.chat_template import continue_prompt, render_prompt
 from chatpage.engine.client import EngineConfig, LocalEngineClient
 
-PERSONA = Persona("tiny", "a test persona", "You are tiny. Answer briefly and plainly, always.",
-                  temperature=0.0, max_tokens=12)
+PERSONA = Persona(
+    "tiny",
+    "a test persona",
+    "You are tiny. Answer briefly and plainly, always.",
+    temperature=0.0,
+    max_tokens=12,
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +60,7 @@ def test_a_branch_computes_only_its_new_tokens(rig) -> None:
     assert stats.prompt_tokens == len(prompt)
     computed = stats.prompt_tokens - stats.prefix_hit_tokens
     assert computed <= new_prompt_tokens(prompt, second_prompt) + block
-    assert stats.prefix_hit_tokens >= len(prompt) - new_prompt_tokens(prompt, second_prompt) \
-        - block
+    assert stats.prefix_hit_tokens >= len(prompt) - new_prompt_tokens(prompt, second_prompt) - block
 
     chats.regenerate(session, session.entries[1])  # fork at the first reply
     settle(chats, events, session)
@@ -79,9 +83,11 @@ def test_continue_goes_on_from_the_reply(rig) -> None:
     assert session.entries[-1] is reply and len(session.entries) == 2
     assert reply.content.startswith(first_text) and len(reply.content) > len(first_text)
     assert reply.stats.tokens > first_tokens
-    prompt = continue_prompt(tokenizer, session.for_model(upto=reply)[:-1]
-                             + [{"role": "assistant", "content": first_text}])
+    prompt = continue_prompt(
+        tokenizer,
+        session.for_model(upto=reply)[:-1] + [{"role": "assistant", "content": first_text}],
+    )
     assert reply.stats.prompt_tokens == len(prompt)
     asked = render_prompt(tokenizer, session.for_model(upto=session.entries[0]))
-    assert prompt[:len(asked)] == asked  # the reply's first prompt, then its text
+    assert prompt[: len(asked)] == asked  # the reply's first prompt, then its text
     assert reply.stats.prefix_hit_tokens >= len(asked) - block

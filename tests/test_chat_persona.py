@@ -11,8 +11,7 @@ from chatpage.chat.sampling import AltMode, SamplingSettings
 from chatpage.chat.session import Change, SettingsChanged
 from chatpage.config.personas import Persona
 
-CODER = Persona("coder", "writes code", "You write code.", temperature=0.2, max_tokens=64,
-                seed=3)
+CODER = Persona("coder", "writes code", "You write code.", temperature=0.2, max_tokens=64, seed=3)
 
 
 class PinningClient(FakeClient):
@@ -70,5 +69,8 @@ def test_cycling_the_alternatives_keeps_their_number():
     session = chats.open(PERSONA)
     chats.set_alt_mode(session, AltMode("off", 5))
     assert [chats.cycle_alt_mode(session) for _ in range(3)] == [
-        AltMode("samples", 5), AltMode("beam", 5), AltMode("off", 5)]
+        AltMode("samples", 5),
+        AltMode("beam", 5),
+        AltMode("off", 5),
+    ]
     assert session.alt_mode == AltMode("off", 5)

@@ -20,8 +20,9 @@ from chatpage.engine.chat_template import continue_prompt, render_prompt
 from chatpage.engine.client import EngineConfig, LocalEngineClient
 from chatpage.store import NewMessage, Store
 
-PERSONA = Persona("tiny", "a test persona", "You are tiny. Answer briefly.", temperature=0.0,
-                  max_tokens=4)
+PERSONA = Persona(
+    "tiny", "a test persona", "You are tiny. Answer briefly.", temperature=0.0, max_tokens=4
+)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,8 @@ class Rig:
 def dialogue(texts: list[str]) -> list[dict[str, str]]:
     roles = ("user", "assistant")
     return [{"role": "system", "content": PERSONA.system_prompt}] + [
-        {"role": roles[i % 2], "content": text} for i, text in enumerate(texts)]
+        {"role": roles[i % 2], "content": text} for i, text in enumerate(texts)
+    ]
 
 
 def ids(entries: list[Entry]) -> list[int | None]:
@@ -166,11 +168,18 @@ def test_a_reply_that_fails_the_same_way_twice_is_two_versions(rig):
 def test_a_saved_chat_with_repeated_replies_continues_the_right_one(rig):
     """A chat saved without reply stats (an import), where the same reply ends two turns and
     is also a version of itself."""
-    chat = rig.store.insert_session("imported", PERSONA.name, {}, [
-        NewMessage("user", "yes"), NewMessage("assistant", "Sure.", parent=0),
-        NewMessage("user", "tell me more", parent=1),
-        NewMessage("assistant", "Sure.", parent=2, kept=False),
-        NewMessage("assistant", "Sure.", parent=2)])
+    chat = rig.store.insert_session(
+        "imported",
+        PERSONA.name,
+        {},
+        [
+            NewMessage("user", "yes"),
+            NewMessage("assistant", "Sure.", parent=0),
+            NewMessage("user", "tell me more", parent=1),
+            NewMessage("assistant", "Sure.", parent=2, kept=False),
+            NewMessage("assistant", "Sure.", parent=2),
+        ],
+    )
     [session] = rig.restart()
     assert session.store_id == chat
     tip, twin = session.entries[-1], session.entries[1]

@@ -17,8 +17,25 @@ from chatpage.engine.sampling_params import SamplingParams
 from chatpage.vocab import RULE_BY_FIELD, SAMPLING_RULES
 
 # typed values, the kind a persona file or a program gives; None = "off"
-CANDIDATES = [None, -3, -1, -0.5, 0, 0.0, 0.5, 1, 1.0, 1.5, 2, 7, 2**40, float("inf"),
-              float("nan"), True, [1]]
+CANDIDATES = [
+    None,
+    -3,
+    -1,
+    -0.5,
+    0,
+    0.0,
+    0.5,
+    1,
+    1.0,
+    1.5,
+    2,
+    7,
+    2**40,
+    float("inf"),
+    float("nan"),
+    True,
+    [1],
+]
 
 
 def accepted_by_params(name: str, value: object) -> bool:
@@ -60,8 +77,9 @@ def test_params_check_every_field_by_its_rule(rule) -> None:
 
 def test_the_table_is_every_field_and_default_of_params_settings_personas_and_flags() -> None:
     # (a grammar and a logit bias are structures, checked by SamplingParams itself)
-    assert [f.name for f in fields(SamplingParams)
-            if f.name not in ("structured", "logit_bias")] == [r.field for r in SAMPLING_RULES]
+    assert [
+        f.name for f in fields(SamplingParams) if f.name not in ("structured", "logit_bias")
+    ] == [r.field for r in SAMPLING_RULES]
     params = SamplingParams()
     for rule in SAMPLING_RULES:
         default = getattr(params, rule.field)
@@ -70,8 +88,14 @@ def test_the_table_is_every_field_and_default_of_params_settings_personas_and_fl
     assert SamplingSettings() == SamplingSettings(**{r.field: r.for_chat for r in SETTINGS})
     assert SAMPLING_KEYS == tuple(r.field for r in SETTINGS)
     assert set(SAMPLING_KEYS) < {f.name for f in fields(Persona)}
-    assert [r.cli for r in FLAGS] == ["--n", "--beam", "--temperature", "--top-p",
-                                      "--max-tokens", "--seed"]
+    assert [r.cli for r in FLAGS] == [
+        "--n",
+        "--beam",
+        "--temperature",
+        "--top-p",
+        "--max-tokens",
+        "--seed",
+    ]
 
 
 def test_ask_takes_its_flags_then_the_persona_then_the_chat_defaults() -> None:
@@ -86,8 +110,10 @@ def test_ask_takes_its_flags_then_the_persona_then_the_chat_defaults() -> None:
 @pytest.mark.parametrize("rule", SETTINGS, ids=lambda r: r.field)
 def test_params_personas_and_settings_agree(rule) -> None:
     for value in CANDIDATES:
-        verdicts = {"SamplingParams": accepted_by_params(rule.field, value),
-                    "settings": accepted_by_settings(rule.field, value)}
+        verdicts = {
+            "SamplingParams": accepted_by_params(rule.field, value),
+            "settings": accepted_by_settings(rule.field, value),
+        }
         if value is not None:  # in a persona file, a missing value means "not set"
             verdicts["persona"] = accepted_by_persona(rule.field, value)
         assert len(set(verdicts.values())) == 1, (rule.field, value, verdicts)
@@ -113,17 +139,24 @@ def test_typed_settings_read_as_their_rule_says() -> None:
     assert s.with_value("temperature", "0.9").temperature == 0.9
     assert s.with_value("seed", "off").seed is None
     assert s.with_value("seed", "42").seed == 42
-    assert s.with_value("top_p", 1).top_p == 1.0 and isinstance(s.with_value("top_p", 1).top_p,
-                                                                 float)
-    with pytest.raises(ValueError, match=r"^temperature must be a number >= 0 \(0 = greedy\), "
-                                         r"got '-1'$"):
+    assert s.with_value("top_p", 1).top_p == 1.0 and isinstance(
+        s.with_value("top_p", 1).top_p, float
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^temperature must be a number >= 0 \(0 = greedy\), "
+        r"got '-1'$",
+    ):
         s.with_value("temperature", "-1")
     with pytest.raises(ValueError, match="top-p must be a number > 0 and <= 1, got '2'"):
         s.with_value("top_p", "2")
     with pytest.raises(ValueError, match="max tokens must be a whole number >= 1, got 'lots'"):
         s.with_value("max_tokens", "lots")
-    with pytest.raises(ValueError, match=r"seed must be a whole number >= 0, or 'off' for a "
-                                         r"random one, got '-2'"):
+    with pytest.raises(
+        ValueError,
+        match=r"seed must be a whole number >= 0, or 'off' for a "
+        r"random one, got '-2'",
+    ):
         s.with_value("seed", "-2")
     with pytest.raises(ValueError, match=r"SamplingParams.seed must be a whole number >= 0"):
         SamplingParams(seed=-2)

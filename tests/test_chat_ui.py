@@ -54,8 +54,11 @@ async def test_regenerate_forks_and_the_arrows_switch_versions(tiny_llama_dir, t
         await pilot.press("alt+e")
         app.chat.prompt.load_text("first question, rephrased")
         await pilot.press("enter")
-        await wait_for(pilot, lambda: idle(app) and session.entries[0].place().count == 2,
-                       "the edited question's reply")
+        await wait_for(
+            pilot,
+            lambda: idle(app) and session.entries[0].place().count == 2,
+            "the edited question's reply",
+        )
         assert [e.content for e in session.entries][0] == "first question, rephrased"
         assert versions_label(views(app)[0]) == "◀ 2/2 ▶"
 
@@ -77,12 +80,13 @@ async def test_continue_extends_the_reply_in_place(tiny_llama_dir, tmp_path):
         assert reply.stats.prefix_hit_tokens > 0  # its prompt came from the cache
 
 
-async def test_a_long_chat_drops_its_oldest_turns_and_the_meter_shows_it(tiny_llama_dir,
-                                                                           tmp_path):
-    app = ChatApp(model=str(tiny_llama_dir),
-                  config=EngineConfig(kv_cache_bytes=4 << 20, max_model_len=320),
-                  settings=Settings(default_persona="alpha"),
-                  personas_dirs=[alpha_and_beta(tmp_path)])
+async def test_a_long_chat_drops_its_oldest_turns_and_the_meter_shows_it(tiny_llama_dir, tmp_path):
+    app = ChatApp(
+        model=str(tiny_llama_dir),
+        config=EngineConfig(kv_cache_bytes=4 << 20, max_model_len=320),
+        settings=Settings(default_persona="alpha"),
+        personas_dirs=[alpha_and_beta(tmp_path)],
+    )
     async with app.run_test(size=SIZE) as pilot:
         session = app.chat.current
         await ready(pilot, app)

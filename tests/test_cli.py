@@ -45,19 +45,36 @@ def test_ask_reads_piped_context(monkeypatch, capsys, tiny_llama_dir):
 
 @pytest.mark.parametrize("flag,label", [("--n", "sample"), ("--beam", "beam")])
 def test_ask_prints_alternatives_with_scores(flag, label, no_stdin, capsys, tiny_llama_dir):
-    args = ["ask", "hello", "--model", str(tiny_llama_dir), "--max-tokens", "5", flag, "3",
-            "--temperature", "0.8", "--seed", "1"]
+    args = [
+        "ask",
+        "hello",
+        "--model",
+        str(tiny_llama_dir),
+        "--max-tokens",
+        "5",
+        flag,
+        "3",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "1",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert [line.split(" (")[0] for line in out.splitlines() if line.startswith("---")] == [
-        f"--- {label} 1", f"--- {label} 2", f"--- {label} 3"]
+        f"--- {label} 1",
+        f"--- {label} 2",
+        f"--- {label} 3",
+    ]
     assert "logprob" in out
 
 
-@pytest.mark.parametrize("extreme", [["--temperature", "1e-40"],
-                                     ["--temperature", "0.8", "--top-p", "1e-300"]])
-def test_ask_with_extreme_sampling_values_answers_as_their_limit(extreme, no_stdin, capsys,
-                                                                tiny_llama_dir):
+@pytest.mark.parametrize(
+    "extreme", [["--temperature", "1e-40"], ["--temperature", "0.8", "--top-p", "1e-300"]]
+)
+def test_ask_with_extreme_sampling_values_answers_as_their_limit(
+    extreme, no_stdin, capsys, tiny_llama_dir
+):
     """A temperature too small to divide by is greedy; a top-p below float32's range keeps the
     top token (issue 20, item 1): the greedy answer, no traceback."""
     base = ["ask", "hello", "--model", str(tiny_llama_dir), "--max-tokens", "5"]
@@ -69,12 +86,15 @@ def test_ask_with_extreme_sampling_values_answers_as_their_limit(extreme, no_std
     assert captured.out == greedy
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--temperature", "-1"], "SamplingParams.temperature must be a number >= 0"),
-    (["--model", "/no/such/model"], "model path not found: /no/such/model"),
-    (["--persona", "nobody"], "no persona named 'nobody'"),
-    (["--kv-cache", "64KiB"], "raise the KV cache size"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--temperature", "-1"], "SamplingParams.temperature must be a number >= 0"),
+        (["--model", "/no/such/model"], "model path not found: /no/such/model"),
+        (["--persona", "nobody"], "no persona named 'nobody'"),
+        (["--kv-cache", "64KiB"], "raise the KV cache size"),
+    ],
+)
 def test_ask_bad_input_is_one_clear_line(args, message, no_stdin, capsys, tiny_llama_dir):
     if "--model" not in args:
         args = args + ["--model", str(tiny_llama_dir)]

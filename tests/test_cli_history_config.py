@@ -117,9 +117,14 @@ def test_import_round_trip(chats, tmp_path: Path, capsys) -> None:
     assert capsys.readouterr().out == target.read_text()
 
 
-@pytest.mark.parametrize(("content", "needle"), [
-    (None, "cannot read"), (b"\xff\xfe", "not UTF-8"), (b"{}", "not a chatpage export"),
-])
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "cannot read"),
+        (b"\xff\xfe", "not UTF-8"),
+        (b"{}", "not a chatpage export"),
+    ],
+)
 def test_import_errors(tmp_path: Path, capsys, content: bytes | None, needle: str) -> None:
     path = tmp_path / "in.json"
     if content is not None:
@@ -133,8 +138,9 @@ def test_import_refused_without_saving(tmp_path: Path, monkeypatch, capsys) -> N
     (tmp_path / "blocked").write_text("a file, not a directory")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "blocked"))
     path = tmp_path / "in.json"
-    path.write_text('{"format": "chatpage-session", "version": 1, "title": "t", '
-                    '"persona": "p", "messages": []}')
+    path.write_text(
+        '{"format": "chatpage-session", "version": 1, "title": "t", "persona": "p", "messages": []}'
+    )
     assert run("import", str(path)) == 1
     err = capsys.readouterr().err.splitlines()
     assert "running without saving" in err[0] and "nothing was imported" in err[1]

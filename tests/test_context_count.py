@@ -14,8 +14,9 @@ from chatpage.chat.chats import Chats
 from chatpage.engine.chat_template import TokenCounter, render_prompt
 from chatpage.engine.tokenizer import read_plain
 
-PASTE = " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog, again and again."
-                 for i in range(280))  # ~20,000 characters: ~5,600 tokens, not ~6,700
+PASTE = " ".join(
+    f"Line {i}: the quick brown fox jumps over the lazy dog, again and again." for i in range(280)
+)  # ~20,000 characters: ~5,600 tokens, not ~6,700
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +29,10 @@ def chat_with_paste(tokenizer, context: int, max_tokens: int):
     client.counter = TokenCounter(tokenizer, "fake")
     chats = Chats(client, lambda _u: None)
     session = chats.open(replace(PERSONA, max_tokens=max_tokens))
-    for question, answer in (("Hi, who are you?", "I am p, a helper."),
-                             ("Can you read a long text?", "Yes: paste it.")):
+    for question, answer in (
+        ("Hi, who are you?", "I am p, a helper."),
+        ("Can you read a long text?", "Yes: paste it."),
+    ):
         chats.send(session, question)
         chats.apply(done(f"r{len(client.submitted)}", answer))
     return client, chats, session
@@ -37,10 +40,14 @@ def chat_with_paste(tokenizer, context: int, max_tokens: int):
 
 def whole_prompt(tokenizer, paste: str) -> list[int]:
     messages = [{"role": "system", "content": PERSONA.system_prompt}]
-    for question, answer in (("Hi, who are you?", "I am p, a helper."),
-                             ("Can you read a long text?", "Yes: paste it.")):
-        messages += [{"role": "user", "content": question},
-                     {"role": "assistant", "content": answer}]
+    for question, answer in (
+        ("Hi, who are you?", "I am p, a helper."),
+        ("Can you read a long text?", "Yes: paste it."),
+    ):
+        messages += [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": answer},
+        ]
     return render_prompt(tokenizer, messages + [{"role": "user", "content": paste}])
 
 
@@ -59,7 +66,9 @@ def test_a_chat_that_fits_by_tokens_is_sent_whole(tokenizer, spare):
         assert session.prompt_tokens == exact
     else:  # one token too many: the oldest turn (a question and its answer) is left out
         assert len(messages) == 4 and [e.content for e in dropped] == [
-            "Hi, who are you?", "I am p, a helper."]
+            "Hi, who are you?",
+            "I am p, a helper.",
+        ]
         assert session.prompt_tokens == len(render_prompt(tokenizer, messages))
 
 
@@ -94,11 +103,17 @@ async def test_the_header_counts_the_reply_as_it_streams(tmp_path, tiny_llama_di
         question = session.entries[0]
         prompt = render_prompt(app.client.engine.tokenizer, session.for_model(upto=question))
         assert session.prompt_tokens == len(prompt)  # counted before it was sent, exactly
-        await wait_for(pilot, lambda: session.streaming and shown() > len(prompt) + 2,
-                       "the meter to count the first reply's tokens while it streams")
+        await wait_for(
+            pilot,
+            lambda: session.streaming and shown() > len(prompt) + 2,
+            "the meter to count the first reply's tokens while it streams",
+        )
         stats = session.entries[-1].stats
         assert stats.prompt_tokens == len(prompt)
         app.chats.stop(session)
         await wait_for(pilot, lambda: not session.streaming, "the stop")
-        await wait_for(pilot, lambda: shown() == len(prompt) + session.entries[-1].stats.tokens,
-                       "the meter after the reply")
+        await wait_for(
+            pilot,
+            lambda: shown() == len(prompt) + session.entries[-1].stats.tokens,
+            "the meter after the reply",
+        )

@@ -59,8 +59,9 @@ def _graphs(capture, forward=None, warnings=None):
         calls.append(inputs.input_ids.shape[0])
         return inputs.input_ids.float().unsqueeze(1) * 2
 
-    graphs = DecodeGraphs(plan, forward or run_model,
-                          (warnings if warnings is not None else []).append, capture)
+    graphs = DecodeGraphs(
+        plan, forward or run_model, (warnings if warnings is not None else []).append, capture
+    )
     return graphs, calls
 
 
@@ -69,8 +70,11 @@ def test_graphs_are_captured_once_per_bucket_and_again_for_a_new_cache():
     graphs, _ = _graphs(capture)
     out = graphs.run([3, 4, 5], [0, 1, 2], [[0], [1], [1]], key="cache A")
     assert out.squeeze(1).tolist() == [6, 8, 10]  # the real rows only
-    assert graphs.run([6, 7, 1], [0, 1, 2], [[0], [1], [1]], key="cache A").squeeze(1).tolist() \
-        == [12, 14, 2]  # replayed over the new contents
+    assert graphs.run([6, 7, 1], [0, 1, 2], [[0], [1], [1]], key="cache A").squeeze(1).tolist() == [
+        12,
+        14,
+        2,
+    ]  # replayed over the new contents
     graphs.run([9], [0], [[0]], key="cache A")
     assert capture.sizes == [4, 1] and graphs.captured == (1, 4)
     graphs.run([9], [0], [[0]], key="cache B")  # another KV cache: the graphs point at the old one
@@ -96,8 +100,9 @@ def test_a_failed_capture_turns_graphs_off_with_a_warning():
     graphs, _ = _graphs(failing, warnings=warnings)
     assert graphs.run([1], [0], [[0]], key=0) is None
     assert not graphs.enabled
-    assert warnings == ["CUDA graphs are off (capture failed: operation not permitted when "
-                        "stream is capturing)"]
+    assert warnings == [
+        "CUDA graphs are off (capture failed: operation not permitted when stream is capturing)"
+    ]
     assert graphs.run([1], [0], [[0]], key=0) is None
 
 
@@ -106,8 +111,9 @@ def test_an_engine_replaying_decode_steps_generates_what_an_eager_one_does(tiny_
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     results = []
     for graphed in (False, True):
-        engine = LLMEngine.from_pretrained(str(tiny_llama_dir), EngineConfig(),
-                                           progress=lambda _m: None)
+        engine = LLMEngine.from_pretrained(
+            str(tiny_llama_dir), EngineConfig(), progress=lambda _m: None
+        )
         capture = EagerCapture()
         if graphed:
             engine.runner.use_graphs(capture)

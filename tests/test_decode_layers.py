@@ -23,8 +23,9 @@ def _run(loaded, fmt: str, native: bool, monkeypatch) -> tuple[list, int]:
         eng.model.native_layers = None
     calls = []
     real = NativeLayers.__call__
-    monkeypatch.setattr(NativeLayers, "__call__",
-                        lambda self, *a: calls.append(a[0].shape[0]) or real(self, *a))
+    monkeypatch.setattr(
+        NativeLayers, "__call__", lambda self, *a: calls.append(a[0].shape[0]) or real(self, *a)
+    )
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
     together = eng.generate([list(range(100, 100 + n)) for n in (5, 21, 40)], params)
     alone = eng.generate([list(range(300, 333))], params)
@@ -48,8 +49,32 @@ def test_bad_arguments_are_refused():
     assert ops.available("cpu")
     t = torch.zeros(1)
     op = torch.ops.chatpage.decode_layers
-    with pytest.raises(RuntimeError, match="parts must be 1 .fp32, bf16., 2 .int8. or 3 .int4., got 4"):
+    with pytest.raises(
+        RuntimeError, match="parts must be 1 .fp32, bf16., 2 .int8. or 3 .int4., got 4"
+    ):
         op(t, t, t, t, [], [], [], 4, [t], [t], t, t, t, t, 1e-5, 1.0, t, t, t, t, t, t)
     with pytest.raises(RuntimeError, match="for 1 layers expected 1 value caches, 2 norms"):
-        op(t, t, t, t, [t], [t] * 4, [None] * 4, 1, [t], [t], t, t, t, t, 1e-5, 1.0, t, t, t, t,
-           t, t)
+        op(
+            t,
+            t,
+            t,
+            t,
+            [t],
+            [t] * 4,
+            [None] * 4,
+            1,
+            [t],
+            [t],
+            t,
+            t,
+            t,
+            t,
+            1e-5,
+            1.0,
+            t,
+            t,
+            t,
+            t,
+            t,
+            t,
+        )

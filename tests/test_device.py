@@ -38,8 +38,13 @@ class OnDevice(torch.Tensor):
     @staticmethod
     def __new__(cls, inner: torch.Tensor):
         return torch.Tensor._make_wrapper_subclass(
-            cls, inner.shape, strides=inner.stride(), storage_offset=inner.storage_offset(),
-            dtype=inner.dtype, device=FAKE)
+            cls,
+            inner.shape,
+            strides=inner.stride(),
+            storage_offset=inner.storage_offset(),
+            dtype=inner.dtype,
+            device=FAKE,
+        )
 
     def __init__(self, inner: torch.Tensor) -> None:
         self.inner = inner
@@ -74,8 +79,9 @@ class FakeAccelerator(TorchDispatchMode):
                 self.waits.append(str(func))
             for t in flat:
                 if type(t) is torch.Tensor and t.dim() > 0:
-                    raise DeviceMismatch(f"{func}: a host tensor {tuple(t.shape)} meets device "
-                                         "tensors")
+                    raise DeviceMismatch(
+                        f"{func}: a host tensor {tuple(t.shape)} meets device tensors"
+                    )
 
         def host(x):
             if isinstance(x, OnDevice):
@@ -98,13 +104,19 @@ class FakeFactories(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         device = kwargs.get("device")
-        if func in (torch.tensor, torch.as_tensor) and device is not None \
-                and torch.device(device) == FAKE:
+        if (
+            func in (torch.tensor, torch.as_tensor)
+            and device is not None
+            and torch.device(device) == FAKE
+        ):
             return OnDevice(func(*args, **{**kwargs, "device": "cpu"}))
         gen = kwargs.get("generator")
         flat, _ = tree_flatten((args, kwargs))
-        if gen is not None and any(isinstance(t, OnDevice) for t in flat) \
-                and getattr(gen, "for_device", None) != FAKE:
+        if (
+            gen is not None
+            and any(isinstance(t, OnDevice) for t in flat)
+            and getattr(gen, "for_device", None) != FAKE
+        ):
             raise DeviceMismatch(f"{func}: a generator of another device samples device tensors")
         return func(*args, **kwargs)
 
@@ -148,13 +160,17 @@ def _workload(engine: LLMEngine) -> dict[str, list[list[int]]]:
     long_prompt = list(range(100, 190))
     requests = {
         "greedy": engine.add_request(long_prompt, SamplingParams(temperature=0, max_tokens=12)),
-        "sampled": engine.add_request([5, 6, 7, 8, 9], SamplingParams(
-            temperature=0.8, top_k=40, top_p=0.9, seed=1, max_tokens=10, logprobs=3)),
-        "nucleus": engine.add_request([11, 12, 13], SamplingParams(top_p=0.5, seed=2,
-                                                                   max_tokens=8)),
+        "sampled": engine.add_request(
+            [5, 6, 7, 8, 9],
+            SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=1, max_tokens=10, logprobs=3),
+        ),
+        "nucleus": engine.add_request(
+            [11, 12, 13], SamplingParams(top_p=0.5, seed=2, max_tokens=8)
+        ),
         "n": engine.add_request(list(range(30, 51)), SamplingParams(n=3, seed=3, max_tokens=10)),
-        "beam": engine.add_request(list(range(60, 80)), SamplingParams(beam_width=3,
-                                                                       max_tokens=8, logprobs=2)),
+        "beam": engine.add_request(
+            list(range(60, 80)), SamplingParams(beam_width=3, max_tokens=8, logprobs=2)
+        ),
     }
     done = {}
     outputs = OutputAccumulator()
@@ -174,20 +190,26 @@ def _workload(engine: LLMEngine) -> dict[str, list[list[int]]]:
 
 
 def _config(device: str) -> EngineConfig:
-    return EngineConfig(device=device, kv_cache_bytes=12 * BLOCK_BYTES, preemption_mode="swap",
-                        max_num_batched_tokens=48)
+    return EngineConfig(
+        device=device,
+        kv_cache_bytes=12 * BLOCK_BYTES,
+        preemption_mode="swap",
+        max_num_batched_tokens=48,
+    )
 
 
 @pytest.fixture
 def cpu_outputs(tiny_llama_dir):
-    engine = LLMEngine.from_pretrained(str(tiny_llama_dir), _config("cpu"),
-                                       progress=lambda _m: None)
+    engine = LLMEngine.from_pretrained(
+        str(tiny_llama_dir), _config("cpu"), progress=lambda _m: None
+    )
     return _workload(engine)
 
 
 def test_every_step_stays_on_the_engine_device(tiny_llama_dir, cpu_outputs, fake_accelerator):
-    engine = LLMEngine.from_pretrained(str(tiny_llama_dir), _config("meta"),
-                                       progress=lambda _m: None)
+    engine = LLMEngine.from_pretrained(
+        str(tiny_llama_dir), _config("meta"), progress=lambda _m: None
+    )
     assert isinstance(engine.kv.k[0], OnDevice)
     outputs = _workload(engine)
     assert engine.stats().preemptions_swap > 0, "the workload must swap"
@@ -204,8 +226,10 @@ def test_dense_weights_stream_straight_onto_the_device(tiny_llama_dir, fake_acce
     engine = LLMEngine.from_pretrained(str(tiny_llama_dir), config, progress=lambda _m: None)
     assert engine.plan.device == "meta" and engine.stats().device == "meta"
     ids = torch.tensor([40, 41], device="meta")
-    assert all(isinstance(t, OnDevice) for t in (engine.model.embed(ids), engine.model.norm,
-                                                  engine.model.layers[0].input_norm))
+    assert all(
+        isinstance(t, OnDevice)
+        for t in (engine.model.embed(ids), engine.model.norm, engine.model.layers[0].input_norm)
+    )
     before = fake_accelerator.device_ops
     (out,) = engine.generate([list(range(40, 70))], SamplingParams(temperature=0, max_tokens=6))
     assert len(out.outputs[0].token_ids) == 6 and fake_accelerator.device_ops > before
@@ -217,9 +241,14 @@ def test_sampling_waits_for_the_device_once_per_step(fake_accelerator):
     from chatpage.engine.sampler import make_generator, sample
 
     logits = torch.randn(6, 300, device="meta")
-    params = [SamplingParams(temperature=0), SamplingParams(temperature=0.8, seed=1),
-              SamplingParams(top_k=20, seed=2), SamplingParams(top_p=0.7, seed=3),
-              SamplingParams(top_k=5, top_p=0.9, seed=4), SamplingParams(temperature=0)]
+    params = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.8, seed=1),
+        SamplingParams(top_k=20, seed=2),
+        SamplingParams(top_p=0.7, seed=3),
+        SamplingParams(top_k=5, top_p=0.9, seed=4),
+        SamplingParams(temperature=0),
+    ]
     generators = [make_generator(p.seed, 0, "meta") for p in params]
     fake_accelerator.waits.clear()
     tokens, logprobs, _, failed = sample(logits, params, generators)

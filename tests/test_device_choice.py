@@ -27,26 +27,33 @@ CPU_TORCH = CudaReport("2.13.0+cpu", None, False, ())
 NO_DRIVER = CudaReport("2.13.0", "13.0", False, ())
 NO_GPU = CudaReport("2.13.0", "13.0", True, ())
 ONE_H100 = CudaReport("2.13.0", "13.0", True, ("NVIDIA H100",), (True,))
-TWO_GPUS = CudaReport("2.13.0", "13.0", True, ("NVIDIA H100", "Tesla T4"), (True, False),
-                      int8_kernel=True)
+TWO_GPUS = CudaReport(
+    "2.13.0", "13.0", True, ("NVIDIA H100", "Tesla T4"), (True, False), int8_kernel=True
+)
 
 
-@pytest.mark.parametrize(("report", "device", "why"), [
-    (ONE_H100, "cuda:0", "cuda:0 (NVIDIA H100; auto: the first CUDA GPU)"),
-    (CPU_TORCH, "cpu", "cpu (auto: a CPU-only torch)"),
-    (NO_DRIVER, "cpu", "cpu (auto: no NVIDIA driver)"),
-    (NO_GPU, "cpu", "cpu (auto: torch sees no GPU)"),
-])
+@pytest.mark.parametrize(
+    ("report", "device", "why"),
+    [
+        (ONE_H100, "cuda:0", "cuda:0 (NVIDIA H100; auto: the first CUDA GPU)"),
+        (CPU_TORCH, "cpu", "cpu (auto: a CPU-only torch)"),
+        (NO_DRIVER, "cpu", "cpu (auto: no NVIDIA driver)"),
+        (NO_GPU, "cpu", "cpu (auto: torch sees no GPU)"),
+    ],
+)
 def test_auto_takes_the_first_gpu_else_the_cpu_and_says_why(report, device, why):
     placement = resolve_device("auto", report)
     assert (placement.device, placement.why) == (device, why)
 
 
-@pytest.mark.parametrize(("report", "missing"), [
-    (CPU_TORCH, "this torch (2.13.0+cpu) is a CPU-only build; install torch's CUDA build"),
-    (NO_DRIVER, "has CUDA 13.0 but no NVIDIA driver was found; install the driver"),
-    (NO_GPU, "sees no GPU; check `nvidia-smi` and CUDA_VISIBLE_DEVICES"),
-])
+@pytest.mark.parametrize(
+    ("report", "missing"),
+    [
+        (CPU_TORCH, "this torch (2.13.0+cpu) is a CPU-only build; install torch's CUDA build"),
+        (NO_DRIVER, "has CUDA 13.0 but no NVIDIA driver was found; install the driver"),
+        (NO_GPU, "sees no GPU; check `nvidia-smi` and CUDA_VISIBLE_DEVICES"),
+    ],
+)
 def test_cuda_without_a_gpu_is_one_line_naming_what_is_missing(report, missing):
     for asked in ("cuda", "cuda:0"):
         with pytest.raises(DeviceError) as e:
@@ -73,22 +80,35 @@ def test_this_machine_has_no_gpu():
 
 def test_the_plan_on_the_cpu_is_float32_throughout():
     plan = plan_engine("auto", "auto", "int4", CPU_TORCH)
-    assert (plan.device, plan.dtype, plan.kv_dtype, plan.mm_dtype, plan.weights) == \
-        ("cpu", "float32", "float32", None, "int4")
+    assert (plan.device, plan.dtype, plan.kv_dtype, plan.mm_dtype, plan.weights) == (
+        "cpu",
+        "float32",
+        "float32",
+        None,
+        "int4",
+    )
     assert plan_engine("cpu", "bfloat16", "fp32", ONE_H100).kv_dtype == "bfloat16"
 
 
 def test_the_plan_on_a_gpu():
     # auto: an fp32 residual stream (the fused CUDA ops read it), bf16 KV cache and matmuls
     plan = plan_engine("auto", "auto", "fp32", ONE_H100)
-    assert (plan.device, plan.dtype, plan.kv_dtype, plan.mm_dtype, plan.weights, plan.notes) == \
-        ("cuda:0", "float32", "bfloat16", "bfloat16", "bf16", ())
+    assert (plan.device, plan.dtype, plan.kv_dtype, plan.mm_dtype, plan.weights, plan.notes) == (
+        "cuda:0",
+        "float32",
+        "bfloat16",
+        "bfloat16",
+        "bf16",
+        (),
+    )
     assert plan_engine("cuda", "auto", "int4", ONE_H100).weights == "int4"
     # int8 without torch's CUDA int8 kernel: CPU-only, bf16 instead, said in one line
     plan = plan_engine("cuda", "auto", "int8", ONE_H100)
     assert plan.weights == "bf16"
-    assert plan.notes == ("int8 weights are CPU-only here (this torch has no CUDA kernel for the "
-                          "int8 matmul); using bf16 on the GPU",)
+    assert plan.notes == (
+        "int8 weights are CPU-only here (this torch has no CUDA kernel for the "
+        "int8 matmul); using bf16 on the GPU",
+    )
     assert plan_engine("cuda", "auto", "int8", TWO_GPUS).weights == "int8"
     # a GPU without bf16 (a T4): fp16, and int4 falls back to the dense format
     plan = plan_engine("cuda:1", "auto", "int4", TWO_GPUS)
@@ -96,8 +116,12 @@ def test_the_plan_on_a_gpu():
     assert "int4 weights are CPU-only here" in plan.notes[0]
     # an explicit dtype runs throughout, fp32 weights stay dense in it (the exact comparison)
     plan = plan_engine("cuda", "float32", "fp32", ONE_H100)
-    assert (plan.dtype, plan.kv_dtype, plan.mm_dtype, plan.weights) == \
-        ("float32", "float32", None, "fp32")
+    assert (plan.dtype, plan.kv_dtype, plan.mm_dtype, plan.weights) == (
+        "float32",
+        "float32",
+        None,
+        "fp32",
+    )
 
 
 def test_the_kv_pool_is_what_the_gpu_has_left():
@@ -106,8 +130,9 @@ def test_the_kv_pool_is_what_the_gpu_has_left():
     assert kv_pool_bytes(memory, 0.9, 1 * MiB) == 50 * GiB
     assert kv_pool_bytes(memory, 0.9, 3 * MiB) == (50 * GiB // (3 * MiB)) * 3 * MiB
     assert kv_pool_bytes(memory, 1.0, 1 * MiB) == 58 * GiB
-    with pytest.raises(DeviceError, match="no KV block fits on the GPU: 25% of 81920 MiB, less "
-                                          "20480 MiB in use"):
+    with pytest.raises(
+        DeviceError, match="no KV block fits on the GPU: 25% of 81920 MiB, less 20480 MiB in use"
+    ):
         kv_pool_bytes(memory, 0.25, 1 * MiB)
     with pytest.raises(DeviceError, match=r"gpu_memory_utilization must be in \(0, 1\]"):
         kv_pool_bytes(memory, 1.5, 1 * MiB)
@@ -129,8 +154,10 @@ def test_settings_and_engine_config_carry_the_device(tmp_path):
     path.write_text("device: gpu\ngpu_memory_utilization: 2\n")
     settings, warnings = load_settings(path, {"device": None})
     assert (settings.device, settings.gpu_memory_utilization) == ("auto", 0.9)
-    assert "config.yaml: device = 'gpu' is not valid; expected auto, cpu, cuda or cuda:N" \
+    assert (
+        "config.yaml: device = 'gpu' is not valid; expected auto, cpu, cuda or cuda:N"
         in warnings[0]
+    )
     assert "gpu_memory_utilization = 2 is not valid" in warnings[1]
     with pytest.raises(ValueError, match="EngineConfig.device: unknown device 'tpu'"):
         EngineConfig(device="tpu")
@@ -138,8 +165,11 @@ def test_settings_and_engine_config_carry_the_device(tmp_path):
 
 def test_the_cli_refuses_a_missing_gpu_in_one_line(capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(""))  # `ask` reads piped input as context
-    for argv in (["--device", "cuda"], ["serve", "--device", "cuda:0"],
-                 ["ask", "--device", "cuda", "hello"]):
+    for argv in (
+        ["--device", "cuda"],
+        ["serve", "--device", "cuda:0"],
+        ["ask", "--device", "cuda", "hello"],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0, err

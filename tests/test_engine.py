@@ -32,9 +32,14 @@ def _hf(model_dir):
 @torch.inference_mode()
 def _hf_greedy(hf, prompt: list[int], max_new: int) -> list[int]:
     ids = torch.tensor([prompt])
-    out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
-                      do_sample=False, pad_token_id=2)
-    return out[0, len(prompt):].tolist()
+    out = hf.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new,
+        do_sample=False,
+        pad_token_id=2,
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 @torch.inference_mode()
@@ -42,8 +47,10 @@ def _assert_same_or_near_tie(hf, prompt: list[int], ours: list[int], theirs: lis
     """Equal, or they split at a near-tie (top-2 logit gap < 1e-4) that the test verifies."""
     if ours == theirs:
         return
-    i = next((j for j, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
-             min(len(ours), len(theirs)))
+    i = next(
+        (j for j, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
+        min(len(ours), len(theirs)),
+    )
     assert i < min(len(ours), len(theirs)), f"lengths differ without a token split: {ours} {theirs}"
     logits = hf(torch.tensor([prompt + theirs[:i]])).logits[0, -1]
     top2 = torch.topk(logits, 2).values
@@ -93,10 +100,15 @@ def test_greedy_matches_transformers(kind, tiny_models, hf_reference):
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
 def test_greedy_matches_under_preemption(mode, tiny_models, hf_reference):
     # 24 blocks of 16 tokens: the 14 prompts cannot all run at once
-    engine = LLMEngine.from_pretrained(str(tiny_models["llama"]), EngineConfig(
-        kv_cache_bytes=24 * 16 * 2 * 2 * 2 * 64 * 4, preemption_mode=mode,
-        enable_prefix_caching=False,
-    ), progress=lambda _m: None)
+    engine = LLMEngine.from_pretrained(
+        str(tiny_models["llama"]),
+        EngineConfig(
+            kv_cache_bytes=24 * 16 * 2 * 2 * 2 * 64 * 4,
+            preemption_mode=mode,
+            enable_prefix_caching=False,
+        ),
+        progress=lambda _m: None,
+    )
     assert engine.bm.pool.num_blocks == 24
     prompts = _prompts()
     outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=MAX_NEW))
@@ -113,16 +125,18 @@ def test_prefix_caching_reuses_shared_prefixes(tiny_models, hf_reference):
     shared = [rng.randrange(3, 49152) for _ in range(100)]
     prompts = [shared + [rng.randrange(3, 49152) for _ in range(n)] for n in (1, 5, 20, 40)]
     path = tiny_models["llama"]
-    engine = LLMEngine.from_pretrained(str(path), EngineConfig(kv_cache_bytes=32 << 20),
-                                       progress=lambda _m: None)
+    engine = LLMEngine.from_pretrained(
+        str(path), EngineConfig(kv_cache_bytes=32 << 20), progress=lambda _m: None
+    )
     first = engine.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=MAX_NEW))
     rest = engine.generate(prompts[1:], SamplingParams(temperature=0, max_tokens=MAX_NEW))
     assert engine.stats().prefix_hit_tokens >= 3 * 96  # 6 full blocks of the shared prefix each
     assert all(o.usage.cached_tokens >= 96 for o in rest)
     hf = hf_reference["llama"][0]
     for prompt, out in zip(prompts, first + rest, strict=True):
-        _assert_same_or_near_tie(hf, prompt, out.outputs[0].token_ids,
-                                 _hf_greedy(hf, prompt, MAX_NEW))
+        _assert_same_or_near_tie(
+            hf, prompt, out.outputs[0].token_ids, _hf_greedy(hf, prompt, MAX_NEW)
+        )
     # a second turn reuses the first turn's prompt *and* reply blocks
     turn2 = prompts[0] + first[0].outputs[0].token_ids + [5, 6, 7]
     again = engine.generate([turn2], SamplingParams(temperature=0, max_tokens=4))[0]
@@ -131,27 +145,38 @@ def test_prefix_caching_reuses_shared_prefixes(tiny_models, hf_reference):
 
 
 def test_default_model_chats_match_transformers(default_model_dir):
-    questions = ["What is the capital of France?", "Write a haiku about the sea.",
-                 "List three prime numbers."]
+    questions = [
+        "What is the capital of France?",
+        "Write a haiku about the sea.",
+        "List three prime numbers.",
+    ]
     engine = LLMEngine.from_pretrained(None, EngineConfig(), progress=lambda _m: None)
-    prompts = [render_prompt(engine.tokenizer, [
-        {"role": "system", "content": "You are a helpful assistant."},
-        {"role": "user", "content": q}]) for q in questions]
+    prompts = [
+        render_prompt(
+            engine.tokenizer,
+            [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": q},
+            ],
+        )
+        for q in questions
+    ]
     outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=16))
     assert outs[0].outputs[0].text.startswith("The capital of France is Paris")
     hf = _hf(default_model_dir)
     for prompt, out in zip(prompts, outs, strict=True):
-        _assert_same_or_near_tie(hf, prompt, out.outputs[0].token_ids,
-                                 _hf_greedy(hf, prompt, 16))
+        _assert_same_or_near_tie(hf, prompt, out.outputs[0].token_ids, _hf_greedy(hf, prompt, 16))
     _assert_no_leak(engine)
 
 
 # -- bad input ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_engine(tiny_models):
-    return LLMEngine.from_pretrained(str(tiny_models["llama"]),
-                                     EngineConfig(kv_cache_bytes=40 * 16 * 2 * 2 * 2 * 64 * 4),
-                                     progress=lambda _m: None)
+    return LLMEngine.from_pretrained(
+        str(tiny_models["llama"]),
+        EngineConfig(kv_cache_bytes=40 * 16 * 2 * 2 * 2 * 64 * 4),
+        progress=lambda _m: None,
+    )
 
 
 def test_prompt_over_context_window_is_refused(small_engine):
@@ -164,10 +189,19 @@ def test_request_larger_than_kv_pool_is_refused(small_engine):
         small_engine.add_request([5] * 600, SamplingParams(max_tokens=100))
 
 
-@pytest.mark.parametrize("field,value", [
-    ("temperature", -0.5), ("top_p", 0.0), ("top_p", 1.5), ("n", 0), ("max_tokens", 0),
-    ("top_k", -1), ("beam_width", -2), ("stop", [""]),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("temperature", -0.5),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("n", 0),
+        ("max_tokens", 0),
+        ("top_k", -1),
+        ("beam_width", -2),
+        ("stop", [""]),
+    ],
+)
 def test_invalid_sampling_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"SamplingParams\.{field} must be"):
         SamplingParams(**{field: value})
@@ -180,7 +214,9 @@ def test_abort_unknown_or_finished_is_harmless_and_engine_keeps_serving(small_en
         small_engine.step()
     assert small_engine.abort(rid) is None
     # abort mid-way frees everything
-    rid = small_engine.add_request(list(range(10, 60)), SamplingParams(temperature=0, max_tokens=50))
+    rid = small_engine.add_request(
+        list(range(10, 60)), SamplingParams(temperature=0, max_tokens=50)
+    )
     small_engine.step()
     small_engine.step()
     assert small_engine.stats().blocks_used > 0
@@ -198,7 +234,8 @@ def test_missing_and_unsupported_models_get_clear_errors(tmp_path):
         LLMEngine.from_pretrained(str(tmp_path / "nope"))
     (tmp_path / "gpt2").mkdir()
     (tmp_path / "gpt2" / "config.json").write_text(
-        '{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
+        '{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}'
+    )
     with pytest.raises(ModelLoadError, match=r"unsupported architecture 'GPT2LMHeadModel'.*llama"):
         LLMEngine.from_pretrained(str(tmp_path / "gpt2"))
     (tmp_path / "empty").mkdir()
@@ -216,8 +253,9 @@ def test_no_chat_template_falls_back_with_a_warning(tmp_path, tiny_models):
     cfg = json.loads((d / "tokenizer_config.json").read_text())
     cfg.pop("chat_template", None)
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    engine = LLMEngine.from_pretrained(str(d), EngineConfig(kv_cache_bytes=8 << 20),
-                                       progress=lambda _m: None)
+    engine = LLMEngine.from_pretrained(
+        str(d), EngineConfig(kv_cache_bytes=8 << 20), progress=lambda _m: None
+    )
     assert any("no chat template" in w for w in engine.warnings)
     ids = render_prompt(engine.tokenizer, [{"role": "user", "content": "hi"}])
     assert engine.tokenizer.decode(ids).startswith("User: hi")

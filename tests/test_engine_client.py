@@ -60,8 +60,9 @@ def test_a_template_that_rejects_the_system_role_fails_only_that_request(tiny_ll
     client = _client(model, 32)
     try:
         client.pin_system_prompt("You are terse.")
-        last = _ask(client, [{"role": "system", "content": "Be brief."},
-                             {"role": "user", "content": "hi"}])
+        last = _ask(
+            client, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+        )
         assert last.outputs[0].finish_reason is FinishReason.ERROR
         assert "System role not supported" in last.error
         assert any("System role not supported" in s for s in client.statuses), client.statuses
@@ -100,8 +101,10 @@ def test_a_warning_raised_while_stepping_reaches_the_status_line(tiny_llama_dir)
         assert last.outputs[0].finish_reason is FinishReason.LENGTH
         assert last.outputs[0].num_tokens == 3
         warned = [s for s in client.statuses if s.startswith("warning: ")]
-        assert warned == ["warning: CUDA graphs are off (capture failed: operation not permitted "
-                          "when stream is capturing)"]
+        assert warned == [
+            "warning: CUDA graphs are off (capture failed: operation not permitted "
+            "when stream is capturing)"
+        ]
     finally:
         client.close()
 
@@ -110,8 +113,11 @@ def test_a_cancel_and_a_refused_request_each_end_with_one_explicit_final_update(
     client = _client(tiny_llama_dir, 32)
     try:
         reply = _Reply()
-        rid = client.submit([{"role": "user", "content": "hi"}],
-                            SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=200), reply)
+        rid = client.submit(
+            [{"role": "user", "content": "hi"}],
+            SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=200),
+            reply,
+        )
         while not reply.updates:
             threading.Event().wait(0.01)
         client.cancel(rid)
@@ -123,8 +129,9 @@ def test_a_cancel_and_a_refused_request_each_end_with_one_explicit_final_update(
         sent = len(reply.updates)
 
         refused = _Reply()
-        client.submit([{"role": "user", "content": "word " * 5000}],
-                      SamplingParams(max_tokens=3), refused)
+        client.submit(
+            [{"role": "user", "content": "word " * 5000}], SamplingParams(max_tokens=3), refused
+        )
         assert refused.done.wait(20)
         (final,) = refused.updates
         assert final.outputs[0].finish_reason is FinishReason.ERROR
@@ -175,8 +182,9 @@ def test_a_failed_step_ends_pins_like_requests_and_the_idle_engine_thread_blocks
         before = _cpu_seconds(client._thread)
         time.sleep(1.0)
         assert _cpu_seconds(client._thread) - before < 0.05  # blocked on its queue
-        assert any(s.startswith("engine error: RuntimeError: device lost") for s in
-                   client.statuses), client.statuses
+        assert any(
+            s.startswith("engine error: RuntimeError: device lost") for s in client.statuses
+        ), client.statuses
         broken.clear()
         assert client.error is None  # a failed step is not a broken engine
         last = _ask(client, [{"role": "user", "content": "hi"}])
@@ -194,8 +202,11 @@ def test_a_raising_update_callback_is_logged_and_stops_only_its_request(tiny_lla
         raise KeyError("consumer bug")
 
     try:
-        rid = client.submit([{"role": "user", "content": "hi"}],
-                            SamplingParams(max_tokens=200, ignore_eos=True), broken)
+        rid = client.submit(
+            [{"role": "user", "content": "hi"}],
+            SamplingParams(max_tokens=200, ignore_eos=True),
+            broken,
+        )
         last = _ask(client, [{"role": "user", "content": "hi"}])
         assert last.error is None and last.outputs[0].num_tokens == 3
         deadline = time.monotonic() + 20
@@ -232,11 +243,16 @@ def test_prompts_and_system_prompts_are_tokenized_off_the_engine_thread(tiny_lla
         assert len(threads) >= 3 and set(threads) == {"chatpage-tokenizer"}, threads
         threads.clear()
         huge = _Reply()
-        client.submit([{"role": "user", "content": "x" * (32 * client.max_model_len + 1)}],
-                      SamplingParams(max_tokens=2), huge)
+        client.submit(
+            [{"role": "user", "content": "x" * (32 * client.max_model_len + 1)}],
+            SamplingParams(max_tokens=2),
+            huge,
+        )
         assert huge.done.wait(20)
-        assert huge.out.error.startswith(f"the prompt is {32 * client.max_model_len + 1} "
-                                         "characters, far more than the context window")
+        assert huge.out.error.startswith(
+            f"the prompt is {32 * client.max_model_len + 1} "
+            "characters, far more than the context window"
+        )
         assert threads == []  # refused by its length, never tokenized
     finally:
         client.close()

@@ -16,12 +16,16 @@ BLOCK_BYTES = 16 * 2 * 2 * 2 * 64 * 4  # the tiny Llama: 2 layers, 2 KV heads of
 
 
 def _engine(path, blocks: int, **config) -> LLMEngine:
-    return LLMEngine.from_pretrained(str(path), EngineConfig(kv_cache_bytes=blocks * BLOCK_BYTES,
-                                                             **config), progress=lambda _m: None)
+    return LLMEngine.from_pretrained(
+        str(path),
+        EngineConfig(kv_cache_bytes=blocks * BLOCK_BYTES, **config),
+        progress=lambda _m: None,
+    )
 
 
-def _drain(engine: LLMEngine, limit: int = 400, outputs: OutputAccumulator | None = None
-           ) -> dict[str, RequestOutput]:
+def _drain(
+    engine: LLMEngine, limit: int = 400, outputs: OutputAccumulator | None = None
+) -> dict[str, RequestOutput]:
     """Step until nothing is left, folding the updates into ``outputs`` (a new accumulator by
     default); fails if that takes more than ``limit`` steps."""
     done: dict[str, RequestOutput] = {}
@@ -49,8 +53,9 @@ def _greedy(max_tokens: int) -> SamplingParams:
 def test_beam_search_ends_when_every_candidate_is_an_end_token(tiny_llama_dir):
     engine = _engine(tiny_llama_dir, 32)
     every_token = list(range(engine.model.vocab_size))
-    rid = engine.add_request([5, 6, 7, 8], SamplingParams(beam_width=2, max_tokens=8,
-                                                          stop_token_ids=every_token))
+    rid = engine.add_request(
+        [5, 6, 7, 8], SamplingParams(beam_width=2, max_tokens=8, stop_token_ids=every_token)
+    )
     out = _drain(engine, limit=10)[rid]
     assert [len(c.token_ids) for c in out.outputs] == [1, 1]
     assert all(c.finish_reason == "stop" for c in out.outputs)
@@ -107,8 +112,13 @@ def test_swap_shares_blocks_held_by_others_instead_of_copying_them(tiny_llama_di
 
 
 def test_swap_in_resumes_a_chunked_prefill(tiny_llama_dir):
-    engine = _engine(tiny_llama_dir, 12, preemption_mode="swap", max_num_batched_tokens=32,
-                     enable_prefix_caching=False)
+    engine = _engine(
+        tiny_llama_dir,
+        12,
+        preemption_mode="swap",
+        max_num_batched_tokens=32,
+        enable_prefix_caching=False,
+    )
     first = engine.add_request(list(range(100, 193)), _greedy(30))
     for _ in range(4):
         engine.step()

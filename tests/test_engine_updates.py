@@ -24,12 +24,14 @@ PROMPT = list(range(100, 124))
 
 @pytest.fixture(scope="module")
 def tiny(tiny_llama_dir) -> LLMEngine:
-    return LLMEngine.from_pretrained(str(tiny_llama_dir), EngineConfig(kv_cache_bytes=16 << 20),
-                                     progress=lambda _m: None)
+    return LLMEngine.from_pretrained(
+        str(tiny_llama_dir), EngineConfig(kv_cache_bytes=16 << 20), progress=lambda _m: None
+    )
 
 
-def _stream(engine: LLMEngine, params: SamplingParams, prompt: list[int] = PROMPT
-            ) -> list[RequestUpdate]:
+def _stream(
+    engine: LLMEngine, params: SamplingParams, prompt: list[int] = PROMPT
+) -> list[RequestUpdate]:
     """Every update of one request, checking there is one per step and the last is final."""
     rid = engine.add_request(prompt, params)
     updates: list[RequestUpdate] = []
@@ -59,12 +61,16 @@ def _joined(updates: list[RequestUpdate]) -> dict[int, dict]:
     return outs
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0, max_tokens=16),
-    SamplingParams(temperature=0, max_tokens=12, logprobs=2),
-    SamplingParams(n=3, temperature=1.0, seed=4, max_tokens=12, logprobs=0),
-    SamplingParams(beam_width=3, max_tokens=8, logprobs=1),
-], ids=["plain", "logprobs", "n", "beam"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0, max_tokens=16),
+        SamplingParams(temperature=0, max_tokens=12, logprobs=2),
+        SamplingParams(n=3, temperature=1.0, seed=4, max_tokens=12, logprobs=0),
+        SamplingParams(beam_width=3, max_tokens=8, logprobs=1),
+    ],
+    ids=["plain", "logprobs", "n", "beam"],
+)
 def test_streamed_deltas_join_into_the_generated_outputs(tiny, params):
     joined = _joined(_stream(tiny, params))
     (whole,) = tiny.generate([PROMPT], params)
@@ -80,13 +86,17 @@ def test_streamed_deltas_join_into_the_generated_outputs(tiny, params):
 
 
 def test_plain_and_sampled_deltas_only_append(tiny):
-    for params in (SamplingParams(temperature=0, max_tokens=10),
-                   SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=10)):
+    for params in (
+        SamplingParams(temperature=0, max_tokens=10),
+        SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=10),
+    ):
         updates = _stream(tiny, params)
         assert not any(d.rewrite for u in updates for d in u.outputs)
         # each token is sent once: the new ones of the step
-        assert sum(d.num_tokens for u in updates for d in u.outputs) == \
-            updates[-1].usage.completion_tokens
+        assert (
+            sum(d.num_tokens for u in updates for d in u.outputs)
+            == updates[-1].usage.completion_tokens
+        )
 
 
 def test_beams_stream_as_rewrites_and_end_with_the_hypotheses(tiny):
@@ -113,15 +123,19 @@ def test_a_stop_string_is_cut_and_never_shown_in_part(tiny):
     shown = ""
     for u in updates:  # at no step does any part of the stop string show
         shown += "".join(d.text for d in u.outputs)
-        assert stop[0] not in shown[len(cut):] and shown == cut[: len(shown)]
+        assert stop[0] not in shown[len(cut) :] and shown == cut[: len(shown)]
     assert tiny.generate([PROMPT], params)[0].outputs[0].text == cut
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0, max_tokens=40),
-    SamplingParams(n=2, temperature=1.0, seed=2, max_tokens=40),
-    SamplingParams(beam_width=2, max_tokens=40),
-], ids=["plain", "n", "beam"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0, max_tokens=40),
+        SamplingParams(n=2, temperature=1.0, seed=2, max_tokens=40),
+        SamplingParams(beam_width=2, max_tokens=40),
+    ],
+    ids=["plain", "n", "beam"],
+)
 def test_a_cancel_ends_with_one_explicit_final_update(tiny, params):
     rid = tiny.add_request(PROMPT, params)
     seen: list[RequestUpdate] = []
@@ -130,8 +144,10 @@ def test_a_cancel_ends_with_one_explicit_final_update(tiny, params):
     final = tiny.abort(rid)
     assert final is not None and final.finished and final.error is None
     assert [d.index for d in final.outputs] == list(range(params.width))
-    assert all(d.finish_reason is FinishReason.ABORT and d.text == "" and not d.token_ids
-               for d in final.outputs)
+    assert all(
+        d.finish_reason is FinishReason.ABORT and d.text == "" and not d.token_ids
+        for d in final.outputs
+    )
     assert final.usage.prompt_tokens == len(PROMPT)
     assert tiny.abort(rid) is None  # once
     while tiny.has_unfinished():
@@ -141,11 +157,10 @@ def test_a_cancel_ends_with_one_explicit_final_update(tiny, params):
 
 def test_a_request_squeezed_out_by_a_pin_ends_with_one_error_update(tiny_llama_dir):
     block_bytes = 16 * 2 * 2 * 2 * 64 * 4  # the tiny Llama: 2 layers, 2 KV heads of 64, fp32
-    engine = LLMEngine.from_pretrained(str(tiny_llama_dir),
-                                       EngineConfig(kv_cache_bytes=12 * block_bytes),
-                                       progress=lambda _m: None)
-    rid = engine.add_request(list(range(100, 116)), SamplingParams(temperature=0,
-                                                                   max_tokens=150))
+    engine = LLMEngine.from_pretrained(
+        str(tiny_llama_dir), EngineConfig(kv_cache_bytes=12 * block_bytes), progress=lambda _m: None
+    )
+    rid = engine.add_request(list(range(100, 116)), SamplingParams(temperature=0, max_tokens=150))
     updates = [u for u in engine.step() if u.request_id == rid]
     engine.pin_prefix(list(range(200, 248)))  # 3 blocks pinned from now on: 9 left, 11 needed
     while engine.has_unfinished():
@@ -158,10 +173,11 @@ def test_a_request_squeezed_out_by_a_pin_ends_with_one_error_update(tiny_llama_d
 
 
 def test_a_long_prompt_reports_its_prefill_chunk_by_chunk(tiny_llama_dir):
-    engine = LLMEngine.from_pretrained(str(tiny_llama_dir),
-                                       EngineConfig(kv_cache_bytes=16 << 20,
-                                                    max_num_batched_tokens=32),
-                                       progress=lambda _m: None)
+    engine = LLMEngine.from_pretrained(
+        str(tiny_llama_dir),
+        EngineConfig(kv_cache_bytes=16 << 20, max_num_batched_tokens=32),
+        progress=lambda _m: None,
+    )
     prompt = list(range(100, 200))  # 100 tokens: 4 chunks of at most 32
     updates = _stream(engine, SamplingParams(temperature=0, max_tokens=2), prompt)
     before_first = [u for u in updates if not u.outputs]

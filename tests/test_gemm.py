@@ -31,10 +31,18 @@ def test_the_gemms_match_the_reference(case):
 
 def test_the_avx2_build_matches_the_reference(tmp_path):
     """The same checks against a build without AVX-512 (vec.h's eight-lane paths)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     cache = ops.cache_root() / "avx2"  # kept between runs: the build takes a minute or more
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "gemm_checks.py"), str(cache)],
-                          capture_output=True, text=True, timeout=900, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "gemm_checks.py"), str(cache)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-2:] == [str(len(CASES)), "passed"]
 
@@ -49,5 +57,6 @@ def test_bad_arguments_are_refused():
     with pytest.raises(RuntimeError, match="gemm_int8: scales must be bfloat16"):
         lib.gemm_int8(x, torch.zeros(4, 64, dtype=torch.int8), torch.ones(3, dtype=BF16), None)
     with pytest.raises(RuntimeError, match="gemm_int4: scales and zeros must be contiguous"):
-        lib.gemm_int4(x, torch.zeros(4, 32, dtype=torch.uint8), torch.ones(4, 1), torch.ones(4, 1),
-                      None)
+        lib.gemm_int4(
+            x, torch.zeros(4, 32, dtype=torch.uint8), torch.ones(4, 1), torch.ones(4, 1), None
+        )

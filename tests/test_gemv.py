@@ -87,11 +87,13 @@ def test_bad_arguments_are_refused():
     with pytest.raises(RuntimeError, match="gemv_bf16: weight must be bfloat16"):
         LIB.gemv_bf16(x, torch.randn(4, 64), None)
     with pytest.raises(RuntimeError, match="scales and zeros must be contiguous bfloat16"):
-        LIB.gemv_int4(x, torch.zeros(4, 32, dtype=torch.uint8), torch.ones(4, 1), torch.ones(4, 1),
-                      None)
+        LIB.gemv_int4(
+            x, torch.zeros(4, 32, dtype=torch.uint8), torch.ones(4, 1), torch.ones(4, 1), None
+        )
     with pytest.raises(RuntimeError, match="one value per output row"):
-        LIB.gemv_int8(x, torch.zeros(4, 64, dtype=torch.int8), torch.ones(4, dtype=BF16),
-                      torch.ones(3))
+        LIB.gemv_int8(
+            x, torch.zeros(4, 64, dtype=torch.int8), torch.ones(4, dtype=BF16), torch.ones(3)
+        )
 
 
 @pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4"])
@@ -105,8 +107,10 @@ def test_make_linear_agrees_below_and_above_the_cut_overs(fmt):
         state = pack_int4(*quantize_int4(w), "m")
         parts = [state["m.q4"], state["m.scales"], state["m.zeros"]]
     elif fmt == "int8":
-        state = {"m.qweight": torch.randint(-127, 128, (n, k), dtype=torch.int8),
-                 "m.scales": (torch.rand(n) / 100).to(BF16)}
+        state = {
+            "m.qweight": torch.randint(-127, 128, (n, k), dtype=torch.int8),
+            "m.scales": (torch.rand(n) / 100).to(BF16),
+        }
         parts = [state["m.qweight"], state["m.scales"]]
     else:
         state = {"m.weight": w.to(BF16) if fmt == "bf16" else w}
@@ -119,8 +123,9 @@ def test_make_linear_agrees_below_and_above_the_cut_overs(fmt):
     one_by_one = torch.cat([linear(x[i : i + 1]) for i in range(x.shape[0])])
     tol = 1e-4 if fmt == "fp32" else 2e-2
     for rows in sorted({GEMV_ROWS[fmt] + 1, GEMM_ROWS.get(fmt, x.shape[0]), x.shape[0]}):
-        torch.testing.assert_close(linear(x[:rows]).float(), one_by_one[:rows].float(),
-                                   rtol=tol, atol=tol)
+        torch.testing.assert_close(
+            linear(x[:rows]).float(), one_by_one[:rows].float(), rtol=tol, atol=tol
+        )
     if fmt in GEMM_ROWS:  # from GEMM_ROWS on it is the GEMM itself
         bias = state["m.bias"].to(dtype if fmt == "bf16" else F32)
         gemm = getattr(LIB, f"gemm_{fmt}")

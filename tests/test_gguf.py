@@ -22,8 +22,15 @@ HIDDEN, FFN, HEADS, KV_HEADS = 256, 512, 4, 2  # K-quant rows need inputs in mul
 SPECIALS = ["<|im_start|>", "<|im_end|>"]
 MERGED = "\u0120t"  # " t" in byte-level symbols: the one merge of the test vocabulary
 # where each type the numpy quantizer lacks keeps its fp16 scales (ggml's block structs)
-SCALE_OFFSETS = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2),
-                 Q.Q6_K: (208,), Q.IQ4_NL: (0,), Q.IQ4_XS: (0,)}
+SCALE_OFFSETS = {
+    Q.Q2_K: (80, 82),
+    Q.Q3_K: (108,),
+    Q.Q4_K: (0, 2),
+    Q.Q5_K: (0, 2),
+    Q.Q6_K: (208,),
+    Q.IQ4_NL: (0,),
+    Q.IQ4_XS: (0,),
+}
 ALL_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, *SCALE_OFFSETS]
 
 
@@ -39,12 +46,17 @@ def _stored(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> np.ndar
     blocks = rng.integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
     for at in SCALE_OFFSETS[qtype]:
         scales = (rng.uniform(1e-4, 1e-2, len(blocks))).astype(np.float16)
-        blocks[:, at:at + 2] = scales.view(np.uint8).reshape(-1, 2)
+        blocks[:, at : at + 2] = scales.view(np.uint8).reshape(-1, 2)
     return blocks.reshape(rows, -1)
 
 
-def write_gguf(path: Path, qtype: Q = Q.Q8_0, arch: str = "qwen2", seed: int = 0,
-               extra: dict[str, tuple[np.ndarray, Q]] | None = None) -> Path:
+def write_gguf(
+    path: Path,
+    qtype: Q = Q.Q8_0,
+    arch: str = "qwen2",
+    seed: int = 0,
+    extra: dict[str, tuple[np.ndarray, Q]] | None = None,
+) -> Path:
     """A one-layer random model of ``arch`` with every matmul weight in ``qtype`` and a small
     byte-level vocabulary (the 256 byte symbols, one merge and two special tokens)."""
     rng = np.random.default_rng(seed)
@@ -66,14 +78,21 @@ def write_gguf(path: Path, qtype: Q = Q.Q8_0, arch: str = "qwen2", seed: int = 0
     w.add_token_merges([" ".join(MERGED)])
     w.add_bos_token_id(len(tokens) - 2)
     w.add_eos_token_id(len(tokens) - 1)
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>"
-                        "{% endfor %}")
+    w.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+    )
     d = HIDDEN // HEADS
-    shapes = {"token_embd": (len(tokens), HIDDEN), "output": (len(tokens), HIDDEN),
-              "blk.0.attn_q": (HIDDEN, HIDDEN), "blk.0.attn_k": (KV_HEADS * d, HIDDEN),
-              "blk.0.attn_v": (KV_HEADS * d, HIDDEN), "blk.0.attn_output": (HIDDEN, HIDDEN),
-              "blk.0.ffn_gate": (FFN, HIDDEN), "blk.0.ffn_up": (FFN, HIDDEN),
-              "blk.0.ffn_down": (HIDDEN, FFN)}
+    shapes = {
+        "token_embd": (len(tokens), HIDDEN),
+        "output": (len(tokens), HIDDEN),
+        "blk.0.attn_q": (HIDDEN, HIDDEN),
+        "blk.0.attn_k": (KV_HEADS * d, HIDDEN),
+        "blk.0.attn_v": (KV_HEADS * d, HIDDEN),
+        "blk.0.attn_output": (HIDDEN, HIDDEN),
+        "blk.0.ffn_gate": (FFN, HIDDEN),
+        "blk.0.ffn_up": (FFN, HIDDEN),
+        "blk.0.ffn_down": (HIDDEN, FFN),
+    }
     for name, (rows, cols) in shapes.items():
         w.add_tensor(f"{name}.weight", _stored(rng, rows, cols, qtype), raw_dtype=qtype)
     for name in ("output_norm", "blk.0.attn_norm", "blk.0.ffn_norm"):
@@ -91,7 +110,8 @@ def write_gguf(path: Path, qtype: Q = Q.Q8_0, arch: str = "qwen2", seed: int = 0
 
 def test_the_type_table_is_ggmls():
     assert {Q(t).name: (b, s) for t, (_, b, s) in TENSOR_TYPES.items()} == {
-        t.name: gguf.GGML_QUANT_SIZES[t] for t in ALL_TYPES}
+        t.name: gguf.GGML_QUANT_SIZES[t] for t in ALL_TYPES
+    }
 
 
 def test_the_header_reads_as_gguf_py_reads_it(tmp_path):
@@ -104,8 +124,11 @@ def test_the_header_reads_as_gguf_py_reads_it(tmp_path):
     assert len(ours.tensors) == len(theirs.tensors)
     for t in theirs.tensors:
         info = ours.tensors[t.name]
-        assert (info.shape, info.type_id, info.nbytes) == (tuple(reversed(t.shape.tolist())),
-                                                            t.tensor_type, t.n_bytes)
+        assert (info.shape, info.type_id, info.nbytes) == (
+            tuple(reversed(t.shape.tolist())),
+            t.tensor_type,
+            t.n_bytes,
+        )
         if t.n_bytes < 1 << 20:
             assert np.array_equal(ours.raw(t.name).reshape(-1), t.data.reshape(-1).view(np.uint8))
 
@@ -152,8 +175,9 @@ print("transformers" in sys.modules)
 
 
 def _refusal(path: Path) -> list[str]:
-    done = subprocess.run([sys.executable, "-c", PROBE, str(path)], capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(path)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip().splitlines()
 
@@ -188,11 +212,14 @@ def test_a_cached_gguf_start_reads_the_tokenizer_without_transformers(tmp_path):
     first = load_model(path, progress=lambda _m: None, weights="int4")
     cached = gguf_cache_dir(path)
     assert json.loads((cached / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
-    probe = ("import sys; from chatpage.engine.loader import load_model; "
-             "m = load_model(sys.argv[1], progress=lambda _m: None, weights='int4'); "
-             "print(m.tokenizer.encode('hi there'), 'transformers' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True,
-                          text=True, timeout=120)
+    probe = (
+        "import sys; from chatpage.engine.loader import load_model; "
+        "m = load_model(sys.argv[1], progress=lambda _m: None, weights='int4'); "
+        "print(m.tokenizer.encode('hi there'), 'transformers' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(path)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("]")[1].strip() == "False"
     assert done.stdout.split("]")[0] + "]" == str(first.tokenizer.encode("hi there"))

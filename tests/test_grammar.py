@@ -15,11 +15,16 @@ from chatpage.engine.reasoning import ReasoningFormat, reasoning_format
 from chatpage.engine.sampling_params import GrammarKind, Structured
 from chatpage.vocab import FinishReason
 
-SCHEMA = {"type": "object", "properties": {
-    "color": {"enum": ["red", "green", "blue"]},
-    "count": {"type": "integer", "minimum": 0, "maximum": 99},
-    "ok": {"type": "boolean"}}, "required": ["color", "count", "ok"],
-    "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "color": {"enum": ["red", "green", "blue"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 99},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["color", "count", "ok"],
+    "additionalProperties": False,
+}
 JSON = Structured(GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA))
 
 
@@ -36,11 +41,15 @@ def _valid(text: str) -> None:
     jsonschema.validate(json.loads(text), SCHEMA)
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=1.0, seed=3, n=3, max_tokens=60, structured=JSON),
-    SamplingParams(beam_width=2, temperature=0, max_tokens=60, structured=JSON),
-    SamplingParams(temperature=0, max_tokens=60, structured=JSON),
-], ids=["n3", "beam2", "greedy"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0, seed=3, n=3, max_tokens=60, structured=JSON),
+        SamplingParams(beam_width=2, temperature=0, max_tokens=60, structured=JSON),
+        SamplingParams(temperature=0, max_tokens=60, structured=JSON),
+    ],
+    ids=["n3", "beam2", "greedy"],
+)
 def test_every_output_follows_the_schema(engine, params):
     (out,) = engine.generate([_prompt(engine)], params)
     assert len(out.outputs) == params.width
@@ -54,10 +63,12 @@ def test_every_output_follows_the_schema(engine, params):
 def test_a_grammar_is_compiled_once_and_each_sequence_has_its_own_matcher(engine):
     before = engine.grammars.compiles
     spec = Structured(GrammarKind.REGEX, "(yes|no) [0-9]{2}")
-    engine.generate([_prompt(engine)] * 2, SamplingParams(temperature=0, max_tokens=20,
-                                                          structured=spec))
-    engine.generate([_prompt(engine)], SamplingParams(temperature=1, seed=1, max_tokens=20,
-                                                      structured=spec))
+    engine.generate(
+        [_prompt(engine)] * 2, SamplingParams(temperature=0, max_tokens=20, structured=spec)
+    )
+    engine.generate(
+        [_prompt(engine)], SamplingParams(temperature=1, seed=1, max_tokens=20, structured=spec)
+    )
     assert engine.grammars.compiles == before + 1
 
 
@@ -77,18 +88,22 @@ def test_a_fork_moves_on_independently_of_its_parent(engine):
 
 def test_an_unfinished_structure_ends_at_max_tokens_as_length(engine):
     spec = Structured(GrammarKind.REGEX, "a[a-z]{40}")
-    (out,) = engine.generate([_prompt(engine)], SamplingParams(temperature=0, max_tokens=5,
-                                                               structured=spec))
+    (out,) = engine.generate(
+        [_prompt(engine)], SamplingParams(temperature=0, max_tokens=5, structured=spec)
+    )
     assert out.outputs[0].finish_reason is FinishReason.LENGTH
     assert out.outputs[0].text.startswith("a")
 
 
-@pytest.mark.parametrize(("spec", "words"), [
-    (Structured(GrammarKind.JSON_SCHEMA, '{"type": "strin"}'), "strin"),
-    (Structured(GrammarKind.REGEX, "a(b"), "unclosed group"),
-    (Structured(GrammarKind.CHOICE, "[]"), "non-empty list"),
-    (Structured(GrammarKind.GRAMMAR, "start: foo"), "foo"),
-])
+@pytest.mark.parametrize(
+    ("spec", "words"),
+    [
+        (Structured(GrammarKind.JSON_SCHEMA, '{"type": "strin"}'), "strin"),
+        (Structured(GrammarKind.REGEX, "a(b"), "unclosed group"),
+        (Structured(GrammarKind.CHOICE, "[]"), "non-empty list"),
+        (Structured(GrammarKind.GRAMMAR, "start: foo"), "foo"),
+    ],
+)
 def test_bad_grammars_are_refused_naming_the_problem(engine, spec, words):
     with pytest.raises(ValueError, match=words):
         grammar_text(spec)
@@ -99,14 +114,18 @@ def test_bad_grammars_are_refused_naming_the_problem(engine, spec, words):
 
 def test_logit_bias_forces_and_forbids_tokens(engine):
     prompt = _prompt(engine)
-    (free,) = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=4,
-                                                       ignore_eos=True))
+    (free,) = engine.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    )
     first = free.outputs[0].token_ids[0]
-    (banned,) = engine.generate([prompt], SamplingParams(
-        temperature=0, max_tokens=4, ignore_eos=True, logit_bias={first: -100}))
+    (banned,) = engine.generate(
+        [prompt],
+        SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logit_bias={first: -100}),
+    )
     assert first not in banned.outputs[0].token_ids[:1]
-    (forced,) = engine.generate([prompt], SamplingParams(
-        temperature=0, max_tokens=3, ignore_eos=True, logit_bias={42: 100}))
+    (forced,) = engine.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logit_bias={42: 100})
+    )
     assert forced.outputs[0].token_ids == [42, 42, 42]
 
 
@@ -123,7 +142,7 @@ def test_thinking_splits_streamed_and_whole_alike():
     text = "<think>Let me see.</think>\n\nParis."
     assert fmt.split(text) == ("Let me see.", "Paris.")
     splitter = fmt.splitter()
-    parts = [splitter.feed(text[i:i + 3]) for i in range(0, len(text), 3)]
+    parts = [splitter.feed(text[i : i + 3]) for i in range(0, len(text), 3)]
     parts.append(splitter.feed("", final=True))
     assert ("".join(p[0] for p in parts), "".join(p[1] for p in parts)) == fmt.split(text)
     # a generation prompt that opens the thinking: the reply starts inside it

@@ -36,8 +36,15 @@ DEVICE = "cpu"
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("gqa", [1, 3, 4, 8])
 def test_decode_batch(block_size, head_dim, gqa):
-    check_paged_attention(DEVICE, LENGTHS, [1] * len(LENGTHS), block_size=block_size,
-                          head_dim=head_dim, num_kv_heads=2, num_q_heads=2 * gqa)
+    check_paged_attention(
+        DEVICE,
+        LENGTHS,
+        [1] * len(LENGTHS),
+        block_size=block_size,
+        head_dim=head_dim,
+        num_kv_heads=2,
+        num_q_heads=2 * gqa,
+    )
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 32])
@@ -46,14 +53,22 @@ def test_mixed_prefill_and_decode(block_size, gqa):
     # a fresh prompt, a prompt over a cached prefix, decodes, and a sequence with no query
     seq_lens = [1037, 40, 300, 5, 64, 12]
     q_lens = [1, 40, 120, 1, 17, 0]
-    check_paged_attention(DEVICE, seq_lens, q_lens, block_size=block_size, num_kv_heads=3,
-                          num_q_heads=3 * gqa, seed=block_size + gqa)
+    check_paged_attention(
+        DEVICE,
+        seq_lens,
+        q_lens,
+        block_size=block_size,
+        num_kv_heads=3,
+        num_q_heads=3 * gqa,
+        seed=block_size + gqa,
+    )
 
 
 @pytest.mark.parametrize("head_dim", [80, 96])
 def test_other_head_dims(head_dim):
-    check_paged_attention(DEVICE, [300, 17, 2], [30, 1, 1], head_dim=head_dim, num_kv_heads=2,
-                          num_q_heads=8)
+    check_paged_attention(
+        DEVICE, [300, 17, 2], [30, 1, 1], head_dim=head_dim, num_kv_heads=2, num_q_heads=8
+    )
 
 
 def test_runtime_head_dim():
@@ -88,15 +103,25 @@ def test_half_precision_caches(dtype):
 
 def test_bf16_cache_fp32_query():
     # the reference upcasts K/V to the query's fp32: the kernel must agree to fp32 precision
-    check_paged_attention(DEVICE, [600, 20], [1, 20], dtype=torch.bfloat16, query_dtype=torch.float32)
+    check_paged_attention(
+        DEVICE, [600, 20], [1, 20], dtype=torch.bfloat16, query_dtype=torch.float32
+    )
 
 
 def test_rows_past_the_batch_are_left_alone():
     pb = make_paged_batch([50, 9], [1, 2])
     query = torch.cat([pb.query, torch.randn(3, *pb.query.shape[1:])])
     out = torch.full_like(query, 7.0)
-    native("paged_attention")(out, query, pb.k_cache, pb.v_cache, pb.block_tables, pb.seq_lens,
-                              pb.query_start_loc, pb.scale)
+    native("paged_attention")(
+        out,
+        query,
+        pb.k_cache,
+        pb.v_cache,
+        pb.block_tables,
+        pb.seq_lens,
+        pb.query_start_loc,
+        pb.scale,
+    )
     assert torch.equal(out[3:], torch.full_like(out[3:], 7.0))
     assert torch.isfinite(out[:3]).all()
 
@@ -146,8 +171,13 @@ def test_native_ops_are_the_ones_used(monkeypatch):
     pb = make_paged_batch([20, 3], [4, 1])
     out = torch.empty_like(pb.query)
     attention.paged_attention(*pb.args(out))
-    attention.write_kv(pb.query[:, :3], pb.query[:, 3:6], pb.k_cache, pb.v_cache,
-                       torch.arange(5, dtype=torch.int64))
+    attention.write_kv(
+        pb.query[:, :3],
+        pb.query[:, 3:6],
+        pb.k_cache,
+        pb.v_cache,
+        torch.arange(5, dtype=torch.int64),
+    )
     pairs = torch.tensor([[0, 2]])
     attention.copy_blocks([pb.k_cache, pb.v_cache], pairs)
     attention.swap_blocks(pb.k_cache, pb.v_cache, pairs)
@@ -194,8 +224,13 @@ def test_build_error_falls_back_with_one_line(tmp_path):
     csrc = tmp_path / "csrc"
     (csrc / "cpu").mkdir(parents=True)
     (csrc / "ops.cpp").write_text('#include "no_such_header.h"\n')
-    proc = subprocess.run([sys.executable, "-c", BUILD_FAILURE_SCRIPT, str(csrc), str(tmp_path / "cache")],
-                          capture_output=True, text=True, timeout=120, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", BUILD_FAILURE_SCRIPT, str(csrc), str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     loaded, status, count, first, last = proc.stdout.splitlines()
     assert loaded == "False False"  # and no exception
     assert status.startswith("reference: build failed: ") and "no_such_header.h" in status
@@ -240,7 +275,9 @@ def test_loading_is_once_and_thread_safe():
 
     loader = ops.KernelLoader()
     results = []
-    threads = [threading.Thread(target=lambda: results.append(loader.available("cpu"))) for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: results.append(loader.available("cpu"))) for _ in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -252,8 +289,15 @@ def test_bench_case_reports_all_timings():
     from chatpage.bench import kernel
 
     case = kernel._case(1, 128, False, torch.device("cpu"), repeats=5, budget_s=0.1)
-    assert case.keys() >= {"batch", "context", "paged_ms", "contiguous_sdpa_ms", "gather_sdpa_ms",
-                           "ratio_vs_contiguous", "speedup_vs_gather"}
+    assert case.keys() >= {
+        "batch",
+        "context",
+        "paged_ms",
+        "contiguous_sdpa_ms",
+        "gather_sdpa_ms",
+        "ratio_vs_contiguous",
+        "speedup_vs_gather",
+    }
     assert case["paged_ms"] > 0 and case["contiguous_sdpa_ms"] > 0 and case["gather_sdpa_ms"] > 0
     goals = kernel._goals([{**case, "batch": 32, "context": 512}])
     assert goals["ratio_vs_contiguous_b32_ctx512"] == case["ratio_vs_contiguous"]

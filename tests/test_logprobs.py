@@ -16,8 +16,9 @@ PROMPT = [random.Random(5).randrange(3, 49152) for _ in range(29)]
 
 @pytest.fixture(scope="module")
 def tiny(tiny_llama_dir):
-    return LLMEngine.from_pretrained(str(tiny_llama_dir), EngineConfig(kv_cache_bytes=32 << 20),
-                                     progress=lambda _m: None)
+    return LLMEngine.from_pretrained(
+        str(tiny_llama_dir), EngineConfig(kv_cache_bytes=32 << 20), progress=lambda _m: None
+    )
 
 
 @pytest.fixture(scope="module")
@@ -31,13 +32,14 @@ def tiny_hf(tiny_llama_dir):
 def _reference(hf, c: CompletionOutput) -> torch.Tensor:
     """log_softmax of transformers' logits at each step that generated one of ``c``'s tokens."""
     logits = hf(torch.tensor([PROMPT + c.token_ids])).logits[0].float()
-    return torch.log_softmax(logits, dim=-1)[len(PROMPT) - 1: len(PROMPT) - 1 + len(c.token_ids)]
+    return torch.log_softmax(logits, dim=-1)[len(PROMPT) - 1 : len(PROMPT) - 1 + len(c.token_ids)]
 
 
 def _assert_top_matches(c: CompletionOutput, ref: torch.Tensor, count: int) -> None:
     assert c.top_logprobs is not None and len(c.top_logprobs) == len(c.token_ids)
-    for step, (top, tok, lp) in enumerate(zip(c.top_logprobs, c.token_ids, c.logprobs,
-                                              strict=True)):
+    for step, (top, tok, lp) in enumerate(
+        zip(c.top_logprobs, c.token_ids, c.logprobs, strict=True)
+    ):
         values, ids = torch.topk(ref[step], count)
         assert list(top) == ids.tolist(), f"step {step}: not transformers' top {count}"
         assert list(top.values()) == pytest.approx(values.tolist(), abs=1e-4)
@@ -62,8 +64,11 @@ def test_sampled_forks_carry_their_own_top_logprobs(tiny, tiny_hf):
     a request that did not ask, in the same batch, gets no alternatives."""
     asking, plain = tiny.generate(
         [PROMPT, PROMPT[:-3]],
-        [SamplingParams(n=3, temperature=1.3, top_k=50, seed=4, max_tokens=10, logprobs=3),
-         SamplingParams(temperature=1.0, seed=1, max_tokens=10)])
+        [
+            SamplingParams(n=3, temperature=1.3, top_k=50, seed=4, max_tokens=10, logprobs=3),
+            SamplingParams(temperature=1.0, seed=1, max_tokens=10),
+        ],
+    )
     assert len({tuple(c.token_ids) for c in asking.outputs}) > 1
     for c in asking.outputs:
         _assert_top_matches(c, _reference(tiny_hf, c), 3)
@@ -72,8 +77,9 @@ def test_sampled_forks_carry_their_own_top_logprobs(tiny, tiny_hf):
 
 @pytest.mark.parametrize("flag", [0, True])
 def test_logprobs_zero_is_the_sampled_token_only(tiny, flag):
-    c = tiny.generate([PROMPT], SamplingParams(temperature=0, max_tokens=4, logprobs=flag))[0] \
-        .outputs[0]
+    c = tiny.generate([PROMPT], SamplingParams(temperature=0, max_tokens=4, logprobs=flag))[
+        0
+    ].outputs[0]
     assert len(c.logprobs) == 4 and all(lp <= 0 for lp in c.logprobs)
     assert c.top_logprobs is None
 
@@ -90,8 +96,11 @@ def test_beam_search_returns_per_beam_logprobs(tiny, tiny_hf):
 
 @pytest.mark.parametrize("bad", [21, -1, 2.5, "3"])
 def test_logprobs_out_of_range_is_refused_naming_the_field(bad):
-    with pytest.raises(ValueError, match=r"SamplingParams\.logprobs must be a whole number >= 0 "
-                                         r"and <= 20"):
+    with pytest.raises(
+        ValueError,
+        match=r"SamplingParams\.logprobs must be a whole number >= 0 "
+        r"and <= 20",
+    ):
         SamplingParams(logprobs=bad)
 
 

@@ -58,17 +58,21 @@ def _edited(src, dst, **changes):
 
 def test_the_older_rope_spelling_is_read_fast(tiny_llama_dir, tmp_path):
     theta = _read_config(tiny_llama_dir).rope_parameters["rope_theta"]
-    d = _edited(tiny_llama_dir, tmp_path / "m", rope_parameters=None, rope_theta=theta,
-                rope_scaling=None)
+    d = _edited(
+        tiny_llama_dir, tmp_path / "m", rope_parameters=None, rope_theta=theta, rope_scaling=None
+    )
     assert _read_config(d).rope_parameters == {"rope_type": "default", "rope_theta": theta}
 
 
-@pytest.mark.parametrize("change", [
-    {"tie_word_embeddings": None},  # transformers' default decides
-    {"num_key_value_heads": None},
-    {"sliding_window": 64},
-    {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"tie_word_embeddings": None},  # transformers' default decides
+        {"num_key_value_heads": None},
+        {"sliding_window": 64},
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}},
+    ],
+)
 def test_configs_that_need_interpreting_go_through_transformers(change, tiny_llama_dir, tmp_path):
     d = _edited(tiny_llama_dir, tmp_path / "m", **change)
     config = _read_config(d)
@@ -79,19 +83,31 @@ def test_configs_that_need_interpreting_go_through_transformers(change, tiny_lla
 def test_scaled_rope_runs_and_matches_transformers(default_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     path = tiny_model_dir("llama", tmp_path, default_model_dir, rope_parameters=rope)
     assert not isinstance(_read_config(path), ModelConfig)
     prompt = list(range(100, 260))  # longer than the original window, so scaling matters
-    engine = LLMEngine.from_pretrained(str(path), EngineConfig(kv_cache_bytes=16 << 20),
-                                       progress=lambda _m: None)
+    engine = LLMEngine.from_pretrained(
+        str(path), EngineConfig(kv_cache_bytes=16 << 20), progress=lambda _m: None
+    )
     ours = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=6))[0]
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     ids = torch.tensor([prompt])
     with torch.inference_mode():
-        theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
-                             do_sample=False, pad_token_id=2)[0, len(prompt):].tolist()
+        theirs = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=6,
+            do_sample=False,
+            pad_token_id=2,
+        )[0, len(prompt) :].tolist()
     assert ours.outputs[0].token_ids == theirs
 
 
@@ -104,19 +120,30 @@ print(sorted(m for m in sys.modules if m.startswith("transformers")))
 
 
 def test_a_cached_default_start_imports_no_transformers(default_model_dir):
-    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"num_hidden_layers": "thirty"}, "num_hidden_layers must be a positive integer, got 'thirty'"),
-    ({"rms_norm_eps": -1}, "rms_norm_eps must be a positive number"),
-    ({"tie_word_embeddings": "yes", "eos_token_id": None}, "tie_word_embeddings"),  # transformers'
-])
-def test_a_config_field_of_the_wrong_kind_is_a_one_line_load_error(change, message,
-                                                                    tiny_llama_dir, tmp_path):
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            {"num_hidden_layers": "thirty"},
+            "num_hidden_layers must be a positive integer, got 'thirty'",
+        ),
+        ({"rms_norm_eps": -1}, "rms_norm_eps must be a positive number"),
+        (
+            {"tie_word_embeddings": "yes", "eos_token_id": None},
+            "tie_word_embeddings",
+        ),  # transformers'
+    ],
+)
+def test_a_config_field_of_the_wrong_kind_is_a_one_line_load_error(
+    change, message, tiny_llama_dir, tmp_path
+):
     from chatpage.engine.loader import ModelLoadError
 
     d = _edited(tiny_llama_dir, tmp_path / "m", **change)

@@ -56,8 +56,10 @@ def personas_dir(tmp_path) -> Path:
 
 def sidebar_titles(app) -> list[str]:
     sidebar = app.chat.query_one(SessionList)
-    return [str(sidebar.get_option_at_index(i).prompt).split("\n")[0]
-            for i in range(sidebar.option_count)]
+    return [
+        str(sidebar.get_option_at_index(i).prompt).split("\n")[0]
+        for i in range(sidebar.option_count)
+    ]
 
 
 async def test_chats_come_back_after_a_restart_and_continue(tiny_llama_dir, personas_dir):
@@ -81,8 +83,9 @@ async def test_chats_come_back_after_a_restart_and_continue(tiny_llama_dir, pers
 
     with Store.open() as store:
         assert [s.title for s in store.list_sessions()] == ["Write a haiku", "Paging notes"]
-        siblings = [(m.content, m.kept) for m in store.messages(second.store_id)
-                    if m.role == "assistant"]
+        siblings = [
+            (m.content, m.kept) for m in store.messages(second.store_id) if m.role == "assistant"
+        ]
         assert siblings == [(texts[0], False), (texts[1], True)]  # both kept, as versions
 
     again = make_app(tiny_llama_dir, personas_dir)
@@ -97,8 +100,11 @@ async def test_chats_come_back_after_a_restart_and_continue(tiny_llama_dir, pers
         assert facts(paging.entries) == originals[first.store_id]
         assert haiku.entries[-1].label == "sample 2" and haiku.entries[-1].content == texts[1]
         assert haiku.sampling.temperature == 0.9
-        await wait_for(pilot, lambda: len(again.chat.session_view(haiku).query(MessageView)) == 2,
-                       "the restored messages")
+        await wait_for(
+            pilot,
+            lambda: len(again.chat.session_view(haiku).query(MessageView)) == 2,
+            "the restored messages",
+        )
 
         # continuing a restored chat sends its whole history; the persona prefix is cached
         await pilot.press("alt+2")
@@ -111,7 +117,11 @@ async def test_chats_come_back_after_a_restart_and_continue(tiny_llama_dir, pers
         assert reply.stats.prompt_tokens > reply.stats.prefix_hit_tokens > 0
     with Store.open() as store:
         assert [m.role for m in store.active_path(first.store_id)] == [
-            "user", "assistant", "user", "assistant"]
+            "user",
+            "assistant",
+            "user",
+            "assistant",
+        ]
 
 
 def saved_chat(store: Store, title: str, *texts: str, persona: str = "assistant") -> int:
@@ -126,11 +136,17 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
     work.mkdir()
     monkeypatch.chdir(work)
     with Store.open() as store:
-        paging = saved_chat(store, "Paging notes", "How does paged attention work?",
-                            "It splits the **KV cache** into blocks.", "And swapping?")
+        paging = saved_chat(
+            store,
+            "Paging notes",
+            "How does paged attention work?",
+            "It splits the **KV cache** into blocks.",
+            "And swapping?",
+        )
         store.add_message(paging, "assistant", "Swapping moves", status="streaming")  # a crash
-        poems = saved_chat(store, "Poems [b]", "Write a haiku about [bold]café[/bold] mornings",
-                           "Steam rises")
+        poems = saved_chat(
+            store, "Poems [b]", "Write a haiku about [bold]café[/bold] mornings", "Steam rises"
+        )
         store.set_closed(poems, True)
     app = offline_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
@@ -139,8 +155,11 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
         session = app.chat.current
         assert [e.content for e in session.entries][0] == "How does paged attention work?"
         assert session.entries[-1].status == "interrupted"
-        await wait_for(pilot, lambda: len(app.chat.session_view(session).query(MessageView)) == 4,
-                       "the restored messages")
+        await wait_for(
+            pilot,
+            lambda: len(app.chat.session_view(session).query(MessageView)) == 4,
+            "the restored messages",
+        )
         last = app.chat.session_view(session).query(MessageView).last()
         assert "interrupted" in str(last.query_one(".message-speaker").render())
 
@@ -153,8 +172,9 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
         text = md.read_text()
         assert text.startswith("# Paging notes\n") and "It splits the **KV cache**" in text
         assert any(str(md) in n for n in app.notices)
-        export_json = next(c for c in app.get_system_commands(app.screen)
-                           if c.title == "Export chat as JSON")
+        export_json = next(
+            c for c in app.get_system_commands(app.screen) if c.title == "Export chat as JSON"
+        )
         await export_json.callback()
         (exported,) = work.glob("*.json")
         assert json.loads(exported.read_text())["title"] == "Paging notes"
@@ -250,8 +270,12 @@ async def test_bad_settings_are_notices_and_defaults_apply(tmp_path):
     config_path().write_text("kv_cache: lots\ndefault_persona: nobody\ncolour: red\n")
     settings, warnings = load_settings()
     assert settings.kv_cache == 512 << 20  # the default
-    app = ChatApp(model=str(tmp_path / "no-such-model"), config=EngineConfig(),
-                  settings=settings, warnings=warnings)
+    app = ChatApp(
+        model=str(tmp_path / "no-such-model"),
+        config=EngineConfig(),
+        settings=settings,
+        warnings=warnings,
+    )
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         shown = "\n".join(app.notices)
@@ -316,9 +340,11 @@ def streaming_text(db: Path) -> str | None:
         return None
     conn = sqlite3.connect(db, timeout=5)
     try:
-        row = conn.execute("SELECT a.content FROM messages a JOIN messages q ON a.parent_id = q.id "
-                           "WHERE a.status = 'streaming' AND a.content != '' "
-                           "AND q.content = 'tell me a very long story'").fetchone()
+        row = conn.execute(
+            "SELECT a.content FROM messages a JOIN messages q ON a.parent_id = q.id "
+            "WHERE a.status = 'streaming' AND a.content != '' "
+            "AND q.content = 'tell me a very long story'"
+        ).fetchone()
     except sqlite3.OperationalError:  # not created yet
         return None
     finally:
@@ -333,8 +359,12 @@ def test_kill_9_mid_reply_loses_at_most_the_last_seconds(tiny_llama_dir, persona
     db = data_dir() / DB_NAME  # XDG_DATA_HOME is already the test's (conftest)
     log = tmp_path / "driver.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, str(driver), str(tiny_llama_dir),
-                                 str(personas_dir)], env=env, stdout=out, stderr=out)
+        proc = subprocess.Popen(
+            [sys.executable, str(driver), str(tiny_llama_dir), str(personas_dir)],
+            env=env,
+            stdout=out,
+            stderr=out,
+        )
     try:
         deadline = time.monotonic() + 180
         partial = None
@@ -356,8 +386,11 @@ def test_kill_9_mid_reply_loses_at_most_the_last_seconds(tiny_llama_dir, persona
         assert store.notice is None
         (session,), _ = restore(store, [alpha], alpha, first_id=1)  # the app's start-up logic
         assert [(e.role, e.status) for e in session.entries] == [
-            ("user", "done"), ("assistant", "done"), ("user", "done"),
-            ("assistant", "interrupted")]
+            ("user", "done"),
+            ("assistant", "done"),
+            ("user", "done"),
+            ("assistant", "interrupted"),
+        ]
         assert session.entries[0].content == "a first question"
         assert session.entries[1].content and session.entries[1].stats.tokens > 0
         assert session.entries[2].content == "tell me a very long story"

@@ -53,10 +53,17 @@ def test_a_turn_is_saved_as_it_streams(rig):
     chat = session.store_id
     row = store.get_session(chat)
     assert (row.title, row.persona) == ("How does paging work?", "p")
-    assert row.settings == {"temperature": 0.5, "top_p": 1.0, "top_k": 0, "max_tokens": 8,
-                            "seed": None}
-    assert saved(store, chat) == [("user", "How does paging work?\nThe second line is not in "
-                                   "the title", "done"), ("assistant", "", "streaming")]
+    assert row.settings == {
+        "temperature": 0.5,
+        "top_p": 1.0,
+        "top_k": 0,
+        "max_tokens": 8,
+        "seed": None,
+    }
+    assert saved(store, chat) == [
+        ("user", "How does paging work?\nThe second line is not in the title", "done"),
+        ("assistant", "", "streaming"),
+    ]
 
     clock.now += 1.0
     chats.apply(event("r1", "It"))  # too soon after the last write: kept for later
@@ -75,8 +82,13 @@ def test_a_turn_is_saved_as_it_streams(rig):
     chats.apply(event("r1", " into blocks.", finished=True, reason=FinishReason.STOP))
     (reply,) = [m for m in store.messages(chat) if m.role == "assistant"]
     assert (reply.content, reply.status) == ("It splits the cache into blocks.", "done")
-    assert reply.metadata == {"tokens": 32, "prompt_tokens": 20, "prefix_hit_tokens": 16,
-                              "ttft_s": 0.1, "elapsed_s": 0.5}
+    assert reply.metadata == {
+        "tokens": 32,
+        "prompt_tokens": 20,
+        "prefix_hit_tokens": 16,
+        "ttft_s": 0.1,
+        "elapsed_s": 0.5,
+    }
     assert session.entries[-1].store_id == reply.id
 
     chats.send(session, "And then?")
@@ -113,7 +125,6 @@ def test_title_settings_attachments_and_restore(rig):
     assert problems == []
 
 
-
 def test_a_first_draft_or_own_system_prompt_saves_an_empty_chat(rig):
     chats, _client, store, recorder, _clock, problems = rig
     drafted, prompted = chats.open(PERSONA), chats.open(PERSONA)
@@ -127,7 +138,9 @@ def test_a_first_draft_or_own_system_prompt_saves_an_empty_chat(rig):
     recorder.keep_system_prompt(prompted, own=True)
     rows = {r.id: r for r in store.list_sessions()}
     assert (rows[drafted.store_id].draft, rows[drafted.store_id].system_prompt) == (
-        "half a thought", None)
+        "half a thought",
+        None,
+    )
     assert rows[prompted.store_id].system_prompt == "You are terse."
 
     restored = {s.store_id: s for s in restore(store, [PERSONA], OTHER, first_id=1)[0]}
@@ -151,6 +164,7 @@ def test_a_first_draft_or_own_system_prompt_saves_an_empty_chat(rig):
     assert store.get_session(drafted.store_id).draft == ""
     assert problems == []
 
+
 def test_an_emptied_draft_never_deletes_a_chat_another_chatpage_filled(tmp_path):
     """Two chatpages on one database both show a draft-only chat; B sends in it, then A, whose
     view is still empty, empties its draft: the chat and B's message stay."""
@@ -167,15 +181,19 @@ def test_an_emptied_draft_never_deletes_a_chat_another_chatpage_filled(tmp_path)
         chats.observers.append(recorder := Recorder(store, problems.append))
         (session,), _ = restore(store, [PERSONA], PERSONA, first_id=1)
         windows.append((store, chats, chats.adopt(session), recorder, problems))
-    (store_a, _chats, view_a, recorder_a, problems_a), (store_b, chats_b, view_b, _rec,
-                                                        problems_b) = windows
+    (
+        (store_a, _chats, view_a, recorder_a, problems_a),
+        (store_b, chats_b, view_b, _rec, problems_b),
+    ) = windows
     try:
         chats_b.send(view_b, "sent from B")
         view_a.draft = ""
         recorder_a.keep_draft(view_a)
         assert view_a.store_id == view_b.store_id  # A keeps saving into the chat it shares
-        assert saved(store_a, view_b.store_id) == [("user", "sent from B", "done"),
-                                                   ("assistant", "", "streaming")]
+        assert saved(store_a, view_b.store_id) == [
+            ("user", "sent from B", "done"),
+            ("assistant", "", "streaming"),
+        ]
         assert store_a.get_session(view_b.store_id).draft == ""
         assert problems_a == problems_b == []
     finally:
@@ -191,25 +209,33 @@ def test_alternatives_are_saved_as_versions_of_the_reply(rig):
     chats.set_alt_mode(session, AltMode("samples", 3))
     chats.regenerate(session)
     for i in range(3):
-        chats.apply(event("r2", f"alt {i}", index=i, reason=FinishReason.LENGTH,
-                          finished=i == 2))
+        chats.apply(event("r2", f"alt {i}", index=i, reason=FinishReason.LENGTH, finished=i == 2))
     kept = chats.keep(session, 2)
     rows = store.messages(session.store_id)
     question = rows[0].id
     assert [(m.content, m.parent_id, m.kept, m.metadata.get("label")) for m in rows[1:]] == [
-        ("first", question, False, None), ("alt 0", question, False, "sample 1"),
-        ("alt 1", question, True, "sample 2"), ("alt 2", question, False, "sample 3")]
+        ("first", question, False, None),
+        ("alt 0", question, False, "sample 1"),
+        ("alt 1", question, True, "sample 2"),
+        ("alt 2", question, False, "sample 3"),
+    ]
     assert kept.store_id == rows[3].id
 
     (back,), _ = restore(store, [PERSONA], PERSONA, first_id=1)
     assert facts(back.entries[-1:]) == facts([kept]) and back.entries[-1].store_id == kept.store_id
     assert back.entries[-1].label == "sample 2"
     assert [v.content for v in back.entries[0].replies.versions] == [
-        "first", "alt 0", "alt 1", "alt 2"]
+        "first",
+        "alt 0",
+        "alt 1",
+        "alt 2",
+    ]
 
     chats.send(session, "Another")  # goes on under the kept reply
-    assert saved(store, session.store_id)[-2:] == [("user", "Another", "done"),
-                                                   ("assistant", "", "streaming")]
+    assert saved(store, session.store_id)[-2:] == [
+        ("user", "Another", "done"),
+        ("assistant", "", "streaming"),
+    ]
 
 
 def test_forks_switches_and_continues_are_saved_and_restored(rig):
@@ -227,12 +253,17 @@ def test_forks_switches_and_continues_are_saved_and_restored(rig):
     chats.apply(stopped("r4"))
     chats.continue_reply(session)
     chats.apply(done("r5", " try"))
-    assert saved(store, session.store_id) == [("user", "one, again", "done"),
-                                              ("assistant", "third try", "done")]
+    assert saved(store, session.store_id) == [
+        ("user", "one, again", "done"),
+        ("assistant", "third try", "done"),
+    ]
     chats.switch(session, session.entries[0], -1)  # back to the first version of the chat
     assert saved(store, session.store_id) == [
-        ("user", "one", "done"), ("assistant", "re: one", "done"),
-        ("user", "two", "done"), ("assistant", "re: two", "done")]
+        ("user", "one", "done"),
+        ("assistant", "re: one", "done"),
+        ("user", "two", "done"),
+        ("assistant", "re: two", "done"),
+    ]
 
     (back,), _ = restore(store, [PERSONA], PERSONA, first_id=1)
     assert [e.content for e in back.entries] == ["one", "re: one", "two", "re: two"]
@@ -244,8 +275,10 @@ def test_forks_switches_and_continues_are_saved_and_restored(rig):
     assert back.history == ["one", "two", "one, again"]  # typed prompts, oldest first
 
     chats.delete(session, session.entries[2])  # "two" and its reply leave the store
-    assert saved(store, session.store_id) == [("user", "one", "done"),
-                                              ("assistant", "re: one", "done")]
+    assert saved(store, session.store_id) == [
+        ("user", "one", "done"),
+        ("assistant", "re: one", "done"),
+    ]
     assert problems == []
 
 
@@ -288,8 +321,10 @@ def test_a_crash_leaves_streaming_replies_interrupted(rig, monkeypatch):
     chats.apply(event("r1", "partial answer"))
     # no finish(): the process died here
     (back,), _ = restore(store, [PERSONA], PERSONA, 1)
-    assert [(e.content, e.status) for e in back.entries] == [("q", "done"),
-                                                            ("partial answer", "interrupted")]
+    assert [(e.content, e.status) for e in back.entries] == [
+        ("q", "done"),
+        ("partial answer", "interrupted"),
+    ]
     assert saved(store, session.store_id)[-1][2] == "interrupted"
 
 

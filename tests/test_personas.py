@@ -54,25 +54,42 @@ def test_shipped_personas_load_cleanly() -> None:
 
 
 def test_parse_all_fields(tmp_path: Path) -> None:
-    path = write(tmp_path, "full.yaml", GOOD + "greeting: Ahoy!\ntop_p: 1\ntop_k: 40\n"
-                 "max_tokens: 256\nseed: 3\n")
+    path = write(
+        tmp_path,
+        "full.yaml",
+        GOOD + "greeting: Ahoy!\ntop_p: 1\ntop_k: 40\nmax_tokens: 256\nseed: 3\n",
+    )
     (persona,), errors = load_personas([tmp_path])
     assert errors == []
     assert persona == Persona(
-        name="pirate", description="Talks like a pirate", system_prompt="You are a pirate.",
-        greeting="Ahoy!", temperature=0.9, top_p=1.0, top_k=40, max_tokens=256, seed=3,
+        name="pirate",
+        description="Talks like a pirate",
+        system_prompt="You are a pirate.",
+        greeting="Ahoy!",
+        temperature=0.9,
+        top_p=1.0,
+        top_k=40,
+        max_tokens=256,
+        seed=3,
         source=path,
     )
-    assert persona.sampling() == {"temperature": 0.9, "top_p": 1.0, "top_k": 40,
-                                  "max_tokens": 256, "seed": 3}
+    assert persona.sampling() == {
+        "temperature": 0.9,
+        "top_p": 1.0,
+        "top_k": 40,
+        "max_tokens": 256,
+        "seed": 3,
+    }
     assert isinstance(persona.top_p, float)
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("name: x\ndescription: d\nsystem_prompt: p\ntemperature: hot\n",
-         "'temperature' must be a number >= 0 (0 = greedy), got 'hot'; fix the value or remove the key"),
+        (
+            "name: x\ndescription: d\nsystem_prompt: p\ntemperature: hot\n",
+            "'temperature' must be a number >= 0 (0 = greedy), got 'hot'; fix the value or remove the key",
+        ),
         ("name: x\ndescription: d\nsystem_prompt: p\ntemperature: -1\n", "'temperature' must be"),
         ("name: x\ndescription: d\nsystem_prompt: p\ntop_p: 0\n", "'top_p' must be a number > 0"),
         ("name: x\ndescription: d\nsystem_prompt: p\ntop_p: 1.5\n", "'top_p'"),
@@ -85,7 +102,7 @@ def test_parse_all_fields(tmp_path: Path) -> None:
         ("description: d\nsystem_prompt: p\n", "missing required key 'name'"),
         ("name: x\ndescription: d\nsystem_prompt: p\ncolour: red\n", "unknown key 'colour'"),
         ("name: [1, 2]\ndescription: d\nsystem_prompt: p\n", "'name' must be non-empty text"),
-        ("name: x\ndescription: \"two\\nlines\"\nsystem_prompt: p\n", "single line"),
+        ('name: x\ndescription: "two\\nlines"\nsystem_prompt: p\n', "single line"),
         ("- a\n- b\n", "the file is a list, not a mapping"),
         ("", "the file is empty"),
         ("name: x\n  bad: [indent\n", "invalid YAML at line"),
@@ -108,8 +125,10 @@ def test_error_names_the_file_relative_to_cwd(tmp_path: Path, monkeypatch) -> No
     monkeypatch.chdir(tmp_path)
     bad = write(tmp_path / "personas", "pirate.yaml", GOOD.replace("0.9", "hot"))
     _, (error,) = load_personas([bad.parent])
-    assert str(error) == ("personas/pirate.yaml: 'temperature' must be a number >= 0 (0 = greedy), got 'hot'; "
-                          "fix the value or remove the key")
+    assert str(error) == (
+        "personas/pirate.yaml: 'temperature' must be a number >= 0 (0 = greedy), got 'hot'; "
+        "fix the value or remove the key"
+    )
 
 
 def test_not_utf8_and_unreadable(tmp_path: Path) -> None:
@@ -153,8 +172,7 @@ def test_duplicate_name_in_one_dir(tmp_path: Path) -> None:
 def test_default_dirs_follow_xdg(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     assert persona_dirs() == [shipped_personas_dir(), tmp_path / "chatpage" / "personas"]
-    write(tmp_path / "chatpage" / "personas", "assistant.yaml",
-          GOOD.replace("pirate", "assistant"))
+    write(tmp_path / "chatpage" / "personas", "assistant.yaml", GOOD.replace("pirate", "assistant"))
     personas, errors = load_personas()
     assert errors == []
     assert default_persona(personas).source.parent == tmp_path / "chatpage" / "personas"

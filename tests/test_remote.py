@@ -45,16 +45,18 @@ def client(url):
     c.close()
 
 
-def collect(client, messages, params: SamplingParams, timeout: float = 60, **how
-            ) -> tuple[list[RequestUpdate], RequestOutput]:
+def collect(
+    client, messages, params: SamplingParams, timeout: float = 60, **how
+) -> tuple[list[RequestUpdate], RequestOutput]:
     """Every update of one reply, and the outputs they fold into."""
     updates: queue.SimpleQueue = queue.SimpleQueue()
     client.submit(messages, params, updates.put, **how)
     return drain(updates, timeout)
 
 
-def drain(updates: queue.SimpleQueue, timeout: float = 60
-          ) -> tuple[list[RequestUpdate], RequestOutput]:
+def drain(
+    updates: queue.SimpleQueue, timeout: float = 60
+) -> tuple[list[RequestUpdate], RequestOutput]:
     got: list[RequestUpdate] = []
     outputs = OutputAccumulator()
     while not got or not got[-1].finished:
@@ -76,8 +78,9 @@ def test_probe_finds_chatpage_and_its_capabilities(client, url):
 
 
 def test_reply_streams_with_usage(client):
-    updates, final = collect(client, HI, SamplingParams(max_tokens=8, temperature=0,
-                                                        ignore_eos=True))
+    updates, final = collect(
+        client, HI, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    )
     assert len([u for u in updates if u.outputs and u.outputs[0].text]) == 8
     (output,) = final.outputs
     assert output.finish_reason is FinishReason.LENGTH and output.num_tokens == 8
@@ -97,16 +100,20 @@ def test_samples_and_beams(client):
 def test_logprobs_pass_through_by_token_id(client, tiny_llama_dir):
     from transformers import AutoTokenizer
 
-    final = collect(client, HI, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True,
-                                               logprobs=3))[1].outputs[0]
+    final = collect(
+        client, HI, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=3)
+    )[1].outputs[0]
     assert final.num_tokens == len(final.token_ids) == len(final.logprobs) == 6
     assert AutoTokenizer.from_pretrained(tiny_llama_dir).decode(final.token_ids) == final.text
     for tok, lp, top in zip(final.token_ids, final.logprobs, final.top_logprobs, strict=True):
         # greedy: the sampled token is (one of, in a tie) the best of its step's 3
         assert len(top) == 3 and top.get(tok, lp) == lp == max(top.values())
     events: queue.SimpleQueue = queue.SimpleQueue()
-    client.submit_prompt("Hello there", SamplingParams(max_tokens=4, temperature=0,
-                                                       ignore_eos=True, logprobs=2), events.put)
+    client.submit_prompt(
+        "Hello there",
+        SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=2),
+        events.put,
+    )
     final = drain(events)[1].outputs[0]
     assert len(final.token_ids) == 4 and [len(top) for top in final.top_logprobs] == [2] * 4
     assert [max(top.values()) for top in final.top_logprobs] == final.logprobs  # greedy
@@ -131,9 +138,12 @@ def test_cancel_closes_the_stream_and_frees_the_server_blocks(client, url):
 
 def test_a_reply_continues_where_it_stopped(client):
     _, first = collect(client, HI, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
-    _, final = collect(client, HI + [{"role": "assistant", "content": first.outputs[0].text}],
-                       SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
-                       continue_reply=True)
+    _, final = collect(
+        client,
+        HI + [{"role": "assistant", "content": first.outputs[0].text}],
+        SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
+        continue_reply=True,
+    )
     assert final.error is None and final.outputs[0].num_tokens == 4
     # the reply's own tokens are part of the prompt (no new turn was opened for it)
     assert final.usage.prompt_tokens > first.usage.prompt_tokens
@@ -184,8 +194,7 @@ def test_unreachable_server_is_retried_and_held_requests_then_run(tiny_llama_dir
         client.submit(HI, SamplingParams(max_tokens=3), events.put)  # held, not lost
         with running_server(tiny_llama_dir, tmp_path, port=port):
             (output,) = drain(events)[1].outputs
-            assert client.ready and output.finish_reason in (FinishReason.STOP,
-                                                             FinishReason.LENGTH)
+            assert client.ready and output.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
             assert output.text
     finally:
         client.close()
@@ -207,8 +216,7 @@ def test_bodies_name_every_field_per_backend():
     assert "no beam search" in notes and "seed+i" in notes
     sglang = Backend("http://x", "sglang", "m", 0, capabilities={"n", "vllm_extras"})
     assert any("--enable-metrics" in n for n in sglang.notes())
-    beam = request_body("m", "chat", HI, SamplingParams(beam_width=2, max_tokens=4),
-                        vllm.dialect)
+    beam = request_body("m", "chat", HI, SamplingParams(beam_width=2, max_tokens=4), vllm.dialect)
     assert beam["use_beam_search"] and beam["n"] == 2 and not beam["stream"]
     asking = SamplingParams(logprobs=2)
     assert request_body("m", "completion", "x", asking, vllm.dialect)["logprobs"] == 2
@@ -219,10 +227,14 @@ def test_bodies_name_every_field_per_backend():
 
 def test_logprobs_named_by_text_keep_the_values_only():
     """A server without token ids: the sampled tokens' logprobs pass, alternatives cannot."""
-    raw = {"tokens": ["Hi", "!"], "token_logprobs": [-0.5, -1.0],
-           "top_logprobs": [{"Hi": -0.5, "Ho": -1.5, "He": -2.0}, {"?": -0.1, "!": -1.0}]}
-    delta = read_choice({"index": 0, "text": "Hi!", "logprobs": raw, "finish_reason": "stop"},
-                        False, 1)
+    raw = {
+        "tokens": ["Hi", "!"],
+        "token_logprobs": [-0.5, -1.0],
+        "top_logprobs": [{"Hi": -0.5, "Ho": -1.5, "He": -2.0}, {"?": -0.1, "!": -1.0}],
+    }
+    delta = read_choice(
+        {"index": 0, "text": "Hi!", "logprobs": raw, "finish_reason": "stop"}, False, 1
+    )
     assert delta.token_ids == () and delta.logprobs == (-0.5, -1.0)
     assert delta.top_logprobs is None
     updates: list[RequestUpdate] = []
@@ -232,9 +244,18 @@ def test_logprobs_named_by_text_keep_the_values_only():
     assert out.logprobs == (-0.5, -1.0) and out.num_tokens == 2
     assert out.token_ids == () and out.top_logprobs is None
     assert out.finish_reason is FinishReason.STOP
-    by_id = {"content": [{"token": "token_id:7", "logprob": -0.2,
-                          "top_logprobs": [{"token": "token_id:7", "logprob": -0.2},
-                                           {"token": "token_id:9", "logprob": -1.9}]}]}
+    by_id = {
+        "content": [
+            {
+                "token": "token_id:7",
+                "logprob": -0.2,
+                "top_logprobs": [
+                    {"token": "token_id:7", "logprob": -0.2},
+                    {"token": "token_id:9", "logprob": -1.9},
+                ],
+            }
+        ]
+    }
     delta = read_choice({"index": 0, "delta": {"content": "x"}, "logprobs": by_id}, True, 2)
     assert delta.token_ids == (7,) and delta.top_logprobs == ({7: -0.2, 9: -1.9},)
 
@@ -245,9 +266,11 @@ def test_poller_reads_vllm_sglang_and_llamacpp_names(url):
     assert stats.kv_usage is not None and stats.num_waiting == 0
     old_vllm = "# TYPE vllm:gpu_cache_usage_perc gauge\nvllm:gpu_cache_usage_perc 0.25\n"
     assert Poller().stats("vLLM", old_vllm, 0.0, None, ()).kv_usage == 0.25
-    sglang = ("# TYPE sglang:token_usage gauge\nsglang:token_usage 0.5\n"
-              "# TYPE sglang:cache_hit_rate gauge\nsglang:cache_hit_rate 0.75\n"
-              "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 4\n")
+    sglang = (
+        "# TYPE sglang:token_usage gauge\nsglang:token_usage 0.5\n"
+        "# TYPE sglang:cache_hit_rate gauge\nsglang:cache_hit_rate 0.75\n"
+        "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 4\n"
+    )
     s = Poller().stats("SGLang", sglang, 0.0, None, ())
     assert (s.kv_usage, s.prefix_hit_rate, s.num_running) == (0.5, 0.75, 4)
     assert s.preemptions is None  # SGLang does not say: the gauge shows a dash
@@ -293,8 +316,10 @@ async def test_tui_over_chatpage_serve_with_its_gauge(url):
         await until(lambda: session.entries[-1].status == "done", "the reply")
         assert session.entries[-1].content and session.entries[-1].stats.tokens > 0
         gauge = app.chat.gauge
-        await until(lambda: isinstance(gauge.stats, RemoteStats)
-                    and gauge.stats.engine is not None, "the remote figures")
+        await until(
+            lambda: isinstance(gauge.stats, RemoteStats) and gauge.stats.engine is not None,
+            "the remote figures",
+        )
         shown = gauge.render().plain
         pool = gauge.stats.engine
         assert f"chatpage at {url}" in shown and "KV " in shown and "tok/s" in shown
@@ -303,9 +328,10 @@ async def test_tui_over_chatpage_serve_with_its_gauge(url):
 
 
 @pytest.mark.peers
-@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                    reason="llama-cpp-python[server] is not installed (make test-peers installs "
-                           "it)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None,
+    reason="llama-cpp-python[server] is not installed (make test-peers installs it)",
+)
 def test_llama_server_as_a_backend(tmp_path):
     from chatpage.engine.loader import default_model_path
 

@@ -32,14 +32,18 @@ from chatpage.ui.app import ChatApp
 
 HI = [{"role": "user", "content": "Say something."}]
 IDLE_S = 0.5
-BAD_METRICS = ("# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running NaN\n"
-               "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 2\n"
-               "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 1.7\n")
+BAD_METRICS = (
+    "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running NaN\n"
+    "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 2\n"
+    "# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 1.7\n"
+)
 
 
 def chunk(text: str) -> bytes:
-    body = {"object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    body = {
+        "object": "chat.completion.chunk",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+    }
     return f"data: {json.dumps(body)}\n\n".encode()
 
 
@@ -66,8 +70,21 @@ class Handler(socketserver.StreamRequestHandler):
                 self.chat(self.server.chat)
                 return
             if path == "/v1/models":
-                self.send(200, json.dumps({"object": "list", "data": [
-                    {"id": "m", "owned_by": "rogue", "max_model_len": self.server.context}]}))
+                self.send(
+                    200,
+                    json.dumps(
+                        {
+                            "object": "list",
+                            "data": [
+                                {
+                                    "id": "m",
+                                    "owned_by": "rogue",
+                                    "max_model_len": self.server.context,
+                                }
+                            ],
+                        }
+                    ),
+                )
             elif path == "/metrics" and self.server.metrics is not None:
                 self.send(200, self.server.metrics, "text/plain")
             else:
@@ -75,16 +92,21 @@ class Handler(socketserver.StreamRequestHandler):
 
     def send(self, status: int, body: str, kind: str = "application/json") -> None:
         data = body.encode()
-        self.wfile.write(f"HTTP/1.1 {status} X\r\nContent-Type: {kind}\r\n"
-                         f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        self.wfile.write(
+            f"HTTP/1.1 {status} X\r\nContent-Type: {kind}\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
 
     def chat(self, mode: str) -> None:
         stop = self.server.stop
         if mode == "silent":  # never even the headers
             stop.wait()
             return
-        self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                         b"Connection: close\r\n\r\n" + chunk("Hel") + chunk("lo"))
+        self.wfile.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Connection: close\r\n\r\n" + chunk("Hel") + chunk("lo")
+        )
         if mode == "stall":
             stop.wait()
         elif mode == "keepalive":
@@ -152,9 +174,11 @@ def test_a_silent_server_fails_the_reply_after_the_idle_deadline(mode):
         out = reply(client)
     (output,) = out.outputs
     assert output.finish_reason is FinishReason.ERROR
-    assert out.error == (f"{server.url} sent nothing for 0.5 s, so the reply was given up; to "
-                         "wait longer, raise backend_timeout in config.yaml or pass "
-                         "--backend-timeout SECONDS")
+    assert out.error == (
+        f"{server.url} sent nothing for 0.5 s, so the reply was given up; to "
+        "wait longer, raise backend_timeout in config.yaml or pass "
+        "--backend-timeout SECONDS"
+    )
     assert output.text == ("" if mode == "silent" else "Hello")  # what came is kept
 
 
@@ -163,9 +187,11 @@ def test_a_stream_cut_before_the_reply_ends_is_an_error():
         out = reply(client)
     (output,) = out.outputs
     assert output.finish_reason is FinishReason.ERROR and output.text == "Hello"
-    assert out.error == (f"OpenAI-compatible server at {server.url} ended the stream before the "
-                         "reply was finished (no finish reason, no [DONE]); the text so far is "
-                         "kept")
+    assert out.error == (
+        f"OpenAI-compatible server at {server.url} ended the stream before the "
+        "reply was finished (no finish reason, no [DONE]); the text so far is "
+        "kept"
+    )
 
 
 def errors(stderr: str) -> list[str]:
@@ -174,11 +200,21 @@ def errors(stderr: str) -> list[str]:
 
 
 def ask(url: str, home: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "XDG_CONFIG_HOME": str(home / "config"),
-           "XDG_DATA_HOME": str(home / "data"), "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "chatpage.cli", "ask", "--backend", url, *flags,
-                           "hello"], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "XDG_CONFIG_HOME": str(home / "config"),
+        "XDG_DATA_HOME": str(home / "data"),
+        "PYTHONPATH": str(REPO),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "chatpage.cli", "ask", "--backend", url, *flags, "hello"],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_ask_backend_exits_non_zero_on_a_stalled_or_cut_stream(tmp_path):
@@ -187,9 +223,11 @@ def test_ask_backend_exits_non_zero_on_a_stalled_or_cut_stream(tmp_path):
     with rogue("keepalive") as server:
         done = ask(server.url, tmp_path)  # the deadline from config.yaml
     assert done.returncode == 1 and done.stdout == "Hello"
-    assert errors(done.stderr) == [f"chatpage: error: {server.url} sent nothing for 1 s, so the "
-                                   "reply was given up; to wait longer, raise backend_timeout in "
-                                   "config.yaml or pass --backend-timeout SECONDS"]
+    assert errors(done.stderr) == [
+        f"chatpage: error: {server.url} sent nothing for 1 s, so the "
+        "reply was given up; to wait longer, raise backend_timeout in "
+        "config.yaml or pass --backend-timeout SECONDS"
+    ]
     with rogue("cut") as server:
         done = ask(server.url, tmp_path, "--backend-timeout", "30")
     assert done.returncode == 1 and done.stdout == "Hello"
@@ -197,8 +235,7 @@ def test_ask_backend_exits_non_zero_on_a_stalled_or_cut_stream(tmp_path):
     assert "ended the stream before the reply was finished" in line
     refused = ask("http://127.0.0.1:9", tmp_path, "--backend-timeout", "soon")
     assert refused.returncode == 2
-    assert "invalid number of seconds 'soon': use a number of seconds above zero" in \
-        refused.stderr
+    assert "invalid number of seconds 'soon': use a number of seconds above zero" in refused.stderr
 
 
 def test_backend_timeout_setting():
@@ -207,31 +244,40 @@ def test_backend_timeout_setting():
     assert load_settings(path, {"backend_timeout": 7.5})[0].backend_timeout == 7.5
     settings, warnings = load_settings(path, {"backend_timeout": float("nan")})
     assert settings.backend_timeout == 120.0
-    assert warnings == ["command line: backend_timeout = nan is not valid; expected a number of "
-                        "seconds above zero, e.g. 120; using the default value"]
+    assert warnings == [
+        "command line: backend_timeout = nan is not valid; expected a number of "
+        "seconds above zero, e.g. 120; using the default value"
+    ]
 
 
 def test_bad_probe_and_metrics_values_are_ignored_with_a_note():
-    with rogue("cut", context="abc", metrics=BAD_METRICS) as server, \
-            connected(server.url) as client:
+    with (
+        rogue("cut", context="abc", metrics=BAD_METRICS) as server,
+        connected(server.url) as client,
+    ):
         assert client.max_model_len == 0
-        assert f"{server.url}/v1/models max_model_len is 'abc', not a number of tokens; " \
-               "ignored" in client.warnings[0]
+        assert (
+            f"{server.url}/v1/models max_model_len is 'abc', not a number of tokens; "
+            "ignored" in client.warnings[0]
+        )
         deadline = time.monotonic() + 10
         while (stats := client.stats()) is None:
             assert time.monotonic() < deadline
             time.sleep(0.05)
     assert isinstance(stats, RemoteStats) and stats.reachable
     assert (stats.num_running, stats.num_waiting, stats.kv_usage) == (None, 2, 1.0)
-    assert stats.notes == (f"OpenAI-compatible server at {server.url}'s /metrics says "
-                           "vllm:num_requests_running = nan: not a figure the gauge can show; "
-                           "ignored",)
+    assert stats.notes == (
+        f"OpenAI-compatible server at {server.url}'s /metrics says "
+        "vllm:num_requests_running = nan: not a figure the gauge can show; "
+        "ignored",
+    )
 
 
 async def test_tui_gets_ready_over_bad_values_and_marks_a_cut_reply_failed():
     with rogue("cut", context="abc", metrics=BAD_METRICS) as server:
         app = ChatApp(settings=Settings(), client=RemoteEngineClient(server.url))
         async with app.run_test(size=(150, 48)) as pilot:
+
             async def until(condition, what: str) -> None:
                 deadline = time.monotonic() + 20
                 while not condition():
@@ -246,5 +292,7 @@ async def test_tui_gets_ready_over_bad_values_and_marks_a_cut_reply_failed():
             await until(lambda: session.entries[-1].status == "error", "the failed reply")
             entry = session.entries[-1]
             assert entry.content == "Hello" and "ended the stream before" in entry.error
-            await until(lambda: "not a figure the gauge can show" in gauge.render().plain,
-                        "the note on the metrics")
+            await until(
+                lambda: "not a figure the gauge can show" in gauge.render().plain,
+                "the note on the metrics",
+            )

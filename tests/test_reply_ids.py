@@ -16,8 +16,13 @@ from chatpage.config.personas import Persona
 from chatpage.engine.chat_template import continue_prompt, render_prompt, render_text
 from chatpage.engine.client import EngineConfig, LocalEngineClient
 
-PERSONA = Persona("sampler", "a test persona", "You are a poet. Write long, free verse.",
-                  temperature=1.0, max_tokens=40)
+PERSONA = Persona(
+    "sampler",
+    "a test persona",
+    "You are a poet. Write long, free verse.",
+    temperature=1.0,
+    max_tokens=40,
+)
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +51,20 @@ def test_sampled_replies_are_reused_whole_on_the_next_turn(rig) -> None:
     session = chats.open(PERSONA)
     chats.set_setting(session, "seed", 7)
     sent_before: list[int] = []
-    for turn, question in enumerate(("Write a poem about the sea.", "Another, about the sky.",
-                                     "And one about stones.")):
+    for turn, question in enumerate(
+        ("Write a poem about the sea.", "Another, about the sky.", "And one about stones.")
+    ):
         chats.send(session, question)
         settle(chats, events, session)
         question_entry, reply = session.entries[-2], session.entries[-1]
         assert reply.status == "done" and reply.token_ids is not None
         assert tok.decode(list(reply.token_ids), skip_special_tokens=True) == reply.content
         stats = reply.stats
-        prompt = render_prompt(tok, session.for_model(upto=question_entry),
-                               reply_ids=session.reply_ids(client.model_name, question_entry))
+        prompt = render_prompt(
+            tok,
+            session.for_model(upto=question_entry),
+            reply_ids=session.reply_ids(client.model_name, question_entry),
+        )
         assert stats.prompt_tokens == len(prompt)
         assert tok.decode(prompt) == render_text(tok, session.for_model(upto=question_entry))
         if turn:
@@ -73,21 +82,24 @@ def test_sampled_replies_are_reused_whole_on_the_next_turn(rig) -> None:
 def test_ids_that_are_not_the_reply_are_not_used(rig) -> None:
     _chats, client, _events = rig
     tok = client.engine.tokenizer
-    messages = [{"role": "system", "content": "You are terse."},
-                {"role": "user", "content": "Say hi."},
-                {"role": "assistant", "content": "Hi there."},
-                {"role": "user", "content": "Again."}]
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Say hi."},
+        {"role": "assistant", "content": "Hi there."},
+        {"role": "user", "content": "Again."},
+    ]
     plain = render_prompt(tok, messages)
     other = tok.encode("Hello there.", add_special_tokens=False)
     assert render_prompt(tok, messages, reply_ids={2: other}) == plain
     assert render_prompt(tok, messages, reply_ids={1: other, 9: other}) == plain
     assert render_prompt(tok, messages, reply_ids={2: [10**9]}) == plain  # not a token id
     split = [tok.encode("Hi", add_special_tokens=False)[0]] + tok.encode(
-        " there.", add_special_tokens=False)
+        " there.", add_special_tokens=False
+    )
     with_ids = render_prompt(tok, messages, reply_ids={2: split})
     assert tok.decode(with_ids) == tok.decode(plain)
     head = render_prompt(tok, messages[:2])
-    assert with_ids[:len(head) + len(split)] == head + split
+    assert with_ids[: len(head) + len(split)] == head + split
     assert continue_prompt(tok, messages[:3], reply_ids={2: split}) == head + split
 
 

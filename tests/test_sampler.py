@@ -17,14 +17,17 @@ def _empirical(row, params, draws=4000):
     return counts / draws
 
 
-@pytest.mark.parametrize("top_k,top_p,spread", [
-    (0, 1.0, 1.0),      # plain temperature over the whole vocabulary
-    (5, 1.0, 1.0),      # top-k inside the candidate window
-    (0, 0.9, 3.0),      # a peaked distribution: the nucleus is inside the window
-    (0, 0.95, 0.01),    # a flat one: the nucleus spills past the window (full-vocabulary path)
-    (400, 0.5, 0.01),   # top-k larger than the window
-    (3, 0.6, 1.0),      # both
-])
+@pytest.mark.parametrize(
+    "top_k,top_p,spread",
+    [
+        (0, 1.0, 1.0),  # plain temperature over the whole vocabulary
+        (5, 1.0, 1.0),  # top-k inside the candidate window
+        (0, 0.9, 3.0),  # a peaked distribution: the nucleus is inside the window
+        (0, 0.95, 0.01),  # a flat one: the nucleus spills past the window (full-vocabulary path)
+        (400, 0.5, 0.01),  # top-k larger than the window
+        (3, 0.6, 1.0),  # both
+    ],
+)
 def test_sample_row_matches_the_filtered_distribution(top_k, top_p, spread):
     torch.manual_seed(top_k)
     row = torch.randn(1000) * spread
@@ -40,7 +43,9 @@ def test_same_seed_same_draws():
     params = SamplingParams(temperature=1.0, top_p=0.9)
     g1, g2 = make_generator(7, 1), make_generator(7, 1)
     assert [_sample_row(row, params, g1) for _ in range(20)] == [
-        _sample_row(row, params, g2) for _ in range(20)]
+        _sample_row(row, params, g2) for _ in range(20)
+    ]
     g1, g2 = make_generator(7, 1), make_generator(7, 2)
     assert [_sample_row(row, params, g1) for _ in range(20)] != [
-        _sample_row(row, params, g2) for _ in range(20)]
+        _sample_row(row, params, g2) for _ in range(20)
+    ]

@@ -21,8 +21,9 @@ PROMPT = [5, 6, 7, 8, 9]
 
 @pytest.fixture(scope="module")
 def engine(tiny_llama_dir) -> LLMEngine:
-    return LLMEngine.from_pretrained(str(tiny_llama_dir), EngineConfig(
-        kv_cache_bytes=64 * BLOCK_BYTES), progress=lambda _m: None)
+    return LLMEngine.from_pretrained(
+        str(tiny_llama_dir), EngineConfig(kv_cache_bytes=64 * BLOCK_BYTES), progress=lambda _m: None
+    )
 
 
 def _run(engine: LLMEngine, params: dict[str, SamplingParams]) -> dict[str, RequestOutput]:
@@ -49,16 +50,20 @@ def _tokens(out: RequestOutput) -> list[int]:
 
 def test_values_at_the_edge_of_the_float_range_run_as_their_limits(engine):
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    done = _run(engine, {
-        "greedy": greedy,
-        "tiny temperature": SamplingParams(temperature=1e-40, max_tokens=8, ignore_eos=True),
-        "tiny top_p": SamplingParams(top_p=1e-300, seed=3, max_tokens=8, ignore_eos=True),
-        "tiny top_p, top_k": SamplingParams(top_p=1e-300, top_k=300, seed=3, max_tokens=8,
-                                            ignore_eos=True),
-        "long beams win": SamplingParams(beam_width=2, length_penalty=1000.0, max_tokens=6),
-        "short beams win": SamplingParams(beam_width=2, length_penalty=-1000.0, max_tokens=6),
-        "sampled": SamplingParams(temperature=0.8, seed=1, max_tokens=8, ignore_eos=True),
-    })
+    done = _run(
+        engine,
+        {
+            "greedy": greedy,
+            "tiny temperature": SamplingParams(temperature=1e-40, max_tokens=8, ignore_eos=True),
+            "tiny top_p": SamplingParams(top_p=1e-300, seed=3, max_tokens=8, ignore_eos=True),
+            "tiny top_p, top_k": SamplingParams(
+                top_p=1e-300, top_k=300, seed=3, max_tokens=8, ignore_eos=True
+            ),
+            "long beams win": SamplingParams(beam_width=2, length_penalty=1000.0, max_tokens=6),
+            "short beams win": SamplingParams(beam_width=2, length_penalty=-1000.0, max_tokens=6),
+            "sampled": SamplingParams(temperature=0.8, seed=1, max_tokens=8, ignore_eos=True),
+        },
+    )
     assert {name: out.error for name, out in done.items() if out.error} == {}
     assert _tokens(done["tiny temperature"]) == _tokens(done["greedy"])  # greedy, as vLLM
     assert _tokens(done["tiny top_p"]) == _tokens(done["greedy"])  # the top token only
@@ -67,8 +72,9 @@ def test_values_at_the_edge_of_the_float_range_run_as_their_limits(engine):
         beams = done[name].outputs
         assert len(beams) == 2 and all(c.finish_reason is not None for c in beams), name
         assert all(c.score is not None and c.score == c.score for c in beams), name  # no NaN
-    alone = _run(engine, {"sampled": SamplingParams(temperature=0.8, seed=1, max_tokens=8,
-                                                    ignore_eos=True)})
+    alone = _run(
+        engine, {"sampled": SamplingParams(temperature=0.8, seed=1, max_tokens=8, ignore_eos=True)}
+    )
     assert _tokens(alone["sampled"]) == _tokens(done["sampled"])
 
 
@@ -91,13 +97,17 @@ def test_a_row_that_cannot_be_sampled_fails_its_own_request_only(engine, monkeyp
     }
     expected = _run(engine, others)
     monkeypatch.setattr(sampler, "_sample_row", failing_for_seed_13)
-    bad = {"bad": SamplingParams(temperature=0.9, seed=13, max_tokens=8),
-           "bad n": SamplingParams(n=3, temperature=0.9, seed=13, max_tokens=8)}
+    bad = {
+        "bad": SamplingParams(temperature=0.9, seed=13, max_tokens=8),
+        "bad n": SamplingParams(n=3, temperature=0.9, seed=13, max_tokens=8),
+    }
     done = _run(engine, {**bad, **others})
     for name in bad:
-        assert done[name].error == (f"{done[name].request_id} could not be sampled: "
-                                    "RuntimeError: probability tensor contains either inf, nan "
-                                    "or element < 0"), name
+        assert done[name].error == (
+            f"{done[name].request_id} could not be sampled: "
+            "RuntimeError: probability tensor contains either inf, nan "
+            "or element < 0"
+        ), name
         assert all(c.finish_reason is FinishReason.ERROR for c in done[name].outputs)
     for name in others:
         assert done[name].error is None, name

@@ -27,15 +27,22 @@ class _Detok:
 
 def _scheduler(blocks: int, **config) -> Scheduler:
     cfg = EngineConfig(block_size=BS, **config)
-    return Scheduler(cfg, BlockManager(blocks, 32, BS, enable_caching=False),
-                     StopCheck(frozenset({EOS}), 10**6))
+    return Scheduler(
+        cfg, BlockManager(blocks, 32, BS, enable_caching=False), StopCheck(frozenset({EOS}), 10**6)
+    )
 
 
-def _group(sched: Scheduler, rid: str, prompt_len: int, t: float,
-           params: SamplingParams | None = None) -> SequenceGroup:
+def _group(
+    sched: Scheduler, rid: str, prompt_len: int, t: float, params: SamplingParams | None = None
+) -> SequenceGroup:
     tokens = [7 + i % 50 for i in range(prompt_len)]
-    group = SequenceGroup(rid, tokens, params or SamplingParams(temperature=0),
-                          [Sequence(list(tokens), prompt_len, _Detok())], arrival_time=t)
+    group = SequenceGroup(
+        rid,
+        tokens,
+        params or SamplingParams(temperature=0),
+        [Sequence(list(tokens), prompt_len, _Detok())],
+        arrival_time=t,
+    )
     sched.add(group)
     return group
 
@@ -43,8 +50,9 @@ def _group(sched: Scheduler, rid: str, prompt_len: int, t: float,
 def _step(sched: Scheduler, token: int = 5) -> SchedulerOutput:
     """A step without a model: schedule, then pick ``token`` for every row that samples."""
     out = sched.schedule()
-    picks = SamplerOutput([Sample(item.group, item.seq, token, 0.0, None)
-                           for item in out.scheduled if item.samples])
+    picks = SamplerOutput(
+        [Sample(item.group, item.seq, token, 0.0, None) for item in out.scheduled if item.samples]
+    )
     sched.update_from_output(out, picks)
     return out
 
@@ -116,8 +124,12 @@ def test_update_appends_the_picks_and_finishes_and_frees_what_ended():
     assert a.seqs[0].output_ids == [5] and b.seqs[0].output_ids == [5]
     assert a.seqs[0].num_computed_tokens == 20 and a.first_token_time is not None
     out = sched.schedule()  # a picks EOS (STOP), b reaches max_tokens (LENGTH)
-    moved = sched.update_from_output(out, SamplerOutput([
-        Sample(a, a.seqs[0], EOS, -0.5, None), Sample(b, b.seqs[0], 6, -0.25, {6: -0.25})]))
+    moved = sched.update_from_output(
+        out,
+        SamplerOutput(
+            [Sample(a, a.seqs[0], EOS, -0.5, None), Sample(b, b.seqs[0], 6, -0.25, {6: -0.25})]
+        ),
+    )
     assert moved == [a, b]
     assert a.seqs[0].finish_reason.value == "stop" and b.seqs[0].finish_reason.value == "length"
     assert b.seqs[0].logprobs == [0.0, -0.25] and b.seqs[0].top_logprobs == [{6: -0.25}]
@@ -131,8 +143,15 @@ def test_update_forks_each_n_sample_from_the_prefill_as_it_was():
     out = sched.schedule()
     first = group.seqs[0]
     generator = torch.Generator()
-    sched.update_from_output(out, SamplerOutput([
-        Sample(group, first, 11, -1.0, None), Sample(group, first, 12, -2.0, None, 1, generator)]))
+    sched.update_from_output(
+        out,
+        SamplerOutput(
+            [
+                Sample(group, first, 11, -1.0, None),
+                Sample(group, first, 12, -2.0, None, 1, generator),
+            ]
+        ),
+    )
     parent, child = group.seqs
     assert (parent.output_ids, child.output_ids) == ([11], [12])
     assert (child.index, child.generator, child.logprobs) == (1, generator, [-2.0])

@@ -50,16 +50,22 @@ def test_models_and_health(api, url):
 
 
 def test_chat_whole_and_streamed_agree(api):
-    whole = api.chat.completions.create(model="llama", messages=HI, max_tokens=12,
-                                        temperature=0)
+    whole = api.chat.completions.create(model="llama", messages=HI, max_tokens=12, temperature=0)
     choice = whole.choices[0]
     assert choice.message.role == "assistant" and choice.message.content
     assert choice.finish_reason == "length"
     assert whole.usage.completion_tokens == 12
     assert whole.usage.prompt_tokens > 0
-    chunks = list(api.chat.completions.create(
-        model="llama", messages=HI, max_tokens=12, temperature=0, stream=True,
-        stream_options={"include_usage": True}))
+    chunks = list(
+        api.chat.completions.create(
+            model="llama",
+            messages=HI,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == choice.message.content
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -75,9 +81,12 @@ def test_continue_final_message_extends_the_last_reply(api, url):
     first = api.chat.completions.create(model="llama", messages=HI, max_tokens=4, temperature=0)
     partial = first.choices[0].message.content
     more = api.chat.completions.create(
-        model="llama", messages=HI + [{"role": "assistant", "content": partial}], max_tokens=4,
-        temperature=0, extra_body={"continue_final_message": True,
-                                   "add_generation_prompt": False})
+        model="llama",
+        messages=HI + [{"role": "assistant", "content": partial}],
+        max_tokens=4,
+        temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False},
+    )
     assert more.choices[0].message.content and more.usage.completion_tokens == 4
     assert more.usage.prompt_tokens > first.usage.prompt_tokens  # the reply is in the prompt
     r = post(url, "/v1/chat/completions", {"messages": HI, "continue_final_message": True})
@@ -85,16 +94,18 @@ def test_continue_final_message_extends_the_last_reply(api, url):
 
 
 def test_chat_logprobs_per_token(api):
-    r = api.chat.completions.create(model="llama", messages=HI, max_tokens=5, temperature=0,
-                                    logprobs=True)
+    r = api.chat.completions.create(
+        model="llama", messages=HI, max_tokens=5, temperature=0, logprobs=True
+    )
     content = r.choices[0].logprobs.content
     assert len(content) == 5 and all(t.logprob <= 0 for t in content)
     assert "".join(t.token for t in content) == r.choices[0].message.content
 
 
 def test_chat_top_logprobs_whole_and_streamed(api):
-    kw = dict(model="llama", messages=HI, max_tokens=6, temperature=0, logprobs=True,
-              top_logprobs=3)
+    kw = dict(
+        model="llama", messages=HI, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
     content = api.chat.completions.create(**kw).choices[0].logprobs.content
     assert len(content) == 6
     for t in content:
@@ -103,10 +114,15 @@ def test_chat_top_logprobs_whole_and_streamed(api):
         assert values == sorted(values, reverse=True) and all(v <= 0 for v in values)
         # greedy: the sampled token is the most likely one (or tied with it)
         assert t.top_logprobs[0].logprob == t.logprob
-    streamed = [e for c in api.chat.completions.create(**kw, stream=True)
-                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
-    assert [(e.token, e.logprob, [a.token for a in e.top_logprobs]) for e in streamed] == \
-        [(t.token, t.logprob, [a.token for a in t.top_logprobs]) for t in content]
+    streamed = [
+        e
+        for c in api.chat.completions.create(**kw, stream=True)
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]
+    assert [(e.token, e.logprob, [a.token for a in e.top_logprobs]) for e in streamed] == [
+        (t.token, t.logprob, [a.token for a in t.top_logprobs]) for t in content
+    ]
 
 
 def test_completions_logprobs_two_alternatives(api):
@@ -120,8 +136,9 @@ def test_completions_logprobs_two_alternatives(api):
     assert [t for s in streamed for t in s.top_logprobs] == lp.top_logprobs
     assert [o for s in streamed for o in s.text_offset] == lp.text_offset
     text = api.completions.create(**kw).choices[0].text
-    assert lp.text_offset == [text.index(t, o) for t, o in zip(lp.tokens, lp.text_offset,
-                                                                strict=True)]
+    assert lp.text_offset == [
+        text.index(t, o) for t, o in zip(lp.tokens, lp.text_offset, strict=True)
+    ]
     by_id = api.completions.create(**kw, extra_body={"return_tokens_as_token_ids": True})
     lp_ids = by_id.choices[0].logprobs
     assert all(t.startswith("token_id:") for t in lp_ids.tokens)
@@ -129,8 +146,14 @@ def test_completions_logprobs_two_alternatives(api):
 
 
 def test_beam_search_answers_per_beam_logprobs(url):
-    body = {"messages": HI, "max_tokens": 5, "n": 2, "use_beam_search": True, "logprobs": True,
-            "top_logprobs": 2}
+    body = {
+        "messages": HI,
+        "max_tokens": 5,
+        "n": 2,
+        "use_beam_search": True,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
     r = post(url, "/v1/chat/completions", body)
     assert r.status_code == 200, r.text
     for choice in r.json()["choices"]:
@@ -140,8 +163,11 @@ def test_beam_search_answers_per_beam_logprobs(url):
 
 
 def test_n_samples_streamed_per_index(api):
-    chunks = list(api.chat.completions.create(model="llama", messages=HI, max_tokens=6, n=3,
-                                              temperature=1.0, seed=3, stream=True))
+    chunks = list(
+        api.chat.completions.create(
+            model="llama", messages=HI, max_tokens=6, n=3, temperature=1.0, seed=3, stream=True
+        )
+    )
     texts: dict[int, str] = {}
     finished = {}
     for c in chunks:
@@ -151,8 +177,9 @@ def test_n_samples_streamed_per_index(api):
             finished[choice.index] = choice.finish_reason
     assert sorted(texts) == [0, 1, 2] and finished == {0: "length", 1: "length", 2: "length"}
     assert len(set(texts.values())) > 1
-    whole = api.chat.completions.create(model="llama", messages=HI, max_tokens=6, n=3,
-                                        temperature=1.0, seed=3)
+    whole = api.chat.completions.create(
+        model="llama", messages=HI, max_tokens=6, n=3, temperature=1.0, seed=3
+    )
     assert {c.index: c.message.content for c in whole.choices} == texts
 
 
@@ -163,8 +190,13 @@ def test_beam_search_answers_with_the_final_beams(url):
     choices = r.json()["choices"]
     assert [c["index"] for c in choices] == [0, 1, 2]
     assert len({c["message"]["content"] for c in choices}) == 3
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True},
-                      headers=HEADERS, timeout=60) as s:
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        json={**body, "stream": True},
+        headers=HEADERS,
+        timeout=60,
+    ) as s:
         lines = [ln for ln in s.iter_lines() if ln.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     streamed: dict[int, str] = {}
@@ -177,17 +209,19 @@ def test_beam_search_answers_with_the_final_beams(url):
 def test_stop_string_ends_the_reply(api):
     free = api.completions.create(model="llama", prompt="The", max_tokens=10, temperature=0)
     text = free.choices[0].text
-    stop = text[len(text) // 2:len(text) // 2 + 3]
-    cut = api.completions.create(model="llama", prompt="The", max_tokens=10, temperature=0,
-                                 stop=[stop])
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    cut = api.completions.create(
+        model="llama", prompt="The", max_tokens=10, temperature=0, stop=[stop]
+    )
     assert cut.choices[0].finish_reason == "stop"
     assert stop not in cut.choices[0].text and text.startswith(cut.choices[0].text)
 
 
 def test_seed_reproduces_a_sample(api):
     def sample(seed: int) -> str:
-        r = api.chat.completions.create(model="llama", messages=HI, max_tokens=10,
-                                        temperature=1.0, seed=seed)
+        r = api.chat.completions.create(
+            model="llama", messages=HI, max_tokens=10, temperature=1.0, seed=seed
+        )
         return r.choices[0].message.content
 
     assert sample(11) == sample(11)
@@ -195,16 +229,21 @@ def test_seed_reproduces_a_sample(api):
 
 
 def test_completions_text_and_token_ids(api, url):
-    by_text = api.completions.create(model="llama", prompt="Hello there", max_tokens=5,
-                                     temperature=0, logprobs=0)
+    by_text = api.completions.create(
+        model="llama", prompt="Hello there", max_tokens=5, temperature=0, logprobs=0
+    )
     lp = by_text.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) == 5 == by_text.usage.completion_tokens
     assert "".join(lp.tokens) == by_text.choices[0].text
     ids = [100, 200, 300, 400]
     r = post(url, "/v1/completions", {"prompt": ids, "max_tokens": 4, "temperature": 0})
     assert r.json()["usage"]["prompt_tokens"] == 4
-    streamed = "".join(c.choices[0].text for c in api.completions.create(
-        model="llama", prompt=ids, max_tokens=4, temperature=0, stream=True))
+    streamed = "".join(
+        c.choices[0].text
+        for c in api.completions.create(
+            model="llama", prompt=ids, max_tokens=4, temperature=0, stream=True
+        )
+    )
     assert streamed == r.json()["choices"][0]["text"]
 
 
@@ -216,8 +255,9 @@ def test_persona_model_uses_its_pinned_prefix(api):
 
 def test_cancel_mid_stream_frees_the_blocks(url):
     body = {"messages": HI, "max_tokens": 900, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, headers=HEADERS,
-                      timeout=60) as s:
+    with httpx.stream(
+        "POST", f"{url}/v1/chat/completions", json=body, headers=HEADERS, timeout=60
+    ) as s:
         lines = s.iter_lines()
         for _ in range(6):
             next(lines)
@@ -230,23 +270,29 @@ def test_cancel_mid_stream_frees_the_blocks(url):
     assert now["blocks_used"] == now["blocks_pinned"]
 
 
-@pytest.mark.parametrize(("body", "field", "words"), [
-    ({"messages": HI, "top_p": 3}, "top_p", "> 0 and <= 1"),
-    ({"messages": HI, "n": 0}, "n", ">= 1"),
-    ({"messages": HI, "max_tokens": "ten"}, "max_tokens", "whole number"),
-    ({"messages": HI, "max_completion_tokens": 0}, "max_completion_tokens", ">= 1"),
-    ({"messages": HI, "temperature": -1}, "temperature", ">= 0"),
-    ({"messages": HI, "stop": 5}, "stop", "string"),
-    ({"messages": HI, "top_logprobs": 21, "logprobs": True}, "top_logprobs", "<= 20"),
-    ({"messages": HI, "top_logprobs": -1, "logprobs": True}, "top_logprobs", ">= 0"),
-    ({"messages": HI, "top_logprobs": True, "logprobs": True}, "top_logprobs", "integer"),
-    ({"messages": HI, "top_logprobs": 2}, "top_logprobs", "logprobs: true"),
-    ({"messages": []}, "messages", "non-empty"),
-    ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "one of"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-     "messages[0].content", "text part"),
-    ({"messages": HI, "stream_options": {"include_usage": True}}, "stream_options", "stream"),
-])
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ({"messages": HI, "top_p": 3}, "top_p", "> 0 and <= 1"),
+        ({"messages": HI, "n": 0}, "n", ">= 1"),
+        ({"messages": HI, "max_tokens": "ten"}, "max_tokens", "whole number"),
+        ({"messages": HI, "max_completion_tokens": 0}, "max_completion_tokens", ">= 1"),
+        ({"messages": HI, "temperature": -1}, "temperature", ">= 0"),
+        ({"messages": HI, "stop": 5}, "stop", "string"),
+        ({"messages": HI, "top_logprobs": 21, "logprobs": True}, "top_logprobs", "<= 20"),
+        ({"messages": HI, "top_logprobs": -1, "logprobs": True}, "top_logprobs", ">= 0"),
+        ({"messages": HI, "top_logprobs": True, "logprobs": True}, "top_logprobs", "integer"),
+        ({"messages": HI, "top_logprobs": 2}, "top_logprobs", "logprobs: true"),
+        ({"messages": []}, "messages", "non-empty"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "one of"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content",
+            "text part",
+        ),
+        ({"messages": HI, "stream_options": {"include_usage": True}}, "stream_options", "stream"),
+    ],
+)
 def test_invalid_values_are_400_naming_the_field(url, body, field, words):
     r = post(url, "/v1/chat/completions", body)
     assert r.status_code == 400
@@ -284,8 +330,12 @@ def test_api_key_is_required_on_v1_only(url):
 
 async def test_32_concurrent_streams_all_complete(url):
     async def one(client: httpx.AsyncClient, i: int) -> tuple[str, str]:
-        body = {"messages": [{"role": "user", "content": f"Count to {i}."}], "max_tokens": 8,
-                "ignore_eos": True, "stream": True}
+        body = {
+            "messages": [{"role": "user", "content": f"Count to {i}."}],
+            "max_tokens": 8,
+            "ignore_eos": True,
+            "stream": True,
+        }
         text, last = "", ""
         async with client.stream("POST", "/v1/chat/completions", json=body) as s:
             async for line in s.aiter_lines():
@@ -302,13 +352,21 @@ async def test_32_concurrent_streams_all_complete(url):
 
 def test_metrics_parse_with_vllm_names(api, url):
     api.chat.completions.create(model="llama", messages=HI, max_tokens=3)
-    families = {f.name: f for f in text_string_to_metric_families(
-        httpx.get(f"{url}/metrics").text)}
-    for name in ("vllm:kv_cache_usage_perc", "vllm:num_requests_running",
-                 "vllm:num_requests_waiting", "vllm:num_preemptions", "vllm:prefix_cache_queries",
-                 "vllm:prefix_cache_hits", "vllm:generation_tokens", "chatpage:blocks_pinned",
-                 "chatpage:blocks_shared", "chatpage:blocks_private", "chatpage:blocks_cached",
-                 "chatpage:blocks_swapped"):
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(f"{url}/metrics").text)}
+    for name in (
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:num_preemptions",
+        "vllm:prefix_cache_queries",
+        "vllm:prefix_cache_hits",
+        "vllm:generation_tokens",
+        "chatpage:blocks_pinned",
+        "chatpage:blocks_shared",
+        "chatpage:blocks_private",
+        "chatpage:blocks_cached",
+        "chatpage:blocks_swapped",
+    ):
         assert name in families, name
     value = {f.name: f.samples[0].value for f in families.values() if f.samples}
     assert value["vllm:generation_tokens"] >= 3
@@ -342,8 +400,21 @@ def test_health_is_503_while_loading_and_after_a_failed_load(tmp_path):
 def test_bench_serve_api_json(tiny_llama_dir, capsys):
     from chatpage.bench import serve as bench_serve
 
-    assert bench_serve.main(["--api", "--json", "--model", str(tiny_llama_dir), "--scale",
-                             "0.05", "--concurrency", "4"]) == 0
+    assert (
+        bench_serve.main(
+            [
+                "--api",
+                "--json",
+                "--model",
+                str(tiny_llama_dir),
+                "--scale",
+                "0.05",
+                "--concurrency",
+                "4",
+            ]
+        )
+        == 0
+    )
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert r["benchmark"] == "serve_api" and r["concurrency"] == 4
     for run in (r["in_process"], r["api"]):

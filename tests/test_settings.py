@@ -19,9 +19,21 @@ from chatpage.config.settings import (
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("512MiB", 512 << 20), ("1G", 1 << 30), ("1g", 1 << 30), ("2 GiB", 2 << 30),
-        ("64K", 65536), ("64KiB", 65536), ("1KB", 1000), ("3MB", 3_000_000), ("1GB", 10**9),
-        ("1.5G", 3 << 29), ("4096", 4096), ("10b", 10), (" 8 M ", 8 << 20), (0, 0), (123, 123),
+        ("512MiB", 512 << 20),
+        ("1G", 1 << 30),
+        ("1g", 1 << 30),
+        ("2 GiB", 2 << 30),
+        ("64K", 65536),
+        ("64KiB", 65536),
+        ("1KB", 1000),
+        ("3MB", 3_000_000),
+        ("1GB", 10**9),
+        ("1.5G", 3 << 29),
+        ("4096", 4096),
+        ("10b", 10),
+        (" 8 M ", 8 << 20),
+        (0, 0),
+        (123, 123),
     ],
 )
 def test_parse_size(text: str | int, expected: int) -> None:
@@ -48,8 +60,14 @@ def test_defaults_when_no_file(tmp_path: Path, monkeypatch) -> None:
     assert config_path() == tmp_path / "chatpage" / "config.yaml"
     settings, warnings = load_settings()
     assert warnings == []
-    assert settings == Settings(model=None, kv_cache=512 << 20, block_size=16,
-                                default_persona="assistant", theme="chatpage", bindings={})
+    assert settings == Settings(
+        model=None,
+        kv_cache=512 << 20,
+        block_size=16,
+        default_persona="assistant",
+        theme="chatpage",
+        bindings={},
+    )
     assert settings.sources == dict.fromkeys(SETTING_KEYS, "default")
 
 
@@ -134,6 +152,8 @@ def test_models_dirs_is_a_list_of_folders(tmp_path):
     path.write_text("models_dirs: 7\n")
     settings, warnings = load_settings(path)
     assert settings.models_dirs == ()
-    assert warnings == ["config.yaml: models_dirs = 7 is not valid; expected a list of folders "
-                        "holding model folders or .gguf files, e.g. [~/models]; using the "
-                        "default value"]
+    assert warnings == [
+        "config.yaml: models_dirs = 7 is not valid; expected a list of folders "
+        "holding model folders or .gguf files, e.g. [~/models]; using the "
+        "default value"
+    ]

@@ -19,8 +19,9 @@ print(sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.")))
 
 
 def test_the_app_and_the_cli_import_without_torch():
-    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
 
@@ -45,8 +46,22 @@ def test_bench_startup_times_real_starts_of_every_format_asked(tiny_llama_dir, c
 
     from chatpage.bench import report, startup
 
-    assert startup.main(["--json", "--model", str(tiny_llama_dir), "--weights", "fp32,int8",
-                         "--repeats", "2", "--threads", "1"]) == 0
+    assert (
+        startup.main(
+            [
+                "--json",
+                "--model",
+                str(tiny_llama_dir),
+                "--weights",
+                "fp32,int8",
+                "--repeats",
+                "2",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert r["benchmark"] == "startup" and r["rounds"] == 2
     assert [x["weights"] for x in r["results"]] == ["fp32", "int8"]

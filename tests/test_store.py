@@ -69,12 +69,19 @@ def test_messages_ordered_and_updated(store: Store) -> None:
     sid = chat(store, "q1", "a1", "q2")
     reply = store.add_message(sid, "assistant", "", status="streaming")
     store.update_message(reply, content="partial")
-    store.update_message(reply, content="full answer", status="done",
-                         metadata={"tokens": 3, "tok_s": 41.5, "ttft": 0.12, "prefix_hits": 32})
+    store.update_message(
+        reply,
+        content="full answer",
+        status="done",
+        metadata={"tokens": 3, "tok_s": 41.5, "ttft": 0.12, "prefix_hits": 32},
+    )
     rows = store.messages(sid)
     assert [(m.position, m.role, m.content) for m in rows] == [
-        (0, "user", "q1"), (1, "assistant", "a1"), (2, "user", "q2"),
-        (3, "assistant", "full answer")]
+        (0, "user", "q1"),
+        (1, "assistant", "a1"),
+        (2, "user", "q2"),
+        (3, "assistant", "full answer"),
+    ]
     assert rows[-1].metadata == {"tokens": 3, "tok_s": 41.5, "ttft": 0.12, "prefix_hits": 32}
     assert rows[-1].status == "done" and rows[-1].parent_id == rows[-2].id and rows[-1].kept
     with pytest.raises(ValueError, match="role must be one of"):
@@ -96,8 +103,12 @@ def test_messages_form_a_tree_with_one_active_path(store: Store) -> None:
     follow = store.add_message(sid, "user", "thanks")  # after the current reply, B
     rows = store.messages(sid)
     assert [(m.id, m.parent_id, m.position, m.kept) for m in rows] == [
-        (q, None, 0, True), (first, q, 1, False), (second, q, 1, True), (third, q, 1, False),
-        (follow, second, 2, True)]
+        (q, None, 0, True),
+        (first, q, 1, False),
+        (second, q, 1, True),
+        (third, q, 1, False),
+        (follow, second, 2, True),
+    ]
     assert [m.content for m in store.active_path(sid)] == ["question", "answer B", "thanks"]
     assert store.messages(sid, active_only=True) == store.active_path(sid)
     assert [m.id for m in store.siblings(third)] == [first, second, third]
@@ -158,24 +169,45 @@ def test_streaming_becomes_interrupted(store: Store) -> None:
 
 @pytest.mark.parametrize(
     "term",
-    ['"', '""', "'", "(", ")", "[x]", "*", "-", "-paged", "paged*", "a OR b", "NOT", "NEAR(a b)",
-     "col:paged", "^paged", "+", "\x00", "  ", "'; DROP TABLE messages; --", "\\"],
+    [
+        '"',
+        '""',
+        "'",
+        "(",
+        ")",
+        "[x]",
+        "*",
+        "-",
+        "-paged",
+        "paged*",
+        "a OR b",
+        "NOT",
+        "NEAR(a b)",
+        "col:paged",
+        "^paged",
+        "+",
+        "\x00",
+        "  ",
+        "'; DROP TABLE messages; --",
+        "\\",
+    ],
 )
 def test_search_never_raises_on_user_text(store: Store, term: str) -> None:
-    chat(store, "paged attention with [brackets] and \"quotes\" -dash- * star", "ok")
+    chat(store, 'paged attention with [brackets] and "quotes" -dash- * star', "ok")
     assert isinstance(store.search(term), list)
     assert store.messages(1)  # nothing was dropped
 
 
-fuzz = settings(max_examples=40, deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture])
+fuzz = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 @fuzz
 @given(term=st.text(max_size=24))
 def test_search_fuzz(store: Store, term: str) -> None:
     if not store.list_sessions():
-        chat(store, "some * text (with) \"syntax\" - NEAR OR AND")
+        chat(store, 'some * text (with) "syntax" - NEAR OR AND')
     for hit in store.search(term):
         assert hit.session_id == 1
 
@@ -184,11 +216,15 @@ def test_search_fuzz(store: Store, term: str) -> None:
 @given(
     title=st.text(max_size=20),
     contents=st.lists(st.text(max_size=40), min_size=1, max_size=4),
-    metadata=st.dictionaries(st.text(max_size=5), st.integers() | st.floats(allow_nan=False)
-                             | st.text(max_size=5) | st.none(), max_size=3),
+    metadata=st.dictionaries(
+        st.text(max_size=5),
+        st.integers() | st.floats(allow_nan=False) | st.text(max_size=5) | st.none(),
+        max_size=3,
+    ),
 )
-def test_json_round_trip_fuzz(store: Store, title: str, contents: list[str],
-                              metadata: dict) -> None:
+def test_json_round_trip_fuzz(
+    store: Store, title: str, contents: list[str], metadata: dict
+) -> None:
     sid = store.create_session(title, "p", {"nested": {"x": metadata}})
     top = store.add_message(sid, "user", "q")
     for text in contents:
@@ -199,8 +235,12 @@ def test_json_round_trip_fuzz(store: Store, title: str, contents: list[str],
 
 
 def test_search_matches_words_literally(store: Store) -> None:
-    a = chat(store, "How does paged attention work?", "It splits the KV cache into blocks.",
-             title="paging")
+    a = chat(
+        store,
+        "How does paged attention work?",
+        "It splits the KV cache into blocks.",
+        title="paging",
+    )
     b = chat(store, "Write a haiku about café mornings", "Steam rises slowly", title="poems")
     hit = store.search("paged")[0]
     assert (hit.session_id, hit.session_title, hit.role) == (a, "paging", "user")
@@ -265,19 +305,38 @@ def test_export_json_round_trip_is_exact(store: Store) -> None:
     assert export_session(store, new, "json") == exported
     assert store.get_session(new).system_prompt == "Answer in French."
     original, copy = store.messages(sid), store.messages(new)
-    assert [(m.position, m.role, m.content, m.status, m.metadata, m.kept) for m in original] == \
-           [(m.position, m.role, m.content, m.status, m.metadata, m.kept) for m in copy]
+    assert [(m.position, m.role, m.content, m.status, m.metadata, m.kept) for m in original] == [
+        (m.position, m.role, m.content, m.status, m.metadata, m.kept) for m in copy
+    ]
     assert [m.content for m in store.active_path(new)] == [
-        "be brief", "line 1\nline 2 ünïcödé 🙂", "B", "more", "half"]
+        "be brief",
+        "line 1\nline 2 ünïcödé 🙂",
+        "B",
+        "more",
+        "half",
+    ]
 
 
 def test_import_reads_version_1_as_a_chain(store: Store) -> None:
-    messages = [{"role": "user", "content": "q"},
-                {"role": "assistant", "content": "A", "group": 1, "kept": False},
-                {"role": "assistant", "content": "B", "group": 1},
-                {"role": "user", "content": "more"}, {"role": "assistant", "content": "end"}]
-    sid = import_json(store, json.dumps({"format": "chatpage-session", "version": 1,
-                                         "title": "old", "persona": "p", "messages": messages}))
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "A", "group": 1, "kept": False},
+        {"role": "assistant", "content": "B", "group": 1},
+        {"role": "user", "content": "more"},
+        {"role": "assistant", "content": "end"},
+    ]
+    sid = import_json(
+        store,
+        json.dumps(
+            {
+                "format": "chatpage-session",
+                "version": 1,
+                "title": "old",
+                "persona": "p",
+                "messages": messages,
+            }
+        ),
+    )
     assert [m.content for m in store.active_path(sid)] == ["q", "B", "more", "end"]
     b = store.active_path(sid)[1]
     assert [m.content for m in store.siblings(b.id)] == ["A", "B"]
@@ -305,18 +364,31 @@ def test_export_markdown_shows_the_kept_transcript(store: Store) -> None:
         ("not json", "not valid JSON"),
         ("[]", "not a chatpage export"),
         ('{"format": "chatpage-session", "version": 99}', "unsupported export version"),
-        ('{"format": "chatpage-session", "version": 2, "title": "t", "persona": "p",'
-         ' "messages": [{"id": 1, "parent": 5, "role": "user", "content": "x"}]}',
-         "message 1: 'parent' must be the id of an earlier message"),
-        ('{"format": "chatpage-session", "version": 1, "title": 3, "persona": "p",'
-         ' "messages": []}', "'title' must be text"),
-        ('{"format": "chatpage-session", "version": 2, "title": "t", "persona": "p",'
-         ' "system_prompt": 3, "messages": []}', "'system_prompt' must be text or null"),
-        ('{"format": "chatpage-session", "version": 1, "title": "t", "persona": "p",'
-         ' "messages": [{"role": "robot", "content": "x"}]}', "message 1: role must be one of"),
-        ('{"format": "chatpage-session", "version": 1, "title": "t", "persona": "p",'
-         ' "messages": [{"role": "user", "content": "x", "metadata": []}]}',
-         "'metadata' must be an object"),
+        (
+            '{"format": "chatpage-session", "version": 2, "title": "t", "persona": "p",'
+            ' "messages": [{"id": 1, "parent": 5, "role": "user", "content": "x"}]}',
+            "message 1: 'parent' must be the id of an earlier message",
+        ),
+        (
+            '{"format": "chatpage-session", "version": 1, "title": 3, "persona": "p",'
+            ' "messages": []}',
+            "'title' must be text",
+        ),
+        (
+            '{"format": "chatpage-session", "version": 2, "title": "t", "persona": "p",'
+            ' "system_prompt": 3, "messages": []}',
+            "'system_prompt' must be text or null",
+        ),
+        (
+            '{"format": "chatpage-session", "version": 1, "title": "t", "persona": "p",'
+            ' "messages": [{"role": "robot", "content": "x"}]}',
+            "message 1: role must be one of",
+        ),
+        (
+            '{"format": "chatpage-session", "version": 1, "title": "t", "persona": "p",'
+            ' "messages": [{"role": "user", "content": "x", "metadata": []}]}',
+            "'metadata' must be an object",
+        ),
     ],
 )
 def test_import_rejects_bad_input_atomically(store: Store, text: str, needle: str) -> None:
@@ -326,8 +398,11 @@ def test_import_rejects_bad_input_atomically(store: Store, text: str, needle: st
 
 
 def test_import_minimal(store: Store) -> None:
-    sid = import_json(store, '{"format": "chatpage-session", "version": 1, "title": "t", '
-                            '"persona": "p", "messages": [{"role": "user", "content": "x"}]}')
+    sid = import_json(
+        store,
+        '{"format": "chatpage-session", "version": 1, "title": "t", '
+        '"persona": "p", "messages": [{"role": "user", "content": "x"}]}',
+    )
     (msg,) = store.messages(sid)
     assert (msg.content, msg.status, msg.kept, msg.metadata) == ("x", "done", True, {})
 
@@ -357,8 +432,9 @@ def test_newer_schema_is_left_alone(tmp_path: Path) -> None:
     assert path.exists() and not list(tmp_path.glob("*.corrupt-*"))
 
 
-@pytest.mark.parametrize("garbage", [b"this is not a database at all" * 200, b"SQLite format 3\x00"
-                                     + b"\xff" * 5000])
+@pytest.mark.parametrize(
+    "garbage", [b"this is not a database at all" * 200, b"SQLite format 3\x00" + b"\xff" * 5000]
+)
 def test_corrupt_file_is_moved_aside(tmp_path: Path, garbage: bytes) -> None:
     path = tmp_path / DB_NAME
     path.write_bytes(garbage)
@@ -396,9 +472,15 @@ def test_read_only_dir_or_file_falls_back_to_memory(tmp_path: Path, monkeypatch)
     # Running as root ignores these modes, so also open the file the way SQLite does for a
     # read-only file (mode=ro): real SQLite then refuses every write.
     real_connect = store_schema.connect
-    monkeypatch.setattr(store_schema, "connect", lambda target: real_connect(target)
-                        if target == ":memory:" else
-                        sqlite3.connect(f"file:{target}?mode=ro", uri=True, isolation_level=None))
+    monkeypatch.setattr(
+        store_schema,
+        "connect",
+        lambda target: (
+            real_connect(target)
+            if target == ":memory:"
+            else sqlite3.connect(f"file:{target}?mode=ro", uri=True, isolation_level=None)
+        ),
+    )
     try:
         with Store.open(path) as opened:
             assert not opened.persistent
@@ -448,24 +530,36 @@ def test_closed_chats(store: Store) -> None:
         store.set_closed(999, True)
 
 
-
 def test_insert_session_is_all_or_nothing(store: Store) -> None:
     from chatpage.store import NewMessage
 
     with pytest.raises(ValueError, match="message 2: status must be one of"):
-        store.insert_session("t", "p", {}, [NewMessage("user", "x"),
-                                            NewMessage("assistant", "y", status="bogus")])
+        store.insert_session(
+            "t", "p", {}, [NewMessage("user", "x"), NewMessage("assistant", "y", status="bogus")]
+        )
     assert store.list_sessions() == []
     with pytest.raises(ValueError, match="message 1: parent must be an earlier message"):
         store.insert_session("t", "p", {}, [NewMessage("user", "x", parent=0)])
     assert store.list_sessions() == []
-    sid = store.insert_session("t", "p", {"seed": 1}, [
-        NewMessage("user", "q"), NewMessage("assistant", "a", parent=0, kept=False),
-        NewMessage("assistant", "b", parent=0), NewMessage("user", "more", parent=2)],
-        created_at="2024-01-02T03:04:05+00:00")
+    sid = store.insert_session(
+        "t",
+        "p",
+        {"seed": 1},
+        [
+            NewMessage("user", "q"),
+            NewMessage("assistant", "a", parent=0, kept=False),
+            NewMessage("assistant", "b", parent=0),
+            NewMessage("user", "more", parent=2),
+        ],
+        created_at="2024-01-02T03:04:05+00:00",
+    )
     rows = store.messages(sid)
     assert [(m.position, m.content, m.kept) for m in rows] == [
-        (0, "q", True), (1, "a", False), (1, "b", True), (2, "more", True)]
+        (0, "q", True),
+        (1, "a", False),
+        (1, "b", True),
+        (2, "more", True),
+    ]
     assert rows[1].parent_id == rows[2].parent_id == rows[0].id
     assert store.get_session(sid).created_at == "2024-01-02T03:04:05+00:00"
 
@@ -475,19 +569,26 @@ def test_migrates_a_v1_database_with_chats(tmp_path: Path) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     store_schema.MIGRATIONS[0](conn)  # the schema as chatpage 1 left it
     conn.execute("PRAGMA user_version = 1")
-    conn.execute("INSERT INTO sessions (title, persona, created_at, updated_at) "
-                 "VALUES ('old chat', 'assistant', '2024-01-01', '2024-01-01')")
+    conn.execute(
+        "INSERT INTO sessions (title, persona, created_at, updated_at) "
+        "VALUES ('old chat', 'assistant', '2024-01-01', '2024-01-01')"
+    )
     for position, role, content, group, kept in [
-            (0, "user", "q", None, 1), (1, "assistant", "A", 2, 0), (1, "assistant", "B", 2, 1),
-            (2, "user", "more", None, 1), (3, "assistant", "end", None, 1)]:
-        conn.execute("INSERT INTO messages (session_id, position, role, content, group_id, kept,"
-                     " created_at) VALUES (1, ?, ?, ?, ?, ?, '2024-01-01')",
-                     (position, role, content, group, kept))
+        (0, "user", "q", None, 1),
+        (1, "assistant", "A", 2, 0),
+        (1, "assistant", "B", 2, 1),
+        (2, "user", "more", None, 1),
+        (3, "assistant", "end", None, 1),
+    ]:
+        conn.execute(
+            "INSERT INTO messages (session_id, position, role, content, group_id, kept,"
+            " created_at) VALUES (1, ?, ?, ?, ?, ?, '2024-01-01')",
+            (position, role, content, group, kept),
+        )
     conn.close()
     with Store.open(path) as opened:
         (row,) = opened.list_sessions(closed=False)
-        assert (row.title, row.closed, row.draft, row.message_count) == (
-            "old chat", False, "", 4)
+        assert (row.title, row.closed, row.draft, row.message_count) == ("old chat", False, "", 4)
         path_rows = opened.active_path(row.id)
         assert [m.content for m in path_rows] == ["q", "B", "more", "end"]  # a chain
         assert [m.content for m in opened.siblings(path_rows[1].id)] == ["A", "B"]

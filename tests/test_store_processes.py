@@ -31,9 +31,15 @@ PROCESSES = 6
 def _open_together(path: Path) -> list[dict]:
     """Start PROCESSES interpreters that all open `path` at one instant (after their imports)."""
     start = time.time() + 3.0
-    procs = [subprocess.Popen([sys.executable, "-c", OPENER, str(path), str(start)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(PROCESSES)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", OPENER, str(path), str(start)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(PROCESSES)
+    ]
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=120)
@@ -47,10 +53,14 @@ def _v1_database(path: Path) -> None:
     conn = sqlite3.connect(path, isolation_level=None)
     store_schema.MIGRATIONS[0](conn)
     conn.execute("PRAGMA user_version = 1")
-    conn.execute("INSERT INTO sessions (title, persona, created_at, updated_at) "
-                 "VALUES ('old chat', 'assistant', '2024-01-01', '2024-01-01')")
-    conn.execute("INSERT INTO messages (session_id, position, role, content, kept, created_at) "
-                 "VALUES (1, 0, 'user', 'q', 1, '2024-01-01')")
+    conn.execute(
+        "INSERT INTO sessions (title, persona, created_at, updated_at) "
+        "VALUES ('old chat', 'assistant', '2024-01-01', '2024-01-01')"
+    )
+    conn.execute(
+        "INSERT INTO messages (session_id, position, role, content, kept, created_at) "
+        "VALUES (1, 0, 'user', 'q', 1, '2024-01-01')"
+    )
     conn.close()
 
 
@@ -80,15 +90,20 @@ def test_a_schema_error_leaves_the_database_in_place(tmp_path: Path, monkeypatch
     path = tmp_path / DB_NAME
     _v1_database(path)
     sqlite3.connect(path, isolation_level=None).execute("CREATE TABLE clash (x)")
-    monkeypatch.setattr(store_schema, "MIGRATIONS", [
-        *store_schema.MIGRATIONS[:1], lambda conn: conn.execute("CREATE TABLE clash (x)"),
-        *store_schema.MIGRATIONS[2:]])
+    monkeypatch.setattr(
+        store_schema,
+        "MIGRATIONS",
+        [
+            *store_schema.MIGRATIONS[:1],
+            lambda conn: conn.execute("CREATE TABLE clash (x)"),
+            *store_schema.MIGRATIONS[2:],
+        ],
+    )
     with Store.open(path) as store:
         assert not store.persistent
         assert "table clash already exists" in store.notice
     assert not list(tmp_path.glob(f"{DB_NAME}.corrupt-*"))
-    assert sqlite3.connect(path).execute("SELECT title FROM sessions").fetchall() == [
-        ("old chat",)]
+    assert sqlite3.connect(path).execute("SELECT title FROM sessions").fetchall() == [("old chat",)]
 
 
 def test_a_busy_database_is_not_moved_aside(tmp_path: Path, monkeypatch) -> None:
@@ -97,9 +112,12 @@ def test_a_busy_database_is_not_moved_aside(tmp_path: Path, monkeypatch) -> None
         pass
     holder = sqlite3.connect(path, isolation_level=None)
     holder.execute("PRAGMA journal_mode = DELETE")  # a rollback journal: an exclusive lock
-    holder.execute("BEGIN EXCLUSIVE")                # keeps even readers out
-    monkeypatch.setattr(store_schema, "connect", lambda target: sqlite3.connect(
-        target, isolation_level=None, timeout=0.1))
+    holder.execute("BEGIN EXCLUSIVE")  # keeps even readers out
+    monkeypatch.setattr(
+        store_schema,
+        "connect",
+        lambda target: sqlite3.connect(target, isolation_level=None, timeout=0.1),
+    )
     try:
         with Store.open(path) as store:
             assert not store.persistent

@@ -23,12 +23,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_a_streamed_tensor_is_the_stored_one(tmp_path):
-    tensors = {"a": torch.randn(3, 5), "b": torch.arange(7, dtype=torch.int64),
-               "c": torch.randn(2, 2).to(torch.bfloat16), "empty": torch.zeros(0, 4)}
+    tensors = {
+        "a": torch.randn(3, 5),
+        "b": torch.arange(7, dtype=torch.int64),
+        "c": torch.randn(2, 2).to(torch.bfloat16),
+        "empty": torch.zeros(0, 4),
+    }
     save_file(tensors, tmp_path / "x.safetensors", metadata={"format": "pt"})
     assert set(read_header(tmp_path / "x.safetensors")) == set(tensors)
-    state = StreamedState([tmp_path / "x.safetensors"], torch.device("cpu"),
-                          lambda name: torch.float16 if name == "a" else None)
+    state = StreamedState(
+        [tmp_path / "x.safetensors"],
+        torch.device("cpu"),
+        lambda name: torch.float16 if name == "a" else None,
+    )
     assert len(state) == 4 and "a" in state and "zzz" not in state
     assert torch.equal(state["a"], tensors["a"].half()) and state["a"].dtype == torch.float16
     assert torch.equal(state["b"], tensors["b"])  # integers keep their dtype
@@ -84,22 +91,38 @@ def _big_checkpoint(root: Path, tokenizer_dir: Path) -> Path:
     from transformers import AutoTokenizer, LlamaConfig
 
     hidden, inter, layers, vocab = 1024, 4096, 6, 4096
-    LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
-                num_attention_heads=16, num_key_value_heads=16, vocab_size=vocab,
-                max_position_embeddings=1024, tie_word_embeddings=False).save_pretrained(root)
+    LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        vocab_size=vocab,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+    ).save_pretrained(root)
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(root)
-    shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,),
-              "lm_head.weight": (vocab, hidden)}
+    shapes = {
+        "model.embed_tokens.weight": (vocab, hidden),
+        "model.norm.weight": (hidden,),
+        "lm_head.weight": (vocab, hidden),
+    }
     for i in range(layers):
         p = f"model.layers.{i}."
         shapes.update({p + f"self_attn.{x}_proj.weight": (hidden, hidden) for x in "qkvo"})
-        shapes.update({p + "mlp.gate_proj.weight": (inter, hidden),
-                       p + "mlp.up_proj.weight": (inter, hidden),
-                       p + "mlp.down_proj.weight": (hidden, inter),
-                       p + "input_layernorm.weight": (hidden,),
-                       p + "post_attention_layernorm.weight": (hidden,)})
-    save_file({name: torch.full(shape, 0.01) for name, shape in shapes.items()},
-              root / "model.safetensors")
+        shapes.update(
+            {
+                p + "mlp.gate_proj.weight": (inter, hidden),
+                p + "mlp.up_proj.weight": (inter, hidden),
+                p + "mlp.down_proj.weight": (hidden, inter),
+                p + "input_layernorm.weight": (hidden,),
+                p + "post_attention_layernorm.weight": (hidden,),
+            }
+        )
+    save_file(
+        {name: torch.full(shape, 0.01) for name, shape in shapes.items()},
+        root / "model.safetensors",
+    )
     return root
 
 
@@ -107,8 +130,13 @@ def test_the_host_peak_stays_well_below_the_fp32_checkpoint(tmp_path, default_mo
     model_dir = _big_checkpoint(tmp_path / "big", default_model_dir)
     fp32_bytes = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
     assert fp32_bytes > 380e6
-    out = subprocess.run([sys.executable, "-c", _CHILD, str(model_dir)], capture_output=True,
-                         text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(model_dir)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     grown = seen["peak"] - seen["before"]

@@ -37,8 +37,9 @@ def personas_dir(tmp_path) -> Path:
     return alpha_and_beta(tmp_path)
 
 
-async def test_two_personas_stream_switch_cache_and_gauge(tiny_llama_dir, personas_dir,
-                                                          monkeypatch):
+async def test_two_personas_stream_switch_cache_and_gauge(
+    tiny_llama_dir, personas_dir, monkeypatch
+):
     release = hold_model_load(monkeypatch)
     app = make_app(tiny_llama_dir, personas_dir)
     async with app.run_test(size=SIZE) as pilot:
@@ -55,8 +56,11 @@ async def test_two_personas_stream_switch_cache_and_gauge(tiny_llama_dir, person
         await pilot.press("ctrl+n")
         await opened(pilot, PersonaPicker)
         await pilot.press(*"bet", "enter")
-        await wait_for(pilot, lambda: len(app.chats.sessions) == 2 and app.chat.current is not first,
-                       "the second session")
+        await wait_for(
+            pilot,
+            lambda: len(app.chats.sessions) == 2 and app.chat.current is not first,
+            "the second session",
+        )
         second = app.chat.current
         assert second.persona.name == "beta"
         await ready(pilot, app)
@@ -68,8 +72,9 @@ async def test_two_personas_stream_switch_cache_and_gauge(tiny_llama_dir, person
         assert second.streaming
         assert "●" in str(app.chat.query_one(SessionList).get_option(str(second.id)).prompt)
         streaming_at_switch = []
-        app.chat.watch(app.chat, "current", lambda _s: streaming_at_switch.append(
-            second.streaming), init=False)
+        app.chat.watch(
+            app.chat, "current", lambda _s: streaming_at_switch.append(second.streaming), init=False
+        )
         await pilot.press("alt+1")  # switch away mid-stream
         assert app.chat.current is first and streaming_at_switch == [True]
         await send(pilot, "hello again alpha")
@@ -104,8 +109,9 @@ async def test_two_personas_stream_switch_cache_and_gauge(tiny_llama_dir, person
         assert third not in app.chats.sessions and len(app.chats.sessions) == 2
 
 
-async def test_a_tiny_temperature_in_one_chat_is_greedy_and_ends_no_other_reply(tiny_llama_dir,
-                                                                                personas_dir):
+async def test_a_tiny_temperature_in_one_chat_is_greedy_and_ends_no_other_reply(
+    tiny_llama_dir, personas_dir
+):
     """`/temp 1e-40` once overflowed the sampler and the step's error ended every chat's reply
     (issue 20, item 1): now it is greedy, and the other chat's reply streams on."""
     app = make_app(tiny_llama_dir, personas_dir)

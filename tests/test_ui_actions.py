@@ -24,29 +24,94 @@ README = Path(__file__).resolve().parent.parent / "README.md"
 
 # What chatpage offered before the table (each must still be there, doing the same).
 KEYS_BEFORE = {
-    "help": "f1", "new_session": "ctrl+n", "close_session": "ctrl+w",
-    "next_session": "ctrl+tab,ctrl+pagedown", "prev_session": "ctrl+shift+tab,ctrl+pageup",
-    **{f"goto_session_{n}": f"alt+{n}" for n in range(1, 10)}, "stop": "escape",
-    "regenerate": "ctrl+r", "edit_last": "alt+e", "cycle_alternatives": "ctrl+a",
-    "copy_reply": "alt+c", "copy_code": "alt+k", "sampling_settings": "f2",
-    "search_history": "ctrl+f", "toggle_sidebar": "ctrl+b", "external_editor": "ctrl+e",
-    "focus_prev_message": "alt+up", "focus_next_message": "alt+down",
+    "help": "f1",
+    "new_session": "ctrl+n",
+    "close_session": "ctrl+w",
+    "next_session": "ctrl+tab,ctrl+pagedown",
+    "prev_session": "ctrl+shift+tab,ctrl+pageup",
+    **{f"goto_session_{n}": f"alt+{n}" for n in range(1, 10)},
+    "stop": "escape",
+    "regenerate": "ctrl+r",
+    "edit_last": "alt+e",
+    "cycle_alternatives": "ctrl+a",
+    "copy_reply": "alt+c",
+    "copy_code": "alt+k",
+    "sampling_settings": "f2",
+    "search_history": "ctrl+f",
+    "toggle_sidebar": "ctrl+b",
+    "external_editor": "ctrl+e",
+    "focus_prev_message": "alt+up",
+    "focus_next_message": "alt+down",
 }
 ADDED_KEYS = {"cancel_edit", "interrupt", "undo_delete"}  # escape, ctrl+c, ctrl+z (#23)
 SLASH_BEFORE = {
-    "help", "new", "clear", "temp", "top_p", "top_k", "max", "seed", "samples", "beam",
-    "single", "compare", "keep", "file", "detach", "stop", "regen", "edit", "continue", "copy",
-    "title", "search", "export", "settings", "system", "persona", "model", "saveas", "quit",
+    "help",
+    "new",
+    "clear",
+    "temp",
+    "top_p",
+    "top_k",
+    "max",
+    "seed",
+    "samples",
+    "beam",
+    "single",
+    "compare",
+    "keep",
+    "file",
+    "detach",
+    "stop",
+    "regen",
+    "edit",
+    "continue",
+    "copy",
+    "title",
+    "search",
+    "export",
+    "settings",
+    "system",
+    "persona",
+    "model",
+    "saveas",
+    "quit",
 }
-ALIASES_BEFORE = {"regenerate": "regen", "exit": "quit", "attach": "file", "off": "single",
-                  "temperature": "temp", "max_tokens": "max", "topp": "top_p", "topk": "top_k"}
+ALIASES_BEFORE = {
+    "regenerate": "regen",
+    "exit": "quit",
+    "attach": "file",
+    "off": "single",
+    "temperature": "temp",
+    "max_tokens": "max",
+    "topp": "top_p",
+    "topk": "top_k",
+}
 PALETTE_BEFORE = {
-    "Switch model", "New chat", "Close", "Next chat", "Previous chat", "Stop", "Regenerate",
-    "Edit last", "Alternatives", "Copy reply", "Copy code", "Sampling", "Search chats",
-    "Sidebar", "Editor", "Previous message", "Next message", "Next reply: samples",
-    "Next reply: beam search", "Next reply: single", "Edit this chat's system prompt",
-    "Switch this chat's persona", "Save this chat as a persona", "Export chat as Markdown",
-    "Export chat as JSON", "Delete chat",
+    "Switch model",
+    "New chat",
+    "Close",
+    "Next chat",
+    "Previous chat",
+    "Stop",
+    "Regenerate",
+    "Edit last",
+    "Alternatives",
+    "Copy reply",
+    "Copy code",
+    "Sampling",
+    "Search chats",
+    "Sidebar",
+    "Editor",
+    "Previous message",
+    "Next message",
+    "Next reply: samples",
+    "Next reply: beam search",
+    "Next reply: single",
+    "Edit this chat's system prompt",
+    "Switch this chat's persona",
+    "Save this chat as a persona",
+    "Export chat as Markdown",
+    "Export chat as JSON",
+    "Delete chat",
 }
 
 
@@ -62,8 +127,7 @@ def test_ids_slash_names_and_aliases_are_unique():
     assert all(not a.aliases for a in ACTIONS if not a.slash)
     assert COMMAND_NAMES == {a.slash for a in ACTIONS if a.slash}
     # tab completes persona names after /new and /persona, paths after /file (and /attach)
-    assert ARGUMENTS == {"new": "persona", "persona": "persona", "file": "path",
-                         "attach": "path"}
+    assert ARGUMENTS == {"new": "persona", "persona": "persona", "file": "path", "attach": "path"}
 
 
 def test_bindings_are_the_keyed_actions():
@@ -73,7 +137,12 @@ def test_bindings_are_the_keyed_actions():
         if action.key:
             b = bindings[action.id]
             assert (b.key, b.action, b.description, b.show, b.priority) == (
-                action.key, f"act({action.id!r})", action.title, action.show, action.priority)
+                action.key,
+                f"act({action.id!r})",
+                action.title,
+                action.show,
+                action.priority,
+            )
     assert [b.id for b in APP_BINDINGS] == ["help"]
     ids = [b.id for b in all_bindings()]
     assert len(ids) == len(set(ids))  # config.yaml's bindings: names one key each
@@ -92,16 +161,20 @@ def test_the_slash_parser_finds_every_name_and_alias():
 
 def test_help_and_palette_rows_come_from_the_table():
     assert help_rows() == [(a.usage, a.help) for a in ACTIONS if a.slash]
-    keyed = [a for a in ACTIONS if a.key and not a.id.startswith("goto_session")
-             and a.id != "cancel_edit"]  # escape while editing: no palette entry of its own
+    keyed = [
+        a
+        for a in ACTIONS
+        if a.key and not a.id.startswith("goto_session") and a.id != "cancel_edit"
+    ]  # escape while editing: no palette entry of its own
     for action in keyed:
         assert action.palette_entries(lambda _id: None) == (
-            action.palette_entries(lambda _id: None)[0],)
+            action.palette_entries(lambda _id: None)[0],
+        )
         entry = action.palette_entries(lambda _id: "f9,f10")[0]
-        assert (entry.title, entry.help, entry.arg) == (action.title, f"{action.title} (f9)",
-                                                        None)
-    assert not any(a.palette_entries(lambda _id: None) for a in ACTIONS
-                   if a.id.startswith("goto_session"))
+        assert (entry.title, entry.help, entry.arg) == (action.title, f"{action.title} (f9)", None)
+    assert not any(
+        a.palette_entries(lambda _id: None) for a in ACTIONS if a.id.startswith("goto_session")
+    )
 
 
 def test_what_there_was_before_the_table_is_all_still_there():
@@ -109,8 +182,7 @@ def test_what_there_was_before_the_table_is_all_still_there():
     assert KEYS_BEFORE.items() <= keys.items()
     assert keys.keys() - KEYS_BEFORE.keys() == ADDED_KEYS
     assert {a.slash for a in ACTIONS if a.slash} == SLASH_BEFORE | {"undo"}
-    assert {alias: BY_SLASH[alias].slash for a in ACTIONS for alias in a.aliases} == \
-        ALIASES_BEFORE
+    assert {alias: BY_SLASH[alias].slash for a in ACTIONS for alias in a.aliases} == ALIASES_BEFORE
     titles = {e.title for a in ACTIONS for e in a.palette_entries(lambda _id: None)}
     assert PALETTE_BEFORE <= titles
     assert titles - PALETTE_BEFORE == {"Help", "Stop or quit", "Undo delete"}
@@ -123,7 +195,7 @@ KEY_NAMES = {"[": "left_square_bracket", "]": "right_square_bracket"}
 def test_the_readme_key_table_and_slash_commands_are_true():
     readme = README.read_text()
     keys = {b.id: b.key.split(",") for b in all_bindings()}
-    table = readme[readme.index("| key | id | action |"):readme.index("Slash commands:")]
+    table = readme[readme.index("| key | id | action |") : readme.index("Slash commands:")]
     rows = re.findall(r"^\| ([^|]+) \| ([a-z_N, /]+) \| [^|]+ \|$", table, re.M)[1:]
     assert len(rows) > 15
     for key_cell, id_cell in rows:
@@ -140,8 +212,8 @@ def test_the_readme_key_table_and_slash_commands_are_true():
         else:
             (binding_id,) = ids
             assert sorted(cell_keys) == sorted(keys[binding_id])
-    listed = readme[readme.index("Slash commands:"):]
-    listed = listed[:listed.index("\n\n")]
+    listed = readme[readme.index("Slash commands:") :]
+    listed = listed[: listed.index("\n\n")]
     named = set(re.findall(r"`/([a-z_]+)", listed))
     assert named == SLASH_BEFORE | {"undo"}
 
@@ -154,8 +226,7 @@ def recording(calls: list[tuple[str, str | None]], action: Action) -> Action:
     return replace(action, run=run)
 
 
-async def test_every_key_slash_command_and_palette_entry_runs_its_handler(tmp_path,
-                                                                           monkeypatch):
+async def test_every_key_slash_command_and_palette_entry_runs_its_handler(tmp_path, monkeypatch):
     calls: list[tuple[str, str | None]] = []
     recorded = {a.id: recording(calls, a) for a in ACTIONS}
     for action_id, action in recorded.items():

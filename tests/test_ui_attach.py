@@ -18,6 +18,7 @@ SIZE = (140, 44)
 def feed_if_opened(fifo: Path, opened: list[bool], stop: threading.Event) -> threading.Thread:
     """Should anything open ``fifo`` to read it, write a line into it and close it (a reader
     waiting on the pipe then gets text and EOF, and the test fails instead of hanging)."""
+
     def run() -> None:
         while not stop.wait(0.05):
             try:
@@ -50,8 +51,9 @@ async def test_file_takes_regular_files_only_and_the_app_goes_on(tmp_path, monke
             prompt = app.chat.query_one(PromptInput)
             for path, kind in ((fifo, "a named pipe"), (Path("/dev/zero"), "a device")):
                 await pilot.press(*f"/file {path}", "enter")  # typed, as the user would
-                line = f"error: {path}: is {kind}, not a regular file; only text files can be " \
-                       "attached"
+                line = (
+                    f"error: {path}: is {kind}, not a regular file; only text files can be attached"
+                )
                 await wait_for(pilot, lambda line=line: app.notices[-1:] == [line], str(path))
                 assert session.attachments == []
                 prompt.clear()
@@ -60,13 +62,20 @@ async def test_file_takes_regular_files_only_and_the_app_goes_on(tmp_path, monke
                 prompt.clear()
 
             await send(pilot, "/file big.txt")
-            await wait_for(pilot, lambda: "big.txt: 1025 KiB is too big to attach (the limit is "
-                           "1024 KiB)" in app.notices[-1], "the refusal of the big file")
+            await wait_for(
+                pilot,
+                lambda: (
+                    "big.txt: 1025 KiB is too big to attach (the limit is "
+                    "1024 KiB)" in app.notices[-1]
+                ),
+                "the refusal of the big file",
+            )
             assert session.attachments == []
             await send(pilot, "/file notes.txt")
             await wait_for(pilot, lambda: session.attachments, "the attachment")
             assert [(a.name, a.text) for a in session.attachments] == [
-                ("notes.txt", "alpha beta gamma")]
+                ("notes.txt", "alpha beta gamma")
+            ]
             assert app.notices[-1] == "information: attached notes.txt to your next message"
     finally:
         stop.set()

@@ -43,17 +43,21 @@ async def test_a_user_error_shows_its_message_and_is_not_logged(tmp_path):
 
 
 async def test_a_bug_in_a_handler_is_an_internal_error_with_its_traceback_logged(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     # a ValueError from a bug is not advice: before, "bad index" was shown as if the user erred
     monkeypatch.setitem(BY_SLASH, "title", _broken(BY_SLASH["title"], ValueError("bad index")))
-    monkeypatch.setitem(BY_ID, "sampling_settings",
-                        _broken(BY_ID["sampling_settings"], RuntimeError("lost state")))
+    monkeypatch.setitem(
+        BY_ID, "sampling_settings", _broken(BY_ID["sampling_settings"], RuntimeError("lost state"))
+    )
     app = offline_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         await app.chat.submit_prompt("/title my chat")
-        assert app.notices[-1] == (f"error: internal error while running /title (ValueError); "
-                                   f"the traceback is in {log_path()}")
+        assert app.notices[-1] == (
+            f"error: internal error while running /title (ValueError); "
+            f"the traceback is in {log_path()}"
+        )
         logged = _logged()
         assert "running /title: bad index" in logged
         assert "Traceback (most recent call last)" in logged and "in run" in logged
@@ -62,8 +66,9 @@ async def test_a_bug_in_a_handler_is_an_internal_error_with_its_traceback_logged
         app.chat.prompt.focus()
         await pilot.press("f2")  # the same through a key
         await wait_for(pilot, lambda: "RuntimeError" in app.notices[-1], "the key's notice")
-        assert app.notices[-1].startswith("error: internal error while running "
-                                          "sampling_settings (RuntimeError)")
+        assert app.notices[-1].startswith(
+            "error: internal error while running sampling_settings (RuntimeError)"
+        )
         assert "RuntimeError: lost state" in _logged()
         # the app keeps running: a user error is still advice, a message is still sent
         await app.chat.submit_prompt("/temp hot")
@@ -85,7 +90,8 @@ async def test_a_bug_while_sending_keeps_the_draft(tmp_path, monkeypatch):
         monkeypatch.setattr(app.chats, "send", send)
         app.chat.prompt.load_text("my long draft")
         await app.chat.submit_prompt("my long draft")
-        assert app.notices[-1].startswith("error: internal error while sending a message "
-                                          "(KeyError)")
+        assert app.notices[-1].startswith(
+            "error: internal error while sending a message (KeyError)"
+        )
         assert app.chat.prompt.text == "my long draft"
         assert "KeyError: 'no such entry'" in _logged()

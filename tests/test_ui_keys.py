@@ -40,8 +40,11 @@ async def drag(pilot, widget, start: tuple[int, int], end: tuple[int, int]) -> N
     """Press the mouse at ``start`` in ``widget``, move to ``end``, release: as a terminal
     reports it, through the app's own event handling (which makes the Click that follows)."""
     app = pilot.app
-    for kind, (dx, dy) in ((events.MouseDown, start), (events.MouseMove, end),
-                           (events.MouseUp, end)):
+    for kind, (dx, dy) in (
+        (events.MouseDown, start),
+        (events.MouseMove, end),
+        (events.MouseUp, end),
+    ):
         x, y = widget.region.x + dx, widget.region.y + dy
         app.post_message(kind(None, x, y, 0, 0, 1, False, False, False, screen_x=x, screen_y=y))
         await pilot.pause()
@@ -153,11 +156,11 @@ async def test_copy_uses_the_system_clipboard_where_there_is_one(tmp_path, monke
         await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         await reply(pilot, app)
         await pilot.press("alt+c")
-        await wait_for(pilot, lambda: any("system clipboard" in n for n in app.notices),
-                       "the copy")
+        await wait_for(pilot, lambda: any("system clipboard" in n for n in app.notices), "the copy")
         assert pasted.read_text() == REPLY
-        assert app.notices[-1].endswith(f"copied the reply ({len(REPLY)} characters) to the "
-                                        "system clipboard (xclip)")
+        assert app.notices[-1].endswith(
+            f"copied the reply ({len(REPLY)} characters) to the system clipboard (xclip)"
+        )
 
 
 TWO_BLOCKS = "First:\n\n```\nalpha()\n```\n\nThen:\n\n```sh\nbeta --now\n```\n"
@@ -225,8 +228,14 @@ async def test_regenerate_and_delete_a_focused_message(tmp_path):
         await wait_for(pilot, lambda: submitted, "the new request")
         assert [m["content"] for m in submitted[0][1:]] == ["a question"]
         app.chats.deliver(reply_update("fake-1", "another first answer", True))
-        await wait_for(pilot, lambda: session.entries[-1].content == "another first answer"
-                       and session.entries[-1].status == "done", "the other version")
+        await wait_for(
+            pilot,
+            lambda: (
+                session.entries[-1].content == "another first answer"
+                and session.entries[-1].status == "done"
+            ),
+            "the other version",
+        )
         assert [e.content for e in session.entries] == ["a question", "another first answer"]
         assert session.entries[1].place().forked
 
@@ -234,8 +243,9 @@ async def test_regenerate_and_delete_a_focused_message(tmp_path):
         await pilot.press("alt+up", "d")  # delete it: the other version comes back
         await opened(pilot, Confirm)
         assert app.screen.question == "Delete this reply?"
-        assert app.screen.detail == ("It is the last message. ctrl+z or /undo brings it back "
-                                     "until the chat closes.")
+        assert app.screen.detail == (
+            "It is the last message. ctrl+z or /undo brings it back until the chat closes."
+        )
         await pilot.press("escape")
         await pilot.pause()
         assert len(session.entries) == 2 and isinstance(app.focused, MessageView)
@@ -244,7 +254,11 @@ async def test_regenerate_and_delete_a_focused_message(tmp_path):
         await pilot.press("y")
         await wait_for(pilot, lambda: len(session.entries) == 4, "the deletion")
         assert [e.content for e in session.entries] == [
-            "a question", "first answer", "a question", "second answer"]
+            "a question",
+            "first answer",
+            "a question",
+            "second answer",
+        ]
         assert not session.entries[1].place().forked
 
 
@@ -266,7 +280,8 @@ async def test_a_draft_in_a_chat_with_no_messages_survives_a_restart(tmp_path):
     with Store.open() as store:
         rows = store.list_sessions()
         assert [(r.message_count, r.draft) for r in rows] == [
-            (0, "an unsent first thought (still here)")]  # the empty chat left no row
+            (0, "an unsent first thought (still here)")
+        ]  # the empty chat left no row
 
     again = offline_app(tmp_path)
     async with again.run_test(size=SIZE) as pilot:
@@ -347,8 +362,9 @@ async def test_delete_asks_with_cancel_first_and_can_be_undone(tmp_path):
         await opened(pilot, Confirm)
         await pilot.press("y")
         await wait_for(pilot, lambda: len(session.entries) == 1, "the deletion")
-        assert app.notices[-1] == ("information: deleted this reply and the 2 after it: "
-                                   "undo with ctrl+z or /undo")
+        assert app.notices[-1] == (
+            "information: deleted this reply and the 2 after it: undo with ctrl+z or /undo"
+        )
         with Store.open() as store:
             assert len(store.messages(session.store_id)) == 1
 
@@ -356,7 +372,11 @@ async def test_delete_asks_with_cancel_first_and_can_be_undone(tmp_path):
         await pilot.press("ctrl+z")  # the box is empty: the chat's undo
         await wait_for(pilot, lambda: len(session.entries) == 4, "the undo")
         assert [e.content for e in session.entries] == [
-            "a question", "first answer", "a question", "second answer"]
+            "a question",
+            "first answer",
+            "a question",
+            "second answer",
+        ]
         views = list(app.chat.session_view(session).query(MessageView))
         assert [v.entry for v in views] == session.entries
         assert "information: brought back the reply" in app.notices
@@ -364,8 +384,12 @@ async def test_delete_asks_with_cancel_first_and_can_be_undone(tmp_path):
         assert "error: there is no deleted message to bring back" in app.notices
     with Store.open() as store:  # saved again, in order, on the path on show
         path = store.messages(session.store_id, active_only=True)
-        assert [m.content for m in path] == ["a question", "first answer", "a question",
-                                             "second answer"]
+        assert [m.content for m in path] == [
+            "a question",
+            "first answer",
+            "a question",
+            "second answer",
+        ]
 
 
 async def test_switching_versions_keeps_the_focus_on_the_message(tmp_path):
@@ -377,21 +401,39 @@ async def test_switching_versions_keeps_the_focus_on_the_message(tmp_path):
         submitted = fake_submits(app)
         await app.chat.perform(BY_ID["regenerate"])
         app.chats.deliver(reply_update(f"fake-{len(submitted)}", "second answer", True))
-        await wait_for(pilot, lambda: session.entries[-1].content == "second answer"
-                       and session.entries[-1].status == "done", "the other version")
+        await wait_for(
+            pilot,
+            lambda: (
+                session.entries[-1].content == "second answer"
+                and session.entries[-1].status == "done"
+            ),
+            "the other version",
+        )
         await app.chat.submit_prompt("next question")
         app.chats.deliver(reply_update(f"fake-{len(submitted)}", "third", True))
         await wait_for(pilot, lambda: session.entries[-1].status == "done", "the third reply")
         app.chat.prompt.focus()
         await pilot.press("alt+up", "k", "k", "left_square_bracket")
-        await wait_for(pilot, lambda: session.entries[1].content == "first answer",
-                       "the first version")
+        await wait_for(
+            pilot, lambda: session.entries[1].content == "first answer", "the first version"
+        )
         await pilot.pause()
-        await wait_for(pilot, lambda: isinstance(app.focused, MessageView)
-                       and app.focused.entry is session.entries[1], "the focus on it")
+        await wait_for(
+            pilot,
+            lambda: (
+                isinstance(app.focused, MessageView) and app.focused.entry is session.entries[1]
+            ),
+            "the focus on it",
+        )
         await pilot.press("right_square_bracket")
-        await wait_for(pilot, lambda: isinstance(app.focused, MessageView)
-                       and app.focused.entry.content == "second answer", "the focus on it")
+        await wait_for(
+            pilot,
+            lambda: (
+                isinstance(app.focused, MessageView)
+                and app.focused.entry.content == "second answer"
+            ),
+            "the focus on it",
+        )
 
 
 async def test_ctrl_c_stops_the_reply_first_and_quits_when_pressed_again(tmp_path):
@@ -433,10 +475,18 @@ async def test_a_pending_edit_shows_and_escape_cancels_it(tmp_path):
 def samples_update(rid: str, texts: list[str]) -> RequestUpdate:
     """The last update of a samples request: one finished output per text."""
     return RequestUpdate(
-        rid, tuple(OutputDelta(i, text, finish_reason=FinishReason.STOP, cumulative_logprob=-2.0,
-                               num_tokens=3) for i, text in enumerate(texts)),
+        rid,
+        tuple(
+            OutputDelta(
+                i, text, finish_reason=FinishReason.STOP, cumulative_logprob=-2.0, num_tokens=3
+            )
+            for i, text in enumerate(texts)
+        ),
         Usage(prompt_tokens=20, cached_tokens=0, completion_tokens=3 * len(texts)),
-        finished=True, ttft_s=0.05, elapsed_s=0.3)
+        finished=True,
+        ttft_s=0.05,
+        elapsed_s=0.3,
+    )
 
 
 async def test_a_fast_keep_command_typed_on_the_panes_and_the_version_count(tmp_path):
@@ -448,17 +498,30 @@ async def test_a_fast_keep_command_typed_on_the_panes_and_the_version_count(tmp_
         await app.chat.submit_prompt("/samples 2")
         await app.chat.submit_prompt("two ways?")
         app.chats.deliver(samples_update("fake-1", ["one way", "another way"]))
-        await wait_for(pilot, lambda: isinstance(app.focused, AlternativesView)
-                       and not session.streaming, "the panes")
-        burst(app, [("slash", "/"), *((c, c) for c in "keep"), ("space", " "), ("1", "1"),
-                    ("enter", "\r")])
+        await wait_for(
+            pilot,
+            lambda: isinstance(app.focused, AlternativesView) and not session.streaming,
+            "the panes",
+        )
+        burst(
+            app,
+            [
+                ("slash", "/"),
+                *((c, c) for c in "keep"),
+                ("space", " "),
+                ("1", "1"),
+                ("enter", "\r"),
+            ],
+        )
         await wait_for(pilot, lambda: not session.choosing, "the keep")
         assert session.entries[-1].content == "one way" and app.chat.prompt.text == ""
         assert not any(n.startswith("error") for n in app.notices[1:])
         view = app.chat.session_view(session).query(MessageView).last()
-        await wait_for(pilot, lambda: any("1/2" in str(w.render())
-                                          for w in view.query(".message-versions")),
-                       "the version count of the kept reply")
+        await wait_for(
+            pilot,
+            lambda: any("1/2" in str(w.render()) for w in view.query(".message-versions")),
+            "the version count of the kept reply",
+        )
 
 
 async def test_the_draft_is_saved_as_it_changes(tmp_path):
@@ -483,13 +546,20 @@ async def test_a_long_prefill_shows_its_progress(tmp_path):
         session = app.chat.current
         fake_submits(app)
         await app.chat.submit_prompt("a long paste")
-        app.chats.deliver(RequestUpdate("fake-1", (), Usage(prompt_tokens=6000,
-                                                            prefilled_tokens=2048)))
+        app.chats.deliver(
+            RequestUpdate("fake-1", (), Usage(prompt_tokens=6000, prefilled_tokens=2048))
+        )
         view = app.chat.session_view(session).query(MessageView).last()
         await wait_for(pilot, lambda: view.query(".message-foot"), "the reply's view")
         foot = view.query_one(".message-foot")
-        await wait_for(pilot, lambda: "reading the prompt: 2,048 / 6,000 tokens"
-                       in str(foot.render()), "the prefill progress")
+        await wait_for(
+            pilot,
+            lambda: "reading the prompt: 2,048 / 6,000 tokens" in str(foot.render()),
+            "the prefill progress",
+        )
         app.chats.deliver(reply_update("fake-1", "done reading", True))
-        await wait_for(pilot, lambda: "reading" not in str(foot.render())
-                       and "7 tokens" in str(foot.render()), "the reply's stats")
+        await wait_for(
+            pilot,
+            lambda: "reading" not in str(foot.render()) and "7 tokens" in str(foot.render()),
+            "the reply's stats",
+        )

@@ -64,8 +64,11 @@ def test_read_attachment_errors(tmp_path):
         read_attachment(str(binary), 1024)
     big = tmp_path / "big.txt"
     big.write_text("word " * 2000)
-    with pytest.raises(ValueError, match=r"about 2500 tokens but the context window is 1024.*"
-                                         r"about 1477 tokens too many"):
+    with pytest.raises(
+        ValueError,
+        match=r"about 2500 tokens but the context window is 1024.*"
+        r"about 1477 tokens too many",
+    ):
         read_attachment(str(big), 1024)
     with pytest.raises(ValueError, match="is a folder"):
         read_attachment(str(tmp_path), 1024)
@@ -73,19 +76,42 @@ def test_read_attachment_errors(tmp_path):
 
 # -- gauge maths -----------------------------------------------------------------------------------
 def stats(**kw) -> EngineStats:
-    base = dict(num_blocks=100, block_size=16, bytes_per_block=1024, blocks_used=30,
-                blocks_shared=12, blocks_private=10, blocks_cached=10, blocks_pinned=8,
-                blocks_free=60,
-                num_cpu_blocks=50, blocks_swapped=0, num_running=1, num_waiting=0,
-                num_swapped=0, prefix_hit_tokens=0, preemptions_recompute=0,
-                preemptions_swap=0, evictions=0, logical_blocks=40, tokens_per_s=0.0)
+    base = dict(
+        num_blocks=100,
+        block_size=16,
+        bytes_per_block=1024,
+        blocks_used=30,
+        blocks_shared=12,
+        blocks_private=10,
+        blocks_cached=10,
+        blocks_pinned=8,
+        blocks_free=60,
+        num_cpu_blocks=50,
+        blocks_swapped=0,
+        num_running=1,
+        num_waiting=0,
+        num_swapped=0,
+        prefix_hit_tokens=0,
+        preemptions_recompute=0,
+        preemptions_swap=0,
+        evictions=0,
+        logical_blocks=40,
+        tokens_per_s=0.0,
+    )
     base.update(kw)
     base["blocks_free"] = base["num_blocks"] - base["blocks_used"] - base["blocks_cached"]
     return EngineStats(**base)
 
 
-@pytest.mark.parametrize("kw", [{}, {"blocks_private": 22}, {"blocks_private": 0, "blocks_used": 8},
-                                {"blocks_used": 100, "blocks_cached": 0, "blocks_private": 0}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"blocks_private": 22},
+        {"blocks_private": 0, "blocks_used": 8},
+        {"blocks_used": 100, "blocks_cached": 0, "blocks_private": 0},
+    ],
+)
 def test_gauge_segments_add_up_to_the_pool(kw):
     s = stats(**kw)
     seg = segments(s)

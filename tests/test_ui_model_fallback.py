@@ -33,8 +33,9 @@ def write_gguf(path: Path, architecture: str) -> Path:
 async def test_a_failed_switch_leaves_the_old_model_serving(tmp_path, tiny_llama_dir):
     broken = tmp_path / "broken"
     broken.mkdir()
-    (broken / "config.json").write_text(json.dumps({"model_type": "gpt2",
-                                                    "architectures": ["GPT2LMHeadModel"]}))
+    (broken / "config.json").write_text(
+        json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
+    )
     alien = write_gguf(tmp_path / "alien.gguf", "mamba")
     app = make_app(tiny_llama_dir, alpha_and_beta(tmp_path))
     async with app.run_test(size=SIZE) as pilot:
@@ -43,11 +44,17 @@ async def test_a_failed_switch_leaves_the_old_model_serving(tmp_path, tiny_llama
         session = app.chat.current
         for target, why in ((broken, "unsupported architecture"), (alien, "")):
             await send(pilot, f"/model {target}")
-            await wait_for(pilot, lambda t=target: any(
-                n.startswith(f"error: could not switch to {t}") for n in app.notices),
-                f"the failed switch to {target}", timeout=120)
-            notice = next(n for n in app.notices
-                          if n.startswith(f"error: could not switch to {target}"))
+            await wait_for(
+                pilot,
+                lambda t=target: any(
+                    n.startswith(f"error: could not switch to {t}") for n in app.notices
+                ),
+                f"the failed switch to {target}",
+                timeout=120,
+            )
+            notice = next(
+                n for n in app.notices if n.startswith(f"error: could not switch to {target}")
+            )
             assert why in notice and notice.endswith(f"{old.model_name} is still serving")
             assert app.client is old and app.chats.client is old and old.ready
             assert "restart" not in notice
@@ -73,8 +80,11 @@ async def test_the_picker_lists_the_models_it_finds(tmp_path, tiny_llama_dir):
     app = make_app(tiny_llama_dir, alpha_and_beta(tmp_path), models_dirs=settings.models_dirs)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
-        await wait_for(pilot, lambda: recent_models() == [str(tiny_llama_dir.resolve())],
-                       "the model in use remembered")
+        await wait_for(
+            pilot,
+            lambda: recent_models() == [str(tiny_llama_dir.resolve())],
+            "the model in use remembered",
+        )
         await send(pilot, "/model")
         await opened(pilot, ModelPicker)
         options = app.screen.query_one(OptionList)

@@ -35,10 +35,15 @@ def test_model_problem_names_what_is_wrong(tmp_path, tiny_llama_dir):
 
 
 @pytest.mark.slow
-async def test_switch_model_keeps_the_chats_and_pins_again(tiny_llama_dir, default_model_dir,
-                                                           personas_dir):
-    app = ChatApp(model=str(tiny_llama_dir), config=EngineConfig(kv_cache_bytes=48 << 20),
-                  settings=Settings(default_persona="alpha"), personas_dirs=[personas_dir])
+async def test_switch_model_keeps_the_chats_and_pins_again(
+    tiny_llama_dir, default_model_dir, personas_dir
+):
+    app = ChatApp(
+        model=str(tiny_llama_dir),
+        config=EngineConfig(kv_cache_bytes=48 << 20),
+        settings=Settings(default_persona="alpha"),
+        personas_dirs=[personas_dir],
+    )
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
         session = app.chat.current

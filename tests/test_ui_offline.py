@@ -33,8 +33,10 @@ from chatpage.ui.widgets.session_list import SessionList
 
 SIZE = (140, 44)
 USER_TEXT = "[bold]x[/bold] [/ \x1b[31m red \x07 bell [@click=app.quit]q[/] lone ["
-MODEL_TEXT = ("**ok** [red]no[/red] [/ \x1b[2J cleared? \x07 <b>html</b> [link](x)\n\n"
-              "```python\nprint('[bold]')\n```\n")
+MODEL_TEXT = (
+    "**ok** [red]no[/red] [/ \x1b[2J cleared? \x07 <b>html</b> [link](x)\n\n"
+    "```python\nprint('[bold]')\n```\n"
+)
 
 
 def submit(app, text: str) -> None:
@@ -63,12 +65,15 @@ async def test_markup_and_control_characters_render_literally(tmp_path):
         assert shown == "[bold]x[/bold] [/ ␛[31m red ␇ bell [@click=app.quit]q[/] lone ["
 
         def blocks() -> list[str]:
-            return [b.code if isinstance(b, MarkdownFence) else str(b.render())
-                    for b in reply_view.query(MarkdownBlock)]
+            return [
+                b.code if isinstance(b, MarkdownFence) else str(b.render())
+                for b in reply_view.query(MarkdownBlock)
+            ]
 
         # the Markdown is drawn after the reply is done (a loaded machine takes a while)
-        await wait_for(pilot, lambda: any("print('[bold]')" in b for b in blocks()),
-                       "the whole reply drawn")
+        await wait_for(
+            pilot, lambda: any("print('[bold]')" in b for b in blocks()), "the whole reply drawn"
+        )
         blocks = blocks()
         paragraph = next(p for p in blocks if "[red]no[/red]" in p)
         assert "[/ ␛[2J cleared? ␇ <b>html</b>" in paragraph
@@ -126,7 +131,8 @@ async def test_broken_persona_file_gives_a_notice_and_the_rest_load(tmp_path):
     user_dir.mkdir(parents=True)
     (user_dir / "broken.yaml").write_text("name: [unclosed\n")
     (user_dir / "mine.yaml").write_text(
-        "name: mine\ndescription: My own persona\nsystem_prompt: You are mine.\n")
+        "name: mine\ndescription: My own persona\nsystem_prompt: You are mine.\n"
+    )
     app = offline_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
@@ -162,7 +168,9 @@ async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
         seed.focus()
         await pilot.press("enter")  # enter in any field saves too
         await pilot.pause()
-        assert not isinstance(app.screen, SamplingSettingsScreen), str(app.screen.query_one("#settings-error").render())
+        assert not isinstance(app.screen, SamplingSettingsScreen), str(
+            app.screen.query_one("#settings-error").render()
+        )
         assert (session.sampling.temperature, session.sampling.seed) == (0.3, 7)
         header = str(app.chat.session_view(session).query_one(".session-header").render())
         assert "temp 0.3" in header and "seed 7" in header
@@ -180,8 +188,14 @@ async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
         assert prompt.text == "a\nb\nc"
 
         commands = {c.title for c in app.get_system_commands(app.screen)}
-        assert {"New chat", "Stop", "Regenerate", "Alternatives", "Sampling",
-                "New chat: coder"} <= commands
+        assert {
+            "New chat",
+            "Stop",
+            "Regenerate",
+            "Alternatives",
+            "Sampling",
+            "New chat: coder",
+        } <= commands
 
         # the gauge flashes when the engine preempts
         gauge = app.chat.query_one(BlockGauge)
@@ -204,12 +218,28 @@ class StatsFactory:
     def make():
         from chatpage.engine.outputs import EngineStats
 
-        return EngineStats(num_blocks=64, block_size=16, bytes_per_block=4096, blocks_used=10,
-                           blocks_shared=2, blocks_private=5, blocks_cached=4, blocks_pinned=3, blocks_free=50,
-                           num_cpu_blocks=8, blocks_swapped=1, num_running=2, num_waiting=1,
-                           num_swapped=0, prefix_hit_tokens=32, preemptions_recompute=0,
-                           preemptions_swap=0, evictions=0, logical_blocks=12,
-                           tokens_per_s=12.5)
+        return EngineStats(
+            num_blocks=64,
+            block_size=16,
+            bytes_per_block=4096,
+            blocks_used=10,
+            blocks_shared=2,
+            blocks_private=5,
+            blocks_cached=4,
+            blocks_pinned=3,
+            blocks_free=50,
+            num_cpu_blocks=8,
+            blocks_swapped=1,
+            num_running=2,
+            num_waiting=1,
+            num_swapped=0,
+            prefix_hit_tokens=32,
+            preemptions_recompute=0,
+            preemptions_swap=0,
+            evictions=0,
+            logical_blocks=12,
+            tokens_per_s=12.5,
+        )
 
 
 async def test_an_engine_warning_while_stepping_is_a_notice_and_not_the_status(tmp_path):

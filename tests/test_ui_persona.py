@@ -27,8 +27,10 @@ from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.screens.system_prompt import SystemPromptEditor
 
 SIZE = (140, 44)
-TERSE = ("You are terse. Answer in five words or fewer, never more, and never apologise. "
-         "Prefer numbers to words. Skip greetings. ") * 2
+TERSE = (
+    "You are terse. Answer in five words or fewer, never more, and never apologise. "
+    "Prefer numbers to words. Skip greetings. "
+) * 2
 
 
 @pytest.fixture
@@ -79,8 +81,12 @@ async def test_switch_persona_and_save_as_persona_with_the_editor(tmp_path):
         assert submitted[0][0]["content"] == session.persona.system_prompt
 
         titles = {c.title for c in app.get_system_commands(app.screen)}
-        assert {"Edit this chat's system prompt", "Switch this chat's persona",
-                "Save this chat as a persona", "Switch model"} <= titles
+        assert {
+            "Edit this chat's system prompt",
+            "Switch this chat's persona",
+            "Save this chat as a persona",
+            "Switch model",
+        } <= titles
         await send(pilot, "/persona nobody")
         assert "no persona named 'nobody'" in app.notices[-1]
         await send(pilot, "/persona")  # the picker
@@ -111,7 +117,10 @@ async def test_switch_persona_and_save_as_persona_with_the_editor(tmp_path):
         path = config_dir() / "personas" / "my-coder.yaml"
         saved = load_persona_file(path)
         assert (saved.system_prompt, saved.temperature, saved.top_p) == (
-            "You are my coder.\nBe brief.", 0.4, None)
+            "You are my coder.\nBe brief.",
+            0.4,
+            None,
+        )
         assert "my coder" in [p.name for p in app.personas]
         assert f"information: saved the persona 'my coder' to {path}" in app.notices
     with Store.open() as store:
@@ -150,7 +159,9 @@ async def test_a_system_prompt_set_with_system_survives_a_restart(tmp_path):
         by_id = {s.store_id: s for s in again.chats.sessions}
         terse = by_id[empty.store_id]
         assert (terse.persona.name, terse.persona.system_prompt) == (
-            empty.persona.name, TERSE.strip())
+            empty.persona.name,
+            TERSE.strip(),
+        )
         assert terse.for_model()[0] == {"role": "system", "content": TERSE.strip()}
         assert by_id[switched.store_id].persona.system_prompt == persona_prompt
 
@@ -166,8 +177,9 @@ async def test_switching_persona_says_what_of_the_chat_s_own_it_replaced(tmp_pat
         await send(pilot, "/persona coder")
         assert session.persona.system_prompt == coder.system_prompt
         notice = app.notices[-1]
-        assert notice.startswith("information: this chat continues as 'coder'; its own system "
-                                 "prompt → the persona's, ")
+        assert notice.startswith(
+            "information: this chat continues as 'coder'; its own system prompt → the persona's, "
+        )
         assert f"max tokens 300 → {session.sampling.max_tokens}" in notice
         await send(pilot, "/persona coder")  # nothing of its own left to replace
         assert app.notices[-1] == "information: this chat continues as 'coder'"

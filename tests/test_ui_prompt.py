@@ -58,7 +58,9 @@ def test_completions_of_commands_personas_and_paths(tmp_path, monkeypatch):
     assert completions("/ti", commands, arguments, []) == ["/title "]
     assert completions("/t", commands, arguments, []) == ["/temp ", "/title ", "/top_k ", "/top_p "]
     assert completions("/new a", commands, arguments, ["beta", "Alpha", "assistant"]) == [
-        "/new Alpha", "/new assistant"]
+        "/new Alpha",
+        "/new assistant",
+    ]
     assert completions("/persona B", commands, arguments, ["beta"]) == ["/persona beta"]
     assert completions("hello /t", commands, arguments, []) == []
     assert completions("//t", commands, arguments, []) == []
@@ -68,7 +70,9 @@ def test_completions_of_commands_personas_and_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert completions("/file no", commands, arguments, []) == ["/file notes/", "/file notes.txt"]
     assert completions("/attach no", commands, arguments, []) == [
-        "/attach notes/", "/attach notes.txt"]
+        "/attach notes/",
+        "/attach notes.txt",
+    ]
     assert path_completions("") == ["notes/", "notes.txt"]
     assert path_completions(".h") == [".hidden"]
     assert path_completions(f"{tmp_path}/notes/") == []

@@ -37,16 +37,22 @@ def terminal(tmp_path, tiny_llama_dir):
     editor = tmp_path / "editor.sh"
     editor.write_text('#!/bin/sh\nprintf "from the editor" > "$1"\n')
     editor.chmod(0o755)
-    term = Terminal(["--model", str(tiny_llama_dir), "--kv-cache", "16MiB"],
-                    {"VISUAL": str(editor), "DISPLAY": "", "WAYLAND_DISPLAY": ""}, tmp_path)
+    term = Terminal(
+        ["--model", str(tiny_llama_dir), "--kv-cache", "16MiB"],
+        {"VISUAL": str(editor), "DISPLAY": "", "WAYLAND_DISPLAY": ""},
+        tmp_path,
+    )
     yield term
     term.close()
 
 
 def box(text: str) -> str:
     """What the message box shows (between its side bars, at the bottom)."""
-    inside = (re.sub(r".*▊(.*)▎.*", r"\1", line) for line in text.splitlines()
-              if "▊" in line and "▎" in line)
+    inside = (
+        re.sub(r".*▊(.*)▎.*", r"\1", line)
+        for line in text.splitlines()
+        if "▊" in line and "▎" in line
+    )
     shown = " ".join(row.strip() for row in inside if row.strip("▔▁ ")).strip()
     return "" if shown.startswith("Message (enter sends") else shown  # the placeholder
 
@@ -77,10 +83,12 @@ def test_every_key_does_its_action_from_the_message_box(terminal):
     press("prev_session")
     t.shows("question 1", "ctrl+pageup")
 
-    for action_id, title in (("help", "Many chats at once"),
-                             ("new_session", "New chat: choose a persona"),
-                             ("search_history", "Search saved chats"),
-                             ("sampling_settings", "Sampling settings")):
+    for action_id, title in (
+        ("help", "Many chats at once"),
+        ("new_session", "New chat: choose a persona"),
+        ("search_history", "Search saved chats"),
+        ("sampling_settings", "Sampling settings"),
+    ):
         press(action_id)
         t.shows(title, action_id)
         t.press("escape")

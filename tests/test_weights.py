@@ -59,7 +59,7 @@ def test_int4_is_exact_on_a_16_level_grid():
     levels = torch.randint(0, 16, (n, k // INT4_GROUP, INT4_GROUP))
     levels[..., 0], levels[..., 1] = 0, 15  # every group spans the 16 levels
     step = 2.0 ** -torch.randint(4, 8, (n, k // INT4_GROUP, 1)).float()
-    low = (torch.randint(-64, 0, (n, k // INT4_GROUP, 1)) * step)
+    low = torch.randint(-64, 0, (n, k // INT4_GROUP, 1)) * step
     w = (low + levels * step).view(n, k)
     state = pack_int4(*quantize_int4(w), "m")
     assert state["m.q4"].shape == (n, k // 2) and state["m.scales"].shape == (n, k // INT4_GROUP)
@@ -77,8 +77,9 @@ def test_int4_refuses_inputs_not_divisible_by_the_group():
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 @pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
 def test_divergence_from_fp32_is_bounded(kind, fmt, tiny_llama_dir, tiny_qwen2_dir):
-    loaded = load_model(tiny_llama_dir if kind == "llama" else tiny_qwen2_dir,
-                        progress=lambda _m: None)
+    loaded = load_model(
+        tiny_llama_dir if kind == "llama" else tiny_qwen2_dir, progress=lambda _m: None
+    )
     ids = loaded.tokenizer.encode(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)[:64]
     ref = all_logits(common.engine(loaded), ids)
     eng = common.engine(loaded, weight_dtype=fmt)
@@ -113,8 +114,9 @@ def test_packed_weights_are_cached_and_reused(tiny_qwen2_dir):
 
     def answer(loaded) -> list[int]:
         eng = LLMEngine(loaded, EngineConfig(kv_cache_bytes=8 << 20, weight_dtype="int4"))
-        (out,) = eng.generate([[1, 100, 200, 300]],
-                              SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+        (out,) = eng.generate(
+            [[1, 100, 200, 300]], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        )
         return out.outputs[0].token_ids
 
     fresh = load_model(tiny_qwen2_dir, progress=lambda _m: None)  # fp32, packed by the engine
@@ -132,8 +134,13 @@ def test_a_cache_in_another_layout_is_packed_again(tiny_qwen2_dir):
     path.unlink(missing_ok=True)
     old = path.with_name("int4.safetensors")
     old.parent.mkdir(parents=True, exist_ok=True)
-    save_file({"format.int4": torch.zeros(0),
-               "layers.0.qkv.packed": torch.zeros(16, 16, dtype=torch.uint8)}, old)
+    save_file(
+        {
+            "format.int4": torch.zeros(0),
+            "layers.0.qkv.packed": torch.zeros(16, 16, dtype=torch.uint8),
+        },
+        old,
+    )
     other = path.with_name("int8.safetensors")
     other.write_bytes(b"")
     messages: list[str] = []
@@ -183,10 +190,12 @@ def test_weights_setting_and_flags(tmp_path, capsys):
 def test_prefill_chunks_without_logits(fmt, tiny_llama_dir):
     """Chunked prefill (steps whose rows need no logits) then decode, in a quantized format."""
     loaded = load_model(tiny_llama_dir, progress=lambda _m: None)
-    eng = LLMEngine(loaded, EngineConfig(kv_cache_bytes=8 << 20, weight_dtype=fmt,
-                                         max_num_batched_tokens=32))
-    (out,) = eng.generate([list(range(100, 200))],
-                          SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    eng = LLMEngine(
+        loaded, EngineConfig(kv_cache_bytes=8 << 20, weight_dtype=fmt, max_num_batched_tokens=32)
+    )
+    (out,) = eng.generate(
+        [list(range(100, 200))], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    )
     assert len(out.outputs[0].token_ids) == 3
 
 

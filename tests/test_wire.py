@@ -33,15 +33,26 @@ logprob_counts = st.none() | st.integers(0, MAX_LOGPROBS)
 def sampling_params(draw: st.DrawFn) -> SamplingParams:
     """Any SamplingParams the wire carries: beam search with what it does not use at their
     beam values (the client sends those)."""
-    common = dict(max_tokens=draw(st.integers(1, 4096)), seed=draw(seeds), stop=draw(stops),
-                  stop_token_ids=draw(token_ids), ignore_eos=draw(st.booleans()),
-                  logprobs=draw(logprob_counts),
-                  length_penalty=draw(st.floats(-2.0, 2.0)))
+    common = dict(
+        max_tokens=draw(st.integers(1, 4096)),
+        seed=draw(seeds),
+        stop=draw(stops),
+        stop_token_ids=draw(token_ids),
+        ignore_eos=draw(st.booleans()),
+        logprobs=draw(logprob_counts),
+        length_penalty=draw(st.floats(-2.0, 2.0)),
+    )
     if draw(st.booleans()):
-        return SamplingParams(beam_width=draw(st.integers(2, 6)), temperature=0.0, top_p=1.0,
-                              **common)
-    return SamplingParams(n=draw(st.integers(1, 6)), temperature=draw(temperature),
-                          top_p=draw(probability), top_k=draw(st.integers(0, 100)), **common)
+        return SamplingParams(
+            beam_width=draw(st.integers(2, 6)), temperature=0.0, top_p=1.0, **common
+        )
+    return SamplingParams(
+        n=draw(st.integers(1, 6)),
+        temperature=draw(temperature),
+        top_p=draw(probability),
+        top_k=draw(st.integers(0, 100)),
+        **common,
+    )
 
 
 def _maybe(draw: st.DrawFn, body: dict, name: str, values: st.SearchStrategy) -> None:
@@ -65,8 +76,12 @@ def request_bodies(draw: st.DrawFn, kind: str) -> dict:
         _maybe(draw, body, "temperature", temperature | st.none())
         _maybe(draw, body, "top_p", probability)
         _maybe(draw, body, "top_k", st.integers(-1, 100))
-    _maybe(draw, body, draw(st.sampled_from(["max_tokens", "max_completion_tokens"])),
-           st.integers(1, 4096))
+    _maybe(
+        draw,
+        body,
+        draw(st.sampled_from(["max_tokens", "max_completion_tokens"])),
+        st.integers(1, 4096),
+    )
     _maybe(draw, body, "seed", seeds)
     _maybe(draw, body, "stop", stops | st.text(min_size=1, max_size=4))
     _maybe(draw, body, "stop_token_ids", token_ids)
@@ -81,9 +96,16 @@ def request_bodies(draw: st.DrawFn, kind: str) -> dict:
     return body
 
 
-persona_defaults = st.fixed_dictionaries({}, optional={
-    "temperature": temperature, "top_p": probability, "top_k": st.integers(0, 100),
-    "max_tokens": st.integers(1, 4096), "seed": st.integers(0, 100)})
+persona_defaults = st.fixed_dictionaries(
+    {},
+    optional={
+        "temperature": temperature,
+        "top_p": probability,
+        "top_k": st.integers(0, 100),
+        "max_tokens": st.integers(1, 4096),
+        "seed": st.integers(0, 100),
+    },
+)
 
 
 @given(sampling_params(), KINDS, DIALECTS)
@@ -134,8 +156,9 @@ logprob = st.floats(min_value=-30.0, max_value=0.0)
 def steps(draw: st.DrawFn, count: int | None) -> tuple[int, float, dict[int, float] | None]:
     """One generated token as the engine reports it: its id and logprob, and the ``count``
     most likely tokens best first (distinct values; the sampled one among them or below)."""
-    values = sorted(draw(st.lists(logprob, min_size=len(VOCAB), max_size=len(VOCAB),
-                                  unique=True)), reverse=True)
+    values = sorted(
+        draw(st.lists(logprob, min_size=len(VOCAB), max_size=len(VOCAB), unique=True)), reverse=True
+    )
     ranked = draw(st.permutations(list(VOCAB)))
     dist = dict(zip(ranked, values, strict=True))
     token = draw(st.sampled_from(ranked))
@@ -149,16 +172,20 @@ def deltas(draw: st.DrawFn, count: int | None, index: int) -> OutputDelta:
     ids = tuple(t for t, _, _ in drawn)
     asked = count is not None
     return OutputDelta(
-        index=index, text="".join(VOCAB[t] for t in ids), token_ids=ids if asked else (),
+        index=index,
+        text="".join(VOCAB[t] for t in ids),
+        token_ids=ids if asked else (),
         logprobs=tuple(lp for _, lp, _ in drawn) if asked else None,
         # none for a step without tokens: the wire cannot tell empty from absent
         top_logprobs=tuple(top for _, _, top in drawn) if count and drawn else None,
-        finish_reason=draw(st.none() | st.sampled_from(FinishReason)))
+        finish_reason=draw(st.none() | st.sampled_from(FinishReason)),
+    )
 
 
 def _writer(kind: str, count: int | None, include_usage: bool = False) -> ChunkWriter:
-    request = ApiRequest(kind, "m", SamplingParams(logprobs=count), include_usage=include_usage,
-                         tokens_as_ids=True)
+    request = ApiRequest(
+        kind, "m", SamplingParams(logprobs=count), include_usage=include_usage, tokens_as_ids=True
+    )
     return ChunkWriter(request, "id-1", "m", 7, lambda t: VOCAB[t])
 
 
@@ -175,14 +202,14 @@ def test_delta_to_chunk_to_delta_to_chunk(data, kind, count, include_usage) -> N
     """Streamed: what a writer makes of the deltas of several choices reads back as those
     deltas, and a second writer makes the same chunks of what was read."""
     chat = kind == "chat"
-    sent = data.draw(st.lists(st.integers(0, 2).flatmap(lambda i: deltas(count, i)),
-                              max_size=6))
+    sent = data.draw(st.lists(st.integers(0, 2).flatmap(lambda i: deltas(count, i)), max_size=6))
     writer, again = _writer(kind, count, include_usage), _writer(kind, count, include_usage)
     for delta in sent:
         chunks = [_framed(c) for c in writer.chunks(delta)]
         *opening, last = chunks
-        assert all(c["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-                   for c in opening) and len(opening) <= int(chat)
+        assert all(
+            c["choices"][0]["delta"] == {"role": "assistant", "content": ""} for c in opening
+        ) and len(opening) <= int(chat)
         assert ("usage" in last) == include_usage
         (choice,) = last["choices"]
         read = read_choice(choice, chat, count or 0)
@@ -207,8 +234,9 @@ def test_usage_round_trip(prompt, cached, completion) -> None:
 
 
 def test_the_wire_imports_no_torch_starlette_or_httpx() -> None:
-    code = ("import sys, chatpage.wire.requests, chatpage.wire.chunks; "
-            "print(sorted({'torch', 'starlette', 'httpx'} & set(sys.modules)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+    code = (
+        "import sys, chatpage.wire.requests, chatpage.wire.chunks; "
+        "print(sorted({'torch', 'starlette', 'httpx'} & set(sys.modules)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

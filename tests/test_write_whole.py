@@ -14,6 +14,7 @@ from chatpage.store.io import write_whole
 def _full_disk(monkeypatch) -> None:
     def fsync(_fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
+
     monkeypatch.setattr(os, "fsync", fsync)
 
 
@@ -46,8 +47,9 @@ def test_exclusive_never_overwrites(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [target]
 
 
-def test_cli_export_on_a_full_disk_fails_without_a_file(tmp_path: Path, monkeypatch,
-                                                       capsys) -> None:
+def test_cli_export_on_a_full_disk_fails_without_a_file(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
     from chatpage.cli.main import main
     from chatpage.store import Store
 

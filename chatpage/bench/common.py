@@ -27,22 +27,37 @@ def say(message: str) -> None:
 def parser(prog: str, description: str, default_scale: float) -> argparse.ArgumentParser:
     """The arguments every benchmark accepts: --json, --scale, --model, --seed."""
     p = argparse.ArgumentParser(prog=f"chatpage bench {prog}", description=description)
-    p.add_argument("--json", action="store_true",
-                   help="print the result as one JSON line (default: readable text)")
-    p.add_argument("--scale", type=float, default=default_scale,
-                   help=f"shrink lengths and counts (default {default_scale})")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as one JSON line (default: readable text)",
+    )
+    p.add_argument(
+        "--scale",
+        type=float,
+        default=default_scale,
+        help=f"shrink lengths and counts (default {default_scale})",
+    )
     p.add_argument("--model", default=None, help="HF model directory or .gguf (default model)")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads for every system measured (default: torch's default)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads for every system measured (default: torch's default)",
+    )
     add_device_arg(p)
     return p
 
 
 def add_device_arg(p: argparse.ArgumentParser) -> None:
     """``--device``: where the engines of a benchmark run (the CPU unless asked)."""
-    p.add_argument("--device", default="cpu", metavar="DEVICE",
-                   help="auto, cpu, cuda or cuda:N (default cpu: the figures are the CPU's)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        metavar="DEVICE",
+        help="auto, cpu, cuda or cuda:N (default cpu: the figures are the CPU's)",
+    )
 
 
 def device(p: argparse.ArgumentParser, args: argparse.Namespace) -> str:
@@ -62,7 +77,8 @@ def weight_formats(value: str) -> list[str]:
     if unknown or not formats:
         named = ", ".join(unknown) or repr(value)
         raise argparse.ArgumentTypeError(
-            f"unknown weight format(s) {named}; use {', '.join(WEIGHT_FORMATS)}")
+            f"unknown weight format(s) {named}; use {', '.join(WEIGHT_FORMATS)}"
+        )
     return formats
 
 
@@ -150,8 +166,12 @@ def engine(loaded: LoadedModel, *, blocks: int | None = None, **config) -> LLMEn
 
 
 def model_info(loaded: LoadedModel) -> dict:
-    return {"model": loaded.name, "threads": torch.get_num_threads(), "dtype": "float32",
-            "clock": clock_name()}
+    return {
+        "model": loaded.name,
+        "threads": torch.get_num_threads(),
+        "dtype": "float32",
+        "clock": clock_name(),
+    }
 
 
 def median_s(fn: Callable[[], object], repeats: int = 7, warmup: int = 1) -> float:

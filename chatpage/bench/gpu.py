@@ -42,19 +42,26 @@ def _free() -> None:
 
 def _prefilled(engine: LLMEngine) -> bool:
     sched = engine.scheduler
-    return not sched.waiting and all(s.num_computed_tokens >= PROMPT_TOKENS
-                                     for g in sched.running for s in g.seqs)
+    return not sched.waiting and all(
+        s.num_computed_tokens >= PROMPT_TOKENS for g in sched.running for s in g.seqs
+    )
 
 
 def chatpage_decode(loaded: LoadedModel, batch: int, graphs: bool, device: str) -> float:
     """Decode tok/s of chatpage at ``batch`` sequences."""
-    engine = common.engine(loaded, device=device, cuda_graphs=graphs, max_num_seqs=batch,
-                           max_num_batched_tokens=max(2048, PROMPT_TOKENS),
-                           gpu_memory_utilization=SHARE)
+    engine = common.engine(
+        loaded,
+        device=device,
+        cuda_graphs=graphs,
+        max_num_seqs=batch,
+        max_num_batched_tokens=max(2048, PROMPT_TOKENS),
+        gpu_memory_utilization=SHARE,
+    )
     vocab = engine.model.vocab_size
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    engine.generate(_prompts(batch, vocab, 1), SamplingParams(temperature=0, max_tokens=4,
-                                                              ignore_eos=True))  # warm, capture
+    engine.generate(
+        _prompts(batch, vocab, 1), SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    )  # warm, capture
     for prompt in _prompts(batch, vocab, 2):
         engine.add_request(prompt, params)
     while not _prefilled(engine):
@@ -82,8 +89,14 @@ def hf_decode(directory: Path, batch: int, device: str) -> float:
     def generate(n: int) -> float:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                       do_sample=False, pad_token_id=0)
+        model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+        )
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
@@ -100,8 +113,9 @@ def greedy_equivalence(directory: Path, device: str) -> dict[str, Any]:
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 
     def tokens(**config: Any) -> list[list[int]]:
-        engine = LLMEngine.from_pretrained(str(directory), EngineConfig(**config),
-                                           progress=lambda _m: None)
+        engine = LLMEngine.from_pretrained(
+            str(directory), EngineConfig(**config), progress=lambda _m: None
+        )
         out = [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
         del engine
         _free()
@@ -127,8 +141,13 @@ def greedy_equivalence(directory: Path, device: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
-    result: dict[str, Any] = {"device": device, "gpu": torch.cuda.get_device_name(device),
-                    "torch": torch.__version__, "decode": [], "equivalence": []}
+    result: dict[str, Any] = {
+        "device": device,
+        "gpu": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "decode": [],
+        "equivalence": [],
+    }
     if not args.no_decode:
         loaded = common.load(args.model)
         directory = loaded.directory
@@ -136,22 +155,25 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
             raise ValueError("bench gpu compares with transformers: give a model on disk")
         for batch in args.batches:
             common.say(f"decode: batch {batch}")
-            row = {"batch": batch,
-                   "chatpage_tok_s": round(chatpage_decode(loaded, batch, True, device), 1),
-                   "chatpage_no_graphs_tok_s": round(chatpage_decode(loaded, batch, False, device),
-                                                     1),
-                   "transformers_tok_s": round(hf_decode(directory, batch, device), 1)}
+            row = {
+                "batch": batch,
+                "chatpage_tok_s": round(chatpage_decode(loaded, batch, True, device), 1),
+                "chatpage_no_graphs_tok_s": round(chatpage_decode(loaded, batch, False, device), 1),
+                "transformers_tok_s": round(hf_decode(directory, batch, device), 1),
+            }
             _free()
             row["vs_transformers"] = round(row["chatpage_tok_s"] / row["transformers_tok_s"], 2)
-            row["graphs_speedup"] = round(row["chatpage_tok_s"] / row["chatpage_no_graphs_tok_s"],
-                                          2)
+            row["graphs_speedup"] = round(
+                row["chatpage_tok_s"] / row["chatpage_no_graphs_tok_s"], 2
+            )
             result["decode"].append(row)
         at32 = [r for r in result["decode"] if r["batch"] == 32]
         if at32:
-            result["goal_vs_transformers_at_32"] = {"value": at32[0]["vs_transformers"],
-                                                    "target": GOAL_VS_HF_AT_32,
-                                                    "met": at32[0]["vs_transformers"]
-                                                    >= GOAL_VS_HF_AT_32}
+            result["goal_vs_transformers_at_32"] = {
+                "value": at32[0]["vs_transformers"],
+                "target": GOAL_VS_HF_AT_32,
+                "met": at32[0]["vs_transformers"] >= GOAL_VS_HF_AT_32,
+            }
     for directory in args.equivalence:
         common.say(f"greedy equivalence: {directory}")
         result["equivalence"].append(greedy_equivalence(Path(directory), device))
@@ -161,10 +183,19 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = common.parser("gpu", __doc__.splitlines()[0], 1.0)
     p.set_defaults(device="cuda")
-    p.add_argument("--batches", type=lambda v: [int(b) for b in v.split(",")],
-                   default=list(BATCHES), help="decode batch sizes (default 1,32,128)")
-    p.add_argument("--equivalence", action="append", default=[], metavar="DIR",
-                   help="an HF model directory to compare greedily with the CPU path (repeatable)")
+    p.add_argument(
+        "--batches",
+        type=lambda v: [int(b) for b in v.split(",")],
+        default=list(BATCHES),
+        help="decode batch sizes (default 1,32,128)",
+    )
+    p.add_argument(
+        "--equivalence",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an HF model directory to compare greedily with the CPU path (repeatable)",
+    )
     p.add_argument("--no-decode", action="store_true", help="only the equivalence checks")
     args = common.parse(p, argv)
     device = common.DEVICE

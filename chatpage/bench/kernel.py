@@ -58,8 +58,16 @@ class PagedBatch:
 
     def args(self, out: torch.Tensor) -> tuple:
         """Positional arguments of paged_attention, writing into ``out``."""
-        return (out, self.query, self.k_cache, self.v_cache, self.block_tables, self.seq_lens,
-                self.query_start_loc, self.scale)
+        return (
+            out,
+            self.query,
+            self.k_cache,
+            self.v_cache,
+            self.block_tables,
+            self.seq_lens,
+            self.query_start_loc,
+            self.scale,
+        )
 
     def contiguous_kv(self, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Sequence ``seq``'s keys and values as ``[Hkv, len, D]`` (gathered once, outside timing)."""
@@ -121,8 +129,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def median_ms(fns: Sequence[Callable[[], object]], device: torch.device, repeats: int,
-              budget_s: float) -> list[float]:
+def median_ms(
+    fns: Sequence[Callable[[], object]], device: torch.device, repeats: int, budget_s: float
+) -> list[float]:
     """Median wall time in ms of each of ``fns``, timed in turn within each round so that all of
     them see the same background load; up to ``repeats`` rounds (at least 5, within ``budget_s``).
 
@@ -148,11 +157,19 @@ def median_ms(fns: Sequence[Callable[[], object]], device: torch.device, repeats
     return [statistics.median(samples) for samples in times]
 
 
-def _case(batch: int, context: int, prefill: bool, device: torch.device, repeats: int,
-          budget_s: float, dtype: torch.dtype = torch.float32) -> dict:
+def _case(
+    batch: int,
+    context: int,
+    prefill: bool,
+    device: torch.device,
+    repeats: int,
+    budget_s: float,
+    dtype: torch.dtype = torch.float32,
+) -> dict:
     q_len = context if prefill else 1
-    pb = make_paged_batch([context] * batch, [q_len] * batch, device=device, dtype=dtype,
-                          seed=batch * 7919 + context)
+    pb = make_paged_batch(
+        [context] * batch, [q_len] * batch, device=device, dtype=dtype, seed=batch * 7919 + context
+    )
     out = torch.empty_like(pb.query)
     kv = [pb.contiguous_kv(s) for s in range(batch)]
     k = torch.stack([k for k, _ in kv])  # [B, Hkv, L, D]
@@ -163,12 +180,16 @@ def _case(batch: int, context: int, prefill: bool, device: torch.device, repeats
         attention.paged_attention(*pb.args(out))
 
     def contiguous() -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=prefill, scale=pb.scale, enable_gqa=True)
+        return F.scaled_dot_product_attention(
+            q, k, v, is_causal=prefill, scale=pb.scale, enable_gqa=True
+        )
 
     def gather() -> None:
         attention.reference_paged_attention(*pb.args(out))
 
-    paged_ms, contiguous_ms, gather_ms = median_ms([paged, contiguous, gather], device, repeats, budget_s)
+    paged_ms, contiguous_ms, gather_ms = median_ms(
+        [paged, contiguous, gather], device, repeats, budget_s
+    )
     return {
         "kind": "prefill" if prefill else "decode",
         "batch": batch,
@@ -183,7 +204,9 @@ def _case(batch: int, context: int, prefill: bool, device: torch.device, repeats
 
 def _goals(cases: list[dict]) -> dict:
     """The targets: within 10% of contiguous SDPA at batch 32 / context 512, 2x the gather path."""
-    key = next(c for c in cases if c["kind"] == "decode" and c["batch"] == 32 and c["context"] == 512)
+    key = next(
+        c for c in cases if c["kind"] == "decode" and c["batch"] == 32 and c["context"] == 512
+    )
     slowest = min(c["speedup_vs_gather"] for c in cases)
     return {
         "ratio_vs_contiguous_b32_ctx512": key["ratio_vs_contiguous"],
@@ -200,9 +223,13 @@ def _gpu_goals(cases: list[dict]) -> dict:
     decode = [c for c in cases if c["kind"] == "decode"]
     worst = max(c["ratio_vs_contiguous"] for c in decode)
     slowest = min(c["speedup_vs_gather"] for c in cases)
-    return {"max_ratio_vs_contiguous": worst, "ratio_goal": GPU_RATIO_GOAL,
-            "min_speedup_vs_gather": slowest, "speedup_goal": 2.0,
-            "met": worst <= GPU_RATIO_GOAL and slowest >= 2.0}
+    return {
+        "max_ratio_vs_contiguous": worst,
+        "ratio_goal": GPU_RATIO_GOAL,
+        "min_speedup_vs_gather": slowest,
+        "speedup_goal": 2.0,
+        "met": worst <= GPU_RATIO_GOAL and slowest >= 2.0,
+    }
 
 
 def run(*, device: str = "cpu", repeats: int = 30, budget_s: float = 3.0) -> dict:
@@ -216,8 +243,11 @@ def run(*, device: str = "cpu", repeats: int = 30, budget_s: float = 3.0) -> dic
     batches, contexts = (GPU_DECODE_BATCHES, GPU_CONTEXTS) if cuda else (DECODE_BATCHES, CONTEXTS)
     grid = [(b, c, False) for b in batches for c in contexts] + [(*PREFILL, True)]
     for batch, context, prefill in grid:
-        print(f"kernel bench: {'prefill' if prefill else 'decode'} batch {batch} context {context}",
-              file=sys.stderr, flush=True)
+        print(
+            f"kernel bench: {'prefill' if prefill else 'decode'} batch {batch} context {context}",
+            file=sys.stderr,
+            flush=True,
+        )
         cases.append(_case(batch, context, prefill, dev, repeats, budget_s, dtype))
     result = {
         "benchmark": "paged_attention per layer",
@@ -225,8 +255,13 @@ def run(*, device: str = "cpu", repeats: int = 30, budget_s: float = 3.0) -> dic
         "threads": torch.get_num_threads(),
         "kernels": ops.status(),
         "native": ops.available(dev),
-        "shape": {"num_q_heads": NUM_Q_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
-                  "block_size": BLOCK_SIZE, "dtype": str(dtype).removeprefix("torch.")},
+        "shape": {
+            "num_q_heads": NUM_Q_HEADS,
+            "num_kv_heads": NUM_KV_HEADS,
+            "head_dim": HEAD_DIM,
+            "block_size": BLOCK_SIZE,
+            "dtype": str(dtype).removeprefix("torch."),
+        },
         "cases": cases,
         "goals": _gpu_goals(cases) if cuda else _goals(cases),
         # the machine's 1-minute load average before and after: timings mean little when it is high
@@ -236,10 +271,14 @@ def run(*, device: str = "cpu", repeats: int = 30, budget_s: float = 3.0) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="chatpage bench kernel",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true",
-                        help="print the result as one JSON line (default: readable text)")
+    parser = argparse.ArgumentParser(
+        prog="chatpage bench kernel", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as one JSON line (default: readable text)",
+    )
     common.add_device_arg(parser)
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per measurement (max)")
     args = parser.parse_args(argv)

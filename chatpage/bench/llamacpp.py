@@ -56,8 +56,9 @@ class _Context:
         self.n_batch = n_batch
         self.batch = lib.llama_batch_init(n_batch, 0, n_seq)
         vocab = lib.llama_model_get_vocab(model) if hasattr(lib, "llama_model_get_vocab") else None
-        self.n_vocab = (lib.llama_vocab_n_tokens(vocab) if vocab is not None
-                        else lib.llama_n_vocab(model))
+        self.n_vocab = (
+            lib.llama_vocab_n_tokens(vocab) if vocab is not None else lib.llama_n_vocab(model)
+        )
 
     def close(self) -> None:
         self.lib.llama_batch_free(self.batch)
@@ -68,7 +69,7 @@ class _Context:
         greedy next token of every entry that wanted logits, in order."""
         picks: list[int] = []
         for start in range(0, len(entries), self.n_batch):
-            chunk = entries[start:start + self.n_batch]
+            chunk = entries[start : start + self.n_batch]
             b = self.batch
             b.n_tokens = len(chunk)
             for i, (tok, pos, seq, logits) in enumerate(chunk):
@@ -83,7 +84,8 @@ class _Context:
                 if logits:
                     ptr = self.lib.llama_get_logits_ith(self.ctx, i)
                     row = (ctypes.c_float * self.n_vocab).from_address(
-                        ctypes.addressof(ptr.contents))
+                        ctypes.addressof(ptr.contents)
+                    )
                     picks.append(int(torch.frombuffer(row, dtype=torch.float32).argmax()))
         return picks
 
@@ -153,8 +155,10 @@ class LlamaCppSingle:
         t1 = common.now()
         for step in range(self.new_tokens - 1):
             (tok,) = self._ctx.decode([(tok, n + step, 0, True)])
-        return {"llamacpp_ttft_ms": (t1 - t0) * 1e3,
-                "llamacpp_tok_s": (self.new_tokens - 1) / (common.now() - t1)}
+        return {
+            "llamacpp_ttft_ms": (t1 - t0) * 1e3,
+            "llamacpp_tok_s": (self.new_tokens - 1) / (common.now() - t1),
+        }
 
     def close(self) -> None:
         self._ctx.close()
@@ -165,7 +169,9 @@ def run(gguf: Path | None, trace: list[BenchRequest], chatpage_tok_s: float) -> 
     if not available():
         return {"llamacpp_error": "llama_cpp is not importable (pip install llama-cpp-python)"}
     if gguf is None:
-        return {"llamacpp_error": "llama.cpp needs a .gguf model (the default model or --model X.gguf)"}
+        return {
+            "llamacpp_error": "llama.cpp needs a .gguf model (the default model or --model X.gguf)"
+        }
     from llama_cpp import Llama
     from llama_cpp import llama_cpp as lib
 

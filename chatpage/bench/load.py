@@ -48,8 +48,10 @@ def _load(model: str | None, weights: str, cache: Path) -> dict[str, Any]:
     if done.returncode != 0:
         lines = (done.stderr.strip() or "no output").splitlines()
         raise SystemExit(f"chatpage: error: the {weights} load failed: {lines[-1]}")
-    return {**json.loads(done.stdout.strip().splitlines()[-1]),
-            "process_s": time.perf_counter() - t0}
+    return {
+        **json.loads(done.stdout.strip().splitlines()[-1]),
+        "process_s": time.perf_counter() - t0,
+    }
 
 
 def _bytes(folder: Path) -> int:
@@ -63,8 +65,11 @@ def source_bytes(model: str | None) -> int:
     path = default_model_path() if model is None else Path(model).expanduser()
     if path.is_file():
         return path.stat().st_size
-    return sum(f.stat().st_size for f in path.iterdir()
-               if f.suffix in (".safetensors", ".bin") and f.is_file())
+    return sum(
+        f.stat().st_size
+        for f in path.iterdir()
+        if f.suffix in (".safetensors", ".bin") and f.is_file()
+    )
 
 
 def measure(model: str | None, weights: str) -> dict[str, Any]:
@@ -75,14 +80,19 @@ def measure(model: str | None, weights: str) -> dict[str, Any]:
         models = cache / "chatpage" / "models"
         cache_bytes = _bytes(models) if models.is_dir() else 0
     size = source_bytes(model)
-    return {"weights": weights, "first_load_s": first["load_s"],
-            "first_process_s": first["process_s"], "cached_load_s": cached["load_s"],
-            "cached_process_s": cached["process_s"],
-            "first_peak_rss_bytes": first["peak_rss_bytes"],
-            "cached_peak_rss_bytes": cached["peak_rss_bytes"], "cache_bytes": cache_bytes,
-            "cache_ratio": cache_bytes / size,
-            "first_peak_rss_ratio": first["peak_rss_bytes"] / size,
-            "cached_peak_rss_ratio": cached["peak_rss_bytes"] / size}
+    return {
+        "weights": weights,
+        "first_load_s": first["load_s"],
+        "first_process_s": first["process_s"],
+        "cached_load_s": cached["load_s"],
+        "cached_process_s": cached["process_s"],
+        "first_peak_rss_bytes": first["peak_rss_bytes"],
+        "cached_peak_rss_bytes": cached["peak_rss_bytes"],
+        "cache_bytes": cache_bytes,
+        "cache_ratio": cache_bytes / size,
+        "first_peak_rss_ratio": first["peak_rss_bytes"] / size,
+        "cached_peak_rss_ratio": cached["peak_rss_bytes"] / size,
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -90,14 +100,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for fmt in args.weights:
         common.say(f"{fmt}: a first load into an empty cache, then a cached one")
         rows.append(measure(args.model, fmt))
-    return {"benchmark": "load", "model": args.model or "default",
-            "file_bytes": source_bytes(args.model), "results": rows, "goals": GOALS}
+    return {
+        "benchmark": "load",
+        "model": args.model or "default",
+        "file_bytes": source_bytes(args.model),
+        "results": rows,
+        "goals": GOALS,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = common.parser("load", __doc__.splitlines()[0], default_scale=1.0)
-    p.add_argument("--weights", type=common.weight_formats, default=["int4"],
-                   help="comma-separated weight formats (default: int4, the default format)")
+    p.add_argument(
+        "--weights",
+        type=common.weight_formats,
+        default=["int4"],
+        help="comma-separated weight formats (default: int4, the default format)",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = common.parse(p, argv)
     if args.child:

@@ -41,8 +41,9 @@ def run_chatpage(loaded, trace, blocks: int, block_size: int) -> dict:
 
     t0 = common.now()
     for r in trace:
-        eng.add_request(r.prompt_ids, SamplingParams(temperature=0, max_tokens=r.output_len,
-                                                     ignore_eos=True))
+        eng.add_request(
+            r.prompt_ids, SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
+        )
     common.drain(eng, on_step)
     stats = eng.stats()
     batches = [n for n, _ in log]
@@ -58,14 +59,27 @@ def run_chatpage(loaded, trace, blocks: int, block_size: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = common.parser("memory", "KV memory utilization: paged blocks vs contiguous reservations",
-                      DEFAULT_SCALE)
-    p.add_argument("--requests", type=int, default=None,
-                   help=f"number of requests (default {REQUESTS_AT_SCALE_1} x scale, at least 4)")
-    p.add_argument("--kv-tokens", type=int, default=None,
-                   help=f"KV budget in tokens (default {MAX_SLABS} x the Max reservation)")
-    p.add_argument("--max-len", type=int, default=None,
-                   help="the Max policy's reservation (default 2048 x scale)")
+    p = common.parser(
+        "memory", "KV memory utilization: paged blocks vs contiguous reservations", DEFAULT_SCALE
+    )
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help=f"number of requests (default {REQUESTS_AT_SCALE_1} x scale, at least 4)",
+    )
+    p.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=None,
+        help=f"KV budget in tokens (default {MAX_SLABS} x the Max reservation)",
+    )
+    p.add_argument(
+        "--max-len",
+        type=int,
+        default=None,
+        help="the Max policy's reservation (default 2048 x scale)",
+    )
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--plot", default=None, help="write a PNG bar chart here")
     args = common.parse(p, argv)
@@ -76,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     budget = blocks * args.block_size
 
     loaded = common.load(args.model)
-    trace = make_trace(SHAREGPT, n, scale=args.scale, seed=args.seed,
-                       vocab_size=loaded.config.vocab_size)
+    trace = make_trace(
+        SHAREGPT, n, scale=args.scale, seed=args.seed, vocab_size=loaded.config.vocab_size
+    )
     shape = describe(trace)
     common.say(f"trace: {shape}; budget {budget} tokens ({blocks} blocks), Max reserves {max_len}")
     common.say("chatpage: running the trace on the engine")

@@ -57,16 +57,25 @@ serve.main(parser.parse_args(sys.argv[1:]))
 """
 """vLLM's own benchmark client, run with the peer venv's Python (arguments: its command line)."""
 
-PERSONA = ("You are a patient, precise assistant on a developer's workstation. Answer in plain "
-           "prose, keep code in fenced blocks, say when you are unsure, and never invent APIs. "
-           "Prefer short answers; give one example when it helps. ") * 4
-QUESTIONS = ("How does a paged KV cache share a system prompt?", "Explain copy-on-write forks.",
-             "What is continuous batching?", "Why preempt a whole group of sequences?",
-             "When is swapping better than recomputing?", "What does a block table hold?",
-             "How is a prefix hash chained?", "What limits decode speed on a CPU?")
+PERSONA = (
+    "You are a patient, precise assistant on a developer's workstation. Answer in plain "
+    "prose, keep code in fenced blocks, say when you are unsure, and never invent APIs. "
+    "Prefer short answers; give one example when it helps. "
+) * 4
+QUESTIONS = (
+    "How does a paged KV cache share a system prompt?",
+    "Explain copy-on-write forks.",
+    "What is continuous batching?",
+    "Why preempt a whole group of sequences?",
+    "When is swapping better than recomputing?",
+    "What does a block table hold?",
+    "How is a prefix hash chained?",
+    "What limits decode speed on a CPU?",
+)
 
 
 # -- the peer's install and the model it serves ------------------------------------------------
+
 
 def peer_python(peers: Path) -> Path:
     return peers / "vllm" / "bin" / "python"
@@ -79,13 +88,17 @@ def ensure_vllm(peers: Path, install: bool) -> Path:
     if marker.exists() and python.exists():
         return python
     if not install:
-        raise SystemExit(f"chatpage bench peers: vLLM is not installed under {peers / 'vllm'}; "
-                         "run without --no-install (or `make bench-peers`) to install it")
+        raise SystemExit(
+            f"chatpage bench peers: vLLM is not installed under {peers / 'vllm'}; "
+            "run without --no-install (or `make bench-peers`) to install it"
+        )
     common.say(f"installing {VLLM_PIN} into {peers / 'vllm'} (a venv of its own, ~3.5 GB)")
-    steps = [[sys.executable, "-m", "venv", str(peers / "vllm")],
-             [str(python), "-m", "pip", "install", "-q", TORCH_PIN],
-             [str(python), "-m", "pip", "install", "-q", VLLM_PIN],
-             [str(python), "-m", "pip", "uninstall", "-q", "-y", *MISMATCHED]]
+    steps = [
+        [sys.executable, "-m", "venv", str(peers / "vllm")],
+        [str(python), "-m", "pip", "install", "-q", TORCH_PIN],
+        [str(python), "-m", "pip", "install", "-q", VLLM_PIN],
+        [str(python), "-m", "pip", "uninstall", "-q", "-y", *MISMATCHED],
+    ]
     for step in steps:
         subprocess.run(step, check=True)
     marker.touch()
@@ -107,8 +120,9 @@ def model_folder(peers: Path, model: str | None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                              dtype=torch.bfloat16)
+    hf = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
+    )
     # a GGUF-loaded model refuses save_pretrained without this (transformers declares no such
     # attribute, so mypy sees nn.Module's tensor-or-module attributes)
     hf.hf_quantizer = None  # type: ignore[assignment]
@@ -122,6 +136,7 @@ def model_folder(peers: Path, model: str | None) -> Path:
 
 
 # -- servers, one at a time -------------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -139,7 +154,7 @@ def group_members(pgid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
         if fields[0] != "Z" and int(fields[2]) == pgid:
             members.append(int(entry.name))
     return members
@@ -191,15 +206,22 @@ def running(server: Server, port: int) -> Iterator[Live]:
 
     url = f"http://127.0.0.1:{port}"
     with server.log.open("ab") as log:
-        proc = subprocess.Popen(server.command, env={**os.environ, **server.env},
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            server.command,
+            env={**os.environ, **server.env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         common.say(f"{server.name}: starting (log: {server.log})")
         t0 = time.monotonic()
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"{server.name} exited with {proc.returncode} before it was "
-                                   f"ready; see {server.log}")
+                raise RuntimeError(
+                    f"{server.name} exited with {proc.returncode} before it was "
+                    f"ready; see {server.log}"
+                )
             try:
                 models = httpx.get(f"{url}/v1/models", timeout=2)
                 if models.status_code == 200:
@@ -207,8 +229,9 @@ def running(server: Server, port: int) -> Iterator[Live]:
             except httpx.HTTPError:
                 pass
             if time.monotonic() - t0 > READY_TIMEOUT_S:
-                raise RuntimeError(f"{server.name} was not ready after {READY_TIMEOUT_S} s; "
-                                   f"see {server.log}")
+                raise RuntimeError(
+                    f"{server.name} was not ready after {READY_TIMEOUT_S} s; see {server.log}"
+                )
             time.sleep(1)
         common.say(f"{server.name}: ready in {time.monotonic() - t0:.0f} s")
         yield Live(url, proc.pid, models.json()["data"][0]["id"])
@@ -218,11 +241,29 @@ def running(server: Server, port: int) -> Iterator[Live]:
 
 def vllm_server(python: Path, folder: Path, port: int, log: Path) -> Server:
     cores = os.cpu_count() or 1
-    return Server("vLLM", [
-        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
-        "--served-model-name", SERVED_NAME, "--dtype", "bfloat16", "--max-model-len", "4096",
-        "--enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port),
-    ], {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}"}, log)
+    return Server(
+        "vLLM",
+        [
+            str(python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(folder),
+            "--served-model-name",
+            SERVED_NAME,
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            "4096",
+            "--enable-prefix-caching",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}"},
+        log,
+    )
 
 
 def chatpage_server(model: str | None, port: int, log: Path) -> Server:
@@ -234,25 +275,63 @@ def chatpage_server(model: str | None, port: int, log: Path) -> Server:
 
 # -- the clients -----------------------------------------------------------------------------
 
-def vllm_client(python: Path, live: Live, folder: Path, concurrency: int, seed: int,
-                scale: float) -> dict:
+
+def vllm_client(
+    python: Path, live: Live, folder: Path, concurrency: int, seed: int, scale: float
+) -> dict:
     """One run of vLLM's benchmark client at ``concurrency``; its figures."""
     prompts = max(4, int(2 * concurrency * scale))
     with tempfile.TemporaryDirectory() as out:
-        subprocess.run([
-            str(python), "-c", CLIENT, "--backend", "openai", "--base-url", live.url,
-            "--model", live.model, "--tokenizer", str(folder), "--dataset-name", "random",
-            "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
-            "--ignore-eos", "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
-            "--percentile-metrics", "ttft,tpot", "--metric-percentiles", "50,99",
-            "--seed", str(seed), "--save-result", "--result-dir", out,
-            "--result-filename", "result.json", "--disable-tqdm",
-        ], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                str(python),
+                "-c",
+                CLIENT,
+                "--backend",
+                "openai",
+                "--base-url",
+                live.url,
+                "--model",
+                live.model,
+                "--tokenizer",
+                str(folder),
+                "--dataset-name",
+                "random",
+                "--random-input-len",
+                str(INPUT_LEN),
+                "--random-output-len",
+                str(OUTPUT_LEN),
+                "--ignore-eos",
+                "--num-prompts",
+                str(prompts),
+                "--max-concurrency",
+                str(concurrency),
+                "--percentile-metrics",
+                "ttft,tpot",
+                "--metric-percentiles",
+                "50,99",
+                "--seed",
+                str(seed),
+                "--save-result",
+                "--result-dir",
+                out,
+                "--result-filename",
+                "result.json",
+                "--disable-tqdm",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         raw = json.loads((Path(out) / "result.json").read_text())
-    return {"output_tok_s": raw["output_throughput"], "completed": raw["completed"],
-            "prompts": prompts, "ttft_p50_ms": raw["median_ttft_ms"],
-            "ttft_p99_ms": raw["p99_ttft_ms"], "tpot_p50_ms": raw["median_tpot_ms"],
-            "tpot_p99_ms": raw["p99_tpot_ms"]}
+    return {
+        "output_tok_s": raw["output_throughput"],
+        "completed": raw["completed"],
+        "prompts": prompts,
+        "ttft_p50_ms": raw["median_ttft_ms"],
+        "ttft_p99_ms": raw["p99_ttft_ms"],
+        "tpot_p50_ms": raw["median_tpot_ms"],
+        "tpot_p99_ms": raw["p99_tpot_ms"],
+    }
 
 
 async def chat_run(live: Live, n: int, max_tokens: int) -> dict:
@@ -261,11 +340,20 @@ async def chat_run(live: Live, n: int, max_tokens: int) -> dict:
     import httpx
 
     async def one(http: httpx.AsyncClient, question: str) -> tuple[float, float, float, int]:
-        body = {"model": live.model, "stream": True, "n": n, "max_tokens": max_tokens,
-                "temperature": 0.8, "top_p": 0.95, "ignore_eos": True,
-                "stream_options": {"include_usage": True},
-                "messages": [{"role": "system", "content": PERSONA},
-                             {"role": "user", "content": question}]}
+        body = {
+            "model": live.model,
+            "stream": True,
+            "n": n,
+            "max_tokens": max_tokens,
+            "temperature": 0.8,
+            "top_p": 0.95,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+            "messages": [
+                {"role": "system", "content": PERSONA},
+                {"role": "user", "content": question},
+            ],
+        }
         start, first, tokens = time.perf_counter(), None, 0
         async with http.stream("POST", "/v1/chat/completions", json=body) as r:
             r.raise_for_status()
@@ -275,8 +363,9 @@ async def chat_run(live: Live, n: int, max_tokens: int) -> dict:
                 chunk = json.loads(line[6:])
                 if chunk.get("usage"):
                     tokens = chunk["usage"]["completion_tokens"]
-                if first is None and any((c.get("delta") or {}).get("content")
-                                         for c in chunk.get("choices") or []):
+                if first is None and any(
+                    (c.get("delta") or {}).get("content") for c in chunk.get("choices") or []
+                ):
                     first = time.perf_counter()
         end = time.perf_counter()
         return start, first or end, end, tokens
@@ -287,13 +376,19 @@ async def chat_run(live: Live, n: int, max_tokens: int) -> dict:
         wall = time.perf_counter() - t0
     ttft = [(f - s) * 1000 for s, f, _e, _t in got]
     tpot = [(e - f) * 1000 / (t / n - 1) for _s, f, e, t in got if t / n > 1]
-    return {"output_tok_s": sum(t for *_, t in got) / wall, "completed": len(got),
-            "ttft_p50_ms": common.percentile(ttft, 50), "ttft_p99_ms": common.percentile(ttft, 99),
-            "tpot_p50_ms": common.percentile(tpot, 50), "tpot_p99_ms": common.percentile(tpot, 99)}
+    return {
+        "output_tok_s": sum(t for *_, t in got) / wall,
+        "completed": len(got),
+        "ttft_p50_ms": common.percentile(ttft, 50),
+        "ttft_p99_ms": common.percentile(ttft, 99),
+        "tpot_p50_ms": common.percentile(tpot, 50),
+        "tpot_p99_ms": common.percentile(tpot, 99),
+    }
 
 
-def measure(live: Live, python: Path, folder: Path, concurrencies: list[int], seed: int,
-            scale: float) -> dict:
+def measure(
+    live: Live, python: Path, folder: Path, concurrencies: list[int], seed: int, scale: float
+) -> dict:
     """Every run against the server ``live``."""
     result: dict = {}
     for c in concurrencies:
@@ -309,19 +404,25 @@ def measure(live: Live, python: Path, folder: Path, concurrencies: list[int], se
 
 # -- the report --------------------------------------------------------------------------------
 
+
 def compare(rounds: list[dict[str, dict]]) -> dict:
     """Per run: both systems' figures of the round with the median ratio, every round's ratio,
     the median ratio and the goals (ratio >= GOAL_RATIO; TTFT and TPOT p50 <= vLLM's)."""
     runs: dict = {}
     for run in rounds[0]["chatpage"]:
-        ratios = [r["chatpage"][run]["output_tok_s"] / r["vllm"][run]["output_tok_s"]
-                  for r in rounds]
+        ratios = [
+            r["chatpage"][run]["output_tok_s"] / r["vllm"][run]["output_tok_s"] for r in rounds
+        ]
         median = statistics.median(ratios)
         mid = rounds[min(range(len(ratios)), key=lambda i: abs(ratios[i] - median))]
         ours, theirs = mid["chatpage"][run], mid["vllm"][run]
         runs[run] = {
-            "chatpage": ours, "vllm": theirs, "ratio": median, "ratios": ratios,
-            "goal_ratio": GOAL_RATIO, "ratio_ok": median >= GOAL_RATIO,
+            "chatpage": ours,
+            "vllm": theirs,
+            "ratio": median,
+            "ratios": ratios,
+            "goal_ratio": GOAL_RATIO,
+            "ratio_ok": median >= GOAL_RATIO,
             "ttft_ok": ours["ttft_p50_ms"] <= theirs["ttft_p50_ms"],
             "tpot_ok": ours["tpot_p50_ms"] <= theirs["tpot_p50_ms"],
         }
@@ -331,10 +432,18 @@ def compare(rounds: list[dict[str, dict]]) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = common.parser("peers", __doc__.splitlines()[0], default_scale=1.0)
     p.add_argument("--rounds", type=int, default=1, help="whole comparisons (median ratio)")
-    p.add_argument("--concurrency", type=lambda v: [int(x) for x in v.split(",")],
-                   default=list(CONCURRENCIES), help="comma-separated (default 1,8,32,64)")
-    p.add_argument("--peers-dir", type=Path, default=Path(".peers"),
-                   help="where the peer venv and its model folder live (default .peers)")
+    p.add_argument(
+        "--concurrency",
+        type=lambda v: [int(x) for x in v.split(",")],
+        default=list(CONCURRENCIES),
+        help="comma-separated (default 1,8,32,64)",
+    )
+    p.add_argument(
+        "--peers-dir",
+        type=Path,
+        default=Path(".peers"),
+        help="where the peer venv and its model folder live (default .peers)",
+    )
     p.add_argument("--no-install", action="store_true", help="fail instead of installing vLLM")
     args = common.parse(p, argv)
     if args.rounds < 1 or any(c < 1 for c in args.concurrency):
@@ -349,15 +458,25 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for i in range(args.rounds):
         got = {}
-        for name, server in (("vllm", vllm_server(python, folder, free_port(), logs / "vllm.log")),
-                             ("chatpage", chatpage_server(args.model, free_port(),
-                                                          logs / "chatpage.log"))):
+        for name, server in (
+            ("vllm", vllm_server(python, folder, free_port(), logs / "vllm.log")),
+            ("chatpage", chatpage_server(args.model, free_port(), logs / "chatpage.log")),
+        ):
             common.say(f"round {i + 1}/{args.rounds}: {server.name}")
             with running(server, int(server.command[server.command.index("--port") + 1])) as live:
-                got[name] = measure(live, python, folder, args.concurrency, args.seed + i,
-                                    args.scale)
+                got[name] = measure(
+                    live, python, folder, args.concurrency, args.seed + i, args.scale
+                )
         rounds.append(got)
-    result = {"bench": "peers", "model": folder.name, "peer": VLLM_PIN, "rounds": args.rounds,
-              "input_len": INPUT_LEN, "output_len": OUTPUT_LEN, "cores": os.cpu_count(),
-              "runs": compare(rounds), "seconds": time.perf_counter() - t0}
+    result = {
+        "bench": "peers",
+        "model": folder.name,
+        "peer": VLLM_PIN,
+        "rounds": args.rounds,
+        "input_len": INPUT_LEN,
+        "output_len": OUTPUT_LEN,
+        "cores": os.cpu_count(),
+        "runs": compare(rounds),
+        "seconds": time.perf_counter() - t0,
+    }
     return common.emit(common.round_floats(result), args.json)

@@ -62,8 +62,12 @@ def serve(result: dict, path: str) -> str | None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for system, style in (("chatpage", "o-"), ("oracle", "s--")):
         rows = [r for r in result["rates"] if r["system"] == system]
-        ax.plot([r["rate"] for r in rows], [r["normalized_latency_s"] for r in rows], style,
-                label="chatpage" if system == "chatpage" else "Oracle reservation")
+        ax.plot(
+            [r["rate"] for r in rows],
+            [r["normalized_latency_s"] for r in rows],
+            style,
+            label="chatpage" if system == "chatpage" else "Oracle reservation",
+        )
     ax.axhline(result["latency_bound_s"], color="#c33", lw=0.8, ls=":", label="latency bound")
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("normalized latency (s/token)")
@@ -81,8 +85,12 @@ def sharing(result: dict, path: str) -> str | None:
     for ax, workload in zip(axes, ("alpaca", "sharegpt"), strict=True):
         for mode, style in (("parallel", "o-"), ("beam", "s-")):
             rows = [r for r in result["results"] if r["workload"] == workload and r["mode"] == mode]
-            ax.plot([r["width"] for r in rows], [100 * r["saving"] for r in rows], style,
-                    label="parallel sampling" if mode == "parallel" else "beam search")
+            ax.plot(
+                [r["width"] for r in rows],
+                [100 * r["saving"] for r in rows],
+                style,
+                label="parallel sampling" if mode == "parallel" else "beam search",
+            )
         ax.set_title(f"{workload}-shaped")
         ax.set_xlabel("n / beam width")
         ax.set_xticks([2, 4, 6])
@@ -97,12 +105,17 @@ def throughput(result: dict, path: str) -> str | None:
     if plt is None:
         return None
     formats = [f for f in result.get("formats", []) if f["weights"] != "fp32"]
-    names = ["chatpage", *(f"chatpage\n({f['weights']})" for f in formats),
-             f"transformers\n(batch {result['hf_batch']})"]
+    names = [
+        "chatpage",
+        *(f"chatpage\n({f['weights']})" for f in formats),
+        f"transformers\n(batch {result['hf_batch']})",
+    ]
     values = [result["chatpage_tok_s"], *(f["tok_s"] for f in formats), result["hf_tok_s"]]
-    for key, label in (("llamacpp_serial_tok_s", "llama.cpp\nserial"),
-                       ("llamacpp_batched_tok_s", "llama.cpp\nbatched"),
-                       ("gemm_bound_tok_s", "GEMM bound\n(batch 128)")):
+    for key, label in (
+        ("llamacpp_serial_tok_s", "llama.cpp\nserial"),
+        ("llamacpp_batched_tok_s", "llama.cpp\nbatched"),
+        ("gemm_bound_tok_s", "GEMM bound\n(batch 128)"),
+    ):
         if key in result:
             names.append(label)
             values.append(result[key])

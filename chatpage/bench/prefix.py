@@ -49,9 +49,13 @@ def _first_token(eng, prompt: list[int]) -> tuple[float, int]:
 def ttft_sessions(loaded, sessions) -> dict:
     tok = loaded.tokenizer
     system = sessions[0].system_prompt
-    prompts = [render_prompt(tok, [{"role": "system", "content": system},
-                                   {"role": "user", "content": s.user_turns[0]}])
-               for s in sessions]
+    prompts = [
+        render_prompt(
+            tok,
+            [{"role": "system", "content": system}, {"role": "user", "content": s.user_turns[0]}],
+        )
+        for s in sessions
+    ]
     warm = prompts[0][-8:]
     cold = common.engine(loaded, enable_prefix_caching=False)
     _first_token(cold, warm)
@@ -92,8 +96,9 @@ def conversation(loaded, session, own_ids: bool) -> list[dict]:
     reply_ids: dict[int, list[int]] = {}
     previous = prefix  # what the cache holds for the next prompt
     turns = []
-    for i, (ask, reply_len) in enumerate(zip(session.user_turns, session.reply_tokens,
-                                             strict=True)):
+    for i, (ask, reply_len) in enumerate(
+        zip(session.user_turns, session.reply_tokens, strict=True)
+    ):
         conv.add("user", ask)
         prompt = render_prompt(tok, conv.for_model(), reply_ids=reply_ids if own_ids else None)
         params = SamplingParams(temperature=0.8, top_p=0.95, seed=1000 + i, max_tokens=reply_len)
@@ -102,18 +107,20 @@ def conversation(loaded, session, own_ids: bool) -> list[dict]:
         seconds = common.now() - t0
         new = max(len(prompt) - len(previous), 0)
         computed = len(prompt) - out.usage.cached_tokens
-        turns.append({
-            "turn": i + 1,
-            "prompt_tokens": len(prompt),
-            "new_tokens": new,
-            "computed_tokens": computed,
-            "prefix_hit_tokens": out.usage.cached_tokens,
-            "reused_share": out.usage.cached_tokens / len(prompt),
-            "shared_with_previous": _common_prefix(prompt, previous),
-            "reply_tokens": len(out.outputs[0].token_ids),
-            "turn_s": seconds,
-            "within_new_plus_block": computed <= new + eng.config.block_size,
-        })
+        turns.append(
+            {
+                "turn": i + 1,
+                "prompt_tokens": len(prompt),
+                "new_tokens": new,
+                "computed_tokens": computed,
+                "prefix_hit_tokens": out.usage.cached_tokens,
+                "reused_share": out.usage.cached_tokens / len(prompt),
+                "shared_with_previous": _common_prefix(prompt, previous),
+                "reply_tokens": len(out.outputs[0].token_ids),
+                "turn_s": seconds,
+                "within_new_plus_block": computed <= new + eng.config.block_size,
+            }
+        )
         conv.add("assistant", out.outputs[0].text)
         reply_ids[len(conv.messages)] = out.outputs[0].token_ids  # its index after the system
         previous = prompt + out.outputs[0].token_ids
@@ -122,10 +129,18 @@ def conversation(loaded, session, own_ids: bool) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = common.parser("prefix", "persona prefix caching and multi-turn reuse", DEFAULT_SCALE)
-    p.add_argument("--sessions", type=int, default=None,
-                   help=f"sessions for the TTFT comparison (default {SESSIONS} x scale)")
-    p.add_argument("--turns", type=int, default=None,
-                   help=f"turns of the conversation (default {TURNS} x scale)")
+    p.add_argument(
+        "--sessions",
+        type=int,
+        default=None,
+        help=f"sessions for the TTFT comparison (default {SESSIONS} x scale)",
+    )
+    p.add_argument(
+        "--turns",
+        type=int,
+        default=None,
+        help=f"turns of the conversation (default {TURNS} x scale)",
+    )
     p.add_argument("--plot", default=None, help="write a PNG plot here")
     args = common.parse(p, argv)
     n = args.sessions or max(2, round(SESSIONS * args.scale))
@@ -152,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         "block_size": EngineConfig().block_size,
         "all_turns_within_new_plus_block": all(r["within_new_plus_block"] for r in rows),
         "turns_retokenized": retokenized,
-        "retokenized_turns_within_new_plus_block": sum(r["within_new_plus_block"]
-                                                       for r in retokenized),
+        "retokenized_turns_within_new_plus_block": sum(
+            r["within_new_plus_block"] for r in retokenized
+        ),
     }
     if args.plot:
         result["plot"] = plots.prefix(result, args.plot)

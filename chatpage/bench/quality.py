@@ -43,8 +43,9 @@ def all_logits(eng: LLMEngine, ids: list[int]) -> torch.Tensor:
         seq_lens=torch.tensor([n], dtype=torch.int32),
         query_start_loc=torch.tensor([0, n], dtype=torch.int32),
     )
-    return eng.model.forward(torch.tensor(ids), torch.arange(n), meta, eng.kv.k, eng.kv.v,
-                             torch.arange(n))
+    return eng.model.forward(
+        torch.tensor(ids), torch.arange(n), meta, eng.kv.k, eng.kv.v, torch.arange(n)
+    )
 
 
 def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
@@ -54,8 +55,9 @@ def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
 
 def greedy(eng: LLMEngine, prompt: list[int], tokens: int) -> list[int]:
     """``tokens`` greedy tokens after ``prompt`` (EOS ignored)."""
-    rid = eng.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=tokens,
-                                                 ignore_eos=True))
+    rid = eng.add_request(
+        prompt, SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+    )
     ids: list[int] = []
     while eng.has_unfinished():
         for update in eng.step():
@@ -70,10 +72,15 @@ def evaluate(eng: LLMEngine, text_ids: list[int], prompt: list[int], reference: 
     forced = all_logits(eng, prompt + reference)[len(prompt) - 1 : -1].argmax(-1)
     agreement = (forced == torch.tensor(reference)).float().mean().item()
     own = greedy(eng, prompt, len(reference))
-    same = next((i for i, (a, b) in enumerate(zip(own, reference, strict=True)) if a != b),
-                len(reference))
-    return {"perplexity": ppl, "greedy_agreement": agreement, "greedy_prefix_tokens": same,
-            "weight_bytes": eng.model.weight_bytes}
+    same = next(
+        (i for i, (a, b) in enumerate(zip(own, reference, strict=True)) if a != b), len(reference)
+    )
+    return {
+        "perplexity": ppl,
+        "greedy_agreement": agreement,
+        "greedy_prefix_tokens": same,
+        "weight_bytes": eng.model.weight_bytes,
+    }
 
 
 def run(args) -> dict:
@@ -94,14 +101,24 @@ def run(args) -> dict:
         row["goal_perplexity_delta"] = goal
         row["met"] = None if goal is None else row["perplexity_delta"] <= goal
         rows.append(row)
-    return {"benchmark": "quality", **common.model_info(loaded), "text": TEXT.name,
-            "text_tokens": len(text_ids), "greedy_tokens": GREEDY_TOKENS, "formats": rows}
+    return {
+        "benchmark": "quality",
+        **common.model_info(loaded),
+        "text": TEXT.name,
+        "text_tokens": len(text_ids),
+        "greedy_tokens": GREEDY_TOKENS,
+        "formats": rows,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = common.parser("quality", __doc__.splitlines()[0], default_scale=1.0)
-    p.add_argument("--weights", type=common.weight_formats, default=list(WEIGHT_FORMATS),
-                   help="comma-separated formats to compare with fp32 (default: all)")
+    p.add_argument(
+        "--weights",
+        type=common.weight_formats,
+        default=list(WEIGHT_FORMATS),
+        help="comma-separated formats to compare with fp32 (default: all)",
+    )
     args = common.parse(p, argv)
     return common.emit(common.round_floats(run(args)), args.json)
 

@@ -90,8 +90,15 @@ class SimResult:
     external_share: float  # time-averaged share lost to external fragmentation
 
 
-def simulate(trace: list[BenchRequest], policy: str, budget_tokens: int, *, max_len: int,
-             max_num_seqs: int = 128, max_num_batched_tokens: int = 1024) -> SimResult:
+def simulate(
+    trace: list[BenchRequest],
+    policy: str,
+    budget_tokens: int,
+    *,
+    max_len: int,
+    max_num_seqs: int = 128,
+    max_num_batched_tokens: int = 1024,
+) -> SimResult:
     """Replay ``trace`` (all requests waiting at the start) under ``policy`` reservations."""
     slabs = _Slabs(budget_tokens)
     waiting = deque(trace)
@@ -102,8 +109,10 @@ def simulate(trace: list[BenchRequest], policy: str, budget_tokens: int, *, max_
     batches: list[int] = []
     for r in trace:
         if reservation(policy, r, max_len) > budget_tokens:
-            raise ValueError(f"a request needs {reservation(policy, r, max_len)} slots under "
-                             f"{policy} but the budget is {budget_tokens}")
+            raise ValueError(
+                f"a request needs {reservation(policy, r, max_len)} slots under "
+                f"{policy} but the budget is {budget_tokens}"
+            )
     while waiting or running:
         # admission: strictly FCFS; a prompt is prefilled in the iteration that admits it
         tokens = len(running)  # one decode token each
@@ -158,8 +167,7 @@ class ReservationScheduler(Scheduler):
 
     def _blocks(self, group) -> int:
         # a request without a known output length reserves for its max_tokens
-        tokens = self.reservations.get(group.request_id,
-                                       group.prompt_len + group.params.max_tokens)
+        tokens = self.reservations.get(group.request_id, group.prompt_len + group.params.max_tokens)
         return -(-tokens // self.bm.block_size)
 
     def schedule(self) -> SchedulerOutput:
@@ -173,7 +181,7 @@ class ReservationScheduler(Scheduler):
                 break
             admissible.append(group)
             room -= need
-        rest = queue[len(admissible):]
+        rest = queue[len(admissible) :]
         self.waiting = admissible
         try:
             return super().schedule()

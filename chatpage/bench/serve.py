@@ -68,8 +68,11 @@ def replay(loaded, trace: list[BenchRequest], blocks: int, oracle: bool) -> dict
         while pending and pending[0][1].arrival_s <= clock:
             i, r = pending.popleft()
             rid = f"r{i}"
-            eng.add_request(r.prompt_ids, SamplingParams(temperature=0, max_tokens=r.output_len,
-                                                         ignore_eos=True), request_id=rid)
+            eng.add_request(
+                r.prompt_ids,
+                SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True),
+                request_id=rid,
+            )
             arrival[rid] = r.arrival_s
         t0 = common.now()
         outs = eng.step()
@@ -124,42 +127,77 @@ def sustainable_rate(points: list[tuple[float, float]], bound: float) -> tuple[f
 def _api(args, loaded) -> int:
     from chatpage.bench import serve_api
 
-    trace = make_trace(SHAPES[args.workload], args.concurrency, scale=args.scale,
-                       seed=args.seed, vocab_size=loaded.config.vocab_size)
-    result = {"benchmark": "serve_api", "workload": args.workload, "scale": args.scale,
-              "seed": args.seed, **common.model_info(loaded), **describe(trace),
-              **serve_api.run(args.model, trace, 512 << 20)}
+    trace = make_trace(
+        SHAPES[args.workload],
+        args.concurrency,
+        scale=args.scale,
+        seed=args.seed,
+        vocab_size=loaded.config.vocab_size,
+    )
+    result = {
+        "benchmark": "serve_api",
+        "workload": args.workload,
+        "scale": args.scale,
+        "seed": args.seed,
+        **common.model_info(loaded),
+        **describe(trace),
+        **serve_api.run(args.model, trace, 512 << 20),
+    }
     return common.emit(common.round_floats(result), args.json)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = common.parser("serve", "Poisson arrivals: chatpage vs Oracle reservations",
-                      DEFAULT_SCALE)
+    p = common.parser("serve", "Poisson arrivals: chatpage vs Oracle reservations", DEFAULT_SCALE)
     p.add_argument("--workload", choices=sorted(SHAPES), default="sharegpt")
-    p.add_argument("--requests", type=int, default=None,
-                   help=f"requests per rate (default {REQUESTS_AT_SCALE_1} x scale, at least 6)")
-    p.add_argument("--kv-blocks", type=int, default=None,
-                   help="KV budget in blocks (default: the longest sequence the trace allows)")
-    p.add_argument("--rates", default=None,
-                   help="comma-separated request rates (default: fractions "
-                        f"{RATE_FRACTIONS} of chatpage's measured capacity)")
-    p.add_argument("--latency-bound", type=float, default=None,
-                   help="normalized latency bound in s/token")
-    p.add_argument("--latency-factor", type=float, default=LATENCY_FACTOR,
-                   help="bound = this x chatpage's normalized latency at the lowest rate")
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help=f"requests per rate (default {REQUESTS_AT_SCALE_1} x scale, at least 6)",
+    )
+    p.add_argument(
+        "--kv-blocks",
+        type=int,
+        default=None,
+        help="KV budget in blocks (default: the longest sequence the trace allows)",
+    )
+    p.add_argument(
+        "--rates",
+        default=None,
+        help="comma-separated request rates (default: fractions "
+        f"{RATE_FRACTIONS} of chatpage's measured capacity)",
+    )
+    p.add_argument(
+        "--latency-bound", type=float, default=None, help="normalized latency bound in s/token"
+    )
+    p.add_argument(
+        "--latency-factor",
+        type=float,
+        default=LATENCY_FACTOR,
+        help="bound = this x chatpage's normalized latency at the lowest rate",
+    )
     p.add_argument("--plot", default=None, help="write a PNG plot here")
-    p.add_argument("--api", action="store_true",
-                   help="through chatpage serve's HTTP API instead (see bench/serve_api.py)")
-    p.add_argument("--concurrency", type=int, default=32,
-                   help="with --api: streams at once (default 32)")
+    p.add_argument(
+        "--api",
+        action="store_true",
+        help="through chatpage serve's HTTP API instead (see bench/serve_api.py)",
+    )
+    p.add_argument(
+        "--concurrency", type=int, default=32, help="with --api: streams at once (default 32)"
+    )
     args = common.parse(p, argv)
     n = args.requests or max(6, round(REQUESTS_AT_SCALE_1 * args.scale))
 
     loaded = common.load(args.model)
     if args.api:
         return _api(args, loaded)
-    base = make_trace(SHAPES[args.workload], n, scale=args.scale, seed=args.seed,
-                      vocab_size=loaded.config.vocab_size)
+    base = make_trace(
+        SHAPES[args.workload],
+        n,
+        scale=args.scale,
+        seed=args.seed,
+        vocab_size=loaded.config.vocab_size,
+    )
     shape = describe(base)
     longest_blocks = -(-max(max_len_at(args.scale), shape["longest"]) // 16)
     blocks = args.kv_blocks or longest_blocks
@@ -181,18 +219,22 @@ def main(argv: list[str] | None = None) -> int:
         trace = with_poisson_arrivals(base, rate, seed=args.seed)
         for system in ("chatpage", "oracle"):
             res = replay(loaded, trace, blocks, oracle=system == "oracle")
-            common.say(f"rate {rate}: {system} normalized latency "
-                       f"{res['normalized_latency_s']:.3f} s/token, mean batch {res['mean_batch']:.1f}")
+            common.say(
+                f"rate {rate}: {system} normalized latency "
+                f"{res['normalized_latency_s']:.3f} s/token, mean batch {res['mean_batch']:.1f}"
+            )
             rows.append({"rate": rate, "system": system, **res})
 
     lowest = min(rates)
-    base_latency = next(r["normalized_latency_s"] for r in rows
-                        if r["rate"] == lowest and r["system"] == "chatpage")
+    base_latency = next(
+        r["normalized_latency_s"] for r in rows if r["rate"] == lowest and r["system"] == "chatpage"
+    )
     bound = args.latency_bound or args.latency_factor * base_latency
     found = {}
     for system in ("chatpage", "oracle"):
         found[system] = sustainable_rate(
-            [(r["rate"], r["normalized_latency_s"]) for r in rows if r["system"] == system], bound)
+            [(r["rate"], r["normalized_latency_s"]) for r in rows if r["system"] == system], bound
+        )
     result = {
         "benchmark": "serve",
         "workload": args.workload,

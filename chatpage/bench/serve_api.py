@@ -68,9 +68,12 @@ def _figures(times: list[tuple[float, float, float]], outputs: list[int]) -> dic
     starts, firsts, ends = ([t[i] for t in times] for i in range(3))
     ttft = [f - s for s, f in zip(starts, firsts, strict=True)]
     tpot = [(e - f) / (n - 1) for f, e, n in zip(firsts, ends, outputs, strict=True) if n > 1]
-    return {"rate": len(starts) / (max(ends) - min(starts)),
-            "ttft_p50": common.percentile(ttft, 50), "ttft_p99": common.percentile(ttft, 99),
-            "tpot_p50": common.percentile(tpot, 50)}
+    return {
+        "rate": len(starts) / (max(ends) - min(starts)),
+        "ttft_p50": common.percentile(ttft, 50),
+        "ttft_p99": common.percentile(ttft, 99),
+        "tpot_p50": common.percentile(tpot, 50),
+    }
 
 
 async def in_process(client: LocalEngineClient, trace: list[BenchRequest]) -> dict:
@@ -79,6 +82,7 @@ async def in_process(client: LocalEngineClient, trace: list[BenchRequest]) -> di
     async def one(r: BenchRequest) -> tuple[float, float, float]:
         queue: asyncio.Queue[RequestUpdate] = asyncio.Queue()
         start = time.perf_counter()
+
         def on_update(update: RequestUpdate) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, update)
 
@@ -99,8 +103,13 @@ async def over_http(url: str, timed: TimedClient, trace: list[BenchRequest]) -> 
     pairs: list[tuple[float, float]] = []  # (emitted, received) per token
 
     async def one(http: httpx.AsyncClient, r: BenchRequest) -> tuple[float, float, float]:
-        body = {"prompt": r.prompt_ids, "stream": True, "temperature": 0, "ignore_eos": True,
-                "max_tokens": r.output_len}
+        body = {
+            "prompt": r.prompt_ids,
+            "stream": True,
+            "temperature": 0,
+            "ignore_eos": True,
+            "max_tokens": r.output_len,
+        }
         stamps = timed.emitted[tuple(r.prompt_ids)]
         start, first, seen = time.perf_counter(), None, 0
         async with http.stream("POST", "/v1/completions", json=body) as s:
@@ -159,8 +168,9 @@ def run(model: str | None, trace: list[BenchRequest], kv_cache_bytes: int) -> di
     from chatpage.serve import build_app
 
     # no prefix cache: the second run sends the same prompts and would skip their prefill
-    client = LocalEngineClient(model, EngineConfig(kv_cache_bytes=kv_cache_bytes,
-                                                   enable_prefix_caching=False))
+    client = LocalEngineClient(
+        model, EngineConfig(kv_cache_bytes=kv_cache_bytes, enable_prefix_caching=False)
+    )
     client.start(lambda msg: common.say(f"engine: {msg}"))
     if not client.wait_ready():
         raise SystemExit(f"chatpage bench serve --api: the model did not load: {client.error}")
@@ -184,5 +194,10 @@ def run(model: str | None, trace: list[BenchRequest], kv_cache_bytes: int) -> di
         server.should_exit = True
         thread.join(timeout=10)
         client.close()
-    return {"concurrency": len(trace), "in_process": local, "api": api,
-            "api_overhead_ms": api["api_overhead_ms"], "goal_api_overhead_ms": GOAL_OVERHEAD_MS}
+    return {
+        "concurrency": len(trace),
+        "in_process": local,
+        "api": api,
+        "api_overhead_ms": api["api_overhead_ms"],
+        "goal_api_overhead_ms": GOAL_OVERHEAD_MS,
+    }

@@ -45,13 +45,17 @@ def measure_saving(eng, trace, params_for) -> dict:
     for i, r in enumerate(trace):
         eng.add_request(r.prompt_ids, params_for(r, i))
     steps = common.drain(eng, on_step)
-    return {"saving": 1 - physical / logical if logical else 0.0,
-            "seconds": common.now() - t0, "steps": steps}
+    return {
+        "saving": 1 - physical / logical if logical else 0.0,
+        "seconds": common.now() - t0,
+        "steps": steps,
+    }
 
 
 def _parallel(n: int):
-    return lambda r, i: SamplingParams(n=n, temperature=1.0, seed=i, max_tokens=r.output_len,
-                                       ignore_eos=True)
+    return lambda r, i: SamplingParams(
+        n=n, temperature=1.0, seed=i, max_tokens=r.output_len, ignore_eos=True
+    )
 
 
 def _beam(width: int):
@@ -81,12 +85,18 @@ def beam_vs_independent(loaded, trace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = common.parser("sharing", "memory saved by parallel sampling and beam search",
-                      DEFAULT_SCALE)
-    p.add_argument("--requests", type=int, default=None,
-                   help="requests per configuration (default: alpaca 8, sharegpt 4)")
-    p.add_argument("--random-prompts", action="store_true",
-                   help="random token ids as prompts instead of real text")
+    p = common.parser("sharing", "memory saved by parallel sampling and beam search", DEFAULT_SCALE)
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help="requests per configuration (default: alpaca 8, sharegpt 4)",
+    )
+    p.add_argument(
+        "--random-prompts",
+        action="store_true",
+        help="random token ids as prompts instead of real text",
+    )
     p.add_argument("--plot", default=None, help="write a PNG plot here")
     args = common.parse(p, argv)
 
@@ -94,12 +104,22 @@ def main(argv: list[str] | None = None) -> int:
     vocab = loaded.config.vocab_size
     text = None if args.random_prompts else persona_text_tokens(loaded.tokenizer)
     traces = {
-        "alpaca": make_trace(ALPACA, args.requests or REQUESTS["alpaca"],
-                             scale=min(1.0, 4 * args.scale), seed=args.seed, vocab_size=vocab,
-                             text_tokens=text),
-        "sharegpt": make_trace(SHAREGPT, args.requests or REQUESTS["sharegpt"],
-                               scale=args.scale, seed=args.seed, vocab_size=vocab,
-                               text_tokens=text),
+        "alpaca": make_trace(
+            ALPACA,
+            args.requests or REQUESTS["alpaca"],
+            scale=min(1.0, 4 * args.scale),
+            seed=args.seed,
+            vocab_size=vocab,
+            text_tokens=text,
+        ),
+        "sharegpt": make_trace(
+            SHAREGPT,
+            args.requests or REQUESTS["sharegpt"],
+            scale=args.scale,
+            seed=args.seed,
+            vocab_size=vocab,
+            text_tokens=text,
+        ),
     }
     eng = _warm(common.engine(loaded))
     results = []
@@ -107,10 +127,19 @@ def main(argv: list[str] | None = None) -> int:
         for mode, make in (("parallel", _parallel), ("beam", _beam)):
             for width in WIDTHS:
                 res = measure_saving(eng, trace, make(width))
-                common.say(f"{workload} {mode} {width}: saving {res['saving']:.3f} "
-                           f"({res['seconds']:.1f} s)")
-                results.append({"workload": workload, "mode": mode, "width": width,
-                                "saving": res["saving"], "seconds": res["seconds"]})
+                common.say(
+                    f"{workload} {mode} {width}: saving {res['saving']:.3f} "
+                    f"({res['seconds']:.1f} s)"
+                )
+                results.append(
+                    {
+                        "workload": workload,
+                        "mode": mode,
+                        "width": width,
+                        "saving": res["saving"],
+                        "seconds": res["seconds"],
+                    }
+                )
     del eng
     result = {
         "benchmark": "sharing",
@@ -122,8 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         "workloads": {name: describe(t) for name, t in traces.items()},
         "results": results,
         **beam_vs_independent(loaded, traces["sharegpt"]),
-        "goals": {"beam6_alpaca": 0.55, "beam6_sharegpt": 0.66,
-                  "parallel6_alpaca": 0.10, "parallel6_sharegpt": 0.30},
+        "goals": {
+            "beam6_alpaca": 0.55,
+            "beam6_sharegpt": 0.66,
+            "parallel6_alpaca": 0.10,
+            "parallel6_sharegpt": 0.30,
+        },
     }
     if args.plot:
         result["plot"] = plots.sharing(result, args.plot)

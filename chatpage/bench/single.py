@@ -69,7 +69,9 @@ def run(args) -> dict:
             for fmt, eng in engines.items():
                 if peer is not None:
                     theirs[fmt].append(peer.run())
-                mine, bandwidth = with_bandwidth(functools.partial(measure, eng, prompt, args.new_tokens))
+                mine, bandwidth = with_bandwidth(
+                    functools.partial(measure, eng, prompt, args.new_tokens)
+                )
                 passes[fmt].append({**mine, "bandwidth": bandwidth})
     finally:
         if peer is not None:
@@ -82,28 +84,46 @@ def run(args) -> dict:
         weight_bytes = eng.model.weight_bytes
         bandwidth = statistics.median(p["bandwidth"] for p in passes[fmt])
         floor_ratios = [p["step_ms"] / (weight_bytes / p["bandwidth"] * 1e3) for p in passes[fmt]]
-        row = {"weights": fmt, "threads": threads, "prompt_tokens": len(prompt),
-               **{k: v for k, v in best.items() if k != "bandwidth"},
-               "matmul_ms": gemm_step_s(eng.model, 1) * 1e3, "weight_bytes": weight_bytes,
-               "read_bandwidth_gb_s": bandwidth / 1e9, "floor_ms": weight_bytes / bandwidth * 1e3,
-               "round_floor_ratios": floor_ratios, "floor_ratio": statistics.median(floor_ratios),
-               "llamacpp_tok_s": best_peer.get("llamacpp_tok_s")}
+        row = {
+            "weights": fmt,
+            "threads": threads,
+            "prompt_tokens": len(prompt),
+            **{k: v for k, v in best.items() if k != "bandwidth"},
+            "matmul_ms": gemm_step_s(eng.model, 1) * 1e3,
+            "weight_bytes": weight_bytes,
+            "read_bandwidth_gb_s": bandwidth / 1e9,
+            "floor_ms": weight_bytes / bandwidth * 1e3,
+            "round_floor_ratios": floor_ratios,
+            "floor_ratio": statistics.median(floor_ratios),
+            "llamacpp_tok_s": best_peer.get("llamacpp_tok_s"),
+        }
         if peer is not None:
-            ratios = [mine["decode_tok_s"] / other["llamacpp_tok_s"]
-                      for mine, other in zip(passes[fmt], theirs[fmt], strict=True)]
+            ratios = [
+                mine["decode_tok_s"] / other["llamacpp_tok_s"]
+                for mine, other in zip(passes[fmt], theirs[fmt], strict=True)
+            ]
             row["round_ratios_vs_llamacpp"] = ratios
         row["ratio_vs_llamacpp"] = statistics.median(ratios) if peer is not None else None
         rows.append(row)
     best_row = max(rows, key=lambda r: r["decode_tok_s"])
     fp32 = next((r for r in rows if r["weights"] == "fp32"), None)
     return {
-        "benchmark": "single", **common.model_info(loaded), "prompt_tokens": len(prompt),
-        "new_tokens": args.new_tokens, "rounds": args.repeats, "results": rows, **best_peer,
-        "best_weights": best_row["weights"], "best_decode_tok_s": best_row["decode_tok_s"],
+        "benchmark": "single",
+        **common.model_info(loaded),
+        "prompt_tokens": len(prompt),
+        "new_tokens": args.new_tokens,
+        "rounds": args.repeats,
+        "results": rows,
+        **best_peer,
+        "best_weights": best_row["weights"],
+        "best_decode_tok_s": best_row["decode_tok_s"],
         "best_ratio_vs_llamacpp": best_row["ratio_vs_llamacpp"],
         "fp32_floor_ratio": fp32["floor_ratio"] if fp32 else None,
-        "goals": {"decode_tok_s": GOAL_TOK_S, "ratio_vs_llamacpp": GOAL_RATIO_VS_LLAMACPP,
-                  "fp32_floor_ratio": GOAL_FP32_FLOOR_RATIO},
+        "goals": {
+            "decode_tok_s": GOAL_TOK_S,
+            "ratio_vs_llamacpp": GOAL_RATIO_VS_LLAMACPP,
+            "fp32_floor_ratio": GOAL_FP32_FLOOR_RATIO,
+        },
     }
 
 
@@ -115,19 +135,29 @@ def _llamacpp(model: str | None, prompt: list[int], new_tokens: int):
     if not llamacpp.available():
         return None, {"llamacpp_error": "llama_cpp is not importable (make bench-peers builds it)"}
     if gguf is None:
-        return None, {"llamacpp_error": "llama.cpp needs a .gguf model (the default model or X.gguf)"}
+        return None, {
+            "llamacpp_error": "llama.cpp needs a .gguf model (the default model or X.gguf)"
+        }
     common.say("llama.cpp: batch 1")
     return llamacpp.LlamaCppSingle(gguf, prompt, new_tokens), None
 
 
 def main(argv: list[str] | None = None) -> int:
     p = common.parser("single", __doc__.splitlines()[0], default_scale=1.0)
-    p.add_argument("--weights", type=common.weight_formats, default=list(WEIGHT_FORMATS),
-                   help="comma-separated weight formats (default: all)")
+    p.add_argument(
+        "--weights",
+        type=common.weight_formats,
+        default=list(WEIGHT_FORMATS),
+        help="comma-separated weight formats (default: all)",
+    )
     p.add_argument("--prompt-tokens", type=int, default=PROMPT_TOKENS)
     p.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
-    p.add_argument("--repeats", type=int, default=5,
-                   help="rounds of llama.cpp and every format (median ratio, fastest rates)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=5,
+        help="rounds of llama.cpp and every format (median ratio, fastest rates)",
+    )
     args = common.parse(p, argv)
     if not 1 <= args.prompt_tokens <= 900 or args.new_tokens < 2 or args.repeats < 1:
         p.error("--prompt-tokens must be in [1, 900], --new-tokens >= 2 and --repeats >= 1")

@@ -51,10 +51,18 @@ def tiny_model(tokenizer, seed: int = 0) -> LoadedModel:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                         max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(config)
     with torch.no_grad():
         model.lm_head.weight.normal_(0, 0.5)  # spread logits: few near-ties, varied outputs
@@ -64,17 +72,25 @@ def tiny_model(tokenizer, seed: int = 0) -> LoadedModel:
 
 def make_engine(loaded: LoadedModel, mode: str) -> LLMEngine:
     """A small device pool and a swap pool that can fill up (then swapping falls back)."""
-    return common.engine(loaded, blocks=POOLS[mode], preemption_mode=mode, max_num_seqs=16,
-                         max_num_batched_tokens=64,
-                         swap_space_bytes=SWAP_BLOCKS * common.block_bytes(loaded))
+    return common.engine(
+        loaded,
+        blocks=POOLS[mode],
+        preemption_mode=mode,
+        max_num_seqs=16,
+        max_num_batched_tokens=64,
+        swap_space_bytes=SWAP_BLOCKS * common.block_bytes(loaded),
+    )
 
 
 def audit(engine: LLMEngine) -> list[str]:
     """What is inconsistent right now: block references, and groups against their queues."""
     problems = engine.bm.audit()
     sched = engine.scheduler
-    queues = {GroupStatus.WAITING: sched.waiting, GroupStatus.RUNNING: sched.running,
-              GroupStatus.SWAPPED: sched.swapped}
+    queues = {
+        GroupStatus.WAITING: sched.waiting,
+        GroupStatus.RUNNING: sched.running,
+        GroupStatus.SWAPPED: sched.swapped,
+    }
     for rid, group in engine.groups.items():
         held = [status for status, queue in queues.items() if group in queue]
         if held != [group.status]:
@@ -103,21 +119,28 @@ class Tally:
     errors: list[str] = field(default_factory=list)  # the errored requests' messages
     greedy_checked: int = 0
     greedy_mismatches: int = 0
-    preemptions: dict[str, dict[str, int]] = field(default_factory=dict)  # per mode: swap / recompute
+    preemptions: dict[str, dict[str, int]] = field(
+        default_factory=dict
+    )  # per mode: swap / recompute
 
 
 def _params(rng: random.Random, stops: list[str]) -> tuple[SamplingParams, bool]:
     """A request's sampling values, and whether they are extreme ones."""
     kind = rng.choice(("greedy", "greedy", "sampled", "n", "beam"))
-    common_args: dict[str, Any] = dict(max_tokens=rng.randint(1, 24),
-                                       stop=rng.sample(stops, rng.randint(0, 1)))
+    common_args: dict[str, Any] = dict(
+        max_tokens=rng.randint(1, 24), stop=rng.sample(stops, rng.randint(0, 1))
+    )
     if rng.random() < EXTREME_SHARE:
         if kind == "beam":
-            return SamplingParams(beam_width=rng.randint(2, 4),
-                                  length_penalty=rng.choice(BEAM_EXTREMES), **common_args), True
+            return SamplingParams(
+                beam_width=rng.randint(2, 4),
+                length_penalty=rng.choice(BEAM_EXTREMES),
+                **common_args,
+            ), True
         n = rng.randint(2, 4) if kind == "n" else 1
-        return SamplingParams(n=n, seed=rng.randrange(1000), **rng.choice(EXTREMES),
-                              **common_args), True
+        return SamplingParams(
+            n=n, seed=rng.randrange(1000), **rng.choice(EXTREMES), **common_args
+        ), True
     return _ordinary(rng, kind, common_args), False
 
 
@@ -125,16 +148,21 @@ def _ordinary(rng: random.Random, kind: str, common_args: dict[str, Any]) -> Sam
     if kind == "greedy":
         return SamplingParams(temperature=0, **common_args)
     if kind == "sampled":
-        return SamplingParams(temperature=rng.choice((0.7, 1.0)), top_k=rng.choice((0, 20)),
-                              top_p=rng.choice((1.0, 0.9)), seed=rng.randrange(1000),
-                              **common_args)
+        return SamplingParams(
+            temperature=rng.choice((0.7, 1.0)),
+            top_k=rng.choice((0, 20)),
+            top_p=rng.choice((1.0, 0.9)),
+            seed=rng.randrange(1000),
+            **common_args,
+        )
     if kind == "n":
         return SamplingParams(n=rng.randint(2, 4), seed=rng.randrange(1000), **common_args)
     return SamplingParams(beam_width=rng.randint(2, 4), **common_args)
 
 
-def soak_mode(loaded: LoadedModel, mode: str, requests: int, seed: int = 0,
-              tally: Tally | None = None) -> Tally:
+def soak_mode(
+    loaded: LoadedModel, mode: str, requests: int, seed: int = 0, tally: Tally | None = None
+) -> Tally:
     """Run ``requests`` mixed requests on a fresh engine in preemption ``mode``."""
     tally = tally or Tally()
     rng = random.Random(seed)
@@ -207,9 +235,11 @@ def soak_mode(loaded: LoadedModel, mode: str, requests: int, seed: int = 0,
         engine.unpin_prefix(rid)
     leaked = s.blocks_used - s.blocks_pinned + s.blocks_swapped + engine.stats().blocks_used
     if leaked:
-        tally.problems.append(f"{mode}: {leaked} blocks leaked (used {s.blocks_used}, pinned "
-                              f"{s.blocks_pinned}, swapped {s.blocks_swapped}, then "
-                              f"{engine.stats().blocks_used} used once unpinned)")
+        tally.problems.append(
+            f"{mode}: {leaked} blocks leaked (used {s.blocks_used}, pinned "
+            f"{s.blocks_pinned}, swapped {s.blocks_swapped}, then "
+            f"{engine.stats().blocks_used} used once unpinned)"
+        )
     tally.leaked_blocks += leaked
     _check_greedy(loaded, mode, greedy, outputs, tally)
     return tally
@@ -236,13 +266,21 @@ def run(loaded: LoadedModel, requests: int, seed: int = 0) -> dict:
         if n > 0:
             soak_mode(loaded, mode, n, seed + i, tally)
     return {
-        "requests": tally.requests, "finished": tally.finished, "errored": tally.errored,
-        "failed_by_others": tally.failed_by_others, "extreme": tally.extreme,
-        "hung": tally.hung, "leaked_blocks": tally.leaked_blocks, "steps": tally.steps,
+        "requests": tally.requests,
+        "finished": tally.finished,
+        "errored": tally.errored,
+        "failed_by_others": tally.failed_by_others,
+        "extreme": tally.extreme,
+        "hung": tally.hung,
+        "leaked_blocks": tally.leaked_blocks,
+        "steps": tally.steps,
         "seconds": round(time.perf_counter() - t0, 2),
-        "aborted": tally.aborted, "rejected": tally.rejected, "problems": tally.problems,
+        "aborted": tally.aborted,
+        "rejected": tally.rejected,
+        "problems": tally.problems,
         "errors": tally.errors[:10],
-        "greedy_checked": tally.greedy_checked, "greedy_mismatches": tally.greedy_mismatches,
+        "greedy_checked": tally.greedy_checked,
+        "greedy_mismatches": tally.greedy_mismatches,
         "preemptions": tally.preemptions,
     }
 

@@ -48,19 +48,34 @@ def run(args) -> dict:
     rows = []
     for fmt, runs in starts.items():
         ready = [x["model_ready_s"] for x in runs]
-        rows.append({"weights": fmt, "model_ready_s": statistics.median(ready),
-                     "slowest_model_ready_s": max(ready),
-                     "first_paint_s": statistics.median(x["first_paint_s"] for x in runs),
-                     "starts_s": ready, "threads": runs[0]["threads"]})
-    return {"benchmark": "startup", "model": args.model or "default", "rounds": args.repeats,
-            "results": rows, "slowest_format_median_s": max(r["model_ready_s"] for r in rows),
-            "goals": {"model_ready_s": GOAL_S}}
+        rows.append(
+            {
+                "weights": fmt,
+                "model_ready_s": statistics.median(ready),
+                "slowest_model_ready_s": max(ready),
+                "first_paint_s": statistics.median(x["first_paint_s"] for x in runs),
+                "starts_s": ready,
+                "threads": runs[0]["threads"],
+            }
+        )
+    return {
+        "benchmark": "startup",
+        "model": args.model or "default",
+        "rounds": args.repeats,
+        "results": rows,
+        "slowest_format_median_s": max(r["model_ready_s"] for r in rows),
+        "goals": {"model_ready_s": GOAL_S},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = common.parser("startup", __doc__.splitlines()[0], default_scale=1.0)
-    p.add_argument("--weights", type=common.weight_formats, default=list(WEIGHT_FORMATS),
-                   help="comma-separated weight formats (default: all)")
+    p.add_argument(
+        "--weights",
+        type=common.weight_formats,
+        default=list(WEIGHT_FORMATS),
+        help="comma-separated weight formats (default: all)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="rounds of one start per format")
     args = common.parse(p, argv)
     if args.repeats < 1:

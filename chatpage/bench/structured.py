@@ -19,24 +19,42 @@ from chatpage.engine.sampling_params import GrammarKind, Structured
 from chatpage.vocab import DEFAULT_WEIGHTS, WEIGHT_FORMATS
 
 ROWS = (1, 32)
-SCHEMA = {"type": "object", "properties": {"people": {
-    "type": "array", "minItems": 500, "items": {
-        "type": "object", "properties": {
-            "name": {"type": "string", "maxLength": 16},
-            "age": {"type": "integer", "minimum": 0, "maximum": 120},
-            "city": {"type": "string", "maxLength": 16}},
-        "required": ["name", "age", "city"], "additionalProperties": False}}},
-    "required": ["people"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "people": {
+            "type": "array",
+            "minItems": 500,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 16},
+                    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                    "city": {"type": "string", "maxLength": 16},
+                },
+                "required": ["name", "age", "city"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["people"],
+    "additionalProperties": False,
+}
 PROMPT = [{"role": "user", "content": "List people with their name, age and city as JSON."}]
 
 
-def decode_rate(eng, prompt: list[int], rows: int, tokens: int,
-                structured: Structured | None) -> dict:
+def decode_rate(
+    eng, prompt: list[int], rows: int, tokens: int, structured: Structured | None
+) -> dict:
     """Decode ``rows`` requests of ``prompt`` for ``tokens`` tokens each; decode tok/s (the
     first, prefill step left out) and the mask seconds of the decode steps."""
     for i in range(rows):
-        eng.add_request(prompt, SamplingParams(temperature=0.8, seed=i, max_tokens=tokens,
-                                               ignore_eos=True, structured=structured))
+        eng.add_request(
+            prompt,
+            SamplingParams(
+                temperature=0.8, seed=i, max_tokens=tokens, ignore_eos=True, structured=structured
+            ),
+        )
     eng.step()  # the prefill
     mask0, decoded = eng.constraints.mask_seconds, 0
     t0 = common.now()
@@ -44,15 +62,22 @@ def decode_rate(eng, prompt: list[int], rows: int, tokens: int,
         decoded += sum(u.usage.completion_tokens for u in eng.step() if u.finished)
     seconds = common.now() - t0
     decoded -= rows  # the prefill's tokens
-    return {"tok_s": decoded / seconds, "seconds": seconds,
-            "mask_s": eng.constraints.mask_seconds - mask0}
+    return {
+        "tok_s": decoded / seconds,
+        "seconds": seconds,
+        "mask_s": eng.constraints.mask_seconds - mask0,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     p = common.parser("structured", "decoding under a JSON-schema grammar vs free", 1.0)
     p.add_argument("--tokens", type=int, default=48, help="tokens decoded per row")
-    p.add_argument("--weights", choices=WEIGHT_FORMATS, default=DEFAULT_WEIGHTS,
-                   help=f"weight format (default {DEFAULT_WEIGHTS}, the app's)")
+    p.add_argument(
+        "--weights",
+        choices=WEIGHT_FORMATS,
+        default=DEFAULT_WEIGHTS,
+        help=f"weight format (default {DEFAULT_WEIGHTS}, the app's)",
+    )
     args = common.parse(p, argv)
     tokens = max(4, int(args.tokens * args.scale))
     common.say(f"loading {args.model or 'the default model'}")
@@ -65,15 +90,27 @@ def main(argv: list[str] | None = None) -> int:
     for rows in ROWS:
         free = decode_rate(eng, prompt, rows, tokens, None)
         constrained = decode_rate(eng, prompt, rows, tokens, spec)
-        row = {"rows": rows, "free_tok_s": free["tok_s"], "json_schema_tok_s": constrained["tok_s"],
-               "ratio": constrained["tok_s"] / free["tok_s"],
-               "mask_share": constrained["mask_s"] / constrained["seconds"],
-               "mask_ms_per_step": constrained["mask_s"] / max(tokens - 1, 1) * 1e3}
-        common.say(f"{rows} rows: free {row['free_tok_s']:.1f} tok/s, json schema "
-                   f"{row['json_schema_tok_s']:.1f} tok/s (ratio {row['ratio']:.3f}), masks "
-                   f"{row['mask_share']:.1%} of a step")
+        row = {
+            "rows": rows,
+            "free_tok_s": free["tok_s"],
+            "json_schema_tok_s": constrained["tok_s"],
+            "ratio": constrained["tok_s"] / free["tok_s"],
+            "mask_share": constrained["mask_s"] / constrained["seconds"],
+            "mask_ms_per_step": constrained["mask_s"] / max(tokens - 1, 1) * 1e3,
+        }
+        common.say(
+            f"{rows} rows: free {row['free_tok_s']:.1f} tok/s, json schema "
+            f"{row['json_schema_tok_s']:.1f} tok/s (ratio {row['ratio']:.3f}), masks "
+            f"{row['mask_share']:.1%} of a step"
+        )
         results.append(row)
-    result = {"benchmark": "structured", "tokens": tokens, "weights": args.weights,
-              **common.model_info(loaded), "grammar_engine": "llguidance", "results": results,
-              "goals": {"ratio": 0.9, "mask_share_32_rows": 0.1}}
+    result = {
+        "benchmark": "structured",
+        "tokens": tokens,
+        "weights": args.weights,
+        **common.model_info(loaded),
+        "grammar_engine": "llguidance",
+        "results": results,
+        "goals": {"ratio": 0.9, "mask_share_32_rows": 0.1},
+    }
     return common.emit(common.round_floats(result), args.json)

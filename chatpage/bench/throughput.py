@@ -50,8 +50,9 @@ PROJECT_AFTER = 0.25  # ...once this share of the useful tokens is done (or past
 # -- chatpage ----------------------------------------------------------------------------------
 def _warm_up(eng) -> None:
     """Load the kernels and touch every code path once, outside any timing."""
-    eng.generate([list(range(100, 140))], SamplingParams(temperature=0, max_tokens=4,
-                                                          ignore_eos=True))
+    eng.generate(
+        [list(range(100, 140))], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    )
 
 
 def run_chatpage(eng, trace: list[BenchRequest]) -> dict:
@@ -60,8 +61,9 @@ def run_chatpage(eng, trace: list[BenchRequest]) -> dict:
     start = len(log)
     t0 = common.now()
     for r in trace:
-        eng.add_request(r.prompt_ids, SamplingParams(temperature=0, max_tokens=r.output_len,
-                                                     ignore_eos=True))
+        eng.add_request(
+            r.prompt_ids, SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True)
+        )
     common.drain(eng)
     elapsed = common.now() - t0
     batches = [n for n, _ in log[start:]]
@@ -74,8 +76,9 @@ def decode_step_ms(eng, concurrency: int, prompt_len: int, new_tokens: int) -> f
     times: list[float] = []
     for i in range(concurrency):
         prompt = [100 + (i * 7 + j) % 40000 for j in range(prompt_len)]
-        eng.add_request(prompt, SamplingParams(temperature=0, max_tokens=new_tokens,
-                                               ignore_eos=True))
+        eng.add_request(
+            prompt, SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+        )
     while eng.has_unfinished():
         t0 = common.now()
         eng.step()
@@ -92,8 +95,9 @@ def gemm_step_s(model, batch: int, repeats: int = 5) -> float:
     the model's own matmuls in its weight format (``chatpage.engine.weights.Linear``)."""
     linears = [f for layer in model.layers for f in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     linears.append(model.lm_head)
-    inputs = {f.in_features: torch.randn(batch, f.in_features, dtype=model.mm_dtype)
-              for f in linears}
+    inputs = {
+        f.in_features: torch.randn(batch, f.in_features, dtype=model.mm_dtype) for f in linears
+    }
 
     def step() -> None:
         for f in linears:
@@ -178,19 +182,24 @@ def hf_batch(model, batch: list[BenchRequest], pad_id: int, stop: _Deadline | No
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(batch), width), dtype=torch.long)
     for i, r in enumerate(batch):
-        ids[i, width - r.prompt_len:] = torch.tensor(r.prompt_ids)
-        mask[i, width - r.prompt_len:] = 1
+        ids[i, width - r.prompt_len :] = torch.tensor(r.prompt_ids)
+        mask[i, width - r.prompt_len :] = 1
     new = max(r.output_len for r in batch)
     with torch.inference_mode():
         model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-            do_sample=False, pad_token_id=pad_id,
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            pad_token_id=pad_id,
             stopping_criteria=StoppingCriteriaList([stop]) if stop else None,
         )
 
 
-def run_hf(model, trace: list[BenchRequest], batch_size: int, pad_id: int,
-           best_s: float | None) -> dict:
+def run_hf(
+    model, trace: list[BenchRequest], batch_size: int, pad_id: int, best_s: float | None
+) -> dict:
     """The trace in static batches of ``batch_size``; abandoned once it cannot beat ``best_s``
     (then ``seconds`` is None; ``projected_s`` is its linear projection when it was stopped on
     one, None when it ran past ``best_s``)."""
@@ -198,19 +207,31 @@ def run_hf(model, trace: list[BenchRequest], batch_size: int, pad_id: int,
     done = 0
     t0 = common.now()
     for i in range(0, len(trace), batch_size):
-        batch = trace[i:i + batch_size]
+        batch = trace[i : i + batch_size]
         stop = _Deadline(t0 + best_s) if best_s else None
         hf_batch(model, batch, pad_id, stop)
         elapsed = common.now() - t0
         if stop and stop.hit:
-            return {"batch": batch_size, "seconds": None, "abandoned_after_s": elapsed,
-                    "projected_s": None}
+            return {
+                "batch": batch_size,
+                "seconds": None,
+                "abandoned_after_s": elapsed,
+                "projected_s": None,
+            }
         done += sum(r.output_len for r in batch)
         projected = elapsed * useful / done
-        if (best_s and done < useful and done >= PROJECT_AFTER * useful
-                and projected > best_s * ABANDON_MARGIN):
-            return {"batch": batch_size, "seconds": None, "abandoned_after_s": elapsed,
-                    "projected_s": projected}
+        if (
+            best_s
+            and done < useful
+            and done >= PROJECT_AFTER * useful
+            and projected > best_s * ABANDON_MARGIN
+        ):
+            return {
+                "batch": batch_size,
+                "seconds": None,
+                "abandoned_after_s": elapsed,
+                "projected_s": projected,
+            }
     return {"batch": batch_size, "seconds": common.now() - t0}
 
 
@@ -234,8 +255,9 @@ def best_hf(loaded, trace: list[BenchRequest], batches: list[int]) -> tuple[dict
         tried.append(res)
     del model
     if best is None:
-        raise SystemExit("chatpage: error: --hf-batches names no batch size to run "
-                         "transformers with")
+        raise SystemExit(
+            "chatpage: error: --hf-batches names no batch size to run transformers with"
+        )
     return best, tried
 
 
@@ -249,28 +271,50 @@ def _gguf(model: str | None) -> Path | None:
 
 # -- the command ----------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    p = common.parser("throughput", "chatpage vs transformers generate, plus a roofline",
-                      DEFAULT_SCALE)
-    p.add_argument("--requests", type=int, default=None,
-                   help=f"number of requests (default {REQUESTS_AT_SCALE_1} x scale)")
-    p.add_argument("--hf-batches", default=",".join(map(str, HF_BATCHES)),
-                   help="transformers batch sizes to try, first one in full (default %(default)s)")
+    p = common.parser(
+        "throughput", "chatpage vs transformers generate, plus a roofline", DEFAULT_SCALE
+    )
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help=f"number of requests (default {REQUESTS_AT_SCALE_1} x scale)",
+    )
+    p.add_argument(
+        "--hf-batches",
+        default=",".join(map(str, HF_BATCHES)),
+        help="transformers batch sizes to try, first one in full (default %(default)s)",
+    )
     p.add_argument("--no-roofline", action="store_true", help="skip the roofline measurements")
-    p.add_argument("--roofline-batch", type=int, default=ROOFLINE_BATCH,
-                   help="concurrent sequences of the roofline decode (default %(default)s)")
-    p.add_argument("--weights", type=common.weight_formats, default=["bf16", "int4"],
-                   help="weight formats to run the trace in besides fp32 (default bf16,int4); "
-                        "transformers keeps fp32")
+    p.add_argument(
+        "--roofline-batch",
+        type=int,
+        default=ROOFLINE_BATCH,
+        help="concurrent sequences of the roofline decode (default %(default)s)",
+    )
+    p.add_argument(
+        "--weights",
+        type=common.weight_formats,
+        default=["bf16", "int4"],
+        help="weight formats to run the trace in besides fp32 (default bf16,int4); "
+        "transformers keeps fp32",
+    )
     p.add_argument("--plot", default=None, help="write a PNG bar chart here")
-    p.add_argument("--peer", choices=["llamacpp"], action="append", default=[],
-                   help="also run a peer engine (needs llama-cpp-python)")
+    p.add_argument(
+        "--peer",
+        choices=["llamacpp"],
+        action="append",
+        default=[],
+        help="also run a peer engine (needs llama-cpp-python)",
+    )
     args = common.parse(p, argv)
     n = args.requests or max(4, round(REQUESTS_AT_SCALE_1 * args.scale))
     batches = [int(b) for b in args.hf_batches.split(",") if b.strip()]
 
     loaded = common.load(args.model)
-    trace = make_trace(SHAREGPT, n, scale=args.scale, seed=args.seed,
-                       vocab_size=loaded.config.vocab_size)
+    trace = make_trace(
+        SHAREGPT, n, scale=args.scale, seed=args.seed, vocab_size=loaded.config.vocab_size
+    )
     shape = describe(trace)
     common.say(f"trace: {shape}")
 
@@ -289,8 +333,13 @@ def main(argv: list[str] | None = None) -> int:
         _warm_up(eng)
         run = run_chatpage(eng, trace)
         del eng
-        formats.append({"weights": fmt, "tok_s": shape["output_tokens"] / run["seconds"],
-                        "mean_batch": run["mean_batch"]})
+        formats.append(
+            {
+                "weights": fmt,
+                "tok_s": shape["output_tokens"] / run["seconds"],
+                "mean_batch": run["mean_batch"],
+            }
+        )
 
     hf, tried = best_hf(loaded, trace, batches)
     formats.insert(0, {"weights": "fp32", "tok_s": chat_tok_s, "mean_batch": mine["mean_batch"]})

@@ -66,9 +66,15 @@ async def _measure(args) -> dict:
             await asyncio.sleep(0.05)
         model_ready = _since_process_start()
         print(f"first paint {first_paint:.2f}s, model ready {model_ready:.2f}s", file=sys.stderr)
-        start = {"bench": "ui", "model": settings.model or "default", "cold": args.cold,
-                 "first_paint_s": round(first_paint, 3), "model_ready_s": round(model_ready, 3),
-                 "weights": config.weight_dtype, "threads": config.threads}
+        start = {
+            "bench": "ui",
+            "model": settings.model or "default",
+            "cold": args.cold,
+            "first_paint_s": round(first_paint, 3),
+            "model_ready_s": round(model_ready, 3),
+            "weights": config.weight_dtype,
+            "threads": config.threads,
+        }
         if args.startup_only:
             return start
 
@@ -91,12 +97,17 @@ async def _measure(args) -> dict:
         while True:
             stats = client.stats()
             if stats is not None and engine.num_generated:
-                if (stats.num_running >= args.sessions and not stats.num_waiting
-                        and engine.num_generated >= 2 * args.sessions):
+                if (
+                    stats.num_running >= args.sessions
+                    and not stats.num_waiting
+                    and engine.num_generated >= 2 * args.sessions
+                ):
                     break
                 if not stats.num_running + stats.num_waiting:
-                    raise SystemExit("chatpage: error: the replies ended before the measurement "
-                                     "began; raise --max-tokens")
+                    raise SystemExit(
+                        "chatpage: error: the replies ended before the measurement "
+                        "began; raise --max-tokens"
+                    )
             await asyncio.sleep(0.1)
         current = app.chat.current
         if current is None:
@@ -143,9 +154,14 @@ async def _measure(args) -> dict:
         system = current.persona.system_prompt if args.sessions == 1 else None
     alone = {}
     if system is not None:
-        alone = _engine_alone(settings.model, config, system, params, args.max_tokens,
-                              {"engine_alone_tok_s": stream_span,
-                               "engine_alone_typing_tok_s": typing_span})
+        alone = _engine_alone(
+            settings.model,
+            config,
+            system,
+            params,
+            args.max_tokens,
+            {"engine_alone_tok_s": stream_span, "engine_alone_typing_tok_s": typing_span},
+        )
     return {
         **start,
         "sessions": args.sessions,
@@ -154,12 +170,21 @@ async def _measure(args) -> dict:
         "keystroke_p50_ms": round(statistics.median(latencies), 2),
         "keystroke_p99_ms": round(_percentile(latencies, 0.99), 2),
         "aggregate_tok_s": round(tok_s, 1),
-        **({"tui_tok_s": round(stream_tok_s, 1), "ui_thread_cpu_share": round(ui_cpu_share, 3),
-            "tui_typing_tok_s": round(tok_s, 1), **alone,
-            **_ratio("tui_vs_engine_alone", stream_tok_s, alone.get("engine_alone_tok_s")),
-            **_ratio("tui_typing_vs_engine_alone", tok_s,
-                     alone.get("engine_alone_typing_tok_s")),
-            "goal_tui_vs_engine_alone": 0.9} if alone else {}),
+        **(
+            {
+                "tui_tok_s": round(stream_tok_s, 1),
+                "ui_thread_cpu_share": round(ui_cpu_share, 3),
+                "tui_typing_tok_s": round(tok_s, 1),
+                **alone,
+                **_ratio("tui_vs_engine_alone", stream_tok_s, alone.get("engine_alone_tok_s")),
+                **_ratio(
+                    "tui_typing_vs_engine_alone", tok_s, alone.get("engine_alone_typing_tok_s")
+                ),
+                "goal_tui_vs_engine_alone": 0.9,
+            }
+            if alone
+            else {}
+        ),
     }
 
 
@@ -168,8 +193,9 @@ def _ratio(name: str, tui: float, alone: float | None) -> dict:
     return {name: round(tui / alone, 3)} if alone else {}
 
 
-def _engine_alone(model: str | None, config, system: str, params, max_tokens: int,
-                  spans: dict[str, list[int]]) -> dict:
+def _engine_alone(
+    model: str | None, config, system: str, params, max_tokens: int, spans: dict[str, list[int]]
+) -> dict:
     """The TUI's request again, on a fresh engine stepped here without a UI, with the same
     sampling (``params``; EOS ignored, so it lasts): for each named span [first, last) of the
     reply's tokens, the decode rate (wall clock) over those same tokens (a step costs more as the
@@ -183,8 +209,10 @@ def _engine_alone(model: str | None, config, system: str, params, max_tokens: in
 
     torch.set_num_threads(config.threads)
     engine = LLMEngine.from_pretrained(model, config, progress=lambda _m: None)
-    ids = render_prompt(engine.tokenizer, [{"role": "system", "content": system},
-                                           {"role": "user", "content": STORY}])
+    ids = render_prompt(
+        engine.tokenizer,
+        [{"role": "system", "content": system}, {"role": "user", "content": STORY}],
+    )
     engine.add_request(ids, dataclasses.replace(params, max_tokens=max_tokens, ignore_eos=True))
     base = engine.num_generated
     times: dict[int, float] = {}  # reply tokens generated -> when
@@ -196,26 +224,38 @@ def _engine_alone(model: str | None, config, system: str, params, max_tokens: in
         engine.step()
     if engine.num_generated - base in wanted:
         times[engine.num_generated - base] = time.perf_counter()
-    return {name: round((last - first) / (times[last] - times[first]), 1)
-            for name, (first, last) in spans.items()
-            if last > first and first in times and last in times}  # (a reply that ended early)
+    return {
+        name: round((last - first) / (times[last] - times[first]), 1)
+        for name, (first, last) in spans.items()
+        if last > first and first in times and last in times
+    }  # (a reply that ended early)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="chatpage bench ui", description=__doc__)
-    parser.add_argument("--json", action="store_true",
-                        help="print the result as one JSON line (default: readable text)")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as one JSON line (default: readable text)",
+    )
     parser.add_argument("--model", help="model directory or .gguf (default: the default model)")
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--keys", type=int, default=60, help="keystrokes to time")
     parser.add_argument("--max-tokens", type=int, default=400)
     parser.add_argument("--weights", choices=WEIGHT_FORMATS, help="weight format (default: int4)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="engine threads (default: every core)")
-    parser.add_argument("--cold", action="store_true",
-                        help="start with an empty cache dir (dequantize + build kernels)")
-    parser.add_argument("--startup-only", action="store_true",
-                        help="stop at model ready: first paint and model ready only")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="engine threads (default: every core)"
+    )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="start with an empty cache dir (dequantize + build kernels)",
+    )
+    parser.add_argument(
+        "--startup-only",
+        action="store_true",
+        help="stop at model ready: first paint and model ready only",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["XDG_DATA_HOME"] = os.path.join(tmp, "data")  # no sessions restored

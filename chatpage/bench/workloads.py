@@ -57,8 +57,9 @@ class BenchRequest:
         return self.prompt_len + self.output_len
 
 
-def _lognormal_lengths(rng: random.Random, count: int, mean: float, sigma: float,
-                       low: int, high: int) -> list[int]:
+def _lognormal_lengths(
+    rng: random.Random, count: int, mean: float, sigma: float, low: int, high: int
+) -> list[int]:
     """``count`` log-normal lengths rescaled to sample mean ``mean``, clipped to [low, high]."""
     mu = math.log(max(mean, 1e-6)) - sigma * sigma / 2
     raw = [rng.lognormvariate(mu, sigma) for _ in range(count)]
@@ -71,8 +72,15 @@ def max_len_at(scale: float) -> int:
     return max(32, round(PAPER_MAX_LEN * scale))
 
 
-def make_trace(shape: TraceShape | str, num_requests: int, *, scale: float = 1.0, seed: int = 0,
-               vocab_size: int = 49152, text_tokens: list[int] | None = None) -> list[BenchRequest]:
+def make_trace(
+    shape: TraceShape | str,
+    num_requests: int,
+    *,
+    scale: float = 1.0,
+    seed: int = 0,
+    vocab_size: int = 49152,
+    text_tokens: list[int] | None = None,
+) -> list[BenchRequest]:
     """A seeded trace of ``num_requests`` requests shaped like ``shape`` at ``scale``.
 
     ``text_tokens``: when given, prompts are windows of this token stream (real text) instead of
@@ -84,10 +92,12 @@ def make_trace(shape: TraceShape | str, num_requests: int, *, scale: float = 1.0
         raise ValueError("a trace needs at least one request")
     rng = random.Random(f"{shape.name}:{seed}")
     limit = max_len_at(scale)
-    inputs = _lognormal_lengths(rng, num_requests, shape.mean_input * scale, shape.sigma_input,
-                                1, limit // 2)
-    outputs = _lognormal_lengths(rng, num_requests, shape.mean_output * scale, shape.sigma_output,
-                                 1, limit - 1)
+    inputs = _lognormal_lengths(
+        rng, num_requests, shape.mean_input * scale, shape.sigma_input, 1, limit // 2
+    )
+    outputs = _lognormal_lengths(
+        rng, num_requests, shape.mean_output * scale, shape.sigma_output, 1, limit - 1
+    )
     requests = []
     for n_in, n_out in zip(inputs, outputs, strict=True):
         n_out = min(n_out, limit - n_in)
@@ -100,8 +110,9 @@ def make_trace(shape: TraceShape | str, num_requests: int, *, scale: float = 1.0
     return requests
 
 
-def with_poisson_arrivals(requests: list[BenchRequest], rate: float, seed: int = 0
-                          ) -> list[BenchRequest]:
+def with_poisson_arrivals(
+    requests: list[BenchRequest], rate: float, seed: int = 0
+) -> list[BenchRequest]:
     """The same requests arriving as a Poisson process of ``rate`` requests per second."""
     rng = random.Random(f"poisson:{seed}:{rate}")
     t = 0.0
@@ -127,10 +138,22 @@ def describe(requests: list[BenchRequest]) -> dict:
 
 # -- chat-shaped trace --------------------------------------------------------------------------
 _TOPICS = (
-    "how a hash table grows", "the water cycle", "binary search", "compound interest",
-    "why the sky is blue", "unit tests", "photosynthesis", "the TCP handshake",
-    "a healthy breakfast", "git rebase", "the French revolution", "public key cryptography",
-    "how vaccines work", "recursion", "plate tectonics", "a good cover letter",
+    "how a hash table grows",
+    "the water cycle",
+    "binary search",
+    "compound interest",
+    "why the sky is blue",
+    "unit tests",
+    "photosynthesis",
+    "the TCP handshake",
+    "a healthy breakfast",
+    "git rebase",
+    "the French revolution",
+    "public key cryptography",
+    "how vaccines work",
+    "recursion",
+    "plate tectonics",
+    "a good cover letter",
 )
 _ASKS = (
     "Can you explain {topic} in a few sentences?",
@@ -163,8 +186,14 @@ def persona_prompts() -> list[tuple[str, str]]:
     return [(p.name, p.system_prompt) for p in personas]
 
 
-def chat_sessions(num_sessions: int, turns: int, *, num_personas: int | None = None,
-                  mean_reply: int = 48, seed: int = 0) -> list[ChatSession]:
+def chat_sessions(
+    num_sessions: int,
+    turns: int,
+    *,
+    num_personas: int | None = None,
+    mean_reply: int = 48,
+    seed: int = 0,
+) -> list[ChatSession]:
     """``num_sessions`` chats over the first ``num_personas`` shipped personas (round robin)."""
     rng = random.Random(f"chat:{seed}")
     personas = persona_prompts()[: num_personas or None]

@@ -41,8 +41,12 @@ from chatpage.store import make_title
 from chatpage.vocab import MessageStatus
 
 TITLE_WIDTH = 32
-_ALT_CYCLE: dict[AltKind, AltKind] = {"off": "samples", "samples": "beam", "beam": "off",
-                                       "compare": "off"}
+_ALT_CYCLE: dict[AltKind, AltKind] = {
+    "off": "samples",
+    "samples": "beam",
+    "beam": "off",
+    "compare": "off",
+}
 CONTINUABLE = (MessageStatus.DONE, MessageStatus.STOPPED, MessageStatus.INTERRUPTED)
 
 __all__ = ["ChatError", "Chats"]
@@ -52,8 +56,12 @@ class Chats(Requests):
     """The open sessions, in sidebar order. `notify` gets one-line notices (a turn that had
     to leave old messages out to fit the context)."""
 
-    def __init__(self, client: EngineClient[object], deliver: UpdateCallback,
-                 notify: Callable[[str], None] = lambda _line: None) -> None:
+    def __init__(
+        self,
+        client: EngineClient[object],
+        deliver: UpdateCallback,
+        notify: Callable[[str], None] = lambda _line: None,
+    ) -> None:
         super().__init__(client, deliver, notify)
         self.sessions: list[ChatSession] = []
         self.observers: list[Observer] = []
@@ -157,26 +165,40 @@ class Chats(Requests):
         the edited message's attachments leave the pending ones."""
         message, session.editing = session.editing, None
         if message is not None:
-            session.attachments = [a for a in session.attachments
-                                   if not any(a is b for b in message.attachments)]
+            session.attachments = [
+                a for a in session.attachments if not any(a is b for b in message.attachments)
+            ]
             session.changed(AttachmentsChanged())
 
     def continue_reply(self, session: ChatSession) -> None:
         """Let the last reply on show (finished, stopped or cut off) go on from where it ended."""
         self._check_idle(session)
         reply = session.transcript.tip()
-        if reply is None or reply.role != "assistant" or reply.status not in CONTINUABLE \
-                or not reply.content:
-            raise ChatError("there is no reply to continue: /continue extends the last reply "
-                            "once it has stopped or finished")
+        if (
+            reply is None
+            or reply.role != "assistant"
+            or reply.status not in CONTINUABLE
+            or not reply.content
+        ):
+            raise ChatError(
+                "there is no reply to continue: /continue extends the last reply "
+                "once it has stopped or finished"
+            )
         self._fit(session, reply)
         before = reply.stats if reply.stats is not None else ReplyStats()
         rid = self._submit(session, reply, session.sampling.params(), continue_reply=True)
         reply.status = MessageStatus.STREAMING
         reply.stats = replace(before)
         session.changed(EntryUpdated(reply))
-        gen = Generation("reply", [rid], entry=reply, parent=reply.parent,
-                         continued=before, base_text=reply.content, base_ids=reply.token_ids)
+        gen = Generation(
+            "reply",
+            [rid],
+            entry=reply,
+            parent=reply.parent,
+            continued=before,
+            base_text=reply.content,
+            base_ids=reply.token_ids,
+        )
         self._by_request[rid] = session
         self._start(session, gen)
 
@@ -273,8 +295,9 @@ class Chats(Requests):
         how many other open chats start with the same prompt (it is pinned when any does)."""
         text = text.strip()
         if not text:
-            raise ChatError("give the new system prompt: /system TEXT (or /system alone to "
-                            "edit it)")
+            raise ChatError(
+                "give the new system prompt: /system TEXT (or /system alone to edit it)"
+            )
         session.persona = replace(session.persona, system_prompt=text)
         session.changed(SettingsChanged())
         others = sum(s.persona.system_prompt == text for s in self.sessions if s is not session)
@@ -294,11 +317,10 @@ class Chats(Requests):
         once per value of setting ``name``, each in its own pane; the one kept becomes the
         reply, the others its versions. The values are checked now."""
         if not MIN_ALTERNATIVES <= len(values) <= MAX_ALTERNATIVES:
-            raise ChatError(f"/compare takes {MIN_ALTERNATIVES} to {MAX_ALTERNATIVES} values, "
-                            f"got {len(values)}")
+            raise ChatError(
+                f"/compare takes {MIN_ALTERNATIVES} to {MAX_ALTERNATIVES} values, got {len(values)}"
+            )
         labels = compare_labels(session.sampling, name, values)
         if len(set(labels)) != len(labels):
             raise ChatError(f"/compare needs different values of {SETTING_BY_FIELD[name].label}")
         self.set_alt_mode(session, AltMode("compare", session.alt_mode.k, name, tuple(values)))
-
-

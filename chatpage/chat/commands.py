@@ -14,9 +14,15 @@ from chatpage.vocab import UserError
 
 MAX_ATTACHMENT_BYTES = 1 << 20
 CHARS_PER_TOKEN = 4  # a rough guess before the engine counts exactly
-COMPARE_SETTINGS = {"temp": "temperature", "temperature": "temperature", "top_p": "top_p",
-                    "top_k": "top_k", "max": "max_tokens", "max_tokens": "max_tokens",
-                    "seed": "seed"}
+COMPARE_SETTINGS = {
+    "temp": "temperature",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "max": "max_tokens",
+    "max_tokens": "max_tokens",
+    "seed": "seed",
+}
 """The settings ``/compare`` varies, by the names it takes."""
 
 
@@ -37,12 +43,16 @@ def parse_compare(arg: str) -> tuple[str, list[str]]:
     name, sep, values = arg.partition("=")
     setting = COMPARE_SETTINGS.get(name.strip().lower())
     if not sep or setting is None:
-        raise UserError("use /compare SETTING=V1,V2,... with SETTING one of temp, top_p, top_k, "
-                         "max, seed; e.g. /compare temp=0.2,0.8,1.2")
+        raise UserError(
+            "use /compare SETTING=V1,V2,... with SETTING one of temp, top_p, top_k, "
+            "max, seed; e.g. /compare temp=0.2,0.8,1.2"
+        )
     items = [v.strip() for v in values.split(",") if v.strip()]
     if not MIN_ALTERNATIVES <= len(items) <= MAX_ALTERNATIVES:
-        raise UserError(f"/compare takes {MIN_ALTERNATIVES} to {MAX_ALTERNATIVES} values "
-                         f"separated by commas, got {len(items)}")
+        raise UserError(
+            f"/compare takes {MIN_ALTERNATIVES} to {MAX_ALTERNATIVES} values "
+            f"separated by commas, got {len(items)}"
+        )
     return setting, items
 
 
@@ -67,14 +77,19 @@ def read_attachment(arg: str, context_tokens: int | None) -> Attachment:
         with os.fdopen(fd, "rb") as file:
             status = os.fstat(file.fileno())
             _require_regular(arg, status.st_mode)  # swapped for another kind since the stat
-            data = (b"" if status.st_size > MAX_ATTACHMENT_BYTES  # it may grow: read one more
-                    else file.read(MAX_ATTACHMENT_BYTES + 1))
+            data = (
+                b""
+                if status.st_size > MAX_ATTACHMENT_BYTES  # it may grow: read one more
+                else file.read(MAX_ATTACHMENT_BYTES + 1)
+            )
     except OSError as err:
         raise UserError(f"{arg}: cannot read it ({err.strerror})") from None
     size = max(status.st_size, len(data))
     if size > MAX_ATTACHMENT_BYTES:
-        raise UserError(f"{arg}: {-(-size // 1024)} KiB is too big to attach (the limit is "
-                         f"{MAX_ATTACHMENT_BYTES // 1024} KiB)")
+        raise UserError(
+            f"{arg}: {-(-size // 1024)} KiB is too big to attach (the limit is "
+            f"{MAX_ATTACHMENT_BYTES // 1024} KiB)"
+        )
     if b"\x00" in data:
         raise UserError(f"{arg}: looks like a binary file; only text files can be attached")
     try:
@@ -94,7 +109,13 @@ def read_attachment(arg: str, context_tokens: int | None) -> Attachment:
 
 def _require_regular(arg: str, mode: int) -> None:
     if not stat.S_ISREG(mode):
-        kind = ("a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file")
-        raise UserError(f"{arg}: is {kind}, not a regular file; only text files can be "
-                         "attached")
+        kind = (
+            "a named pipe"
+            if stat.S_ISFIFO(mode)
+            else "a socket"
+            if stat.S_ISSOCK(mode)
+            else "a device"
+            if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a special file"
+        )
+        raise UserError(f"{arg}: is {kind}, not a regular file; only text files can be attached")

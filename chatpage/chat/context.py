@@ -57,20 +57,30 @@ class Fit:
         if not self.dropped:
             return None
         noun = "message" if self.dropped == 1 else "messages"
-        return (f"the chat is longer than the model's context: the oldest {self.dropped} "
-                f"{noun} (greyed) are left out of what the model sees; they stay saved")
+        return (
+            f"the chat is longer than the model's context: the oldest {self.dropped} "
+            f"{noun} (greyed) are left out of what the model sees; they stay saved"
+        )
 
 
-def fit(system_prompt: str, path: list[Entry], reply_tokens: int, context_tokens: int,
-        counter: TokenCounter | None = None) -> Fit:
+def fit(
+    system_prompt: str,
+    path: list[Entry],
+    reply_tokens: int,
+    context_tokens: int,
+    counter: TokenCounter | None = None,
+) -> Fit:
     """Mark (`Entry.dropped`) the oldest whole turns of `path` that must be left out for it,
     the system prompt and `reply_tokens` to fit in `context_tokens` (0: unknown, drop
     nothing); unmark the rest. The last message is always kept. `counter`: count exactly."""
     sent = [e for e in path if e.in_context]
     for entry in path:
         entry.dropped = False
-    system = (counter.system(system_prompt) if counter is not None
-              else estimate_tokens(system_prompt) + MESSAGE_OVERHEAD)
+    system = (
+        counter.system(system_prompt)
+        if counter is not None
+        else estimate_tokens(system_prompt) + MESSAGE_OVERHEAD
+    )
     needed = system + reply_tokens + sum(message_tokens(e, counter) for e in sent)
     dropped = 0
     while context_tokens and needed > context_tokens and len(sent) > 1:

@@ -66,8 +66,12 @@ class Recorder:
     A failed write never stops the app: ``report`` gets one line (once per distinct problem).
     """
 
-    def __init__(self, store: Store, report: Callable[[str], None] = lambda _line: None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        store: Store,
+        report: Callable[[str], None] = lambda _line: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store = store
         self.report = report
         self._clock = clock
@@ -108,16 +112,18 @@ class Recorder:
             case EntryRemoved(entry, shown) if entry.store_id is not None:
                 for gone in below(entry):
                     self._forget(gone.store_id)
-                self.store.delete_message(entry.store_id,
-                                          shown=None if shown is None else shown.store_id)
+                self.store.delete_message(
+                    entry.store_id, shown=None if shown is None else shown.store_id
+                )
             case Cleared():
                 self._streaming.clear()
                 self.store.clear_messages(session.store_id)
             case TitleChanged():
                 self.store.rename_session(session.store_id, session.title)
             case SettingsChanged():
-                self.store.update_session(session.store_id,
-                                          settings=settings_dict(session.sampling))
+                self.store.update_session(
+                    session.store_id, settings=settings_dict(session.sampling)
+                )
             case Closed():
                 self.store.set_closed(session.store_id, True)
 
@@ -125,7 +131,8 @@ class Recorder:
     def _chat(self, session: ChatSession) -> int:
         if session.store_id is None:
             session.store_id = self.store.create_session(
-                session.title, session.persona.name, settings_dict(session.sampling))
+                session.title, session.persona.name, settings_dict(session.sampling)
+            )
         return session.store_id
 
     def _add(self, session: ChatSession, entry: Entry) -> None:
@@ -135,13 +142,24 @@ class Recorder:
             raise ValueError("the message it follows was not saved")
         shown = session.transcript.fork_of(entry).chosen() is entry
         if entry.role == "user":
-            entry.store_id = self.store.add_message(chat, "user", entry.content,
-                                                    metadata=user_metadata(entry),
-                                                    parent_id=parent, kept=shown)
+            entry.store_id = self.store.add_message(
+                chat,
+                "user",
+                entry.content,
+                metadata=user_metadata(entry),
+                parent_id=parent,
+                kept=shown,
+            )
             return
-        entry.store_id = self.store.add_message(chat, "assistant", entry.content, entry.status,
-                                                reply_metadata(entry), parent_id=parent,
-                                                kept=shown)
+        entry.store_id = self.store.add_message(
+            chat,
+            "assistant",
+            entry.content,
+            entry.status,
+            reply_metadata(entry),
+            parent_id=parent,
+            kept=shown,
+        )
         if entry.status == MessageStatus.STREAMING:
             self._streaming[entry.store_id] = entry
             self._saved_at[entry.store_id] = self._clock()
@@ -186,7 +204,8 @@ class Recorder:
         for message_id in list(self._dirty):
             entry = self._streaming.get(message_id)
             if entry is not None and (
-                    force or now - self._saved_at.get(message_id, now) >= SAVE_INTERVAL_S):
+                force or now - self._saved_at.get(message_id, now) >= SAVE_INTERVAL_S
+            ):
                 try:
                     self._write(entry)
                 except (sqlite3.Error, NotFound) as err:
@@ -206,8 +225,11 @@ class Recorder:
             if session.store_id is None and not session.draft:
                 return
             chat = self._chat(session)
-            if (not session.draft and next(iter(session.transcript), None) is None
-                    and self.store.delete_if_empty(chat)):  # kept if another chatpage filled it
+            if (
+                not session.draft
+                and next(iter(session.transcript), None) is None
+                and self.store.delete_if_empty(chat)
+            ):  # kept if another chatpage filled it
                 session.store_id = None  # nothing left to keep
             else:
                 self.store.set_draft(chat, session.draft)
@@ -220,8 +242,9 @@ class Recorder:
         if session.store_id is None and not own:
             return
         try:
-            self.store.set_system_prompt(self._chat(session),
-                                         session.persona.system_prompt if own else None)
+            self.store.set_system_prompt(
+                self._chat(session), session.persona.system_prompt if own else None
+            )
         except (sqlite3.Error, NotFound) as err:
             self._fail(err)
 
@@ -238,6 +261,7 @@ class Recorder:
 
 
 # -- what is saved --------------------------------------------------------------------------------
+
 
 def settings_dict(sampling: SamplingSettings) -> dict[str, float | int | None]:
     return asdict(sampling)
@@ -263,8 +287,10 @@ def reply_metadata(entry: Entry) -> dict[str, object]:
 
 # -- what comes back ------------------------------------------------------------------------------
 
-def restore(store: Store, personas: list[Persona], fallback: Persona,
-            first_id: int) -> tuple[list[ChatSession], list[str]]:
+
+def restore(
+    store: Store, personas: list[Persona], fallback: Persona, first_id: int
+) -> tuple[list[ChatSession], list[str]]:
     """The chats that were open, most recent first, as sessions numbered from ``first_id``,
     plus one-line notes (a persona that is gone). Replies a crash left "streaming" are marked
     "interrupted" first."""
@@ -279,20 +305,28 @@ def restore(store: Store, personas: list[Persona], fallback: Persona,
     return sessions, notes
 
 
-def load_session(store: Store, row: SessionRow, personas: list[Persona], fallback: Persona,
-                 session_id: int) -> tuple[ChatSession, str | None]:
+def load_session(
+    store: Store, row: SessionRow, personas: list[Persona], fallback: Persona, session_id: int
+) -> tuple[ChatSession, str | None]:
     """One saved chat as a session (every branch, each fork showing the version that was on
     show), and a note if its persona is gone."""
     persona = find_persona(personas, row.persona)
     note = None
     if persona is None:
         persona = fallback
-        note = (f"chat {row.title!r} used the persona {row.persona!r}, which is gone; "
-                f"it continues with {fallback.name!r}")
+        note = (
+            f"chat {row.title!r} used the persona {row.persona!r}, which is gone; "
+            f"it continues with {fallback.name!r}"
+        )
     if row.system_prompt is not None:  # its own, set with /system
         persona = replace(persona, system_prompt=row.system_prompt)
-    session = ChatSession(session_id, persona, title=row.title,
-                          sampling=sampling_from(row.settings, persona), store_id=row.id)
+    session = ChatSession(
+        session_id,
+        persona,
+        title=row.title,
+        sampling=sampling_from(row.settings, persona),
+        store_id=row.id,
+    )
     nodes: dict[int | None, Entry | None] = {None: None}  # a system message stands for its parent
     for m in store.messages(row.id):  # parents come before their children
         if m.parent_id not in nodes:
@@ -303,8 +337,7 @@ def load_session(store: Store, row: SessionRow, personas: list[Persona], fallbac
             continue
         entry = entry_from(m.role, m.content, m.status, m.metadata, m.id)
         nodes[m.id] = session.transcript.attach(entry, parent, current=m.kept)
-    typed = sorted((e for e in session.transcript if e.role == "user" and e.content),
-                   key=saved_id)
+    typed = sorted((e for e in session.transcript if e.role == "user" and e.content), key=saved_id)
     session.history = [e.content for e in typed]
     return session, note
 
@@ -316,26 +349,44 @@ def saved_id(entry: Entry) -> int:
     return entry.store_id
 
 
-def entry_from(role: str, content: str, status: str, meta: dict[str, Any], message_id: int
-               ) -> Entry:
+def entry_from(
+    role: str, content: str, status: str, meta: dict[str, Any], message_id: int
+) -> Entry:
     if status == MessageStatus.STREAMING:  # another chatpage may still be writing it
         status = MessageStatus.INTERRUPTED
     if role == "user":
-        attachments = [Attachment(str(a.get("name", "file")), str(a.get("text", "")))
-                       for a in meta.get("attachments", []) if isinstance(a, dict)]
-        return Entry("user", content, MessageStatus(status), attachments=attachments,
-                     store_id=message_id)
-    numbers: dict[str, Any] = {k: meta[k] for k in _STATS_KEYS
-               if isinstance(meta.get(k), int | float) and not isinstance(meta[k], bool)}
+        attachments = [
+            Attachment(str(a.get("name", "file")), str(a.get("text", "")))
+            for a in meta.get("attachments", [])
+            if isinstance(a, dict)
+        ]
+        return Entry(
+            "user", content, MessageStatus(status), attachments=attachments, store_id=message_id
+        )
+    numbers: dict[str, Any] = {
+        k: meta[k]
+        for k in _STATS_KEYS
+        if isinstance(meta.get(k), int | float) and not isinstance(meta[k], bool)
+    }
     stats = ReplyStats(**numbers) if "tokens" in numbers else None
     label, error = meta.get("label"), meta.get("error")
     ids, source = meta.get("token_ids"), meta.get("token_source")
-    known = (isinstance(ids, list) and isinstance(source, str)
-             and all(isinstance(i, int) and not isinstance(i, bool) for i in ids))
-    return Entry("assistant", content, MessageStatus(status), stats=stats,
-                 label=label if isinstance(label, str) else None,
-                 error=error if isinstance(error, str) else None, store_id=message_id,
-                 token_ids=tuple(ids) if known and isinstance(ids, list) else None, token_source=source if known else None)
+    known = (
+        isinstance(ids, list)
+        and isinstance(source, str)
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+    )
+    return Entry(
+        "assistant",
+        content,
+        MessageStatus(status),
+        stats=stats,
+        label=label if isinstance(label, str) else None,
+        error=error if isinstance(error, str) else None,
+        store_id=message_id,
+        token_ids=tuple(ids) if known and isinstance(ids, list) else None,
+        token_source=source if known else None,
+    )
 
 
 def sampling_from(saved: dict[str, Any], persona: Persona) -> SamplingSettings:

@@ -19,8 +19,10 @@ from chatpage.engine.outputs import CompletionOutput, RequestOutput, RequestUpda
 from chatpage.vocab import FinishReason, MessageStatus
 
 FINAL_STATUS: dict[FinishReason, MessageStatus] = {
-    FinishReason.STOP: MessageStatus.DONE, FinishReason.LENGTH: MessageStatus.DONE,
-    FinishReason.ABORT: MessageStatus.STOPPED, FinishReason.ERROR: MessageStatus.ERROR,
+    FinishReason.STOP: MessageStatus.DONE,
+    FinishReason.LENGTH: MessageStatus.DONE,
+    FinishReason.ABORT: MessageStatus.STOPPED,
+    FinishReason.ERROR: MessageStatus.ERROR,
 }
 
 
@@ -28,8 +30,12 @@ CUT_SHORT = (FinishReason.ABORT, FinishReason.ERROR)
 """Reasons that end an output from outside (cancelled, failed): they bring no counts."""
 
 
-def update_stats(stats: ReplyStats, out: RequestOutput, output: CompletionOutput,
-                 before: ReplyStats | None = None) -> None:
+def update_stats(
+    stats: ReplyStats,
+    out: RequestOutput,
+    output: CompletionOutput,
+    before: ReplyStats | None = None,
+) -> None:
     """Copy the counts of ``output`` (of ``out``) into `stats` (on top of `before`, a continued
     reply's); an output cut short keeps the counts it had."""
     if output.finish_reason in CUT_SHORT:
@@ -49,8 +55,9 @@ def _ids(output: CompletionOutput, before: tuple[int, ...] | None) -> tuple[int,
     return before + tuple(output.token_ids)
 
 
-def apply_reply(session: ChatSession, gen: Generation, entry: Entry, update: RequestUpdate,
-                out: RequestOutput) -> bool:
+def apply_reply(
+    session: ChatSession, gen: Generation, entry: Entry, update: RequestUpdate, out: RequestOutput
+) -> bool:
     """One update of a plain reply (``out``: its outputs so far); True when the reply ended."""
     output = out.outputs[0] if out.outputs else None
     delta = next((d for d in update.outputs if d.index == 0), None)
@@ -70,8 +77,9 @@ def apply_reply(session: ChatSession, gen: Generation, entry: Entry, update: Req
     return update.finished
 
 
-def apply_candidate(session: ChatSession, gen: Generation, update: RequestUpdate,
-                    out: RequestOutput) -> None:
+def apply_candidate(
+    session: ChatSession, gen: Generation, update: RequestUpdate, out: RequestOutput
+) -> None:
     """One update of a request whose outputs are alternatives (one pane per output)."""
     deltas = {d.index: d for d in update.outputs}
     outputs = {c.index: c for c in out.outputs}

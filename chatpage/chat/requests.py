@@ -44,8 +44,12 @@ class Requests:
     """A chat's requests to the engine. `notify` gets one-line notices (a turn that had to
     leave old messages out to fit the context)."""
 
-    def __init__(self, client: EngineClient[object], deliver: UpdateCallback,
-                 notify: Callable[[str], None] = lambda _line: None) -> None:
+    def __init__(
+        self,
+        client: EngineClient[object],
+        deliver: UpdateCallback,
+        notify: Callable[[str], None] = lambda _line: None,
+    ) -> None:
         self.client = client
         self.deliver = deliver
         self.notify = notify
@@ -104,8 +108,9 @@ class Requests:
         if not gen.streaming:
             if all(c.error for c in gen.candidates):
                 self._drop_generation(session)
-                entry = Entry("assistant", "", status=MessageStatus.ERROR,
-                              error=gen.candidates[0].error)
+                entry = Entry(
+                    "assistant", "", status=MessageStatus.ERROR, error=gen.candidates[0].error
+                )
                 session.transcript.attach(entry, gen.parent)
                 session.changed(EntryAdded(entry))
             else:
@@ -120,34 +125,52 @@ class Requests:
     # -- helpers -------------------------------------------------------------------------------
     def _check_idle(self, session: ChatSession) -> None:
         if self.client.error is not None and not self.client.ready:
-            raise ChatError(f"the model did not load ({self.client.error}); switch to another "
-                            "with /model PATH, or /model default")
+            raise ChatError(
+                f"the model did not load ({self.client.error}); switch to another "
+                "with /model PATH, or /model default"
+            )
         if session.streaming:
-            raise ChatError("a reply is still streaming in this chat: wait for it, or press "
-                            "esc to stop it")
+            raise ChatError(
+                "a reply is still streaming in this chat: wait for it, or press esc to stop it"
+            )
         if session.choosing and session.generation is not None:
             n = len(session.generation.candidates)
-            raise ChatError(f"keep one of the alternatives first: press 1-{n}, click a pane, "
-                            "or type /keep N")
+            raise ChatError(
+                f"keep one of the alternatives first: press 1-{n}, click a pane, or type /keep N"
+            )
 
     def _fit(self, session: ChatSession, upto: Entry | None, notice: bool = True) -> None:
         """Leave the oldest turns out of what is sent if the turn after `upto` (None: after
         the last message on show) would not fit the context; `notice` says so to the user."""
         session.context_tokens = self.client.max_model_len or session.context_tokens
-        outcome = fit(session.persona.system_prompt, session.transcript.path(upto),
-                      session.sampling.max_tokens, session.context_tokens, self.client.counter)
+        outcome = fit(
+            session.persona.system_prompt,
+            session.transcript.path(upto),
+            session.sampling.max_tokens,
+            session.context_tokens,
+            self.client.counter,
+        )
         session.prompt_tokens = outcome.needed - session.sampling.max_tokens
         session.changed(ContextChanged())
         note = outcome.notice()
         if notice and note:
             self.notify(note)
 
-    def _submit(self, session: ChatSession, upto: Entry, params: SamplingParams,
-                continue_reply: bool = False) -> str:
+    def _submit(
+        self,
+        session: ChatSession,
+        upto: Entry,
+        params: SamplingParams,
+        continue_reply: bool = False,
+    ) -> str:
         """Submit what the model sees up to `upto`, the replies it wrote as their own ids."""
-        return self.client.submit(session.for_model(upto=upto), params, self.deliver,
-                                  continue_reply=continue_reply,
-                                  reply_ids=session.reply_ids(self.client.model_name, upto))
+        return self.client.submit(
+            session.for_model(upto=upto),
+            params,
+            self.deliver,
+            continue_reply=continue_reply,
+            reply_ids=session.reply_ids(self.client.model_name, upto),
+        )
 
     def _ask(self, session: ChatSession, question: Entry) -> None:
         """Ask for a reply to `question` (a new version of the turn after it), as one reply
@@ -156,8 +179,13 @@ class Requests:
         self._fit(session, question)
         if mode.kind == "off":
             rid = self._submit(session, question, session.sampling.params())
-            entry = Entry("assistant", "", status=MessageStatus.STREAMING, stats=ReplyStats(),
-                          token_source=self.client.model_name)
+            entry = Entry(
+                "assistant",
+                "",
+                status=MessageStatus.STREAMING,
+                stats=ReplyStats(),
+                token_source=self.client.model_name,
+            )
             forked = bool(question.replies.versions)
             session.transcript.attach(entry, question)
             session.changed(EntryAdded(entry))
@@ -175,9 +203,12 @@ class Requests:
             params = session.sampling.params(beam_width=mode.k)
         rid = self._submit(session, question, params)
         noun = "sample" if mode.kind == "samples" else "beam"
-        gen = Generation(mode.kind, [rid], parent=question, candidates=[
-            Candidate(f"{noun} {i + 1}", rid, i) for i in range(mode.k)
-        ])
+        gen = Generation(
+            mode.kind,
+            [rid],
+            parent=question,
+            candidates=[Candidate(f"{noun} {i + 1}", rid, i) for i in range(mode.k)],
+        )
         session.alt_mode = AltMode(k=mode.k)  # one reply only: back to single replies
         session.changed(SettingsChanged())
         self._by_request[rid] = session
@@ -240,12 +271,20 @@ def _candidate_status(cand: Candidate) -> MessageStatus:
 
 def _candidate_entry(cand: Candidate, token_source: str | None) -> Entry:
     """The reply an alternative becomes once one is kept."""
-    return Entry("assistant", cand.text, status=_candidate_status(cand), stats=cand.stats,
-                 label=cand.label, token_ids=cand.token_ids, token_source=token_source)
+    return Entry(
+        "assistant",
+        cand.text,
+        status=_candidate_status(cand),
+        stats=cand.stats,
+        label=cand.label,
+        token_ids=cand.token_ids,
+        token_source=token_source,
+    )
 
 
 def compare_labels(sampling: SamplingSettings, name: str, values: list[str]) -> list[str]:
     """The pane titles of a comparison of setting ``name`` (``temp=0.2``); ValueError names
     a value that is not allowed."""
-    return [f"{setting_name(name)}={getattr(sampling.with_value(name, raw), name)}"
-            for raw in values]
+    return [
+        f"{setting_name(name)}={getattr(sampling.with_value(name, raw), name)}" for raw in values
+    ]

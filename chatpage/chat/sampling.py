@@ -54,8 +54,10 @@ class SamplingSettings:
     def describe(self) -> str:
         seed = "random" if self.seed is None else str(self.seed)
         top_k = f" · top-k {self.top_k}" if self.top_k else ""
-        return (f"temp {self.temperature:g} · top-p {self.top_p:g}{top_k} · "
-                f"max {self.max_tokens} · seed {seed}")
+        return (
+            f"temp {self.temperature:g} · top-p {self.top_p:g}{top_k} · "
+            f"max {self.max_tokens} · seed {seed}"
+        )
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ MIN_ALTERNATIVES, MAX_ALTERNATIVES = 2, 6
 
 # -- changes: what observers are told (one frozen dataclass per kind; dispatch with `match`) -----
 
+
 @dataclass(frozen=True)
 class EntryAdded:
     """`entry` was added to the tree (and is on show, if it is the current version)."""
@@ -116,14 +117,27 @@ class Closed:
     """The session was closed (its generation stopped); it is no longer open."""
 
 
-Change = (EntryAdded | EntryUpdated | EntryRemoved | EntriesRestored | PathChanged | Cleared
-          | ContextChanged
-          | GenerationChanged | CandidateUpdated | SettingsChanged | TitleChanged
-          | AttachmentsChanged | BusyChanged | Closed)
+Change = (
+    EntryAdded
+    | EntryUpdated
+    | EntryRemoved
+    | EntriesRestored
+    | PathChanged
+    | Cleared
+    | ContextChanged
+    | GenerationChanged
+    | CandidateUpdated
+    | SettingsChanged
+    | TitleChanged
+    | AttachmentsChanged
+    | BusyChanged
+    | Closed
+)
 """Every kind of change a session tells its observers about."""
 
 
 # -- transcript ----------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Attachment:
@@ -161,9 +175,13 @@ class ReplyStats:
         return (self.tokens - 1) / (self.elapsed_s - self.ttft_s)
 
     def as_dict(self) -> dict[str, float | int | None]:
-        return {"tokens": self.tokens, "prompt_tokens": self.prompt_tokens,
-                "prefix_hit_tokens": self.prefix_hit_tokens, "ttft_s": self.ttft_s,
-                "elapsed_s": self.elapsed_s}
+        return {
+            "tokens": self.tokens,
+            "prompt_tokens": self.prompt_tokens,
+            "prefix_hit_tokens": self.prefix_hit_tokens,
+            "ttft_s": self.ttft_s,
+            "elapsed_s": self.elapsed_s,
+        }
 
 
 @dataclass(eq=False)
@@ -317,9 +335,10 @@ class ChatSession:
 
     def conversation(self, upto: Entry | None = None) -> Conversation:
         """What the model sees: the system prompt and the `sent` messages."""
-        return Conversation(self.persona.system_prompt, [
-            Message(e.role, e.model_content()) for e in self.sent(upto)
-        ])
+        return Conversation(
+            self.persona.system_prompt,
+            [Message(e.role, e.model_content()) for e in self.sent(upto)],
+        )
 
     def for_model(self, upto: Entry | None = None) -> list[dict[str, str]]:
         return self.conversation(upto).for_model()
@@ -327,8 +346,11 @@ class ChatSession:
     def reply_ids(self, model: str, upto: Entry | None = None) -> dict[int, tuple[int, ...]]:
         """The token ids ``model`` produced for the replies of `for_model` (`upto`), by their
         index there (after the system prompt)."""
-        return {i: e.token_ids for i, e in enumerate(self.sent(upto), start=1)
-                if e.token_ids is not None and e.token_source == model}
+        return {
+            i: e.token_ids
+            for i, e in enumerate(self.sent(upto), start=1)
+            if e.token_ids is not None and e.token_source == model
+        }
 
     def last(self, role: str) -> Entry | None:
         return next((e for e in reversed(self.entries) if e.role == role), None)
@@ -339,8 +361,12 @@ class ChatSession:
         one streams, its prompt (as counted before it was sent, until the engine says) and the
         tokens so far."""
         gen = self.generation
-        if gen is not None and gen.streaming and gen.entry is not None \
-                and gen.entry.stats is not None:
+        if (
+            gen is not None
+            and gen.streaming
+            and gen.entry is not None
+            and gen.entry.stats is not None
+        ):
             streaming = gen.entry.stats
             before = gen.continued.tokens if gen.continued is not None else 0
             return (streaming.prompt_tokens or self.prompt_tokens) + streaming.tokens - before

@@ -39,8 +39,10 @@ def cmd_ask(args) -> int:
         persona = find_persona(personas, args.persona)
         if persona is None:
             names = ", ".join(p.name for p in personas)
-            print(f"chatpage: error: no persona named {args.persona!r}; choose one of: {names}",
-                  file=sys.stderr)
+            print(
+                f"chatpage: error: no persona named {args.persona!r}; choose one of: {names}",
+                file=sys.stderr,
+            )
             return 2
     else:
         persona = default_persona(personas, settings.default_persona)
@@ -73,8 +75,14 @@ def cmd_ask(args) -> int:
     described = []
     for c in final.outputs:
         score = f"score {c.score:.3f}, " if c.score is not None else ""
-        described.append((c.index, f"{score}logprob {c.cumulative_logprob:.2f}, "
-                                   f"{len(c.token_ids)} tokens, {c.finish_reason}", c.text))
+        described.append(
+            (
+                c.index,
+                f"{score}logprob {c.cumulative_logprob:.2f}, "
+                f"{len(c.token_ids)} tokens, {c.finish_reason}",
+                c.text,
+            )
+        )
     return _finish(final.error, params, described)
 
 
@@ -125,14 +133,18 @@ def _ask_remote(settings, messages, params) -> int:
             final = _show(updates.get(), outputs, params.width)
     finally:
         client.close()
-    return _finish(final.error, params,
-                   [(c.index, str(c.finish_reason), c.text) for c in final.outputs])
+    return _finish(
+        final.error, params, [(c.index, str(c.finish_reason), c.text) for c in final.outputs]
+    )
 
 
 FLAGS = tuple(rule for rule in SAMPLING_RULES if rule.cli)
 """The sampling fields `ask` takes a flag for."""
-_NOTES = {"n": "parallel samples, printed one after another", "beam_width": "beam search",
-          "temperature": "default 0 (greedy); with --n, the persona's temperature"}
+_NOTES = {
+    "n": "parallel samples, printed one after another",
+    "beam_width": "beam search",
+    "temperature": "default 0 (greedy); with --n, the persona's temperature",
+}
 
 
 def _params(args: argparse.Namespace, persona: dict[str, float | int]) -> SamplingParams:

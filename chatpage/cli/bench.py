@@ -5,8 +5,23 @@ from __future__ import annotations
 import argparse
 import importlib
 
-BENCHES = ("kernel", "throughput", "memory", "serve", "prefix", "sharing", "ui", "startup", "single",
-           "quality", "soak", "peers", "structured", "load", "gpu")
+BENCHES = (
+    "kernel",
+    "throughput",
+    "memory",
+    "serve",
+    "prefix",
+    "sharing",
+    "ui",
+    "startup",
+    "single",
+    "quality",
+    "soak",
+    "peers",
+    "structured",
+    "load",
+    "gpu",
+)
 
 
 def cmd_bench(args) -> int:
@@ -15,8 +30,9 @@ def cmd_bench(args) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    bench = sub.add_parser("bench", help="benchmarks (readable text; --json: one JSON line on stdout)",
-                           add_help=False)
+    bench = sub.add_parser(
+        "bench", help="benchmarks (readable text; --json: one JSON line on stdout)", add_help=False
+    )
     bench.add_argument("which", choices=BENCHES)
     bench.add_argument("rest", nargs=argparse.REMAINDER)
     bench.set_defaults(func=cmd_bench)

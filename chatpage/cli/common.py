@@ -34,10 +34,14 @@ def seconds_arg(value: str) -> float:
 def add_backend_args(parser: argparse.ArgumentParser, what: str) -> None:
     """--backend URL (``what``: its help) and --backend-timeout SECONDS."""
     parser.add_argument("--backend", metavar="URL", help=what)
-    parser.add_argument("--backend-timeout", type=seconds_arg, metavar="SECONDS",
-                        help="give a reply up when the server sends nothing for this long "
-                             f"(default {DEFAULT_BACKEND_TIMEOUT_S:g}, or backend_timeout in "
-                             "config.yaml)")
+    parser.add_argument(
+        "--backend-timeout",
+        type=seconds_arg,
+        metavar="SECONDS",
+        help="give a reply up when the server sends nothing for this long "
+        f"(default {DEFAULT_BACKEND_TIMEOUT_S:g}, or backend_timeout in "
+        "config.yaml)",
+    )
 
 
 def threads_arg(value: str) -> int:
@@ -59,41 +63,61 @@ def fraction_arg(value: str) -> float:
     except ValueError:
         share = -1.0
     if not 0 < share <= 1:
-        raise argparse.ArgumentTypeError(f"invalid fraction {value!r}: use a number above 0 and "
-                                         "at most 1, e.g. 0.9")
+        raise argparse.ArgumentTypeError(
+            f"invalid fraction {value!r}: use a number above 0 and at most 1, e.g. 0.9"
+        )
     return share
 
 
 def add_device_arg(parser: argparse.ArgumentParser, default: str | None = None) -> None:
     """``--device auto|cpu|cuda|cuda:N`` (None: config.yaml's, else auto)."""
-    parser.add_argument("--device", type=device_arg, default=default, metavar="DEVICE",
-                        help="where the engine runs: auto (the first CUDA GPU, else the CPU), "
-                             "cpu, cuda or cuda:N (default: "
-                             f"{default or 'auto, or config.yaml'})")
+    parser.add_argument(
+        "--device",
+        type=device_arg,
+        default=default,
+        metavar="DEVICE",
+        help="where the engine runs: auto (the first CUDA GPU, else the CPU), "
+        "cpu, cuda or cuda:N (default: "
+        f"{default or 'auto, or config.yaml'})",
+    )
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """The engine flags of the TUI, `ask` and `serve`: --weights, --threads, --device and
     --gpu-memory-utilization."""
-    parser.add_argument("--weights", choices=WEIGHT_FORMATS,
-                        help="storage of the model's weights (default: int4, or config.yaml)")
+    parser.add_argument(
+        "--weights",
+        choices=WEIGHT_FORMATS,
+        help="storage of the model's weights (default: int4, or config.yaml)",
+    )
     add_device_arg(parser)
-    parser.add_argument("--gpu-memory-utilization", type=fraction_arg, metavar="FRACTION",
-                        help="share of the GPU's memory for the weights, activations and KV "
-                             "pool (default: 0.9, or config.yaml)")
-    parser.add_argument("--threads", type=threads_arg, metavar="N",
-                        help="torch threads for the engine (default: every core)")
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=fraction_arg,
+        metavar="FRACTION",
+        help="share of the GPU's memory for the weights, activations and KV "
+        "pool (default: 0.9, or config.yaml)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=threads_arg,
+        metavar="N",
+        help="torch threads for the engine (default: every core)",
+    )
 
 
 def load_with_overrides(args):
-    return load_settings(overrides={
-        "model": getattr(args, "model", None), "kv_cache": getattr(args, "kv_cache", None),
-        "backend": getattr(args, "backend", None),
-        "backend_timeout": getattr(args, "backend_timeout", None),
-        "weights": getattr(args, "weights", None),
-        "device": getattr(args, "device", None),
-        "gpu_memory_utilization": getattr(args, "gpu_memory_utilization", None),
-    })
+    return load_settings(
+        overrides={
+            "model": getattr(args, "model", None),
+            "kv_cache": getattr(args, "kv_cache", None),
+            "backend": getattr(args, "backend", None),
+            "backend_timeout": getattr(args, "backend_timeout", None),
+            "weights": getattr(args, "weights", None),
+            "device": getattr(args, "device", None),
+            "gpu_memory_utilization": getattr(args, "gpu_memory_utilization", None),
+        }
+    )
 
 
 def device_error(settings) -> str | None:
@@ -115,8 +139,11 @@ def remote_client(settings):
     try:
         from chatpage.remote.client import RemoteEngineClient
     except ImportError as e:
-        print(f"chatpage: error: --backend needs the serve extra ({e.name} is missing); install "
-              "it with: pip install 'chatpage[serve]'", file=sys.stderr)
+        print(
+            f"chatpage: error: --backend needs the serve extra ({e.name} is missing); install "
+            "it with: pip install 'chatpage[serve]'",
+            file=sys.stderr,
+        )
         raise SystemExit(2) from None
     return RemoteEngineClient(settings.backend, timeout_s=settings.backend_timeout)
 
@@ -133,8 +160,9 @@ def one_line(text: str) -> str:
     return " ".join("".join(c if c.isprintable() else " " for c in text).split())
 
 
-def print_table(headers: Sequence[str], rows: Iterable[Sequence[str]],
-           out: Callable[[str], Any] = print) -> None:
+def print_table(
+    headers: Sequence[str], rows: Iterable[Sequence[str]], out: Callable[[str], Any] = print
+) -> None:
     """Columns padded to their widest cell; the last column is left ragged."""
     rows = [list(headers)] + [list(r) for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(headers) - 1)]

@@ -15,8 +15,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ``args.config_file`` (another config.yaml) and command-line overrides named like the
     settings (``args.kv_cache``, ``args.model``, ...; None = unset)."""
     config = subparsers.add_parser(
-        "config", help="show the effective settings",
-        description="Show each setting, its value and where it came from, plus any warnings.")
+        "config",
+        help="show the effective settings",
+        description="Show each setting, its value and where it came from, plus any warnings.",
+    )
     config.set_defaults(func=cmd_config)
 
 
@@ -53,8 +55,10 @@ def cmd_config(args: argparse.Namespace) -> int:
     overrides = {key: getattr(args, key, None) for key in SETTING_KEYS if key != "bindings"}
     settings, warnings = load_settings(Path(path), overrides)
     print(f"config file: {path}" + ("" if Path(path).exists() else " (not found)"))
-    print_table(("SETTING", "SOURCE", "VALUE"),
-           ((key, settings.sources[key], _describe(key, settings)) for key in SETTING_KEYS))
+    print_table(
+        ("SETTING", "SOURCE", "VALUE"),
+        ((key, settings.sources[key], _describe(key, settings)) for key in SETTING_KEYS),
+    )
     for warning in warnings:
         print(f"chatpage: warning: {one_line(warning)}", file=sys.stderr)
     return 0

@@ -21,29 +21,39 @@ PROG = "chatpage"
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `history` (with `history search`), `export` and `import` to a parser."""
     history = subparsers.add_parser(
-        "history", help="list saved chats",
-        description="List saved chats, most recent first; `history search TERM` searches them.")
+        "history",
+        help="list saved chats",
+        description="List saved chats, most recent first; `history search TERM` searches them.",
+    )
     history.set_defaults(func=cmd_history)
     history_sub = history.add_subparsers(dest="history_command", metavar="{search}")
     search = history_sub.add_parser(
-        "search", help="search the text of saved chats",
-        description="Find messages containing every word of TERM (case and accents ignored).")
+        "search",
+        help="search the text of saved chats",
+        description="Find messages containing every word of TERM (case and accents ignored).",
+    )
     search.add_argument("term", nargs="+", metavar="TERM", help="words to look for")
     search.set_defaults(func=cmd_search)
 
     export = subparsers.add_parser(
-        "export", help="write a saved chat as Markdown or JSON",
-        description="Write a saved chat as Markdown (to read) or JSON (to import again).")
+        "export",
+        help="write a saved chat as Markdown or JSON",
+        description="Write a saved chat as Markdown (to read) or JSON (to import again).",
+    )
     export.add_argument("session", type=int, metavar="SESSION", help="chat id (see `history`)")
-    export.add_argument("-f", "--format", choices=("md", "json"), default="md",
-                        help="output format (default: md)")
-    export.add_argument("-o", "--output", type=Path, metavar="FILE",
-                        help="write to FILE instead of standard output")
+    export.add_argument(
+        "-f", "--format", choices=("md", "json"), default="md", help="output format (default: md)"
+    )
+    export.add_argument(
+        "-o", "--output", type=Path, metavar="FILE", help="write to FILE instead of standard output"
+    )
     export.set_defaults(func=cmd_export)
 
     imp = subparsers.add_parser(
-        "import", help="add a chat from a JSON export",
-        description="Add a chat from a file written by `export --format json`.")
+        "import",
+        help="add a chat from a JSON export",
+        description="Add a chat from a file written by `export --format json`.",
+    )
     imp.add_argument("file", type=Path, metavar="FILE.json")
     imp.set_defaults(func=cmd_import)
 
@@ -67,9 +77,19 @@ def cmd_history(args: argparse.Namespace) -> int:
     if not sessions:
         print("No saved chats yet.")
         return 0
-    print_table(("ID", "UPDATED", "PERSONA", "MESSAGES", "TITLE"),
-           ((str(s.id), local_time(s.updated_at), one_line(s.persona), str(s.message_count),
-             one_line(s.title)) for s in sessions))
+    print_table(
+        ("ID", "UPDATED", "PERSONA", "MESSAGES", "TITLE"),
+        (
+            (
+                str(s.id),
+                local_time(s.updated_at),
+                one_line(s.persona),
+                str(s.message_count),
+                one_line(s.title),
+            )
+            for s in sessions
+        ),
+    )
     return 0
 
 
@@ -81,9 +101,10 @@ def cmd_search(args: argparse.Namespace) -> int:
     if not hits:
         print(f"No messages match {term!r}.")
         return 0
-    print_table(("ID", "CHAT", "ROLE", "SNIPPET"),
-           ((str(h.session_id), one_line(h.session_title), h.role, one_line(h.snippet))
-            for h in hits))
+    print_table(
+        ("ID", "CHAT", "ROLE", "SNIPPET"),
+        ((str(h.session_id), one_line(h.session_title), h.role, one_line(h.snippet)) for h in hits),
+    )
     return 0
 
 

@@ -29,8 +29,13 @@ def cmd_tui(args) -> int:
         print(f"chatpage: error: {error}", file=sys.stderr)
         return 2
     client = remote_client(settings) if settings.backend else None
-    ChatApp(model=settings.model, config=EngineConfig.for_settings(settings, args.threads), settings=settings,
-            warnings=warnings, client=client).run()
+    ChatApp(
+        model=settings.model,
+        config=EngineConfig.for_settings(settings, args.threads),
+        settings=settings,
+        warnings=warnings,
+        client=client,
+    ).run()
     return 0
 
 
@@ -50,10 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Chat in the terminal with a local model served by a paged KV-cache engine.",
     )
     parser.add_argument("--model", help="HF model directory or .gguf file (default: SmolLM2-135M)")
-    parser.add_argument("--kv-cache", type=size_arg, metavar="SIZE",
-                        help="KV cache budget, e.g. 512MiB or 2G")
-    add_backend_args(parser, "use an OpenAI-compatible server (vLLM, SGLang, llama-server, "
-                     "chatpage serve) instead of the local engine")
+    parser.add_argument(
+        "--kv-cache", type=size_arg, metavar="SIZE", help="KV cache budget, e.g. 512MiB or 2G"
+    )
+    add_backend_args(
+        parser,
+        "use an OpenAI-compatible server (vLLM, SGLang, llama-server, "
+        "chatpage serve) instead of the local engine",
+    )
     add_engine_args(parser)
     parser.set_defaults(func=cmd_tui)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -20,8 +20,11 @@ def cmd_serve(args) -> int:
         from chatpage.serve import build_app
         from chatpage.serve.limits import ServeLimits
     except ImportError as e:
-        print(f"chatpage: error: chatpage serve needs the serve extra ({e.name} is missing); "
-              "install it with: pip install 'chatpage[serve]'", file=sys.stderr)
+        print(
+            f"chatpage: error: chatpage serve needs the serve extra ({e.name} is missing); "
+            "install it with: pip install 'chatpage[serve]'",
+            file=sys.stderr,
+        )
         return 2
     from chatpage.engine.client import LocalEngineClient
 
@@ -39,25 +42,41 @@ def cmd_serve(args) -> int:
     for err in errors:
         print(f"chatpage: warning: {err}", file=sys.stderr)
     client = LocalEngineClient(settings.model, EngineConfig.for_settings(settings, args.threads))
+
     def status(msg: str) -> None:
         print(f"chatpage serve: {msg}", file=sys.stderr, flush=True)
         engine = client.engine
         if msg == "ready" and engine is not None:  # how its tool calls and thinking are read
-            thinking = f"{engine.reasoning.open}...{engine.reasoning.close} as reasoning_content" \
-                if engine.reasoning else "none (the chat template declares no markers)"
-            print(f"chatpage serve: {engine.tool_format.describe()}; thinking: {thinking}",
-                  file=sys.stderr, flush=True)
+            thinking = (
+                f"{engine.reasoning.open}...{engine.reasoning.close} as reasoning_content"
+                if engine.reasoning
+                else "none (the chat template declares no markers)"
+            )
+            print(
+                f"chatpage serve: {engine.tool_format.describe()}; thinking: {thinking}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     client.start(status)
     for prompt in dict.fromkeys(p.system_prompt for p in personas):
         client.pin_system_prompt(prompt)
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
     app = build_app(client, api_key, personas, args.host, limits)
-    print(f"chatpage serve: http://{args.host}:{args.port}/v1 (OpenAI-compatible; "
-          f"{'API key required' if api_key else 'no API key'})", file=sys.stderr, flush=True)
+    print(
+        f"chatpage serve: http://{args.host}:{args.port}/v1 (OpenAI-compatible; "
+        f"{'API key required' if api_key else 'no API key'})",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                    timeout_graceful_shutdown=2)
+        uvicorn.run(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=2,
+        )
     finally:
         client.close()
     return 0
@@ -67,16 +86,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="serve the model over an OpenAI-compatible HTTP API")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on /v1 "
-                                         f"(default: ${API_KEY_ENV}, else none)")
-    serve.add_argument("--max-body", type=size_arg, metavar="SIZE",
-                       help="largest request body taken; larger ones get a 413 (default 4MiB)")
-    serve.add_argument("--body-timeout", type=float, metavar="SECONDS",
-                       help="how long a client may take to send its body before a 408 "
-                            "(default 30)")
+    serve.add_argument(
+        "--api-key",
+        help=f"require 'Authorization: Bearer KEY' on /v1 (default: ${API_KEY_ENV}, else none)",
+    )
+    serve.add_argument(
+        "--max-body",
+        type=size_arg,
+        metavar="SIZE",
+        help="largest request body taken; larger ones get a 413 (default 4MiB)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="how long a client may take to send its body before a 408 (default 30)",
+    )
     serve.add_argument("--model", help="HF model directory or .gguf file")
     serve.add_argument("--kv-cache", type=size_arg, metavar="SIZE", help="KV cache budget")
     add_engine_args(serve)
-    serve.add_argument("--log-level", default="warning",
-                       choices=["critical", "error", "warning", "info", "debug"])
+    serve.add_argument(
+        "--log-level", default="warning", choices=["critical", "error", "warning", "info", "debug"]
+    )
     serve.set_defaults(func=cmd_serve)

@@ -87,7 +87,9 @@ def _display(path: Path) -> str:
 
 def _text(key: str, value: object, *, one_line: bool) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise InvalidPersona(f"{key!r} must be non-empty text, got {value!r}; write some text for it")
+        raise InvalidPersona(
+            f"{key!r} must be non-empty text, got {value!r}; write some text for it"
+        )
     value = value.strip()
     if one_line and "\n" in value:
         raise InvalidPersona(f"{key!r} must be a single line; put it on one line")
@@ -107,8 +109,9 @@ def _number(key: str, value: object) -> float | int | None:
         return None
     rule = RULE_BY_FIELD[key]
     if not rule.ok(value):
-        raise InvalidPersona(f"{key!r} must be {rule.allowed}, got {value!r}; fix the value or "
-                         "remove the key")
+        raise InvalidPersona(
+            f"{key!r} must be {rule.allowed}, got {value!r}; fix the value or remove the key"
+        )
     return rule.kind(value)
 
 
@@ -149,7 +152,9 @@ def load_persona_file(path: Path) -> Persona:
     except UnicodeDecodeError:
         raise InvalidPersona("the file is not UTF-8 text; save it as UTF-8") from None
     except OSError as err:
-        raise InvalidPersona(f"cannot read the file ({err.strerror}); check its permissions") from None
+        raise InvalidPersona(
+            f"cannot read the file ({err.strerror}); check its permissions"
+        ) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -191,9 +196,12 @@ def load_personas(dirs: list[Path] | None = None) -> tuple[list[Persona], list[P
                 continue
             if persona.name in seen_here:
                 first = seen_here[persona.name].name
-                errors.append(PersonaError(
-                    path, f"name {persona.name!r} is already used by {first}; rename one of them"
-                ))
+                errors.append(
+                    PersonaError(
+                        path,
+                        f"name {persona.name!r} is already used by {first}; rename one of them",
+                    )
+                )
                 continue
             seen_here[persona.name] = path
             by_name[persona.name] = persona
@@ -229,6 +237,7 @@ def default_persona(personas: Iterable[Persona], preferred: str | None = None) -
 
 # -- writing ---------------------------------------------------------------------------------------
 
+
 def persona_data(persona: Persona) -> dict[str, Any]:
     """The persona as the mapping a persona file holds (unset keys left out)."""
     data: dict[str, Any] = {"name": persona.name, "description": persona.description}
@@ -253,8 +262,9 @@ _Dumper.add_representer(str, _block_text)
 
 def persona_yaml(persona: Persona) -> str:
     """The text of a persona file for ``persona`` (it reads back as the same persona)."""
-    return yaml.dump(persona_data(persona), Dumper=_Dumper, sort_keys=False, allow_unicode=True,
-                     width=100)
+    return yaml.dump(
+        persona_data(persona), Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=100
+    )
 
 
 def save_persona(persona: Persona, directory: Path | None = None) -> Persona:
@@ -282,8 +292,9 @@ def save_persona(persona: Persona, directory: Path | None = None) -> Persona:
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
     except OSError as err:
-        raise InvalidPersona(f"cannot write {_display(path)} ({err.strerror or err}); check the "
-                         "folder's permissions") from None
+        raise InvalidPersona(
+            f"cannot write {_display(path)} ({err.strerror or err}); check the folder's permissions"
+        ) from None
     return load_persona_file(path)
 
 

@@ -31,14 +31,25 @@ DEFAULT_BACKEND_TIMEOUT_S = 120.0
 SOURCE_CLI = "command line"
 
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 1 << 10, "kib": 1 << 10, "kb": 10**3,
-    "m": 1 << 20, "mib": 1 << 20, "mb": 10**6,
-    "g": 1 << 30, "gib": 1 << 30, "gb": 10**9,
-    "t": 1 << 40, "tib": 1 << 40, "tb": 10**12,
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kib": 1 << 10,
+    "kb": 10**3,
+    "m": 1 << 20,
+    "mib": 1 << 20,
+    "mb": 10**6,
+    "g": 1 << 30,
+    "gib": 1 << 30,
+    "gb": 10**9,
+    "t": 1 << 40,
+    "tib": 1 << 40,
+    "tb": 10**12,
 }
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)
-_SIZE_HELP = "a number of bytes, or a number with K, M or G (also KiB/MiB/GiB, KB/MB/GB), e.g. 512MiB"
+_SIZE_HELP = (
+    "a number of bytes, or a number with K, M or G (also KiB/MiB/GiB, KB/MB/GB), e.g. 512MiB"
+)
 
 
 def parse_size(value: str | int) -> int:
@@ -90,8 +101,20 @@ class Settings:
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
 
-SETTING_KEYS = ("model", "kv_cache", "block_size", "weights", "device", "gpu_memory_utilization",
-                "default_persona", "theme", "bindings", "backend", "backend_timeout", "models_dirs")
+SETTING_KEYS = (
+    "model",
+    "kv_cache",
+    "block_size",
+    "weights",
+    "device",
+    "gpu_memory_utilization",
+    "default_persona",
+    "theme",
+    "bindings",
+    "backend",
+    "backend_timeout",
+    "models_dirs",
+)
 
 
 def _model(value: Any) -> str | None:
@@ -119,8 +142,7 @@ def parse_seconds(value: Any) -> float:
             value = float(value)
         except ValueError:
             pass
-    if isinstance(value, bool) or not isinstance(value, int | float) \
-            or not 0 < value < math.inf:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
         raise ValueError("a number of seconds above zero, e.g. 120")
     return float(value)
 
@@ -130,8 +152,7 @@ def _models_dirs(value: Any) -> tuple[str, ...]:
         return ()
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not all(isinstance(v, str) and v.strip() for v in items):
-        raise ValueError("a list of folders holding model folders or .gguf files, e.g. "
-                         "[~/models]")
+        raise ValueError("a list of folders holding model folders or .gguf files, e.g. [~/models]")
     return tuple(str(Path(v.strip()).expanduser()) for v in items)
 
 
@@ -195,8 +216,10 @@ def _bindings(value: Any, warn: Callable[[str], None], origin: str) -> dict[str,
     good: dict[str, str] = {}
     for binding_id, key in value.items():
         if not isinstance(binding_id, str) or not _key_string(key):
-            warn(f"{origin}: bindings.{binding_id} = {key!r} is not a valid key; use a key "
-                 "name like 'ctrl+n' or 'f2' (several separated by commas, no spaces); ignored")
+            warn(
+                f"{origin}: bindings.{binding_id} = {key!r} is not a valid key; use a key "
+                "name like 'ctrl+n' or 'f2' (several separated by commas, no spaces); ignored"
+            )
             continue
         good[binding_id] = key
     return good
@@ -241,8 +264,10 @@ def _read_config(path: Path, warn: Callable[[str], None]) -> dict[Any, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        warn(f"{path}: expected a mapping of settings (key: value), got a "
-             f"{type(data).__name__}; using the defaults")
+        warn(
+            f"{path}: expected a mapping of settings (key: value), got a "
+            f"{type(data).__name__}; using the defaults"
+        )
         return {}
     return data
 
@@ -266,8 +291,10 @@ def load_settings(
             if origin == SOURCE_CLI and raw is None:
                 continue
             if key not in SETTING_KEYS:
-                warnings.append(f"{origin}: unknown setting {key!r}; known settings are "
-                                f"{', '.join(SETTING_KEYS)}; ignored")
+                warnings.append(
+                    f"{origin}: unknown setting {key!r}; known settings are "
+                    f"{', '.join(SETTING_KEYS)}; ignored"
+                )
                 continue
             try:
                 if key == "bindings":
@@ -275,8 +302,10 @@ def load_settings(
                 else:
                     value = _PARSERS[key](raw)
             except ValueError as err:
-                warnings.append(f"{origin}: {key} = {raw!r} is not valid; expected {err}; "
-                                f"using the {sources[key]} value")
+                warnings.append(
+                    f"{origin}: {key} = {raw!r} is not valid; expected {err}; "
+                    f"using the {sources[key]} value"
+                )
                 continue
             values[key] = value
             sources[key] = origin

@@ -37,8 +37,18 @@ _HOMES = {
     "Usage": "chatpage.engine.outputs",
 }
 
-__all__ = ["CompletionOutput", "EngineConfig", "EngineStats", "FinishReason", "LLMEngine",
-           "OutputDelta", "RequestOutput", "RequestUpdate", "SamplingParams", "Usage"]
+__all__ = [
+    "CompletionOutput",
+    "EngineConfig",
+    "EngineStats",
+    "FinishReason",
+    "LLMEngine",
+    "OutputDelta",
+    "RequestOutput",
+    "RequestUpdate",
+    "SamplingParams",
+    "Usage",
+]
 
 
 def __getattr__(name: str) -> Any:

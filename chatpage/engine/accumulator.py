@@ -30,8 +30,9 @@ class OutputAccumulator:
         update of a request, changed in place; complete once ``finished``)."""
         out = self._outputs.get(update.request_id)
         if out is None:
-            out = self._outputs[update.request_id] = RequestOutput(update.request_id, [], False,
-                                                                   Usage())
+            out = self._outputs[update.request_id] = RequestOutput(
+                update.request_id, [], False, Usage()
+            )
         by_index = {c.index: c for c in out.outputs}
         for delta in update.outputs:
             c = by_index.get(delta.index)

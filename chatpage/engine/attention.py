@@ -132,8 +132,9 @@ def reference_swap_blocks(src: torch.Tensor, dst: torch.Tensor, mapping: torch.T
 # ---------------------------------------------------------------------------------------------
 
 
-def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor,
-             slot_mapping: Tensor) -> None:
+def write_kv(
+    key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+) -> None:
     """Store new keys/values into the paged caches (native op when available)."""
     if ops.available(k_cache.device):
         torch.ops.chatpage.write_kv(key, value, k_cache, v_cache, slot_mapping)
@@ -141,9 +142,16 @@ def write_kv(key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor,
         reference_write_kv(key, value, k_cache, v_cache, slot_mapping)
 
 
-def paged_attention(out: Tensor, query: Tensor, k_cache: Tensor, v_cache: Tensor,
-                    block_tables: Tensor, seq_lens: Tensor, query_start_loc: Tensor,
-                    scale: float) -> None:
+def paged_attention(
+    out: Tensor,
+    query: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    query_start_loc: Tensor,
+    scale: float,
+) -> None:
     """Attention over the paged caches for a mixed prefill/decode batch (see module docstring)."""
     if ops.available(query.device):
         torch.ops.chatpage.paged_attention(

@@ -52,16 +52,20 @@ class BeamSearch:
             return math.inf
         return group.params.length_penalty * math.log(max(length, 1)) - math.log(-cumulative)
 
-    def propose(self, group: SequenceGroup, seq_rows: list[tuple[Sequence, int]],
-                logits: torch.Tensor) -> BeamCandidates:
+    def propose(
+        self, group: SequenceGroup, seq_rows: list[tuple[Sequence, int]], logits: torch.Tensor
+    ) -> BeamCandidates:
         """The ``2 * beam_width`` best continuations of the beams, from their rows of ``logits``
         (twice the width: the ones that end go aside as hypotheses)."""
         p = group.params
         seqs = tuple(s for s, _ in seq_rows)
         rows = torch.tensor([r for _, r in seq_rows], device=logits.device)
         logprobs = torch.log_softmax(logits[rows], dim=-1)
-        tops = top_logprobs(logprobs, list(range(len(seqs))), [p.top_logprobs] * len(seqs)) \
-            if p.top_logprobs else [None] * len(seqs)
+        tops = (
+            top_logprobs(logprobs, list(range(len(seqs))), [p.top_logprobs] * len(seqs))
+            if p.top_logprobs
+            else [None] * len(seqs)
+        )
         found = beam_candidates(logprobs, [s.cumulative_logprob for s in seqs], 2 * p.beam_width)
         return BeamCandidates(group, seqs, tuple(found), tuple(tops))
 
@@ -81,8 +85,9 @@ class BeamSearch:
             parent = seqs[b]
             if self.stop.ends_on(p, tok):
                 if rank < k:
-                    self._add_hypothesis(group, parent, length, FinishReason.STOP,
-                                         (tok, cum, tops[b]))
+                    self._add_hypothesis(
+                        group, parent, length, FinishReason.STOP, (tok, cum, tops[b])
+                    )
             else:
                 chosen.append((parent, tok, cum, tops[b]))
             if len(chosen) == k:
@@ -128,9 +133,14 @@ class BeamSearch:
         for i, s in enumerate(sorted(live, key=lambda s: -s.cumulative_logprob)):
             s.index = i
 
-    def _add_hypothesis(self, group: SequenceGroup, seq: Sequence, length: int,
-                        reason: FinishReason,
-                        ending: tuple[int, float, dict[int, float] | None] | None = None) -> None:
+    def _add_hypothesis(
+        self,
+        group: SequenceGroup,
+        seq: Sequence,
+        length: int,
+        reason: FinishReason,
+        ending: tuple[int, float, dict[int, float] | None] | None = None,
+    ) -> None:
         """Keep ``seq`` as a finished hypothesis; ``ending``: a stop token to end it with (not
         added to ``seq``), its new cumulative log-probability and the step's most likely tokens.
         """
@@ -143,10 +153,13 @@ class BeamSearch:
             if top is not None:
                 tops.append(top)
         hyps = group.beam_hypotheses
-        hyps.append(BeamHypothesis(ids, cum, self.score(group, cum, length),
-                                   seq.detok.text, reason, logprobs, tops))
+        hyps.append(
+            BeamHypothesis(
+                ids, cum, self.score(group, cum, length), seq.detok.text, reason, logprobs, tops
+            )
+        )
         hyps.sort(key=lambda h: -self._rank_of(group, h))
-        del hyps[group.params.beam_width:]
+        del hyps[group.params.beam_width :]
 
     def _rank_of(self, group: SequenceGroup, hyp: BeamHypothesis) -> float:
         return self.rank(group, hyp.cumulative_logprob, len(hyp.token_ids))

@@ -13,8 +13,15 @@ from dataclasses import dataclass
 from chatpage.engine.block_pool import BlockPool, chain_hash, cpu_entry
 from chatpage.engine.sequence import Sequence
 
-__all__ = ["BlockCopies", "BlockManager", "BlockPool", "ComputedBlocks", "Demand", "chain_hash",
-           "cpu_entry"]
+__all__ = [
+    "BlockCopies",
+    "BlockManager",
+    "BlockPool",
+    "ComputedBlocks",
+    "Demand",
+    "chain_hash",
+    "cpu_entry",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,8 +226,9 @@ class BlockManager:
 
     def _leaving(self, seqs: list[Sequence]) -> Counter[int]:
         """Device blocks that only this group holds: the ones a swap-out moves."""
-        return Counter({b: n for b, n in self._group_refs(seqs).items()
-                        if b >= 0 and self.pool.ref[b] == n})
+        return Counter(
+            {b: n for b, n in self._group_refs(seqs).items() if b >= 0 and self.pool.ref[b] == n}
+        )
 
     def _entry_hashes(self, seqs: list[Sequence]) -> dict[int, bytes]:
         """The chain hash of every indexed table entry of the group (full, committed blocks)."""
@@ -331,8 +339,9 @@ class BlockManager:
             dev.update(blocks)
         for name, pool, refs in (("device", self.pool, dev), ("cpu", self.cpu_pool, cpu)):
             wrong = [b for b in range(pool.num_blocks) if pool.ref[b] != refs[b]]
-            problems += [f"{name} block {b}: ref {pool.ref[b]} but {refs[b]} references"
-                         for b in wrong]
+            problems += [
+                f"{name} block {b}: ref {pool.ref[b]} but {refs[b]} references" for b in wrong
+            ]
             if pool.num_used != sum(r > 0 for r in pool.ref):
                 problems.append(f"{name} pool counts {pool.num_used} used blocks")
             if pool.num_free + pool.num_used != pool.num_blocks:

@@ -18,9 +18,12 @@ ReplyIds = Mapping[int, Sequence[int]]
 produced for it."""
 
 
-def render_text(tokenizer: Any, messages: list[dict[str, Any]],
-                add_generation_prompt: bool = True,
-                tools: list[dict[str, Any]] | None = None) -> str:
+def render_text(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    tools: list[dict[str, Any]] | None = None,
+) -> str:
     """``messages`` through the tokenizer's chat template, as text; ``tools`` (OpenAI's
     function tools) are the template's ``tools`` variable, as transformers passes them."""
     text = tokenizer.apply_chat_template(
@@ -48,9 +51,13 @@ def _decode(tokenizer: Any, ids: Sequence[int]) -> str | None:
     return text
 
 
-def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
-                  add_generation_prompt: bool = True, reply_ids: ReplyIds | None = None,
-                  tools: list[dict[str, Any]] | None = None) -> list[int]:
+def render_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    reply_ids: ReplyIds | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
     """Token ids of ``messages`` through the tokenizer's chat template; a reply in
     ``reply_ids`` is its own ids where the template renders the turn before it exactly as its
     prompt was and then the reply's text verbatim (else it is tokenized like the rest)."""
@@ -62,9 +69,13 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]],
     return _encode(tokenizer, text)
 
 
-def _with_reply_ids(tokenizer: Any, messages: list[dict[str, Any]], text: str,
-                    reply_ids: ReplyIds, tools: list[dict[str, Any]] | None = None
-                    ) -> list[int] | None:
+def _with_reply_ids(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    text: str,
+    reply_ids: ReplyIds,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int] | None:
     """The ids of ``text``, each usable reply in ``reply_ids`` as its own ids and the text
     between them tokenized piece by piece: the piece before a reply is its prompt (rendered
     with the generation prompt), so a turn's prompt starts with the previous turn's prompt and
@@ -76,10 +87,14 @@ def _with_reply_ids(tokenizer: Any, messages: list[dict[str, Any]], text: str,
             continue
         before = render_text(tokenizer, messages[:index], tools=tools)
         reply = _decode(tokenizer, reply_ids[index])
-        if (reply is None or len(before) < done or not text.startswith(before)
-                or not text.startswith(reply, len(before))):
+        if (
+            reply is None
+            or len(before) < done
+            or not text.startswith(before)
+            or not text.startswith(reply, len(before))
+        ):
             continue
-        ids += _encode(tokenizer, text[done:len(before)])
+        ids += _encode(tokenizer, text[done : len(before)])
         ids += reply_ids[index]
         done = len(before) + len(reply)
     if not done:
@@ -88,9 +103,12 @@ def _with_reply_ids(tokenizer: Any, messages: list[dict[str, Any]], text: str,
     return ids if _decode(tokenizer, ids) == text else None
 
 
-def continue_prompt(tokenizer: Any, messages: list[dict[str, Any]],
-                    reply_ids: ReplyIds | None = None,
-                    tools: list[dict[str, Any]] | None = None) -> list[int]:
+def continue_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    reply_ids: ReplyIds | None = None,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
     """Token ids that let the last message, a reply, go on: the conversation before it with
     the generation prompt (exactly as the reply was first asked for, so the prefix cache
     serves it), then the reply (its own ids when they are its text), left open (no
@@ -99,8 +117,12 @@ def continue_prompt(tokenizer: Any, messages: list[dict[str, Any]],
         raise ValueError("only a reply (the last message, from the assistant) can be continued")
     last = len(messages) - 1
     own = (reply_ids or {}).get(last)
-    head = render_prompt(tokenizer, messages[:-1], reply_ids={
-        i: ids for i, ids in (reply_ids or {}).items() if i != last}, tools=tools)
+    head = render_prompt(
+        tokenizer,
+        messages[:-1],
+        reply_ids={i: ids for i, ids in (reply_ids or {}).items() if i != last},
+        tools=tools,
+    )
     if own is not None and _decode(tokenizer, own) == messages[-1]["content"]:
         return head + list(own)
     return head + _encode(tokenizer, messages[-1]["content"])
@@ -108,8 +130,9 @@ def continue_prompt(tokenizer: Any, messages: list[dict[str, Any]],
 
 def system_prefix(tokenizer: Any, system_prompt: str) -> list[int]:
     """The tokens every conversation with this system prompt starts with (a persona prefix)."""
-    return render_prompt(tokenizer, [{"role": "system", "content": system_prompt}],
-                         add_generation_prompt=False)
+    return render_prompt(
+        tokenizer, [{"role": "system", "content": system_prompt}], add_generation_prompt=False
+    )
 
 
 class TokenCounter:
@@ -127,8 +150,10 @@ class TokenCounter:
         user = system + [{"role": "user", "content": "U"}]
         both = user + [{"role": "assistant", "content": "A"}]
         sizes = [len(render_prompt(tokenizer, m)) for m in (system, user, both)]
-        self.overhead = {"user": sizes[1] - sizes[0] - self.text("U"),
-                         "assistant": sizes[2] - sizes[1] - self.text("A")}
+        self.overhead = {
+            "user": sizes[1] - sizes[0] - self.text("U"),
+            "assistant": sizes[2] - sizes[1] - self.text("A"),
+        }
         eos = getattr(tokenizer, "eos_token_id", None)
         self._eos = eos if isinstance(eos, int) else None
 
@@ -144,6 +169,7 @@ class TokenCounter:
     def system(self, system_prompt: str) -> int:
         """The system message and the generation prompt: a prompt with no other message."""
         if system_prompt not in self._systems:
-            self._systems[system_prompt] = len(render_prompt(
-                self.tokenizer, [{"role": "system", "content": system_prompt}]))
+            self._systems[system_prompt] = len(
+                render_prompt(self.tokenizer, [{"role": "system", "content": system_prompt}])
+            )
         return self._systems[system_prompt]

@@ -47,8 +47,18 @@ Command = tuple[Any, ...]
 ids for the prompt (and, for a submit, whether it is a chat reply instead of ``render``), or
 ``("failed", command, why)``."""
 
-__all__ = ["EngineClient", "EngineConfig", "EngineStats", "FinishReason", "LocalEngineClient",
-           "OutputDelta", "RequestUpdate", "SamplingParams", "UpdateCallback", "Usage"]
+__all__ = [
+    "EngineClient",
+    "EngineConfig",
+    "EngineStats",
+    "FinishReason",
+    "LocalEngineClient",
+    "OutputDelta",
+    "RequestUpdate",
+    "SamplingParams",
+    "UpdateCallback",
+    "Usage",
+]
 """The engine's whole surface for the UI (ui/ imports the engine only through this module)."""
 
 
@@ -106,20 +116,36 @@ class LocalEngineClient:
                 thread.join(timeout=5)
 
     # -- requests (see `EngineClient`) ---------------------------------------------------------------
-    def submit(self, messages: list[dict[str, Any]], params: SamplingParams,
-               on_update: UpdateCallback, *, continue_reply: bool = False,
-               tools: list[dict[str, Any]] | None = None,
-               reply_ids: ReplyIds | None = None) -> str:
+    def submit(
+        self,
+        messages: list[dict[str, Any]],
+        params: SamplingParams,
+        on_update: UpdateCallback,
+        *,
+        continue_reply: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        reply_ids: ReplyIds | None = None,
+    ) -> str:
         template = continue_prompt if continue_reply else render_prompt
-        return self._submit(messages, params, on_update, functools.partial(
-            template, reply_ids=reply_ids, tools=tools))
+        return self._submit(
+            messages,
+            params,
+            on_update,
+            functools.partial(template, reply_ids=reply_ids, tools=tools),
+        )
 
-    def submit_prompt(self, prompt: str | list[int], params: SamplingParams,
-                      on_update: UpdateCallback) -> str:
+    def submit_prompt(
+        self, prompt: str | list[int], params: SamplingParams, on_update: UpdateCallback
+    ) -> str:
         return self._submit(prompt, params, on_update, None)
 
-    def _submit(self, prompt: list[dict[str, str]] | str | list[int], params: SamplingParams,
-                on_update: UpdateCallback, render: Render | None) -> str:
+    def _submit(
+        self,
+        prompt: list[dict[str, str]] | str | list[int],
+        params: SamplingParams,
+        on_update: UpdateCallback,
+        render: Render | None,
+    ) -> str:
         """Queue a request; ``render`` turns chat messages into token ids (None: a raw prompt)."""
         with self._id_lock:
             rid = f"chat-{self._next_id}"
@@ -172,8 +198,9 @@ class LocalEngineClient:
         except Exception as e:  # a template that cannot render a short chat: estimates instead
             self.warnings.append(f"prompt sizes are estimated: {log_error(e, 'token counts')}")
         self._stats = engine.stats()
-        self._tokenizer_thread = threading.Thread(target=self._tokenize, args=(engine,),
-                                                  name="chatpage-tokenizer", daemon=True)
+        self._tokenizer_thread = threading.Thread(
+            target=self._tokenize, args=(engine,), name="chatpage-tokenizer", daemon=True
+        )
         self._tokenizer_thread.start()
         self._ready.set()
         self._status("ready")
@@ -264,9 +291,11 @@ class LocalEngineClient:
         else:
             return
         if chars > CHARS_PER_TOKEN * self.max_model_len:
-            raise ValueError(f"the prompt is {chars} characters, far more than the context "
-                             f"window of {self.max_model_len} tokens (max_model_len) holds; "
-                             "shorten it")
+            raise ValueError(
+                f"the prompt is {chars} characters, far more than the context "
+                f"window of {self.max_model_len} tokens (max_model_len) holds; "
+                "shorten it"
+            )
 
     def _handle(self, engine: LLMEngine, cmd: Command) -> None:
         """Run one command; a failure is reported (on its request, or as a status line for a pin)
@@ -315,8 +344,11 @@ class LocalEngineClient:
         """A request the engine does not hold: its one update ends it with ``why``."""
         entry = self._callbacks.get(rid)
         if entry is not None:
-            self._dispatch(final_update(rid, FinishReason.ERROR, error=why,
-                                        elapsed_s=time.monotonic() - entry[1]))
+            self._dispatch(
+                final_update(
+                    rid, FinishReason.ERROR, error=why, elapsed_s=time.monotonic() - entry[1]
+                )
+            )
 
     def _dispatch(self, update: RequestUpdate) -> None:
         entry = self._callbacks.get(update.request_id)

@@ -28,8 +28,9 @@ and, on a GPU, an fp32 residual stream with the KV cache and matmuls in bf16 (en
 def check_format(weights: str) -> str:
     """``weights`` if it names a format; ValueError naming the choices otherwise."""
     if weights not in WEIGHT_FORMATS:
-        raise ValueError(f"unknown weight format {weights!r}: "
-                         f"use one of {', '.join(WEIGHT_FORMATS)}")
+        raise ValueError(
+            f"unknown weight format {weights!r}: use one of {', '.join(WEIGHT_FORMATS)}"
+        )
     return weights
 
 
@@ -39,6 +40,7 @@ class PreemptionMode(enum.StrEnum):
     AUTO = "auto"
     RECOMPUTE = "recompute"
     SWAP = "swap"
+
 
 MiB = 1 << 20
 
@@ -82,9 +84,15 @@ class EngineConfig:
     @classmethod
     def for_settings(cls, settings: Settings, threads: int | None = None) -> EngineConfig:
         """The engine that config.yaml (and the command line's overrides) ask for."""
-        return cls(kv_cache_bytes=settings.kv_cache, block_size=settings.block_size,
-                   weight_dtype=settings.weights, num_threads=threads, device=settings.device,
-                   gpu_memory_utilization=settings.gpu_memory_utilization, dtype="auto")
+        return cls(
+            kv_cache_bytes=settings.kv_cache,
+            block_size=settings.block_size,
+            weight_dtype=settings.weights,
+            num_threads=threads,
+            device=settings.device,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            dtype="auto",
+        )
 
     @property
     def threads(self) -> int:
@@ -123,8 +131,10 @@ class EngineConfig:
                 f"got {self.max_num_batched_tokens}"
             )
         if self.dtype not in DTYPES:
-            raise ValueError(f"EngineConfig.dtype must be 'float32', 'bfloat16', 'float16' or "
-                             f"'auto', got {self.dtype!r}")
+            raise ValueError(
+                f"EngineConfig.dtype must be 'float32', 'bfloat16', 'float16' or "
+                f"'auto', got {self.dtype!r}"
+            )
         try:
             check_format(self.weight_dtype)
         except ValueError as e:
@@ -136,7 +146,9 @@ class EngineConfig:
         if self.gpu_blocks is not None and self.gpu_blocks < 1:
             raise ValueError(f"EngineConfig.gpu_blocks must be >= 1, got {self.gpu_blocks}")
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError("EngineConfig.gpu_memory_utilization must be in (0, 1], "
-                             f"got {self.gpu_memory_utilization}")
+            raise ValueError(
+                "EngineConfig.gpu_memory_utilization must be in (0, 1], "
+                f"got {self.gpu_memory_utilization}"
+            )
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"EngineConfig.num_threads must be >= 1, got {self.num_threads}")

@@ -33,8 +33,9 @@ class LogitConstraints:
         self.masked_rows = 0
 
     @torch.inference_mode()  # (the logits are the model's inference tensors)
-    def apply(self, logits: torch.Tensor,
-              rows: Seq[tuple[int, SamplingParams, GrammarMatcher | None]]) -> None:
+    def apply(
+        self, logits: torch.Tensor, rows: Seq[tuple[int, SamplingParams, GrammarMatcher | None]]
+    ) -> None:
         """Change ``logits`` [N, V] in place: for each (row, params, matcher), add the row's
         logit bias, then forbid what its matcher does not allow."""
         constrained: list[tuple[int, GrammarMatcher]] = []
@@ -42,8 +43,11 @@ class LogitConstraints:
             if params.logit_bias:
                 ids = torch.tensor(list(params.logit_bias), device=logits.device)
                 ids = ids[ids < logits.shape[1]]
-                bias = torch.tensor([params.logit_bias[int(i)] for i in ids.tolist()],
-                                    dtype=logits.dtype, device=logits.device)
+                bias = torch.tensor(
+                    [params.logit_bias[int(i)] for i in ids.tolist()],
+                    dtype=logits.dtype,
+                    device=logits.device,
+                )
                 logits[row, ids] += bias
             if matcher is not None:
                 constrained.append((row, matcher))
@@ -53,16 +57,14 @@ class LogitConstraints:
             self.mask_seconds += time.perf_counter() - t0
             self.masked_rows += len(constrained)
 
-    def _mask(self, logits: torch.Tensor, constrained: list[tuple[int, GrammarMatcher]]
-              ) -> None:
+    def _mask(self, logits: torch.Tensor, constrained: list[tuple[int, GrammarMatcher]]) -> None:
         import llguidance
 
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
         n, vocab = len(constrained), logits.shape[1]
         words = (vocab + 31) // 32
-        if self._bitmask is None or self._bitmask.shape[0] < n \
-                or self._bitmask.shape[1] != words:
+        if self._bitmask is None or self._bitmask.shape[0] < n or self._bitmask.shape[1] != words:
             self._bitmask = torch.empty(max(n, 32), words, dtype=torch.int32)
         bitmask = self._bitmask[:n]
         pairs: list[tuple[Any, int]] = [(m.raw, i) for i, (_, m) in enumerate(constrained)]

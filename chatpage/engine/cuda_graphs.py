@@ -44,9 +44,14 @@ class StaticInputs:
 class GraphPlan:
     """Buckets, static buffers and padding for graphed decode steps (no CUDA calls)."""
 
-    def __init__(self, max_batch: int, max_blocks: int, block_size: int,
-                 device: torch.device | str = "cpu", buckets: Sequence[int] = DEFAULT_BUCKETS
-                 ) -> None:
+    def __init__(
+        self,
+        max_batch: int,
+        max_blocks: int,
+        block_size: int,
+        device: torch.device | str = "cpu",
+        buckets: Sequence[int] = DEFAULT_BUCKETS,
+    ) -> None:
         sizes = sorted({b for b in buckets if 0 < b <= max_batch})
         if not sizes:
             raise ValueError(f"no CUDA graph bucket fits a batch of {max_batch}")
@@ -80,20 +85,29 @@ class GraphPlan:
 
     def inputs(self, size: int) -> StaticInputs:
         """The buffers' views for bucket ``size`` (the same memory on every call)."""
-        return StaticInputs(self._ids[:size], self._positions[:size], self._slots[:size],
-                            self._tables[:size], self._lens[:size], self._starts[: size + 1],
-                            self._rows[:size])
+        return StaticInputs(
+            self._ids[:size],
+            self._positions[:size],
+            self._slots[:size],
+            self._tables[:size],
+            self._lens[:size],
+            self._starts[: size + 1],
+            self._rows[:size],
+        )
 
-    def fill(self, token_ids: Sequence[int], positions: Sequence[int],
-             tables: Sequence[Sequence[int]]) -> int:
+    def fill(
+        self, token_ids: Sequence[int], positions: Sequence[int], tables: Sequence[Sequence[int]]
+    ) -> int:
         """Write one decode batch (a token, its position and the block table per sequence) into
         the buffers, padded to its bucket; return the bucket size."""
         n = len(token_ids)
         widest = max(len(t) for t in tables)
         if not self.fits(n, widest):
-            raise ValueError(f"a decode batch of {n} rows with {widest}-block tables does not fit "
-                             f"the CUDA graph buffers (at most {self.buckets[-1]} rows, "
-                             f"{self.max_blocks} blocks)")
+            raise ValueError(
+                f"a decode batch of {n} rows with {widest}-block tables does not fit "
+                f"the CUDA graph buffers (at most {self.buckets[-1]} rows, "
+                f"{self.max_blocks} blocks)"
+            )
         size = self.bucket(n)
         assert size is not None
         pos = torch.tensor(positions, dtype=torch.int64)
@@ -102,16 +116,29 @@ class GraphPlan:
             table_rows[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
         owned = table_rows[torch.arange(n), pos // self.block_size].long()
         padding = size - n
-        self._ids[:size].copy_(torch.cat([torch.tensor(token_ids, dtype=torch.int64),
-                                          torch.zeros(padding, dtype=torch.int64)]))
+        self._ids[:size].copy_(
+            torch.cat(
+                [
+                    torch.tensor(token_ids, dtype=torch.int64),
+                    torch.zeros(padding, dtype=torch.int64),
+                ]
+            )
+        )
         self._positions[:size].copy_(torch.cat([pos, torch.zeros(padding, dtype=torch.int64)]))
-        self._slots[:size].copy_(torch.cat([owned * self.block_size + pos % self.block_size,
-                                            torch.full((padding,), -1, dtype=torch.int64)]))
-        self._tables[:size].copy_(torch.cat([table_rows,
-                                             torch.zeros(padding, self.max_blocks,
-                                                         dtype=torch.int32)]))
-        self._lens[:size].copy_(torch.cat([(pos + 1).int(), torch.ones(padding,
-                                                                      dtype=torch.int32)]))
+        self._slots[:size].copy_(
+            torch.cat(
+                [
+                    owned * self.block_size + pos % self.block_size,
+                    torch.full((padding,), -1, dtype=torch.int64),
+                ]
+            )
+        )
+        self._tables[:size].copy_(
+            torch.cat([table_rows, torch.zeros(padding, self.max_blocks, dtype=torch.int32)])
+        )
+        self._lens[:size].copy_(
+            torch.cat([(pos + 1).int(), torch.ones(padding, dtype=torch.int32)])
+        )
         return size
 
 
@@ -122,8 +149,9 @@ Capture = Callable[[Forward, StaticInputs, object], tuple[Replay, torch.Tensor, 
 ``replay()`` recomputes ``logits`` in place from the buffers' current contents."""
 
 
-def cuda_capture(forward: Forward, inputs: StaticInputs, pool: Any
-                 ) -> tuple[Replay, torch.Tensor, object]:
+def cuda_capture(
+    forward: Forward, inputs: StaticInputs, pool: Any
+) -> tuple[Replay, torch.Tensor, object]:
     # pool: what an earlier capture's graph.pool() returned (torch's private _POOL_HANDLE)
     """Capture ``forward(inputs)`` in a CUDA graph (after one warm-up run on a side stream, so
     lazy initialisations stay out of it), in memory pool ``pool`` (None: a new one)."""
@@ -141,8 +169,13 @@ def cuda_capture(forward: Forward, inputs: StaticInputs, pool: Any
 class DecodeGraphs:
     """Captured decode steps per bucket over one `GraphPlan`, for one KV cache (``key``)."""
 
-    def __init__(self, plan: GraphPlan, forward: Forward, warn: Callable[[str], None],
-                 capture: Capture = cuda_capture) -> None:
+    def __init__(
+        self,
+        plan: GraphPlan,
+        forward: Forward,
+        warn: Callable[[str], None],
+        capture: Capture = cuda_capture,
+    ) -> None:
         self.plan = plan
         self._forward = forward  # runs the model on a bucket's StaticInputs, returns its logits
         self._capture = capture
@@ -162,8 +195,13 @@ class DecodeGraphs:
         self._graphs.clear()
         self._pool = None
 
-    def run(self, token_ids: Sequence[int], positions: Sequence[int],
-            tables: Sequence[Sequence[int]], key: object) -> torch.Tensor | None:
+    def run(
+        self,
+        token_ids: Sequence[int],
+        positions: Sequence[int],
+        tables: Sequence[Sequence[int]],
+        key: object,
+    ) -> torch.Tensor | None:
         """Logits [n, vocab] of one decode batch through its bucket's graph (captured now if
         needed), or None when the batch does not fit or graphs are off: run it eagerly.
         ``key`` names what the graphs point at (the KV cache's tensors): when it changes, every
@@ -177,8 +215,9 @@ class DecodeGraphs:
         size = self.plan.fill(token_ids, positions, tables)
         if size not in self._graphs:
             try:
-                replay, logits, self._pool = self._capture(self._forward, self.plan.inputs(size),
-                                                           self._pool)
+                replay, logits, self._pool = self._capture(
+                    self._forward, self.plan.inputs(size), self._pool
+                )
             except RuntimeError as e:  # e.g. an op that cannot be captured: eager from now on
                 self.enabled = False
                 self.invalidate()

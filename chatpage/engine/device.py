@@ -56,25 +56,34 @@ def probe_cuda() -> CudaReport:
             names.append(torch.cuda.get_device_name(i))
             bf16.append(torch.cuda.get_device_capability(i)[0] >= 8)
     # the driver is looked for only to explain why a CUDA torch sees no GPU
-    has_driver = bool(names) or (bool(torch.version.cuda) and (
-        ctypes.util.find_library("cuda") is not None or shutil.which("nvidia-smi") is not None))
+    has_driver = bool(names) or (
+        bool(torch.version.cuda)
+        and (ctypes.util.find_library("cuda") is not None or shutil.which("nvidia-smi") is not None)
+    )
     int8 = bool(names) and has_cuda_kernel("aten::_weight_int8pack_mm")
-    return CudaReport(torch.__version__, torch.version.cuda, has_driver, tuple(names), tuple(bf16),
-                      int8)
+    return CudaReport(
+        torch.__version__, torch.version.cuda, has_driver, tuple(names), tuple(bf16), int8
+    )
 
 
 def _missing_cuda(asked: str, report: CudaReport) -> str:
     """The one line for ``--device cuda`` on a machine where torch has no usable GPU."""
     if not report.cuda_build:
-        return (f"--device {asked}: this torch ({report.torch_version}) is a CPU-only build; "
-                "install torch's CUDA build (`pip install torch` on Linux, or `make setup` on a "
-                "machine where nvidia-smi works) or use --device cpu")
+        return (
+            f"--device {asked}: this torch ({report.torch_version}) is a CPU-only build; "
+            "install torch's CUDA build (`pip install torch` on Linux, or `make setup` on a "
+            "machine where nvidia-smi works) or use --device cpu"
+        )
     if not report.driver:
-        return (f"--device {asked}: torch {report.torch_version} has CUDA {report.cuda_build} but "
-                "no NVIDIA driver was found; install the driver (nvidia-smi must work) or use "
-                "--device cpu")
-    return (f"--device {asked}: torch {report.torch_version} (CUDA {report.cuda_build}) sees no "
-            "GPU; check `nvidia-smi` and CUDA_VISIBLE_DEVICES, or use --device cpu")
+        return (
+            f"--device {asked}: torch {report.torch_version} has CUDA {report.cuda_build} but "
+            "no NVIDIA driver was found; install the driver (nvidia-smi must work) or use "
+            "--device cpu"
+        )
+    return (
+        f"--device {asked}: torch {report.torch_version} (CUDA {report.cuda_build}) sees no "
+        "GPU; check `nvidia-smi` and CUDA_VISIBLE_DEVICES, or use --device cpu"
+    )
 
 
 def resolve_device(asked: str, report: CudaReport) -> Placement:
@@ -88,8 +97,13 @@ def resolve_device(asked: str, report: CudaReport) -> Placement:
     if name == "auto":
         if gpus:
             return Placement("cuda:0", f"cuda:0 ({gpus[0]}; auto: the first CUDA GPU)")
-        reason = ("a CPU-only torch" if not report.cuda_build
-                  else "no NVIDIA driver" if not report.driver else "torch sees no GPU")
+        reason = (
+            "a CPU-only torch"
+            if not report.cuda_build
+            else "no NVIDIA driver"
+            if not report.driver
+            else "torch sees no GPU"
+        )
         return Placement("cpu", f"cpu (auto: {reason})")
     if not name.startswith("cuda"):
         return Placement(name, f"{name} (asked for)")
@@ -98,8 +112,9 @@ def resolve_device(asked: str, report: CudaReport) -> Placement:
     index = int(name.partition(":")[2] or 0)
     if index >= len(gpus):
         seen = ", ".join(f"cuda:{i}" for i in range(len(gpus)))
-        raise DeviceError(f"--device {asked}: torch sees {len(gpus)} GPU(s) ({seen}); "
-                          "pick one of those")
+        raise DeviceError(
+            f"--device {asked}: torch sees {len(gpus)} GPU(s) ({seen}); pick one of those"
+        )
     return Placement(f"cuda:{index}", f"cuda:{index} ({gpus[index]})")
 
 
@@ -110,8 +125,9 @@ def gpu_has_bf16(placement: Placement, report: CudaReport) -> bool:
     return report.bf16[index] if index < len(report.bf16) else True
 
 
-def gpu_weights(weights: str, bf16: bool, int8_kernel: bool, dense: str = "bf16"
-                ) -> tuple[str, str | None]:
+def gpu_weights(
+    weights: str, bf16: bool, int8_kernel: bool, dense: str = "bf16"
+) -> tuple[str, str | None]:
     """The weight format a GPU runs for the asked ``weights``, and a one-line note when it is not
     the one asked for. Dense weights are ``dense`` there ("bf16": stored in the GPU's half
     dtype; "fp32": kept in the activations' dtype); int4 runs through torch's CUDA int4 matmul
@@ -123,8 +139,11 @@ def gpu_weights(weights: str, bf16: bool, int8_kernel: bool, dense: str = "bf16"
         return "int4", None
     if weights == "int8" and int8_kernel and bf16:
         return "int8", None
-    why = "torch's CUDA int4 matmul needs compute capability 8.0+" if weights == "int4" \
+    why = (
+        "torch's CUDA int4 matmul needs compute capability 8.0+"
+        if weights == "int4"
         else "this torch has no CUDA kernel for the int8 matmul"
+    )
     return "bf16", f"{weights} weights are CPU-only here ({why}); using bf16 on the GPU"
 
 
@@ -169,11 +188,13 @@ def plan_engine(device: str, dtype: str, weights: str, report: CudaReport) -> En
     half = "bfloat16" if bf16 else "float16"
     if dtype == "auto":
         fmt, note = gpu_weights(weights, bf16, report.int8_kernel)
-        return EnginePlan(placement.device, placement.why, "float32", half, half, fmt,
-                          (note,) if note else ())
+        return EnginePlan(
+            placement.device, placement.why, "float32", half, half, fmt, (note,) if note else ()
+        )
     fmt, note = gpu_weights(weights, bf16, report.int8_kernel, dense="fp32")
-    return EnginePlan(placement.device, placement.why, dtype, dtype, None, fmt,
-                      (note,) if note else ())
+    return EnginePlan(
+        placement.device, placement.why, dtype, dtype, None, fmt, (note,) if note else ()
+    )
 
 
 # -- the KV pool on a GPU ------------------------------------------------------------------------
@@ -205,7 +226,8 @@ def kv_pool_bytes(memory: GpuMemory, utilization: float, block_bytes: int) -> in
             f"no KV block fits on the GPU: {utilization:.0%} of {memory.total // mib} MiB, less "
             f"{in_use // mib} MiB in use (weights, other processes) and a {memory.activation_peak // mib} "
             "MiB activation peak, leaves less than one block; raise --gpu-memory-utilization, "
-            "lower --max-num-batched-tokens, or use a smaller model")
+            "lower --max-num-batched-tokens, or use a smaller model"
+        )
     return blocks * block_bytes
 
 

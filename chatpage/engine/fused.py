@@ -19,8 +19,13 @@ import torch.nn.functional as F
 from chatpage.engine import ops
 
 
-def add_rms_norm(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                 eps: float, out: torch.Tensor) -> None:
+def add_rms_norm(
+    hidden: torch.Tensor,
+    delta: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor,
+) -> None:
     """``hidden += delta`` (when given, in place), then ``out = weight * rmsnorm(hidden)`` in
     ``out``'s dtype."""
     if delta is not None:
@@ -30,8 +35,15 @@ def add_rms_norm(hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch
     out.copy_(weight * xf.to(hidden.dtype))
 
 
-def rope_qkv(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def rope_qkv(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+) -> None:
     """Split ``qkv`` [T, (Hq + 2 Hkv) D] into ``q`` [T, Hq, D], ``k``, ``v`` [T, Hkv, D] (their
     dtype), rotating q and k by the rotary tables at ``positions`` (rotate-half convention)."""
     t, hq, d = q.shape

@@ -46,7 +46,8 @@ def torch_int4pack(q4: torch.Tensor) -> torch.Tensor:
     n, k = levels.shape
     if n % _TORCH_BLOCK_ROWS:
         packed: torch.Tensor = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            levels.to(torch.int32), 1)
+            levels.to(torch.int32), 1
+        )
         return packed
     g = levels.view(n // _TORCH_BLOCK_ROWS, 2, _TORCH_BLOCK_ROWS // 2, k)
     return (g[:, 0] | (g[:, 1] << 4)).transpose(1, 2).contiguous().view(n, k // 2)
@@ -65,28 +66,36 @@ def _finish(y: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> t
     return y.to(dtype)
 
 
-def reference_fp32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-                   ) -> torch.Tensor:
+def reference_fp32(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     """``x @ weight.T + bias`` for fp32 ``weight`` [N, K]."""
     return _finish(x.float() @ weight.t(), bias, x.dtype)
 
 
-def reference_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-                   ) -> torch.Tensor:
+def reference_bf16(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     """``x @ weight.T + bias`` for bf16 ``weight`` [N, K], widened to fp32 (exactly)."""
     return _finish(x.float() @ weight.float().t(), bias, x.dtype)
 
 
-def reference_int8(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                   bias: torch.Tensor | None) -> torch.Tensor:
+def reference_int8(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     """``x @ (qweight * scales[:, None]).T + bias``: int8 [N, K] with one bf16 scale per row
     (the activations stay as given, fp32 or bf16)."""
     y = (x.float() @ qweight.float().t()) * scales.float()
     return _finish(y, bias, x.dtype)
 
 
-def reference_int4(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                   bias: torch.Tensor | None) -> torch.Tensor:
+def reference_int4(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
     """``x @ W.T + bias`` for an int4 matrix in the kernel's layout; the activations are rounded to
     bf16 first (the kernel multiplies in bf16, exactly, and sums in fp32)."""
     xb = x.to(torch.bfloat16).float()

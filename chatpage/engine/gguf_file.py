@@ -24,16 +24,37 @@ VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 
 # metadata value types: the fixed-size ones by struct format; 8 is a string, 9 an array
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
-            11: "<q", 12: "<d"}
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 _STRING, _ARRAY = 8, 9
 
 # The ggml tensor types chatpage loads: type id -> (name, values per block, bytes per block).
 TENSOR_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 30: ("BF16", 1, 2),
-    2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24),
-    8: ("Q8_0", 32, 34), 10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
-    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 20: ("IQ4_NL", 32, 18),
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    30: ("BF16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    20: ("IQ4_NL", 32, 18),
     23: ("IQ4_XS", 256, 136),
 }
 
@@ -130,13 +151,17 @@ class GGUFFile:
         for name, shape, type_id, offset in raw:
             if type_id not in TENSOR_TYPES:
                 known = ", ".join(t[0] for t in TENSOR_TYPES.values())
-                raise GGUFError(f"{self.path}: tensor {name!r} has ggml type {type_id}, which "
-                                f"chatpage cannot read (it reads {known})")
+                raise GGUFError(
+                    f"{self.path}: tensor {name!r} has ggml type {type_id}, which "
+                    f"chatpage cannot read (it reads {known})"
+                )
             _, block, block_bytes = TENSOR_TYPES[type_id]
             count = int(np.prod(shape))
             if shape[-1] % block:
-                raise GGUFError(f"{self.path}: tensor {name!r} rows of {shape[-1]} values do not "
-                                f"split into {TENSOR_TYPES[type_id][0]} blocks of {block}")
+                raise GGUFError(
+                    f"{self.path}: tensor {name!r} rows of {shape[-1]} values do not "
+                    f"split into {TENSOR_TYPES[type_id][0]} blocks of {block}"
+                )
             info = TensorInfo(name, shape, type_id, start + offset, count // block * block_bytes)
             if info.offset + info.nbytes > len(self._map):
                 raise GGUFError(f"{self.path} is truncated (tensor {name!r} ends past the file)")

@@ -22,12 +22,20 @@ from chatpage.engine.model_config import ModelConfig
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
 
 # HF name parts -> GGUF names (per layer, ``blk.{i}.``)
-_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
-           "output_norm.weight", "lm_head.weight": "output.weight"}
+_GLOBAL = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 _LAYER = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
 }
 
@@ -54,13 +62,16 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
     meta, path = gf.metadata, gf.path
     arch = _field(meta, "general.architecture", path)
     if arch not in ARCHITECTURES:
-        raise GGUFError(f"unsupported architecture {arch!r} in {path.name}; chatpage runs GGUF "
-                        f"files of {', '.join(ARCHITECTURES)}")
+        raise GGUFError(
+            f"unsupported architecture {arch!r} in {path.name}; chatpage runs GGUF "
+            f"files of {', '.join(ARCHITECTURES)}"
+        )
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
     if scaling != "none" or "rope_freqs.weight" in gf.tensors:
         kind = scaling if scaling != "none" else "llama3 (rope_freqs)"
-        raise GGUFError(f"{path.name}: RoPE scaling {kind!r} is not supported yet; use a model "
-                        "with plain RoPE")
+        raise GGUFError(
+            f"{path.name}: RoPE scaling {kind!r} is not supported yet; use a model with plain RoPE"
+        )
     heads = int(_field(meta, f"{arch}.attention.head_count", path))
     hidden = int(_field(meta, f"{arch}.embedding_length", path))
     head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
@@ -83,8 +94,10 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
         max_position_embeddings=int(_field(meta, f"{arch}.context_length", path)),
         tie_word_embeddings="output.weight" not in gf.tensors,
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
-        rope_parameters={"rope_type": "default",
-                         "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0))},
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        },
         head_dim=head_dim,
     )
 

@@ -21,8 +21,11 @@ if TYPE_CHECKING:  # imported on first use: ~0.3 s that a start without grammars
     import llguidance
     from llguidance._lib import JsonCompileOptions
 
-COMPACT_JSON: JsonCompileOptions = {"whitespace_flexible": False,
-                                    "item_separator": ", ", "key_separator": ": "}
+COMPACT_JSON: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
 """JSON written as `json.dumps` writes it: a small model cannot wander off in whitespace."""
 CACHE_SIZE = 64
 """Distinct grammars kept compiled."""
@@ -35,18 +38,25 @@ def grammar_text(spec: Structured) -> str:
 
     match spec.kind:
         case GrammarKind.JSON_SCHEMA | GrammarKind.JSON_OBJECT:
-            schema: Any = {"type": "object"} if spec.kind is GrammarKind.JSON_OBJECT \
+            schema: Any = (
+                {"type": "object"}
+                if spec.kind is GrammarKind.JSON_OBJECT
                 else json.loads(spec.spec)
+            )
             text = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=COMPACT_JSON)
         case GrammarKind.REGEX:
             text = llguidance.LLMatcher.grammar_from_regex(spec.spec)
         case GrammarKind.CHOICE:
             choices = json.loads(spec.spec)
-            if not isinstance(choices, list) or not choices \
-                    or not all(isinstance(c, str) for c in choices):
+            if (
+                not isinstance(choices, list)
+                or not choices
+                or not all(isinstance(c, str) for c in choices)
+            ):
                 raise ValueError("a choice grammar needs a non-empty list of strings")
             text = llguidance.LLMatcher.grammar_from_lark(
-                "start: " + " | ".join(json.dumps(c) for c in choices))
+                "start: " + " | ".join(json.dumps(c) for c in choices)
+            )
         case GrammarKind.GRAMMAR:
             text = llguidance.grammar_from("grammar", spec.spec)
     error = llguidance.LLMatcher.validate_grammar(text)
@@ -103,8 +113,9 @@ class Grammars:
             import llguidance
 
             backend = self._tokenizer.backend_tokenizer
-            self._ll = llguidance.LLTokenizer(backend.to_str(), n_vocab=self.vocab_size,
-                                              eos_token=self._eos)
+            self._ll = llguidance.LLTokenizer(
+                backend.to_str(), n_vocab=self.vocab_size, eos_token=self._eos
+            )
         return self._ll
 
     def matcher(self, spec: Structured) -> GrammarMatcher:

@@ -14,8 +14,9 @@ import torch
 from chatpage.engine import attention
 
 
-def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_dim: int,
-                    dtype: torch.dtype) -> int:
+def bytes_per_block(
+    num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
     """K and V of one block across all layers."""
     elem = torch.empty((), dtype=dtype).element_size()
     return 2 * num_layers * block_size * num_kv_heads * head_dim * elem
@@ -24,16 +25,29 @@ def bytes_per_block(num_layers: int, block_size: int, num_kv_heads: int, head_di
 class KVCache:
     """Per-layer K/V pools ``[num_blocks, block_size, num_kv_heads, head_dim]`` plus swap space."""
 
-    def __init__(self, num_layers: int, num_blocks: int, num_cpu_blocks: int, block_size: int,
-                 num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: str) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        num_cpu_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: str,
+    ) -> None:
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
         cpu_shape = (num_cpu_blocks, block_size, num_kv_heads, head_dim)
         # zeros: padded reads of never-written slots must stay finite (masked out, times zero)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         cuda = torch.device(device).type == "cuda"
-        self.cpu_k = [torch.empty(cpu_shape, dtype=dtype, pin_memory=cuda) for _ in range(num_layers)]
-        self.cpu_v = [torch.empty(cpu_shape, dtype=dtype, pin_memory=cuda) for _ in range(num_layers)]
+        self.cpu_k = [
+            torch.empty(cpu_shape, dtype=dtype, pin_memory=cuda) for _ in range(num_layers)
+        ]
+        self.cpu_v = [
+            torch.empty(cpu_shape, dtype=dtype, pin_memory=cuda) for _ in range(num_layers)
+        ]
         self._side = torch.cuda.Stream(torch.device(device)) if cuda else None
 
     @staticmethod
@@ -57,8 +71,9 @@ class KVCache:
             copies()
         step.wait_stream(self._side)
 
-    def _swap(self, sources: list[torch.Tensor], targets: list[torch.Tensor],
-              pairs: list[tuple[int, int]]) -> None:
+    def _swap(
+        self, sources: list[torch.Tensor], targets: list[torch.Tensor], pairs: list[tuple[int, int]]
+    ) -> None:
         if pairs:
             m = self._pairs(pairs)
 

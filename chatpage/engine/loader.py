@@ -119,8 +119,13 @@ def packed_weights_path(directory: Path, weights: str) -> Path:
     return directory / "packed" / f"{weights}.v{PACKED_LAYOUT}.safetensors"
 
 
-def _packed_state(directory: Path, config: Any, source: Callable[[], TensorSource], weights: str,
-                  say: Callable[[str], None]) -> dict[str, torch.Tensor]:
+def _packed_state(
+    directory: Path,
+    config: Any,
+    source: Callable[[], TensorSource],
+    weights: str,
+    say: Callable[[str], None],
+) -> dict[str, torch.Tensor]:
     """The model's weights packed in ``weights``: read from the cache, or packed from ``source``
     one tensor at a time and cached."""
     from safetensors.torch import load_file, save_file
@@ -235,9 +240,13 @@ def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_model(model: str | os.PathLike[str] | None, progress: Callable[[str], None] | None = None,
-               weights: str = "fp32", device: torch.device | None = None,
-               dtype: torch.dtype = torch.float32) -> LoadedModel:
+def load_model(
+    model: str | os.PathLike[str] | None,
+    progress: Callable[[str], None] | None = None,
+    weights: str = "fp32",
+    device: torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> LoadedModel:
     """Resolve ``model`` (None = the default) and load config, weights and tokenizer; the weights
     come packed in ``weights`` (cached after the first load) unless that is fp32 or bf16.
 
@@ -269,7 +278,8 @@ def load_model(model: str | os.PathLike[str] | None, progress: Callable[[str], N
             tokenizer = _gguf_tokenizer(source, directory, say)
         except Exception as e:  # transformers raises many types for a vocabulary it cannot build
             raise ModelLoadError(
-                f"cannot build the tokenizer of {source}: {e}".splitlines()[0]) from e
+                f"cannot build the tokenizer of {source}: {e}".splitlines()[0]
+            ) from e
         say(f"Loading {name}")
         gguf_source = GGUFSource(gf, config)
         if weights == "fp32":
@@ -282,25 +292,48 @@ def load_model(model: str | os.PathLike[str] | None, progress: Callable[[str], N
         config = _read_config(directory)
         streamed = None
         if weights in ("fp32", "bf16"):
-            streamed = streamed_checkpoint(directory, device or torch.device("cpu"), dtype,
-                                           torch.bfloat16 if weights == "bf16" else dtype)
+            streamed = streamed_checkpoint(
+                directory,
+                device or torch.device("cpu"),
+                dtype,
+                torch.bfloat16 if weights == "bf16" else dtype,
+            )
         if streamed is not None:
             state = streamed
         elif weights == "fp32":
             state = _read_weights(directory)
         else:
-            state = _packed_state(directory, config, lambda: StateSource(
-                streamed_checkpoint(directory, torch.device("cpu"), torch.float32, torch.float32)
-                or _read_weights(directory)), weights, say)
+            state = _packed_state(
+                directory,
+                config,
+                lambda: StateSource(
+                    streamed_checkpoint(
+                        directory, torch.device("cpu"), torch.float32, torch.float32
+                    )
+                    or _read_weights(directory)
+                ),
+                weights,
+                say,
+            )
         try:
             tokenizer = _read_tokenizer(directory)
         except Exception as e:
             raise ModelLoadError(
-                f"cannot load the tokenizer from {directory}: {e}".splitlines()[0]) from e
+                f"cannot load the tokenizer from {directory}: {e}".splitlines()[0]
+            ) from e
     warnings = []
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
         warnings.append(f"{name} has no chat template; using a plain 'Role: text' template")
     timings["load_s"] = time.perf_counter() - t0
-    return LoadedModel(name, directory, config, state, tokenizer, warnings, timings, weights,
-                       source if source.is_file() else None)
+    return LoadedModel(
+        name,
+        directory,
+        config,
+        state,
+        tokenizer,
+        warnings,
+        timings,
+        weights,
+        source if source.is_file() else None,
+    )

@@ -17,9 +17,17 @@ from typing import Any, Protocol
 # Fields a config.json must state for the fast path; with these missing, transformers' defaults
 # (which differ by model type) decide, so AutoConfig reads the file.
 REQUIRED = (
-    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-    "num_attention_heads", "num_key_value_heads", "rms_norm_eps", "max_position_embeddings",
-    "tie_word_embeddings", "eos_token_id",
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "rms_norm_eps",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "eos_token_id",
 )
 
 
@@ -85,13 +93,24 @@ def _is_int(v: Any) -> bool:
 # What each field read here must hold (transformers' config classes check the same on their path).
 KINDS: dict[str, tuple[str, Any]] = {
     "model_type": ("a string", lambda v: isinstance(v, str)),
-    **{key: ("a positive integer", lambda v: _is_int(v) and v > 0) for key in (
-        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-        "num_attention_heads", "num_key_value_heads", "max_position_embeddings")},
+    **{
+        key: ("a positive integer", lambda v: _is_int(v) and v > 0)
+        for key in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+        )
+    },
     "rms_norm_eps": ("a positive number", lambda v: (_is_int(v) or isinstance(v, float)) and v > 0),
     "tie_word_embeddings": ("true or false", lambda v: isinstance(v, bool)),
-    "eos_token_id": ("a token id, a list of them or null", lambda v: v is None or _is_int(v) or (
-        isinstance(v, list) and all(_is_int(x) for x in v))),
+    "eos_token_id": (
+        "a token id, a list of them or null",
+        lambda v: v is None or _is_int(v) or (isinstance(v, list) and all(_is_int(x) for x in v)),
+    ),
     "head_dim": ("a positive integer or null", lambda v: v is None or (_is_int(v) and v > 0)),
 }
 
@@ -105,8 +124,9 @@ def fast_config(raw: dict[str, Any]) -> ModelConfig | None:
     for key, (what, ok) in KINDS.items():
         if not ok(raw.get(key)):
             raise ValueError(f"{key} must be {what}, got {raw.get(key)!r}")
-    return ModelConfig(**{key: raw[key] for key in REQUIRED}, rope_parameters=rope,
-                       head_dim=raw.get("head_dim"))
+    return ModelConfig(
+        **{key: raw[key] for key in REQUIRED}, rope_parameters=rope, head_dim=raw.get("head_dim")
+    )
 
 
 def read_config(directory: Path, raw: dict[str, Any]) -> ModelShape:

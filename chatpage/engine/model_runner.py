@@ -20,8 +20,15 @@ DEFAULT_GRAPH_BATCH = 128
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv: KVCache, tables: dict[int, list[int]],
-                 block_size: int, warnings: list[str] | None = None, graphs: bool = True) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv: KVCache,
+        tables: dict[int, list[int]],
+        block_size: int,
+        warnings: list[str] | None = None,
+        graphs: bool = True,
+    ) -> None:
         self.model = model
         self.kv = kv
         self.tables = tables  # the block manager's tables, read-only here
@@ -35,16 +42,19 @@ class ModelRunner:
         """Replay decode steps through graphs made by ``capture`` (CUDA: `cuda_capture`; a test
         may run the same bookkeeping on the CPU with a capture that replays eagerly)."""
         max_blocks = -(-self.model.max_positions // self.block_size)
-        plan = GraphPlan(DEFAULT_GRAPH_BATCH, max_blocks, self.block_size,
-                         self.model.device)
+        plan = GraphPlan(DEFAULT_GRAPH_BATCH, max_blocks, self.block_size, self.model.device)
         self.graphs = DecodeGraphs(plan, self._graph_forward, self.warnings.append, capture)
 
     def _graph_forward(self, inputs: StaticInputs) -> torch.Tensor:
-        meta = AttentionMetadata(slot_mapping=inputs.slot_mapping,
-                                 block_tables=inputs.block_tables, seq_lens=inputs.seq_lens,
-                                 query_start_loc=inputs.query_start_loc)
-        return self.model.forward(inputs.input_ids, inputs.positions, meta, self.kv.k, self.kv.v,
-                                  inputs.logit_rows)
+        meta = AttentionMetadata(
+            slot_mapping=inputs.slot_mapping,
+            block_tables=inputs.block_tables,
+            seq_lens=inputs.seq_lens,
+            query_start_loc=inputs.query_start_loc,
+        )
+        return self.model.forward(
+            inputs.input_ids, inputs.positions, meta, self.kv.k, self.kv.v, inputs.logit_rows
+        )
 
     def _replay(self, batch: list[ScheduledSeq]) -> torch.Tensor | None:
         """The logits of ``batch`` through a CUDA graph, or None (not all decode rows, or no
@@ -52,10 +62,12 @@ class ModelRunner:
         if self.graphs is None or not all(i.num_new_tokens == 1 and i.samples for i in batch):
             return None
         seqs = [item.seq for item in batch]
-        return self.graphs.run([s.token_ids[s.num_computed_tokens] for s in seqs],
-                               [s.num_computed_tokens for s in seqs],
-                               [self.tables[s.seq_id] for s in seqs],
-                               key=(self.kv.k[0].data_ptr(), self.kv.v[0].data_ptr()))
+        return self.graphs.run(
+            [s.token_ids[s.num_computed_tokens] for s in seqs],
+            [s.num_computed_tokens for s in seqs],
+            [self.tables[s.seq_id] for s in seqs],
+            key=(self.kv.k[0].data_ptr(), self.kv.v[0].data_ptr()),
+        )
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
@@ -94,17 +106,24 @@ class ModelRunner:
         )
         device = self.model.device
         if device.type != "cpu":
-            meta = AttentionMetadata(*(t.to(device, non_blocking=True) for t in vars(meta).values()))
+            meta = AttentionMetadata(
+                *(t.to(device, non_blocking=True) for t in vars(meta).values())
+            )
             pos = pos.to(device)
         return self.model.forward(
-            torch.tensor(ids, dtype=torch.int64, device=device), pos, meta,
-            self.kv.k, self.kv.v, torch.tensor(logit_rows, dtype=torch.int64, device=device),
+            torch.tensor(ids, dtype=torch.int64, device=device),
+            pos,
+            meta,
+            self.kv.k,
+            self.kv.v,
+            torch.tensor(logit_rows, dtype=torch.int64, device=device),
         )
 
 
 @torch.inference_mode()
-def profile_step(model: LlamaModel, config: EngineConfig, max_model_len: int,
-                 kv_dtype: torch.dtype) -> GpuMemory:
+def profile_step(
+    model: LlamaModel, config: EngineConfig, max_model_len: int, kv_dtype: torch.dtype
+) -> GpuMemory:
     """The GPU's memory around the largest step the scheduler can make: one prompt of
     ``max_num_batched_tokens`` tokens with logits (and their log-softmax, as the sampler takes)
     for up to ``max_num_seqs`` rows, run on a scratch cache just large enough; what it allocated
@@ -126,8 +145,14 @@ def profile_step(model: LlamaModel, config: EngineConfig, max_model_len: int,
         query_start_loc=torch.tensor([0, tokens], dtype=torch.int32, device=device),
     )
     rows = torch.arange(tokens - min(tokens, config.max_num_seqs), tokens, device=device)
-    logits = model.forward(torch.zeros(tokens, dtype=torch.int64, device=device),
-                           torch.arange(tokens, device=device), meta, k, v, rows)
+    logits = model.forward(
+        torch.zeros(tokens, dtype=torch.int64, device=device),
+        torch.arange(tokens, device=device),
+        meta,
+        k,
+        v,
+        rows,
+    )
     torch.log_softmax(logits, dim=-1)
     del logits, k, v, meta
     return measure_memory(str(device), before)

@@ -98,8 +98,9 @@ class KernelLoader:
     :data:`AVX2_CFLAGS`: the build's name carries them, so each set has its own cached library).
     """
 
-    def __init__(self, csrc: Path = CSRC, cache_dir: Path | None = None,
-                 cflags: tuple[str, ...] = _CFLAGS) -> None:
+    def __init__(
+        self, csrc: Path = CSRC, cache_dir: Path | None = None, cflags: tuple[str, ...] = _CFLAGS
+    ) -> None:
         self.csrc = Path(csrc)
         self.cache_dir = cache_dir
         self.cflags = cflags
@@ -138,7 +139,9 @@ class KernelLoader:
                     try:
                         self._load(verbose)
                     except Exception as exc:  # never let the kernels take the app down
-                        self._fall_back(f"unexpected {type(exc).__name__}: {_first_error_line(str(exc))}")
+                        self._fall_back(
+                            f"unexpected {type(exc).__name__}: {_first_error_line(str(exc))}"
+                        )
                     self._done = True
         return "cpu" in self._devices
 
@@ -172,7 +175,9 @@ class KernelLoader:
             except Exception as exc:
                 why = _first_error_line(str(exc))
                 errors.append(why)
-                self._say(f"chatpage: CUDA kernels failed to build ({why}); trying the CPU kernels alone")
+                self._say(
+                    f"chatpage: CUDA kernels failed to build ({why}); trying the CPU kernels alone"
+                )
         try:
             self._build(cuda=False, verbose=verbose)
         except Exception as exc:
@@ -194,9 +199,18 @@ class KernelLoader:
         for path in sorted(p for p in self.csrc.rglob("*") if p.is_file()):
             h.update(str(path.relative_to(self.csrc)).encode())
             h.update(path.read_bytes())
-        for part in (_RECIPE, self.cflags, _LDFLAGS, _CUDA_CFLAGS, cuda, torch.__version__,
-                     torch.version.cuda, sys.version, _cpu_features(),
-                     os.environ.get("TORCH_CUDA_ARCH_LIST", "")):
+        for part in (
+            _RECIPE,
+            self.cflags,
+            _LDFLAGS,
+            _CUDA_CFLAGS,
+            cuda,
+            torch.__version__,
+            torch.version.cuda,
+            sys.version,
+            _cpu_features(),
+            os.environ.get("TORCH_CUDA_ARCH_LIST", ""),
+        ):
             h.update(repr(part).encode())
         return f"chatpage_kernels_{'cuda' if cuda else 'cpu'}_{h.hexdigest()[:16]}"
 
@@ -206,7 +220,9 @@ class KernelLoader:
         library = build_dir / f"{name}.so"
         other = _loaded_elsewhere(library)
         if other:  # a second TORCH_LIBRARY(chatpage) would abort the process
-            raise RuntimeError(f"error: another chatpage kernel library is already loaded ({other})")
+            raise RuntimeError(
+                f"error: another chatpage kernel library is already loaded ({other})"
+            )
         if library.is_file():
             try:
                 torch.ops.load_library(str(library))
@@ -244,8 +260,9 @@ _LOADER = KernelLoader()
 # `python -m chatpage.engine.ops` runs this file a second time as __main__ after the package
 # import has already loaded it (engine/__init__ -> attention -> ops); runpy warns about exactly
 # that. main() below works through the package's copy, so the warning is noise.
-warnings.filterwarnings("ignore", message="'chatpage.engine.ops' found in sys.modules",
-                        category=RuntimeWarning)
+warnings.filterwarnings(
+    "ignore", message="'chatpage.engine.ops' found in sys.modules", category=RuntimeWarning
+)
 
 
 def available(device: torch.device | str) -> bool:
@@ -270,7 +287,9 @@ def set_notify(callback: Notify | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chatpage.engine.ops", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m chatpage.engine.ops", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--build", action="store_true", help="build (or load) the extension now")
     parser.add_argument("--verbose", action="store_true", help="show the compiler's output")
     args = parser.parse_args(argv)

@@ -87,14 +87,26 @@ class RequestUpdate:
     elapsed_s: float = 0.0  # since submit
 
 
-def final_update(request_id: str, reason: FinishReason, indices: Iterable[int] = (0,),
-                 error: str | None = None, usage: Usage | None = None,
-                 ttft_s: float | None = None, elapsed_s: float = 0.0) -> RequestUpdate:
+def final_update(
+    request_id: str,
+    reason: FinishReason,
+    indices: Iterable[int] = (0,),
+    error: str | None = None,
+    usage: Usage | None = None,
+    ttft_s: float | None = None,
+    elapsed_s: float = 0.0,
+) -> RequestUpdate:
     """The last update of a request, bringing no new text: each output in ``indices`` ends with
     ``reason`` (ABORT: cancelled; ERROR: failed, ``error`` says why)."""
-    return RequestUpdate(request_id, tuple(OutputDelta(i, finish_reason=reason) for i in indices),
-                         usage or Usage(), finished=True, error=error, ttft_s=ttft_s,
-                         elapsed_s=elapsed_s)
+    return RequestUpdate(
+        request_id,
+        tuple(OutputDelta(i, finish_reason=reason) for i in indices),
+        usage or Usage(),
+        finished=True,
+        error=error,
+        ttft_s=ttft_s,
+        elapsed_s=elapsed_s,
+    )
 
 
 @dataclass(frozen=True)
@@ -129,8 +141,13 @@ class EngineStats:
         """The device pool split in parts that add up to ``num_blocks``: pinned, shared
         (unpinned blocks read by several sequences), private, cached and free."""
         pinned, private = self.blocks_pinned, self.blocks_private
-        return {"pinned": pinned, "shared": self.blocks_used - pinned - private,
-                "private": private, "cached": self.blocks_cached, "free": self.blocks_free}
+        return {
+            "pinned": pinned,
+            "shared": self.blocks_used - pinned - private,
+            "private": private,
+            "cached": self.blocks_cached,
+            "free": self.blocks_free,
+        }
 
     @property
     def sharing_saving(self) -> float:

@@ -53,9 +53,15 @@ class EngineClient(Protocol[StatsT]):
 
     def close(self) -> None: ...
 
-    def submit(self, messages: list[dict[str, str]], params: SamplingParams,
-               on_update: UpdateCallback, *, continue_reply: bool = False,
-               reply_ids: ReplyIds | None = None) -> str:
+    def submit(
+        self,
+        messages: list[dict[str, str]],
+        params: SamplingParams,
+        on_update: UpdateCallback,
+        *,
+        continue_reply: bool = False,
+        reply_ids: ReplyIds | None = None,
+    ) -> str:
         """Queue a chat reply for ``messages`` (before ready too); returns its request id. With
         ``continue_reply`` the last message is a reply to go on with: updates carry only the
         new text and tokens. ``reply_ids``: the token ids this model produced for some of the
@@ -64,8 +70,9 @@ class EngineClient(Protocol[StatsT]):
         own ignores them)."""
         ...
 
-    def submit_prompt(self, prompt: str | list[int], params: SamplingParams,
-                      on_update: UpdateCallback) -> str:
+    def submit_prompt(
+        self, prompt: str | list[int], params: SamplingParams, on_update: UpdateCallback
+    ) -> str:
         """Queue a completion of a raw ``prompt`` (text, or token ids), no chat template."""
         ...
 

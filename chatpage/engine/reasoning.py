@@ -27,7 +27,8 @@ class ReasoningFormat:
         thinking when the prompt left a marker open."""
         tail = prompt_tail.rstrip()
         inside = tail.endswith(self.open) or (
-            self.open in tail and tail.rfind(self.open) > tail.rfind(self.close))
+            self.open in tail and tail.rfind(self.open) > tail.rfind(self.close)
+        )
         return ThinkSplitter(self, inside)
 
     def split(self, text: str, prompt_tail: str = "") -> tuple[str, str]:
@@ -77,7 +78,7 @@ class ThinkSplitter:
             at = text.find(marker)
             if at < 0:
                 keep = 0 if final else partial_marker(text, marker)
-                at, self._held = len(text) - keep, text[len(text) - keep:]
+                at, self._held = len(text) - keep, text[len(text) - keep :]
             piece = text[:at]
             if self.inside:
                 parts[0].append(piece)
@@ -85,7 +86,7 @@ class ThinkSplitter:
                 parts[1].append(self._answer(piece))
             if self._held or at == len(text):
                 break
-            text = text[at + len(marker):]
+            text = text[at + len(marker) :]
             self.inside = not self.inside
             self._closed = not self.inside  # the answer usually starts after a blank line
         return "".join(parts[0]), "".join(parts[1])

@@ -30,36 +30,64 @@ def request_update(group: SequenceGroup, beam_score: BeamScore) -> RequestUpdate
     """The outputs of ``group`` that changed since its previous update."""
     finished = group.status is GroupStatus.FINISHED
     if not group.params.use_beam_search:
-        changed = [s for s in group.seqs
-                   if s.num_output_tokens > s.num_reported or (s.finished and not s.end_reported)]
+        changed = [
+            s
+            for s in group.seqs
+            if s.num_output_tokens > s.num_reported or (s.finished and not s.end_reported)
+        ]
         outputs = tuple(_appended(s, group.params) for s in sorted(changed, key=_index))
         return _update(group, outputs, sum(s.num_output_tokens for s in group.seqs), finished)
     if finished and group.beam_hypotheses:
         hyps = group.beam_hypotheses
         outputs = tuple(
-            _rewrite(i, _split(group, h.text), h.token_ids, h.logprobs, h.top_logprobs,
-                     group.params, h.cumulative_logprob, h.score, h.finish_reason)
-            for i, h in enumerate(hyps))
+            _rewrite(
+                i,
+                _split(group, h.text),
+                h.token_ids,
+                h.logprobs,
+                h.top_logprobs,
+                group.params,
+                h.cumulative_logprob,
+                h.score,
+                h.finish_reason,
+            )
+            for i, h in enumerate(hyps)
+        )
         return _update(group, outputs, sum(len(h.token_ids) for h in hyps), True)
     live = sorted(group.live_seqs, key=_index)
     outputs = tuple(
-        _rewrite(s.index, _split(group, s.detok.visible(False)), s.output_ids, s.logprobs,
-                 s.top_logprobs, group.params, s.cumulative_logprob,
-                 beam_score(group, s.cumulative_logprob, s.num_output_tokens), None)
-        for s in live)
+        _rewrite(
+            s.index,
+            _split(group, s.detok.visible(False)),
+            s.output_ids,
+            s.logprobs,
+            s.top_logprobs,
+            group.params,
+            s.cumulative_logprob,
+            beam_score(group, s.cumulative_logprob, s.num_output_tokens),
+            None,
+        )
+        for s in live
+    )
     return _update(group, outputs, sum(s.num_output_tokens for s in live), finished)
 
 
-def closing_update(group: SequenceGroup, reason: FinishReason,
-                   error: str | None = None) -> RequestUpdate:
+def closing_update(
+    group: SequenceGroup, reason: FinishReason, error: str | None = None
+) -> RequestUpdate:
     """End ``group`` from outside its step (cancelled: ABORT; failed: ERROR and ``error``):
     every output still live ends with ``reason`` and no new text."""
     live = sorted(group.live_seqs, key=_index)
     for seq in live:
         seq.finish_reason, seq.end_reported = reason, True
-    return final_update(group.request_id, reason, [s.index for s in live], error,
-                        _usage(group, sum(s.num_output_tokens for s in group.seqs)),
-                        *_times(group))
+    return final_update(
+        group.request_id,
+        reason,
+        [s.index for s in live],
+        error,
+        _usage(group, sum(s.num_output_tokens for s in group.seqs)),
+        *_times(group),
+    )
 
 
 def _index(seq: Sequence) -> int:
@@ -84,31 +112,58 @@ def _appended(seq: Sequence, p: SamplingParams) -> OutputDelta:
     if seq.thinking is not None:
         reasoning, text = seq.thinking.feed(text, seq.finished)
     return OutputDelta(
-        seq.index, text, ids, reasoning=reasoning,
+        seq.index,
+        text,
+        ids,
+        reasoning=reasoning,
         logprobs=tuple(seq.logprobs[start:]) if p.logprobs is not None else None,
         top_logprobs=tuple(seq.top_logprobs[start:]) if p.top_logprobs else None,
-        finish_reason=seq.finish_reason, cumulative_logprob=seq.cumulative_logprob,
-        num_tokens=len(ids))
+        finish_reason=seq.finish_reason,
+        cumulative_logprob=seq.cumulative_logprob,
+        num_tokens=len(ids),
+    )
 
 
-def _rewrite(index: int, split: tuple[str, str], ids: Seq[int], logprobs: Seq[float],
-             tops: Seq[dict[int, float]], p: SamplingParams, cumulative: float,
-             score: float | None, reason: FinishReason | None) -> OutputDelta:
+def _rewrite(
+    index: int,
+    split: tuple[str, str],
+    ids: Seq[int],
+    logprobs: Seq[float],
+    tops: Seq[dict[int, float]],
+    p: SamplingParams,
+    cumulative: float,
+    score: float | None,
+    reason: FinishReason | None,
+) -> OutputDelta:
     """A whole beam (or hypothesis) so far, replacing what output ``index`` showed; ``split``:
     its (reasoning, answer)."""
     return OutputDelta(
-        index, split[1], tuple(ids), reasoning=split[0],
+        index,
+        split[1],
+        tuple(ids),
+        reasoning=split[0],
         logprobs=tuple(logprobs) if p.logprobs is not None else None,
         top_logprobs=tuple(tops) if p.top_logprobs else None,
-        finish_reason=reason, cumulative_logprob=cumulative, score=score, rewrite=True,
-        num_tokens=len(ids))
+        finish_reason=reason,
+        cumulative_logprob=cumulative,
+        score=score,
+        rewrite=True,
+        num_tokens=len(ids),
+    )
 
 
-def _update(group: SequenceGroup, outputs: tuple[OutputDelta, ...], completion_tokens: int,
-            finished: bool) -> RequestUpdate:
+def _update(
+    group: SequenceGroup, outputs: tuple[OutputDelta, ...], completion_tokens: int, finished: bool
+) -> RequestUpdate:
     ttft, elapsed = _times(group)
-    return RequestUpdate(group.request_id, outputs, _usage(group, completion_tokens),
-                         finished=finished, ttft_s=ttft, elapsed_s=elapsed)
+    return RequestUpdate(
+        group.request_id,
+        outputs,
+        _usage(group, completion_tokens),
+        finished=finished,
+        ttft_s=ttft,
+        elapsed_s=elapsed,
+    )
 
 
 def _usage(group: SequenceGroup, completion_tokens: int) -> Usage:

@@ -7,8 +7,9 @@ import torch
 from chatpage.engine.sampling_params import SamplingParams
 
 
-def make_generator(seed: int | None, index: int,
-                   device: torch.device | str = "cpu") -> torch.Generator:
+def make_generator(
+    seed: int | None, index: int, device: torch.device | str = "cpu"
+) -> torch.Generator:
     """The generator of output ``index`` of a request, on the device that samples:
     reproducible from (seed, index)."""
     g = torch.Generator(device=device)
@@ -41,8 +42,9 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return logits
 
 
-def _sample_row(row: torch.Tensor, p: SamplingParams, generator: torch.Generator | None
-                ) -> torch.Tensor:
+def _sample_row(
+    row: torch.Tensor, p: SamplingParams, generator: torch.Generator | None
+) -> torch.Tensor:
     """One token (a 0-dim tensor on ``row``'s device) from ``row`` (raw logits) under
     temperature, top-k and top-p. Nothing here waits for a GPU: there the whole filtered
     vocabulary is sampled from (sorting it costs a GPU little), since the candidates shortcut
@@ -70,8 +72,7 @@ def sample(
     logits: torch.Tensor,
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
-) -> tuple[list[int], list[float], list[dict[int, float] | None],
-           dict[int, Exception]]:
+) -> tuple[list[int], list[float], list[dict[int, float] | None], dict[int, Exception]]:
     """Pick one token per row of ``logits`` [N, V]; return tokens, their log-probabilities,
     for the rows whose params ask for alternatives (``logprobs`` > 0) the most likely tokens',
     and the rows that could not be sampled, with why (their token is the top one; the caller
@@ -94,8 +95,7 @@ def sample(
             except Exception as e:  # e.g. a distribution of NaNs: this row's request fails
                 failed[i] = e
     if rows:
-        picked = picked.index_put((torch.tensor(rows, device=logits.device),),
-                                  torch.stack(drawn))
+        picked = picked.index_put((torch.tensor(rows, device=logits.device),), torch.stack(drawn))
     chosen = logprobs.gather(1, picked.unsqueeze(1)).squeeze(1)
     # one copy to the host for the whole batch (ids are exact in float64)
     both = torch.stack([picked.double(), chosen.double()]).cpu()
@@ -110,15 +110,18 @@ def sample(
     return tokens, chosen_lp, tops, failed
 
 
-def top_logprobs(logprobs: torch.Tensor, rows: list[int], counts: list[int]
-                 ) -> list[dict[int, float]]:
+def top_logprobs(
+    logprobs: torch.Tensor, rows: list[int], counts: list[int]
+) -> list[dict[int, float]]:
     """The ``counts[j]`` most likely tokens of row ``rows[j]`` of ``logprobs`` [N, V], as
     token id -> log-probability, best first. One top-k over those rows, on their device."""
     if rows != list(range(logprobs.shape[0])):
         logprobs = logprobs[torch.tensor(rows, device=logprobs.device)]
     values, ids = torch.topk(logprobs, max(counts), dim=-1)
-    return [dict(zip(i[:k], v[:k], strict=True))
-            for i, v, k in zip(ids.cpu().tolist(), values.cpu().tolist(), counts, strict=True)]
+    return [
+        dict(zip(i[:k], v[:k], strict=True))
+        for i, v, k in zip(ids.cpu().tolist(), values.cpu().tolist(), counts, strict=True)
+    ]
 
 
 def beam_candidates(

@@ -72,22 +72,31 @@ class SamplingParams:
         for rule in SAMPLING_RULES:
             value = getattr(self, rule.field)
             if not rule.ok(value):
-                raise SamplingValueError(f"SamplingParams.{rule.field} must be {rule.allowed}, "
-                                 f"got {value!r}")
+                raise SamplingValueError(
+                    f"SamplingParams.{rule.field} must be {rule.allowed}, got {value!r}"
+                )
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
         if self.structured is not None and not isinstance(self.structured, Structured):
-            raise ValueError(f"SamplingParams.structured must be a Structured or None, "
-                             f"got {self.structured!r}")
+            raise ValueError(
+                f"SamplingParams.structured must be a Structured or None, got {self.structured!r}"
+            )
         for token, bias in self.logit_bias.items():
             if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-                raise ValueError(f"SamplingParams.logit_bias keys must be token ids >= 0, "
-                                 f"got {token!r}")
-            if isinstance(bias, bool) or not isinstance(bias, int | float) \
-                    or not math.isfinite(bias) or abs(bias) > MAX_LOGIT_BIAS:
-                raise ValueError(f"SamplingParams.logit_bias values must be numbers from "
-                                 f"-{MAX_LOGIT_BIAS:g} to {MAX_LOGIT_BIAS:g}, got {bias!r} "
-                                 f"for token {token}")
+                raise ValueError(
+                    f"SamplingParams.logit_bias keys must be token ids >= 0, got {token!r}"
+                )
+            if (
+                isinstance(bias, bool)
+                or not isinstance(bias, int | float)
+                or not math.isfinite(bias)
+                or abs(bias) > MAX_LOGIT_BIAS
+            ):
+                raise ValueError(
+                    f"SamplingParams.logit_bias values must be numbers from "
+                    f"-{MAX_LOGIT_BIAS:g} to {MAX_LOGIT_BIAS:g}, got {bias!r} "
+                    f"for token {token}"
+                )
         if self.use_beam_search and self.n > 1:
             raise SamplingValueError(
                 "SamplingParams: use n (parallel samples) or beam_width (beam search), not both"

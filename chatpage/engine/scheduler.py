@@ -86,8 +86,7 @@ class Scheduler:
     """Owns the waiting / running / swapped queues, and every sequence's life in them: what runs
     each step, and what the step's picks do to it (append, fork, stop, finish, free)."""
 
-    def __init__(self, config: EngineConfig, block_manager: BlockManager,
-                 stop: StopCheck) -> None:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, stop: StopCheck) -> None:
         self.config = config
         self.bm = block_manager
         self.stop = stop
@@ -186,8 +185,9 @@ class Scheduler:
             nonlocal budget, seq_budget
             out.copies += copies
             if not group.started:
-                group.prefix_hit_tokens += sum(d.computed.num_tokens for d in demands
-                                               if d.computed is not None)
+                group.prefix_hit_tokens += sum(
+                    d.computed.num_tokens for d in demands if d.computed is not None
+                )
             for d in demands:
                 ends = d.seq.num_computed_tokens + d.num_new_tokens == len(d.seq)
                 out.scheduled.append(ScheduledSeq(group, d.seq, d.num_new_tokens, ends))
@@ -257,8 +257,9 @@ class Scheduler:
         return out
 
     # -- after the step ----------------------------------------------------------------------------
-    def update_from_output(self, scheduler_output: SchedulerOutput,
-                           sampler_output: SamplerOutput) -> list[SequenceGroup]:
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, sampler_output: SamplerOutput
+    ) -> list[SequenceGroup]:
         """The step ran ``scheduler_output``: advance each chunk's computed tokens (indexing the
         blocks they filled), append the sampler's picks (forking n samples; beams through their
         beam step), stop what ended, free finished sequences (pinning a persona prefix first) and

@@ -20,9 +20,16 @@ from pathlib import Path
 import torch
 
 _DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
 
 
@@ -49,11 +56,13 @@ def read_header(path: Path) -> dict[str, _Entry]:
         if name == "__metadata__":
             continue
         if info["dtype"] not in _DTYPES:
-            raise ValueError(f"{path}: tensor {name} has dtype {info['dtype']}, which chatpage "
-                             "cannot read")
+            raise ValueError(
+                f"{path}: tensor {name} has dtype {info['dtype']}, which chatpage cannot read"
+            )
         start, end = info["data_offsets"]
-        entries[name] = _Entry(path, _DTYPES[info["dtype"]], tuple(info["shape"]), base + start,
-                               base + end)
+        entries[name] = _Entry(
+            path, _DTYPES[info["dtype"]], tuple(info["shape"]), base + start, base + end
+        )
     return entries
 
 
@@ -79,8 +88,9 @@ class StreamedState(MutableMapping[str, torch.Tensor]):
     ``dtype_of(name)`` (None: its stored dtype); a tensor taken once is read again if taken
     again. Setting a name stores that tensor instead; deleting forgets it."""
 
-    def __init__(self, files: list[Path], device: torch.device,
-                 dtype_of: Callable[[str], torch.dtype | None]) -> None:
+    def __init__(
+        self, files: list[Path], device: torch.device, dtype_of: Callable[[str], torch.dtype | None]
+    ) -> None:
         self.device = device
         self.dtype_of = dtype_of
         self._entries: dict[str, _Entry] = {}
@@ -123,8 +133,9 @@ MATMUL_SUFFIXES = ("_proj.weight", "lm_head.weight")
 """The HF names of the matmul weights (the rest: embeddings, norms, biases)."""
 
 
-def streamed_checkpoint(directory: Path, device: torch.device, dtype: torch.dtype,
-                        matmul_dtype: torch.dtype) -> StreamedState | None:
+def streamed_checkpoint(
+    directory: Path, device: torch.device, dtype: torch.dtype, matmul_dtype: torch.dtype
+) -> StreamedState | None:
     """The safetensors of an HF directory as a :class:`StreamedState`: matmul weights in
     ``matmul_dtype``, everything else in ``dtype``; None when it has no safetensors files."""
     files = sorted(directory.glob("*.safetensors"))

@@ -26,8 +26,15 @@ if TYPE_CHECKING:
 # tokenizer_class values that name the plain tokenizers-library tokenizer (v5's name, then v4's)
 PLAIN_TOKENIZERS = ("TokenizersBackend", "PreTrainedTokenizerFast")
 # the named special tokens a chat template sees as variables (``{{ bos_token }}``)
-SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
-                       "cls_token", "mask_token")
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 # transformers' own template tag (marks assistant text for training masks); plain Jinja lacks it
 GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
@@ -45,17 +52,22 @@ class TextTokenizer(Protocol):
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool = True,
-                            add_generation_prompt: bool = False,
-                            tools: list[dict[str, Any]] | None = None) -> str | list[int]: ...
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tokenize: bool = True,
+        add_generation_prompt: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str | list[int]: ...
 
 
 class Tokenizer:
     """Encoding, decoding and chat templating over a ``tokenizers.Tokenizer``; the subset of a
     transformers tokenizer's interface chatpage uses, with the same results."""
 
-    def __init__(self, backend: Any, special_tokens: dict[str, str],
-                 chat_template: str | None) -> None:
+    def __init__(
+        self, backend: Any, special_tokens: dict[str, str], chat_template: str | None
+    ) -> None:
         # backend: a tokenizers.Tokenizer (the tokenizers package ships no type hints)
         self._backend = backend
         self.special_tokens = special_tokens  # name (``eos_token``) -> token text
@@ -98,17 +110,25 @@ class Tokenizer:
         text: str = self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
         return text
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tokenize: bool = True,
-                            add_generation_prompt: bool = False,
-                            tools: list[dict[str, Any]] | None = None) -> str | list[int]:
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tokenize: bool = True,
+        add_generation_prompt: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str | list[int]:
         """``messages`` through the chat template, with the special tokens and ``tools`` as
         variables; token ids (no special tokens added: the template writes them) unless
         ``tokenize`` is False."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template")
         text = compile_template(self.chat_template).render(
-            messages=messages, tools=tools, documents=None,
-            add_generation_prompt=add_generation_prompt, **self.special_tokens)
+            messages=messages,
+            tools=tools,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **self.special_tokens,
+        )
         return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
@@ -122,14 +142,25 @@ def compile_template(source: str) -> jinja2.Template:
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
 
-    def tojson(value: object, ensure_ascii: bool = False, indent: int | str | None = None,
-               separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    def tojson(
+        value: object,
+        ensure_ascii: bool = False,
+        indent: int | str | None = None,
+        separators: tuple[str, str] | None = None,
+        sort_keys: bool = False,
+    ) -> str:
         # Jinja's own tojson escapes <, > and & for HTML, which would change the prompt's text
-        return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
+        return json.dumps(
+            value,
+            ensure_ascii=ensure_ascii,
+            indent=indent,
+            separators=separators,
+            sort_keys=sort_keys,
+        )
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -152,19 +183,27 @@ def read_plain(directory: Path) -> Tokenizer | None:
         config = json.loads((directory / "tokenizer_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if (not isinstance(config, dict) or config.get("tokenizer_class") not in PLAIN_TOKENIZERS
-            or config.get("clean_up_tokenization_spaces")
-            or not (directory / "tokenizer.json").is_file()
-            or (directory / "special_tokens_map.json").exists()):
+    if (
+        not isinstance(config, dict)
+        or config.get("tokenizer_class") not in PLAIN_TOKENIZERS
+        or config.get("clean_up_tokenization_spaces")
+        or not (directory / "tokenizer.json").is_file()
+        or (directory / "special_tokens_map.json").exists()
+    ):
         return None
     template_file = directory / "chat_template.jinja"
-    template = (template_file.read_text(encoding="utf-8") if template_file.is_file()
-                else config.get("chat_template"))
+    template = (
+        template_file.read_text(encoding="utf-8")
+        if template_file.is_file()
+        else config.get("chat_template")
+    )
     if template is not None and (not isinstance(template, str) or GENERATION_TAG.search(template)):
         return None
     from tokenizers import Tokenizer as Backend
 
-    special = {name: text for name in SPECIAL_TOKEN_NAMES
-               if (text := _token_text(config.get(name))) is not None}
+    special = {
+        name: text
+        for name in SPECIAL_TOKEN_NAMES
+        if (text := _token_text(config.get(name))) is not None
+    }
     return Tokenizer(Backend.from_file(str(directory / "tokenizer.json")), special, template)
-

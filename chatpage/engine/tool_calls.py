@@ -68,13 +68,17 @@ class ToolFormat:
 
     def describe(self) -> str:
         """One line for the start-up log."""
-        how = "rendered by the chat template" if self.renders_tools \
+        how = (
+            "rendered by the chat template"
+            if self.renders_tools
             else "the chat template does not render tools: chatpage lists them in the system prompt"
+        )
         return f"tool calls: {self.family} format ({how})"
 
     # -- the prompt --------------------------------------------------------------------------------
-    def prompt_messages(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
-                        ) -> list[dict[str, Any]]:
+    def prompt_messages(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
         """``messages`` (OpenAI's shape: assistant ``tool_calls`` with arguments as JSON text,
         ``tool`` results) as the chat template reads them: arguments as objects (transformers'
         convention); for a template that renders no tools, everything as plain text turns."""
@@ -120,23 +124,29 @@ class ToolFormat:
         return ToolCallStream(self)
 
     # -- the grammar ----------------------------------------------------------------------------------
-    def grammar(self, tools: list[dict[str, Any]], parallel: bool,
-                token_id: Callable[[str], int | None]) -> str:
+    def grammar(
+        self, tools: list[dict[str, Any]], parallel: bool, token_id: Callable[[str], int | None]
+    ) -> str:
         """A Lark grammar (llguidance's, with embedded JSON schemas) of a reply that is only
         calls of ``tools`` (one, or several when ``parallel`` and the family allows), whose
         arguments follow each function's parameters schema. ``token_id``: a special token's
         id (Mistral's marker), None when the text is not one token."""
         key = "parameters" if self.family == LLAMA3 else "arguments"
-        options = [{"type": "object", "properties": {"name": {"const": _function(t)["name"]},
-                                                      key: _parameters(t)},
-                    "required": ["name", key], "additionalProperties": False} for t in tools]
+        options = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": _function(t)["name"]}, key: _parameters(t)},
+                "required": ["name", key],
+                "additionalProperties": False,
+            }
+            for t in tools
+        ]
         one: dict[str, Any] = options[0] if len(options) == 1 else {"anyOf": options}
         many = parallel and self.parallel
         match self.family:
             case ToolFamily.HERMES:
                 call = f'"{_HERMES_OPEN}\\n" %json {_schema(one)} "\\n{_HERMES_CLOSE}"'
-                return f'start: call ("\\n" call)*\ncall: {call}' if many \
-                    else f"start: {call}"
+                return f'start: call ("\\n" call)*\ncall: {call}' if many else f"start: {call}"
             case ToolFamily.MISTRAL:
                 array = {"type": "array", "items": one, "minItems": 1}
                 if not many:
@@ -164,12 +174,12 @@ class ToolCallStream:
         if self.fmt.family == HERMES:
             while (end := held.find(_HERMES_CLOSE)) >= 0 and _HERMES_OPEN in held[:end]:
                 start = held.index(_HERMES_OPEN)
-                block = held[start:end + len(_HERMES_CLOSE)]
+                block = held[start : end + len(_HERMES_CLOSE)]
                 rest, found = self.fmt.parse(block)
                 if not found:
                     break
                 calls += found
-                held = held[:start] + held[end + len(_HERMES_CLOSE):]
+                held = held[:start] + held[end + len(_HERMES_CLOSE) :]
         if final:
             rest, found = self.fmt.parse(held)
             self._held = ""
@@ -190,16 +200,22 @@ class ToolCallStream:
                 at = held.find(mark)
                 if at >= 0:
                     return at
-                if self.fmt.family == MISTRAL and not self._seen.strip() \
-                        and held.lstrip()[:1] in ("", "["):  # (its marker may be hidden)
+                if (
+                    self.fmt.family == MISTRAL
+                    and not self._seen.strip()
+                    and held.lstrip()[:1] in ("", "[")
+                ):  # (its marker may be hidden)
                     return 0
                 return len(held) - partial_marker(held, mark)
             case _:
                 if self._seen.strip():
                     return len(held)
                 body = held.lstrip()
-                if not body or body.startswith(("{", "[")) \
-                        or _LLAMA_TAG.startswith(body[:len(_LLAMA_TAG)]):
+                if (
+                    not body
+                    or body.startswith(("{", "["))
+                    or _LLAMA_TAG.startswith(body[: len(_LLAMA_TAG)])
+                ):
                     return 0
                 return len(held)
 
@@ -218,6 +234,7 @@ def tool_format(chat_template: str | None) -> ToolFormat:
 
 
 # -- helpers -------------------------------------------------------------------------------------
+
 
 def _function(tool: dict[str, Any]) -> dict[str, Any]:
     function: dict[str, Any] = tool["function"]
@@ -295,23 +312,32 @@ def _arguments(call: dict[str, Any]) -> Any:
 def _plain_message(m: dict[str, Any]) -> dict[str, Any]:
     """A message of the tool conversation as a plain turn (Hermes blocks, as Qwen writes)."""
     if m["role"] == "tool":
-        return {"role": "user",
-                "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"}
+        return {
+            "role": "user",
+            "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>",
+        }
     calls = m.get("tool_calls")
     if not calls:
         return m
-    blocks = [_HERMES_OPEN + "\n" + json.dumps({"name": c["function"]["name"],
-                                                "arguments": _arguments(c)},
-                                               ensure_ascii=False) + "\n" + _HERMES_CLOSE
-              for c in calls]
+    blocks = [
+        _HERMES_OPEN
+        + "\n"
+        + json.dumps(
+            {"name": c["function"]["name"], "arguments": _arguments(c)}, ensure_ascii=False
+        )
+        + "\n"
+        + _HERMES_CLOSE
+        for c in calls
+    ]
     text = "\n".join(([m["content"]] if m.get("content") else []) + blocks)
     return {"role": m["role"], "content": text}
 
 
 def _tool_listing(tools: list[dict[str, Any]]) -> str:
     lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-    return ("You may call functions to answer. They are listed as JSON inside <tools></tools>:"
-            f"\n<tools>\n{lines}\n</tools>\nTo call one, answer with its name and arguments "
-            "as a JSON object inside <tool_call></tool_call> tags:\n<tool_call>\n"
-            '{"name": "<function name>", "arguments": {<arguments>}}\n</tool_call>')
-
+    return (
+        "You may call functions to answer. They are listed as JSON inside <tools></tools>:"
+        f"\n<tools>\n{lines}\n</tools>\nTo call one, answer with its name and arguments "
+        "as a JSON object inside <tool_call></tool_call> tags:\n<tool_call>\n"
+        '{"name": "<function name>", "arguments": {<arguments>}}\n</tool_call>'
+    )

@@ -109,8 +109,13 @@ class Gemv:
 
     __slots__ = ("op", "parts", "bias", "rows")
 
-    def __init__(self, op: Callable[..., torch.Tensor], parts: tuple[torch.Tensor, ...],
-                 bias: torch.Tensor | None, rows: int) -> None:
+    def __init__(
+        self,
+        op: Callable[..., torch.Tensor],
+        parts: tuple[torch.Tensor, ...],
+        bias: torch.Tensor | None,
+        rows: int,
+    ) -> None:
         # op: a kernel, op(x, *parts, bias) -> the product (torch.ops' functions are untyped)
         self.op, self.parts, self.bias, self.rows = op, parts, bias, rows
 
@@ -124,8 +129,12 @@ class Linear:
 
     __slots__ = ("forward", "in_features", "gemv")
 
-    def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor], in_features: int,
-                 gemv: Gemv | None = None) -> None:
+    def __init__(
+        self,
+        forward: Callable[[torch.Tensor], torch.Tensor],
+        in_features: int,
+        gemv: Gemv | None = None,
+    ) -> None:
         self.forward = forward
         self.in_features = in_features
         self.gemv = gemv
@@ -164,8 +173,10 @@ class StateSource:
 def fused_layout(config: Any, source: TensorSource) -> list[tuple[str, tuple[str, ...]]]:
     """Every tensor of the model's own layout with the HF tensors it is made of, in order: one
     QKV (Qwen2's bias too) and one gate+up matrix per layer, concatenated along the outputs."""
-    out: list[tuple[str, tuple[str, ...]]] = [("embed.weight", ("model.embed_tokens.weight",)),
-                                              ("norm", ("model.norm.weight",))]
+    out: list[tuple[str, tuple[str, ...]]] = [
+        ("embed.weight", ("model.embed_tokens.weight",)),
+        ("norm", ("model.norm.weight",)),
+    ]
     if "lm_head.weight" in source:
         out.append(("lm_head.weight", ("lm_head.weight",)))
     for i in range(config.num_hidden_layers):
@@ -173,11 +184,13 @@ def fused_layout(config: Any, source: TensorSource) -> list[tuple[str, tuple[str
         out.append((q + "qkv.weight", tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv")))
         if p + "self_attn.q_proj.bias" in source:
             out.append((q + "qkv.bias", tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv")))
-        out += [(q + "o.weight", (p + "self_attn.o_proj.weight",)),
-                (q + "gate_up.weight", (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")),
-                (q + "down.weight", (p + "mlp.down_proj.weight",)),
-                (q + "input_norm", (p + "input_layernorm.weight",)),
-                (q + "post_norm", (p + "post_attention_layernorm.weight",))]
+        out += [
+            (q + "o.weight", (p + "self_attn.o_proj.weight",)),
+            (q + "gate_up.weight", (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")),
+            (q + "down.weight", (p + "mlp.down_proj.weight",)),
+            (q + "input_norm", (p + "input_layernorm.weight",)),
+            (q + "post_norm", (p + "post_attention_layernorm.weight",)),
+        ]
     return out
 
 
@@ -205,8 +218,9 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
-def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_int4(
+    w: torch.Tensor, group: int = INT4_GROUP
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Asymmetric int4 in groups of ``group`` inputs: (levels [N, K] int32 in 0..15,
     scales [N, K/group] bf16, zeros [N, K/group] bf16) with w ~= (q - 8) * scale + zero.
 
@@ -226,16 +240,18 @@ def quantize_int4(w: torch.Tensor, group: int = INT4_GROUP
     return q.to(torch.int32).view(n, k), scale, zero
 
 
-def pack_int4(levels: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-              name: str) -> dict[str, torch.Tensor]:
+def pack_int4(
+    levels: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, name: str
+) -> dict[str, torch.Tensor]:
     """One int4 matrix as stored: the native GEMV's layout (``.q4``, ``.scales``, ``.zeros``,
     :mod:`chatpage.engine.gemv`), which the GEMM reads too; :func:`make_linear` derives torch's
     int4pack from it (byte moves), so a pack holds the nibbles once."""
     return {name + ".q4": gemv.pack_int4(levels), name + ".scales": scales, name + ".zeros": zeros}
 
 
-def pack_tensor(name: str, w: torch.Tensor, weights: str, tied: bool,
-                dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def pack_tensor(
+    name: str, w: torch.Tensor, weights: str, tied: bool, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     """One tensor of the model's own layout (``name``: ``layers.3.qkv.weight``, ``embed.weight``,
     ``norm``, ...) stored in ``weights``: the packed tensors it becomes. The seam every loading
     path packs through, one tensor at a time.
@@ -265,8 +281,9 @@ def pack_tensor(name: str, w: torch.Tensor, weights: str, tied: bool,
     return {name: w.to(torch.bfloat16 if weights == "bf16" else dtype).contiguous()}
 
 
-def pack_source(config: Any, source: TensorSource, weights: str,
-                dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def pack_source(
+    config: Any, source: TensorSource, weights: str, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     """The packed state of the checkpoint ``source`` in ``weights``, read and packed one fused
     tensor at a time (at most one of them unpacked in memory besides the packed state)."""
     check_format(weights)
@@ -278,8 +295,9 @@ def pack_source(config: Any, source: TensorSource, weights: str,
     return out
 
 
-def pack_state(config: Any, fused: dict[str, torch.Tensor], weights: str,
-               dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def pack_state(
+    config: Any, fused: dict[str, torch.Tensor], weights: str, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     """Store every tensor of a fused state in ``weights`` (consumes ``fused``;
     :func:`pack_tensor`)."""
     check_format(weights)
@@ -297,8 +315,12 @@ def state_format(packed: Mapping[str, torch.Tensor]) -> str | None:
     return found[0] if found else None
 
 
-def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device,
-                half: torch.dtype | None = None) -> Linear:
+def make_linear(
+    packed: dict[str, torch.Tensor],
+    name: str,
+    device: torch.device,
+    half: torch.dtype | None = None,
+) -> Linear:
     """The :class:`Linear` ``x [T, K] -> x @ W.T (+ bias)`` of the packed weight ``name``
     (on CUDA: :func:`cuda_linear`, dense weights in ``half`` when given)."""
     if device.type == "cuda":
@@ -310,7 +332,10 @@ def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
     lib = torch.ops.chatpage
     fn: Callable[[torch.Tensor], torch.Tensor]  # the quantized product, for many rows
     if name + ".qweight" in packed:
-        q, s = _aligned(packed[name + ".qweight"], device), _aligned(packed[name + ".scales"], device)
+        q, s = (
+            _aligned(packed[name + ".qweight"], device),
+            _aligned(packed[name + ".scales"], device),
+        )
         fn = lambda x: torch.ops.aten._weight_int8pack_mm(x, q, s)  # noqa: E731
         if native:
             gemv = Gemv(lib.gemv_int8, (q, s), bias, GEMV_ROWS["int8"])
@@ -335,8 +360,9 @@ def make_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
             return Linear(plain, k)
         fp32 = w.dtype == torch.float32
         if not native:
-            return Linear((lambda x: _small_batch_linear(x, w, bias, SMALL_BATCH_ROWS)) if fp32
-                          else plain, k)
+            return Linear(
+                (lambda x: _small_batch_linear(x, w, bias, SMALL_BATCH_ROWS)) if fp32 else plain, k
+            )
         if fp32:
             gemv = Gemv(lib.gemv_fp32, (w,), bias, GEMV_ROWS["fp32"])
             return Linear(_by_rows(gemv, plain), k, gemv)
@@ -355,20 +381,24 @@ class Embedding:
 
     __slots__ = ("lookup", "num_embeddings")
 
-    def __init__(self, packed: dict[str, torch.Tensor], device: torch.device,
-                 dtype: torch.dtype) -> None:
-        name = next(n for n in ("embed", "lm_head")
-                    if n + ".weight" in packed or n + ".qweight" in packed)
+    def __init__(
+        self, packed: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype
+    ) -> None:
+        name = next(
+            n for n in ("embed", "lm_head") if n + ".weight" in packed or n + ".qweight" in packed
+        )
         if name + ".qweight" in packed:
             q, s = packed[name + ".qweight"].to(device), packed[name + ".scales"].to(device)
             self.lookup: Callable[[torch.Tensor], torch.Tensor] = lambda ids: (
-                q.index_select(0, ids).to(dtype) * s.index_select(0, ids).to(dtype)[:, None])
+                q.index_select(0, ids).to(dtype) * s.index_select(0, ids).to(dtype)[:, None]
+            )
         else:
             w = packed[name + ".weight"].to(device)
             w = w.to(dtype).contiguous() if w.dtype == torch.float32 else w.contiguous()
             self.lookup = lambda ids: F.embedding(ids, w).to(dtype)
-        self.num_embeddings = packed[name + (".qweight" if name + ".qweight" in packed
-                                             else ".weight")].shape[0]
+        self.num_embeddings = packed[
+            name + (".qweight" if name + ".qweight" in packed else ".weight")
+        ].shape[0]
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         return self.lookup(ids)
@@ -383,8 +413,9 @@ def int4pack_inner_tiles(k: int) -> int:
     raise ValueError(f"torch's CUDA int4 matmul needs input sizes divisible by 32, got {k}")
 
 
-def cuda_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device,
-                half: torch.dtype | None) -> Linear:
+def cuda_linear(
+    packed: dict[str, torch.Tensor], name: str, device: torch.device, half: torch.dtype | None
+) -> Linear:
     """A matmul on a GPU through torch's CUDA paths: int8 ``_weight_int8pack_mm`` (dequantized
     to ``half`` where this torch has no CUDA kernel for it: the int8 lm_head of int4), int4
     ``_weight_int4pack_mm`` (the levels repacked on the GPU into its tiled layout; the same
@@ -395,7 +426,9 @@ def cuda_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
     if name + ".qweight" in packed and not has_cuda_kernel("aten::_weight_int8pack_mm"):
         # int4's lm_head is int8: without torch's CUDA int8 kernel it runs dequantized
         q = packed[name + ".qweight"].to(device)
-        w = (q.float() * packed[name + ".scales"].to(device).float()[:, None]).to(half or torch.bfloat16)
+        w = (q.float() * packed[name + ".scales"].to(device).float()[:, None]).to(
+            half or torch.bfloat16
+        )
         b = None if bias is None else bias.to(device, w.dtype)
         return Linear(lambda x: F.linear(x, w, b), w.shape[1])
     if name + ".qweight" in packed:
@@ -408,8 +441,12 @@ def cuda_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
         k = levels.shape[1]
         pairs = (levels[:, ::2] << 4 | levels[:, 1::2]).to(torch.uint8).contiguous()
         p = aten._convert_weight_to_int4pack(pairs, int4pack_inner_tiles(k))
-        sz = torch.stack([packed[name + ".scales"], packed[name + ".zeros"]], dim=-1
-                         ).transpose(0, 1).to(device, torch.bfloat16).contiguous()  # [K/32, N, 2]
+        sz = (
+            torch.stack([packed[name + ".scales"], packed[name + ".zeros"]], dim=-1)
+            .transpose(0, 1)
+            .to(device, torch.bfloat16)
+            .contiguous()
+        )  # [K/32, N, 2]
         fn = lambda x: aten._weight_int4pack_mm(x, p, INT4_GROUP, sz)  # noqa: E731
     else:
         w = packed[name + ".weight"]
@@ -422,16 +459,18 @@ def cuda_linear(packed: dict[str, torch.Tensor], name: str, device: torch.device
     return Linear(lambda x: fn(x) + b, k)
 
 
-def _by_rows(few: Gemv, middle: Callable[[torch.Tensor], torch.Tensor], many: Gemv | None = None
-             ) -> Callable[[torch.Tensor], torch.Tensor]:
+def _by_rows(
+    few: Gemv, middle: Callable[[torch.Tensor], torch.Tensor], many: Gemv | None = None
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """The kernel for a step's rows: ``few`` for at most ``few.rows``, ``many`` (a GEMM) from
     ``many.rows`` on, ``middle`` (torch's path) between."""
     rows = few.rows
     if many is None:
         return lambda x: few(x) if x.shape[0] <= rows else middle(x)
     from_rows = many.rows
-    return lambda x: (few(x) if x.shape[0] <= rows
-                      else many(x) if x.shape[0] >= from_rows else middle(x))
+    return lambda x: (
+        few(x) if x.shape[0] <= rows else many(x) if x.shape[0] >= from_rows else middle(x)
+    )
 
 
 def _aligned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -441,8 +480,9 @@ def _aligned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t if t.data_ptr() % 64 == 0 else t.clone()
 
 
-def _small_batch_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
-                        small: int) -> torch.Tensor:
+def _small_batch_linear(
+    x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, small: int
+) -> torch.Tensor:
     """``F.linear(x, w, bias)``, through W @ x.T for the few rows of a small batch."""
     n = x.shape[0]
     if not 0 < n <= small:
@@ -465,6 +505,7 @@ def step_bytes(config: ModelShape, packed: dict[str, torch.Tensor]) -> int:
     tied = not any(k.startswith("lm_head.") for k in packed)
     skip = () if tied else ("embed.",)
     return sum(
-        t.numel() * t.element_size() for k, t in packed.items()
+        t.numel() * t.element_size()
+        for k, t in packed.items()
         if not k.startswith(skip) and not k.startswith("format.")
     )

@@ -16,9 +16,14 @@ import httpx
 from chatpage.wire.errors import read_error
 from chatpage.wire.sampling import VLLM_TOP_K_OFF, Dialect
 
-LABELS = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama-server",
-          "llama-cpp-python": "llama-cpp-python", "chatpage": "chatpage",
-          "openai": "OpenAI-compatible server"}
+LABELS = {
+    "vllm": "vLLM",
+    "sglang": "SGLang",
+    "llamacpp": "llama-server",
+    "llama-cpp-python": "llama-cpp-python",
+    "chatpage": "chatpage",
+    "openai": "OpenAI-compatible server",
+}
 ONE_SAMPLE = ("llamacpp", "llama-cpp-python")  # answer one choice per request, whatever n is
 METRICS_HINT = {
     "sglang": "start SGLang with --enable-metrics",
@@ -26,8 +31,14 @@ METRICS_HINT = {
     "llama-cpp-python": "llama-cpp-python's server has none",
 }
 # what top_k "off" is sent as (None: leave the field out)
-TOP_K_OFF = {"vllm": VLLM_TOP_K_OFF, "sglang": VLLM_TOP_K_OFF, "llamacpp": 0,
-             "llama-cpp-python": 0, "chatpage": 0, "openai": None}
+TOP_K_OFF = {
+    "vllm": VLLM_TOP_K_OFF,
+    "sglang": VLLM_TOP_K_OFF,
+    "llamacpp": 0,
+    "llama-cpp-python": 0,
+    "chatpage": 0,
+    "openai": None,
+}
 TOKENS_BY_ID = ("vllm", "chatpage")  # backends that take return_tokens_as_token_ids
 
 
@@ -70,11 +81,14 @@ class Backend:
         the user to see."""
         out = list(self.problems)
         if not self.can("beam"):
-            out.append(f"{self.label} has no beam search (vLLM has; SGLang with "
-                       "--enable-beam-search)")
+            out.append(
+                f"{self.label} has no beam search (vLLM has; SGLang with --enable-beam-search)"
+            )
         if not self.can("n"):
-            out.append(f"{self.label} answers one sample per request: n samples are sent as "
-                       "n requests with seeds seed+i")
+            out.append(
+                f"{self.label} answers one sample per request: n samples are sent as "
+                "n requests with seeds seed+i"
+            )
         if not self.can("metrics"):
             hint = METRICS_HINT.get(self.name, "start the server with --enable-metrics")
             out.append(f"{self.label} serves no /metrics: the gauge has no figures; {hint}")
@@ -100,8 +114,11 @@ def error_message(response: httpx.Response) -> str:
     try:
         body = response.json()
     except ValueError:
-        return response.text.strip().splitlines()[0] if response.text.strip() else \
-            response.reason_phrase
+        return (
+            response.text.strip().splitlines()[0]
+            if response.text.strip()
+            else response.reason_phrase
+        )
     return read_error(body) or str(body)
 
 
@@ -118,10 +135,14 @@ async def probe(client: httpx.AsyncClient, url: str, model: str | None = None) -
     try:
         listed = r.json().get("data", [])
     except (ValueError, AttributeError):
-        raise BackendError(f"{url}/v1/models is not an OpenAI model list; is this an "
-                           "OpenAI-compatible server?") from None
-    models = [m for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str)
-              ] if isinstance(listed, list) else []
+        raise BackendError(
+            f"{url}/v1/models is not an OpenAI model list; is this an OpenAI-compatible server?"
+        ) from None
+    models = (
+        [m for m in listed if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        if isinstance(listed, list)
+        else []
+    )
     if not models:
         raise BackendError(f"{url} serves no model (/v1/models is empty)")
     chosen = next((m for m in models if m["id"] == model), None) if model else models[0]
@@ -150,12 +171,15 @@ async def probe(client: httpx.AsyncClient, url: str, model: str | None = None) -
     if context is None and isinstance(server_info, dict):
         context, where = server_info.get("context_length"), "/server_info context_length"
     if context is None and isinstance(props, dict):
-        context, where = (props.get("default_generation_settings") or {}).get("n_ctx"), \
-            "/props n_ctx"
+        context, where = (
+            (props.get("default_generation_settings") or {}).get("n_ctx"),
+            "/props n_ctx",
+        )
     window, problems = _context_window(context, f"{url}{where}")
     caps = set()
     if name in ("vllm", "chatpage") or (
-            isinstance(server_info, dict) and server_info.get("enable_beam_search")):
+        isinstance(server_info, dict) and server_info.get("enable_beam_search")
+    ):
         caps.add("beam")
     if name not in ONE_SAMPLE:
         caps.add("n")
@@ -172,8 +196,15 @@ async def probe(client: httpx.AsyncClient, url: str, model: str | None = None) -
     number = version.get("version") if isinstance(version, dict) else None
     if name == "sglang" and isinstance(server_info, dict):
         number = server_info.get("version", number)
-    return Backend(url, name, chosen["id"], window,
-                   str(number) if number and name != "chatpage" else None, caps, problems)
+    return Backend(
+        url,
+        name,
+        chosen["id"],
+        window,
+        str(number) if number and name != "chatpage" else None,
+        caps,
+        problems,
+    )
 
 
 def _context_window(value: object, where: str) -> tuple[int, list[str]]:
@@ -184,5 +215,7 @@ def _context_window(value: object, where: str) -> tuple[int, list[str]]:
         value = int(value)
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return value, []
-    return 0, [f"{where} is {value!r}, not a number of tokens; ignored (prompts are not checked "
-               "against the context window before they are sent)"]
+    return 0, [
+        f"{where} is {value!r}, not a number of tokens; ignored (prompts are not checked "
+        "against the context window before they are sent)"
+    ]

@@ -38,8 +38,13 @@ class RemoteEngineClient:
     ``timeout_s`` is the longest the server may stay silent: waiting for an answer, or for the
     next data line of a stream (keep-alive comments do not count); a reply then fails."""
 
-    def __init__(self, url: str, model: str | None = None, api_key: str | None = None,
-                 timeout_s: float = DEFAULT_BACKEND_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout_s: float = DEFAULT_BACKEND_TIMEOUT_S,
+    ) -> None:
         self.url = url.rstrip("/")
         self.model = model
         self.timeout_s = timeout_s
@@ -73,8 +78,9 @@ class RemoteEngineClient:
     def start(self, on_status: Callable[[str], None] | None = None) -> None:
         """Connect on the client's thread; ``on_status`` gets one-line progress messages."""
         self._on_status = on_status or (lambda _msg: None)
-        self._thread = threading.Thread(target=self._loop.run_forever, name="chatpage-remote",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="chatpage-remote", daemon=True
+        )
         self._thread.start()
         self._call(self._connect)
 
@@ -96,16 +102,23 @@ class RemoteEngineClient:
         self._loop.close()
 
     # -- requests ----------------------------------------------------------------------------------
-    def submit(self, messages: list[dict[str, str]], params: SamplingParams,
-               on_update: UpdateCallback, *, continue_reply: bool = False,
-               reply_ids: ReplyIds | None = None) -> str:
+    def submit(
+        self,
+        messages: list[dict[str, str]],
+        params: SamplingParams,
+        on_update: UpdateCallback,
+        *,
+        continue_reply: bool = False,
+        reply_ids: ReplyIds | None = None,
+    ) -> str:
         """Queue a chat reply for ``messages`` (held until the server is reachable);
         ``continue_reply``: the last message, a reply, goes on instead of a new one starting.
         ``reply_ids`` are not used: the server renders the prompt itself."""
         return self._submit("continue" if continue_reply else "chat", messages, params, on_update)
 
-    def submit_prompt(self, prompt: str | list[int], params: SamplingParams,
-                      on_update: UpdateCallback) -> str:
+    def submit_prompt(
+        self, prompt: str | list[int], params: SamplingParams, on_update: UpdateCallback
+    ) -> str:
         """Queue a completion of a raw ``prompt`` (text, or token ids)."""
         return self._submit("completion", prompt, params, on_update)
 
@@ -150,9 +163,11 @@ class RemoteEngineClient:
         self._on_status(msg)
 
     def _connect(self) -> None:
-        self._http = httpx.AsyncClient(base_url=self.url, headers=self._headers,
-                                       timeout=httpx.Timeout(CONNECT_TIMEOUT_S,
-                                                             read=self.timeout_s))
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers=self._headers,
+            timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=self.timeout_s),
+        )
         self._tasks["connect"] = self._loop.create_task(self._probe_and_poll())
 
     async def _probe_and_poll(self) -> None:
@@ -165,8 +180,9 @@ class RemoteEngineClient:
                 self._give_up(str(e))
                 return
             except httpx.TransportError as e:
-                self._status(f"cannot reach {self.url} ({self._reason(e)}); retrying every "
-                             f"{RETRY_S:.0f} s")
+                self._status(
+                    f"cannot reach {self.url} ({self._reason(e)}); retrying every {RETRY_S:.0f} s"
+                )
                 await asyncio.sleep(RETRY_S)
                 continue
             except BackendNotReady as e:
@@ -174,8 +190,9 @@ class RemoteEngineClient:
                 await asyncio.sleep(RETRY_S)
                 continue
             except Exception as e:  # an answer the probe cannot read: say so, never hang
-                self._give_up(f"unexpected answer from {self.url} while probing it: "
-                              f"{type(e).__name__}: {e}")
+                self._give_up(
+                    f"unexpected answer from {self.url} while probing it: {type(e).__name__}: {e}"
+                )
                 return
             self.backend = backend
         self.load_seconds = time.perf_counter() - t0
@@ -218,13 +235,15 @@ class RemoteEngineClient:
                 if r.status_code == 200:
                     engine = engine_stats(_json_or_none(r))
                     if engine is None:
-                        notes = (*notes, f"{self.url}/v1/chatpage/stats is not a whole set of "
-                                         "block-pool figures; ignored")
+                        notes = (
+                            *notes,
+                            f"{self.url}/v1/chatpage/stats is not a whole set of "
+                            "block-pool figures; ignored",
+                        )
         except httpx.HTTPError as e:
             if self._reachable:
                 self._reachable = False
-                self._status(f"lost {self.url} ({self._reason(e)}); retrying every "
-                             f"{POLL_S:.0f} s")
+                self._status(f"lost {self.url} ({self._reason(e)}); retrying every {POLL_S:.0f} s")
             self._stats = RemoteStats(label, False, notes=notes)
             return
         self._stats = self._poller.stats(label, text, time.monotonic(), engine, notes)
@@ -232,8 +251,15 @@ class RemoteEngineClient:
             self._reachable = True
             self._status("ready")
 
-    def _begin(self, rid: str, kind: str, payload, params: SamplingParams,
-               on_update: UpdateCallback, t_submit: float) -> None:
+    def _begin(
+        self,
+        rid: str,
+        kind: str,
+        payload,
+        params: SamplingParams,
+        on_update: UpdateCallback,
+        t_submit: float,
+    ) -> None:
         if self.backend is None:
             if self.error is not None:
                 RemoteReply(rid, on_update, t_submit).fail(self.error)
@@ -244,19 +270,26 @@ class RemoteEngineClient:
         parts = split_samples(self.backend, params)
         if len(parts) > 1:
             seeds = ", ".join(str(p.seed) for p in parts)
-            self._note = (f"n={params.n} sent as {len(parts)} requests (seeds {seeds}): "
-                          f"{self.backend.label} answers one sample per request")
+            self._note = (
+                f"n={params.n} sent as {len(parts)} requests (seeds {seeds}): "
+                f"{self.backend.label} answers one sample per request"
+            )
         task = self._loop.create_task(self._run(reply, kind, payload, parts))
         self._tasks[rid] = task
         task.add_done_callback(lambda _t: self._tasks.pop(rid, None))
 
-    async def _run(self, reply: RemoteReply, kind: str, payload, parts: list[SamplingParams]
-                   ) -> None:
+    async def _run(
+        self, reply: RemoteReply, kind: str, payload, parts: list[SamplingParams]
+    ) -> None:
         try:
-            await asyncio.gather(*(
-                run_request(self.http, self._found(), reply, kind, payload, p, index,
-                            self.timeout_s)
-                for index, p in enumerate(parts)))
+            await asyncio.gather(
+                *(
+                    run_request(
+                        self.http, self._found(), reply, kind, payload, p, index, self.timeout_s
+                    )
+                    for index, p in enumerate(parts)
+                )
+            )
         except asyncio.CancelledError:
             reply.finish(FinishReason.ABORT)
             return
@@ -286,8 +319,11 @@ class RemoteEngineClient:
         if self.backend is None:
             self._pins.append(prompt)
         elif self.backend.name in ("vllm", "sglang"):
-            body = {"model": self.backend.model, "max_tokens": 1,
-                    "messages": [{"role": "system", "content": prompt}]}
+            body = {
+                "model": self.backend.model,
+                "max_tokens": 1,
+                "messages": [{"role": "system", "content": prompt}],
+            }
             self._loop.create_task(self._warm(body))
 
     async def _warm(self, body: dict) -> None:
@@ -303,7 +339,6 @@ class RemoteEngineClient:
         if self._http is not None:
             await self._http.aclose()
         await self._loop.shutdown_asyncgens()
-
 
     def _reason(self, error: Exception) -> str:
         """Why a request did not get through, in a few words."""

@@ -31,9 +31,11 @@ class Stalled(RequestFailed):
     """The server sent no data for the idle deadline (``backend_timeout``)."""
 
     def __init__(self, url: str, idle_s: float) -> None:
-        super().__init__(f"{url} sent nothing for {idle_s:g} s, so the reply was given up; to "
-                         "wait longer, raise backend_timeout in config.yaml or pass "
-                         "--backend-timeout SECONDS")
+        super().__init__(
+            f"{url} sent nothing for {idle_s:g} s, so the reply was given up; to "
+            "wait longer, raise backend_timeout in config.yaml or pass "
+            "--backend-timeout SECONDS"
+        )
 
 
 @dataclasses.dataclass
@@ -56,8 +58,9 @@ class RemoteReply:
         self.done = False
 
     def _usage(self) -> Usage:
-        return Usage(self.prompt_tokens, self.cached_tokens,
-                     sum(c.num_tokens for c in self.choices.values()))
+        return Usage(
+            self.prompt_tokens, self.cached_tokens, sum(c.num_tokens for c in self.choices.values())
+        )
 
     def _open(self) -> list[int]:
         """The choices that have not ended (choice 0 before any arrived)."""
@@ -77,9 +80,15 @@ class RemoteReply:
         c.num_tokens += count
         c.finish_reason = delta.finish_reason or c.finish_reason
         output = dataclasses.replace(delta, finish_reason=c.finish_reason, num_tokens=count)
-        self.on_update(RequestUpdate(self.request_id, (output,), self._usage(),
-                                     ttft_s=self.ttft_s,
-                                     elapsed_s=time.monotonic() - self.t_submit))
+        self.on_update(
+            RequestUpdate(
+                self.request_id,
+                (output,),
+                self._usage(),
+                ttft_s=self.ttft_s,
+                elapsed_s=time.monotonic() - self.t_submit,
+            )
+        )
 
     def usage(self, usage: Usage) -> None:
         self.prompt_tokens, self.cached_tokens = usage.prompt_tokens, usage.cached_tokens
@@ -96,8 +105,17 @@ class RemoteReply:
         if self.done:
             return
         self.done = True
-        self.on_update(final_update(self.request_id, reason, self._open(), error, self._usage(),
-                                    self.ttft_s, time.monotonic() - self.t_submit))
+        self.on_update(
+            final_update(
+                self.request_id,
+                reason,
+                self._open(),
+                error,
+                self._usage(),
+                self.ttft_s,
+                time.monotonic() - self.t_submit,
+            )
+        )
 
 
 def split_samples(backend: Backend, params: SamplingParams) -> list[SamplingParams]:
@@ -109,15 +127,25 @@ def split_samples(backend: Backend, params: SamplingParams) -> list[SamplingPara
     return [dataclasses.replace(params, n=1, seed=seed + i) for i in range(params.n)]
 
 
-async def run_request(http: httpx.AsyncClient, backend: Backend, reply: RemoteReply, kind: str,
-                      payload: Any, params: SamplingParams, offset: int, idle_s: float) -> None:
+async def run_request(
+    http: httpx.AsyncClient,
+    backend: Backend,
+    reply: RemoteReply,
+    kind: str,
+    payload: Any,
+    params: SamplingParams,
+    offset: int,
+    idle_s: float,
+) -> None:
     """Send one request; its choices arrive in ``reply`` as choices ``offset``, ``offset+1``...
 
     `Stalled` when the server sends no data for ``idle_s`` (no answer at all, or only
     keep-alive comments); `RequestFailed` when the stream ends before the reply does."""
     if params.use_beam_search and not backend.can("beam"):
-        raise RequestFailed(f"{backend.label} has no beam search (vLLM has; SGLang started with "
-                            "--enable-beam-search); ask for samples instead")
+        raise RequestFailed(
+            f"{backend.label} has no beam search (vLLM has; SGLang started with "
+            "--enable-beam-search); ask for samples instead"
+        )
     path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
     body = request_body(backend.model, kind, payload, params, backend.dialect)
     chat = kind != "completion"
@@ -129,9 +157,13 @@ async def run_request(http: httpx.AsyncClient, backend: Backend, reply: RemoteRe
                 data = r.json()
                 for choice in data.get("choices", []):
                     delta = read_choice(choice, chat, params.top_logprobs)
-                    reply.add(dataclasses.replace(
-                        delta, index=offset + delta.index,
-                        finish_reason=delta.finish_reason or FinishReason.STOP))
+                    reply.add(
+                        dataclasses.replace(
+                            delta,
+                            index=offset + delta.index,
+                            finish_reason=delta.finish_reason or FinishReason.STOP,
+                        )
+                    )
                 reply.usage(read_usage(data.get("usage")))
                 return
             async with http.stream("POST", path, json=body) as r:
@@ -142,13 +174,22 @@ async def run_request(http: httpx.AsyncClient, backend: Backend, reply: RemoteRe
                     return
     except (TimeoutError, httpx.ReadTimeout):  # whichever notices the silence first
         raise Stalled(backend.url, idle_s) from None
-    raise RequestFailed(f"{backend.label} at {backend.url} ended the stream before the reply "
-                        "was finished (no finish reason, no [DONE]); the text so far is kept")
+    raise RequestFailed(
+        f"{backend.label} at {backend.url} ended the stream before the reply "
+        "was finished (no finish reason, no [DONE]); the text so far is kept"
+    )
 
 
-async def _read_stream(r: httpx.Response, backend: Backend, reply: RemoteReply,
-                       quiet: asyncio.Timeout, idle_s: float, chat: bool, params: SamplingParams,
-                       offset: int) -> bool:
+async def _read_stream(
+    r: httpx.Response,
+    backend: Backend,
+    reply: RemoteReply,
+    quiet: asyncio.Timeout,
+    idle_s: float,
+    chat: bool,
+    params: SamplingParams,
+    offset: int,
+) -> bool:
     """Read the SSE stream into ``reply``, each data line putting the ``quiet`` deadline off by
     ``idle_s``; whether the stream said the reply is over ([DONE], or every choice finished)."""
     loop = asyncio.get_running_loop()
@@ -175,5 +216,6 @@ async def _read_stream(r: httpx.Response, backend: Backend, reply: RemoteReply,
 
 def _check(response: httpx.Response, backend: Backend) -> None:
     if response.status_code != 200:
-        raise RequestFailed(f"{backend.label} answered {response.status_code}: "
-                            f"{error_message(response)}")
+        raise RequestFailed(
+            f"{backend.label} answered {response.status_code}: {error_message(response)}"
+        )

@@ -17,12 +17,18 @@ from chatpage.engine.outputs import EngineStats
 
 # figure -> the metric names that carry it, first found wins (counters without _total)
 NAMES: dict[str, tuple[str, ...]] = {
-    "kv_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
-                 "llamacpp:kv_cache_usage_ratio"),
-    "running": ("vllm:num_requests_running", "sglang:num_running_reqs",
-                "llamacpp:requests_processing"),
-    "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs",
-                "llamacpp:requests_deferred"),
+    "kv_usage": (
+        "vllm:kv_cache_usage_perc",
+        "vllm:gpu_cache_usage_perc",
+        "sglang:token_usage",
+        "llamacpp:kv_cache_usage_ratio",
+    ),
+    "running": (
+        "vllm:num_requests_running",
+        "sglang:num_running_reqs",
+        "llamacpp:requests_processing",
+    ),
+    "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred"),
     "preemptions": ("vllm:num_preemptions",),
     "hit_rate": ("sglang:cache_hit_rate",),
     "prefix_hits": ("vllm:prefix_cache_hits",),
@@ -58,8 +64,7 @@ def read_metrics(text: str) -> dict[str, float]:
         for family in text_string_to_metric_families(text):
             if family.name not in wanted:
                 continue
-            samples = [s for s in family.samples
-                       if s.name in (family.name, family.name + "_total")]
+            samples = [s for s in family.samples if s.name in (family.name, family.name + "_total")]
             if samples:
                 values[family.name] = sum(s.value for s in samples)
     except ValueError:  # not Prometheus text after all: keep what was read
@@ -83,14 +88,22 @@ class Poller:
     def __init__(self) -> None:
         self._last: tuple[float, float] | None = None  # (time, generated tokens)
 
-    def stats(self, backend: str, text: str | None, now: float, engine: EngineStats | None,
-              notes: tuple[str, ...]) -> RemoteStats:
+    def stats(
+        self,
+        backend: str,
+        text: str | None,
+        now: float,
+        engine: EngineStats | None,
+        notes: tuple[str, ...],
+    ) -> RemoteStats:
         values = read_metrics(text) if text else {}
         bad = [name for name, value in values.items() if not 0 <= value < math.inf]  # NaN too
         if bad:
             shown = ", ".join(f"{name} = {values[name]}" for name in sorted(bad))
-            notes = (*notes, f"{backend}'s /metrics says {shown}: not a figure the gauge can "
-                             "show; ignored")
+            notes = (
+                *notes,
+                f"{backend}'s /metrics says {shown}: not a figure the gauge can show; ignored",
+            )
         f = figures({name: value for name, value in values.items() if name not in bad})
         rate = f.get("throughput")
         if rate is None and "generated" in f:
@@ -105,10 +118,18 @@ class Poller:
         def count(name: str) -> int | None:
             return int(f[name]) if name in f else None
 
-        return RemoteStats(backend, True, None if usage is None else min(usage, 1.0),
-                           count("running"), count("waiting"),
-                           None if hit is None else min(hit, 1.0), count("preemptions"), rate,
-                           engine, notes)
+        return RemoteStats(
+            backend,
+            True,
+            None if usage is None else min(usage, 1.0),
+            count("running"),
+            count("waiting"),
+            None if hit is None else min(hit, 1.0),
+            count("preemptions"),
+            rate,
+            engine,
+            notes,
+        )
 
 
 def engine_stats(data: object) -> EngineStats | None:
@@ -122,8 +143,11 @@ def engine_stats(data: object) -> EngineStats | None:
         if info.name == "kernels":
             ok = isinstance(value, str)
         elif info.name == "tokens_per_s":
-            ok = isinstance(value, int | float) and not isinstance(value, bool) \
+            ok = (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
                 and 0 <= value < math.inf
+            )
         else:
             ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
         if value is MISSING or not ok:

@@ -50,8 +50,14 @@ T = TypeVar("T")
 class ServeState:
     """What every handler shares: the engine client, the key, the personas and the counters."""
 
-    def __init__(self, client: LocalEngineClient, api_key: str | None, personas: list[Persona],
-                 host: str = "127.0.0.1", limits: ServeLimits | None = None) -> None:
+    def __init__(
+        self,
+        client: LocalEngineClient,
+        api_key: str | None,
+        personas: list[Persona],
+        host: str = "127.0.0.1",
+        limits: ServeLimits | None = None,
+    ) -> None:
         self.client = client
         self.api_key = api_key
         self.host = host  # the address it listens on (a keyless server answers only its names)
@@ -59,8 +65,9 @@ class ServeState:
         self.personas = {PERSONA_PREFIX + p.name: p for p in personas}
         self.counters = metrics.ServerCounters()
         self.created = int(time.time())
-        self.registry = metrics.registry(metrics.EngineCollector(
-            client.stats, self.counters, lambda: client.model_name))
+        self.registry = metrics.registry(
+            metrics.EngineCollector(client.stats, self.counters, lambda: client.model_name)
+        )
         self._pump: EventPump | None = None
 
     @property
@@ -81,8 +88,11 @@ class ServeState:
             return self.client.model_name, None
         if model in self.personas:
             return model, self.personas[model]
-        raise ApiError(404, f"model {model!r} does not exist; GET /v1/models lists "
-                            f"{', '.join(self.model_ids())}", "model")
+        raise ApiError(
+            404,
+            f"model {model!r} does not exist; GET /v1/models lists {', '.join(self.model_ids())}",
+            "model",
+        )
 
     def check(self, request: Request) -> None:
         """401 for a wrong or missing key (compared in constant time); with no key, 403 for a
@@ -93,8 +103,11 @@ class ServeState:
         else:
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
-                raise ApiError(401, "missing or wrong API key: send the header 'Authorization: "
-                                    "Bearer KEY' with the --api-key chatpage serve was given")
+                raise ApiError(
+                    401,
+                    "missing or wrong API key: send the header 'Authorization: "
+                    "Bearer KEY' with the --api-key chatpage serve was given",
+                )
         if not self.client.ready:
             if self.client.error is not None:
                 raise ApiError(503, f"the model did not load: {self.client.error}")
@@ -167,8 +180,11 @@ async def _prepare(request: Request, kind: str) -> tuple[ApiRequest, str]:
     body = await read_json(request, state.limits)
     model, persona = state.resolve(body.get("model") if isinstance(body, dict) else None)
     api = parse_request(body, kind, persona.sampling() if persona else None)
-    if persona is not None and kind == "chat" \
-            and not any(m["role"] == Role.SYSTEM for m in api.messages):
+    if (
+        persona is not None
+        and kind == "chat"
+        and not any(m["role"] == Role.SYSTEM for m in api.messages)
+    ):
         # the persona's system prompt: its pinned prefix blocks serve this request
         api.messages.insert(0, {"role": str(Role.SYSTEM), "content": persona.system_prompt})
     state.offer_tools(api)
@@ -182,8 +198,12 @@ async def generate(request: Request, kind: str) -> Response:
         return _error(e)
     state = _state(request)
     fmt = state.tool_format
-    stream = RequestStream(state.client, api, state.pump,
-                           api.tools.tools if api.tools.offered and fmt.renders_tools else None)
+    stream = RequestStream(
+        state.client,
+        api,
+        state.pump,
+        api.tools.tools if api.tools.offered and fmt.renders_tools else None,
+    )
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
     writer = ChunkWriter(api, rid, model, int(time.time()), state.token_text, fmt)
     try:
@@ -194,8 +214,7 @@ async def generate(request: Request, kind: str) -> Response:
         stream.cancel()
         return Response(status_code=499)
     if api.stream:
-        return StreamingResponse(_sse(state, stream, writer, first),
-                                 media_type="text/event-stream")
+        return StreamingResponse(_sse(state, stream, writer, first), media_type="text/event-stream")
 
     async def collect() -> None:
         async for _ in stream.updates(first):
@@ -211,8 +230,9 @@ async def generate(request: Request, kind: str) -> Response:
     return JSONResponse(writer.whole(stream.outputs.values(), stream.usage))
 
 
-async def _sse(state: ServeState, stream: RequestStream, writer: ChunkWriter,
-               first: list[OutputDelta]) -> AsyncIterator[str]:
+async def _sse(
+    state: ServeState, stream: RequestStream, writer: ChunkWriter, first: list[OutputDelta]
+) -> AsyncIterator[str]:
     try:
         async for delta in stream.updates(first):
             for chunk in writer.chunks(delta):
@@ -228,10 +248,12 @@ async def _sse(state: ServeState, stream: RequestStream, writer: ChunkWriter,
 
 
 def _record(state: ServeState, stream: RequestStream) -> None:
-    reason = stream.outputs[min(stream.outputs)].finish_reason if stream.outputs \
-        else FinishReason.ERROR
-    state.counters.record(stream.prompt_tokens, stream.completion_tokens,
-                          reason or FinishReason.STOP)
+    reason = (
+        stream.outputs[min(stream.outputs)].finish_reason if stream.outputs else FinishReason.ERROR
+    )
+    state.counters.record(
+        stream.prompt_tokens, stream.completion_tokens, reason or FinishReason.STOP
+    )
 
 
 async def chat_completions(request: Request) -> Response:
@@ -248,9 +270,17 @@ async def models(request: Request) -> Response:
         state.check(request)
     except ApiError as e:
         return _error(e)
-    data = [{"id": mid, "object": "model", "created": state.created, "owned_by": OWNER,
-             "root": state.client.model_name, "max_model_len": state.client.max_model_len}
-            for mid in state.model_ids()]
+    data = [
+        {
+            "id": mid,
+            "object": "model",
+            "created": state.created,
+            "owned_by": OWNER,
+            "root": state.client.model_name,
+            "max_model_len": state.client.max_model_len,
+        }
+        for mid in state.model_ids()
+    ]
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -280,31 +310,40 @@ async def stats(request: Request) -> Response:
     if snapshot is None:
         return _error(ApiError(503, "the engine has no statistics yet"))
     counters = state.counters
-    return JSONResponse({
-        **asdict(snapshot), "sharing_saving": snapshot.sharing_saving,
-        "prompt_tokens_total": counters.prompt_tokens,
-        "generation_tokens_total": counters.generation_tokens,
-    })
+    return JSONResponse(
+        {
+            **asdict(snapshot),
+            "sharing_saving": snapshot.sharing_saving,
+            "prompt_tokens_total": counters.prompt_tokens,
+            "generation_tokens_total": counters.generation_tokens,
+        }
+    )
 
 
 async def prometheus(request: Request) -> Response:
     return Response(metrics.render(_state(request).registry), media_type=metrics.CONTENT_TYPE)
 
 
-def build_app(client: LocalEngineClient, api_key: str | None = None,
-              personas: list[Persona] | None = None, host: str = "127.0.0.1",
-              limits: ServeLimits | None = None) -> Starlette:
+def build_app(
+    client: LocalEngineClient,
+    api_key: str | None = None,
+    personas: list[Persona] | None = None,
+    host: str = "127.0.0.1",
+    limits: ServeLimits | None = None,
+) -> Starlette:
     """The ASGI app over a started (or starting) ``client``, listening on ``host``; closing it
     is the caller's job. Shortens the process's GIL switch interval (`SWITCH_INTERVAL_S`)."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    app = Starlette(routes=[
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/chatpage/stats", stats, methods=["GET"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/version", version, methods=["GET"]),
-        Route("/metrics", prometheus, methods=["GET"]),
-    ])
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/chatpage/stats", stats, methods=["GET"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/version", version, methods=["GET"]),
+            Route("/metrics", prometheus, methods=["GET"]),
+        ]
+    )
     app.state.serve = ServeState(client, api_key, personas or [], host, limits)
     return app

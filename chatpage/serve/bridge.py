@@ -52,8 +52,13 @@ class RequestStream:
     """One submitted request; iterate `updates()`, then read `outputs`, `usage`, `error`.
     ``tools``: function tools for the chat template to render."""
 
-    def __init__(self, client: LocalEngineClient, request: ApiRequest, pump: EventPump,
-                 tools: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self,
+        client: LocalEngineClient,
+        request: ApiRequest,
+        pump: EventPump,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.client = client
         self.request = request
         self.usage = Usage()
@@ -67,9 +72,13 @@ class RequestStream:
             pump.post(self._queue, update)
 
         if request.kind == "chat":
-            self.request_id = client.submit(request.messages, request.params, on_update,
-                                            continue_reply=request.continue_final_message,
-                                            tools=tools)
+            self.request_id = client.submit(
+                request.messages,
+                request.params,
+                on_update,
+                continue_reply=request.continue_final_message,
+                tools=tools,
+            )
         else:
             self.request_id = client.submit_prompt(request.prompt, request.params, on_update)
 

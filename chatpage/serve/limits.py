@@ -40,8 +40,11 @@ class ServeLimits:
 
 
 def _too_large(limits: ServeLimits) -> ApiError:
-    return ApiError(413, f"the request body is larger than {limits.max_body_bytes} bytes, this "
-                         "server's limit (chatpage serve --max-body)")
+    return ApiError(
+        413,
+        f"the request body is larger than {limits.max_body_bytes} bytes, this "
+        "server's limit (chatpage serve --max-body)",
+    )
 
 
 async def read_json(request: Request, limits: ServeLimits) -> Any:
@@ -67,8 +70,11 @@ async def read_json(request: Request, limits: ServeLimits) -> Any:
     try:
         await asyncio.wait_for(read(), limits.body_timeout_s)
     except TimeoutError:
-        raise ApiError(408, f"the request body did not arrive within {limits.body_timeout_s:g} s "
-                            "(chatpage serve --body-timeout)") from None
+        raise ApiError(
+            408,
+            f"the request body did not arrive within {limits.body_timeout_s:g} s "
+            "(chatpage serve --body-timeout)",
+        ) from None
     try:
         return json.loads(b"".join(parts))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -83,15 +89,22 @@ def check_keyless(request: Request, bound_host: str) -> None:
     body that is not JSON (a form or text/plain post needs no CORS preflight)."""
     header = request.headers.get("host", "")
     if not _is_own_host(header, bound_host):
-        raise ApiError(403, f"the Host header {header!r} does not name this server; with no API "
-                            "key chatpage serve answers only localhost, 127.0.0.1, [::1] and "
-                            "the address it listens on (give it --api-key to serve any name)")
+        raise ApiError(
+            403,
+            f"the Host header {header!r} does not name this server; with no API "
+            "key chatpage serve answers only localhost, 127.0.0.1, [::1] and "
+            "the address it listens on (give it --api-key to serve any name)",
+        )
     if request.method == "POST":
         kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if kind != "application/json" and not (kind.startswith("application/")
-                                               and kind.endswith("+json")):
-            raise ApiError(415, f"the request body must be JSON (Content-Type: application/json), "
-                                f"got {kind or 'no content type'!r}")
+        if kind != "application/json" and not (
+            kind.startswith("application/") and kind.endswith("+json")
+        ):
+            raise ApiError(
+                415,
+                f"the request body must be JSON (Content-Type: application/json), "
+                f"got {kind or 'no content type'!r}",
+            )
 
 
 def _is_own_host(header: str, bound_host: str) -> bool:

@@ -43,8 +43,12 @@ class ServerCounters:
 class EngineCollector:
     """A prometheus_client collector over a stats source and the server's counters."""
 
-    def __init__(self, stats: Callable[[], EngineStats | None], counters: ServerCounters,
-                 model_name: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        stats: Callable[[], EngineStats | None],
+        counters: ServerCounters,
+        model_name: Callable[[], str],
+    ) -> None:
         self._stats = stats
         self._counters = counters
         self._model = model_name
@@ -61,36 +65,56 @@ class EngineCollector:
 
     def collect(self) -> Iterator[Metric]:
         counters = self._counters
-        yield self._counter("vllm:prompt_tokens", "Prompt tokens processed",
-                            counters.prompt_tokens)
-        yield self._counter("vllm:generation_tokens", "Generated tokens",
-                            counters.generation_tokens)
-        yield self._counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the "
-                            "prefix cache", counters.prompt_tokens)
-        done = CounterMetricFamily("vllm:request_success", "Finished requests by reason",
-                                   labels=["model_name", "finished_reason"])
+        yield self._counter("vllm:prompt_tokens", "Prompt tokens processed", counters.prompt_tokens)
+        yield self._counter(
+            "vllm:generation_tokens", "Generated tokens", counters.generation_tokens
+        )
+        yield self._counter(
+            "vllm:prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache",
+            counters.prompt_tokens,
+        )
+        done = CounterMetricFamily(
+            "vllm:request_success",
+            "Finished requests by reason",
+            labels=["model_name", "finished_reason"],
+        )
         for reason, count in sorted(counters.finished.items()):
             done.add_metric([self._model(), reason], count)
         yield done
         stats = self._stats()
         if stats is None:
             return
-        yield self._gauge("vllm:kv_cache_usage_perc", "KV cache usage (1 = full)",
-                          stats.blocks_used / stats.num_blocks if stats.num_blocks else 0.0)
-        yield self._gauge("vllm:num_requests_running", "Requests in the running batch",
-                          stats.num_running)
-        yield self._gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled",
-                          stats.num_waiting + stats.num_swapped)
-        yield self._counter("vllm:num_preemptions", "Preemptions (recompute and swap)",
-                            stats.preemptions_recompute + stats.preemptions_swap)
-        yield self._counter("vllm:prefix_cache_hits", "Prompt tokens served from the prefix "
-                            "cache", stats.prefix_hit_tokens)
+        yield self._gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV cache usage (1 = full)",
+            stats.blocks_used / stats.num_blocks if stats.num_blocks else 0.0,
+        )
+        yield self._gauge(
+            "vllm:num_requests_running", "Requests in the running batch", stats.num_running
+        )
+        yield self._gauge(
+            "vllm:num_requests_waiting",
+            "Requests waiting to be scheduled",
+            stats.num_waiting + stats.num_swapped,
+        )
+        yield self._counter(
+            "vllm:num_preemptions",
+            "Preemptions (recompute and swap)",
+            stats.preemptions_recompute + stats.preemptions_swap,
+        )
+        yield self._counter(
+            "vllm:prefix_cache_hits",
+            "Prompt tokens served from the prefix cache",
+            stats.prefix_hit_tokens,
+        )
         values = {**stats.segments, "swapped": stats.blocks_swapped}
         for name, doc in BLOCK_GAUGES.items():
             yield self._gauge(f"chatpage:blocks_{name}", doc.capitalize(), values[name])
         yield self._gauge("chatpage:num_blocks", "Blocks in the device pool", stats.num_blocks)
-        yield self._gauge("chatpage:tokens_per_s", "Generated tokens per second (last 3 s)",
-                          stats.tokens_per_s)
+        yield self._gauge(
+            "chatpage:tokens_per_s", "Generated tokens per second (last 3 s)", stats.tokens_per_s
+        )
 
 
 def registry(collector: EngineCollector) -> CollectorRegistry:

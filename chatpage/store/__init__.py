@@ -9,5 +9,14 @@ from chatpage.store.rows import (
 )
 from chatpage.store.store import DB_NAME, SNIPPET_MARKS, Store, make_title
 
-__all__ = ["DB_NAME", "SNIPPET_MARKS", "MessageRow", "NewMessage", "NotFound", "SearchHit",
-           "SessionRow", "Store", "make_title"]
+__all__ = [
+    "DB_NAME",
+    "SNIPPET_MARKS",
+    "MessageRow",
+    "NewMessage",
+    "NotFound",
+    "SearchHit",
+    "SessionRow",
+    "Store",
+    "make_title",
+]

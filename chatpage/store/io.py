@@ -68,8 +68,15 @@ def import_json(store: Store, text: str) -> int:
     Raises ValueError with a one-line reason (and adds nothing) if the text is not such an
     export."""
     chat, messages = _parse_export(text)
-    return store.insert_session(chat["title"], chat["persona"], chat["settings"], messages,
-                                chat["created_at"], chat["updated_at"], chat["system_prompt"])
+    return store.insert_session(
+        chat["title"],
+        chat["persona"],
+        chat["settings"],
+        messages,
+        chat["created_at"],
+        chat["updated_at"],
+        chat["system_prompt"],
+    )
 
 
 def local_time(stamp: str) -> str:
@@ -83,15 +90,25 @@ def local_time(stamp: str) -> str:
 def _to_json(session: SessionRow, messages: list[MessageRow]) -> str:
     numbers = {m.id: n for n, m in enumerate(messages, 1)}
     doc = {
-        "format": EXPORT_FORMAT, "version": EXPORT_VERSION,
-        "title": session.title, "persona": session.persona, "settings": session.settings,
+        "format": EXPORT_FORMAT,
+        "version": EXPORT_VERSION,
+        "title": session.title,
+        "persona": session.persona,
+        "settings": session.settings,
         "system_prompt": session.system_prompt,
-        "created_at": session.created_at, "updated_at": session.updated_at,
+        "created_at": session.created_at,
+        "updated_at": session.updated_at,
         "messages": [
-            {"id": numbers[m.id], "role": m.role,
-             "parent": None if m.parent_id is None else numbers.get(m.parent_id),
-             "content": m.content, "status": m.status, "metadata": m.metadata,
-             "created_at": m.created_at, "kept": m.kept}
+            {
+                "id": numbers[m.id],
+                "role": m.role,
+                "parent": None if m.parent_id is None else numbers.get(m.parent_id),
+                "content": m.content,
+                "status": m.status,
+                "metadata": m.metadata,
+                "created_at": m.created_at,
+                "kept": m.kept,
+            }
             for m in messages
         ],
     }
@@ -99,10 +116,13 @@ def _to_json(session: SessionRow, messages: list[MessageRow]) -> str:
 
 
 def _to_markdown(session: SessionRow, messages: list[MessageRow]) -> str:
-    lines = [f"# {session.title}", "",
-             f"- Persona: {session.persona}",
-             f"- Started: {local_time(session.created_at)}",
-             f"- Updated: {local_time(session.updated_at)}"]
+    lines = [
+        f"# {session.title}",
+        "",
+        f"- Persona: {session.persona}",
+        f"- Started: {local_time(session.created_at)}",
+        f"- Updated: {local_time(session.updated_at)}",
+    ]
     if session.settings:
         listed = ", ".join(f"{k}={v}" for k, v in session.settings.items())
         lines.append(f"- Settings: {listed}")
@@ -120,8 +140,10 @@ def _to_markdown(session: SessionRow, messages: list[MessageRow]) -> str:
         if msg.status != "done":
             lines += ["", f"*({msg.status})*"]
         if versions[msg.parent_id] > 1:
-            lines += ["", f"*(1 of {versions[msg.parent_id]} versions; the JSON export has "
-                          "all of them)*"]
+            lines += [
+                "",
+                f"*(1 of {versions[msg.parent_id]} versions; the JSON export has all of them)*",
+            ]
     return "\n".join(lines) + "\n"
 
 
@@ -129,15 +151,19 @@ def _parse_export(text: str) -> tuple[dict[str, Any], list[NewMessage]]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
-        raise ValueError(f"not valid JSON (line {err.lineno}, column {err.colno}): "
-                         f"{err.msg}") from None
+        raise ValueError(
+            f"not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}"
+        ) from None
     if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
-        raise ValueError("not a chatpage export: expected a JSON object with "
-                         f'"format": "{EXPORT_FORMAT}"')
+        raise ValueError(
+            f'not a chatpage export: expected a JSON object with "format": "{EXPORT_FORMAT}"'
+        )
     version = data.get("version")
     if not isinstance(version, int) or not 1 <= version <= EXPORT_VERSION:
-        raise ValueError(f"unsupported export version {version!r}; this chatpage reads "
-                         f"versions 1 to {EXPORT_VERSION}")
+        raise ValueError(
+            f"unsupported export version {version!r}; this chatpage reads "
+            f"versions 1 to {EXPORT_VERSION}"
+        )
     chat = {
         "title": _field(data, "title", str, "the chat"),
         "persona": _field(data, "persona", str, "the chat"),
@@ -153,15 +179,18 @@ def _parse_export(text: str) -> tuple[dict[str, Any], list[NewMessage]]:
         if not isinstance(msg, dict):
             raise ValueError(f"message {n} is not a JSON object")
     parents = _parents_v1(raw) if version == 1 else _parents(raw)
-    messages = [NewMessage(
-        role=_field(msg, "role", str, f"message {n}"),
-        content=_field(msg, "content", str, f"message {n}"),
-        status=_field(msg, "status", str, f"message {n}", "done"),
-        metadata=_field(msg, "metadata", dict, f"message {n}", {}),
-        created_at=_field(msg, "created_at", str, f"message {n}", None),
-        parent=parent,
-        kept=_field(msg, "kept", bool, f"message {n}", True),
-    ) for n, (msg, parent) in enumerate(zip(raw, parents, strict=True), 1)]
+    messages = [
+        NewMessage(
+            role=_field(msg, "role", str, f"message {n}"),
+            content=_field(msg, "content", str, f"message {n}"),
+            status=_field(msg, "status", str, f"message {n}", "done"),
+            metadata=_field(msg, "metadata", dict, f"message {n}", {}),
+            created_at=_field(msg, "created_at", str, f"message {n}", None),
+            parent=parent,
+            kept=_field(msg, "kept", bool, f"message {n}", True),
+        )
+        for n, (msg, parent) in enumerate(zip(raw, parents, strict=True), 1)
+    ]
     return chat, messages
 
 
@@ -210,8 +239,7 @@ def _parents_v1(raw: list[dict[str, Any]]) -> list[int | None]:
 _MISSING = object()
 
 
-def _field(data: dict[str, Any], key: str, kind: type, where: str,
-           default: Any = _MISSING) -> Any:
+def _field(data: dict[str, Any], key: str, kind: type, where: str, default: Any = _MISSING) -> Any:
     value = data.get(key, _MISSING)
     if value is _MISSING and default is not _MISSING:
         return default

@@ -34,11 +34,18 @@ class SessionRow:
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> SessionRow:
-        return cls(id=row["id"], title=row["title"], persona=row["persona"],
-                   settings=json.loads(row["settings"]), created_at=row["created_at"],
-                   updated_at=row["updated_at"], message_count=row["message_count"],
-                   closed=bool(row["closed"]), draft=row["draft"],
-                   system_prompt=row["system_prompt"])
+        return cls(
+            id=row["id"],
+            title=row["title"],
+            persona=row["persona"],
+            settings=json.loads(row["settings"]),
+            created_at=row["created_at"],
+            updated_at=row["updated_at"],
+            message_count=row["message_count"],
+            closed=bool(row["closed"]),
+            draft=row["draft"],
+            system_prompt=row["system_prompt"],
+        )
 
 
 @dataclass(frozen=True)
@@ -59,10 +66,18 @@ class MessageRow:
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> MessageRow:
-        return cls(id=row["id"], session_id=row["session_id"], parent_id=row["parent_id"],
-                   position=row["position"], role=row["role"], content=row["content"],
-                   status=row["status"], metadata=json.loads(row["metadata"]),
-                   kept=bool(row["kept"]), created_at=row["created_at"])
+        return cls(
+            id=row["id"],
+            session_id=row["session_id"],
+            parent_id=row["parent_id"],
+            position=row["position"],
+            role=row["role"],
+            content=row["content"],
+            status=row["status"],
+            metadata=json.loads(row["metadata"]),
+            kept=bool(row["kept"]),
+            created_at=row["created_at"],
+        )
 
 
 @dataclass(frozen=True)
@@ -91,5 +106,10 @@ class SearchHit:
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> SearchHit:
-        return cls(session_id=row["session_id"], session_title=row["title"],
-                   message_id=row["id"], role=row["role"], snippet=row["snippet"])
+        return cls(
+            session_id=row["session_id"],
+            session_title=row["title"],
+            message_id=row["id"],
+            role=row["role"],
+            snippet=row["snippet"],
+        )

@@ -19,6 +19,7 @@ from pathlib import Path
 
 # -- schema ------------------------------------------------------------------------------------
 
+
 def _migrate_to_1(conn: sqlite3.Connection) -> None:
     for statement in (
         """CREATE TABLE sessions (
@@ -72,8 +73,10 @@ def _migrate_to_3(conn: sqlite3.Connection) -> None:
 def _migrate_to_4(conn: sqlite3.Connection) -> None:
     """Messages form a tree: each names its parent. A linear chat becomes a chain through its
     kept messages; the alternatives of a reply become siblings under the same parent."""
-    conn.execute("ALTER TABLE messages ADD COLUMN parent_id INTEGER "
-                 "REFERENCES messages(id) ON DELETE CASCADE")
+    conn.execute(
+        "ALTER TABLE messages ADD COLUMN parent_id INTEGER "
+        "REFERENCES messages(id) ON DELETE CASCADE"
+    )
     conn.execute("""UPDATE messages SET parent_id = (
         SELECT k.id FROM messages k WHERE k.session_id = messages.session_id
         AND k.position < messages.position
@@ -89,9 +92,13 @@ def _migrate_to_5(conn: sqlite3.Connection) -> None:
     conn.execute("ALTER TABLE sessions ADD COLUMN system_prompt TEXT")
 
 
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_to_1, _migrate_to_2,
-                                                          _migrate_to_3, _migrate_to_4,
-                                                          _migrate_to_5]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [
+    _migrate_to_1,
+    _migrate_to_2,
+    _migrate_to_3,
+    _migrate_to_4,
+    _migrate_to_5,
+]
 """MIGRATIONS[v] takes a database from schema version v to v + 1; append, never edit."""
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -133,8 +140,10 @@ def migrate(conn: sqlite3.Connection) -> int:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
             old = version if old is None else old
             if version > SCHEMA_VERSION:
-                raise NewerSchemaError(f"it has schema version {version}, this chatpage knows "
-                                       f"{SCHEMA_VERSION}; upgrade chatpage")
+                raise NewerSchemaError(
+                    f"it has schema version {version}, this chatpage knows "
+                    f"{SCHEMA_VERSION}; upgrade chatpage"
+                )
             if version == SCHEMA_VERSION:
                 return old
             MIGRATIONS[version](conn)
@@ -142,6 +151,7 @@ def migrate(conn: sqlite3.Connection) -> int:
 
 
 # -- opening -----------------------------------------------------------------------------------
+
 
 def connect(target: str | Path) -> sqlite3.Connection:
     """The one place a connection is made (tests replace it to simulate a read-only file)."""
@@ -174,8 +184,11 @@ def _corrupt(err: sqlite3.Error, path: Path) -> bool:
     error) leaves the file where it is: it may be a good database that another chatpage is
     using or upgrading right now."""
     code = getattr(err, "sqlite_errorcode", None)
-    return (isinstance(err, CorruptDatabase) or _unreadable(path)
-            or (code is not None and code & 0xFF in _CORRUPT))
+    return (
+        isinstance(err, CorruptDatabase)
+        or _unreadable(path)
+        or (code is not None and code & 0xFF in _CORRUPT)
+    )
 
 
 def _unreadable(path: Path) -> bool:
@@ -250,12 +263,18 @@ def open_database(path: Path) -> Opened:
         opened = Opened(prepare(connect(path), check=False), persistent=True)
     except (OSError, sqlite3.Error) as err:
         return _in_memory(path, f"{_reason(first_error)}; then {_reason(err)}")
-    opened.notice = (f"The chat database {path} could not be read ({_reason(first_error)}); "
-                     f"it was moved to {moved} and a new one was started.")
+    opened.notice = (
+        f"The chat database {path} could not be read ({_reason(first_error)}); "
+        f"it was moved to {moved} and a new one was started."
+    )
     return opened
 
 
 def _in_memory(path: Path, reason: str) -> Opened:
     fault = f"cannot use {path} ({reason})"
-    return Opened(prepare(connect(":memory:"), check=False), persistent=False,
-                  notice=f"chatpage is running without saving chats: {fault}.", fault=fault)
+    return Opened(
+        prepare(connect(":memory:"), check=False),
+        persistent=False,
+        notice=f"chatpage is running without saving chats: {fault}.",
+        fault=fault,
+    )

@@ -41,7 +41,7 @@ def make_title(first_user_message: str, limit: int = 40) -> str:
     if len(title) <= limit:
         return title
     cut = title[: limit - 1]
-    if " " in cut[limit // 2:]:
+    if " " in cut[limit // 2 :]:
         cut = cut[: cut.rindex(" ")]
     return cut.rstrip(" .,;:-") + "…"
 
@@ -57,8 +57,15 @@ def _fts_query(term: str) -> str:
 class Store(MessageTree):
     """The chat database. Use `Store.open()`; call it from one thread (the UI's)."""
 
-    def __init__(self, conn: sqlite3.Connection, path: Path, *, persistent: bool,
-                 notice: str | None = None, fault: str | None = None) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        path: Path,
+        *,
+        persistent: bool,
+        notice: str | None = None,
+        fault: str | None = None,
+    ) -> None:
         self._conn = conn
         conn.row_factory = sqlite3.Row
         self.path = path
@@ -77,8 +84,13 @@ class Store(MessageTree):
         """
         path = Path(path) if path is not None else data_dir() / DB_NAME
         opened = open_database(path)
-        return cls(opened.conn, path, persistent=opened.persistent, notice=opened.notice,
-                   fault=opened.fault)
+        return cls(
+            opened.conn,
+            path,
+            persistent=opened.persistent,
+            notice=opened.notice,
+            fault=opened.fault,
+        )
 
     @property
     def persistent(self) -> bool:
@@ -97,26 +109,31 @@ class Store(MessageTree):
 
     # -- sessions --------------------------------------------------------------------------
 
-    def create_session(self, title: str, persona: str,
-                       settings: dict[str, Any] | None = None) -> int:
+    def create_session(
+        self, title: str, persona: str, settings: dict[str, Any] | None = None
+    ) -> int:
         """Add an empty chat and return its id."""
         stamp = now()
         with transaction(self._conn) as conn:
             cur = conn.execute(
                 "INSERT INTO sessions (title, persona, settings, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?)", (title, persona, json.dumps(settings or {}), stamp, stamp))
+                "VALUES (?, ?, ?, ?, ?)",
+                (title, persona, json.dumps(settings or {}), stamp, stamp),
+            )
         return inserted_id(cur)
 
     _SESSION_SELECT = (
         "SELECT s.*, (" + ACTIVE_PATH.format(session="s.id") + "SELECT COUNT(*) FROM path) "
-        "AS message_count FROM sessions s ")
+        "AS message_count FROM sessions s "
+    )
 
     def list_sessions(self, closed: bool | None = None) -> list[SessionRow]:
         """Chats, most recently updated first: all of them, or only the closed (True) or the
         open (False) ones."""
         where = "" if closed is None else f"WHERE s.closed = {int(closed):d} "
         rows = self._conn.execute(
-            self._SESSION_SELECT + where + "ORDER BY s.updated_at DESC, s.id DESC")
+            self._SESSION_SELECT + where + "ORDER BY s.updated_at DESC, s.id DESC"
+        )
         return [SessionRow.from_row(row) for row in rows]
 
     def get_session(self, session_id: int) -> SessionRow | None:
@@ -124,17 +141,27 @@ class Store(MessageTree):
         row = self._conn.execute(self._SESSION_SELECT + "WHERE s.id = ?", (session_id,)).fetchone()
         return None if row is None else SessionRow.from_row(row)
 
-    def update_session(self, session_id: int, *, title: str | None = None,
-                       persona: str | None = None, settings: dict[str, Any] | None = None) -> None:
+    def update_session(
+        self,
+        session_id: int,
+        *,
+        title: str | None = None,
+        persona: str | None = None,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
         """Change a chat's title, persona and/or settings (None = leave as is); NotFound if
         there is no such chat. Does not move the chat in the recency order."""
         with transaction(self._conn) as conn:
             self._require_session(session_id)
-            for column, value in (("title", title), ("persona", persona),
-                                  ("settings", None if settings is None else json.dumps(settings))):
+            for column, value in (
+                ("title", title),
+                ("persona", persona),
+                ("settings", None if settings is None else json.dumps(settings)),
+            ):
                 if value is not None:
-                    conn.execute(f"UPDATE sessions SET {column} = ? WHERE id = ?",
-                                 (value, session_id))
+                    conn.execute(
+                        f"UPDATE sessions SET {column} = ? WHERE id = ?", (value, session_id)
+                    )
 
     def rename_session(self, session_id: int, title: str) -> None:
         """Set a chat's title; NotFound if there is no such chat."""
@@ -147,9 +174,16 @@ class Store(MessageTree):
             self._require_session(session_id)
             conn.execute("UPDATE sessions SET closed = ? WHERE id = ?", (int(closed), session_id))
 
-    def insert_session(self, title: str, persona: str, settings: dict[str, Any],
-                       messages: Sequence[NewMessage], created_at: str | None = None,
-                       updated_at: str | None = None, system_prompt: str | None = None) -> int:
+    def insert_session(
+        self,
+        title: str,
+        persona: str,
+        settings: dict[str, Any],
+        messages: Sequence[NewMessage],
+        created_at: str | None = None,
+        updated_at: str | None = None,
+        system_prompt: str | None = None,
+    ) -> int:
         """Add a whole chat at once (all or nothing), timestamps as given (None = now), with
         its own system prompt (None: its persona's); returns its id. Each message names its
         `parent` by its index in `messages` (an earlier one) or None; siblings keep their
@@ -159,8 +193,15 @@ class Store(MessageTree):
             cur = conn.execute(
                 "INSERT INTO sessions (title, persona, settings, created_at, updated_at, "
                 "system_prompt) VALUES (?, ?, ?, ?, ?, ?)",
-                (title, persona, json.dumps(settings), created_at or stamp, updated_at or stamp,
-                 system_prompt))
+                (
+                    title,
+                    persona,
+                    json.dumps(settings),
+                    created_at or stamp,
+                    updated_at or stamp,
+                    system_prompt,
+                ),
+            )
             session_id = inserted_id(cur)
             ids: list[int] = []
             for n, msg in enumerate(messages, 1):
@@ -168,12 +209,21 @@ class Store(MessageTree):
                 check("role", msg.role, ROLES, where)
                 check("status", msg.status, STATUSES, where)
                 if msg.parent is not None and not 0 <= msg.parent < len(ids):
-                    raise ValueError(f"{where}parent must be an earlier message; "
-                                     f"got {msg.parent!r}")
-                ids.append(self._insert(
-                    session_id, None if msg.parent is None else ids[msg.parent], msg.role,
-                    msg.content, msg.status, msg.metadata or {}, msg.kept,
-                    msg.created_at or stamp))
+                    raise ValueError(
+                        f"{where}parent must be an earlier message; got {msg.parent!r}"
+                    )
+                ids.append(
+                    self._insert(
+                        session_id,
+                        None if msg.parent is None else ids[msg.parent],
+                        msg.role,
+                        msg.content,
+                        msg.status,
+                        msg.metadata or {},
+                        msg.kept,
+                        msg.created_at or stamp,
+                    )
+                )
         return session_id
 
     def delete_session(self, session_id: int) -> None:
@@ -190,30 +240,40 @@ class Store(MessageTree):
             cur = conn.execute(
                 "DELETE FROM sessions WHERE id = ? AND system_prompt IS NULL "
                 "AND NOT EXISTS (SELECT 1 FROM messages WHERE session_id = ?)",
-                (session_id, session_id))
+                (session_id, session_id),
+            )
         return cur.rowcount > 0
 
     def set_draft(self, session_id: int, text: str) -> None:
         """Keep the text left unsent in a chat's prompt ("" for none); NotFound if there is no
         such chat. Does not move the chat in the recency order."""
         with transaction(self._conn) as conn:
-            if conn.execute("UPDATE sessions SET draft = ? WHERE id = ?",
-                            (text, session_id)).rowcount == 0:
+            if (
+                conn.execute(
+                    "UPDATE sessions SET draft = ? WHERE id = ?", (text, session_id)
+                ).rowcount
+                == 0
+            ):
                 raise NotFound(f"no chat with id {session_id}")
 
     def set_system_prompt(self, session_id: int, text: str | None) -> None:
         """Give a chat its own system prompt (None: back to its persona's); NotFound if there
         is no such chat. Does not move the chat in the recency order."""
         with transaction(self._conn) as conn:
-            if conn.execute("UPDATE sessions SET system_prompt = ? WHERE id = ?",
-                            (text, session_id)).rowcount == 0:
+            if (
+                conn.execute(
+                    "UPDATE sessions SET system_prompt = ? WHERE id = ?", (text, session_id)
+                ).rowcount
+                == 0
+            ):
                 raise NotFound(f"no chat with id {session_id}")
 
     def draft(self, session_id: int) -> str:
         """The text left unsent in a chat's prompt ("" for none); NotFound if there is no
         such chat."""
-        row = self._conn.execute("SELECT draft FROM sessions WHERE id = ?",
-                                 (session_id,)).fetchone()
+        row = self._conn.execute(
+            "SELECT draft FROM sessions WHERE id = ?", (session_id,)
+        ).fetchone()
         if row is None:
             raise NotFound(f"no chat with id {session_id}")
         return row["draft"]
@@ -231,6 +291,6 @@ class Store(MessageTree):
             "FROM messages_fts JOIN messages m ON m.id = messages_fts.rowid "
             "JOIN sessions s ON s.id = m.session_id "
             "WHERE messages_fts MATCH ? ORDER BY rank, m.id LIMIT ?",
-            (start, end, query, limit))
+            (start, end, query, limit),
+        )
         return [SearchHit.from_row(row) for row in rows]
-

@@ -53,7 +53,9 @@ DRAIN_S = 0.05
 """How long a stream's updates gather before the app applies them (an output's last update is
 applied at once): a few tokens per wake-up of the app's thread instead of one."""
 FALLBACK_PERSONA = Persona(
-    "assistant", "A helpful assistant", "You are a helpful, honest assistant.",
+    "assistant",
+    "A helpful assistant",
+    "You are a helpful, honest assistant.",
 )
 
 
@@ -74,29 +76,39 @@ class ChatApp(App[None]):
     chat: ChatScreen  # pushed on mount
     saved: SavedChats  # set on mount
 
-    def __init__(self, model: str | None = None, config: EngineConfig | None = None,
-                 settings: Settings | None = None,
-                 personas_dirs: list[Path] | None = None, store: Store | None = None,
-                 warnings: Sequence[str] = (),
-                 client: EngineClient[EngineStats | RemoteStats] | None = None) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        config: EngineConfig | None = None,
+        settings: Settings | None = None,
+        personas_dirs: list[Path] | None = None,
+        store: Store | None = None,
+        warnings: Sequence[str] = (),
+        client: EngineClient[EngineStats | RemoteStats] | None = None,
+    ) -> None:
         super().__init__()
         read_keys_as_meant()
         self.settings = settings or Settings()
         self.store = store
         self._warnings = list(warnings)
         if config is None:
-            config = EngineConfig(kv_cache_bytes=self.settings.kv_cache,
-                                  block_size=self.settings.block_size)
+            config = EngineConfig(
+                kv_cache_bytes=self.settings.kv_cache, block_size=self.settings.block_size
+            )
         self.engine_config = config  # what a local model switched to runs with
         self.client: EngineClient[EngineStats | RemoteStats] = client or LocalEngineClient(
-            model if model is not None else self.settings.model, config)
+            model if model is not None else self.settings.model, config
+        )
         self._gathering: set[Inbox] = set()  # inboxes whose updates are taken on a timer
         self._loading: EngineClient[EngineStats | RemoteStats] | None = None
         """A model being switched to, loading beside the one in use (see `switch_model`)."""
         self._announced: EngineClient[EngineStats | RemoteStats] | None = None
         """The client whose readiness was last shown (see `_model_ready`)."""
-        self.chats = Chats(self.client, self._delivery(self.client),
-                           notify=lambda line: self.say(line, "warning", timeout=10))
+        self.chats = Chats(
+            self.client,
+            self._delivery(self.client),
+            notify=lambda line: self.say(line, "warning", timeout=10),
+        )
         self.personas_dirs = personas_dirs
         self.personas: list[Persona] = []
         self.notices: list[str] = []
@@ -110,8 +122,10 @@ class ChatApp(App[None]):
             self.theme = wanted
         else:
             self.theme = "chatpage"
-            self._theme_problem = (f"theme {wanted!r} does not exist; using 'chatpage' "
-                                   "(the command palette's Theme lists the others)")
+            self._theme_problem = (
+                f"theme {wanted!r} does not exist; using 'chatpage' "
+                "(the command palette's Theme lists the others)"
+            )
 
     async def on_mount(self) -> None:
         for warning in self._warnings:
@@ -122,13 +136,20 @@ class ChatApp(App[None]):
         if self.store is None:
             self.store = Store.open()
         self.saved = SavedChats(self.store, self.chats, self.say)
-        self.chat = ChatScreen(self.chats, self.personas, self.default_persona, self.say,
-                               self.reload_personas, self.key_for)
+        self.chat = ChatScreen(
+            self.chats,
+            self.personas,
+            self.default_persona,
+            self.say,
+            self.reload_personas,
+            self.key_for,
+        )
         await self.push_screen(self.chat)
         self.reload_personas()
         if not self.store.persistent:
-            self.chat.gauge.saving = ("not saving: "
-                                      f"{self.store.fault or 'chats are kept in memory only'}")
+            self.chat.gauge.saving = (
+                f"not saving: {self.store.fault or 'chats are kept in memory only'}"
+            )
         self._start(self.client)
         self.set_interval(STATS_INTERVAL_S, self._poll_stats)
         self.set_interval(SAVE_INTERVAL_S / 2, self.saved.recorder.flush)
@@ -149,8 +170,11 @@ class ChatApp(App[None]):
         known = {b.id for b in all_bindings()}
         unknown = sorted(set(keymap) - known)
         if unknown:
-            self.say(f"config.yaml bindings: unknown id {', '.join(unknown)}; the ids are "
-                     f"listed in help (f1)", "warning")
+            self.say(
+                f"config.yaml bindings: unknown id {', '.join(unknown)}; the ids are "
+                f"listed in help (f1)",
+                "warning",
+            )
         self.keymap = {k: v for k, v in keymap.items() if k in known}
         self.set_keymap(self.keymap)
 
@@ -187,16 +211,21 @@ class ChatApp(App[None]):
             personas = [FALLBACK_PERSONA]
         wanted = self.settings.default_persona
         if find_persona(personas, wanted) is None:
-            self.say(f"default_persona {wanted!r} is not a persona; new chats use "
-                     f"{default_persona(personas, wanted).name!r}", "warning", timeout=12)
+            self.say(
+                f"default_persona {wanted!r} is not a persona; new chats use "
+                f"{default_persona(personas, wanted).name!r}",
+                "warning",
+                timeout=12,
+            )
         return personas
 
     def default_persona(self) -> Persona:
         return default_persona(self.personas, self.settings.default_persona)
 
     # -- notices ----------------------------------------------------------------------------------
-    def say(self, message: str, severity: SeverityLevel = "information",
-            timeout: float | None = None) -> None:
+    def say(
+        self, message: str, severity: SeverityLevel = "information", timeout: float | None = None
+    ) -> None:
         """Show a one-line notice (never parsed as markup) and log it in `notices`."""
         message = clean(message)
         self.notices.append(f"{severity}: {message}")
@@ -206,6 +235,7 @@ class ChatApp(App[None]):
     def _delivery(self, client: EngineClient[object]) -> UpdateCallback:
         """How ``client``'s updates reach this app (called on its engine thread: no waiting): into
         an inbox that this app empties DRAIN_S after its first update, at once for a last one."""
+
         def wake(urgent: bool) -> None:
             self.post_message(EngineEvents(inbox, client, urgent))
 
@@ -214,6 +244,7 @@ class ChatApp(App[None]):
 
     def _start(self, client: EngineClient[object]) -> None:
         """Start ``client``; its status lines come to this app, tagged with it."""
+
         def status(text: str) -> None:
             self.post_message(EngineStatus(text, client))
 
@@ -247,8 +278,10 @@ class ChatApp(App[None]):
         text = message.text
         if message.client is self._loading:  # a model being switched to (see _swap_client)
             if not text.startswith(("error", "engine error", "ready")):
-                gauge.status = (f"{self.client.model_name} · ready · loading "
-                                f"{message.client.model or 'the default model'}: {text}…")
+                gauge.status = (
+                    f"{self.client.model_name} · ready · loading "
+                    f"{message.client.model or 'the default model'}: {text}…"
+                )
             return
         if message.client is not self.client:
             return
@@ -267,8 +300,10 @@ class ChatApp(App[None]):
         if client is self._announced:
             return
         self._announced = client
-        self.chat.gauge.status = (f"{client.model_name} · ready · context "
-                                  f"{client.max_model_len} tokens · {len(self.personas)} personas")
+        self.chat.gauge.status = (
+            f"{client.model_name} · ready · context "
+            f"{client.max_model_len} tokens · {len(self.personas)} personas"
+        )
         for warning in client.warnings:
             self.say(warning, "warning")
         if client.model and not is_backend_url(client.model):
@@ -282,7 +317,8 @@ class ChatApp(App[None]):
         in_use = getattr(self.client, "url", None) or self.client.model
         found = await asyncio.to_thread(find_models, self.settings.models_dirs)
         target = await self.push_screen_wait(
-            ModelPicker(in_use, self.settings.model, self.settings.backend, found))
+            ModelPicker(in_use, self.settings.model, self.settings.backend, found)
+        )
         if target is not None:
             self.switch_model(target)
 
@@ -301,8 +337,11 @@ class ChatApp(App[None]):
         if problem:
             self.say(problem, "error")
         elif self._loading is not None:
-            self.say(f"{self._loading.model or 'the default model'} is still loading; switch "
-                     "again once it is ready (or it failed)", "warning")
+            self.say(
+                f"{self._loading.model or 'the default model'} is still loading; switch "
+                "again once it is ready (or it failed)",
+                "warning",
+            )
         else:
             self._swap_client(target)
 
@@ -318,8 +357,12 @@ class ChatApp(App[None]):
         finally:
             self._loading = None
         if not new.ready:
-            self.say(f"could not switch to {name}: {new.error}; {self.client.model_name} is "
-                     "still serving", "error", timeout=20)
+            self.say(
+                f"could not switch to {name}: {new.error}; {self.client.model_name} is "
+                "still serving",
+                "error",
+                timeout=20,
+            )
             self._poll_stats()
             await asyncio.to_thread(new.close)
             return
@@ -344,7 +387,11 @@ class ChatApp(App[None]):
             self.chat.gauge.stats = stats
 
 
-def run_app(model: str | None = None, config: EngineConfig | None = None,
-            settings: Settings | None = None, personas_dirs: list[Path] | None = None) -> None:
+def run_app(
+    model: str | None = None,
+    config: EngineConfig | None = None,
+    settings: Settings | None = None,
+    personas_dirs: list[Path] | None = None,
+) -> None:
     """Run the chat UI until the user quits."""
     ChatApp(model, config, settings, personas_dirs).run()

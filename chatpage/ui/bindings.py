@@ -24,8 +24,14 @@ from chatpage.ui.widgets.transcript import Transcript
 
 def binding(action: Action) -> Binding:
     """The key binding of ``action`` (one with a key)."""
-    return Binding(action.key, f"act({action.id!r})", action.title, show=action.show,
-                   id=action.id, priority=action.priority)
+    return Binding(
+        action.key,
+        f"act({action.id!r})",
+        action.title,
+        show=action.show,
+        id=action.id,
+        priority=action.priority,
+    )
 
 
 APP_BINDINGS: list[BindingType] = [binding(a) for a in ACTIONS if a.key and a.app]
@@ -36,5 +42,7 @@ def all_bindings() -> list[Binding]:
     """Every binding with an id, wherever it lives (for the keymap and the help): the
     actions', then the keys of the widgets that have them while they have focus."""
     widgets = [*AlternativesView.BINDINGS, *Transcript.BINDINGS, *MessageView.BINDINGS]
-    return [*(binding(a) for a in ACTIONS if a.key),
-            *(b for b in widgets if isinstance(b, Binding) and b.id)]
+    return [
+        *(binding(a) for a in ACTIONS if a.key),
+        *(b for b in widgets if isinstance(b, Binding) and b.id),
+    ]

@@ -87,10 +87,15 @@ class ChatScreen(Screen[None]):
 
     saved: SavedChats  # given at `begin`
 
-    def __init__(self, chats: Chats, personas: list[Persona],
-                 default_persona: Callable[[], Persona], say: Say,
-                 reload_personas: Callable[[], None],
-                 key_for: Callable[[str], str | None]) -> None:
+    def __init__(
+        self,
+        chats: Chats,
+        personas: list[Persona],
+        default_persona: Callable[[], Persona],
+        say: Say,
+        reload_personas: Callable[[], None],
+        key_for: Callable[[str], str | None],
+    ) -> None:
         super().__init__()
         self.chats = chats
         self.reload_personas = reload_personas
@@ -99,11 +104,13 @@ class ChatScreen(Screen[None]):
         self.default_persona = default_persona
         self.say = say
         self.gauge = BlockGauge(id="gauge")
-        self.prompt = PromptInput(id="prompt", placeholder="Message (enter sends, ctrl+j new "
-                                                            "line, /help for commands)")
+        self.prompt = PromptInput(
+            id="prompt", placeholder="Message (enter sends, ctrl+j new line, /help for commands)"
+        )
         self._prompt_had_text = False
         self.prompt.completer = lambda text: completions(
-            text, COMMAND_NAMES, ARGUMENTS, [p.name for p in self.personas])
+            text, COMMAND_NAMES, ARGUMENTS, [p.name for p in self.personas]
+        )
         self._completion_note = ""
         self._interrupted_at = -QUIT_AGAIN_S  # the last ctrl+c that did not quit
         self._draft_timer: Timer | None = None  # saves the draft once typing pauses
@@ -261,8 +268,9 @@ class ChatScreen(Screen[None]):
     @on(PromptInput.Completed)
     def _completed(self, message: PromptInput.Completed) -> None:
         if len(message.options) > 1:
-            self._completion_note = "tab: " + " · ".join(o.rsplit(" ", 1)[-1] or o.strip()
-                                                        for o in message.options[:12])
+            self._completion_note = "tab: " + " · ".join(
+                o.rsplit(" ", 1)[-1] or o.strip() for o in message.options[:12]
+            )
             self._show_prompt_info()
 
     @on(TextArea.Changed, "#prompt")
@@ -324,8 +332,9 @@ class ChatScreen(Screen[None]):
             with self.app.suspend():
                 text = edit_text(self.prompt.text, command)
         except SuspendNotSupported:
-            self.say("this terminal cannot hand the screen to an editor; the draft stays here",
-                     "warning")
+            self.say(
+                "this terminal cannot hand the screen to an editor; the draft stays here", "warning"
+            )
             return
         self.put_back(text)
 
@@ -377,6 +386,7 @@ class ChatScreen(Screen[None]):
 
     def search(self, term: str = "") -> None:
         """The search dialog; the hit picked opens its chat."""
+
         async def find() -> None:
             hit = await self.ask(ChatSearch(self.saved.store.search, term))
             if hit is not None:
@@ -432,13 +442,15 @@ class ChatScreen(Screen[None]):
 
     @on(MessageView.Regenerate)
     async def _regenerate(self, message: MessageView.Regenerate) -> None:
-        await self._guard(lambda: message_actions.regenerate(self, message.entry),
-                          "regenerating a reply")
+        await self._guard(
+            lambda: message_actions.regenerate(self, message.entry), "regenerating a reply"
+        )
 
     @on(MessageView.Switch)
     async def _switch(self, message: MessageView.Switch) -> None:
-        await self._guard(lambda: message_actions.switch(self, message.entry, message.step),
-                          "switching versions")
+        await self._guard(
+            lambda: message_actions.switch(self, message.entry, message.step), "switching versions"
+        )
 
     @on(MessageView.Left)
     async def _left(self) -> None:

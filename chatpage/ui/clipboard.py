@@ -19,7 +19,9 @@ from collections.abc import Callable
 from textual.dom import DOMNode
 
 TOOL_TIMEOUT_S = 3.0
-OSC52_NOTE = "the terminal's clipboard (OSC 52: tmux needs set-clipboard on, some terminals drop it)"
+OSC52_NOTE = (
+    "the terminal's clipboard (OSC 52: tmux needs set-clipboard on, some terminals drop it)"
+)
 
 _TOOLS: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
     # (tool, arguments, environment variable that must be set, or None for macOS)
@@ -63,8 +65,14 @@ def copy_to_system(text: str) -> str | None:
     if command is None:
         return None
     try:
-        subprocess.run(command, input=text.encode(), check=True, timeout=TOOL_TIMEOUT_S,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run(
+            command,
+            input=text.encode(),
+            check=True,
+            timeout=TOOL_TIMEOUT_S,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return os.path.basename(command[0])

@@ -18,5 +18,8 @@ def report(error: Exception, where: str, say: Say) -> None:
         say(str(error), "error")
         return
     log_error(error, where)
-    say(f"internal error while {where} ({type(error).__name__}); the traceback is in "
-        f"{log_path()}", "error", timeout=BUG_NOTICE_S)
+    say(
+        f"internal error while {where} ({type(error).__name__}); the traceback is in {log_path()}",
+        "error",
+        timeout=BUG_NOTICE_S,
+    )

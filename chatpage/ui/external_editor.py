@@ -29,11 +29,15 @@ def edit_text(text: str, command: list[str]) -> str:
         try:
             done = subprocess.run([*command, str(path)], check=False)
         except OSError as err:
-            raise UserError(f"cannot run the editor {shlex.join(command)!r} "
-                             f"({err.strerror or err}); set $EDITOR to one you have") from None
+            raise UserError(
+                f"cannot run the editor {shlex.join(command)!r} "
+                f"({err.strerror or err}); set $EDITOR to one you have"
+            ) from None
         if done.returncode != 0:
-            raise UserError(f"the editor {shlex.join(command)!r} exited with status "
-                             f"{done.returncode}; the draft is unchanged")
+            raise UserError(
+                f"the editor {shlex.join(command)!r} exited with status "
+                f"{done.returncode}; the draft is unchanged"
+            )
         edited = path.read_text(encoding="utf-8", errors="replace")
     finally:
         path.unlink(missing_ok=True)

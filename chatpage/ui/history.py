@@ -96,8 +96,9 @@ class SavedChats:
     def find_open(self, store_id: int) -> ChatSession | None:
         return next((s for s in self.chats.sessions if s.store_id == store_id), None)
 
-    def reopen(self, store_id: int, personas: list[Persona],
-               fallback: Persona) -> ChatSession | None:
+    def reopen(
+        self, store_id: int, personas: list[Persona], fallback: Persona
+    ) -> ChatSession | None:
         """The saved chat ``store_id`` loaded again (not yet adopted), or None if it is gone."""
         row = self.store.get_session(store_id)
         if row is None:

@@ -32,24 +32,34 @@ class PaletteHost(Protocol):
     def closed_chats(self) -> list[SessionRow]: ...
 
 
-def palette_commands(host: PaletteHost,
-                     key_for: Callable[[str], str | None]) -> Iterable[SystemCommand]:
+def palette_commands(
+    host: PaletteHost, key_for: Callable[[str], str | None]
+) -> Iterable[SystemCommand]:
     """Commands for `App.get_system_commands` (titles go through markup: user text is escaped).
     ``key_for`` gives the key of a binding id after the user's keymap."""
     for action in ACTIONS:
         for entry in action.palette_entries(key_for):
-            yield SystemCommand(markup_literal(entry.title), markup_literal(entry.help),
-                                lambda a=action, arg=entry.arg: host.act(a, arg))
+            yield SystemCommand(
+                markup_literal(entry.title),
+                markup_literal(entry.help),
+                lambda a=action, arg=entry.arg: host.act(a, arg),
+            )
     for persona in host.personas:
-        yield SystemCommand(f"New chat: {markup_literal(persona.name)}",
-                            markup_literal(persona.description),
-                            lambda p=persona: host.open_session(p))
+        yield SystemCommand(
+            f"New chat: {markup_literal(persona.name)}",
+            markup_literal(persona.description),
+            lambda p=persona: host.open_session(p),
+        )
     for i, open_chat in enumerate(host.chats.sessions, 1):
-        yield SystemCommand(f"Switch to chat {i}: {markup_literal(open_chat.title)}",
-                            f"persona {markup_literal(open_chat.persona.name)}",
-                            lambda s=open_chat: setattr(host, "current", s))
+        yield SystemCommand(
+            f"Switch to chat {i}: {markup_literal(open_chat.title)}",
+            f"persona {markup_literal(open_chat.persona.name)}",
+            lambda s=open_chat: setattr(host, "current", s),
+        )
     for row in host.closed_chats():
-        yield SystemCommand(f"Open saved chat: {markup_literal(row.title)}",
-                            f"{row.message_count} messages · {local_time(row.updated_at)} · "
-                            f"persona {markup_literal(row.persona)}",
-                            lambda sid=row.id: host.open_saved(sid))
+        yield SystemCommand(
+            f"Open saved chat: {markup_literal(row.title)}",
+            f"{row.message_count} messages · {local_time(row.updated_at)} · "
+            f"persona {markup_literal(row.persona)}",
+            lambda sid=row.id: host.open_saved(sid),
+        )

@@ -35,8 +35,10 @@ def parse_command(text: str) -> SlashCommand | None:
     head, _, arg = stripped[1:].partition(" ")
     action = BY_SLASH.get(head.strip().lower())
     if action is None:
-        raise UserError(f"unknown command /{head}; type /help for the list "
-                         "(start with // to send a message that begins with /)")
+        raise UserError(
+            f"unknown command /{head}; type /help for the list "
+            "(start with // to send a message that begins with /)"
+        )
     return SlashCommand(action, arg.strip())
 
 

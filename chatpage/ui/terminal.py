@@ -70,7 +70,7 @@ class PasteParser(XTermParser):
                 start = window.find(PASTE_START)
                 if start < 0:
                     out.append(text)
-                    self._seen = window[-(len(PASTE_START) - 1):]
+                    self._seen = window[-(len(PASTE_START) - 1) :]
                     return "".join(out)
                 cut = start + len(PASTE_START) - len(self._seen)  # where the paste begins
                 out.append(text[:cut])
@@ -79,9 +79,9 @@ class PasteParser(XTermParser):
             end = text.find(PASTE_END)
             if end < 0:
                 keep = _partial_suffix(text, PASTE_END)
-                body, self._held = text[:len(text) - keep], text[len(text) - keep:]
+                body, self._held = text[: len(text) - keep], text[len(text) - keep :]
                 out.append(body.replace("\x1b", ESC_SHOWN))
                 return "".join(out)
             out.append(text[:end].replace("\x1b", ESC_SHOWN) + PASTE_END)
-            text, self._pasting = text[end + len(PASTE_END):], False
+            text, self._pasting = text[end + len(PASTE_END) :], False
         return "".join(out)

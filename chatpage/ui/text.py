@@ -45,5 +45,8 @@ def code_blocks(markdown: str) -> list[str]:
     """The contents of the fenced/indented code blocks in ``markdown``, in order."""
     from markdown_it import MarkdownIt
 
-    return [token.content.rstrip("\n") for token in MarkdownIt("gfm-like").parse(markdown)
-            if token.type in ("fence", "code_block")]
+    return [
+        token.content.rstrip("\n")
+        for token in MarkdownIt("gfm-like").parse(markdown)
+        if token.type in ("fence", "code_block")
+    ]

@@ -50,6 +50,7 @@ class Output(Protocol):
 
 # -- SSE framing --------------------------------------------------------------------------------
 
+
 def sse(data: dict[str, Any] | str) -> str:
     """One server-sent event: ``data: JSON`` (or the raw text) and a blank line."""
     text = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
@@ -71,22 +72,29 @@ def sse_data(line: str) -> str | None:
 
 # -- usage ------------------------------------------------------------------------------------
 
+
 def usage_body(usage: Usage) -> dict[str, Any]:
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": usage.cached_tokens}}
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
 
 
 def read_usage(raw: Any) -> Usage:
     """`usage_body`'s inverse (fields a server leaves out read as 0)."""
     raw = raw if isinstance(raw, dict) else {}
     details = raw.get("prompt_tokens_details") or {}
-    return Usage(prompt_tokens=int(raw.get("prompt_tokens") or 0),
-                 cached_tokens=int(details.get("cached_tokens") or 0),
-                 completion_tokens=int(raw.get("completion_tokens") or 0))
+    return Usage(
+        prompt_tokens=int(raw.get("prompt_tokens") or 0),
+        cached_tokens=int(details.get("cached_tokens") or 0),
+        completion_tokens=int(raw.get("completion_tokens") or 0),
+    )
 
 
 # -- the server's side --------------------------------------------------------------------------
+
 
 def token_id_name(token_id: int) -> str:
     """A token as vLLM's return_tokens_as_token_ids names it."""
@@ -95,8 +103,11 @@ def token_id_name(token_id: int) -> str:
 
 def tool_call_body(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     """A call as OpenAI writes it in a message (or, with its ``index``, in a stream delta)."""
-    body: dict[str, Any] = {"id": call.id, "type": "function",
-                            "function": {"name": call.name, "arguments": call.arguments}}
+    body: dict[str, Any] = {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
     return body if index is None else {"index": index, **body}
 
 
@@ -106,8 +117,15 @@ class ChunkWriter:
     token by its text (for logprobs and completions' text offsets); ``tools``: the model's
     tool-call format, when the request offers tools (replies are read for calls)."""
 
-    def __init__(self, request: ApiRequest, response_id: str, model: str, created: int,
-                 token_text: TokenText, tools: ToolFormat | None = None) -> None:
+    def __init__(
+        self,
+        request: ApiRequest,
+        response_id: str,
+        model: str,
+        created: int,
+        token_text: TokenText,
+        tools: ToolFormat | None = None,
+    ) -> None:
         self.request = request
         self.chat = request.kind == "chat"
         self.id = response_id
@@ -125,8 +143,11 @@ class ChunkWriter:
         return TOOL_CALLS if calls and reason == FinishReason.STOP else str(reason)
 
     def _head(self, whole: bool) -> dict[str, Any]:
-        kind = ("chat.completion" if whole else "chat.completion.chunk") if self.chat \
+        kind = (
+            ("chat.completion" if whole else "chat.completion.chunk")
+            if self.chat
             else "text_completion"
+        )
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
     def _logprobs(self, out: Output, offset: int) -> Any:
@@ -140,21 +161,30 @@ class ChunkWriter:
         steps = [tops[i] if i < len(tops) else {} for i in range(len(tokens))]
         logprobs = out.logprobs or ()
         if self.chat:
+
             def entry(tok: str, lp: float) -> dict[str, Any]:
                 return {"token": tok, "logprob": lp, "bytes": list(tok.encode())}
 
-            return {"content": [
-                {**entry(tok, lp), "top_logprobs": [entry(name(t), v) for t, v in top.items()]}
-                for tok, lp, top in zip(tokens, logprobs, steps, strict=False)
-            ]}
+            return {
+                "content": [
+                    {**entry(tok, lp), "top_logprobs": [entry(name(t), v) for t, v in top.items()]}
+                    for tok, lp, top in zip(tokens, logprobs, steps, strict=False)
+                ]
+            }
         offsets, at = [], offset
         for t in out.token_ids:  # into the text, whatever the tokens are named
             offsets.append(at)
             at += len(self.token_text(t))
-        top_dicts = [{**{name(t): v for t, v in top.items()}, tok: lp}
-                     for tok, lp, top in zip(tokens, logprobs, steps, strict=False)]
-        return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": top_dicts,
-                "text_offset": offsets}
+        top_dicts = [
+            {**{name(t): v for t, v in top.items()}, tok: lp}
+            for tok, lp, top in zip(tokens, logprobs, steps, strict=False)
+        ]
+        return {
+            "tokens": tokens,
+            "token_logprobs": list(logprobs),
+            "top_logprobs": top_dicts,
+            "text_offset": offsets,
+        }
 
     def whole(self, outputs: Iterable[Output], usage: Usage) -> dict[str, Any]:
         """The answer of a request that was not streamed: every output, whole."""
@@ -163,18 +193,32 @@ class ChunkWriter:
             logprobs = self._logprobs(o, 0)
             if self.chat:
                 text, calls = self.tools.parse(o.text) if self.tools else (o.text, [])
-                message: dict[str, Any] = {"role": str(Role.ASSISTANT),
-                                           "content": text if text or not calls else None}
+                message: dict[str, Any] = {
+                    "role": str(Role.ASSISTANT),
+                    "content": text if text or not calls else None,
+                }
                 if o.reasoning:
                     message["reasoning_content"] = o.reasoning
                 if calls:
                     message["tool_calls"] = [tool_call_body(c) for c in calls]
-                choices.append({"index": o.index, "message": message, "logprobs": logprobs,
-                                "finish_reason": self._reason(o.finish_reason, bool(calls))})
+                choices.append(
+                    {
+                        "index": o.index,
+                        "message": message,
+                        "logprobs": logprobs,
+                        "finish_reason": self._reason(o.finish_reason, bool(calls)),
+                    }
+                )
             else:
-                choices.append({"index": o.index, "text": o.text, "logprobs": logprobs,
-                                "finish_reason": self._reason(o.finish_reason, False),
-                                "stop_reason": None})
+                choices.append(
+                    {
+                        "index": o.index,
+                        "text": o.text,
+                        "logprobs": logprobs,
+                        "finish_reason": self._reason(o.finish_reason, False),
+                        "stop_reason": None,
+                    }
+                )
         return {**self._head(True), "choices": choices, "usage": usage_body(usage)}
 
     def chunks(self, delta: OutputDelta) -> list[dict[str, Any]]:
@@ -184,17 +228,32 @@ class ChunkWriter:
         if delta.index not in self._sent:
             self._sent[delta.index] = 0
             if self.chat:
-                out.append({**self._head(False), "choices": [{
-                    "index": delta.index, "delta": {"role": str(Role.ASSISTANT), "content": ""},
-                    "logprobs": None, "finish_reason": None}], **usage})
+                out.append(
+                    {
+                        **self._head(False),
+                        "choices": [
+                            {
+                                "index": delta.index,
+                                "delta": {"role": str(Role.ASSISTANT), "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                        ],
+                        **usage,
+                    }
+                )
         logprobs = self._logprobs(delta, self._sent[delta.index])
         self._sent[delta.index] += len(delta.text)
         if self.chat:
             choice: dict[str, Any] = {"index": delta.index, "delta": self._chat_delta(delta)}
         else:
             choice = {"index": delta.index, "text": delta.text}
-        choice.update(logprobs=logprobs, finish_reason=self._reason(
-            delta.finish_reason, self._num_calls.get(delta.index, 0) > 0))
+        choice.update(
+            logprobs=logprobs,
+            finish_reason=self._reason(
+                delta.finish_reason, self._num_calls.get(delta.index, 0) > 0
+            ),
+        )
         out.append({**self._head(False), "choices": [choice], **usage})
         return out
 
@@ -222,15 +281,16 @@ class ChunkWriter:
 
 # -- the client's side --------------------------------------------------------------------------
 
+
 def _token_id(token: str) -> int | None:
     """The id in a "token_id:N" name; None for a token named by its text."""
     number = token.removeprefix(TOKEN_ID_PREFIX)
     return int(number) if number != token and number.isdigit() else None
 
 
-def _read_logprobs(raw: Any, chat: bool, count: int
-                   ) -> tuple[tuple[int, ...], tuple[float, ...] | None,
-                              tuple[dict[int, float], ...] | None]:
+def _read_logprobs(
+    raw: Any, chat: bool, count: int
+) -> tuple[tuple[int, ...], tuple[float, ...] | None, tuple[dict[int, float], ...] | None]:
     """(token ids, logprobs, alternatives by id) of a choice's ``logprobs``; the ids and the
     alternatives only where the server named every token by id. ``count``: the alternatives
     asked for (completions' dicts also hold the sampled token, dropped if it is not among the
@@ -240,12 +300,13 @@ def _read_logprobs(raw: Any, chat: bool, count: int
     if chat:
         content = raw.get("content") or []
         tokens, values = [e["token"] for e in content], [e["logprob"] for e in content]
-        alts = [[(a["token"], a["logprob"]) for a in e.get("top_logprobs") or []]
-                for e in content]
+        alts = [[(a["token"], a["logprob"]) for a in e.get("top_logprobs") or []] for e in content]
     else:
         tokens, values = raw.get("tokens") or [], raw.get("token_logprobs") or []
-        alts = [sorted((d or {}).items(), key=lambda kv: -kv[1])[:count]
-                for d in raw.get("top_logprobs") or [{} for _ in tokens]]
+        alts = [
+            sorted((d or {}).items(), key=lambda kv: -kv[1])[:count]
+            for d in raw.get("top_logprobs") or [{} for _ in tokens]
+        ]
     ids = tuple(i for t in tokens if (i := _token_id(t)) is not None)
     if len(ids) < len(tokens):
         return (), tuple(values), None
@@ -275,7 +336,12 @@ def read_choice(choice: dict[str, Any], chat: bool, count: int = 0) -> OutputDel
     else:
         text, reasoning = choice.get("text") or "", ""
     ids, logprobs, tops = _read_logprobs(choice.get("logprobs"), chat, count)
-    return OutputDelta(index=int(choice.get("index") or 0), text=text, reasoning=reasoning,
-                       token_ids=ids,
-                       logprobs=logprobs, top_logprobs=tops,
-                       finish_reason=read_finish_reason(choice.get("finish_reason")))
+    return OutputDelta(
+        index=int(choice.get("index") or 0),
+        text=text,
+        reasoning=reasoning,
+        token_ids=ids,
+        logprobs=logprobs,
+        top_logprobs=tops,
+        finish_reason=read_finish_reason(choice.get("finish_reason")),
+    )

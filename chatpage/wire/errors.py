@@ -4,15 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
-_KINDS = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError",
-          404: "NotFoundError", 408: "RequestTimeoutError", 413: "RequestTooLargeError",
-          415: "UnsupportedMediaTypeError", 503: "ServiceUnavailableError"}
+_KINDS = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    408: "RequestTimeoutError",
+    413: "RequestTooLargeError",
+    415: "UnsupportedMediaTypeError",
+    503: "ServiceUnavailableError",
+}
 
 
 def error_body(message: str, status: int = 500, param: str | None = None) -> dict[str, Any]:
     """OpenAI's error object (as a whole answer's body, or as a stream's last chunk)."""
-    return {"error": {"message": message, "type": _KINDS.get(status, "InternalServerError"),
-                      "param": param, "code": status}}
+    return {
+        "error": {
+            "message": message,
+            "type": _KINDS.get(status, "InternalServerError"),
+            "param": param,
+            "code": status,
+        }
+    }
 
 
 class ApiError(Exception):

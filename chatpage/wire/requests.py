@@ -24,18 +24,45 @@ from chatpage.wire.tools import TOOL, ToolRequest, read_tools, tool_calls_of
 DEVELOPER = "developer"
 """OpenAI's newer name of the system role; read as `Role.SYSTEM`."""
 ROLES = (Role.SYSTEM, DEVELOPER, Role.USER, Role.ASSISTANT, TOOL)
-_COMMON = {"model", "stream", "stream_options", "use_beam_search", "logit_bias",
-           "return_tokens_as_token_ids", "response_format", "structured_outputs", "user",
-           *(name for rule in SAMPLING_RULES for name in rule.wire)}
-FIELDS = {"chat": _COMMON | {"messages", "continue_final_message", "add_generation_prompt",
-                             "tools", "tool_choice", "parallel_tool_calls"},
-          "completion": _COMMON | {"prompt"}}
+_COMMON = {
+    "model",
+    "stream",
+    "stream_options",
+    "use_beam_search",
+    "logit_bias",
+    "return_tokens_as_token_ids",
+    "response_format",
+    "structured_outputs",
+    "user",
+    *(name for rule in SAMPLING_RULES for name in rule.wire),
+}
+FIELDS = {
+    "chat": _COMMON
+    | {
+        "messages",
+        "continue_final_message",
+        "add_generation_prompt",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+    },
+    "completion": _COMMON | {"prompt"},
+}
 """The request fields chatpage reads, per endpoint."""
 NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "repetition_penalty": (1, 1.0),
-    "min_tokens": (0,), "min_p": (0, 0.0), "best_of": (1,), "echo": (False,), "suffix": ("",),
-    "skip_special_tokens": (True,), "include_stop_str_in_output": (False,), "store": (False,),
-    "spaces_between_special_tokens": (True,)}
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "repetition_penalty": (1, 1.0),
+    "min_tokens": (0,),
+    "min_p": (0, 0.0),
+    "best_of": (1,),
+    "echo": (False,),
+    "suffix": ("",),
+    "skip_special_tokens": (True,),
+    "include_stop_str_in_output": (False,),
+    "store": (False,),
+    "spaces_between_special_tokens": (True,),
+}
 """Fields chatpage does not implement but takes at the value that does nothing (or null)."""
 KINDS = ("chat", "completion", "continue")
 """What a client asks for: a reply to messages, a completion of a prompt, or more of the last
@@ -76,11 +103,17 @@ def _text_content(content: Any, where: str) -> str:
         raise bad_value(f"{where}.content", "a string or a list of text parts", content)
     texts = []
     for j, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") != "text" \
-                or not isinstance(part.get("text"), str):
-            raise ApiError(400, f"{where}.content[{j}] must be a text part "
-                                '({"type": "text", "text": "..."}); only text is supported',
-                           f"{where}.content")
+        if (
+            not isinstance(part, dict)
+            or part.get("type") != "text"
+            or not isinstance(part.get("text"), str)
+        ):
+            raise ApiError(
+                400,
+                f"{where}.content[{j}] must be a text part "
+                '({"type": "text", "text": "..."}); only text is supported',
+                f"{where}.content",
+            )
         texts.append(part["text"])
     return "".join(texts)
 
@@ -101,12 +134,19 @@ def parse_messages(raw: Any) -> list[dict[str, Any]]:
         role = str(Role.SYSTEM) if role == DEVELOPER else str(role)
         calls = m.get("tool_calls")
         content = m.get("content")
-        message: dict[str, Any] = {"role": role, "content": "" if content is None and (
-            calls or role == TOOL) else _text_content(content, where)}
+        message: dict[str, Any] = {
+            "role": role,
+            "content": ""
+            if content is None and (calls or role == TOOL)
+            else _text_content(content, where),
+        }
         if calls is not None:
             if role != Role.ASSISTANT:
-                raise ApiError(400, f"{where}.tool_calls: only an assistant message makes tool "
-                                    "calls", f"{where}.tool_calls")
+                raise ApiError(
+                    400,
+                    f"{where}.tool_calls: only an assistant message makes tool calls",
+                    f"{where}.tool_calls",
+                )
             message["tool_calls"] = tool_calls_of(m, where)
         if role == TOOL:
             call_id = m.get("tool_call_id")
@@ -127,12 +167,18 @@ def check_fields(body: dict[str, Any], kind: str) -> None:
             continue
         if name in NEUTRAL:
             if value not in NEUTRAL[name] or isinstance(value, bool) != isinstance(
-                    NEUTRAL[name][0], bool):
-                raise ApiError(400, f"{name} is not implemented by chatpage: leave it out (or "
-                                    f"at {NEUTRAL[name][0]!r}), got {value!r}", name)
+                NEUTRAL[name][0], bool
+            ):
+                raise ApiError(
+                    400,
+                    f"{name} is not implemented by chatpage: leave it out (or "
+                    f"at {NEUTRAL[name][0]!r}), got {value!r}",
+                    name,
+                )
             continue
-        raise ApiError(400, f"unknown field {name!r}: chatpage does not implement it; leave it "
-                            "out", name)
+        raise ApiError(
+            400, f"unknown field {name!r}: chatpage does not implement it; leave it out", name
+        )
 
 
 def parse_prompt(raw: Any) -> str | list[int]:
@@ -157,40 +203,67 @@ def parse_request(body: Any, kind: str, defaults: dict[str, Any] | None = None) 
     stream = read_flag(body, "stream")
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        raise bad_value("stream_options", "an object such as {\"include_usage\": true}", options)
+        raise bad_value("stream_options", 'an object such as {"include_usage": true}', options)
     if options and not stream:
         raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
     include_usage = read_flag(options or {}, "include_usage")
     params = read_sampling(body, kind, defaults)
-    request = ApiRequest(kind, model, params, stream=stream, include_usage=include_usage,
-                         tokens_as_ids=read_flag(body, "return_tokens_as_token_ids"))
+    request = ApiRequest(
+        kind,
+        model,
+        params,
+        stream=stream,
+        include_usage=include_usage,
+        tokens_as_ids=read_flag(body, "return_tokens_as_token_ids"),
+    )
     if kind == "chat":
         request.messages = parse_messages(body.get("messages"))
         request.continue_final_message = read_flag(body, "continue_final_message")
         if request.continue_final_message and request.messages[-1]["role"] != Role.ASSISTANT:
-            raise ApiError(400, "continue_final_message needs the last message to be the "
-                                "assistant's reply to continue", "continue_final_message")
-        if body.get("add_generation_prompt", True) is not True \
-                and not request.continue_final_message:
-            raise ApiError(400, "add_generation_prompt false is only taken with "
-                                "continue_final_message true", "add_generation_prompt")
+            raise ApiError(
+                400,
+                "continue_final_message needs the last message to be the "
+                "assistant's reply to continue",
+                "continue_final_message",
+            )
+        if (
+            body.get("add_generation_prompt", True) is not True
+            and not request.continue_final_message
+        ):
+            raise ApiError(
+                400,
+                "add_generation_prompt false is only taken with continue_final_message true",
+                "add_generation_prompt",
+            )
         request.tools = read_tools(body)
         if request.tools.forced and params.structured is not None:
-            raise ApiError(400, "a tool_choice that forces a call cannot be combined with "
-                                "response_format or structured_outputs", "tool_choice")
+            raise ApiError(
+                400,
+                "a tool_choice that forces a call cannot be combined with "
+                "response_format or structured_outputs",
+                "tool_choice",
+            )
     else:
         request.prompt = parse_prompt(body.get("prompt"))
     return request
 
 
-def request_body(model: str, kind: str, payload: list[dict[str, str]] | str | list[int],
-                 params: SamplingParams, dialect: Dialect = CHATPAGE) -> dict[str, Any]:
+def request_body(
+    model: str,
+    kind: str,
+    payload: list[dict[str, str]] | str | list[int],
+    params: SamplingParams,
+    dialect: Dialect = CHATPAGE,
+) -> dict[str, Any]:
     """What a client sends for ``kind`` (one of `KINDS`): ``payload`` is the messages, or a
     completion's prompt. Streamed with the usage at the end, except beam search (its beams
     reorder until the end: they come whole, at once)."""
     stream = not params.use_beam_search
-    body: dict[str, Any] = {"model": model, "stream": stream,
-                            **write_sampling(params, kind, dialect)}
+    body: dict[str, Any] = {
+        "model": model,
+        "stream": stream,
+        **write_sampling(params, kind, dialect),
+    }
     body["prompt" if kind == "completion" else "messages"] = payload
     if kind == "continue":  # vLLM's names (chatpage serve and SGLang read them too)
         body.update(continue_final_message=True, add_generation_prompt=False)

@@ -43,6 +43,7 @@ CHATPAGE = Dialect()
 
 # -- the server's side: a request body -> SamplingParams ----------------------------------------
 
+
 def _given(body: dict[str, Any], rule: SamplingRule) -> tuple[str, Any]:
     """(the wire name, the value) a body sets ``rule``'s field with; the newest name first
     (max_completion_tokens over max_tokens); the value None when it does not."""
@@ -74,8 +75,11 @@ def _logprobs(body: dict[str, Any], kind: str) -> tuple[str, Any]:
         return name, count
     if not read_flag(body, "logprobs"):
         if count:
-            raise ApiError(400, f"top_logprobs needs logprobs: true, got top_logprobs {count!r} "
-                                "without it", "top_logprobs")
+            raise ApiError(
+                400,
+                f"top_logprobs needs logprobs: true, got top_logprobs {count!r} without it",
+                "top_logprobs",
+            )
         return name, None
     return name, 0 if count is None else count
 
@@ -86,8 +90,7 @@ def _logit_bias(raw: Any) -> dict[int, float]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise bad_value("logit_bias", 'an object of token id -> bias, such as {"50256": -100}',
-                        raw)
+        raise bad_value("logit_bias", 'an object of token id -> bias, such as {"50256": -100}', raw)
     bias: dict[int, float] = {}
     for key, value in raw.items():
         if not (isinstance(key, str) and key.isdigit()):
@@ -96,8 +99,9 @@ def _logit_bias(raw: Any) -> dict[int, float]:
     return bias
 
 
-def read_sampling(body: dict[str, Any], kind: str, defaults: dict[str, Any] | None = None
-                  ) -> SamplingParams:
+def read_sampling(
+    body: dict[str, Any], kind: str, defaults: dict[str, Any] | None = None
+) -> SamplingParams:
     """The SamplingParams of a request body of kind "chat" or "completion"; ``defaults``
     (a persona's sampling settings) fill what the body leaves out, before the table's API
     defaults do. Raises `ApiError` 400 naming the request's field."""
@@ -106,8 +110,9 @@ def read_sampling(body: dict[str, Any], kind: str, defaults: dict[str, Any] | No
     values: dict[str, Any] = {}
     for rule in _PLAIN:
         names[rule.field], value = _given(body, rule)
-        values[rule.field] = next((v for v in (value, defaults.get(rule.field)) if v is not None),
-                                  rule.for_api)
+        values[rule.field] = next(
+            (v for v in (value, defaults.get(rule.field)) if v is not None), rule.for_api
+        )
     if values["top_k"] == VLLM_TOP_K_OFF:
         values["top_k"] = 0
     _, n = _given(body, RULE_BY_FIELD["n"])
@@ -126,13 +131,15 @@ def read_sampling(body: dict[str, Any], kind: str, defaults: dict[str, Any] | No
         text = str(e).removeprefix("SamplingParams.")
         field = text.split(" ", 1)[0]
         api = names.get(field, field)
-        raise ApiError(400, api + text[len(field):], api) from None
+        raise ApiError(400, api + text[len(field) :], api) from None
 
 
 # -- the client's side: SamplingParams -> request fields ----------------------------------------
 
-def write_sampling(params: SamplingParams, kind: str, dialect: Dialect = CHATPAGE
-                   ) -> dict[str, Any]:
+
+def write_sampling(
+    params: SamplingParams, kind: str, dialect: Dialect = CHATPAGE
+) -> dict[str, Any]:
     """Every sampling field of ``params`` as request fields for a server speaking ``dialect``,
     sent explicitly: servers fill unset ones from the model's generation config, which would
     make a reply differ from what the user set (beam search: `BEAM_SEARCH_VALUES`)."""

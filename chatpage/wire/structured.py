@@ -13,9 +13,13 @@ from chatpage.engine.grammar import grammar_text
 from chatpage.engine.sampling_params import GrammarKind, Structured
 from chatpage.wire.errors import ApiError, bad_value
 
-VLLM_KEYS = {"json": GrammarKind.JSON_SCHEMA, "regex": GrammarKind.REGEX,
-             "choice": GrammarKind.CHOICE, "grammar": GrammarKind.GRAMMAR,
-             "json_object": GrammarKind.JSON_OBJECT}
+VLLM_KEYS = {
+    "json": GrammarKind.JSON_SCHEMA,
+    "regex": GrammarKind.REGEX,
+    "choice": GrammarKind.CHOICE,
+    "grammar": GrammarKind.GRAMMAR,
+    "json_object": GrammarKind.JSON_OBJECT,
+}
 """vLLM's structured_outputs keys and the grammar each is."""
 
 
@@ -29,8 +33,11 @@ def check_schema(schema: Any, where: str) -> None:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
         path = "".join(f"[{p!r}]" for p in e.absolute_path)
-        raise ApiError(400, f"{where} is not a valid JSON schema: {e.message}"
-                            + (f" (at {path})" if path else ""), where) from None
+        raise ApiError(
+            400,
+            f"{where} is not a valid JSON schema: {e.message}" + (f" (at {path})" if path else ""),
+            where,
+        ) from None
 
 
 def checked(spec: Structured, where: str) -> Structured:
@@ -49,8 +56,7 @@ def _schema_spec(schema: Any, where: str) -> Structured:
         except ValueError as e:
             raise ApiError(400, f"{where} is not valid JSON: {e}", where) from None
     check_schema(schema, where)
-    return checked(Structured(GrammarKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True)),
-                   where)
+    return checked(Structured(GrammarKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True)), where)
 
 
 def _response_format(raw: Any) -> Structured | None:
@@ -65,14 +71,14 @@ def _response_format(raw: Any) -> Structured | None:
         raise bad_value("response_format.type", "text, json_object or json_schema", kind)
     spec = raw.get("json_schema")
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
-        raise bad_value("response_format.json_schema",
-                        "an object with a name and a schema", spec)
+        raise bad_value("response_format.json_schema", "an object with a name and a schema", spec)
     strict = spec.get("strict")
     if strict is not None and not isinstance(strict, bool):
         raise bad_value("response_format.json_schema.strict", "true or false", strict)
     # strict or not, the output follows the schema: chatpage always decodes under it
-    return _schema_spec(spec.get("schema", {"type": "object"}),
-                        "response_format.json_schema.schema")
+    return _schema_spec(
+        spec.get("schema", {"type": "object"}), "response_format.json_schema.schema"
+    )
 
 
 def _structured_outputs(raw: Any) -> Structured | None:
@@ -81,11 +87,17 @@ def _structured_outputs(raw: Any) -> Structured | None:
     given = [k for k, v in raw.items() if v is not None and v is not False]
     unknown = [k for k in given if k not in VLLM_KEYS]
     if unknown:
-        raise ApiError(400, f"structured_outputs.{unknown[0]} is not supported; use one of "
-                            f"{', '.join(VLLM_KEYS)}", f"structured_outputs.{unknown[0]}")
+        raise ApiError(
+            400,
+            f"structured_outputs.{unknown[0]} is not supported; use one of {', '.join(VLLM_KEYS)}",
+            f"structured_outputs.{unknown[0]}",
+        )
     if len(given) != 1:
-        raise ApiError(400, "structured_outputs must set exactly one of "
-                            f"{', '.join(VLLM_KEYS)}, got {len(given)}", "structured_outputs")
+        raise ApiError(
+            400,
+            f"structured_outputs must set exactly one of {', '.join(VLLM_KEYS)}, got {len(given)}",
+            "structured_outputs",
+        )
     key = given[0]
     where, value = f"structured_outputs.{key}", raw[key]
     kind = VLLM_KEYS[key]
@@ -106,8 +118,9 @@ def read_structured(body: dict[str, Any]) -> Structured | None:
     """The grammar a request body asks its output to follow (None: free text)."""
     fmt, vllm = body.get("response_format"), body.get("structured_outputs")
     if fmt is not None and vllm is not None:
-        raise ApiError(400, "use response_format or structured_outputs, not both",
-                       "structured_outputs")
+        raise ApiError(
+            400, "use response_format or structured_outputs, not both", "structured_outputs"
+        )
     if fmt is not None:
         return _response_format(fmt)
     return _structured_outputs(vllm) if vllm is not None else None

@@ -44,8 +44,11 @@ class ToolRequest:
 
 def _tool(raw: Any, i: int) -> dict[str, Any]:
     where = f"tools[{i}]"
-    if not isinstance(raw, dict) or raw.get("type") != "function" \
-            or not isinstance(raw.get("function"), dict):
+    if (
+        not isinstance(raw, dict)
+        or raw.get("type") != "function"
+        or not isinstance(raw.get("function"), dict)
+    ):
         raise bad_value(where, 'a function tool: {"type": "function", "function": {...}}', raw)
     fn = raw["function"]
     name = fn.get("name")
@@ -77,14 +80,23 @@ def read_tools(body: dict[str, Any]) -> ToolRequest:
         choice = "auto"
     elif isinstance(choice, dict):
         fn = choice.get("function")
-        if choice.get("type") != "function" or not isinstance(fn, dict) \
-                or not isinstance(fn.get("name"), str):
-            raise bad_value("tool_choice", 'none, auto, required or {"type": "function", '
-                                           '"function": {"name": ...}}', choice)
+        if (
+            choice.get("type") != "function"
+            or not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+        ):
+            raise bad_value(
+                "tool_choice",
+                'none, auto, required or {"type": "function", "function": {"name": ...}}',
+                choice,
+            )
         choice = fn["name"]
         if choice not in names:
-            raise ApiError(400, f"tool_choice names the function {choice!r}, which is not "
-                                "among tools", "tool_choice")
+            raise ApiError(
+                400,
+                f"tool_choice names the function {choice!r}, which is not among tools",
+                "tool_choice",
+            )
     elif choice not in CHOICES:
         raise bad_value("tool_choice", "none, auto, required or a named function", choice)
     if choice == "required" and not tools:
@@ -105,11 +117,21 @@ def tool_calls_of(m: dict[str, Any], where: str) -> list[dict[str, Any]]:
     calls = []
     for j, c in enumerate(raw):
         fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) \
-                or not isinstance(fn.get("arguments", ""), str | dict):
-            raise bad_value(f"{where}.tool_calls[{j}]",
-                            '{"id": ..., "type": "function", "function": {"name": ..., '
-                            '"arguments": "..."}}', c)
-        calls.append({"id": str(c.get("id") or f"call_{j}"), "type": "function",
-                      "function": {"name": fn["name"], "arguments": fn.get("arguments", "")}})
+        if (
+            not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+            or not isinstance(fn.get("arguments", ""), str | dict)
+        ):
+            raise bad_value(
+                f"{where}.tool_calls[{j}]",
+                '{"id": ..., "type": "function", "function": {"name": ..., "arguments": "..."}}',
+                c,
+            )
+        calls.append(
+            {
+                "id": str(c.get("id") or f"call_{j}"),
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": fn.get("arguments", "")},
+            }
+        )
     return calls

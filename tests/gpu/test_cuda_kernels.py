@@ -28,9 +28,15 @@ def test_cuda_ops_are_native():
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("gqa", [1, 3, 4, 8])
 def test_decode_batch(block_size, head_dim, gqa):
-    cases.check_paged_attention(DEVICE, cases.LENGTHS, [1] * len(cases.LENGTHS),
-                                block_size=block_size, head_dim=head_dim, num_kv_heads=2,
-                                num_q_heads=2 * gqa)
+    cases.check_paged_attention(
+        DEVICE,
+        cases.LENGTHS,
+        [1] * len(cases.LENGTHS),
+        block_size=block_size,
+        head_dim=head_dim,
+        num_kv_heads=2,
+        num_q_heads=2 * gqa,
+    )
 
 
 @pytest.mark.parametrize("block_size", [8, 16, 32])
@@ -39,33 +45,45 @@ def test_decode_batch(block_size, head_dim, gqa):
 def test_mixed_prefill_and_decode(block_size, gqa, dtype):
     seq_lens = [1037, 40, 300, 5, 64, 12]
     q_lens = [1, 40, 120, 1, 17, 0]
-    cases.check_paged_attention(DEVICE, seq_lens, q_lens, dtype=dtype, block_size=block_size,
-                                num_kv_heads=3, num_q_heads=3 * gqa, seed=block_size + gqa)
+    cases.check_paged_attention(
+        DEVICE,
+        seq_lens,
+        q_lens,
+        dtype=dtype,
+        block_size=block_size,
+        num_kv_heads=3,
+        num_q_heads=3 * gqa,
+        seed=block_size + gqa,
+    )
 
 
 @pytest.mark.parametrize("head_dim", [80, 96, 256])
 def test_other_head_dims(head_dim):
-    cases.check_paged_attention(DEVICE, [300, 17, 2], [30, 1, 1], head_dim=head_dim,
-                                num_kv_heads=2, num_q_heads=8)
+    cases.check_paged_attention(
+        DEVICE, [300, 17, 2], [30, 1, 1], head_dim=head_dim, num_kv_heads=2, num_q_heads=8
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_split_k_long_contexts(dtype):
     # few rows and long contexts take the partitioned (split-K) path
     cases.check_paged_attention(DEVICE, [9000], [1], dtype=dtype)
-    cases.check_paged_attention(DEVICE, [4100, 300, 2], [1, 1, 1], dtype=dtype, num_kv_heads=1,
-                                num_q_heads=4)
+    cases.check_paged_attention(
+        DEVICE, [4100, 300, 2], [1, 1, 1], dtype=dtype, num_kv_heads=1, num_q_heads=4
+    )
     cases.check_paged_attention(DEVICE, [5000], [7], dtype=dtype, block_size=32)
 
 
 def test_large_gqa_group_is_split_across_ctas():
-    cases.check_paged_attention(DEVICE, [700, 3], [1, 3], num_kv_heads=1, num_q_heads=32,
-                                head_dim=128)
+    cases.check_paged_attention(
+        DEVICE, [700, 3], [1, 3], num_kv_heads=1, num_q_heads=32, head_dim=128
+    )
 
 
 def test_strided_inputs_and_int64_indexes():
-    cases.check_paged_attention(DEVICE, [100, 37, 500], [1, 37, 4], strided=True,
-                                int64_indexes=True)
+    cases.check_paged_attention(
+        DEVICE, [100, 37, 500], [1, 37, 4], strided=True, int64_indexes=True
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

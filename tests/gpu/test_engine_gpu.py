@@ -26,8 +26,9 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 def _engine(model_dir, **config) -> LLMEngine:
     config.setdefault("gpu_memory_utilization", SHARE)
-    return LLMEngine.from_pretrained(str(model_dir), EngineConfig(**config),
-                                     progress=lambda _m: None)
+    return LLMEngine.from_pretrained(
+        str(model_dir), EngineConfig(**config), progress=lambda _m: None
+    )
 
 
 def _tokens(engine: LLMEngine, params: SamplingParams = GREEDY) -> list[list[int]]:
@@ -69,8 +70,9 @@ def test_bf16_engine_on_the_gpu(gpu_tiny_dir):
     assert graphs.enabled and 4 in graphs.captured  # the decode steps replayed a graph
     del engine, graphs
     _free()
-    eager = _tokens(_engine(gpu_tiny_dir, device="cuda", dtype="auto", weight_dtype="bf16",
-                            cuda_graphs=False))
+    eager = _tokens(
+        _engine(gpu_tiny_dir, device="cuda", dtype="auto", weight_dtype="bf16", cuda_graphs=False)
+    )
     assert with_graphs == eager
     cpu = _tokens(_engine(gpu_tiny_dir, device="cpu"))
     assert [t[0] for t in with_graphs] == [t[0] for t in cpu]  # bf16: the first tokens agree
@@ -88,15 +90,23 @@ def test_the_kv_pool_takes_the_share_of_the_gpu(gpu_tiny_dir):
 
 def test_swapping_forks_and_beams_on_the_gpu(gpu_tiny_dir):
     def run(device: str) -> dict[str, list[list[int]]]:
-        engine = _engine(gpu_tiny_dir, device=device, dtype="float32", gpu_blocks=12,
-                         kv_cache_bytes=12 * 16 * 2 * 2 * 2 * 64 * 4, preemption_mode="swap",
-                         max_num_batched_tokens=48)
+        engine = _engine(
+            gpu_tiny_dir,
+            device=device,
+            dtype="float32",
+            gpu_blocks=12,
+            kv_cache_bytes=12 * 16 * 2 * 2 * 2 * 64 * 4,
+            preemption_mode="swap",
+            max_num_batched_tokens=48,
+        )
         groups = {
             "greedy": engine.add_request(list(range(100, 190)), GREEDY),
-            "n": engine.add_request(list(range(30, 51)), SamplingParams(n=3, seed=3,
-                                                                        max_tokens=10)),
-            "beam": engine.add_request(list(range(60, 80)), SamplingParams(beam_width=3,
-                                                                           max_tokens=8)),
+            "n": engine.add_request(
+                list(range(30, 51)), SamplingParams(n=3, seed=3, max_tokens=10)
+            ),
+            "beam": engine.add_request(
+                list(range(60, 80)), SamplingParams(beam_width=3, max_tokens=8)
+            ),
         }
         done = {}
         acc = OutputAccumulator()
@@ -123,8 +133,9 @@ def test_seeded_sampling_repeats_on_the_gpu(gpu_tiny_dir):
 
 
 def test_dense_weights_stream_onto_the_gpu(gpu_tiny_dir):
-    loaded = load_model(str(gpu_tiny_dir), lambda _m: None, "bf16", torch.device("cuda"),
-                        torch.float32)
+    loaded = load_model(
+        str(gpu_tiny_dir), lambda _m: None, "bf16", torch.device("cuda"), torch.float32
+    )
     assert isinstance(loaded.state, StreamedState)
     q = loaded.state["model.layers.0.self_attn.q_proj.weight"]
     norm = loaded.state["model.layers.0.input_layernorm.weight"]

@@ -83,23 +83,60 @@ class NativeLayers:
         self.parts = len(gemvs[0].parts)
         self.rows = min(g.rows for g in gemvs)
 
-    def __call__(self, h: Tensor, positions: Tensor, meta: AttentionMetadata,
-                 k_caches: list[Tensor], v_caches: list[Tensor], x: Tensor, q: Tensor, k: Tensor,
-                 v: Tensor, act: Tensor, attn_out: Tensor) -> Tensor:
+    def __call__(
+        self,
+        h: Tensor,
+        positions: Tensor,
+        meta: AttentionMetadata,
+        k_caches: list[Tensor],
+        v_caches: list[Tensor],
+        x: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        act: Tensor,
+        attn_out: Tensor,
+    ) -> Tensor:
         m = self.model
         out: Tensor = torch.ops.chatpage.decode_layers(
-            h, positions, m.cos, m.sin, self.norms, self.weights, self.biases, self.parts,
-            k_caches, v_caches, meta.slot_mapping, meta.block_tables, meta.seq_lens,
-            meta.query_start_loc, m.eps, m.scale, x, q, k, v, act, attn_out)
+            h,
+            positions,
+            m.cos,
+            m.sin,
+            self.norms,
+            self.weights,
+            self.biases,
+            self.parts,
+            k_caches,
+            v_caches,
+            meta.slot_mapping,
+            meta.block_tables,
+            meta.seq_lens,
+            meta.query_start_loc,
+            m.eps,
+            m.scale,
+            x,
+            q,
+            k,
+            v,
+            act,
+            attn_out,
+        )
         return out
 
 
 class LlamaModel:
     """The decoder stack with weights as plain tensors; ``forward`` runs one engine step."""
 
-    def __init__(self, config: ModelShape, state: MutableMapping[str, torch.Tensor],
-                 dtype: torch.dtype, device: str | torch.device, weights: str = "fp32",
-                 half: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        config: ModelShape,
+        state: MutableMapping[str, torch.Tensor],
+        dtype: torch.dtype,
+        device: str | torch.device,
+        weights: str = "fp32",
+        half: torch.dtype | None = None,
+    ) -> None:
         """``state``: HF-named fp32 tensors (fused and packed here, consumed; a checkpoint
         streamed onto the device, ``engine/stream.py``) or a state already packed by
         :func:`chatpage.engine.weights.pack_state` (a cached start) in ``weights``. ``half``
@@ -162,15 +199,27 @@ class LlamaModel:
     def _native_layers(self) -> NativeLayers | None:
         """The native layer loop, unless a layer matmul lacks a native GEMV (they exist on the CPU
         only) or the fused ops are not native (they are for an fp32 residual stream)."""
-        linears = [f for layer in self.layers for f in (layer.qkv, layer.o, layer.gate_up,
-                                                         layer.down)]
+        linears = [
+            f for layer in self.layers for f in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        ]
         if not self.fused.native or any(f.gemv is None for f in linears):
             return None
         return NativeLayers(self, linears)
 
-    def _python_layers(self, h: Tensor, positions: Tensor, meta: AttentionMetadata,
-                       k_caches: list[Tensor], v_caches: list[Tensor], x: Tensor, q: Tensor,
-                       k: Tensor, v: Tensor, act: Tensor, attn_out: Tensor) -> Tensor | None:
+    def _python_layers(
+        self,
+        h: Tensor,
+        positions: Tensor,
+        meta: AttentionMetadata,
+        k_caches: list[Tensor],
+        v_caches: list[Tensor],
+        x: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        act: Tensor,
+        attn_out: Tensor,
+    ) -> Tensor | None:
         """Every decoder layer on the residual stream ``h`` (updated in place), through the
         scratch tensors; returns the last layer's MLP output (the final norm adds it). The
         specification of ``decode_layers`` (csrc/cpu/decode.cpp)."""
@@ -182,8 +231,14 @@ class LlamaModel:
             fused.rope_qkv(layer.qkv(x), positions, self.cos, self.sin, q, k, v)
             attention.write_kv(k, v, k_caches[i], v_caches[i], meta.slot_mapping)
             attention.paged_attention(
-                attn_out, q, k_caches[i], v_caches[i], meta.block_tables, meta.seq_lens,
-                meta.query_start_loc, self.scale,
+                attn_out,
+                q,
+                k_caches[i],
+                v_caches[i],
+                meta.block_tables,
+                meta.seq_lens,
+                meta.query_start_loc,
+                self.scale,
             )
             fused.add_rms_norm(h, layer.o(attn_flat.to(self.mm_dtype)), layer.post_norm, eps, x)
             fused.silu_mul(layer.gate_up(x), act)

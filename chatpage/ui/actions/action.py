@@ -39,24 +39,33 @@ class Controls(Protocol):
 
     def dialog(self, flow: Callable[[], Awaitable[None]]) -> None:
         """Run ``flow`` as the one dialog flow (it may `ask`); a newer one replaces it."""
+
     async def ask(self, screen: Screen[T]) -> T | None:
         """Show the dialog ``screen`` and wait for its answer (only inside `dialog`)."""
+
     def put_back(self, text: str) -> None:
         """Put ``text`` in the message box to be edited and sent again."""
+
     def edit_draft(self) -> None:
         """Edit the draft in the user's external editor."""
+
     def focus_message(self, step: int) -> None:
         """Move the focus through the messages on show; past the last: the message box."""
+
     def focus_entry(self, entry: Entry) -> None:
         """Focus the message of ``entry`` (in the chat on show)."""
+
     def toggle_sidebar(self) -> None: ...
     def copy_text(self, text: str, what: str) -> None:
         """Copy ``text`` to the clipboard and say where it went."""
+
     def search(self, term: str = "") -> None:
         """The search dialog over the saved chats."""
+
     def show_help(self) -> None: ...
     def switch_model(self, target: str | None) -> None:
         """Switch to the model at ``target`` ("" for the default; None: pick one)."""
+
     def quit(self) -> None: ...
     def interrupt(self) -> None:
         """ctrl+c: copy a selection, else stop the reply, else quit when pressed twice."""
@@ -70,6 +79,7 @@ SessionHandler = Callable[[Controls, ChatSession, str | None], Awaitable[None]]
 
 def on_chat(run: SessionHandler) -> Handler:
     """A handler that acts on the chat on show (and does nothing while there is none)."""
+
     async def handler(controls: Controls, arg: str | None) -> None:
         if controls.current is not None:
             await run(controls, controls.current, arg)

@@ -27,16 +27,18 @@ def _on_show(c: Controls, entry: Entry, role: str = "", refusal: str = "") -> Ch
 def edit(c: Controls, entry: Entry) -> None:
     """Edit a message of yours: it goes back in the box, and sending it forks the chat there
     (what followed the original stays, as the other version)."""
-    session = _on_show(c, entry, "user", "only your own messages can be edited; ctrl+r asks "
-                       "for another reply")
+    session = _on_show(
+        c, entry, "user", "only your own messages can be edited; ctrl+r asks for another reply"
+    )
     if session is not None:
         c.put_back(c.chats.edit(session, entry))
 
 
 def regenerate(c: Controls, entry: Entry) -> None:
     """Ask again for a reply: the new one is another version of it (◀ ▶)."""
-    session = _on_show(c, entry, "assistant", "r asks again for a reply; e edits a message of "
-                       "yours")
+    session = _on_show(
+        c, entry, "assistant", "r asks again for a reply; e edits a message of yours"
+    )
     if session is not None:
         c.chats.regenerate(session, entry)
 
@@ -51,14 +53,20 @@ def delete(c: Controls, entry: Entry) -> None:
         after = len(session.entries) - session.entries.index(entry) - 1
         undo = (c.key_for("undo_delete") or "").split(",")[0]
         how = f"{undo} or /undo" if undo else "/undo"
-        detail = (f"The {after} message(s) after it go too, on every branch." if after
-                  else "It is the last message.") + f" {how} brings it back until the chat closes."
+        detail = (
+            f"The {after} message(s) after it go too, on every branch."
+            if after
+            else "It is the last message."
+        ) + f" {how} brings it back until the chat closes."
         who = "your message" if entry.role == "user" else "this reply"
         if await c.ask(Confirm(f"Delete {who}?", detail, "Delete")):
             if session in c.chats.sessions and entry in session.entries:
                 c.chats.delete(session, entry)
-                c.say(f"deleted {who}{f' and the {after} after it' if after else ''}: "
-                      f"undo with {how}", timeout=12)
+                c.say(
+                    f"deleted {who}{f' and the {after} after it' if after else ''}: "
+                    f"undo with {how}",
+                    timeout=12,
+                )
 
     c.dialog(confirm)
 

@@ -44,9 +44,13 @@ async def close_session(c: Controls, session: ChatSession, arg: str | None) -> N
 @on_chat
 async def delete_session(c: Controls, session: ChatSession, arg: str | None) -> None:
     """Ask, then delete the chat on show from the store and close it."""
+
     async def confirm() -> None:
-        saved = ("It is removed from the saved chats; this cannot be undone."
-                 if session.store_id is not None else "It has no messages yet.")
+        saved = (
+            "It is removed from the saved chats; this cannot be undone."
+            if session.store_id is not None
+            else "It has no messages yet."
+        )
         yes = await c.ask(Confirm(f"Delete the chat {session.title!r}?", saved, "Delete"))
         if yes and session in c.chats.sessions:
             c.saved.delete(session)
@@ -58,6 +62,7 @@ async def delete_session(c: Controls, session: ChatSession, arg: str | None) -> 
 
 def step(by: int) -> Handler:
     """Show the next (+1) or previous (-1) chat."""
+
     async def run(c: Controls, arg: str | None) -> None:
         c.step(by)
 
@@ -66,6 +71,7 @@ def step(by: int) -> Handler:
 
 def goto(number: int) -> Handler:
     """Show chat ``number`` (from 1, in the sidebar's order), if there is one."""
+
     async def run(c: Controls, arg: str | None) -> None:
         if 1 <= number <= len(c.chats.sessions):
             c.current = c.chats.sessions[number - 1]

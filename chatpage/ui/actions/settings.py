@@ -34,8 +34,10 @@ def setting(name: str, field: str) -> Handler:
     @on_chat
     async def run(c: Controls, session: ChatSession, arg: str | None) -> None:
         if not arg:
-            c.say(f"{info.label} is {_setting_value(getattr(session.sampling, field))} "
-                  f"(set it with /{name} VALUE: {info.allowed})")
+            c.say(
+                f"{info.label} is {_setting_value(getattr(session.sampling, field))} "
+                f"(set it with /{name} VALUE: {info.allowed})"
+            )
             return
         c.chats.set_setting(session, field, arg)
         c.say(f"{info.label} set to {_setting_value(getattr(session.sampling, field))}")
@@ -46,9 +48,11 @@ def setting(name: str, field: str) -> Handler:
 @on_chat
 async def sampling_settings(c: Controls, session: ChatSession, arg: str | None) -> None:
     """The settings dialog of the chat on show."""
+
     async def edit() -> None:
         settings: SamplingSettings | None = await c.ask(
-            SamplingSettingsScreen(session.sampling, session.persona))
+            SamplingSettingsScreen(session.sampling, session.persona)
+        )
         if settings is not None and session in c.chats.sessions:
             c.chats.set_sampling(session, settings)
 
@@ -58,6 +62,7 @@ async def sampling_settings(c: Controls, session: ChatSession, arg: str | None) 
 def alternatives(kind: AltKind) -> Handler:
     """The next reply as ``kind``: ``/samples K``, ``/beam K`` (K alternatives, 3 when not
     given); from the palette the number stays as it was."""
+
     @on_chat
     async def run(c: Controls, session: ChatSession, arg: str | None) -> None:
         k = session.alt_mode.k if arg is None or kind == "off" else parse_k(arg, kind)
@@ -98,8 +103,10 @@ def set_system_prompt(c: Controls, session: ChatSession, text: str) -> None:
     others = c.chats.set_system_prompt(session, text)
     c.saved.save_system_prompt(session)
     shared = f"; shared with {others} other chat(s), pinned" if others else ""
-    c.say(f"this chat's system prompt is set "
-          f"({len(session.persona.system_prompt):,} characters){shared}")
+    c.say(
+        f"this chat's system prompt is set "
+        f"({len(session.persona.system_prompt):,} characters){shared}"
+    )
 
 
 @on_chat
@@ -110,8 +117,9 @@ async def system_prompt(c: Controls, session: ChatSession, arg: str | None) -> N
         return
 
     async def edit() -> None:
-        text = await c.ask(SystemPromptEditor(
-            session.persona.system_prompt, f"System prompt of {session.title!r}"))
+        text = await c.ask(
+            SystemPromptEditor(session.persona.system_prompt, f"System prompt of {session.title!r}")
+        )
         if text is not None and session in c.chats.sessions:
             set_system_prompt(c, session, text)
 
@@ -125,13 +133,17 @@ def switch_persona_to(c: Controls, session: ChatSession, persona: Persona) -> No
     own = find_persona(c.personas, session.persona.name)
     c.chats.switch_persona(session, persona)
     c.saved.save_persona(session)
-    changed = [f"{rule.label} {getattr(before, rule.field)} → {getattr(session.sampling, rule.field)}"
-               for rule in SETTINGS
-               if getattr(before, rule.field) != getattr(session.sampling, rule.field)]
+    changed = [
+        f"{rule.label} {getattr(before, rule.field)} → {getattr(session.sampling, rule.field)}"
+        for rule in SETTINGS
+        if getattr(before, rule.field) != getattr(session.sampling, rule.field)
+    ]
     if (own is None or own.system_prompt != prompt) and prompt != persona.system_prompt:
         changed.insert(0, "its own system prompt → the persona's")
-    c.say(f"this chat continues as {persona.name!r}"
-          + (f"; {', '.join(changed)}" if changed else ""), timeout=12 if changed else None)
+    c.say(
+        f"this chat continues as {persona.name!r}" + (f"; {', '.join(changed)}" if changed else ""),
+        timeout=12 if changed else None,
+    )
 
 
 @on_chat
@@ -142,8 +154,9 @@ async def switch_persona(c: Controls, session: ChatSession, arg: str | None) -> 
         return
 
     async def pick() -> None:
-        persona = await c.ask(PersonaPicker(c.personas, session.persona,
-                                            title="Switch this chat's persona"))
+        persona = await c.ask(
+            PersonaPicker(c.personas, session.persona, title="Switch this chat's persona")
+        )
         if persona is not None and session in c.chats.sessions:
             switch_persona_to(c, session, persona)
 
@@ -154,11 +167,18 @@ async def switch_persona(c: Controls, session: ChatSession, arg: str | None) -> 
 async def save_as_persona(c: Controls, session: ChatSession, arg: str | None) -> None:
     """The persona editor, filled from the chat (its system prompt and sampling settings;
     ``arg``: the name); saving writes the persona file and the chat continues as it."""
+
     async def edit() -> None:
         s = session.sampling
-        start = replace(session.persona, name=arg or f"{session.persona.name}-mine",
-                        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or None,
-                        max_tokens=s.max_tokens, seed=s.seed)
+        start = replace(
+            session.persona,
+            name=arg or f"{session.persona.name}-mine",
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k or None,
+            max_tokens=s.max_tokens,
+            seed=s.seed,
+        )
         edited = await c.ask(PersonaEditor(start, "Save as persona"))
         if edited is None:
             return

@@ -46,7 +46,8 @@ async def continue_reply(c: Controls, session: ChatSession, arg: str | None) -> 
 @on_chat
 async def attach(c: Controls, session: ChatSession, arg: str | None) -> None:
     attachment = await asyncio.to_thread(  # a slow disk must not hold up the UI
-        read_attachment, arg or "", c.chats.client.max_model_len or None)
+        read_attachment, arg or "", c.chats.client.max_model_len or None
+    )
     c.chats.attach(session, attachment)
     c.say(f"attached {attachment.name} to your next message")
 
@@ -81,6 +82,7 @@ async def copy_code(c: Controls, session: ChatSession, arg: str | None) -> None:
 
 def focus_step(step: int) -> Handler:
     """Move the focus to the previous (-1) or next (+1) message."""
+
     @on_chat
     async def run(c: Controls, session: ChatSession, arg: str | None) -> None:
         c.focus_message(step)

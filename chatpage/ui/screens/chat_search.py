@@ -30,8 +30,9 @@ class ChatSearch(ListDialog[SearchHit]):
     """Dismisses with the hit picked (its chat to open), or None on escape."""
 
     def __init__(self, search: Callable[[str], list[SearchHit]], term: str = "") -> None:
-        super().__init__("Search saved chats", "words to find (every word must match)",
-                         "chat-search", term)
+        super().__init__(
+            "Search saved chats", "words to find (every word must match)", "chat-search", term
+        )
         self.search = search
         self.hits: dict[str, SearchHit] = {}
 
@@ -41,8 +42,9 @@ class ChatSearch(ListDialog[SearchHit]):
 
     @staticmethod
     def _prompt(hit: SearchHit) -> Text:
-        text = Text(one_line(hit.session_title, 60), style="bold", no_wrap=True,
-                    overflow="ellipsis")
+        text = Text(
+            one_line(hit.session_title, 60), style="bold", no_wrap=True, overflow="ellipsis"
+        )
         text.append(f"  {'you' if hit.role == 'user' else hit.role}", style="italic dim")
         text.append("\n  ")
         text.append_text(snippet_text(hit.snippet))

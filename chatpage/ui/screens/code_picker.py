@@ -18,8 +18,11 @@ class CodeBlockPicker(ListDialog[str]):
 
     def options(self, text: str) -> list[Option]:
         needle = text.casefold().strip()
-        return [self._option(n, block) for n, block in enumerate(self.blocks)
-                if not needle or needle in block.casefold()]
+        return [
+            self._option(n, block)
+            for n, block in enumerate(self.blocks)
+            if not needle or needle in block.casefold()
+        ]
 
     def result(self, option_id: str) -> str | None:
         return self.blocks[int(option_id)]

@@ -42,16 +42,20 @@ class HelpScreen(ModalScreen[None]):
         Binding("escape,f1,q", "close", "Close", id="help_close"),
     ]
 
-    def __init__(self, keys: list[tuple[str, str, str]],
-                 commands: list[tuple[str, str]]) -> None:
+    def __init__(self, keys: list[tuple[str, str, str]], commands: list[tuple[str, str]]) -> None:
         """``keys``: (key, binding id, description) rows; ``commands``: (usage, help) rows."""
         super().__init__(classes="dialog-screen")
         self.keys = keys
         self.commands = commands
 
     def compose(self) -> ComposeResult:
-        lines = [INTRO, "## Keys", "", "| key | id (for `bindings:` in config.yaml) | action |",
-                 "|---|---|---|"]
+        lines = [
+            INTRO,
+            "## Keys",
+            "",
+            "| key | id (for `bindings:` in config.yaml) | action |",
+            "|---|---|---|",
+        ]
         lines += [f"| `{_cell(k)}` | `{_cell(i)}` | {_cell(d)} |" for k, i, d in self.keys]
         lines += ["", "## Commands", "", "| command | what it does |", "|---|---|"]
         lines += [f"| `{_cell(usage)}` | {_cell(what)} |" for usage, what in self.commands]

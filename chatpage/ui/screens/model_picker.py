@@ -34,19 +34,31 @@ def model_problem(target: str) -> str | None:
     if not path.exists():
         return f"{target}: no such file or folder"
     if path.is_dir():
-        return None if (path / "config.json").is_file() else (
-            f"{target}: no config.json in it; pick a Hugging Face model folder or a .gguf file")
+        return (
+            None
+            if (path / "config.json").is_file()
+            else (
+                f"{target}: no config.json in it; pick a Hugging Face model folder or a .gguf file"
+            )
+        )
     return None if path.suffix == ".gguf" else f"{target}: not a .gguf file or a model folder"
 
 
 class ModelPicker(ListDialog[str]):
     """Dismisses with the model path picked ("" for the default model), or None on escape."""
 
-    def __init__(self, current: str | None, configured: str | None,
-                 backend: str | None = None, found: list[FoundModel] | None = None) -> None:
-        super().__init__("Switch model: chats stay, replies come from the new model",
-                         "a model folder, a .gguf file or a server URL (http://host:8000)",
-                         "model-picker")
+    def __init__(
+        self,
+        current: str | None,
+        configured: str | None,
+        backend: str | None = None,
+        found: list[FoundModel] | None = None,
+    ) -> None:
+        super().__init__(
+            "Switch model: chats stay, replies come from the new model",
+            "a model folder, a .gguf file or a server URL (http://host:8000)",
+            "model-picker",
+        )
         self.current = current
         self.configured = configured
         self.backend = backend
@@ -56,16 +68,23 @@ class ModelPicker(ListDialog[str]):
         text = text.strip()
         options = []
         if not text:
-            options.append(Option(self._label("the default model", self.current is None),
-                                  id=DEFAULT_ID))
+            options.append(
+                Option(self._label("the default model", self.current is None), id=DEFAULT_ID)
+            )
             if self.configured:
-                options.append(Option(self._label(self.configured,
-                                                  self.current == self.configured),
-                                      id=self.configured))
+                options.append(
+                    Option(
+                        self._label(self.configured, self.current == self.configured),
+                        id=self.configured,
+                    )
+                )
             if self.backend:
-                options.append(Option(self._label(f"backend {self.backend}",
-                                                  self.current == self.backend),
-                                      id=self.backend))
+                options.append(
+                    Option(
+                        self._label(f"backend {self.backend}", self.current == self.backend),
+                        id=self.backend,
+                    )
+                )
             listed = {self.configured, self.backend}
             for model in self.found:
                 if model.path not in listed:

@@ -19,8 +19,13 @@ from textual.widgets import Button, Input, Label, Static, TextArea
 from chatpage.config.personas import SAMPLING_KEYS, InvalidPersona, Persona, parse_persona
 
 _LINES = (("name", "Name"), ("description", "Description"), ("greeting", "Greeting"))
-_LABELS = {"temperature": "Temperature", "top_p": "Top-p", "top_k": "Top-k",
-           "max_tokens": "Max tokens", "seed": "Seed"}
+_LABELS = {
+    "temperature": "Temperature",
+    "top_p": "Top-p",
+    "top_k": "Top-k",
+    "max_tokens": "Max tokens",
+    "seed": "Seed",
+}
 
 
 def _number(raw: str) -> object:
@@ -62,11 +67,18 @@ class PersonaEditor(ModalScreen[Persona | None]):
                 for key in SAMPLING_KEYS:
                     value = getattr(p, key)
                     yield Label(_LABELS[key])
-                    yield Input("" if value is None else str(value), id=f"persona-{key}",
-                                placeholder="unset")
+                    yield Input(
+                        "" if value is None else str(value),
+                        id=f"persona-{key}",
+                        placeholder="unset",
+                    )
             yield Label("System prompt")
-            yield TextArea(p.system_prompt, id="persona-system_prompt", soft_wrap=True,
-                           classes="persona-prompt")
+            yield TextArea(
+                p.system_prompt,
+                id="persona-system_prompt",
+                soft_wrap=True,
+                classes="persona-prompt",
+            )
             yield Static("", id="persona-error", classes="dialog-error")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save", variant="primary", id="persona-save")

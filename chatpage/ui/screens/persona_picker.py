@@ -13,8 +13,12 @@ from chatpage.ui.text import one_line
 class PersonaPicker(ListDialog[Persona]):
     """Dismisses with the chosen persona, or None on escape."""
 
-    def __init__(self, personas: list[Persona], preferred: Persona | None = None,
-                 title: str = "New chat: choose a persona") -> None:
+    def __init__(
+        self,
+        personas: list[Persona],
+        preferred: Persona | None = None,
+        title: str = "New chat: choose a persona",
+    ) -> None:
         super().__init__(title, "filter personas", "persona-picker")
         self.personas = personas
         self.preferred = preferred
@@ -26,8 +30,11 @@ class PersonaPicker(ListDialog[Persona]):
 
     def options(self, text: str) -> list[Option]:
         needle = text.casefold().strip()
-        return [self._option(p) for p in self.personas
-                if not needle or needle in p.name.casefold() or needle in p.description.casefold()]
+        return [
+            self._option(p)
+            for p in self.personas
+            if not needle or needle in p.name.casefold() or needle in p.description.casefold()
+        ]
 
     def result(self, option_id: str) -> Persona | None:
         return next((p for p in self.personas if p.name == option_id), None)

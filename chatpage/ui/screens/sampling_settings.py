@@ -28,16 +28,21 @@ class SamplingSettingsScreen(ModalScreen[SamplingSettings | None]):
     def compose(self) -> ComposeResult:
         defaults = SamplingSettings.for_persona(self.persona)
         with Vertical(classes="dialog sampling-settings"):
-            yield Static(Text(f"Sampling settings · persona {self.persona.name}", style="bold"),
-                         classes="dialog-title")
+            yield Static(
+                Text(f"Sampling settings · persona {self.persona.name}", style="bold"),
+                classes="dialog-title",
+            )
             with Grid(classes="settings-grid"):
                 for info in SETTINGS:
                     value = getattr(self.current, info.field)
                     default = getattr(defaults, info.field)
                     yield Label(info.label)
-                    yield Input("" if value is None else str(value), id=f"set-{info.field}",
-                                placeholder=f"persona: {'off' if default is None else default}",
-                                tooltip=info.allowed)
+                    yield Input(
+                        "" if value is None else str(value),
+                        id=f"set-{info.field}",
+                        placeholder=f"persona: {'off' if default is None else default}",
+                        tooltip=info.allowed,
+                    )
             yield Static("", id="settings-error", classes="dialog-error")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save", variant="primary", id="settings-save")

@@ -41,7 +41,8 @@ class SystemPromptEditor(ModalScreen[str | None]):
         text = self.query_one(TextArea).text.strip()
         if not text:
             self.query_one("#system-error", Static).update(
-                Text("the system prompt is empty; write what the model should be"))
+                Text("the system prompt is empty; write what the model should be")
+            )
             return
         self.dismiss(text)
 

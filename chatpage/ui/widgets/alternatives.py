@@ -57,8 +57,7 @@ class AltPane(Throttled, Vertical):
     def _foot(self) -> Text:
         if self.candidate.error:
             return Text(f"error: {clean(self.candidate.error)}")
-        state = {FinishReason.ABORT: "stopped", None: "…"}.get(self.candidate.finish_reason,
-                                                                "done")
+        state = {FinishReason.ABORT: "stopped", None: "…"}.get(self.candidate.finish_reason, "done")
         return Text(f"{state} · {stats_line(self.candidate.stats)}")
 
     def refresh_candidate(self, delta: OutputDelta | None = None) -> None:
@@ -99,8 +98,10 @@ class AlternativesView(TypingGoesToTheBox, Horizontal, can_focus=True):
         super().__init__(classes=f"alternatives -{generation.kind}")
         self.session_id = session_id
         self.generation = generation
-        self.panes = [AltPane(i + 1, generation.kind, cand)  # made now: no update is missed
-                      for i, cand in enumerate(generation.candidates)]
+        self.panes = [
+            AltPane(i + 1, generation.kind, cand)  # made now: no update is missed
+            for i, cand in enumerate(generation.candidates)
+        ]
 
     def compose(self) -> ComposeResult:
         yield from self.panes

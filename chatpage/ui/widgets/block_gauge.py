@@ -54,7 +54,10 @@ class BlockGauge(Widget):
     """Pool bar, numbers, and the engine's status line; polled by the app."""
 
     COMPONENT_CLASSES = {f"block-gauge--{name}" for name in SEGMENTS} | {
-        "block-gauge--label", "block-gauge--swap", "block-gauge--status", "block-gauge--warning",
+        "block-gauge--label",
+        "block-gauge--swap",
+        "block-gauge--status",
+        "block-gauge--warning",
     }
 
     stats: reactive[EngineStats | RemoteStats | None] = reactive(None)
@@ -73,8 +76,9 @@ class BlockGauge(Widget):
     def segments(self) -> dict[str, int] | None:
         return segments(self.pool) if self.pool is not None else None
 
-    def watch_stats(self, old: EngineStats | RemoteStats | None,
-                    new: EngineStats | RemoteStats | None) -> None:
+    def watch_stats(
+        self, old: EngineStats | RemoteStats | None, new: EngineStats | RemoteStats | None
+    ) -> None:
         if new is None:
             return
         if isinstance(new, RemoteStats):
@@ -101,9 +105,11 @@ class BlockGauge(Widget):
             return text
         counts = segments(stats)
         size = stats.bytes_per_block
-        summary = (f"  {stats.blocks_used}/{stats.num_blocks} blocks · "
-                   f"{format_size(stats.blocks_used * size)} of "
-                   f"{format_size(stats.num_blocks * size)}")
+        summary = (
+            f"  {stats.blocks_used}/{stats.num_blocks} blocks · "
+            f"{format_size(stats.blocks_used * size)} of "
+            f"{format_size(stats.num_blocks * size)}"
+        )
         label = f" KV {clean(stats.device)} "  # the pool lives there (the GPU's on a GPU)
         width = max(10, self.size.width - len(summary) - len(label) - 1)
         text.append("\n" + label, self._style("label"))
@@ -117,11 +123,13 @@ class BlockGauge(Widget):
         text.append("│ swap ", self._style("swap"))
         text.append(f"{stats.blocks_swapped}/{stats.num_cpu_blocks} CPU blocks")
         rate = f"{stats.tokens_per_s:.1f} tok/s" if stats.num_running else "idle"  # not the last
-        text.append(f"\n {rate} │ running {stats.num_running} · "
-                    f"waiting {stats.num_waiting} · swapped {stats.num_swapped} │ preempted "
-                    f"{stats.preemptions_recompute} recompute · {stats.preemptions_swap} swap │ "
-                    f"prefix hits {stats.prefix_hit_tokens} tokens │ {stats.device} · kernels "
-                    f"{stats.kernels}")
+        text.append(
+            f"\n {rate} │ running {stats.num_running} · "
+            f"waiting {stats.num_waiting} · swapped {stats.num_swapped} │ preempted "
+            f"{stats.preemptions_recompute} recompute · {stats.preemptions_swap} swap │ "
+            f"prefix hits {stats.prefix_hit_tokens} tokens │ {stats.device} · kernels "
+            f"{stats.kernels}"
+        )
         return text
 
     def _render_remote(self, text: Text, r: RemoteStats) -> None:
@@ -134,9 +142,11 @@ class BlockGauge(Widget):
         else:
             usage = None if r.kv_usage is None else 100 * r.kv_usage
             hits = None if r.prefix_hit_rate is None else 100 * r.prefix_hit_rate
-            text.append(f" KV {shown(usage, '.0f')}% │ running {shown(r.num_running, 'd')} · "
-                        f"waiting {shown(r.num_waiting, 'd')} │ prefix hits {shown(hits, '.0f')}% "
-                        f"│ {shown(r.tokens_per_s, '.1f')} tok/s │ preempted "
-                        f"{shown(r.preemptions, 'd')}")
+            text.append(
+                f" KV {shown(usage, '.0f')}% │ running {shown(r.num_running, 'd')} · "
+                f"waiting {shown(r.num_waiting, 'd')} │ prefix hits {shown(hits, '.0f')}% "
+                f"│ {shown(r.tokens_per_s, '.1f')} tok/s │ preempted "
+                f"{shown(r.preemptions, 'd')}"
+            )
         for note in r.notes:
             text.append(f"  │  {clean(note)}", self._style("warning"))

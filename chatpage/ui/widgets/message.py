@@ -34,8 +34,12 @@ from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
 from chatpage.ui.widgets.throttle import Throttled
 from chatpage.ui.widgets.typing import TypingGoesToTheBox
 
-STATUS_NOTES = {"stopped": "stopped", "interrupted": "interrupted", "error": "failed",
-                "streaming": "…"}
+STATUS_NOTES = {
+    "stopped": "stopped",
+    "interrupted": "interrupted",
+    "error": "failed",
+    "streaming": "…",
+}
 
 
 def stats_line(stats: ReplyStats | None) -> str:
@@ -124,7 +128,8 @@ class MessageView(Throttled, TypingGoesToTheBox, Vertical, can_focus=True):
         self._versions = Static(classes="message-versions")
         self._foot_line = Static(classes="message-foot")
         self._body: Static | StreamingMarkdown = (
-            Static(classes="message-body") if entry.role == "user"
+            Static(classes="message-body")
+            if entry.role == "user"
             else StreamingMarkdown(entry.content, classes="message-body")
         )
         self.redraw()
@@ -150,8 +155,9 @@ class MessageView(Throttled, TypingGoesToTheBox, Vertical, can_focus=True):
         return head
 
     def _attachments(self) -> Text:
-        return Text("  ".join(f"📎 {clean(a.name)} ({len(a.text):,} chars)"
-                              for a in self.entry.attachments))
+        return Text(
+            "  ".join(f"📎 {clean(a.name)} ({len(a.text):,} chars)" for a in self.entry.attachments)
+        )
 
     def _foot(self) -> Text:
         if self.entry.role == "user":

@@ -43,8 +43,14 @@ class PromptInput(TextArea):
         options: list[str]
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(soft_wrap=True, tab_behavior="focus", show_line_numbers=False,
-                         compact=True, highlight_cursor_line=False, **kwargs)
+        super().__init__(
+            soft_wrap=True,
+            tab_behavior="focus",
+            show_line_numbers=False,
+            compact=True,
+            highlight_cursor_line=False,
+            **kwargs,
+        )
         self.prompts: list[str] = []
         self._recall: int | None = None  # index into history while walking it
         self._draft = ""  # what was typed before walking the history

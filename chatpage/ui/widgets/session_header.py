@@ -16,8 +16,10 @@ def cache_line(session: ChatSession) -> str:
     if stats is None:
         return "prefix cache: no reply yet"
     share = stats.prefix_hit_tokens / stats.prompt_tokens if stats.prompt_tokens else 0.0
-    return (f"prefix cache: {stats.prefix_hit_tokens} of {stats.prompt_tokens} prompt tokens "
-            f"({share:.0%}) came from the shared cache")
+    return (
+        f"prefix cache: {stats.prefix_hit_tokens} of {stats.prompt_tokens} prompt tokens "
+        f"({share:.0%}) came from the shared cache"
+    )
 
 
 def context_line(session: ChatSession) -> str:
@@ -55,8 +57,10 @@ class SessionHeader(Throttled, Static):
         if s.streaming:
             text.append("\ngenerating… (esc stops)", "bold")
         elif s.choosing and s.generation is not None:
-            text.append(f"\nchoose an alternative: 1-{len(s.generation.candidates)}, a click, "
-                        "or /keep N", "bold")
+            text.append(
+                f"\nchoose an alternative: 1-{len(s.generation.candidates)}, a click, or /keep N",
+                "bold",
+            )
         self.update(text)
         self.set_class(s.streaming, "-streaming")
         self.tooltip = clean(s.persona.system_prompt)

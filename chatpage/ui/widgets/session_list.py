@@ -45,8 +45,9 @@ class SessionList(OptionList):
         """Show ``sessions`` in order and highlight ``current``."""
         ids = [str(s.id) for s in sessions]
         if [o.id for o in self.options] != ids:
-            self.set_options(Option(self.prompt(i + 1, s), id=str(s.id))
-                             for i, s in enumerate(sessions))
+            self.set_options(
+                Option(self.prompt(i + 1, s), id=str(s.id)) for i, s in enumerate(sessions)
+            )
         else:
             for i, s in enumerate(sessions):
                 self.replace_option_prompt_at_index(i, self.prompt(i + 1, s))
