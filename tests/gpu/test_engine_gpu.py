@@ -15,7 +15,7 @@ from chatpage.engine.device import plan_engine, probe_cuda, resolve_device
 from chatpage.engine.gemv import reference_int4
 from chatpage.engine.loader import load_model
 from chatpage.engine.stream import StreamedState
-from chatpage.engine.weights import cuda_linear, pack_int4_both, quantize_int4
+from chatpage.engine.weights import cuda_linear, pack_int4, quantize_int4
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -145,7 +145,7 @@ def test_dense_weights_stream_onto_the_gpu(gpu_tiny_dir):
 @pytest.mark.parametrize(("rows", "n", "k"), [(1, 256, 576), (7, 1536, 576), (64, 512, 4096)])
 def test_int4_through_torchs_cuda_matmul(rows, n, k):
     torch.manual_seed(rows)
-    packed = pack_int4_both(*quantize_int4(torch.randn(n, k)), "w")
+    packed = pack_int4(*quantize_int4(torch.randn(n, k)), "w")
     linear = cuda_linear(packed, "w", torch.device("cuda"), torch.bfloat16)
     x = torch.randn(rows, k).to(torch.bfloat16)
     want = reference_int4(x.float(), packed["w.q4"], packed["w.scales"], packed["w.zeros"], None)
