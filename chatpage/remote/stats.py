@@ -140,7 +140,7 @@ def engine_stats(data: object) -> EngineStats | None:
     values: dict[str, Any] = {}
     for info in fields(EngineStats):
         value = data.get(info.name, info.default)
-        if info.name == "kernels":
+        if info.name in ("kernels", "device"):
             ok = isinstance(value, str)
         elif info.name == "tokens_per_s":
             ok = (
