@@ -357,3 +357,42 @@ def test_kernel_bench_takes_json(capsys):
     r = _run(kernel, ["--json", "--repeats", "1"], capsys)
     _has(r, "cases", "goals", "kernels")
     assert len(r["cases"]) == 10
+
+
+def test_report_reads_back_what_it_wrote(tmp_path):
+    soak_result = {
+        "requests": 40,
+        "finished": 30,
+        "errored": 1,
+        "failed_by_others": 0,
+        "extreme": 2,
+        "hung": 0,
+        "leaked_blocks": 3,
+        "steps": 99,
+        "seconds": 1.5,
+        "aborted": 8,
+        "rejected": 1,
+        "greedy_checked": 4,
+        "greedy_mismatches": 0,
+        "preemptions": {"swap": {"swap": 5, "recompute": 0}},
+    }
+    runs = {
+        "soak": {
+            "command": "chatpage bench soak --json",
+            "seconds": 2.0,
+            "returncode": 0,
+            "result": soak_result,
+        },
+        "prefix": {
+            "command": "chatpage bench prefix",
+            "seconds": 1.0,
+            "returncode": 1,
+            "error": "no JSON",
+        },
+    }
+    text = report.render(runs, tmp_path / "b.md", "test machine", 3.0)
+    assert "| soak | KV blocks left allocated after the soak | 3 | 0 | **missed** |" in text
+    assert "| soak | requests that never ended | 0 | 0 | met |" in text
+    back, machine = report.read_back(text)
+    assert machine == "test machine"
+    assert back == {"soak": runs["soak"]}  # a failed section has no JSON to read back

@@ -8,6 +8,10 @@ model's memory never weighs on the next; the last stdout line of each is its JSO
     python -m chatpage.bench.report OUT.md --save runs.json           # keep the raw results
     python -m chatpage.bench.report OUT.md --results runs.json        # re-render, run nothing
     python -m chatpage.bench.report OUT.md --results runs.json --only serve --save runs.json
+    python -m chatpage.bench.report docs/benchmarks.md --only soak      # rerun one, keep the rest
+
+With ``--only`` and no ``--results``, the other benchmarks' results are read back from the report
+being rewritten (its JSON blocks), so one benchmark can be rerun without the others.
     python -m chatpage.bench.report OUT.md --bench-args "--model DIR" # passed to every bench
 """
 
@@ -17,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -39,6 +44,7 @@ ORDER = (
     "prefix",
     "sharing",
     "structured",
+    "soak",
     "kernel",
 )
 # Arguments of one benchmark only (the TUI bench: one chat, long enough to outlast the keys).
@@ -207,6 +213,21 @@ def goals(results: dict) -> list[dict]:
             "the rows' masks are computed together, in parallel, into one bitmask, then applied "
             "to the logits in one masked fill",
         )
+    k = results.get("soak")
+    if k:
+        why = (
+            f"{k['requests']} requests under preemption (swap, recompute, auto), "
+            f"{k['aborted']} cancelled midway, {k['rejected']} refused, {k['extreme']} with "
+            "extreme sampling values; the others must not notice"
+        )
+        for key, what in (
+            ("failed_by_others", "requests failed by another request's values"),
+            ("hung", "requests that never ended"),
+            ("leaked_blocks", "KV blocks left allocated after the soak"),
+            ("greedy_mismatches", "greedy outputs unlike the same request run alone"),
+        ):
+            add("soak", what, k[key], "0", k[key] == 0, why)
+            why = "the same run"
     return rows
 
 
@@ -513,6 +534,18 @@ def _figures(name: str, r: dict) -> list[str]:
             "",
             _table(["rows", "free tok/s", "JSON schema tok/s", "ratio", "masks (% of step)"], rows),
         ]
+    if name == "soak":
+        k = r["preemptions"]
+        rows = [[mode, k[mode]["swap"], k[mode]["recompute"]] for mode in k]
+        return [
+            f"{r['requests']} requests in {r['steps']} engine steps ({r['seconds']:.1f} s): "
+            f"{r['finished']} finished, {r['aborted']} cancelled, {r['rejected']} refused, "
+            f"{r['errored']} errored ({r['extreme']} had extreme sampling values), "
+            f"{r['hung']} hung, {r['leaked_blocks']} blocks leaked; "
+            f"{r['greedy_mismatches']} of {r['greedy_checked']} greedy outputs differed.",
+            "",
+            _table(["preemption mode", "swap preemptions", "recompute preemptions"], rows),
+        ]
     if name == "kernel":
         rows = [
             [
@@ -620,6 +653,30 @@ def render(runs: dict, report: Path, machine: str, total_s: float, bench_args: s
     return "\n".join(lines) + "\n"
 
 
+_SECTION = re.compile(
+    r"^## (?P<name>\S+)\n\n`(?P<command>[^`]+)` \((?P<seconds>[0-9.]+) s\)\n"
+    r"(?:(?!^## ).*\n)*?```json\n(?P<json>(?:(?!^```$).*\n)*)^```$",
+    re.MULTILINE,
+)
+_MACHINE = re.compile(r"^Machine: (?P<machine>.*)\. The benchmarks took", re.MULTILINE)
+
+
+def read_back(text: str) -> tuple[dict, str | None]:
+    """The runs and machine line of a report this module wrote (its sections' JSON blocks)."""
+    runs = {
+        m["name"]: {
+            "command": m["command"],
+            "seconds": float(m["seconds"]),
+            "returncode": 0,
+            "result": json.loads(m["json"]),
+        }
+        for m in _SECTION.finditer(text)
+        if m["name"] in ORDER
+    }
+    machine = _MACHINE.search(text)
+    return runs, machine["machine"] if machine else None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m chatpage.bench.report",
@@ -651,6 +708,8 @@ def main(argv: list[str] | None = None) -> int:
         saved = json.loads(args.results.read_text())
         runs, machine = saved["runs"], saved["machine"]
         args.bench_args = saved.get("bench_args", args.bench_args)
+    elif args.only and args.report.exists():
+        runs, machine = read_back(args.report.read_text(encoding="utf-8"))
     names = [n.strip() for n in (args.only or ("" if args.results else ",".join(ORDER))).split(",")]
     names = [n for n in names if n]
     for name in names:
