@@ -331,14 +331,41 @@ def read_finish_reason(raw: Any) -> FinishReason | None:
         return FinishReason.STOP
 
 
+def read_tool_calls(raw: Any) -> tuple[ToolCallDelta, ...]:
+    """A message's ``tool_calls`` (whole calls, by position) or a stream delta's (each with
+    its ``index``: the first of a call with its id and name, later ones pieces of its
+    arguments)."""
+    if not isinstance(raw, list):
+        return ()
+    deltas = []
+    for k, call in enumerate(raw):
+        if not isinstance(call, dict):
+            continue
+        fn = call.get("function")
+        fn = fn if isinstance(fn, dict) else {}
+        index = call.get("index")
+        deltas.append(
+            ToolCallDelta(
+                index if isinstance(index, int) else k,
+                str(call.get("id") or ""),
+                str(fn.get("name") or ""),
+                str(fn.get("arguments") or ""),
+            )
+        )
+    return tuple(deltas)
+
+
 def read_choice(choice: dict[str, Any], chat: bool, count: int = 0) -> OutputDelta:
     """One choice of a stream chunk (its ``delta``) or of a whole answer (its ``message``), or
     a completion's (its ``text``), as an `OutputDelta`; ``count``: the logprobs alternatives
-    the request asked for."""
+    the request asked for. Thinking is read from ``reasoning_content`` or ``reasoning``
+    (vLLM's newer name), tool calls from ``tool_calls``."""
+    calls: tuple[ToolCallDelta, ...] = ()
     if chat:
         part = choice.get("delta") or choice.get("message") or {}
         text = part.get("content") or ""
-        reasoning = part.get("reasoning_content") or ""
+        reasoning = part.get("reasoning_content") or part.get("reasoning") or ""
+        calls = read_tool_calls(part.get("tool_calls"))
     else:
         text, reasoning = choice.get("text") or "", ""
     ids, logprobs, tops = _read_logprobs(choice.get("logprobs"), chat, count)
@@ -346,6 +373,7 @@ def read_choice(choice: dict[str, Any], chat: bool, count: int = 0) -> OutputDel
         index=int(choice.get("index") or 0),
         text=text,
         reasoning=reasoning,
+        tool_calls=calls,
         token_ids=ids,
         logprobs=logprobs,
         top_logprobs=tops,
