@@ -170,6 +170,7 @@ class Requests:
             self.deliver,
             continue_reply=continue_reply,
             reply_ids=session.reply_ids(self.client.model_name, upto),
+            thinking=session.thinking,
         )
 
     def _ask(self, session: ChatSession, question: Entry) -> None:
@@ -279,6 +280,8 @@ def _candidate_entry(cand: Candidate, token_source: str | None) -> Entry:
         label=cand.label,
         token_ids=cand.token_ids,
         token_source=token_source,
+        reasoning=cand.reasoning,
+        reasoning_tokens=cand.reasoning_tokens,
     )
 
 

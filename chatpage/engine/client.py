@@ -34,6 +34,7 @@ from chatpage.engine.outputs import (
     final_update,
 )
 from chatpage.engine.protocol import EngineClient, UpdateCallback
+from chatpage.engine.reasoning import thinking_switch
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.engine.tool_calls import tool_format
 from chatpage.vocab import FinishReason
@@ -76,12 +77,13 @@ def _render_chat(
     template: Callable[..., list[int]],
     reply_ids: ReplyIds | None,
     tools: list[dict[str, Any]] | None,
+    variables: dict[str, Any],
     tokenizer: TextTokenizer,
     messages: list[dict[str, Any]],
 ) -> list[int]:
     """A chat's prompt ids through ``template`` (`render_prompt`, `continue_prompt`), with
     ``tools`` offered the model's way (`tool_format`: the template's ``tools`` variable, or a
-    listing in the system prompt)."""
+    listing in the system prompt) and the template's ``variables``."""
     if tools:
         fmt = tool_format(getattr(tokenizer, "chat_template", None))
         shown = fmt.prompt_messages(messages, tools)
@@ -89,7 +91,7 @@ def _render_chat(
         messages = shown
         reply_ids = {i + shift: ids for i, ids in (reply_ids or {}).items()}
         tools = tools if fmt.renders_tools else None
-    return template(tokenizer, messages, reply_ids=reply_ids, tools=tools)
+    return template(tokenizer, messages, reply_ids=reply_ids, tools=tools, variables=variables)
 
 
 class LocalEngineClient:
@@ -115,6 +117,7 @@ class LocalEngineClient:
         self.max_model_len = 0
         self.warnings: list[str] = []
         self.counter: TokenCounter | None = None
+        self.thinking_switch: str | None = None
         self.load_seconds: float | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -150,13 +153,18 @@ class LocalEngineClient:
         continue_reply: bool = False,
         tools: list[dict[str, Any]] | None = None,
         reply_ids: ReplyIds | None = None,
+        thinking: bool | None = None,
     ) -> str:
         template = continue_prompt if continue_reply else render_prompt
+        switch = self.thinking_switch if thinking is not None else None
+        if thinking is not None and switch is None:
+            raise ValueError("this model's chat template has no thinking switch")
+        variables = {switch: thinking} if switch is not None else {}
         return self._submit(
             messages,
             params,
             on_update,
-            functools.partial(_render_chat, template, reply_ids, tools),
+            functools.partial(_render_chat, template, reply_ids, tools, variables),
             tool_calls=bool(tools),
         )
 
@@ -223,6 +231,7 @@ class LocalEngineClient:
         self.model_name = engine.model_name
         self.max_model_len = engine.max_model_len
         self.warnings = engine.warnings
+        self.thinking_switch = thinking_switch(getattr(engine.tokenizer, "chat_template", None))
         try:
             self.counter = TokenCounter(engine.tokenizer, engine.model_name)
         except Exception as e:  # a template that cannot render a short chat: estimates instead

@@ -36,6 +36,9 @@ class EngineClient(Protocol[StatsT]):
     model_name: str
     max_model_len: int
     warnings: list[str]
+    thinking_switch: str | None
+    """The chat template's variable that turns thinking on or off (``enable_thinking``), None
+    when it has none (or, over a server, it cannot be known)."""
     counter: TokenCounter | None
     """Exact prompt sizes with the model's tokenizer (None: not ready, or a server's model)."""
     """What the load found wrong but survived (shown once the client is ready)."""
@@ -62,6 +65,7 @@ class EngineClient(Protocol[StatsT]):
         continue_reply: bool = False,
         reply_ids: ReplyIds | None = None,
         tools: list[dict[str, Any]] | None = None,
+        thinking: bool | None = None,
     ) -> str:
         """Queue a chat reply for ``messages`` (before ready too); returns its request id. With
         ``continue_reply`` the last message is a reply to go on with: updates carry only the
@@ -70,7 +74,8 @@ class EngineClient(Protocol[StatsT]):
         reply verbatim, so the prefix cache serves them (a client that renders no prompt of its
         own ignores them). ``tools``: OpenAI's function tools the reply may call (offered the
         model's way; ``messages`` may hold assistant ``tool_calls`` and ``tool`` results): its
-        calls come as `OutputDelta.tool_calls`, not in its text."""
+        calls come as `OutputDelta.tool_calls`, not in its text. ``thinking``: True or False
+        sets the template's `thinking_switch` (None: the template's default)."""
         ...
 
     def submit_prompt(

@@ -59,6 +59,7 @@ class RemoteEngineClient:
         self.max_model_len = 0
         self.warnings: list[str] = []
         self.counter: TokenCounter | None = None  # the server counts: the chat estimates
+        self.thinking_switch: str | None = None  # the server's template: not known here
         self.load_seconds: float | None = None
         self._loop = asyncio.new_event_loop()
         self._thread: threading.Thread | None = None
@@ -112,11 +113,19 @@ class RemoteEngineClient:
         continue_reply: bool = False,
         reply_ids: ReplyIds | None = None,
         tools: list[dict[str, Any]] | None = None,
+        thinking: bool | None = None,
     ) -> str:
         """Queue a chat reply for ``messages`` (held until the server is reachable);
         ``continue_reply``: the last message, a reply, goes on instead of a new one starting.
         ``reply_ids`` are not used: the server renders the prompt itself. ``tools`` go in the
-        request (the server offers them; its streamed calls come back as tool-call deltas)."""
+        request (the server offers them; its streamed calls come back as tool-call deltas).
+        ``thinking`` other than None is refused (ValueError): the server's template cannot be
+        seen from here (`thinking_switch` is None)."""
+        if thinking is not None:
+            raise ValueError(
+                "over --backend the server renders the prompt: chatpage cannot switch its "
+                "model's thinking"
+            )
         kind = "continue" if continue_reply else "chat"
         return self._submit(kind, messages, params, on_update, tools)
 
