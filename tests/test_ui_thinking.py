@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import shutil
 
-from helpers import make_app, ready, send, wait_for, write_persona
+from helpers import FakeClient, make_app, ready, send, wait_for, write_persona
 from textual.widgets import Static
 
+from chatpage.chat.chats import Chats
+from chatpage.config.personas import Persona
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.message import MessageView
 from chatpage.ui.widgets.thought import ThoughtFold
@@ -106,3 +108,14 @@ async def test_think_says_when_the_template_has_no_switch(tiny_llama_dir, tmp_pa
         assert app.chat.current.thinking is None
         await send(pilot, "/think maybe")
         assert "/think takes on or off" in app.notices[-1]
+
+
+def test_a_think_choice_is_dropped_with_a_notice_for_a_model_without_the_switch():
+    notices: list[str] = []
+    client = FakeClient()
+    chats = Chats(client, lambda _u: None, notify=notices.append)
+    session = chats.open(Persona("p", "a test persona", "Be brief."))
+    session.thinking = False  # set while a model with the switch was loaded
+    chats.send(session, "hello")
+    assert session.thinking is None and "no thinking switch" in notices[-1]
+    assert len(client.submitted) == 1  # the reply was still asked for
