@@ -200,6 +200,7 @@ class FakeClient:
     error = None
     ready = True
     counter = None
+    thinking_switch = None
     model_name = "fake"
 
     def __init__(self, max_model_len: int = 0) -> None:
@@ -209,7 +210,7 @@ class FakeClient:
         self.cancelled: list[str] = []
 
     def submit(
-        self, messages, params, on_update, *, continue_reply: bool = False, reply_ids=None
+        self, messages, params, on_update, *, continue_reply: bool = False, reply_ids=None, **_how
     ) -> str:
         self.submitted.append((messages, params, on_update))
         self.continued.append(continue_reply)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 
+from chatpage.remote.client import RemoteEngineClient
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -94,3 +96,15 @@ def _process(cmd: list[str], home: Path, port: int, ready_path: str) -> Iterator
             proc.kill()
             proc.wait()
         log.close()
+
+
+@contextmanager
+def connected(url: str, timeout_s: float = 60.0) -> Iterator[RemoteEngineClient]:
+    """A started `RemoteEngineClient` of the server at ``url``, ready (or the test fails)."""
+    client = RemoteEngineClient(url, timeout_s=timeout_s)
+    client.start()
+    try:
+        assert client.wait_ready(30), client.status
+        yield client
+    finally:
+        client.close()

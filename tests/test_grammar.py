@@ -4,6 +4,7 @@ matchers forked with n samples and beams, logit bias, and thinking split from th
 from __future__ import annotations
 
 import json
+import time
 
 import jsonschema
 import pytest
@@ -148,3 +149,19 @@ def test_thinking_splits_streamed_and_whole_alike():
     # a generation prompt that opens the thinking: the reply starts inside it
     assert fmt.split("hmm</think>ok", "<|im_start|>assistant\n<think>\n") == ("hmm", "ok")
     assert fmt.split("a < b", "") == ("", "a < b")
+
+
+def test_mask_time_is_counted_by_the_clock_it_is_given(engine):
+    """A benchmark times the masks by the clock it times the steps by (a share of a step
+    measured by two clocks can pass 100%): here a clock that ticks once a reading."""
+    ticks = iter(range(10**6))
+    engine.constraints.clock = lambda: float(next(ticks))
+    before, rows = engine.constraints.mask_seconds, engine.constraints.masked_rows
+    try:
+        engine.generate(
+            [_prompt(engine)], SamplingParams(temperature=0, max_tokens=5, structured=JSON)
+        )
+    finally:
+        engine.constraints.clock = time.perf_counter
+    masked_steps = engine.constraints.mask_seconds - before
+    assert masked_steps == engine.constraints.masked_rows - rows == 5  # one tick a masked step

@@ -254,7 +254,7 @@ async def test_unwritable_data_dir_runs_without_saving(tmp_path, monkeypatch):
     async with app.run_test(size=SIZE) as pilot:
         await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         app.client.error = None  # pretend the model loaded: submits go nowhere
-        app.client.submit = lambda messages, params, on_event: "fake-1"
+        app.client.submit = lambda messages, params, on_event, **_how: "fake-1"
         notice = next(n for n in app.notices if "without saving" in n)
         assert notice.startswith("warning:") and str(blocker) in notice
         assert not app.store.persistent

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from serve_helpers import REPO
+from serve_helpers import REPO, connected
 
 from chatpage.config.settings import Settings, load_settings
 from chatpage.engine.accumulator import OutputAccumulator
@@ -147,17 +147,6 @@ def rogue(chat: str, context: object = 2048, metrics: str | None = None) -> Iter
         thread.join()
 
 
-@contextmanager
-def connected(url: str, timeout_s: float = IDLE_S) -> Iterator[RemoteEngineClient]:
-    client = RemoteEngineClient(url, timeout_s=timeout_s)
-    client.start()
-    try:
-        assert client.wait_ready(10), client.status
-        yield client
-    finally:
-        client.close()
-
-
 def reply(client: RemoteEngineClient) -> RequestOutput:
     """The outputs of one reply, once it ended (in time, or the test fails)."""
     updates: queue.SimpleQueue = queue.SimpleQueue()
@@ -170,7 +159,7 @@ def reply(client: RemoteEngineClient) -> RequestOutput:
 
 @pytest.mark.parametrize("mode", ["stall", "silent", "keepalive"])
 def test_a_silent_server_fails_the_reply_after_the_idle_deadline(mode):
-    with rogue(mode) as server, connected(server.url) as client:
+    with rogue(mode) as server, connected(server.url, IDLE_S) as client:
         out = reply(client)
     (output,) = out.outputs
     assert output.finish_reason is FinishReason.ERROR
@@ -183,7 +172,7 @@ def test_a_silent_server_fails_the_reply_after_the_idle_deadline(mode):
 
 
 def test_a_stream_cut_before_the_reply_ends_is_an_error():
-    with rogue("cut") as server, connected(server.url) as client:
+    with rogue("cut") as server, connected(server.url, IDLE_S) as client:
         out = reply(client)
     (output,) = out.outputs
     assert output.finish_reason is FinishReason.ERROR and output.text == "Hello"
@@ -253,7 +242,7 @@ def test_backend_timeout_setting():
 def test_bad_probe_and_metrics_values_are_ignored_with_a_note():
     with (
         rogue("cut", context="abc", metrics=BAD_METRICS) as server,
-        connected(server.url) as client,
+        connected(server.url, IDLE_S) as client,
     ):
         assert client.max_model_len == 0
         assert (

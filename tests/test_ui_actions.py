@@ -43,7 +43,9 @@ KEYS_BEFORE = {
     "focus_prev_message": "alt+up",
     "focus_next_message": "alt+down",
 }
-ADDED_KEYS = {"cancel_edit", "interrupt", "undo_delete"}  # escape, ctrl+c, ctrl+z (#23)
+ADDED_KEYS = {"cancel_edit", "interrupt", "undo_delete", "toggle_thinking"}  # escape, ctrl+c,
+# ctrl+z (#23); alt+t (#22)
+ADDED_SLASH = {"undo", "think"}
 SLASH_BEFORE = {
     "help",
     "new",
@@ -181,11 +183,16 @@ def test_what_there_was_before_the_table_is_all_still_there():
     keys = {a.id: a.key for a in ACTIONS if a.key}
     assert KEYS_BEFORE.items() <= keys.items()
     assert keys.keys() - KEYS_BEFORE.keys() == ADDED_KEYS
-    assert {a.slash for a in ACTIONS if a.slash} == SLASH_BEFORE | {"undo"}
+    assert {a.slash for a in ACTIONS if a.slash} == SLASH_BEFORE | ADDED_SLASH
     assert {alias: BY_SLASH[alias].slash for a in ACTIONS for alias in a.aliases} == ALIASES_BEFORE
     titles = {e.title for a in ACTIONS for e in a.palette_entries(lambda _id: None)}
     assert PALETTE_BEFORE <= titles
-    assert titles - PALETTE_BEFORE == {"Help", "Stop or quit", "Undo delete"}
+    assert titles - PALETTE_BEFORE == {
+        "Help",
+        "Stop or quit",
+        "Undo delete",
+        "Show thinking",
+    }
 
 
 KEY_NAMES = {"[": "left_square_bracket", "]": "right_square_bracket"}
@@ -215,7 +222,7 @@ def test_the_readme_key_table_and_slash_commands_are_true():
     listed = readme[readme.index("Slash commands:") :]
     listed = listed[: listed.index("\n\n")]
     named = set(re.findall(r"`/([a-z_]+)", listed))
-    assert named == SLASH_BEFORE | {"undo"}
+    assert named == SLASH_BEFORE | ADDED_SLASH
 
 
 # -- every way in reaches the handler --------------------------------------------------------------

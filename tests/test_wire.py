@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chatpage.engine.outputs import OutputDelta, Usage
-from chatpage.engine.sampling_params import SamplingParams
+from chatpage.engine.sampling_params import GrammarKind, SamplingParams, Structured
 from chatpage.vocab import CHAT_SETTINGS, MAX_LOGPROBS, FinishReason
 from chatpage.wire.chunks import ChunkWriter, read_choice, read_usage, sse, sse_data, usage_body
 from chatpage.wire.requests import ApiRequest, parse_request, request_body
@@ -27,6 +27,19 @@ seeds = st.none() | st.integers(0, 2**40)
 stops = st.lists(st.text(min_size=1, max_size=4), max_size=3)
 token_ids = st.lists(st.integers(0, 50_000), max_size=3)
 logprob_counts = st.none() | st.integers(0, MAX_LOGPROBS)
+structured = st.none() | st.sampled_from(
+    [
+        Structured(GrammarKind.JSON_OBJECT),
+        Structured(
+            GrammarKind.JSON_SCHEMA,
+            json.dumps({"properties": {"a": {"type": "integer"}}, "type": "object"}),
+        ),
+        Structured(GrammarKind.REGEX, "[0-9]{3}"),
+        Structured(GrammarKind.CHOICE, json.dumps(["yes", "no"])),
+        Structured(GrammarKind.GRAMMAR, 'start: "a" | "b"'),
+    ]
+)
+biases = st.dictionaries(st.integers(0, 50_000), st.floats(-100.0, 100.0), max_size=2)
 
 
 @st.composite
@@ -41,6 +54,8 @@ def sampling_params(draw: st.DrawFn) -> SamplingParams:
         ignore_eos=draw(st.booleans()),
         logprobs=draw(logprob_counts),
         length_penalty=draw(st.floats(-2.0, 2.0)),
+        structured=draw(structured),
+        logit_bias=draw(biases),
     )
     if draw(st.booleans()):
         return SamplingParams(

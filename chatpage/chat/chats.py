@@ -197,6 +197,7 @@ class Chats(Requests):
             parent=reply.parent,
             continued=before,
             base_text=reply.content,
+            base_reasoning=reply.reasoning,
             base_ids=reply.token_ids,
         )
         self._by_request[rid] = session
@@ -249,6 +250,25 @@ class Chats(Requests):
     def set_setting(self, session: ChatSession, name: str, raw: str | float | int | None) -> None:
         """Set one sampling setting from user input (ValueError names it and the rule)."""
         self.set_sampling(session, session.sampling.with_value(name, raw))
+
+    def set_thinking(self, session: ChatSession, arg: str) -> str:
+        """``/think on|off``: whether the model thinks before it answers in this chat, where
+        its chat template has a switch; says what it did (ChatError where it cannot)."""
+        word = arg.strip().lower()
+        if word not in ("on", "off"):
+            raise ChatError(f"/think takes on or off, got {arg!r}")
+        if not self.client.ready:
+            raise ChatError("the model is not ready yet: /think needs its chat template")
+        switch = self.client.thinking_switch
+        if switch is None:
+            raise ChatError(
+                f"{self.client.model_name} has no thinking switch in its chat template (no "
+                "enable_thinking; over --backend the server's template is not seen): /think "
+                "cannot turn its thinking on or off"
+            )
+        session.thinking = word == "on"
+        session.changed(SettingsChanged())
+        return f"thinking {word} for this chat (the chat template's {switch})"
 
     def set_sampling(self, session: ChatSession, settings: SamplingSettings) -> None:
         settings.params()  # validated before it is kept

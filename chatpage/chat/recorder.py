@@ -282,6 +282,9 @@ def reply_metadata(entry: Entry) -> dict[str, object]:
     if entry.token_ids is not None and entry.token_source is not None:
         meta["token_ids"] = list(entry.token_ids)
         meta["token_source"] = entry.token_source
+    if entry.reasoning:
+        meta["reasoning"] = entry.reasoning
+        meta["reasoning_tokens"] = entry.reasoning_tokens
     return meta
 
 
@@ -370,6 +373,7 @@ def entry_from(
     }
     stats = ReplyStats(**numbers) if "tokens" in numbers else None
     label, error = meta.get("label"), meta.get("error")
+    reasoning, thought = meta.get("reasoning"), meta.get("reasoning_tokens")
     ids, source = meta.get("token_ids"), meta.get("token_source")
     known = (
         isinstance(ids, list)
@@ -386,6 +390,10 @@ def entry_from(
         store_id=message_id,
         token_ids=tuple(ids) if known and isinstance(ids, list) else None,
         token_source=source if known else None,
+        reasoning=reasoning if isinstance(reasoning, str) else "",
+        reasoning_tokens=thought
+        if isinstance(thought, int) and not isinstance(thought, bool)
+        else 0,
     )
 
 

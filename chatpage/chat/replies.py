@@ -15,7 +15,7 @@ from chatpage.chat.session import (
     Generation,
     ReplyStats,
 )
-from chatpage.engine.outputs import CompletionOutput, RequestOutput, RequestUpdate
+from chatpage.engine.outputs import CompletionOutput, OutputDelta, RequestOutput, RequestUpdate
 from chatpage.vocab import FinishReason, MessageStatus
 
 FINAL_STATUS: dict[FinishReason, MessageStatus] = {
@@ -55,6 +55,14 @@ def _ids(output: CompletionOutput, before: tuple[int, ...] | None) -> tuple[int,
     return before + tuple(output.token_ids)
 
 
+def thinking_tokens(delta: OutputDelta | None, output: CompletionOutput) -> int:
+    """The tokens of ``delta`` spent thinking: those that brought thinking, or came while the
+    output thinks and has no answer yet (its markers)."""
+    if delta is None or not (delta.reasoning or (output.reasoning and not output.text)):
+        return 0
+    return delta.num_tokens
+
+
 def apply_reply(
     session: ChatSession, gen: Generation, entry: Entry, update: RequestUpdate, out: RequestOutput
 ) -> bool:
@@ -66,6 +74,8 @@ def apply_reply(
         entry.stats.prefilled_tokens = update.usage.prefilled_tokens
     if output is not None:
         entry.content = gen.base_text + output.text
+        entry.reasoning = gen.base_reasoning + output.reasoning
+        entry.reasoning_tokens += thinking_tokens(delta, output)
         entry.token_ids = _ids(output, gen.base_ids if gen.continued is not None else ())
         if entry.stats is not None:
             update_stats(entry.stats, out, output, gen.continued)
@@ -90,6 +100,10 @@ def apply_candidate(
         output = outputs.get(cand.index) if delta is not None else None
         if output is not None:
             cand.text = output.text
+            cand.reasoning = output.reasoning
+            if delta is not None and delta.rewrite:  # (beams: the whole so far, counted anew)
+                cand.reasoning_tokens = 0
+            cand.reasoning_tokens += thinking_tokens(delta, output)
             cand.token_ids = _ids(output, ())
             cand.cumulative_logprob = output.cumulative_logprob
             cand.score = output.score

@@ -163,13 +163,22 @@ class Requests:
         params: SamplingParams,
         continue_reply: bool = False,
     ) -> str:
-        """Submit what the model sees up to `upto`, the replies it wrote as their own ids."""
+        """Submit what the model sees up to `upto`, the replies it wrote as their own ids;
+        /think's choice where the model has the switch (after a switch to a model without
+        one, the choice is dropped with a notice)."""
+        if session.thinking is not None and self.client.thinking_switch is None:
+            session.thinking = None
+            self.notify(
+                f"{self.client.model_name} has no thinking switch in its chat template: "
+                "/think no longer applies to this chat"
+            )
         return self.client.submit(
             session.for_model(upto=upto),
             params,
             self.deliver,
             continue_reply=continue_reply,
             reply_ids=session.reply_ids(self.client.model_name, upto),
+            thinking=session.thinking,
         )
 
     def _ask(self, session: ChatSession, question: Entry) -> None:
@@ -279,6 +288,8 @@ def _candidate_entry(cand: Candidate, token_source: str | None) -> Entry:
         label=cand.label,
         token_ids=cand.token_ids,
         token_source=token_source,
+        reasoning=cand.reasoning,
+        reasoning_tokens=cand.reasoning_tokens,
     )
 
 

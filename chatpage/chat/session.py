@@ -210,6 +210,9 @@ class Entry:
     token_source: str | None = field(default=None, repr=False)
     token_count: tuple[str, int, int] | None = field(default=None, repr=False)
     """The exact count of its content: (tokenizer, hash of the text counted, tokens)."""
+    reasoning: str = field(default="", repr=False)
+    """A reply's thinking (shown folded; never sent back to the model)."""
+    reasoning_tokens: int = 0  # the tokens it spent thinking
 
     @property
     def in_context(self) -> bool:
@@ -250,6 +253,8 @@ class Candidate:
     error: str | None = None
     stats: ReplyStats = field(default_factory=ReplyStats)
     token_ids: tuple[int, ...] | None = None
+    reasoning: str = ""
+    reasoning_tokens: int = 0
 
     @property
     def finished(self) -> bool:
@@ -266,6 +271,7 @@ class Generation:
     parent: Entry | None = None  # the message being answered (None: a reply at the top)
     continued: ReplyStats | None = None  # /continue: the reply's stats before it went on
     base_text: str = ""  # /continue: the reply's text before it went on
+    base_reasoning: str = ""  # /continue: the reply's thinking before it went on
     base_ids: tuple[int, ...] | None = None  # /continue: the reply's token ids before it went on
     candidates: list[Candidate] = field(default_factory=list)
     finished_requests: set[str] = field(default_factory=set)
@@ -298,6 +304,7 @@ class ChatSession:
     draft: str = ""
     editing: Entry | None = None  # a message of the user's being rewritten (the next send forks)
     deleted: list[Deletion] = field(default_factory=list)  # what undo brings back, last first
+    thinking: bool | None = None  # /think on|off (None: as the model's chat template has it)
     context_tokens: int = 0  # the model's window (0 until it is known)
     prompt_tokens: int = 0  # what the prompt of the latest turn sent takes (its fit's count)
     store_id: int | None = None  # the saved chat, once it has a message

@@ -23,11 +23,17 @@ def render_text(
     messages: list[dict[str, Any]],
     add_generation_prompt: bool = True,
     tools: list[dict[str, Any]] | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> str:
     """``messages`` through the tokenizer's chat template, as text; ``tools`` (OpenAI's
-    function tools) are the template's ``tools`` variable, as transformers passes them."""
+    function tools) are the template's ``tools`` variable, as transformers passes them;
+    ``variables`` more of the template's own (Qwen3's ``enable_thinking``)."""
     text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt, tools=tools
+        messages,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        tools=tools,
+        **(variables or {}),
     )
     if not isinstance(text, str):
         raise TypeError("apply_chat_template(tokenize=False) gave token ids, not text")
@@ -57,13 +63,15 @@ def render_prompt(
     add_generation_prompt: bool = True,
     reply_ids: ReplyIds | None = None,
     tools: list[dict[str, Any]] | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> list[int]:
-    """Token ids of ``messages`` through the tokenizer's chat template; a reply in
+    """Token ids of ``messages`` through the tokenizer's chat template (with ``tools`` and
+    the template's ``variables``, as `render_text`); a reply in
     ``reply_ids`` is its own ids where the template renders the turn before it exactly as its
     prompt was and then the reply's text verbatim (else it is tokenized like the rest)."""
-    text = render_text(tokenizer, messages, add_generation_prompt, tools)
+    text = render_text(tokenizer, messages, add_generation_prompt, tools, variables)
     if reply_ids:
-        ids = _with_reply_ids(tokenizer, messages, text, reply_ids, tools)
+        ids = _with_reply_ids(tokenizer, messages, text, reply_ids, tools, variables)
         if ids is not None:
             return ids
     return _encode(tokenizer, text)
@@ -75,6 +83,7 @@ def _with_reply_ids(
     text: str,
     reply_ids: ReplyIds,
     tools: list[dict[str, Any]] | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> list[int] | None:
     """The ids of ``text``, each usable reply in ``reply_ids`` as its own ids and the text
     between them tokenized piece by piece: the piece before a reply is its prompt (rendered
@@ -85,7 +94,7 @@ def _with_reply_ids(
     for index in sorted(reply_ids):
         if not 0 < index < len(messages) or messages[index]["role"] != "assistant":
             continue
-        before = render_text(tokenizer, messages[:index], tools=tools)
+        before = render_text(tokenizer, messages[:index], tools=tools, variables=variables)
         reply = _decode(tokenizer, reply_ids[index])
         if (
             reply is None
@@ -108,6 +117,7 @@ def continue_prompt(
     messages: list[dict[str, Any]],
     reply_ids: ReplyIds | None = None,
     tools: list[dict[str, Any]] | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Token ids that let the last message, a reply, go on: the conversation before it with
     the generation prompt (exactly as the reply was first asked for, so the prefix cache
@@ -122,6 +132,7 @@ def continue_prompt(
         messages[:-1],
         reply_ids={i: ids for i, ids in (reply_ids or {}).items() if i != last},
         tools=tools,
+        variables=variables,
     )
     if own is not None and _decode(tokenizer, own) == messages[-1]["content"]:
         return head + list(own)

@@ -11,7 +11,7 @@ FinishReason.ABORT, a failure with FinishReason.ERROR and ``error``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from chatpage.engine.chat_template import ReplyIds as ReplyIds
 from chatpage.engine.chat_template import TokenCounter as TokenCounter
@@ -36,6 +36,9 @@ class EngineClient(Protocol[StatsT]):
     model_name: str
     max_model_len: int
     warnings: list[str]
+    thinking_switch: str | None
+    """The chat template's variable that turns thinking on or off (``enable_thinking``), None
+    when it has none (or, over a server, it cannot be known)."""
     counter: TokenCounter | None
     """Exact prompt sizes with the model's tokenizer (None: not ready, or a server's model)."""
     """What the load found wrong but survived (shown once the client is ready)."""
@@ -61,13 +64,18 @@ class EngineClient(Protocol[StatsT]):
         *,
         continue_reply: bool = False,
         reply_ids: ReplyIds | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        thinking: bool | None = None,
     ) -> str:
         """Queue a chat reply for ``messages`` (before ready too); returns its request id. With
         ``continue_reply`` the last message is a reply to go on with: updates carry only the
         new text and tokens. ``reply_ids``: the token ids this model produced for some of the
         replies in ``messages`` (by index), sent as they are where the template writes the
         reply verbatim, so the prefix cache serves them (a client that renders no prompt of its
-        own ignores them)."""
+        own ignores them). ``tools``: OpenAI's function tools the reply may call (offered the
+        model's way; ``messages`` may hold assistant ``tool_calls`` and ``tool`` results): its
+        calls come as `OutputDelta.tool_calls`, not in its text. ``thinking``: True or False
+        sets the template's `thinking_switch` (None: the template's default)."""
         ...
 
     def submit_prompt(

@@ -9,6 +9,7 @@ what could still become a marker; `ReasoningFormat.split` splits a whole text (b
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 MARKERS = (("<think>", "</think>"), ("<thinking>", "</thinking>"))
@@ -34,6 +35,17 @@ class ReasoningFormat:
     def split(self, text: str, prompt_tail: str = "") -> tuple[str, str]:
         """(reasoning, answer) of a whole reply."""
         return self.splitter(prompt_tail).feed(text, final=True)
+
+
+THINKING_SWITCH = re.compile(r"\benable_thinking\b")
+"""The chat template variable that turns a model's thinking on or off (Qwen3, GLM and others
+name it so)."""
+
+
+def thinking_switch(chat_template: str | None) -> str | None:
+    """The variable of ``chat_template`` that switches thinking, or None: it has none."""
+    found = THINKING_SWITCH.search(chat_template or "")
+    return found.group(0) if found else None
 
 
 def reasoning_format(chat_template: str | None) -> ReasoningFormat | None:

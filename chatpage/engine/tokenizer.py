@@ -116,10 +116,11 @@ class Tokenizer:
         tokenize: bool = True,
         add_generation_prompt: bool = False,
         tools: list[dict[str, Any]] | None = None,
+        **variables: Any,
     ) -> str | list[int]:
-        """``messages`` through the chat template, with the special tokens and ``tools`` as
-        variables; token ids (no special tokens added: the template writes them) unless
-        ``tokenize`` is False."""
+        """``messages`` through the chat template, with the special tokens, ``tools`` and the
+        template's own ``variables``; token ids (no special tokens added: the template writes
+        them) unless ``tokenize`` is False."""
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template")
         text = compile_template(self.chat_template).render(
@@ -127,7 +128,7 @@ class Tokenizer:
             tools=tools,
             documents=None,
             add_generation_prompt=add_generation_prompt,
-            **self.special_tokens,
+            **{**self.special_tokens, **variables},
         )
         return self.encode(text, add_special_tokens=False) if tokenize else text
 

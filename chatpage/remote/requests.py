@@ -15,12 +15,15 @@ import httpx
 
 from chatpage.engine.outputs import OutputDelta, RequestUpdate, Usage, final_update
 from chatpage.engine.protocol import UpdateCallback
-from chatpage.engine.sampling_params import SamplingParams
+from chatpage.engine.sampling_params import GrammarKind, SamplingParams
 from chatpage.remote.backend import Backend, error_message
 from chatpage.vocab import FinishReason
 from chatpage.wire.chunks import DONE_DATA, read_choice, read_usage, sse_data
 from chatpage.wire.errors import read_error
 from chatpage.wire.requests import request_body
+
+STRUCTURED_OUTPUTS = ("vllm", "chatpage")
+"""The backends that read vLLM's structured_outputs (regex, choice, grammar)."""
 
 
 class RequestFailed(Exception):
@@ -74,9 +77,10 @@ class RemoteReply:
         if self.done:
             return
         c = self.choices.setdefault(delta.index, _Choice())
-        if delta.text and self.ttft_s is None:
+        produced = bool(delta.text or delta.reasoning or delta.tool_calls)
+        if produced and self.ttft_s is None:
             self.ttft_s = time.monotonic() - self.t_submit
-        count = len(delta.logprobs) if delta.logprobs is not None else int(bool(delta.text))
+        count = len(delta.logprobs) if delta.logprobs is not None else int(produced)
         c.num_tokens += count
         c.finish_reason = delta.finish_reason or c.finish_reason
         output = dataclasses.replace(delta, finish_reason=c.finish_reason, num_tokens=count)
@@ -136,8 +140,10 @@ async def run_request(
     params: SamplingParams,
     offset: int,
     idle_s: float,
+    tools: list[dict[str, Any]] | None = None,
 ) -> None:
-    """Send one request; its choices arrive in ``reply`` as choices ``offset``, ``offset+1``...
+    """Send one request (a chat offering ``tools``); its choices arrive in ``reply`` as choices
+    ``offset``, ``offset+1``...
 
     `Stalled` when the server sends no data for ``idle_s`` (no answer at all, or only
     keep-alive comments); `RequestFailed` when the stream ends before the reply does."""
@@ -146,8 +152,18 @@ async def run_request(
             f"{backend.label} has no beam search (vLLM has; SGLang started with "
             "--enable-beam-search); ask for samples instead"
         )
+    structured = params.structured
+    if (
+        structured is not None
+        and backend.name not in STRUCTURED_OUTPUTS
+        and (structured.kind not in (GrammarKind.JSON_SCHEMA, GrammarKind.JSON_OBJECT))
+    ):
+        raise RequestFailed(
+            f"{backend.label} takes no {structured.kind} grammar (vLLM's structured_outputs); "
+            "only a JSON schema or JSON object (response_format) can be sent to it"
+        )
     path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
-    body = request_body(backend.model, kind, payload, params, backend.dialect)
+    body = request_body(backend.model, kind, payload, params, backend.dialect, tools)
     chat = kind != "completion"
     try:
         async with asyncio.timeout(idle_s) as quiet:

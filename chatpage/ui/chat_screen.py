@@ -429,6 +429,12 @@ class ChatScreen(Screen[None]):
         sidebar.display = not sidebar.display
 
     # -- the messages -----------------------------------------------------------------------------
+    def toggle_thinking(self) -> bool:
+        """Open or fold a reply's thinking in the chat on show (see `Transcript`)."""
+        if self.current is None:
+            return False
+        return self.session_view(self.current).transcript.toggle_thinking()
+
     def focus_message(self, step: int) -> None:
         """Move the focus through the current chat's messages; past the last: the box."""
         if self.current is None:

@@ -14,7 +14,7 @@ from typing import Any
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.vocab import RULE_BY_FIELD, SAMPLING_RULES, SamplingRule
 from chatpage.wire.errors import ApiError, bad_value
-from chatpage.wire.structured import read_structured
+from chatpage.wire.structured import read_structured, write_structured
 
 VLLM_TOP_K_OFF = -1
 """top_k "off" as vLLM (and SGLang) write it; chatpage reads it as 0."""
@@ -164,4 +164,8 @@ def write_sampling(
             body.update(logprobs=True, top_logprobs=params.logprobs)
         if dialect.tokens_as_ids:  # alternatives come back by id, not as text
             body["return_tokens_as_token_ids"] = True
+    if params.logit_bias:
+        body["logit_bias"] = {str(t): b for t, b in params.logit_bias.items()}
+    if params.structured is not None:
+        body.update(write_structured(params.structured))
     return body

@@ -1,7 +1,8 @@
-"""Structured output fields of a request -> `Structured`: OpenAI's ``response_format``
+"""Structured output fields of a request <-> `Structured`: OpenAI's ``response_format``
 (``text``, ``json_object``, ``json_schema``) and vLLM's ``structured_outputs`` (``json``,
 ``regex``, ``choice``, ``grammar``, ``json_object``). A schema that is not one, a regex or a
-grammar that does not compile is a 400 naming the field and what is wrong.
+grammar that does not compile is a 400 naming the field and what is wrong. `write_structured`
+is the client's side (JSON as OpenAI's response_format, the rest as vLLM's structured_outputs).
 """
 
 from __future__ import annotations
@@ -124,3 +125,26 @@ def read_structured(body: dict[str, Any]) -> Structured | None:
     if fmt is not None:
         return _response_format(fmt)
     return _structured_outputs(vllm) if vllm is not None else None
+
+
+SCHEMA_NAME = "output"
+"""The name a JSON schema is sent under (response_format.json_schema.name)."""
+
+
+def write_structured(spec: Structured) -> dict[str, Any]:
+    """The request fields asking for ``spec``: a JSON schema or object as ``response_format``
+    (every OpenAI-compatible server reads it), a regex, choice or grammar as vLLM's
+    ``structured_outputs``."""
+    if spec.kind is GrammarKind.JSON_OBJECT:
+        return {"response_format": {"type": "json_object"}}
+    if spec.kind is GrammarKind.JSON_SCHEMA:
+        schema = json.loads(spec.spec)
+        return {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": SCHEMA_NAME, "schema": schema, "strict": True},
+            }
+        }
+    key = next(k for k, kind in VLLM_KEYS.items() if kind is spec.kind)
+    value = json.loads(spec.spec) if spec.kind is GrammarKind.CHOICE else spec.spec
+    return {"structured_outputs": {key: value}}

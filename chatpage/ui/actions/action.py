@@ -56,6 +56,10 @@ class Controls(Protocol):
         """Focus the message of ``entry`` (in the chat on show)."""
 
     def toggle_sidebar(self) -> None: ...
+    def toggle_thinking(self) -> bool:
+        """Open or fold a reply's thinking (the focused one's, else the last that thought);
+        False when no reply on show has any."""
+
     def copy_text(self, text: str, what: str) -> None:
         """Copy ``text`` to the clipboard and say where it went."""
 

@@ -46,6 +46,16 @@ def setting(name: str, field: str) -> Handler:
 
 
 @on_chat
+async def think(c: Controls, session: ChatSession, arg: str | None) -> None:
+    """``/think on|off``; alone, says how this chat's replies think."""
+    if not arg:
+        state = {None: "as the chat template has it", True: "on", False: "off"}[session.thinking]
+        c.say(f"thinking is {state} in this chat (set it with /think on|off)")
+        return
+    c.say(c.chats.set_thinking(session, arg))
+
+
+@on_chat
 async def sampling_settings(c: Controls, session: ChatSession, arg: str | None) -> None:
     """The settings dialog of the chat on show."""
 

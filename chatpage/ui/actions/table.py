@@ -273,6 +273,16 @@ ACTIONS: tuple[Action, ...] = (
         help="copy the last reply (or its last code block)",
     ),
     Action("copy_code", "Copy code", turns.copy_code, key="alt+k", show=False),
+    Action("toggle_thinking", "Show thinking", turns.toggle_thinking, key="alt+t", show=False),
+    Action(
+        "think",
+        "Think",
+        settings.think,
+        slash="think",
+        usage="/think on|off",
+        help="let the model think before it answers, or not, in this chat (where its chat "
+        "template has a switch, such as Qwen3's enable_thinking)",
+    ),
     # -- the message box and the messages
     Action(
         "attach",

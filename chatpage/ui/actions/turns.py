@@ -90,6 +90,13 @@ def focus_step(step: int) -> Handler:
     return run
 
 
+@on_chat
+async def toggle_thinking(c: Controls, session: ChatSession, arg: str | None) -> None:
+    """Open or fold the thinking of the focused reply (else of the last reply that thought)."""
+    if not c.toggle_thinking():
+        c.say("no reply on show has thinking to show", "warning")
+
+
 async def toggle_sidebar(c: Controls, arg: str | None) -> None:
     c.toggle_sidebar()
 

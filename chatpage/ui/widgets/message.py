@@ -31,6 +31,7 @@ from chatpage.chat.session import Entry, ReplyStats
 from chatpage.engine.client import OutputDelta
 from chatpage.ui.text import clean, code_blocks
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
+from chatpage.ui.widgets.thought import ThoughtFold
 from chatpage.ui.widgets.throttle import Throttled
 from chatpage.ui.widgets.typing import TypingGoesToTheBox
 
@@ -127,6 +128,7 @@ class MessageView(Throttled, TypingGoesToTheBox, Vertical, can_focus=True):
         self._speaker = Static(classes="message-speaker")
         self._versions = Static(classes="message-versions")
         self._foot_line = Static(classes="message-foot")
+        self.thought = ThoughtFold(entry) if entry.role == "assistant" else None
         self._body: Static | StreamingMarkdown = (
             Static(classes="message-body")
             if entry.role == "user"
@@ -139,6 +141,8 @@ class MessageView(Throttled, TypingGoesToTheBox, Vertical, can_focus=True):
             yield self._speaker
             yield self._versions
             yield Static("copy", classes="message-copy")
+        if self.thought is not None:
+            yield self.thought
         yield self._body
         if self.entry.role == "user":
             yield Static(self._attachments(), classes="message-attachments")
@@ -186,6 +190,8 @@ class MessageView(Throttled, TypingGoesToTheBox, Vertical, can_focus=True):
         _update(self._versions, place.label() if place.forked else "")
         _update(self._speaker, self._head())
         _update(self._foot_line, self._foot())
+        if self.thought is not None:
+            self.thought.draw()
         if isinstance(self._body, StreamingMarkdown):
             self._body.draw()
         else:

@@ -73,6 +73,18 @@ class Transcript(VerticalScroll):
         if view is not None:
             self.call_after_refresh(view.focus)
 
+    def toggle_thinking(self) -> bool:
+        """Open or fold the thinking of the focused reply, else of the last reply on show that
+        thought; False when none did."""
+        views = [v for v in self.query(MessageView) if v.thought is not None and v.entry.reasoning]
+        if not views:
+            return False
+        focused = self.screen.focused
+        view = focused if focused in views else views[-1]
+        assert isinstance(view, MessageView) and view.thought is not None
+        view.thought.toggle()
+        return True
+
     def action_focus_step(self, step: int) -> None:
         self.focus_step(step)
 
