@@ -73,3 +73,204 @@ def test_bad_layer_types_are_named():
         layer_windows(_Raw(sliding_window=4, layer_types=["full_attention"] * 2))
     with pytest.raises(ValueError, match="unsupported layer type 'chunked_attention'"):
         layer_windows(_Raw(sliding_window=4, layer_types=["chunked_attention"] * 6))
+
+
+# -- each architecture against transformers -------------------------------------------------------
+COMMON = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
+    tie_word_embeddings=False,
+)
+ARCHITECTURES = {
+    "llama3": (
+        "LlamaConfig",
+        {
+            "num_hidden_layers": 2,
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        },
+    ),
+    "qwen2.5": (  # QKV bias, sliding windows from max_window_layers on
+        "Qwen2Config",
+        {
+            "num_hidden_layers": 3,
+            "use_sliding_window": True,
+            "sliding_window": 12,
+            "max_window_layers": 1,
+        },
+    ),
+    "qwen3": ("Qwen3Config", {"num_hidden_layers": 2, "attention_bias": False}),
+    "mistral": ("MistralConfig", {"num_hidden_layers": 2, "sliding_window": 11}),
+    "ministral": (
+        "MinistralConfig",
+        {
+            "num_hidden_layers": 2,
+            "sliding_window": 9,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+    ),
+    "gemma2": (
+        "Gemma2Config",
+        {
+            "num_hidden_layers": 4,
+            "sliding_window": 10,
+            "query_pre_attn_scalar": 24,
+            "attn_logit_softcapping": 1.5,
+            "final_logit_softcapping": 4.0,
+        },
+    ),
+    "gemma3": (  # 5 sliding layers : 1 full, the local RoPE base on the sliding ones
+        "Gemma3TextConfig",
+        {
+            "num_hidden_layers": 6,
+            "sliding_window": 10,
+            "query_pre_attn_scalar": 24,
+            "rope_theta": 10000.0,
+            "rope_local_base_freq": 100.0,
+        },
+    ),
+    "phi3": (  # fused qkv_proj and gate_up_proj, half the head rotated, LongRoPE's short factors
+        "Phi3Config",
+        {
+            "num_hidden_layers": 2,
+            "sliding_window": 20,
+            "partial_rotary_factor": 0.5,
+            "original_max_position_embeddings": 64,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "short_factor": [1.0, 1.3, 1.7, 2.5],
+                "long_factor": [3.0] * 4,
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+        },
+    ),
+    "smollm3": ("SmolLM3Config", {"num_hidden_layers": 4}),  # no RoPE on layer 3
+}
+BLOCK = 8
+MAX_NEW = 8
+PROMPT_LENS = (3, 19, 37)
+
+
+def _tiny_dir(kind: str, root, tokenizer_dir):
+    """A random model of ``kind`` (its norms, biases and lm_head spread out so that every option
+    changes the output) saved with the offline tokenizer; the model for transformers' side."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name, overrides = ARCHITECTURES[kind]
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = _config_of(name, vocab_size=len(tokenizer), **{**COMMON, **overrides})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                p.normal_(0.0, 0.3).add_(0.0 if kind.startswith("gemma") else 1.0)
+            elif pname.endswith("bias"):
+                p.normal_(0.0, 0.5)
+            elif pname.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
+                p.normal_(0.0, 0.25)  # peaked attention: windows, RoPE and soft-caps show
+        model.lm_head.weight.normal_(0.0, 0.3)
+    out = root / kind
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out, model
+
+
+def _config_of(name: str, **kw):
+    import transformers
+
+    return getattr(transformers, name)(**kw)
+
+
+def _hf_greedy(model, prompt: list[int]) -> tuple[list[int], list[float]]:
+    """transformers' greedy continuation of ``prompt`` and each token's logprob."""
+    import torch
+
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=MAX_NEW,
+            do_sample=False,
+            pad_token_id=2,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+    tokens = out.sequences[0, len(prompt) :].tolist()
+    logprobs = [float(s[0].log_softmax(-1)[t]) for s, t in zip(out.scores, tokens, strict=True)]
+    return tokens, logprobs
+
+
+def _assert_same(outputs, theirs) -> None:
+    """The same tokens, with the same logprobs (the final soft-cap shows only in those)."""
+    assert [o.outputs[0].token_ids for o in outputs] == [t for t, _ in theirs]
+    for out, (_, logprobs) in zip(outputs, theirs, strict=True):
+        assert out.outputs[0].logprobs == pytest.approx(logprobs, abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    from model_dirs import offline_tokenizer_dir
+
+    return offline_tokenizer_dir(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.mark.parametrize("kind", list(ARCHITECTURES))
+def test_greedy_output_equals_transformers(kind, tokenizer_dir, tmp_path):
+    """Prompts longer than the windows, a second turn over the cached prefix, and all of them
+    again in a pool too small for them at once (preempted and recomputed)."""
+    import random
+
+    from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
+
+    path, hf = _tiny_dir(kind, tmp_path, tokenizer_dir)
+    rng = random.Random(1)
+    vocab = hf.config.vocab_size
+    prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in PROMPT_LENS]
+    theirs = [_hf_greedy(hf, p) for p in prompts]
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
+
+    engine = LLMEngine.from_pretrained(
+        str(path), EngineConfig(block_size=BLOCK, kv_cache_bytes=4 << 20), progress=lambda _m: None
+    )
+    ours = engine.generate(prompts, params)
+    _assert_same(ours, theirs)
+    # a second turn: the first turn's blocks are a prefix hit
+    turn2 = prompts[2] + ours[2].outputs[0].token_ids + [rng.randrange(3, vocab) for _ in range(5)]
+    again = engine.generate([turn2], params)[0]
+    assert again.usage.cached_tokens >= 5 * BLOCK
+    _assert_same([again], [_hf_greedy(hf, turn2)])
+
+    m = engine.model
+    block_bytes = 2 * m.num_layers * BLOCK * m.num_kv_heads * m.head_dim * 4
+    small = LLMEngine.from_pretrained(
+        str(path),
+        EngineConfig(
+            block_size=BLOCK,
+            kv_cache_bytes=10 * block_bytes,  # all three prompts start, then outgrow it
+            preemption_mode="recompute",
+            enable_prefix_caching=False,
+        ),
+        progress=lambda _m: None,
+    )
+    assert small.bm.pool.num_blocks == 10
+    squeezed = small.generate(prompts, params)
+    assert small.stats().preemptions_recompute > 0
+    _assert_same(squeezed, theirs)

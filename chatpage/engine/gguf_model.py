@@ -40,14 +40,14 @@ _LAYER = {
 }
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str) -> str | None:
     """The GGUF tensor name of an HF tensor name (``model.layers.3.mlp.up_proj.weight`` ->
-    ``blk.3.ffn_up.weight``)."""
+    ``blk.3.ffn_up.weight``); None for a tensor GGUF files of these architectures do not have."""
     if hf_name in _GLOBAL:
         return _GLOBAL[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
     module, _, kind = rest.rpartition(".")
-    return f"blk.{layer}.{_LAYER[module]}.{kind}"
+    return f"blk.{layer}.{_LAYER[module]}.{kind}" if module in _LAYER else None
 
 
 def _field(meta: dict[str, Any], key: str, path: Path) -> Any:
@@ -121,7 +121,10 @@ class GGUFSource:
         return isinstance(name, str) and gguf_name(name) in self.gf.tensors
 
     def load(self, name: str) -> torch.Tensor:
-        w = self.gf.dequantize(gguf_name(name))
+        tensor = gguf_name(name)
+        if tensor is None:
+            raise KeyError(name)
+        w = self.gf.dequantize(tensor)
         if self.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
             return _unpermute(w, self.config.num_attention_heads)
         if self.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):

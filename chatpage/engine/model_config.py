@@ -30,6 +30,10 @@ REQUIRED = (
     "eos_token_id",
 )
 
+# The model types whose every field the engine reads is in ModelConfig (the others have options
+# of their own, ``engine/models/arch.py``, that transformers' config classes interpret).
+FAST_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
 
 class ModelShape(Protocol):
     """What the engine reads of any model's config: a :class:`ModelConfig`, or a transformers
@@ -120,6 +124,8 @@ def fast_config(raw: dict[str, Any]) -> ModelConfig | None:
     interpret it. ValueError names a field that holds the wrong kind of value."""
     rope = plain_rope(raw)
     if rope is None or any(key not in raw for key in REQUIRED) or raw.get("sliding_window"):
+        return None
+    if raw.get("model_type") not in FAST_MODEL_TYPES:
         return None
     for key, (what, ok) in KINDS.items():
         if not ok(raw.get(key)):
