@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from chatpage.engine.model_config import layer_windows
@@ -166,15 +168,16 @@ MAX_NEW = 8
 PROMPT_LENS = (3, 19, 37)
 
 
-def _tiny_dir(kind: str, root, tokenizer_dir):
+def _tiny_dir(kind: str, root, tokenizer_dir, **changes):
     """A random model of ``kind`` (its norms, biases and lm_head spread out so that every option
-    changes the output) saved with the offline tokenizer; the model for transformers' side."""
+    changes the output; ``changes`` to its config) saved with the offline tokenizer; the model
+    for transformers' side."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     name, overrides = ARCHITECTURES[kind]
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = _config_of(name, vocab_size=len(tokenizer), **{**COMMON, **overrides})
+    config = _config_of(name, vocab_size=len(tokenizer), **{**COMMON, **overrides, **changes})
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     with torch.no_grad():
@@ -185,7 +188,8 @@ def _tiny_dir(kind: str, root, tokenizer_dir):
                 p.normal_(0.0, 0.5)
             elif pname.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):
                 p.normal_(0.0, 0.25)  # peaked attention: windows, RoPE and soft-caps show
-        model.lm_head.weight.normal_(0.0, 0.3)
+        if not config.tie_word_embeddings:
+            model.lm_head.weight.normal_(0.0, 0.3)
     out = root / kind
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -274,3 +278,80 @@ def test_greedy_output_equals_transformers(kind, tokenizer_dir, tmp_path):
     squeezed = small.generate(prompts, params)
     assert small.stats().preemptions_recompute > 0
     _assert_same(squeezed, theirs)
+
+
+# -- the same models as GGUF files, written as llama.cpp's converter writes them ----------------
+# (Phi-3 is left out: on such a file, with its long-RoPE factors and attention factor written,
+# llama.cpp's own greedy tokens differ from transformers', so the file format is not pinned down)
+GGUF_ARCH = {"qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3": "GEMMA3"}
+
+
+def _write_gguf(kind: str, hf, path, tokenizer) -> None:
+    """``hf`` as a GGUF of F32 tensors: names from gguf-py's tensor map (llama.cpp's), Gemma's
+    norms stored as 1 + w, the metadata keys llama.cpp's converter writes for ``kind``; the
+    vocabulary of ``tokenizer`` (byte-level BPE)."""
+    import gguf
+
+    c = hf.config
+    arch = gguf.MODEL_ARCH[GGUF_ARCH[kind]]
+    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+    w.add_block_count(c.num_hidden_layers)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_key_length(COMMON["head_dim"])
+    w.add_value_length(COMMON["head_dim"])
+    rope = c.rope_parameters.get("full_attention", c.rope_parameters)
+    w.add_rope_freq_base(rope["rope_theta"])
+    if getattr(c, "sliding_window", None):
+        w.add_sliding_window(c.sliding_window)
+    if kind == "gemma2":
+        w.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        w.add_final_logit_softcapping(c.final_logit_softcapping)
+    if kind == "gemma3":
+        w.add_rope_freq_base_swa(c.rope_parameters["sliding_attention"]["rope_theta"])
+    vocab = tokenizer.backend_tokenizer.get_vocab()
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(sorted(vocab, key=vocab.get))
+    w.add_token_types([1] * len(vocab))
+    w.add_token_scores([0.0] * len(vocab))
+    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    w.add_eos_token_id(2)
+    names = gguf.get_tensor_name_map(arch, c.num_hidden_layers)
+    for name, t in hf.state_dict().items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        data = t.float().numpy()
+        if kind.startswith("gemma") and name.endswith("norm.weight"):
+            data = data + 1
+        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("kind", list(GGUF_ARCH))
+def test_gguf_files_run_as_transformers_does(kind, tokenizer_dir, tmp_path):
+    import random
+
+    from transformers import AutoTokenizer
+
+    from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
+
+    # Gemma files: tied embeddings, and the query scale llama.cpp assumes below 27B (head_dim)
+    gemma = {"tie_word_embeddings": True, "query_pre_attn_scalar": COMMON["head_dim"]}
+    _, hf = _tiny_dir(kind, tmp_path, tokenizer_dir, **(gemma if kind.startswith("gemma") else {}))
+    path = tmp_path / f"{kind}.gguf"
+    _write_gguf(kind, hf, path, AutoTokenizer.from_pretrained(tokenizer_dir))
+    rng = random.Random(2)
+    prompts = [[rng.randrange(3, hf.config.vocab_size) for _ in range(n)] for n in PROMPT_LENS]
+    engine = LLMEngine.from_pretrained(
+        str(path), EngineConfig(block_size=BLOCK, kv_cache_bytes=4 << 20), progress=lambda _m: None
+    )
+    params = SamplingParams(temperature=0, max_tokens=MAX_NEW, ignore_eos=True, logprobs=0)
+    _assert_same(engine.generate(prompts, params), [_hf_greedy(hf, p) for p in prompts])
