@@ -19,7 +19,7 @@ from model_dirs import tiny_model_dir
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
 from chatpage.engine.loader import _read_config
 from chatpage.engine.model_config import ModelConfig
-from chatpage.engine.models.llama import rope_inv_freq
+from chatpage.engine.models.arch import rope_inv_freq
 
 FIELDS = [name for name in ModelConfig.__dataclass_fields__ if name != "head_dim"]
 

@@ -1,4 +1,5 @@
-"""The decode step's small per-layer ops: residual add + RMSNorm, RoPE + QKV split, SwiGLU.
+"""The decode step's small per-layer ops: residual add + RMSNorm, RoPE + QKV split, SwiGLU (and
+GeGLU, reference only: Gemma's MLP).
 
 Each writes into tensors the caller allocated once per step. The functions here are the torch
 reference and the specification of the fused kernels in ``csrc/cpu/fused.cpp`` and
@@ -50,13 +51,26 @@ def rope_qkv(
     hkv = k.shape[1]
     heads = qkv.view(t, hq + 2 * hkv, d).to(q.dtype)
     c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
-    qk = heads[:, : hq + hkv]
-    half = d // 2
-    rotated = torch.cat([-qk[..., half:], qk[..., :half]], dim=-1)
-    roped = qk * c + rotated * s
+    roped = apply_rope(heads[:, : hq + hkv], c, s)
     q.copy_(roped[:, :hq])
     k.copy_(roped[:, hq:])
     v.copy_(heads[:, hq + hkv :])
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x`` [..., D] rotated by ``cos``/``sin`` [..., R] (broadcast; rotate-half convention) over
+    its first R dimensions; the rest pass through (partial rotary embeddings)."""
+    r = cos.shape[-1]
+    part, half = x[..., :r], r // 2
+    rotated = torch.cat([-part[..., half:], part[..., :half]], dim=-1)
+    roped = part * cos + rotated * sin
+    return roped if r == x.shape[-1] else torch.cat([roped, x[..., r:]], dim=-1)
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:
+    """``out = gelu_tanh(gate) * up`` for ``gate_up`` = [gate | up] (Gemma's GeGLU)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    out.copy_(F.gelu(gate, approximate="tanh") * up)
 
 
 def silu_mul(gate_up: torch.Tensor, out: torch.Tensor) -> None:

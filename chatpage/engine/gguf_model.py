@@ -16,10 +16,17 @@ from typing import Any
 import torch
 
 from chatpage.engine.gguf_file import GGUFError, GGUFFile
-from chatpage.engine.model_config import ModelConfig
+from chatpage.engine.model_config import ModelConfig, ModelShape
 
 # GGUF general.architecture -> the HF model_type it is run as
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2"}
+ARCHITECTURES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3_text",
+}
+GEMMA = ("gemma2", "gemma3")
 
 # HF name parts -> GGUF names (per layer, ``blk.{i}.``)
 _GLOBAL = {
@@ -32,22 +39,32 @@ _LAYER = {
     "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",  # Qwen3, Gemma 3
+    "self_attn.k_norm": "attn_k_norm",
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
 }
+# Gemma's four norms: llama.cpp's ffn_norm is the one before the MLP
+_GEMMA_LAYER = {
+    **_LAYER,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, arch: str = "llama") -> str | None:
     """The GGUF tensor name of an HF tensor name (``model.layers.3.mlp.up_proj.weight`` ->
-    ``blk.3.ffn_up.weight``)."""
+    ``blk.3.ffn_up.weight``) in a file of ``arch``; None for a tensor such files do not have."""
     if hf_name in _GLOBAL:
         return _GLOBAL[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
     module, _, kind = rest.rpartition(".")
-    return f"blk.{layer}.{_LAYER[module]}.{kind}"
+    names = _GEMMA_LAYER if arch in GEMMA else _LAYER
+    return f"blk.{layer}.{names[module]}.{kind}" if module in names else None
 
 
 def _field(meta: dict[str, Any], key: str, path: Path) -> Any:
@@ -56,9 +73,11 @@ def _field(meta: dict[str, Any], key: str, path: Path) -> Any:
     return meta[key]
 
 
-def gguf_config(gf: GGUFFile) -> ModelConfig:
+def gguf_config(gf: GGUFFile) -> ModelShape:
     """The model's config from ``gf``'s metadata; :class:`GGUFError` (one line) for a file of an
-    architecture or a RoPE variant the engine does not run."""
+    architecture or a RoPE variant the engine does not run. Llama and Qwen2 files give a
+    :class:`ModelConfig`; the others a config of transformers' class for their model type
+    (their options: ``engine/models/arch.py``)."""
     meta, path = gf.metadata, gf.path
     arch = _field(meta, "general.architecture", path)
     if arch not in ARCHITECTURES:
@@ -67,7 +86,8 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
             f"files of {', '.join(ARCHITECTURES)}"
         )
     scaling = meta.get(f"{arch}.rope.scaling.type", "none")
-    if scaling != "none" or "rope_freqs.weight" in gf.tensors:
+    linear = arch == "gemma3" and scaling == "linear"  # Gemma 3's global layers (4B and up)
+    if (scaling != "none" and not linear) or "rope_freqs.weight" in gf.tensors:
         kind = scaling if scaling != "none" else "llama3 (rope_freqs)"
         raise GGUFError(
             f"{path.name}: RoPE scaling {kind!r} is not supported yet; use a model with plain RoPE"
@@ -75,15 +95,15 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
     heads = int(_field(meta, f"{arch}.attention.head_count", path))
     hidden = int(_field(meta, f"{arch}.embedding_length", path))
     head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
-    if int(meta.get(f"{arch}.rope.dimension_count", head_dim)) != head_dim:
+    rope_dim = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
+    if rope_dim != head_dim:
         raise GGUFError(f"{path.name}: partial rotary embeddings are not supported yet")
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = meta.get(f"{arch}.vocab_size", len(tokens) if isinstance(tokens, list) else None)
     embed = gf.tensors.get("token_embd.weight")
     if embed is None:
         raise GGUFError(f"{path.name} has no token_embd.weight tensor")
-    return ModelConfig(
-        model_type=ARCHITECTURES[arch],
+    fields: dict[str, Any] = dict(
         vocab_size=int(vocab if vocab is not None else embed.shape[0]),
         hidden_size=hidden,
         intermediate_size=int(_field(meta, f"{arch}.feed_forward_length", path)),
@@ -94,11 +114,65 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
         max_position_embeddings=int(_field(meta, f"{arch}.context_length", path)),
         tie_word_embeddings="output.weight" not in gf.tensors,
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        },
+    )
+    base = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
+    if arch in ("llama", "qwen2"):
+        return ModelConfig(
+            model_type=ARCHITECTURES[arch],
+            rope_parameters={"rope_type": "default", "rope_theta": base},
+            head_dim=head_dim,
+            **fields,
+        )
+    return _transformers_config(gf, arch, fields, base, head_dim)
+
+
+def _transformers_config(
+    gf: GGUFFile, arch: str, fields: dict[str, Any], base: float, head_dim: int
+) -> ModelShape:
+    """The transformers config of a Qwen3 or Gemma 2/3 file, from what llama.cpp's
+    converter writes (and, where it writes nothing, what llama.cpp assumes: Gemma's query scale
+    by model size, Gemma 3's local RoPE base and its 5 : 1 layer pattern)."""
+    import transformers
+
+    meta = gf.metadata
+    window = meta.get(f"{arch}.attention.sliding_window")
+    rope = {"rope_type": "default", "rope_theta": base}
+    if arch == "qwen3":
+        return transformers.Qwen3Config(head_dim=head_dim, rope_parameters=rope, **fields)
+    # Gemma 2 and 3. llama.cpp: the 27B models scale queries by hidden / heads, the others by
+    # head_dim
+    big = fields["num_hidden_layers"] == {"gemma2": 46, "gemma3": 62}[arch]
+    scale = meta.get(f"{arch}.attention.scale")
+    scalar = 1 / scale**2 if scale else fields["hidden_size"] // fields["num_attention_heads"]
+    gemma = dict(
         head_dim=head_dim,
+        sliding_window=window,
+        query_pre_attn_scalar=scalar if big or scale else head_dim,
+        attn_logit_softcapping=meta.get(f"{arch}.attn_logit_softcapping"),
+        final_logit_softcapping=meta.get(f"{arch}.final_logit_softcapping"),
+        hidden_activation="gelu_pytorch_tanh",
+        **fields,
+    )
+    if arch == "gemma2":
+        return transformers.Gemma2Config(rope_parameters=rope, **gemma)
+    pattern = meta.get("gemma3.attention.sliding_window_pattern", 6)
+    n = fields["num_hidden_layers"]
+    sliding = (
+        [bool(x) for x in pattern]
+        if isinstance(pattern, list)
+        else [bool((i + 1) % int(pattern)) for i in range(n)]
+    )
+    full = dict(rope)
+    if meta.get("gemma3.rope.scaling.type", "none") == "linear":
+        full.update(rope_type="linear", factor=float(meta["gemma3.rope.scaling.factor"]))
+    local = float(meta.get("gemma3.rope.freq_base_swa", 10000.0))
+    return transformers.Gemma3TextConfig(
+        layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+        rope_parameters={
+            "full_attention": full,
+            "sliding_attention": {"rope_type": "default", "rope_theta": local},
+        },
+        **gemma,
     )
 
 
@@ -112,18 +186,24 @@ class GGUFSource:
     """The tensors of a GGUF file by HF name, dequantized to fp32 one at a time (the
     :class:`chatpage.engine.weights.TensorSource` of a GGUF)."""
 
-    def __init__(self, gf: GGUFFile, config: ModelConfig) -> None:
+    def __init__(self, gf: GGUFFile, config: ModelShape) -> None:
         self.gf = gf
         self.config = config
         self.arch = gf.metadata["general.architecture"]
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and gguf_name(name) in self.gf.tensors
+        return isinstance(name, str) and gguf_name(name, self.arch) in self.gf.tensors
 
     def load(self, name: str) -> torch.Tensor:
-        w = self.gf.dequantize(gguf_name(name))
+        tensor = gguf_name(name, self.arch)
+        if tensor is None:
+            raise KeyError(name)
+        w = self.gf.dequantize(tensor)
+        if self.arch in GEMMA and name.endswith("norm.weight"):
+            return w - 1  # llama.cpp's converter stores Gemma's norms as the 1 + w they apply
         if self.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
             return _unpermute(w, self.config.num_attention_heads)
         if self.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            return _unpermute(w, self.config.num_key_value_heads)
+            heads = getattr(self.config, "num_key_value_heads", None)
+            return _unpermute(w, heads or self.config.num_attention_heads)
         return w

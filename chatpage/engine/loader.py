@@ -200,7 +200,7 @@ def _read_config(directory: Path) -> ModelShape:
         arch = ", ".join(raw.get("architectures") or []) or model_type
         raise ModelLoadError(
             f"unsupported architecture {arch!r} (model_type {model_type!r}); chatpage supports "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)} (Llama, Mistral, Qwen2, SmolLM)"
+            f"model types {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     try:
         return read_config(directory, raw)

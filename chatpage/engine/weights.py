@@ -172,7 +172,9 @@ class StateSource:
 
 def fused_layout(config: Any, source: TensorSource) -> list[tuple[str, tuple[str, ...]]]:
     """Every tensor of the model's own layout with the HF tensors it is made of, in order: one
-    QKV (Qwen2's bias too) and one gate+up matrix per layer, concatenated along the outputs."""
+    QKV (Qwen2's bias too) and one gate+up matrix per layer, concatenated along the outputs (or
+    as the checkpoint fuses them already: Phi-3), and the norms a layer has: q/k norms (Qwen3,
+    Gemma 3) and Gemma's four (``post_norm`` is then the pre-MLP one)."""
     out: list[tuple[str, tuple[str, ...]]] = [
         ("embed.weight", ("model.embed_tokens.weight",)),
         ("norm", ("model.norm.weight",)),
@@ -181,15 +183,33 @@ def fused_layout(config: Any, source: TensorSource) -> list[tuple[str, tuple[str
         out.append(("lm_head.weight", ("lm_head.weight",)))
     for i in range(config.num_hidden_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
-        out.append((q + "qkv.weight", tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv")))
+        if p + "self_attn.q_proj.weight" in source:
+            out.append((q + "qkv.weight", tuple(p + f"self_attn.{x}_proj.weight" for x in "qkv")))
+        else:
+            out.append((q + "qkv.weight", (p + "self_attn.qkv_proj.weight",)))
         if p + "self_attn.q_proj.bias" in source:
             out.append((q + "qkv.bias", tuple(p + f"self_attn.{x}_proj.bias" for x in "qkv")))
+        if p + "mlp.gate_proj.weight" in source:
+            gate_up: tuple[str, ...] = (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
+        else:
+            gate_up = (p + "mlp.gate_up_proj.weight",)
         out += [
             (q + "o.weight", (p + "self_attn.o_proj.weight",)),
-            (q + "gate_up.weight", (p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")),
+            (q + "gate_up.weight", gate_up),
             (q + "down.weight", (p + "mlp.down_proj.weight",)),
             (q + "input_norm", (p + "input_layernorm.weight",)),
-            (q + "post_norm", (p + "post_attention_layernorm.weight",)),
+        ]
+        norms = [("q_norm", "self_attn.q_norm"), ("k_norm", "self_attn.k_norm")]
+        if p + "pre_feedforward_layernorm.weight" in source:
+            norms += [
+                ("attn_out_norm", "post_attention_layernorm"),
+                ("post_norm", "pre_feedforward_layernorm"),
+                ("mlp_out_norm", "post_feedforward_layernorm"),
+            ]
+        else:
+            norms.append(("post_norm", "post_attention_layernorm"))
+        out += [
+            (q + ours, (p + hf + ".weight",)) for ours, hf in norms if p + hf + ".weight" in source
         ]
     return out
 

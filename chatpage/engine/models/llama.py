@@ -1,11 +1,15 @@
-"""Llama-family forward pass over the paged KV cache (Llama, Mistral, Qwen2, SmolLM).
+"""Llama-family forward pass over the paged KV cache (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3,
+SmolLM2/3).
 
 Weights come from the HF checkpoint, stored in a weight format (``engine/weights.py``); the forward
 is ours: embeddings, RMSNorm, RoPE from the config's rope parameters, fused QKV (with Qwen2's bias),
-GQA paged attention, fused SwiGLU MLP, and the lm_head (tied or not) applied only to the rows that
-need logits. A layer is its four matmuls, the two attention ops and three fused ops
-(``engine/fused.py``: residual add + RMSNorm twice, RoPE + QKV split, SwiGLU), into buffers
-allocated once per step; the residual add of each sublayer happens inside the next norm.
+GQA paged attention (each layer's sliding window), fused SwiGLU MLP, and the lm_head (tied or not)
+applied only to the rows that need logits. A layer is its four matmuls, the two attention ops and
+three fused ops (``engine/fused.py``: residual add + RMSNorm twice, RoPE + QKV split, SwiGLU), into
+buffers allocated once per step; the residual add of each sublayer happens inside the next norm.
+What the other architectures change is a set of options of the same layer loop
+(``engine/models/arch.py``): q/k norms, norms after attention and after the MLP, GeGLU, partial or
+no RoPE, soft-capping, scaled embeddings; a model with any of them runs the Python loop.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from chatpage.engine import attention
 from chatpage.engine import fused as fused_ops
 from chatpage.engine.config import check_format
 from chatpage.engine.model_config import ModelShape
+from chatpage.engine.models.arch import SUPPORTED_MODEL_TYPES, arch_of, head_dim_of, rope_tables
 from chatpage.engine.weights import (
     Embedding,
     Linear,
@@ -31,7 +36,7 @@ from chatpage.engine.weights import (
     step_bytes,
 )
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+__all__ = ["SUPPORTED_MODEL_TYPES", "AttentionMetadata", "LayerWeights", "LlamaModel"]
 
 
 @dataclass
@@ -52,22 +57,17 @@ class LayerWeights:
     post_norm: torch.Tensor
     gate_up: Linear  # [T, H] -> [T, 2 I]
     down: Linear
+    q_norm: Tensor | None = None  # per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3)
+    k_norm: Tensor | None = None
+    attn_out_norm: Tensor | None = None  # RMSNorm of the attention output (Gemma 2/3)
+    mlp_out_norm: Tensor | None = None  # RMSNorm of the MLP output (Gemma 2/3)
 
-
-def rope_inv_freq(config: ModelShape) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies and attention scaling from ``config.rope_parameters``."""
-    params = getattr(config, "rope_parameters", None) or {}
-    rope_type = params.get("rope_type", "default")
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if rope_type == "default":
-        base = params.get("rope_theta") or getattr(config, "rope_theta", None) or 10000.0
-        inv = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-        return inv, 1.0
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # scaled RoPE only: ~0.7 s
-
-    if rope_type not in ROPE_INIT_FUNCTIONS:
-        raise ValueError(f"unsupported rope_type {rope_type!r} in the model's rope_parameters")
-    return ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    @property
+    def plain(self) -> bool:
+        """Without any of the optional norms (Llama's layer)."""
+        return all(
+            n is None for n in (self.q_norm, self.k_norm, self.attn_out_norm, self.mlp_out_norm)
+        )
 
 
 class NativeLayers:
@@ -82,6 +82,7 @@ class NativeLayers:
         self.biases = [g.bias for g in gemvs]
         self.parts = len(gemvs[0].parts)
         self.rows = min(g.rows for g in gemvs)
+        self.windows = model.windows
 
     def __call__(
         self,
@@ -115,6 +116,7 @@ class NativeLayers:
             meta.query_start_loc,
             m.eps,
             m.scale,
+            self.windows,
             x,
             q,
             k,
@@ -147,9 +149,11 @@ class LlamaModel:
         self.hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.num_heads
+        self.head_dim = head_dim_of(config)
         self.eps = config.rms_norm_eps
-        self.scale = self.head_dim**-0.5
+        self.arch = arch_of(config)
+        self.scale = self.arch.scale
+        self.windows = list(self.arch.windows)  # each layer's sliding window, 0: full attention
         self.dtype = dtype
         self.device = torch.device(device)
         self.weights = check_format(weights)
@@ -164,47 +168,105 @@ class LlamaModel:
             state.clear()  # (consumed, as the HF-named tensors are)
         self.weight_bytes = step_bytes(config, packed)
 
-        def t(name: str) -> torch.Tensor:
-            return packed[name].to(device=self.device, dtype=dtype).contiguous()
+        def norm(name: str) -> torch.Tensor:
+            """A norm's weight as applied (Gemma's 1 + w)."""
+            w = packed[name].to(self.device, torch.float32) + self.arch.norm_offset
+            return w.to(dtype).contiguous()
+
+        def optional(name: str) -> torch.Tensor | None:
+            return norm(name) if name in packed else None
 
         self.embed = Embedding(packed, self.device, dtype)
         self.vocab_size = self.embed.num_embeddings
         self.layers = [
             LayerWeights(
-                input_norm=t(f"layers.{i}.input_norm"),
+                input_norm=norm(f"layers.{i}.input_norm"),
                 qkv=make_linear(packed, f"layers.{i}.qkv", self.device, half),
                 o=make_linear(packed, f"layers.{i}.o", self.device, half),
-                post_norm=t(f"layers.{i}.post_norm"),
+                post_norm=norm(f"layers.{i}.post_norm"),
                 gate_up=make_linear(packed, f"layers.{i}.gate_up", self.device, half),
                 down=make_linear(packed, f"layers.{i}.down", self.device, half),
+                q_norm=optional(f"layers.{i}.q_norm"),
+                k_norm=optional(f"layers.{i}.k_norm"),
+                attn_out_norm=optional(f"layers.{i}.attn_out_norm"),
+                mlp_out_norm=optional(f"layers.{i}.mlp_out_norm"),
             )
             for i in range(self.num_layers)
         ]
-        self.norm = t("norm")
+        self.norm = norm("norm")
         tied = not any(k.startswith("lm_head.") for k in packed)
         self.lm_head = make_linear(packed, "embed" if tied else "lm_head", self.device, half)
         packed.clear()
 
-        inv_freq, scaling = rope_inv_freq(config)
         self.max_positions = config.max_position_embeddings
-        pos = torch.arange(self.max_positions, dtype=torch.float)
-        freqs = torch.outer(pos, inv_freq)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos = (emb.cos() * scaling).to(self.device, dtype)
-        self.sin = (emb.sin() * scaling).to(self.device, dtype)
+        tables = {
+            key: (cos.to(self.device, dtype), sin.to(self.device, dtype))
+            for key, (cos, sin) in rope_tables(config, self.arch, self.max_positions).items()
+        }
+        # each layer's rotary tables (None: a layer without RoPE)
+        self.rope = [None if key is None else tables[key] for key in self.arch.rope]
+        # the native loop's (one table: its architectures rotate every layer alike)
+        self.cos: Tensor | None = None
+        self.sin: Tensor | None = None
+        if tables:
+            self.cos, self.sin = next(iter(tables.values()))
         self.intermediate = self.layers[0].down.in_features
         self.fused = fused_ops.for_model(self.device, dtype)
         self.native_layers = self._native_layers()
 
     def _native_layers(self) -> NativeLayers | None:
         """The native layer loop, unless a layer matmul lacks a native GEMV (they exist on the CPU
-        only) or the fused ops are not native (they are for an fp32 residual stream)."""
+        only), the fused ops are not native (they are for an fp32 residual stream), or the
+        architecture's layers are not Llama's (:attr:`Arch.plain`, :attr:`LayerWeights.plain`,
+        rotary embeddings over the whole head)."""
         linears = [
             f for layer in self.layers for f in (layer.qkv, layer.o, layer.gate_up, layer.down)
         ]
-        if not self.fused.native or any(f.gemv is None for f in linears):
+        plain = (
+            self.arch.plain
+            and all(layer.plain for layer in self.layers)
+            and self.cos is not None
+            and self.cos.shape[-1] == self.head_dim
+        )
+        if not plain or not self.fused.native or any(f.gemv is None for f in linears):
             return None
         return NativeLayers(self, linears)
+
+    def _normed(self, x: Tensor, weight: Tensor) -> Tensor:
+        """RMSNorm of ``x`` over its last dimension (a sublayer's output, or q/k heads)."""
+        out = torch.empty(x.shape, dtype=self.dtype, device=x.device)
+        fused_ops.add_rms_norm(x, None, weight, self.eps, out)
+        return out
+
+    def _qkv(
+        self,
+        layer: LayerWeights,
+        rope: tuple[Tensor, Tensor] | None,
+        qkv: Tensor,
+        positions: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+    ) -> None:
+        """``qkv`` split into ``q``, ``k``, ``v``, q and k normed per head (when the layer has
+        q/k norms) and rotated by ``rope`` (over its part of each head; not at all without it)."""
+        if layer.q_norm is None and rope is not None and rope[0].shape[-1] == self.head_dim:
+            self.fused.rope_qkv(qkv, positions, rope[0], rope[1], q, k, v)
+            return
+        hq, hkv = q.shape[1], k.shape[1]
+        heads = qkv.view(qkv.shape[0], hq + 2 * hkv, self.head_dim).to(q.dtype)
+        qk = heads[:, : hq + hkv]
+        if layer.q_norm is not None and layer.k_norm is not None:
+            qk = torch.cat(
+                [self._normed(qk[:, :hq], layer.q_norm), self._normed(qk[:, hq:], layer.k_norm)],
+                dim=1,
+            )
+        if rope is not None:
+            cos, sin = rope[0][positions].unsqueeze(1), rope[1][positions].unsqueeze(1)
+            qk = fused_ops.apply_rope(qk, cos, sin)
+        q.copy_(qk[:, :hq])
+        k.copy_(qk[:, hq:])
+        v.copy_(heads[:, hq + hkv :])
 
     def _python_layers(
         self,
@@ -222,13 +284,16 @@ class LlamaModel:
     ) -> Tensor | None:
         """Every decoder layer on the residual stream ``h`` (updated in place), through the
         scratch tensors; returns the last layer's MLP output (the final norm adds it). The
-        specification of ``decode_layers`` (csrc/cpu/decode.cpp)."""
-        fused, eps = self.fused, self.eps
+        specification of ``decode_layers`` (csrc/cpu/decode.cpp) for Llama's layers; the
+        options of the other architectures (:mod:`chatpage.engine.models.arch`) take their
+        branches here."""
+        fused, eps, arch = self.fused, self.eps, self.arch
+        act_mul = fused.silu_mul if arch.activation == "silu" else fused_ops.gelu_tanh_mul
         attn_flat = attn_out.view(attn_out.shape[0], -1)
         delta: Tensor | None = None  # the previous layer's MLP output, added by the next norm
         for i, layer in enumerate(self.layers):
             fused.add_rms_norm(h, delta, layer.input_norm, eps, x)
-            fused.rope_qkv(layer.qkv(x), positions, self.cos, self.sin, q, k, v)
+            self._qkv(layer, self.rope[i], layer.qkv(x), positions, q, k, v)
             attention.write_kv(k, v, k_caches[i], v_caches[i], meta.slot_mapping)
             attention.paged_attention(
                 attn_out,
@@ -239,10 +304,17 @@ class LlamaModel:
                 meta.seq_lens,
                 meta.query_start_loc,
                 self.scale,
+                self.windows[i],
+                arch.attn_softcap,
             )
-            fused.add_rms_norm(h, layer.o(attn_flat.to(self.mm_dtype)), layer.post_norm, eps, x)
-            fused.silu_mul(layer.gate_up(x), act)
+            o = layer.o(attn_flat.to(self.mm_dtype))
+            if layer.attn_out_norm is not None:
+                o = self._normed(o, layer.attn_out_norm)
+            fused.add_rms_norm(h, o, layer.post_norm, eps, x)
+            act_mul(layer.gate_up(x), act)
             delta = layer.down(act)
+            if layer.mlp_out_norm is not None:
+                delta = self._normed(delta, layer.mlp_out_norm)
         return delta
 
     def forward(
@@ -261,6 +333,8 @@ class LlamaModel:
         hq, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         dev = self.device
         h = self.embed(input_ids)  # the residual stream, updated in place
+        if self.arch.embed_scale != 1.0:
+            h.mul_(torch.tensor(self.arch.embed_scale, dtype=h.dtype))
         x = torch.empty(T, self.hidden, dtype=self.mm_dtype, device=dev)
         q = torch.empty(T, hq, d, dtype=self.dtype, device=dev)
         k = torch.empty(T, hkv, d, dtype=self.dtype, device=dev)
@@ -271,4 +345,6 @@ class LlamaModel:
         layers = native if native is not None and T <= native.rows else self._python_layers
         delta = layers(h, positions, meta, k_caches, v_caches, x, q, k, v, act, attn_out)
         self.fused.add_rms_norm(h, delta, self.norm, self.eps, x)
-        return self.lm_head(x[logit_rows]).float()
+        logits = self.lm_head(x[logit_rows]).float()
+        cap = self.arch.final_softcap
+        return torch.tanh(logits / cap) * cap if cap else logits
