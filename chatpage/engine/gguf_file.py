@@ -4,20 +4,23 @@ gguf-py's ``GGUFReader`` parses every metadata array into numpy objects one elem
 on the default model (a 49,152-token vocabulary and its merges) it took 2.9-4 s of CPU before the
 first tensor. This reader walks the header once with ``struct`` (strings of a string array are
 decoded in one pass over the map), so a file is checked in milliseconds, before any heavy work;
-the tensors stay in the map until one is asked for, and gguf-py's numpy ``gguf.quants`` (tested
-bit-exact against ggml) dequantizes them one at a time.
+the tensors stay in the map until one is asked for, and ``engine/dequant.py`` (torch ops doing
+gguf-py's ``gguf.quants`` steps, bit-exact with it) dequantizes them one at a time.
 """
 
 from __future__ import annotations
 
 import mmap
 import struct
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+from chatpage.engine import dequant
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -168,19 +171,19 @@ class GGUFFile:
             tensors[name] = info
         return metadata, tensors
 
-    def raw(self, name: str) -> np.ndarray:
-        """The stored bytes of tensor ``name`` (a read-only view of the map), one row per row."""
+    def blocks(self, name: str) -> torch.Tensor:
+        """The stored blocks of tensor ``name``, ``[n_blocks, block_bytes]`` uint8 over the map
+        (never written: the map is read-only, so torch's warning about that is silenced)."""
         info = self.tensors[name]
-        rows = int(np.prod(info.shape[:-1]))
-        data = np.frombuffer(self._map, np.uint8, info.nbytes, info.offset)
-        return data.reshape(rows, info.nbytes // max(rows, 1))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            data = torch.frombuffer(
+                self._map, dtype=torch.uint8, count=info.nbytes, offset=info.offset
+            )
+        return data.view(-1, TENSOR_TYPES[info.type_id][2])
 
     def dequantize(self, name: str) -> torch.Tensor:
-        """Tensor ``name`` as fp32 in its torch shape (gguf-py's ``gguf.quants``)."""
-        from gguf import GGMLQuantizationType, quants
-
+        """Tensor ``name`` as fp32 in its torch shape (``engine/dequant.py``: torch ops,
+        bit-exact with gguf-py's ``gguf.quants``)."""
         info = self.tensors[name]
-        values = quants.dequantize(self.raw(name), GGMLQuantizationType(info.type_id))
-        if not values.flags.writeable:  # F32 comes back as a view of the map
-            values = values.copy()
-        return torch.from_numpy(values).view(info.shape)
+        return dequant.dequantize(self.blocks(name), info.type_id).view(info.shape)
