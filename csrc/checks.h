@@ -6,6 +6,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 namespace chatpage {
 
 // Geometry of one call to paged_attention, read off the tensors.
@@ -91,9 +93,11 @@ inline void check_swap_args(const at::Tensor& src, const at::Tensor& dst, const 
 
 // The values of the index tensors, which the kernels trust: every sequence's queries fit in its
 // length and in the query rows, its block-table row is wide enough, and every block id it reads is
-// in the pool. Reads the (small) index tensors on the host, wherever they live.
+// in the pool (with a sliding window, from the block of its first query's earliest key on: the
+// entries before it are not read). Reads the (small) index tensors on the host, wherever they live.
 inline void check_attention_indices(const AttentionShape& s, const at::Tensor& block_tables,
-                                    const at::Tensor& seq_lens, const at::Tensor& query_start_loc) {
+                                    const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
+                                    int64_t window) {
   const at::Tensor tables = block_tables.to(at::kCPU).to(at::kLong).contiguous();
   const at::Tensor lens_t = seq_lens.to(at::kCPU).to(at::kLong).contiguous();
   const at::Tensor starts_t = query_start_loc.to(at::kCPU).to(at::kLong).contiguous();
@@ -109,7 +113,8 @@ inline void check_attention_indices(const AttentionShape& s, const at::Tensor& b
     if (q_len == 0) continue;
     const int64_t nblk = (lens[i] + s.block_size - 1) / s.block_size;
     TORCH_CHECK(nblk <= s.max_blocks, "chatpage: block_tables too narrow for sequence ", i);
-    for (int64_t b = 0; b < nblk; ++b) {
+    const int64_t first_key = window > 0 ? std::max<int64_t>(0, lens[i] - q_len - window + 1) : 0;
+    for (int64_t b = first_key / s.block_size; b < nblk; ++b) {
       const int64_t blk = tab[i * s.max_blocks + b];
       TORCH_CHECK(blk >= 0 && blk < s.num_blocks, "chatpage: block id ", blk, " out of range");
     }

@@ -13,7 +13,8 @@ TORCH_LIBRARY(chatpage, m) {
       "Tensor slot_mapping) -> ()");
   m.def(
       "paged_attention(Tensor(a!) out, Tensor query, Tensor k_cache, Tensor v_cache, "
-      "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale) -> ()");
+      "Tensor block_tables, Tensor seq_lens, Tensor query_start_loc, float scale, "
+      "int window=0) -> ()");
   m.def("copy_blocks(Tensor(a!)[] caches, Tensor src_to_dst) -> ()");
   m.def("swap_blocks(Tensor src, Tensor(a!) dst, Tensor mapping) -> ()");
   // The decode step's fused small ops (chatpage/engine/fused.py is their reference).
@@ -36,13 +37,14 @@ TORCH_LIBRARY(chatpage, m) {
   m.def("gemm_int8(Tensor x, Tensor qweight, Tensor scales, Tensor? bias) -> Tensor");
   m.def("gemm_int4(Tensor x, Tensor q, Tensor scales, Tensor zeros, Tensor? bias) -> Tensor");
   // A few-row step's decoder layers in one call (LlamaModel._python_layers is its reference);
-  // returns the last layer's MLP output, which the final norm adds to hidden. CPU only.
+  // returns the last layer's MLP output, which the final norm adds to hidden; windows: each
+  // layer's sliding window (0: full attention). CPU only.
   m.def(
       "decode_layers(Tensor(a!) hidden, Tensor positions, Tensor cos, Tensor sin, "
       "Tensor[] norms, Tensor[] weights, Tensor?[] biases, int parts, Tensor(b!)[] k_caches, "
       "Tensor(c!)[] v_caches, Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, "
-      "Tensor query_start_loc, float eps, float scale, Tensor(d!) x, Tensor(e!) q, "
-      "Tensor(f!) k, Tensor(g!) v, Tensor(h!) act, Tensor(i!) attn_out) -> Tensor");
+      "Tensor query_start_loc, float eps, float scale, int[] windows, Tensor(d!) x, "
+      "Tensor(e!) q, Tensor(f!) k, Tensor(g!) v, Tensor(h!) act, Tensor(i!) attn_out) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(chatpage, CPU, m) {

@@ -1,8 +1,15 @@
 """Kernel checks shared by tests/test_kernels.py (CPU) and tests/gpu/test_cuda_kernels.py (CUDA):
 each ``check_*`` runs a native kernel on a device and compares it with the torch reference in
-engine/attention.py."""
+engine/attention.py. ``python tests/kernel_checks.py CACHE_DIR`` runs the sliding-window cases
+on an AVX2 build of the kernels (``ops.AVX2_CFLAGS``, in a process of its own: a second kernel
+library cannot be loaded beside the first) and prints how many passed."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +19,22 @@ from chatpage.engine import attention, ops
 
 # a spread of lengths: 1 token, partial first block, exact multiples, >1000, odd sizes
 LENGTHS = [1, 7, 16, 33, 250, 1037]
+MIXED_LENS, MIXED_Q_LENS = [1037, 40, 300, 5, 64, 12], [1, 40, 120, 1, 17, 0]
+
+# sliding windows (seq_lens, q_lens, window, shape): decode rows, prefill over a cached prefix,
+# windows shorter than a block, not a multiple of it, exactly blocks, past every length, a long
+# context split across threads, GQA, half-precision caches
+WINDOW_CASES = [
+    (LENGTHS, [1] * 6, 20, {}),
+    (LENGTHS, [1] * 6, 1, {"block_size": 8}),
+    (MIXED_LENS, MIXED_Q_LENS, 37, {"num_kv_heads": 3, "num_q_heads": 12}),
+    (MIXED_LENS, MIXED_Q_LENS, 32, {"block_size": 16}),
+    (MIXED_LENS, MIXED_Q_LENS, 5, {"block_size": 32, "num_kv_heads": 1, "num_q_heads": 4}),
+    (MIXED_LENS, MIXED_Q_LENS, 4096, {}),
+    ([3001, 2500], [1, 7], 700, {"head_dim": 128, "num_kv_heads": 2, "num_q_heads": 8}),
+    ([300, 41], [30, 41], 50, {"head_dim": 40, "num_kv_heads": 1, "num_q_heads": 2}),
+    (LENGTHS, [1, 1, 16, 5, 1, 1], 45, {"dtype": torch.bfloat16}),
+]
 
 
 def tolerance(dtype: torch.dtype) -> dict:
@@ -23,9 +46,13 @@ def tolerance(dtype: torch.dtype) -> dict:
     return {"atol": 2e-2, "rtol": 2e-2}
 
 
+_OWN_BUILD: list[ops.KernelLoader] = []  # the AVX2 script's loader, once it loaded its build
+
+
 def native(name: str):
     """The registered op ``torch.ops.chatpage.<name>`` (building/loading the library first)."""
-    assert ops.load(), ops.status()
+    if not _OWN_BUILD:
+        assert ops.load(), ops.status()
     return getattr(torch.ops.chatpage, name)
 
 
@@ -44,9 +71,13 @@ def check_paged_attention(
     int64_indexes=False,
     strided=False,
     seed=0,
+    window=0,
     **shape,
 ) -> None:
-    """paged_attention equals the reference on one batch (NaN-filled output: every row is written)."""
+    """paged_attention equals the reference on one batch (NaN-filled output: every row is written).
+    With a ``window``, the table entries of the blocks before every query's window are then
+    overwritten with ids outside the pool, and the kernel (and the reference) must give the same
+    output: they never read those blocks."""
     pb = make_paged_batch(seq_lens, q_lens, dtype=dtype, device=device, seed=seed, **shape)
     query = pb.query if query_dtype is None else pb.query.to(query_dtype)
     tables, lens, starts = pb.block_tables, pb.seq_lens, pb.query_start_loc
@@ -65,10 +96,35 @@ def check_paged_attention(
         assert not query.is_contiguous() and not tables.is_contiguous()
     expected = torch.zeros_like(query)
     got = torch.full_like(query, float("nan"))
-    args = (query, pb.k_cache, pb.v_cache, tables, lens, starts, pb.scale)
+    args = (query, pb.k_cache, pb.v_cache, tables, lens, starts, pb.scale, window)
     attention.reference_paged_attention(expected, *args)
+    if window > 0:
+        tables = freed_before_window(tables, lens, starts, window, pb.k_cache.shape[1])
+        args = (query, pb.k_cache, pb.v_cache, tables, lens, starts, pb.scale, window)
+        again = torch.full_like(query, float("nan"))
+        attention.reference_paged_attention(again, *args)
+        assert torch.equal(again, expected)
     native("paged_attention")(got, *args)
     torch.testing.assert_close(got, expected, **tolerance(query.dtype if query_dtype else dtype))
+
+
+def freed_before_window(tables, lens, starts, window: int, block_size: int) -> torch.Tensor:
+    """A copy of ``tables`` whose entries before each sequence's first block in the window of its
+    first query hold ids outside any pool (the block manager may free those blocks)."""
+    out = tables.clone()
+    bad = torch.iinfo(torch.int32).max
+    bounds = starts.tolist()
+    for s, length in enumerate(lens.tolist()):
+        first = attention.first_block(length - (bounds[s + 1] - bounds[s]), window, block_size)
+        out[s, :first] = bad if s % 2 else -5
+    return out
+
+
+def check_window_cases(device) -> int:
+    """Every case of :data:`WINDOW_CASES` on ``device``; returns how many ran."""
+    for i, (seq_lens, q_lens, window, shape) in enumerate(WINDOW_CASES):
+        check_paged_attention(device, seq_lens, q_lens, window=window, seed=i, **shape)
+    return len(WINDOW_CASES)
 
 
 def check_bad_indices_raise(device) -> None:
@@ -137,3 +193,33 @@ def check_swap_blocks(src_device, dst_device, dtype=torch.float32) -> None:
         s, d = src.to(src_device), dst.to(dst_device)
         native("swap_blocks")(s, d, mapping)
         assert torch.equal(d.cpu(), want)
+
+
+def run_avx2_build(script: str) -> list[str]:
+    """Run ``tests/<script>`` against the AVX2 build of the kernels, in a process of its own (the
+    build's cache is kept between runs: it takes a minute or more); the words of its stdout."""
+    root = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(root / "tests" / script), str(ops.cache_root() / "avx2")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.split()
+
+
+def main(cache_dir: Path) -> None:
+    loader = ops.KernelLoader(cache_dir=cache_dir, cflags=ops.AVX2_CFLAGS)
+    assert loader.load(), loader.status()
+    _OWN_BUILD.append(loader)
+    print(f"{check_window_cases('cpu')} passed")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -52,7 +52,7 @@ def test_bad_arguments_are_refused():
     with pytest.raises(
         RuntimeError, match="parts must be 1 .fp32, bf16., 2 .int8. or 3 .int4., got 4"
     ):
-        op(t, t, t, t, [], [], [], 4, [t], [t], t, t, t, t, 1e-5, 1.0, t, t, t, t, t, t)
+        op(t, t, t, t, [], [], [], 4, [t], [t], t, t, t, t, 1e-5, 1.0, [0], t, t, t, t, t, t)
     with pytest.raises(RuntimeError, match="for 1 layers expected 1 value caches, 2 norms"):
         op(
             t,
@@ -71,6 +71,7 @@ def test_bad_arguments_are_refused():
             t,
             1e-5,
             1.0,
+            [0],
             t,
             t,
             t,

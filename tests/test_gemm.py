@@ -5,19 +5,14 @@ them by the step's rows)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from gemm_checks import CASES, check_case
+from kernel_checks import run_avx2_build
 
 from chatpage.engine import ops
 
 BF16 = torch.bfloat16
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_kernels_are_loaded():
@@ -29,22 +24,9 @@ def test_the_gemms_match_the_reference(case):
     check_case(*case)
 
 
-def test_the_avx2_build_matches_the_reference(tmp_path):
+def test_the_avx2_build_matches_the_reference():
     """The same checks against a build without AVX-512 (vec.h's eight-lane paths)."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    cache = ops.cache_root() / "avx2"  # kept between runs: the build takes a minute or more
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "gemm_checks.py"), str(cache)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split()[-2:] == [str(len(CASES)), "passed"]
+    assert run_avx2_build("gemm_checks.py")[-2:] == [str(len(CASES)), "passed"]
 
 
 def test_bad_arguments_are_refused():

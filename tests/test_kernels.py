@@ -13,13 +13,16 @@ import pytest
 import torch
 from kernel_checks import (
     LENGTHS,
+    WINDOW_CASES,
     check_bad_indices_raise,
     check_copy_blocks,
     check_paged_attention,
     check_swap_blocks,
+    check_window_cases,
     check_write_kv,
     make_paged_batch,
     native,
+    run_avx2_build,
 )
 
 from chatpage.engine import attention, ops
@@ -124,6 +127,32 @@ def test_rows_past_the_batch_are_left_alone():
     )
     assert torch.equal(out[3:], torch.full_like(out[3:], 7.0))
     assert torch.isfinite(out[:3]).all()
+
+
+def test_sliding_windows_match_the_reference_and_skip_freed_blocks():
+    assert check_window_cases(DEVICE) == len(WINDOW_CASES)
+
+
+def test_the_reference_window_is_the_last_window_keys():
+    # the reference against attention written out: query at p sees keys p - window < j <= p
+    pb = make_paged_batch([45, 30], [45, 1], block_size=8, num_kv_heads=1, num_q_heads=2, seed=4)
+    out = torch.empty_like(pb.query)
+    attention.reference_paged_attention(out, *pb.args(pb.query)[1:], 10)
+    for s, rows in ((0, range(45)), (1, [45])):
+        length = int(pb.seq_lens[s])
+        table = pb.block_tables[s, : -(-length // 8)].long()
+        k = pb.k_cache[table].flatten(0, 1)[:length, 0]
+        v = pb.v_cache[table].flatten(0, 1)[:length, 0]
+        for row in rows:
+            p = length - 1 if s == 1 else row
+            keys = range(max(0, p - 9), p + 1)
+            w = torch.softmax(pb.query[row] @ k[list(keys)].T * pb.scale, dim=-1)
+            torch.testing.assert_close(out[row], w @ v[list(keys)])
+
+
+def test_the_avx2_build_matches_the_reference_with_windows():
+    """The window cases against a build without AVX-512 (vec.h's eight-lane paths)."""
+    assert run_avx2_build("kernel_checks.py")[-2:] == [str(len(WINDOW_CASES)), "passed"]
 
 
 def test_bad_indices_are_errors_not_crashes():

@@ -10,6 +10,10 @@ Kernel contract (see DESIGN.md):
   the *last* ``q_len`` of its ``seq_lens[s]`` tokens. Each query attends causally to every earlier
   key of its own sequence through ``block_tables[s]``. GQA: query head ``h`` reads KV head
   ``h // (Hq // Hkv)``. Prefill, prefill over a cached prefix and decode are all this one op.
+  ``window`` > 0 (a sliding-window layer): the query at position ``p`` attends to the keys at
+  positions ``j`` with ``p - window < j <= p`` only, and no block whose positions all lie before
+  every query's window is read: a sequence's table entries before the block holding position
+  ``first_query_position - window + 1`` may hold any value (their blocks may have been freed).
 * ``copy_blocks``: for copy-on-write, ``dst`` blocks become copies of ``src`` blocks in every cache.
 * ``swap_blocks``: block ``src`` of one pool is copied to block ``dst`` of another (device <-> CPU).
 
@@ -54,6 +58,12 @@ def _gather(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tens
     return blocks.flatten(0, 1)[:length]
 
 
+def first_block(first_query_position: int, window: int, block_size: int) -> int:
+    """The first block a sequence's attention reads: the one holding the earliest key in the
+    window of its first query (block 0 without a window)."""
+    return max(0, first_query_position - window + 1) // block_size if window > 0 else 0
+
+
 def reference_paged_attention(
     out: torch.Tensor,
     query: torch.Tensor,
@@ -63,8 +73,10 @@ def reference_paged_attention(
     seq_lens: torch.Tensor,
     query_start_loc: torch.Tensor,
     scale: float,
+    window: int = 0,
 ) -> None:
-    """Write attention of ``query`` ``[T, Hq, D]`` over the paged caches into ``out``.
+    """Write attention of ``query`` ``[T, Hq, D]`` over the paged caches into ``out`` (``window``:
+    see the module docstring).
 
     Decode rows (one query per sequence) are batched into one SDPA over a padded gather;
     sequences with several queries (prefill, chunked prefill over a cached prefix) run one by one.
@@ -83,12 +95,19 @@ def reference_paged_attention(
         max_len = int(ctx.max())
         nb = (max_len + block_size - 1) // block_size
         tables = block_tables[idx, :nb].long()
+        if window > 0:  # entries before each row's window are never read (any value there)
+            lo = (ctx - window).clamp(min=0) // block_size
+            cols = torch.arange(nb, device=device).unsqueeze(0)
+            tables = torch.where(cols < lo.unsqueeze(1), 0, tables)
         # [B, nb, bs, Hkv, D] -> [B, Hkv, L, D]
         k = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2).to(query.dtype)
         v = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2).to(query.dtype)
         rows = query_start_loc[idx].long()
         q = query[rows].unsqueeze(2)  # [B, Hq, 1, D]
-        mask = torch.arange(max_len, device=device).unsqueeze(0) < ctx.unsqueeze(1)  # [B, L]
+        key_pos = torch.arange(max_len, device=device).unsqueeze(0)
+        mask = key_pos < ctx.unsqueeze(1)  # [B, L]
+        if window > 0:
+            mask &= key_pos >= (ctx - window).unsqueeze(1)
         o = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
         )
@@ -97,13 +116,18 @@ def reference_paged_attention(
     for i in others:
         q_len, length = q_lens[i], lens[i]
         nb = (length + block_size - 1) // block_size
-        table = block_tables[i, :nb].long()
-        k = _gather(k_cache, table, length).transpose(0, 1).to(query.dtype)  # [Hkv, L, D]
-        v = _gather(v_cache, table, length).transpose(0, 1).to(query.dtype)
+        lo = first_block(length - q_len, window, block_size)
+        table = block_tables[i, lo:nb].long()
+        first = lo * block_size  # the position of the first key gathered
+        k = _gather(k_cache, table, length - first).transpose(0, 1).to(query.dtype)  # [Hkv, L, D]
+        v = _gather(v_cache, table, length - first).transpose(0, 1).to(query.dtype)
         q = query[starts[i] : starts[i + 1]].transpose(0, 1)  # [Hq, q_len, D]
         # query j sits at absolute position length - q_len + j and sees keys 0..that position
         q_pos = torch.arange(length - q_len, length, device=device).unsqueeze(1)
-        mask = torch.arange(length, device=device).unsqueeze(0) <= q_pos  # [q_len, L]
+        key_pos = torch.arange(first, length, device=device).unsqueeze(0)
+        mask = key_pos <= q_pos  # [q_len, L]
+        if window > 0:
+            mask &= key_pos > q_pos - window
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
         out[starts[i] : starts[i + 1]] = o.transpose(0, 1).to(out.dtype)
 
@@ -151,15 +175,16 @@ def paged_attention(
     seq_lens: Tensor,
     query_start_loc: Tensor,
     scale: float,
+    window: int = 0,
 ) -> None:
     """Attention over the paged caches for a mixed prefill/decode batch (see module docstring)."""
     if ops.available(query.device):
         torch.ops.chatpage.paged_attention(
-            out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+            out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window
         )
     else:
         reference_paged_attention(
-            out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale
+            out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window
         )
 
 

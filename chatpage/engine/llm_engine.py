@@ -72,10 +72,7 @@ class LLMEngine:
             plan.weights,
             getattr(torch, plan.mm_dtype) if plan.mm_dtype else None,
         )
-        limit = hf.max_position_embeddings
-        window = getattr(hf, "sliding_window", None)
-        if window:
-            limit = min(limit, window)  # no sliding-window attention: stay inside it
+        limit = hf.max_position_embeddings  # (sliding windows are attended as such: no limit)
         self.max_model_len = min(config.max_model_len or limit, limit)
         self.block_bytes = bytes_per_block(
             self.model.num_layers,

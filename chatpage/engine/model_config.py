@@ -129,6 +129,45 @@ def fast_config(raw: dict[str, Any]) -> ModelConfig | None:
     )
 
 
+def _layer_types(config: Any, n: int) -> list[str]:
+    """Each layer's attention kind, ``"sliding_attention"`` or ``"full_attention"``: the config's
+    ``layer_types`` (transformers derives them for Gemma 2/3, Qwen2/3, SmolLM3, Ministral), else
+    the older spellings: Gemma 2's alternation (even layers slide), ``sliding_window_pattern``
+    (every pattern-th layer is full: Gemma 3), Qwen2's ``use_sliding_window`` with the layers from
+    ``max_window_layers`` on sliding; otherwise every layer slides (Mistral, Phi-3)."""
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        if len(types) != n:
+            raise ValueError(f"layer_types has {len(types)} entries for {n} layers")
+        return list(types)
+    slide, full = "sliding_attention", "full_attention"
+    pattern = getattr(config, "sliding_window_pattern", None)
+    if pattern is None and getattr(config, "model_type", None) == "gemma2":
+        pattern = 2
+    if pattern:
+        return [slide if (i + 1) % pattern else full for i in range(n)]
+    if getattr(config, "use_sliding_window", None) is False:
+        return [full] * n
+    first = getattr(config, "max_window_layers", None)
+    if getattr(config, "use_sliding_window", None) and first is not None:
+        return [slide if i >= first else full for i in range(n)]
+    return [slide] * n
+
+
+def layer_windows(config: Any) -> list[int]:
+    """Each layer's sliding window in tokens (the query at position p sees keys p - window < j <=
+    p), 0 for a layer of full attention; all 0 for a config without ``sliding_window``."""
+    n = config.num_hidden_layers
+    window = getattr(config, "sliding_window", None) or 0
+    if window <= 0:
+        return [0] * n
+    types = _layer_types(config, n)
+    unknown = set(types) - {"sliding_attention", "full_attention"}
+    if unknown:
+        raise ValueError(f"unsupported layer type {sorted(unknown)[0]!r} in layer_types")
+    return [int(window) if t == "sliding_attention" else 0 for t in types]
+
+
 def read_config(directory: Path, raw: dict[str, Any]) -> ModelShape:
     """The config of the model in ``directory`` whose config.json parsed to ``raw``."""
     config = fast_config(raw)

@@ -9,6 +9,9 @@
 // When there are fewer sequences than threads can share, long contexts are split into several
 // items (flash-decoding); each writes its unnormalised partial state and a second pass merges them.
 // Items are handed out largest first from an atomic counter, so uneven lengths balance out.
+//
+// A sliding window (window > 0: the query at position p sees keys p - window < j <= p) starts each
+// item at the block of its first row's earliest key; no block before it is read.
 #include "checks.h"
 #include "cpu/ops_cpu.h"
 #include "cpu/vec.h"
@@ -45,13 +48,14 @@ struct Geometry {
   const float* query;
   int64_t q_row_stride, q_head_stride;
   float scale;
+  int64_t window;  // 0: every earlier key
   float* out;
   int64_t o_row_stride, o_head_stride;
 };
 
 struct WorkItem {
   int64_t first_row;  // row of query/out
-  int64_t first_pos;  // position of that row in its sequence (it sees keys 0..first_pos)
+  int64_t first_pos;  // position of that row in its sequence (it sees keys up to first_pos)
   int rows;
   const int32_t* table;
   int64_t blk_begin, blk_end;
@@ -184,13 +188,19 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
       const KV* kh = kb + kvh * d;
       const KV* vh = vb + kvh * d;
       for (int r = 0; r < w.rows; ++r) {
-        const int64_t visible = w.first_pos + r + 1 - tok0;
-        if (visible <= 0) continue;
-        const int n = static_cast<int>(std::min<int64_t>(bs, visible));
+        const int64_t pos = w.first_pos + r;
+        const int64_t visible = pos + 1 - tok0;
+        // keys of this block before the row's window: skipped (the block's first `lo` tokens)
+        const int64_t lo = g.window > 0 ? std::max<int64_t>(0, pos - g.window + 1 - tok0) : 0;
+        if (visible <= 0 || lo >= bs) continue;
+        const int n = static_cast<int>(std::min<int64_t>(bs, visible) - lo);
+        const int room = bs - static_cast<int>(lo);  // tokens of the block from the first one read
+        const KV* kr = kh + lo * ts;
+        const KV* vr = vh + lo * ts;
         for (int j = 0; j < g.group; ++j) {
           const int i = r * hq_n + kvh * g.group + j;
-          const float bmax = block_scores<KV, NC>(qbuf + i * d, kh, ts, n, bs, nc, s);
-          block_update<KV, NC>(state + i * sd, vh, ts, n, nc, s, bmax);
+          const float bmax = block_scores<KV, NC>(qbuf + i * d, kr, ts, n, room, nc, s);
+          block_update<KV, NC>(state + i * sd, vr, ts, n, nc, s, bmax);
         }
       }
     }
@@ -243,6 +253,11 @@ struct Plan {
   int max_rows = 1;
 };
 
+// The keys row `pos` attends to (its window, or every earlier one).
+inline int64_t visible_keys(const Geometry& g, int64_t pos) {
+  return g.window > 0 ? std::min<int64_t>(pos + 1, g.window) : pos + 1;
+}
+
 // Cuts the batch into row tiles, and tiles into context pieces when that helps the threads.
 Plan make_plan(const Geometry& g, const AttentionShape& shape, const int32_t* tables,
                const std::vector<int64_t>& lens, const std::vector<int64_t>& starts, int threads) {
@@ -258,10 +273,11 @@ Plan make_plan(const Geometry& g, const AttentionShape& shape, const int32_t* ta
       w.first_row = starts[s] + r0;
       w.first_pos = len - q_len + r0;
       w.table = tables + s * shape.max_blocks;
-      w.blk_begin = 0;
+      w.blk_begin = (w.first_pos + 1 - visible_keys(g, w.first_pos)) / g.block_size;
       w.blk_end = (w.first_pos + w.rows - 1) / g.block_size + 1;
       w.state = -1;
-      w.cost = w.rows * (w.first_pos + 1) + static_cast<int64_t>(w.rows) * (w.rows - 1) / 2;
+      w.cost = 0;
+      for (int r = 0; r < w.rows; ++r) w.cost += visible_keys(g, w.first_pos + r);
       total += w.cost;
       tiles.push_back(w);
     }
@@ -269,7 +285,7 @@ Plan make_plan(const Geometry& g, const AttentionShape& shape, const int32_t* ta
   const int64_t target = std::max<int64_t>(kMinPieceCost, total / (4 * std::max(threads, 1)));
   for (const WorkItem& w : tiles) {
     plan.max_rows = std::max(plan.max_rows, w.rows);
-    const int64_t nblk = w.blk_end;
+    const int64_t nblk = w.blk_end - w.blk_begin;
     const int64_t pieces =
         threads > 1 ? std::min<int64_t>(nblk, (w.cost + target - 1) / target) : 1;
     if (pieces <= 1) {
@@ -280,8 +296,8 @@ Plan make_plan(const Geometry& g, const AttentionShape& shape, const int32_t* ta
     plan.merges.push_back({w.first_row, w.rows, plan.partial_floats, static_cast<int>(pieces)});
     for (int64_t p = 0; p < pieces; ++p) {
       WorkItem piece = w;
-      piece.blk_begin = nblk * p / pieces;
-      piece.blk_end = nblk * (p + 1) / pieces;
+      piece.blk_begin = w.blk_begin + nblk * p / pieces;
+      piece.blk_end = w.blk_begin + nblk * (p + 1) / pieces;
       piece.cost = w.cost * (piece.blk_end - piece.blk_begin) / nblk;
       piece.state = plan.partial_floats;
       plan.partial_floats += piece_floats;
@@ -350,7 +366,7 @@ std::vector<int64_t> to_host_vector(const at::Tensor& t) {
 void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
                      const at::Tensor& v_cache, const at::Tensor& block_tables,
                      const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
-                     double scale) {
+                     double scale, int64_t window) {
   const AttentionShape shape =
       check_attention_args(out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc);
   TORCH_CHECK(shape.head_dim % 8 == 0, "chatpage: head_dim must be a multiple of 8 on the CPU");
@@ -359,7 +375,8 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
   const std::vector<int64_t> lens = to_host_vector(seq_lens);
   const std::vector<int64_t> starts = to_host_vector(query_start_loc);
   const int32_t* tab = tables.data_ptr<int32_t>();
-  check_attention_indices(shape, block_tables, seq_lens, query_start_loc);
+  TORCH_CHECK(window >= 0, "chatpage: window must be 0 (none) or positive, got ", window);
+  check_attention_indices(shape, block_tables, seq_lens, query_start_loc, window);
 
   at::Tensor q = query.scalar_type() == at::kFloat ? query : query.to(at::kFloat);
   if (q.stride(2) != 1) q = q.contiguous();
@@ -379,6 +396,7 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
   g.q_row_stride = q.stride(0);
   g.q_head_stride = q.stride(1);
   g.scale = static_cast<float>(scale);
+  g.window = window;
   g.out = out_f.data_ptr<float>();
   g.o_row_stride = out_f.stride(0);
   g.o_head_stride = out_f.stride(1);

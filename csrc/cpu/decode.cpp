@@ -9,7 +9,8 @@
 //
 // Weights come flat: for layer i, linear j (qkv, o, gate_up, down) has `parts` tensors from index
 // (4 i + j) * parts: one fp32 or bf16 weight, an int8 weight and its scales, or an int4 weight
-// with its scales and zeros (the GEMVs' arguments), and bias 4 i + j.
+// with its scales and zeros (the GEMVs' arguments), and bias 4 i + j; windows[i] is layer i's
+// sliding window (0: full attention).
 #include "cpu/ops_cpu.h"
 
 #include <c10/util/Exception.h>
@@ -35,19 +36,20 @@ at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
                          int64_t parts, at::TensorList k_caches, at::TensorList v_caches,
                          const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                          const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double eps,
-                         double scale, const at::Tensor& x, const at::Tensor& q,
-                         const at::Tensor& k, const at::Tensor& v, const at::Tensor& act,
-                         const at::Tensor& attn_out) {
+                         double scale, at::IntArrayRef windows, const at::Tensor& x,
+                         const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& act, const at::Tensor& attn_out) {
   const int64_t layers = static_cast<int64_t>(k_caches.size());
   TORCH_CHECK(parts >= 1 && parts <= 3, "chatpage::decode_layers: parts must be ",
               "1 (fp32, bf16), 2 (int8) or 3 (int4), got ", parts);
   TORCH_CHECK(layers > 0 && static_cast<int64_t>(v_caches.size()) == layers &&
                   static_cast<int64_t>(norms.size()) == 2 * layers &&
                   static_cast<int64_t>(weights.size()) == 4 * parts * layers &&
-                  static_cast<int64_t>(biases.size()) == 4 * layers,
+                  static_cast<int64_t>(biases.size()) == 4 * layers &&
+                  static_cast<int64_t>(windows.size()) == layers,
               "chatpage::decode_layers: for ", layers, " layers expected ", layers,
               " value caches, ", 2 * layers, " norms, ", 4 * parts * layers, " weights and ",
-              4 * layers, " biases");
+              4 * layers, " biases and ", layers, " windows");
   const at::Tensor attn_flat = attn_out.view({attn_out.size(0), -1});
   c10::optional<at::Tensor> delta;
   for (int64_t i = 0; i < layers; ++i) {
@@ -58,7 +60,7 @@ at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
     rope_qkv(lin(0, x), positions, cos, sin, q, k, v);
     write_kv(k, v, k_caches[i], v_caches[i], slot_mapping);
     paged_attention(attn_out, q, k_caches[i], v_caches[i], block_tables, seq_lens,
-                    query_start_loc, scale);
+                    query_start_loc, scale, windows[i]);
     add_rms_norm(hidden, lin(1, attn_flat.to(x.scalar_type())), norms[2 * i + 1], eps, x);
     silu_mul(lin(2, x), act);
     delta = lin(3, act);

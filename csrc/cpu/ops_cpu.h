@@ -12,7 +12,8 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, const at::Tensor& 
 
 void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
                      const at::Tensor& v_cache, const at::Tensor& block_tables,
-                     const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double scale);
+                     const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double scale,
+                     int64_t window);
 
 void copy_blocks(const std::vector<at::Tensor>& caches, const at::Tensor& src_to_dst);
 
@@ -58,8 +59,8 @@ at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
                          int64_t parts, at::TensorList k_caches, at::TensorList v_caches,
                          const at::Tensor& slot_mapping, const at::Tensor& block_tables,
                          const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double eps,
-                         double scale, const at::Tensor& x, const at::Tensor& q,
-                         const at::Tensor& k, const at::Tensor& v, const at::Tensor& act,
-                         const at::Tensor& attn_out);
+                         double scale, at::IntArrayRef windows, const at::Tensor& x,
+                         const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const at::Tensor& act, const at::Tensor& attn_out);
 
 }  // namespace chatpage::cpu

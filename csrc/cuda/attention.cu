@@ -6,7 +6,8 @@
 // rescales the running state, and each thread accumulates its share of the output elements over
 // the chunk's values. With one partition the CTA writes the output; with several (split-K, for long
 // contexts when rows x heads alone cannot fill the GPU) it writes its unnormalised partial result
-// and reduce_partitions_kernel merges them.
+// and reduce_partitions_kernel merges them. With a sliding window a row's keys start at
+// position - window + 1: partitions wholly before that exit at once, and no earlier block is read.
 #include "cuda/device_math.cuh"
 #include "cuda/kernels.h"
 
@@ -40,10 +41,15 @@ __device__ int find_seq(const int32_t* qsl, int num_seqs, int row) {
   return lo;
 }
 
-// Position of `row` in sequence s: it sees keys 0..position.
+// Position of `row` in sequence s: it sees keys up to position.
 __device__ __forceinline__ int row_position(const AttentionParams& p, int s, int row) {
   const int q_len = p.query_start_loc[s + 1] - p.query_start_loc[s];
   return p.seq_lens[s] - q_len + (row - p.query_start_loc[s]);
+}
+
+// The first key a row of `ctx` keys attends to (its sliding window's, or 0).
+__device__ __forceinline__ int first_key(const AttentionParams& p, int ctx) {
+  return p.window > 0 ? max(0, ctx - p.window) : 0;
 }
 
 struct Launch {
@@ -70,10 +76,12 @@ __global__ void __launch_bounds__(kThreads)
   const int s = find_seq(p.query_start_loc, p.num_seqs, row);
   if (s < 0) return;
   const int ctx = row_position(p, s, row) + 1;
-  const int t_begin = blockIdx.z * l.partition_tokens;
-  if (t_begin >= ctx) return;  // this partition lies past the row's causal limit
+  const int part_begin = blockIdx.z * l.partition_tokens;
+  const int t_begin = max(part_begin, first_key(p, ctx));
   // (clamped to the table's width, so a seq_len beyond it cannot read past the row)
-  const int t_end = min(min(ctx, t_begin + l.partition_tokens), p.max_blocks * bs);
+  const int t_end = min(min(ctx, part_begin + l.partition_tokens), p.max_blocks * bs);
+  // this partition lies past the row's causal limit or before its window
+  if (t_begin >= t_end) return;
 
   const int group = p.num_q_heads / p.num_kv_heads;
   const int kvh = blockIdx.y / l.head_groups;
@@ -235,6 +243,7 @@ __global__ void __launch_bounds__(kThreads) reduce_partitions_kernel(AttentionPa
   const int s = find_seq(p.query_start_loc, p.num_seqs, row);
   if (s < 0) return;
   const int ctx = row_position(p, s, row) + 1;
+  const int first = first_key(p, ctx) / l.partition_tokens;
   const int used = min((ctx + l.partition_tokens - 1) / l.partition_tokens, l.num_partitions);
   const int64_t slot0 = (static_cast<int64_t>(row) * p.num_q_heads + h) * l.num_partitions;
   const int64_t stats = static_cast<int64_t>(p.num_tokens) * p.num_q_heads * l.num_partitions;
@@ -246,9 +255,9 @@ __global__ void __launch_bounds__(kThreads) reduce_partitions_kernel(AttentionPa
   __shared__ float inv_total;
   if (threadIdx.x == 0) {
     float gm = -FLT_MAX;
-    for (int i = 0; i < used; ++i) gm = fmaxf(gm, m[i]);
+    for (int i = first; i < used; ++i) gm = fmaxf(gm, m[i]);
     float total = 0.0f;
-    for (int i = 0; i < used; ++i) {
+    for (int i = first; i < used; ++i) {
       weight[i] = expf(m[i] - gm);
       total += sums[i] * weight[i];
     }
@@ -258,7 +267,7 @@ __global__ void __launch_bounds__(kThreads) reduce_partitions_kernel(AttentionPa
   IT* out = static_cast<IT*>(p.out);
   for (int d = threadIdx.x; d < p.head_dim; d += kThreads) {
     float a = 0.0f;
-    for (int i = 0; i < used; ++i) a += accs[i * p.head_dim + d] * weight[i];
+    for (int i = first; i < used; ++i) a += accs[i * p.head_dim + d] * weight[i];
     out[row * p.out_row_stride + h * p.out_head_stride + d] = from_float<IT>(a * inv_total);
   }
 }

@@ -22,6 +22,7 @@ struct AttentionParams {
   const int32_t* query_start_loc;  // [num_seqs + 1]
   int num_tokens, num_seqs, num_q_heads, num_kv_heads, head_dim, block_size, max_blocks;
   float scale;
+  int window;  // 0: every earlier key; else the query at position p sees keys p - window < j <= p
   DType cache_dtype, io_dtype;  // io_dtype is cache_dtype or kFloat32
   float* workspace;             // plan.workspace_floats floats when the plan splits the context
 };

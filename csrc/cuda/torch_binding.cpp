@@ -42,13 +42,14 @@ at::Tensor on_device_as(const at::Tensor& t, const at::Tensor& like, at::ScalarT
 void paged_attention_cuda(const at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
                           const at::Tensor& v_cache, const at::Tensor& block_tables,
                           const at::Tensor& seq_lens, const at::Tensor& query_start_loc,
-                          double scale) {
+                          double scale, int64_t window) {
   const AttentionShape shape =
       check_attention_args(out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc);
   TORCH_CHECK(query.is_cuda() && out.device() == query.device() && k_cache.device() == query.device(),
               "chatpage: query, out and caches must be on the same CUDA device");
   TORCH_CHECK(shape.head_dim <= 256, "chatpage: head_dim above 256 is not supported on CUDA");
-  if (!capturing()) check_attention_indices(shape, block_tables, seq_lens, query_start_loc);
+  TORCH_CHECK(window >= 0, "chatpage: window must be 0 (none) or positive, got ", window);
+  if (!capturing()) check_attention_indices(shape, block_tables, seq_lens, query_start_loc, window);
   const c10::cuda::CUDAGuard guard(query.device());
   const at::Tensor tables = on_device_as(block_tables, query, at::kInt);
   const at::Tensor lens = on_device_as(seq_lens, query, at::kInt);
@@ -81,6 +82,7 @@ void paged_attention_cuda(const at::Tensor& out, const at::Tensor& query, const 
   p.block_size = static_cast<int>(shape.block_size);
   p.max_blocks = static_cast<int>(tables.size(1));
   p.scale = static_cast<float>(scale);
+  p.window = static_cast<int>(window);
   p.cache_dtype = dtype_of(k_cache.scalar_type());
   p.io_dtype = dtype_of(io);
   const AttentionPlan plan = plan_paged_attention(p, query.get_device());

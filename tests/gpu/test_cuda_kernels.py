@@ -74,6 +74,17 @@ def test_split_k_long_contexts(dtype):
     cases.check_paged_attention(DEVICE, [5000], [7], dtype=dtype, block_size=32)
 
 
+def test_sliding_windows_skip_freed_blocks():
+    assert cases.check_window_cases(DEVICE) == len(cases.WINDOW_CASES)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_k_with_a_window(dtype):
+    # partitions wholly before the window exit, and the merge starts at the first one used
+    cases.check_paged_attention(DEVICE, [9000], [1], dtype=dtype, window=1000)
+    cases.check_paged_attention(DEVICE, [5000, 300], [7, 1], dtype=dtype, window=600)
+
+
 def test_large_gqa_group_is_split_across_ctas():
     cases.check_paged_attention(
         DEVICE, [700, 3], [1, 3], num_kv_heads=1, num_q_heads=32, head_dim=128

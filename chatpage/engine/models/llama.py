@@ -19,7 +19,7 @@ from torch import Tensor
 from chatpage.engine import attention
 from chatpage.engine import fused as fused_ops
 from chatpage.engine.config import check_format
-from chatpage.engine.model_config import ModelShape
+from chatpage.engine.model_config import ModelShape, layer_windows
 from chatpage.engine.weights import (
     Embedding,
     Linear,
@@ -82,6 +82,7 @@ class NativeLayers:
         self.biases = [g.bias for g in gemvs]
         self.parts = len(gemvs[0].parts)
         self.rows = min(g.rows for g in gemvs)
+        self.windows = model.windows
 
     def __call__(
         self,
@@ -115,6 +116,7 @@ class NativeLayers:
             meta.query_start_loc,
             m.eps,
             m.scale,
+            self.windows,
             x,
             q,
             k,
@@ -150,6 +152,7 @@ class LlamaModel:
         self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.num_heads
         self.eps = config.rms_norm_eps
         self.scale = self.head_dim**-0.5
+        self.windows = layer_windows(config)  # each layer's sliding window, 0: full attention
         self.dtype = dtype
         self.device = torch.device(device)
         self.weights = check_format(weights)
@@ -239,6 +242,7 @@ class LlamaModel:
                 meta.seq_lens,
                 meta.query_start_loc,
                 self.scale,
+                self.windows[i],
             )
             fused.add_rms_norm(h, layer.o(attn_flat.to(self.mm_dtype)), layer.post_norm, eps, x)
             fused.silu_mul(layer.gate_up(x), act)
