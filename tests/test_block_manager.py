@@ -804,8 +804,14 @@ class SlidingGroupsMachine(RuleBasedStateMachine):
     def _apply(self) -> None:
         # one pool: a copy moves a block's contents in every group's view of it
         for mem in self.mem:
-            mem.apply(replace(self.plan, swap_out=list(self.plan.swap_out),
-                              swap_in=list(self.plan.swap_in), copies=list(self.plan.copies)))
+            mem.apply(
+                replace(
+                    self.plan,
+                    swap_out=list(self.plan.swap_out),
+                    swap_in=list(self.plan.swap_in),
+                    copies=list(self.plan.copies),
+                )
+            )
         self.plan = Plan()
 
     def _step(self, fam: Family, chunk: int, tokens: list[int]) -> None:
