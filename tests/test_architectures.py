@@ -271,10 +271,12 @@ def test_greedy_output_equals_transformers(kind, tokenizer_dir, tmp_path):
             kv_cache_bytes=10 * block_bytes,  # all three prompts start, then outgrow it
             preemption_mode="recompute",
             enable_prefix_caching=False,
+            free_outside_window=False,  # (freeing too: tests/test_sliding_engine.py)
         ),
         progress=lambda _m: None,
     )
-    assert small.bm.pool.num_blocks == 10
+    # a block is a page of page_layers layers (KV groups by window): 10 blocks of every layer
+    assert small.bm.pool.num_blocks * m.kv_groups.page_layers == 10 * m.num_layers
     squeezed = small.generate(prompts, params)
     assert small.stats().preemptions_recompute > 0
     _assert_same(squeezed, theirs)

@@ -772,3 +772,196 @@ def test_chain_hash_is_sha256_of_parent_and_tokens() -> None:
     assert chain_hash(first, (5, 6, 7, 8)) != chain_hash(None, (5, 6, 7, 8))
     # Python's hash((None, t)) is the same for -1 and -2 in a tuple slot; sha256 is not
     assert chain_hash(None, (-1,)) != chain_hash(None, (-2,))
+
+
+# -------------------------------------------------------------------------------------------------
+# KV groups with sliding windows (the hybrid layout: a full group and two sliding ones)
+# -------------------------------------------------------------------------------------------------
+
+WINDOWS = (0, 6, 9)
+
+
+class SlidingGroupsMachine(RuleBasedStateMachine):
+    """The engine's use of a BlockManager with a full-attention group and two sliding groups:
+    prefill in chunks, decode, fork, free, recompute, swap, pins and prefix hits. Each group's
+    simulated K/V must read back every position a next query's window needs; a sliding group
+    holds at most ceil(window / block_size) + 1 blocks per sequence between steps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bm = BlockManager(NUM_BLOCKS * 2, NUM_CPU_BLOCKS * 2, BS, windows=WINDOWS)
+        self.families: list[Family] = []
+        self.mem = [Memory() for _ in WINDOWS]  # per group (one pool, each group's own blocks)
+        self.plan = Plan()
+        self.next_handle = 0
+
+    def _live(self) -> list[Sequence]:
+        return [s for f in self.families for s in f.seqs]
+
+    def _in(self, *states: str) -> list[Family]:
+        return [f for f in self.families if f.state in states]
+
+    def _apply(self) -> None:
+        # one pool: a copy moves a block's contents in every group's view of it
+        for mem in self.mem:
+            mem.apply(
+                replace(
+                    self.plan,
+                    swap_out=list(self.plan.swap_out),
+                    swap_in=list(self.plan.swap_in),
+                    copies=list(self.plan.copies),
+                )
+            )
+        self.plan = Plan()
+
+    def _step(self, fam: Family, chunk: int, tokens: list[int]) -> None:
+        if fam.state == "running":
+            for seq, tok in zip(fam.seqs, tokens, strict=False):
+                if seq.num_uncomputed == 0:
+                    if len(seq) >= MAX_LEN:
+                        return
+                    seq.append(tok, 0.0)
+        if len(fam.seqs) == 1:
+            d = demand(self.bm, fam.seqs[0])
+            demands = [replace(d, num_new_tokens=min(chunk, d.num_new_tokens))]
+        else:
+            demands = [demand(self.bm, s) for s in fam.seqs]
+        for d in demands:
+            if d.computed is not None:  # a hit serves every group's window at its length
+                n = d.computed.num_tokens // BS
+                for g, w in enumerate(WINDOWS):
+                    lo = max(0, (n * BS - w + 1) // BS) if w else 0
+                    assert len(d.computed.hits(g)) == n - lo
+        copies = self.bm.allocate_slots(demands)
+        if copies is None:
+            return
+        fam.state = "running"
+        self.plan.copies += copies
+        self._apply()
+        for d in demands:
+            seq, k = d.seq, d.num_new_tokens
+            for g in range(len(WINDOWS)):
+                table = self.bm.group_tables[g][seq.seq_id]
+                for p in range(seq.num_computed_tokens, seq.num_computed_tokens + k):
+                    slots = self.mem[g].dev.setdefault(table[p // BS], [None] * BS)
+                    slots[p % BS] = tuple(seq.token_ids[: p + 1])
+            seq.num_computed_tokens += k
+            self.bm.commit(seq)
+
+    @precondition(lambda self: len(self._live()) < MAX_SEQS)
+    @rule(prompt=prompts)
+    def add(self, prompt: list[int]) -> None:
+        self.families.append(Family([make_seq(prompt * 2)]))
+
+    @precondition(lambda self: self._in("waiting", "running"))
+    @rule(pick=picks, chunk=st.integers(1, 16), tokens=new_tokens)
+    def run(self, pick: int, chunk: int, tokens: list[int]) -> None:
+        fams = self._in("waiting", "running")
+        self._step(fams[pick % len(fams)], chunk, tokens)
+
+    @precondition(lambda self: self._in("running", "swapped") and len(self._live()) < MAX_SEQS)
+    @rule(pick=picks)
+    def fork(self, pick: int) -> None:
+        fams = self._in("running", "swapped")
+        fam = fams[pick % len(fams)]
+        parent = fam.seqs[pick % len(fam.seqs)]
+        child = parent.fork()
+        self.bm.fork(parent, child)
+        fam.seqs.append(child)
+
+    @precondition(lambda self: self.families)
+    @rule(pick=picks)
+    def free(self, pick: int) -> None:
+        seq = self._live()[pick % len(self._live())]
+        self.bm.free(seq)
+        for fam in self.families:
+            if seq in fam.seqs:
+                fam.seqs.remove(seq)
+        self.families = [f for f in self.families if f.seqs]
+
+    @precondition(lambda self: self._in("running", "swapped"))
+    @rule(pick=picks)
+    def reset(self, pick: int) -> None:
+        fams = self._in("running", "swapped")
+        fam = fams[pick % len(fams)]
+        for seq in fam.seqs:
+            self.bm.reset(seq)
+        fam.state = "waiting"
+
+    @precondition(lambda self: self._in("running"))
+    @rule(pick=picks)
+    def swap_out(self, pick: int) -> None:
+        fams = self._in("running")
+        fam = fams[pick % len(fams)]
+        pairs = self.bm.swap_out(fam.seqs)
+        if pairs is not None:
+            self.plan.swap_out += pairs
+            self._apply()
+            fam.state = "swapped"
+
+    @precondition(lambda self: self._in("swapped"))
+    @rule(pick=picks)
+    def swap_in(self, pick: int) -> None:
+        fams = self._in("swapped")
+        fam = fams[pick % len(fams)]
+        pairs = self.bm.swap_in(fam.seqs)
+        if pairs is not None:
+            self.plan.swap_in += pairs
+            self._apply()
+            fam.state = "running"
+
+    @precondition(lambda self: self._in("running"))
+    @rule(pick=picks)
+    def pin_and_unpin(self, pick: int) -> None:
+        seqs = [s for f in self._in("running") for s in f.seqs]
+        self.bm.pin(seqs[pick % len(seqs)], self.next_handle)
+        if pick % 2:
+            self.bm.unpin(self.next_handle)
+        self.next_handle += 1
+
+    @invariant()
+    def audit_is_clean(self) -> None:
+        assert self.bm.audit() == []
+        pool = self.bm.pool
+        free = set(pool._free)
+        assert all(pool.ref[b] == 0 for b in free), "a block both free and used"
+        assert pool.num_unindexed_free + pool.num_used + pool.num_cached == pool.num_blocks
+
+    @invariant()
+    def sliding_groups_hold_only_their_window(self) -> None:
+        for fam in self._in("running", "swapped"):
+            for seq in fam.seqs:
+                for g, w in enumerate(WINDOWS):
+                    held = self.bm.held(g, seq.seq_id)
+                    if w:
+                        assert len(held) <= -(-w // BS) + 1
+                    else:
+                        assert self.bm.skipped(g, seq.seq_id) == 0
+
+    @invariant()
+    def the_window_reads_back(self) -> None:
+        """Every key the next query of a sequence reads, in every group, is its own."""
+        for fam in self._in("running", "swapped"):
+            for seq in fam.seqs:
+                c = seq.num_computed_tokens
+                for g, w in enumerate(WINDOWS):
+                    table = self.bm.group_tables[g][seq.seq_id]
+                    for p in range(max(0, c - w + 1) if w else 0, c):
+                        b = table[p // BS]
+                        mem, b = (self.mem[g].cpu, cpu_entry(b)) if b < 0 else (self.mem[g].dev, b)
+                        got = mem.get(b, [None] * BS)[p % BS]
+                        assert got == tuple(seq.token_ids[: p + 1]), f"group {g} position {p}"
+
+    def teardown(self) -> None:
+        for seq in self._live():
+            self.bm.free(seq)
+        for handle in range(self.next_handle):
+            self.bm.unpin(handle)
+        assert self.bm.pool.num_used == 0 and self.bm.cpu_pool.num_used == 0
+        assert all(not t for t in self.bm.group_tables)
+
+
+TestSlidingGroupsStateful = SlidingGroupsMachine.TestCase
+TestSlidingGroupsStateful.settings = settings(
+    max_examples=100, stateful_step_count=40, deadline=None
+)

@@ -21,6 +21,7 @@ BENCHES = (
     "structured",
     "load",
     "gpu",
+    "windows",
 )
 
 

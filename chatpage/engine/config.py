@@ -80,6 +80,9 @@ class EngineConfig:
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     cuda_graphs: bool = True  # replay decode steps through CUDA graphs on a GPU (False: eager)
     gpu_blocks: int | None = None  # a GPU pool of this many blocks instead of sizing it from memory
+    # release a sliding-window layer's blocks once they leave the window (False: keep them all,
+    # as full attention does; the output is the same, a check of the release)
+    free_outside_window: bool = True
 
     @classmethod
     def for_settings(cls, settings: Settings, threads: int | None = None) -> EngineConfig:

@@ -74,8 +74,9 @@ class LLMEngine:
         )
         limit = hf.max_position_embeddings  # (sliding windows are attended as such: no limit)
         self.max_model_len = min(config.max_model_len or limit, limit)
+        groups = self.model.kv_groups
         self.block_bytes = bytes_per_block(
-            self.model.num_layers,
+            groups.page_layers,
             config.block_size,
             self.model.num_kv_heads,
             self.model.head_dim,
@@ -98,7 +99,11 @@ class LLMEngine:
             )
         num_cpu_blocks = config.swap_space_bytes // self.block_bytes
         self.bm = BlockManager(
-            num_blocks, num_cpu_blocks, config.block_size, config.enable_prefix_caching
+            num_blocks,
+            num_cpu_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            groups.windows if config.free_outside_window else (0,) * groups.num_groups,
         )
         self.kv = KVCache(
             self.model.num_layers,
@@ -109,13 +114,14 @@ class LLMEngine:
             self.model.head_dim,
             kv_dtype,
             plan.device,
+            groups.layer_slot,
         )
         self.stop = StopCheck(self._eos_ids(hf), self.max_model_len)
         self.scheduler = Scheduler(config, self.bm, self.stop)
         self.runner = ModelRunner(
             self.model,
             self.kv,
-            self.bm.tables,
+            self.bm.group_tables,
             config.block_size,
             warnings=self.warnings,
             graphs=config.cuda_graphs,
@@ -234,10 +240,8 @@ class LLMEngine:
                 f"the prompt is {n} tokens but the context window is {self.max_model_len} "
                 f"(max_model_len); shorten it by at least {n - self.max_model_len + 1} tokens"
             )
-        bs = self.config.block_size
         longest = min(n + params.max_tokens, self.max_model_len)
-        per_seq = -(-longest // bs)
-        need = per_seq + (params.width - 1) * (per_seq - n // bs)
+        need = self.bm.peak_blocks(n, longest, params.width, self.config.max_num_batched_tokens)
         have = self.bm.pool.num_blocks - self.bm.pool.num_pinned
         if need > have:
             raise RequestRefused(

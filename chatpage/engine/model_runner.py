@@ -24,18 +24,19 @@ class ModelRunner:
         self,
         model: LlamaModel,
         kv: KVCache,
-        tables: dict[int, list[int]],
+        tables: list[dict[int, list[int]]],
         block_size: int,
         warnings: list[str] | None = None,
         graphs: bool = True,
     ) -> None:
         self.model = model
         self.kv = kv
-        self.tables = tables  # the block manager's tables, read-only here
+        self.tables = tables[0]  # the block manager's tables, read-only here
+        self.group_tables = tables[1:]  # those of KV groups 1, 2, ... (``engine/kv_groups.py``)
         self.block_size = block_size
         self.warnings: list[str] = [] if warnings is None else warnings  # (the engine's list)
         self.graphs: DecodeGraphs | None = None
-        if model.device.type == "cuda" and graphs:
+        if model.device.type == "cuda" and graphs and not self.group_tables:
             self.use_graphs(cuda_capture)
 
     def use_graphs(self, capture: Capture) -> None:
@@ -92,22 +93,36 @@ class ModelRunner:
             tables.append(self.tables[seq.seq_id])
             if item.samples:
                 logit_rows.append(starts[-1] - 1)
-        width = max(len(t) for t in tables)
-        block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
         pos = torch.tensor(positions, dtype=torch.int64)
         q_lens = torch.tensor([b - a for a, b in zip(starts, starts[1:], strict=False)])
         owner = torch.repeat_interleave(torch.arange(len(batch)), q_lens)
-        slot_mapping = block_tables[owner, pos // bs].long() * bs + pos % bs
+        block, offset = pos // bs, pos % bs
+
+        def group(tables: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+            """One KV group's slot mapping and padded block tables."""
+            width = max(len(t) for t in tables)
+            padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+            return padded[owner, block].long() * bs + offset, padded
+
+        slot_mapping, block_tables = group(tables)
+        others = [group([g[item.seq.seq_id] for item in batch]) for g in self.group_tables]
         meta = AttentionMetadata(
             slot_mapping=slot_mapping,
             block_tables=block_tables,
             seq_lens=torch.tensor(lens, dtype=torch.int32),
             query_start_loc=torch.tensor(starts, dtype=torch.int32),
+            group_slots=tuple(s for s, _ in others),
+            group_tables=tuple(t for _, t in others),
         )
         device = self.model.device
         if device.type != "cpu":
             meta = AttentionMetadata(
-                *(t.to(device, non_blocking=True) for t in vars(meta).values())
+                *(
+                    tuple(x.to(device, non_blocking=True) for x in t)
+                    if isinstance(t, tuple)
+                    else t.to(device, non_blocking=True)
+                    for t in vars(meta).values()
+                )
             )
             pos = pos.to(device)
         return self.model.forward(

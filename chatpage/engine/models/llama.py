@@ -23,6 +23,7 @@ from torch import Tensor
 from chatpage.engine import attention
 from chatpage.engine import fused as fused_ops
 from chatpage.engine.config import check_format
+from chatpage.engine.kv_groups import kv_groups
 from chatpage.engine.model_config import ModelShape
 from chatpage.engine.models.arch import SUPPORTED_MODEL_TYPES, arch_of, head_dim_of, rope_tables
 from chatpage.engine.weights import (
@@ -47,6 +48,16 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [S, max_blocks] int32
     seq_lens: torch.Tensor  # [S] int32
     query_start_loc: torch.Tensor  # [S + 1] int32
+    # KV groups 1, 2, ... (``engine/kv_groups.py``): their slot mappings and block tables
+    group_slots: tuple[torch.Tensor, ...] = ()
+    group_tables: tuple[torch.Tensor, ...] = ()
+
+    def group(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The slot mapping and block tables of KV group ``g`` (group 0's for every group when
+        the step gave no others: a scratch step over one table)."""
+        if g == 0 or not self.group_tables:
+            return self.slot_mapping, self.block_tables
+        return self.group_slots[g - 1], self.group_tables[g - 1]
 
 
 @dataclass
@@ -154,6 +165,7 @@ class LlamaModel:
         self.arch = arch_of(config)
         self.scale = self.arch.scale
         self.windows = list(self.arch.windows)  # each layer's sliding window, 0: full attention
+        self.kv_groups = kv_groups(self.windows)  # which block table each layer reads
         self.dtype = dtype
         self.device = torch.device(device)
         self.weights = check_format(weights)
@@ -230,6 +242,8 @@ class LlamaModel:
         )
         if not plain or not self.fused.native or any(f.gemv is None for f in linears):
             return None
+        if self.kv_groups.num_groups > 1:
+            return None  # (the native loop takes one block table for all layers)
         return NativeLayers(self, linears)
 
     def _normed(self, x: Tensor, weight: Tensor) -> Tensor:
@@ -292,15 +306,16 @@ class LlamaModel:
         attn_flat = attn_out.view(attn_out.shape[0], -1)
         delta: Tensor | None = None  # the previous layer's MLP output, added by the next norm
         for i, layer in enumerate(self.layers):
+            slots, tables = meta.group(self.kv_groups.layer_group[i])
             fused.add_rms_norm(h, delta, layer.input_norm, eps, x)
             self._qkv(layer, self.rope[i], layer.qkv(x), positions, q, k, v)
-            attention.write_kv(k, v, k_caches[i], v_caches[i], meta.slot_mapping)
+            attention.write_kv(k, v, k_caches[i], v_caches[i], slots)
             attention.paged_attention(
                 attn_out,
                 q,
                 k_caches[i],
                 v_caches[i],
-                meta.block_tables,
+                tables,
                 meta.seq_lens,
                 meta.query_start_loc,
                 self.scale,

@@ -1,0 +1,68 @@
+"""KV blocks of a long chat with sliding-window layers (issue 21 item 4): the block manager's own
+accounting, no model run.
+
+A Gemma-3-shaped layout (26 layers, 5 sliding : 1 full, window 512, as Gemma 3 1B's config) holds
+an ``--tokens``-token chat, prefilled in the engine's chunks and then decoded, through the real
+``BlockManager`` and ``kv_groups``; the same chat with every layer on full attention is the
+baseline. Blocks are counted in layer-blocks (a page of ``page_layers`` layers is that many), so
+the two layouts compare in bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from chatpage.engine.block_manager import BlockManager, Demand
+from chatpage.engine.config import DEFAULT_BLOCK_SIZE, EngineConfig
+from chatpage.engine.kv_groups import kv_groups
+from chatpage.engine.sequence import Sequence
+
+
+def gemma3_windows(layers: int = 26, window: int = 512, pattern: int = 6) -> list[int]:
+    return [window if (i + 1) % pattern else 0 for i in range(layers)]
+
+
+def peak_layer_blocks(windows: list[int], tokens: int, block_size: int, chunk: int) -> int:
+    """The most layer-blocks one ``tokens``-token chat holds at once between steps."""
+    groups = kv_groups(windows)
+    bm = BlockManager(1 << 20, 0, block_size, enable_caching=False, windows=groups.windows)
+    seq = Sequence(list(range(tokens)), tokens // 2, None)  # type: ignore[arg-type]
+    peak = 0
+    while seq.num_computed_tokens < tokens:
+        first = seq.seq_id not in bm.tables
+        k = min(
+            chunk if seq.num_computed_tokens < seq.prompt_len else 1,
+            tokens - seq.num_computed_tokens,
+        )
+        d = Demand(seq, k, bm.get_computed_blocks(seq) if first else None)
+        assert bm.allocate_slots([d]) is not None
+        seq.num_computed_tokens += k
+        bm.commit(seq)
+        peak = max(peak, bm.pool.num_used)
+    return peak * groups.page_layers
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="chatpage bench windows", description=__doc__)
+    p.add_argument("--tokens", type=int, default=8192)
+    p.add_argument("--window", type=int, default=512)
+    p.add_argument("--layers", type=int, default=26)
+    p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    chunk = EngineConfig().max_num_batched_tokens
+    windows = gemma3_windows(args.layers, args.window)
+    sliding = peak_layer_blocks(windows, args.tokens, args.block_size, chunk)
+    full = peak_layer_blocks([0] * args.layers, args.tokens, args.block_size, chunk)
+    result = {
+        "tokens": args.tokens,
+        "layers": args.layers,
+        "window": args.window,
+        "block_size": args.block_size,
+        "layer_blocks_sliding": sliding,
+        "layer_blocks_full": full,
+        "ratio": round(sliding / full, 4),
+    }
+    print(json.dumps(result) if args.json else "\n".join(f"{k}: {v}" for k, v in result.items()))
+    return 0
