@@ -130,7 +130,9 @@ def test_the_header_reads_as_gguf_py_reads_it(tmp_path):
             t.n_bytes,
         )
         if t.n_bytes < 1 << 20:
-            assert np.array_equal(ours.blocks(t.name).reshape(-1).numpy(), t.data.reshape(-1).view(np.uint8))
+            assert np.array_equal(
+                ours.blocks(t.name).reshape(-1).numpy(), t.data.reshape(-1).view(np.uint8)
+            )
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES, ids=lambda q: q.name)

@@ -14,9 +14,10 @@ import argparse
 import json
 
 from chatpage.engine.block_manager import BlockManager, Demand
-from chatpage.engine.config import DEFAULT_BLOCK_SIZE, EngineConfig
+from chatpage.engine.config import EngineConfig
 from chatpage.engine.kv_groups import kv_groups
 from chatpage.engine.sequence import Sequence
+from chatpage.vocab import DEFAULT_BLOCK_SIZE
 
 
 def gemma3_windows(layers: int = 26, window: int = 512, pattern: int = 6) -> list[int]:

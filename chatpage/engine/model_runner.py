@@ -116,14 +116,7 @@ class ModelRunner:
         )
         device = self.model.device
         if device.type != "cpu":
-            meta = AttentionMetadata(
-                *(
-                    tuple(x.to(device, non_blocking=True) for x in t)
-                    if isinstance(t, tuple)
-                    else t.to(device, non_blocking=True)
-                    for t in vars(meta).values()
-                )
-            )
+            meta = meta.to(device)
             pos = pos.to(device)
         return self.model.forward(
             torch.tensor(ids, dtype=torch.int64, device=device),

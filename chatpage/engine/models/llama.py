@@ -52,6 +52,21 @@ class AttentionMetadata:
     group_slots: tuple[torch.Tensor, ...] = ()
     group_tables: tuple[torch.Tensor, ...] = ()
 
+    def to(self, device: torch.device) -> AttentionMetadata:
+        """These tensors on ``device`` (copied without blocking the host)."""
+
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=True)
+
+        return AttentionMetadata(
+            move(self.slot_mapping),
+            move(self.block_tables),
+            move(self.seq_lens),
+            move(self.query_start_loc),
+            tuple(map(move, self.group_slots)),
+            tuple(map(move, self.group_tables)),
+        )
+
     def group(self, g: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The slot mapping and block tables of KV group ``g`` (group 0's for every group when
         the step gave no others: a scratch step over one table)."""
