@@ -101,6 +101,8 @@ def test_every_key_does_its_action_from_the_message_box(terminal):
         press("cycle_alternatives")
         t.shows(f"next reply: {mode}", "ctrl+a")
 
+    press("toggle_thinking")  # (the tiny model's replies have none: tests/test_ui_thinking.py)
+    t.shows("no reply on show has thinking to show", "alt+t")
     press("copy_reply")
     t.shows("copied the reply", "alt+c")
     press("copy_code")
