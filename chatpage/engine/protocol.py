@@ -11,7 +11,7 @@ FinishReason.ABORT, a failure with FinishReason.ERROR and ``error``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from chatpage.engine.chat_template import ReplyIds as ReplyIds
 from chatpage.engine.chat_template import TokenCounter as TokenCounter
@@ -78,6 +78,12 @@ class EngineClient(Protocol[StatsT]):
 
     def cancel(self, request_id: str) -> None:
         """Stop a request: its last update ends every output with FinishReason.ABORT."""
+        ...
+
+    def tool_grammar(self, tools: list[dict[str, Any]]) -> str | None:
+        """The grammar (`GrammarKind.GRAMMAR`) of a reply that only calls some of ``tools``,
+        in the model's own format, so even a small model makes a valid call; None where the
+        client cannot say (not loaded yet, a server's model)."""
         ...
 
     def pin_system_prompt(self, system_prompt: str) -> None:

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -125,6 +126,10 @@ class RemoteEngineClient:
     def cancel(self, request_id: str) -> None:
         """Stop a request: its stream is closed and the server aborts it."""
         self._call(self._cancel, request_id)
+
+    def tool_grammar(self, tools: list[dict[str, Any]]) -> str | None:
+        """None: the server renders and constrains tool calls itself."""
+        return None
 
     def pin_system_prompt(self, system_prompt: str) -> None:
         """Warm the server's prefix cache with a persona's system prompt (vLLM and SGLang cache
