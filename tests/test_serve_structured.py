@@ -155,19 +155,38 @@ def test_streamed_tool_calls_reassemble_to_the_whole_answer(smol):
     )
     whole = smol.chat(**kw).choices[0]
     calls: dict[int, dict] = {}
+    pieces: dict[int, int] = {}
     reasons = []
     for chunk in smol.chat(stream=True, **kw):
         for choice in chunk.choices:
             reasons.append(choice.finish_reason)
+            assert not choice.delta.content  # the call is not content
             for d in choice.delta.tool_calls or []:
                 call = calls.setdefault(d.index, {"name": "", "arguments": ""})
                 call["name"] += d.function.name or ""
                 call["arguments"] += d.function.arguments or ""
+                pieces[d.index] = pieces.get(d.index, 0) + 1
     assert [calls[i] for i in sorted(calls)] == [
         {"name": c.function.name, "arguments": c.function.arguments}
         for c in whole.message.tool_calls
     ]
+    assert all(n > 3 for n in pieces.values())  # the arguments stream as the JSON grows
     assert reasons[-1] == whole.finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"temperature": 0.8, "seed": 3}, {"temperature": 0, "extra_body": {"use_beam_search": True}}],
+    ids=["n2", "beam2"],
+)
+def test_forked_samples_and_beams_each_read_their_own_calls(smol, extra):
+    out = smol.chat(
+        messages=ASK, tools=[WEATHER, ADD], tool_choice="required", max_tokens=80, n=2, **extra
+    )
+    assert len(out.choices) == 2
+    for choice in out.choices:
+        assert choice.finish_reason == "tool_calls" and not choice.message.content
+        _validate_calls(choice.message, [WEATHER, ADD])
 
 
 def test_a_tool_conversation_is_accepted_in_the_history(smol):

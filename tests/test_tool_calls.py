@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from chatpage.engine.accumulator import add_tool_calls
 from chatpage.engine.grammar import grammar_text
 from chatpage.engine.sampling_params import GrammarKind, Structured
 from chatpage.engine.tokenizer import compile_template
@@ -60,9 +61,13 @@ def test_whole_and_streamed_parses_agree(family):
         stream = fmt.stream()
         pieces = [stream.feed(text[i : i + step]) for i in range(0, len(text), step)]
         pieces.append(stream.feed("", final=True))
-        streamed = [c for _, cs in pieces for c in cs]
+        streamed = add_tool_calls([], [d for _, ds in pieces for d in ds])
         assert [(c.name, c.arguments) for c in streamed] == [(c.name, c.arguments) for c in calls]
-        assert "".join(p for p, _ in pieces).strip() == content
+        assert "".join(p for p, _ in pieces) == content
+        if step == 1:  # the arguments grow piece by piece, each call's id and name come first
+            first = [ds[0] for _, ds in pieces if ds and ds[0].id]
+            assert [d.name for d in first] == ["add"] * len(calls)
+            assert sum(len(ds) for _, ds in pieces) > 2 * len(calls)
 
 
 def test_text_that_is_no_call_stays_content():
@@ -72,7 +77,7 @@ def test_text_that_is_no_call_stays_content():
             stream = fmt.stream()
             content, calls = stream.feed(text)
             rest, more = stream.feed("", final=True)
-            assert calls == more == [] and content + rest == text
+            assert calls == more == () and content + rest == text
             assert fmt.parse(text) == (text, [])
 
 

@@ -2,19 +2,26 @@
 
 `LLMEngine.generate` answers with what it folds; the chat folds a reply's or an alternative's
 updates into its text with it, and `chatpage serve` its non-streamed responses. A delta is
-appended to its output, a rewrite (beam search) replaces it; a failed request's outputs that
+appended to its output (a tool call's pieces to that call), a rewrite (beam search) replaces
+it; a failed request's outputs that
 had not ended end with FinishReason.ERROR. Once a beam search finishes, only the outputs its
 final update names are kept (its hypotheses), the live beams seen before are gone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import replace
+
 from chatpage.engine.outputs import (
     CompletionOutput,
     OutputDelta,
     RequestOutput,
     RequestUpdate,
+    ToolCall,
+    ToolCallDelta,
     Usage,
+    new_call_id,
 )
 from chatpage.vocab import FinishReason
 
@@ -65,11 +72,13 @@ def _fold(c: CompletionOutput, d: OutputDelta) -> None:
     if d.rewrite:
         c.text, c.token_ids, c.num_tokens = d.text, list(d.token_ids), d.num_tokens
         c.reasoning = d.reasoning
+        c.tool_calls = add_tool_calls([], d.tool_calls)
         c.logprobs = list(d.logprobs) if d.logprobs is not None else None
         c.top_logprobs = list(d.top_logprobs) if d.top_logprobs is not None else None
     else:
         c.text += d.text
         c.reasoning += d.reasoning
+        c.tool_calls = add_tool_calls(c.tool_calls, d.tool_calls)
         c.token_ids += d.token_ids
         c.num_tokens += d.num_tokens
         if d.logprobs is not None:
@@ -82,3 +91,15 @@ def _fold(c: CompletionOutput, d: OutputDelta) -> None:
         c.cumulative_logprob = d.cumulative_logprob
     c.score = d.score if d.score is not None else c.score
     c.finish_reason = d.finish_reason or c.finish_reason
+
+
+def add_tool_calls(calls: list[ToolCall], deltas: Iterable[ToolCallDelta]) -> list[ToolCall]:
+    """``calls`` with ``deltas`` folded in: a delta naming a call it does not hold yet begins
+    that call, the others extend their call's arguments."""
+    for d in deltas:
+        if d.index < len(calls):
+            call = calls[d.index]
+            calls[d.index] = replace(call, arguments=call.arguments + d.arguments)
+        else:
+            calls.append(ToolCall(d.name, d.arguments, d.id or new_call_id()))
+    return calls

@@ -28,11 +28,14 @@ from chatpage.engine.outputs import (
     EngineStats,
     OutputDelta,
     RequestUpdate,
+    ToolCall,
+    ToolCallDelta,
     Usage,
     final_update,
 )
 from chatpage.engine.protocol import EngineClient, UpdateCallback
 from chatpage.engine.sampling_params import SamplingParams
+from chatpage.engine.tool_calls import tool_format
 from chatpage.vocab import FinishReason
 
 if TYPE_CHECKING:  # torch and the model code load on the engine thread (see _run), so that
@@ -42,10 +45,10 @@ if TYPE_CHECKING:  # torch and the model code load on the engine thread (see _ru
 Render = Callable[["TextTokenizer", list[dict[str, str]]], list[int]]
 """How chat messages become a prompt's token ids (`render_prompt`, `continue_prompt`)."""
 Command = tuple[Any, ...]
-"""What the tokenizer thread is asked: ``("submit", id, prompt, params, on_update, t0, render)``,
-``("cancel", id)`` or ``("pin", system_prompt)``; it hands the engine thread the same with token
-ids for the prompt (and, for a submit, whether it is a chat reply instead of ``render``), or
-``("failed", command, why)``."""
+"""What the tokenizer thread is asked: ``("submit", id, prompt, params, on_update, t0, render,
+tool_calls)``, ``("cancel", id)`` or ``("pin", system_prompt)``; it hands the engine thread the
+same with token ids for the prompt (and, for a submit, whether it is a chat reply instead of
+``render``), or ``("failed", command, why)``."""
 
 __all__ = [
     "EngineClient",
@@ -56,6 +59,8 @@ __all__ = [
     "OutputDelta",
     "RequestUpdate",
     "SamplingParams",
+    "ToolCall",
+    "ToolCallDelta",
     "UpdateCallback",
     "Usage",
 ]
@@ -65,6 +70,26 @@ __all__ = [
 CHARS_PER_TOKEN = 32
 """More characters than any one token of a usual vocabulary spells: a prompt of more than this
 many times the context window's tokens cannot fit, and is refused before it is tokenized."""
+
+
+def _render_chat(
+    template: Callable[..., list[int]],
+    reply_ids: ReplyIds | None,
+    tools: list[dict[str, Any]] | None,
+    tokenizer: TextTokenizer,
+    messages: list[dict[str, Any]],
+) -> list[int]:
+    """A chat's prompt ids through ``template`` (`render_prompt`, `continue_prompt`), with
+    ``tools`` offered the model's way (`tool_format`: the template's ``tools`` variable, or a
+    listing in the system prompt)."""
+    if tools:
+        fmt = tool_format(getattr(tokenizer, "chat_template", None))
+        shown = fmt.prompt_messages(messages, tools)
+        shift = len(shown) - len(messages)  # (a system message put first for the listing)
+        messages = shown
+        reply_ids = {i + shift: ids for i, ids in (reply_ids or {}).items()}
+        tools = tools if fmt.renders_tools else None
+    return template(tokenizer, messages, reply_ids=reply_ids, tools=tools)
 
 
 class LocalEngineClient:
@@ -131,7 +156,8 @@ class LocalEngineClient:
             messages,
             params,
             on_update,
-            functools.partial(template, reply_ids=reply_ids, tools=tools),
+            functools.partial(_render_chat, template, reply_ids, tools),
+            tool_calls=bool(tools),
         )
 
     def submit_prompt(
@@ -145,12 +171,16 @@ class LocalEngineClient:
         params: SamplingParams,
         on_update: UpdateCallback,
         render: Render | None,
+        tool_calls: bool = False,
     ) -> str:
-        """Queue a request; ``render`` turns chat messages into token ids (None: a raw prompt)."""
+        """Queue a request; ``render`` turns chat messages into token ids (None: a raw prompt);
+        ``tool_calls``: the prompt offers tools, the reply is read for calls."""
         with self._id_lock:
             rid = f"chat-{self._next_id}"
             self._next_id += 1
-        self._commands.put(("submit", rid, prompt, params, on_update, time.monotonic(), render))
+        self._commands.put(
+            ("submit", rid, prompt, params, on_update, time.monotonic(), render, tool_calls)
+        )
         return rid
 
     def cancel(self, request_id: str) -> None:
@@ -279,7 +309,7 @@ class LocalEngineClient:
             kind = cmd[0]
             try:
                 if kind == "submit":
-                    _, rid, prompt, params, on_update, t0, render = cmd
+                    _, rid, prompt, params, on_update, t0, render, tool_calls = cmd
                     self._check_length(prompt)
                     if render is not None:
                         ids = render(engine.tokenizer, prompt)
@@ -287,7 +317,8 @@ class LocalEngineClient:
                         ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
                     else:
                         ids = list(prompt)
-                    cmd = ("submit", rid, ids, params, on_update, t0, render is not None)
+                    chat = render is not None
+                    cmd = ("submit", rid, ids, params, on_update, t0, chat, tool_calls)
                 elif kind == "pin":
                     cmd = ("pin", system_prefix(engine.tokenizer, cmd[1]))
             except Exception as e:  # bad input or a template error: this command fails alone
@@ -316,9 +347,11 @@ class LocalEngineClient:
         kind = cmd[0]
         try:
             if kind == "submit":
-                _, rid, ids, params, on_update, t0, chat = cmd
+                _, rid, ids, params, on_update, t0, chat, tool_calls = cmd
                 self._callbacks[rid] = (on_update, t0)
-                engine.add_request(ids, params, request_id=rid, split_thinking=chat)
+                engine.add_request(
+                    ids, params, request_id=rid, split_thinking=chat, tool_calls=tool_calls
+                )
             elif kind == "cancel":
                 update = engine.abort(cmd[1])
                 if update is not None:

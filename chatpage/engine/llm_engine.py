@@ -172,10 +172,13 @@ class LLMEngine:
         *,
         pin_prefix: bool = False,
         split_thinking: bool = False,
+        tool_calls: bool = False,
     ) -> str:
         """Queue a request; returns its id. Raises RequestRefused for one that cannot run (a
         grammar that does not compile among them). ``split_thinking``: a chat reply, whose
-        thinking (where the model's template declares markers) comes apart from its answer."""
+        thinking (where the model's template declares markers) comes apart from its answer.
+        ``tool_calls``: the prompt offers tools (in `tool_format`'s way): the answer's calls
+        come apart from its text, as `ToolCallDelta`s."""
         params = params or SamplingParams()
         ids = (
             self.tokenizer.encode(prompt, add_special_tokens=False)
@@ -197,10 +200,18 @@ class LLMEngine:
             else None
         )
         first.thinking = thinking.copy() if thinking is not None else None
+        tools = self.tool_format.stream() if tool_calls else None
+        first.tools = tools.copy() if tools is not None else None
         if not params.use_beam_search:
             first.generator = make_generator(params.seed, 0, self.device)
         group = SequenceGroup(
-            rid, list(ids), params, [first], pin_prefix=pin_prefix, thinking=thinking
+            rid,
+            list(ids),
+            params,
+            [first],
+            pin_prefix=pin_prefix,
+            thinking=thinking,
+            tools=tools,
         )
         self.groups[rid] = group
         self.scheduler.add(group)

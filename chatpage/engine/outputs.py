@@ -3,11 +3,38 @@
 
 from __future__ import annotations
 
+import uuid
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from chatpage.vocab import FinishReason
+
+
+def new_call_id() -> str:
+    """A fresh id for a tool call (OpenAI's shape)."""
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One call the model made: the function's name and its arguments as JSON text."""
+
+    name: str
+    arguments: str
+    id: str = field(default_factory=new_call_id)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """What call ``index`` of an output gained in one step (OpenAI's streamed shape): its
+    first delta carries the call's ``id`` and ``name``, later ones pieces of its arguments'
+    JSON text (a first delta may carry a piece too)."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
 
 
 @dataclass
@@ -25,6 +52,8 @@ class CompletionOutput:
     # most likely token ids -> log-probability, best first (when that is > 0)
     num_tokens: int = 0  # generated tokens (len(token_ids) where the ids are known)
     reasoning: str = ""  # the model's thinking, split out of ``text``
+    tool_calls: list[ToolCall] = field(default_factory=list)  # the calls it made (not in
+    # ``text``), when the request offered tools
 
 
 @dataclass
@@ -43,10 +72,12 @@ class RequestOutput:
 @dataclass(frozen=True, slots=True)
 class OutputDelta:
     """What one output of a request gained in one step: its new text (from the detokenizer's
-    own delta), new token ids and their logprobs, and its finish reason once it ended.
+    own delta), new token ids and their logprobs, its thinking and tool calls split out of the
+    text, and its finish reason once it ended.
 
-    With ``rewrite`` the fields are the output's whole text and tokens so far, replacing what
-    came before (beam search reorders its beams); otherwise they are appended to it."""
+    With ``rewrite`` the fields are the output's whole text, tokens and calls so far,
+    replacing what came before (beam search reorders its beams); otherwise they are appended
+    to it."""
 
     index: int
     text: str = ""
@@ -59,6 +90,7 @@ class OutputDelta:
     rewrite: bool = False
     num_tokens: int = 0  # new tokens: len(token_ids), or a count where a server names no ids
     reasoning: str = ""  # new thinking (the model's, between its markers; not in ``text``)
+    tool_calls: tuple[ToolCallDelta, ...] = ()  # its tool calls' progress (not in ``text``)
 
 
 @dataclass(frozen=True, slots=True)

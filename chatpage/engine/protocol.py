@@ -61,13 +61,16 @@ class EngineClient(Protocol[StatsT]):
         *,
         continue_reply: bool = False,
         reply_ids: ReplyIds | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Queue a chat reply for ``messages`` (before ready too); returns its request id. With
         ``continue_reply`` the last message is a reply to go on with: updates carry only the
         new text and tokens. ``reply_ids``: the token ids this model produced for some of the
         replies in ``messages`` (by index), sent as they are where the template writes the
         reply verbatim, so the prefix cache serves them (a client that renders no prompt of its
-        own ignores them)."""
+        own ignores them). ``tools``: OpenAI's function tools the reply may call (offered the
+        model's way; ``messages`` may hold assistant ``tool_calls`` and ``tool`` results): its
+        calls come as `OutputDelta.tool_calls`, not in its text."""
         ...
 
     def submit_prompt(

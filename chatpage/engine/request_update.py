@@ -15,6 +15,7 @@ from collections.abc import Sequence as Seq
 from chatpage.engine.outputs import (
     OutputDelta,
     RequestUpdate,
+    ToolCallDelta,
     Usage,
     final_update,
 )
@@ -94,28 +95,39 @@ def _index(seq: Sequence) -> int:
     return seq.index
 
 
-def _split(group: SequenceGroup, text: str) -> tuple[str, str]:
-    """(reasoning, answer) of a whole reply of ``group``."""
-    if group.thinking is None:
-        return "", text
-    return group.thinking.copy().feed(text, final=True)
+Split = tuple[str, str, tuple[ToolCallDelta, ...]]
+"""A whole reply's reasoning, answer and tool calls (one delta per call)."""
+
+
+def _split(group: SequenceGroup, text: str) -> Split:
+    """(reasoning, answer, calls) of a whole reply of ``group``."""
+    reasoning = ""
+    if group.thinking is not None:
+        reasoning, text = group.thinking.copy().feed(text, final=True)
+    if group.tools is None:
+        return reasoning, text, ()
+    return reasoning, *group.tools.copy().feed(text, final=True)
 
 
 def _appended(seq: Sequence, p: SamplingParams) -> OutputDelta:
     """What ``seq`` gained since it last reported: new tokens, their logprobs, new text (its
-    thinking apart)."""
+    thinking and tool calls apart)."""
     start = seq.num_reported
     ids = tuple(seq.token_ids[seq.prompt_len + start :])
     seq.num_reported = seq.num_output_tokens
     seq.end_reported = seq.finished
     text, reasoning = seq.detok.take(seq.finished), ""
+    calls: tuple[ToolCallDelta, ...] = ()
     if seq.thinking is not None:
         reasoning, text = seq.thinking.feed(text, seq.finished)
+    if seq.tools is not None:
+        text, calls = seq.tools.feed(text, seq.finished)
     return OutputDelta(
         seq.index,
         text,
         ids,
         reasoning=reasoning,
+        tool_calls=calls,
         logprobs=tuple(seq.logprobs[start:]) if p.logprobs is not None else None,
         top_logprobs=tuple(seq.top_logprobs[start:]) if p.top_logprobs else None,
         finish_reason=seq.finish_reason,
@@ -126,7 +138,7 @@ def _appended(seq: Sequence, p: SamplingParams) -> OutputDelta:
 
 def _rewrite(
     index: int,
-    split: tuple[str, str],
+    split: Split,
     ids: Seq[int],
     logprobs: Seq[float],
     tops: Seq[dict[int, float]],
@@ -136,12 +148,13 @@ def _rewrite(
     reason: FinishReason | None,
 ) -> OutputDelta:
     """A whole beam (or hypothesis) so far, replacing what output ``index`` showed; ``split``:
-    its (reasoning, answer)."""
+    its (reasoning, answer, calls)."""
     return OutputDelta(
         index,
         split[1],
         tuple(ids),
         reasoning=split[0],
+        tool_calls=split[2],
         logprobs=tuple(logprobs) if p.logprobs is not None else None,
         top_logprobs=tuple(tops) if p.top_logprobs else None,
         finish_reason=reason,

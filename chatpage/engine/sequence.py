@@ -17,6 +17,7 @@ from chatpage.vocab import FinishReason
 if TYPE_CHECKING:
     from chatpage.engine.grammar import GrammarMatcher
     from chatpage.engine.reasoning import ThinkSplitter
+    from chatpage.engine.tool_calls import ToolCallParser
 
 
 class GroupStatus(enum.Enum):
@@ -54,6 +55,7 @@ class Sequence:
         self.end_reported = False  # its finish reason has been sent
         self.matcher: GrammarMatcher | None = None  # its place in the request's grammar
         self.thinking: ThinkSplitter | None = None  # splits its text into thinking and answer
+        self.tools: ToolCallParser | None = None  # reads the answer's tool calls
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -95,6 +97,7 @@ class Sequence:
         child.num_reported = self.num_reported
         child.matcher = self.matcher.fork() if self.matcher is not None else None
         child.thinking = self.thinking.copy() if self.thinking is not None else None
+        child.tools = self.tools.copy() if self.tools is not None else None
         return child
 
 
@@ -128,6 +131,8 @@ class SequenceGroup:
     beam_hypotheses: list[BeamHypothesis] = field(default_factory=list)
     started: bool = False  # has been scheduled at least once (prefix hits counted then)
     thinking: ThinkSplitter | None = None  # how a reply of it starts: split whole texts with it
+    tools: ToolCallParser | None = None  # a fresh parser of its replies' tool calls (the
+    # request offers tools): read whole texts with a copy
 
     @property
     def prompt_len(self) -> int:

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import enum
 import json
-import re
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from chatpage.engine.accumulator import add_tool_calls
+from chatpage.engine.json_scan import CallObject, Step
+from chatpage.engine.outputs import ToolCall, ToolCallDelta, new_call_id
 from chatpage.engine.reasoning import partial_marker
+
+__all__ = ["ToolCall", "ToolCallDelta", "ToolCallParser", "ToolFamily", "ToolFormat", "tool_format"]
 
 
 class ToolFamily(enum.StrEnum):
@@ -34,23 +37,10 @@ class ToolFamily(enum.StrEnum):
 
 HERMES, LLAMA3, MISTRAL = ToolFamily.HERMES, ToolFamily.LLAMA3, ToolFamily.MISTRAL
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
-_HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 _MISTRAL_MARK = "[TOOL_CALLS]"
 _LLAMA_TAG = "<|python_tag|>"
+_WHITESPACE = " \t\r\n"
 _COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-
-
-def _call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
-
-
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    """One call the model made: the function's name and its arguments as JSON text."""
-
-    name: str
-    arguments: str
-    id: str = field(default_factory=_call_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,31 +87,12 @@ class ToolFormat:
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """(the content left, the calls) of a whole reply; text that is not a well-formed call
         stays content."""
-        match self.family:
-            case ToolFamily.HERMES:
-                calls, spans = [], []
-                for m in _HERMES_BLOCK.finditer(text):
-                    call = _read_call(m.group(1), "arguments")
-                    if call is not None:
-                        calls.append(call)
-                        spans.append(m.span())
-                for start, end in reversed(spans):
-                    text = text[:start] + text[end:]
-                return (text.strip() if calls else text), calls
-            case ToolFamily.MISTRAL:
-                before, mark, after = text.partition(_MISTRAL_MARK)
-                body = after if mark else text  # (the marker is a special token, often hidden)
-                found = _read_calls(body.strip())
-                if found is None:
-                    return text, []
-                return (before.strip() if mark else ""), found
-            case _:
-                body = text.strip().removeprefix(_LLAMA_TAG).strip()
-                found = _read_calls(body, "parameters") if body.startswith(("{", "[")) else None
-                return ("", found) if found else (text, [])
+        content, deltas = self.stream().feed(text, final=True)
+        return content, add_tool_calls([], deltas)
 
-    def stream(self) -> ToolCallStream:
-        return ToolCallStream(self)
+    def stream(self) -> ToolCallParser:
+        """A parser of one streamed reply."""
+        return ToolCallParser(self)
 
     # -- the grammar ----------------------------------------------------------------------------------
     def grammar(
@@ -158,66 +129,190 @@ class ToolFormat:
                 return f"start: %json {_schema(one)}"
 
 
-class ToolCallStream:
-    """Splits a streamed reply into content and calls: content flows until something that may
-    begin a call; calls come out as they complete (Hermes) or at the end."""
+class ToolCallParser:
+    """Splits one reply's text, as it streams, into content and tool calls: content flows
+    until something that may begin a call; a call comes out as `ToolCallDelta`s, its id and
+    name once its name is whole, then its arguments' JSON text as it grows. Text that turns
+    out to be no call is content after all (unless a call of it already came out); the
+    whitespace around calls is dropped."""
 
     def __init__(self, fmt: ToolFormat) -> None:
         self.fmt = fmt
-        self._held = ""  # text that is, or may become, a call
-        self._seen = ""  # content sent so far (a Llama call must start the reply)
+        self.count = 0  # calls begun
+        self._held = ""  # content that may still begin a call
+        self._space = ""  # content whitespace not sent yet (dropped before a call)
+        self._seen = False  # content or calls came before (a Llama call must start the reply)
+        self._state: str | None = None  # None: content; else where in the calls it is
+        self._array = False  # the calls are a JSON list
+        self._raw: str | None = None  # the calls' text while none of it came out
+        self._object: CallObject | None = None
+        self._header = False  # the call being read came out (its id and name)
+        self._close = ""  # how much of Hermes' closing tag was read
 
-    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
-        """(content to send, calls completed) after ``text``; ``final``: the reply ended."""
-        held = self._held + text
-        calls: list[ToolCall] = []
-        if self.fmt.family == HERMES:
-            while (end := held.find(_HERMES_CLOSE)) >= 0 and _HERMES_OPEN in held[:end]:
-                start = held.index(_HERMES_OPEN)
-                block = held[start : end + len(_HERMES_CLOSE)]
-                rest, found = self.fmt.parse(block)
-                if not found:
-                    break
-                calls += found
-                held = held[:start] + held[end + len(_HERMES_CLOSE) :]
+    def copy(self) -> ToolCallParser:
+        twin = ToolCallParser(self.fmt)
+        twin.__dict__.update(self.__dict__)
+        twin._object = self._object.copy() if self._object is not None else None
+        return twin
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, tuple[ToolCallDelta, ...]]:
+        """(content to send, the calls' deltas) after ``text``; ``final``: the reply ended."""
+        content: list[str] = []
+        deltas: list[ToolCallDelta] = []
+        text, self._held = self._held + text, ""
+        at = 0
+        while at < len(text):
+            if self._state is None:
+                at = self._content(text, at, final, content)
+            else:
+                at = self._call_char(text, at, content, deltas)
         if final:
-            rest, found = self.fmt.parse(held)
-            self._held = ""
-            return self._content(rest), calls + found
-        cut = self._cut(held)
-        self._held = held[cut:]
-        return self._content(held[:cut]), calls
+            if self._state is not None and self._raw is not None:
+                self._send(self._raw, content)  # an unfinished call that never came out
+            self._state = None
+            if not self.count:
+                content.append(self._space)
+            self._space = ""
+        return "".join(content), _merged(deltas)
 
-    def _content(self, text: str) -> str:
-        self._seen += text
-        return text
+    # -- content ----------------------------------------------------------------------------------
+    def _send(self, piece: str, content: list[str]) -> None:
+        """Content goes out; its trailing whitespace waits (a call may come next)."""
+        kept = piece.rstrip()
+        if kept:
+            content.append(self._space + kept)
+            self._space, self._seen = piece[len(kept) :], True
+        else:
+            self._space += piece
 
-    def _cut(self, held: str) -> int:
-        """Where the text that may be a call starts in ``held`` (len: none of it)."""
-        match self.fmt.family:
-            case ToolFamily.HERMES | ToolFamily.MISTRAL:
-                mark = _HERMES_OPEN if self.fmt.family == HERMES else _MISTRAL_MARK
-                at = held.find(mark)
-                if at >= 0:
-                    return at
-                if (
-                    self.fmt.family == MISTRAL
-                    and not self._seen.strip()
-                    and held.lstrip()[:1] in ("", "[")
-                ):  # (its marker may be hidden)
-                    return 0
-                return len(held) - partial_marker(held, mark)
-            case _:
-                if self._seen.strip():
-                    return len(held)
-                body = held.lstrip()
-                if (
-                    not body
-                    or body.startswith(("{", "["))
-                    or _LLAMA_TAG.startswith(body[: len(_LLAMA_TAG)])
-                ):
-                    return 0
-                return len(held)
+    def _open(self, raw: str) -> None:
+        self._state, self._raw, self._array = "open", self._space + raw, False
+        self._space = ""
+
+    def _content(self, text: str, at: int, final: bool, content: list[str]) -> int:
+        """Send content from ``at`` up to where a call may begin; where it stopped."""
+        rest = text[at:]
+        family = self.fmt.family
+        if family != HERMES and not self._seen:  # a call without its (hidden) marker
+            body = rest.lstrip()
+            lead = len(rest) - len(body)
+            mark = _MISTRAL_MARK if family == MISTRAL else _LLAMA_TAG
+            if not body:
+                self._send(rest, content)
+                return len(text)
+            if mark.startswith(body) and not final:
+                self._held = rest
+                return len(text)
+            if body.startswith(mark) and family == LLAMA3:
+                self._send(rest[:lead], content)
+                self._open(body[: len(mark)])
+                return at + lead + len(mark)
+            if body[0] in ("{[" if family == LLAMA3 else "[") and not body.startswith(mark):
+                self._send(rest[:lead], content)
+                self._open("")
+                return at + lead
+        if family == LLAMA3:
+            self._send(rest, content)
+            return len(text)
+        mark = _HERMES_OPEN if family == HERMES else _MISTRAL_MARK
+        found = rest.find(mark)
+        if found >= 0:
+            self._send(rest[:found], content)
+            self._open(mark)
+            return at + found + len(mark)
+        keep = 0 if final else partial_marker(rest, mark)
+        self._send(rest[: len(rest) - keep], content)
+        self._held = rest[len(rest) - keep :]
+        return len(text)
+
+    # -- calls ------------------------------------------------------------------------------------
+    def _call_char(
+        self, text: str, at: int, content: list[str], deltas: list[ToolCallDelta]
+    ) -> int:
+        """Read one character of the calls; where to go on (``at`` itself when the character
+        belongs to the content after them)."""
+        ch, state = text[at], self._state
+        if state == "object":
+            assert self._object is not None
+            step = self._object.feed(ch)
+            if step is Step.BAD or (step is Step.DONE and self._object.name is None):
+                return self._fail(at, content)
+            self._grow(ch)
+            self._emit(deltas)
+            if step is Step.DONE:
+                if not self._object.has_arguments:
+                    deltas.append(ToolCallDelta(self.count - 1, arguments="{}"))
+                self._state, self._object = "after", None
+            return at + 1
+        if state == "close":
+            self._close += ch
+            if not _HERMES_CLOSE.startswith(self._close):
+                self._send(self._close[:-1], content)
+                return self._finish(at)
+            if self._close == _HERMES_CLOSE:
+                self._finish(at)
+            return at + 1
+        if ch in _WHITESPACE:
+            self._grow(ch)
+            return at + 1
+        if state in ("open", "items") and ch == "{":
+            self._state, self._object, self._header = "object", CallObject(), False
+        elif state == "open" and ch == "[" and self.fmt.family != HERMES:
+            self._state, self._array = "items", True
+        elif state == "after" and self._array and ch in ",]":
+            if ch == "]":
+                return self._finish(at + 1)
+            self._state = "items"
+        elif state == "after" and self.fmt.family == HERMES and ch == "<":
+            self._state, self._close = "close", "<"
+        elif state == "after" and self.fmt.family == LLAMA3 and ch == ";":
+            self._state = "open"
+        elif state == "after":
+            return self._finish(at)
+        else:
+            return self._fail(at, content)
+        self._grow(ch)
+        return at + 1
+
+    def _grow(self, ch: str) -> None:
+        if self._raw is not None:
+            self._raw += ch
+
+    def _emit(self, deltas: list[ToolCallDelta]) -> None:
+        """The call being read comes out once its name is known, then its arguments' text."""
+        obj = self._object
+        assert obj is not None
+        if obj.name is None:
+            return
+        if not self._header:
+            deltas.append(ToolCallDelta(self.count, new_call_id(), obj.name, obj.take()))
+            self.count += 1
+            self._header, self._raw = True, None
+        elif obj.pending:
+            deltas.append(ToolCallDelta(self.count - 1, arguments=obj.take()))
+
+    def _fail(self, at: int, content: list[str]) -> int:
+        """Not a call after all: its text so far is content (when none of it came out)."""
+        if self._raw is not None:
+            self._send(self._raw, content)
+        return self._finish(at)
+
+    def _finish(self, at: int) -> int:
+        self._state, self._object, self._raw, self._array = None, None, None, False
+        self._seen = True
+        return at
+
+
+def _merged(deltas: list[ToolCallDelta]) -> tuple[ToolCallDelta, ...]:
+    """One delta per call: its pieces of one step joined."""
+    out: list[ToolCallDelta] = []
+    for d in deltas:
+        if out and out[-1].index == d.index:
+            last = out[-1]
+            out[-1] = ToolCallDelta(last.index, last.id, last.name, last.arguments + d.arguments)
+        else:
+            out.append(d)
+    return tuple(out)
 
 
 def tool_format(chat_template: str | None) -> ToolFormat:
@@ -248,47 +343,6 @@ def _parameters(tool: dict[str, Any]) -> dict[str, Any]:
 
 def _schema(schema: dict[str, Any]) -> str:
     return json.dumps({**schema, "x-guidance": _COMPACT})
-
-
-def _read_call(text: str, key: str = "arguments") -> ToolCall | None:
-    """One call from its JSON text ({"name": ..., "arguments" or "parameters": {...}})."""
-    try:
-        raw = json.loads(text)
-    except ValueError:
-        return None
-    return _call_of(raw, key)
-
-
-def _call_of(raw: Any, key: str) -> ToolCall | None:
-    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-        return None
-    args = raw.get(key, raw.get("arguments", raw.get("parameters", {})))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    if not isinstance(args, dict):
-        return None
-    return ToolCall(raw["name"], json.dumps(args, ensure_ascii=False))
-
-
-def _read_calls(text: str, key: str = "arguments") -> list[ToolCall] | None:
-    """Calls from a JSON object, a JSON list of them, or objects separated by ';' (Llama)."""
-    pieces = [text]
-    try:
-        raw = json.loads(text)
-    except ValueError:
-        pieces = [p for p in text.split(";") if p.strip()]
-        try:
-            raw = [json.loads(p) for p in pieces]
-        except ValueError:
-            return None
-    items = raw if isinstance(raw, list) else [raw]
-    calls = [_call_of(item, key) for item in items]
-    if not calls or any(c is None for c in calls):
-        return None
-    return [c for c in calls if c is not None]
 
 
 def _template_message(m: dict[str, Any]) -> dict[str, Any]:

@@ -111,11 +111,14 @@ class RemoteEngineClient:
         *,
         continue_reply: bool = False,
         reply_ids: ReplyIds | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Queue a chat reply for ``messages`` (held until the server is reachable);
         ``continue_reply``: the last message, a reply, goes on instead of a new one starting.
-        ``reply_ids`` are not used: the server renders the prompt itself."""
-        return self._submit("continue" if continue_reply else "chat", messages, params, on_update)
+        ``reply_ids`` are not used: the server renders the prompt itself. ``tools`` go in the
+        request (the server offers them; its streamed calls come back as tool-call deltas)."""
+        kind = "continue" if continue_reply else "chat"
+        return self._submit(kind, messages, params, on_update, tools)
 
     def submit_prompt(
         self, prompt: str | list[int], params: SamplingParams, on_update: UpdateCallback
@@ -144,10 +147,17 @@ class RemoteEngineClient:
     def _call(self, fn, *args) -> None:
         self._loop.call_soon_threadsafe(fn, *args)
 
-    def _submit(self, kind: str, payload, params: SamplingParams, on_update: UpdateCallback) -> str:
+    def _submit(
+        self,
+        kind: str,
+        payload,
+        params: SamplingParams,
+        on_update: UpdateCallback,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
         with self._id_lock:
             rid = f"remote-{next(self._ids)}"
-        self._call(self._begin, rid, kind, payload, params, on_update, time.monotonic())
+        self._call(self._begin, rid, kind, payload, params, on_update, time.monotonic(), tools)
         return rid
 
     @property
@@ -222,7 +232,7 @@ class RemoteEngineClient:
         self.error = error
         self._status(f"error: {error}")
         self._ready.set()
-        for rid, *_rest, on_update, t_submit in self._pending:
+        for rid, _kind, _payload, _params, on_update, t_submit, _tools in self._pending:
             RemoteReply(rid, on_update, t_submit).fail(error)
         self._pending.clear()
 
@@ -264,12 +274,13 @@ class RemoteEngineClient:
         params: SamplingParams,
         on_update: UpdateCallback,
         t_submit: float,
+        tools: list[dict[str, Any]] | None = None,
     ) -> None:
         if self.backend is None:
             if self.error is not None:
                 RemoteReply(rid, on_update, t_submit).fail(self.error)
             else:
-                self._pending.append((rid, kind, payload, params, on_update, t_submit))
+                self._pending.append((rid, kind, payload, params, on_update, t_submit, tools))
             return
         reply = RemoteReply(rid, on_update, t_submit)
         parts = split_samples(self.backend, params)
@@ -279,18 +290,31 @@ class RemoteEngineClient:
                 f"n={params.n} sent as {len(parts)} requests (seeds {seeds}): "
                 f"{self.backend.label} answers one sample per request"
             )
-        task = self._loop.create_task(self._run(reply, kind, payload, parts))
+        task = self._loop.create_task(self._run(reply, kind, payload, parts, tools))
         self._tasks[rid] = task
         task.add_done_callback(lambda _t: self._tasks.pop(rid, None))
 
     async def _run(
-        self, reply: RemoteReply, kind: str, payload, parts: list[SamplingParams]
+        self,
+        reply: RemoteReply,
+        kind: str,
+        payload,
+        parts: list[SamplingParams],
+        tools: list[dict[str, Any]] | None,
     ) -> None:
         try:
             await asyncio.gather(
                 *(
                     run_request(
-                        self.http, self._found(), reply, kind, payload, p, index, self.timeout_s
+                        self.http,
+                        self._found(),
+                        reply,
+                        kind,
+                        payload,
+                        p,
+                        index,
+                        self.timeout_s,
+                        tools,
                     )
                     for index, p in enumerate(parts)
                 )

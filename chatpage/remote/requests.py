@@ -136,8 +136,10 @@ async def run_request(
     params: SamplingParams,
     offset: int,
     idle_s: float,
+    tools: list[dict[str, Any]] | None = None,
 ) -> None:
-    """Send one request; its choices arrive in ``reply`` as choices ``offset``, ``offset+1``...
+    """Send one request (a chat offering ``tools``); its choices arrive in ``reply`` as choices
+    ``offset``, ``offset+1``...
 
     `Stalled` when the server sends no data for ``idle_s`` (no answer at all, or only
     keep-alive comments); `RequestFailed` when the stream ends before the reply does."""
@@ -147,7 +149,7 @@ async def run_request(
             "--enable-beam-search); ask for samples instead"
         )
     path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
-    body = request_body(backend.model, kind, payload, params, backend.dialect)
+    body = request_body(backend.model, kind, payload, params, backend.dialect, tools)
     chat = kind != "completion"
     try:
         async with asyncio.timeout(idle_s) as quiet:

@@ -133,15 +133,12 @@ class ServeState:
         ids = self._engine().tokenizer.encode(text, add_special_tokens=False)
         return ids[0] if len(ids) == 1 else None
 
-    def offer_tools(self, api: ApiRequest) -> None:
-        """Put a request's tools into its prompt the model's way; a tool_choice that forces a
-        call becomes the grammar of the reply."""
-        tools, fmt = api.tools, self.tool_format
-        if not tools.offered:
-            return
-        api.messages = fmt.prompt_messages(api.messages, tools.tools)
-        if tools.forced:
-            grammar = fmt.grammar(tools.forced, tools.parallel, self.special_token)
+    def force_tools(self, api: ApiRequest) -> None:
+        """A tool_choice that forces a call becomes the grammar of the reply (the engine puts
+        the tools into the prompt and reads the calls back)."""
+        tools = api.tools
+        if tools.offered and tools.forced:
+            grammar = self.tool_format.grammar(tools.forced, tools.parallel, self.special_token)
             api.params = replace(api.params, structured=Structured(GrammarKind.GRAMMAR, grammar))
 
 
@@ -187,7 +184,7 @@ async def _prepare(request: Request, kind: str) -> tuple[ApiRequest, str]:
     ):
         # the persona's system prompt: its pinned prefix blocks serve this request
         api.messages.insert(0, {"role": str(Role.SYSTEM), "content": persona.system_prompt})
-    state.offer_tools(api)
+    state.force_tools(api)
     return api, model
 
 
@@ -197,15 +194,11 @@ async def generate(request: Request, kind: str) -> Response:
     except ApiError as e:
         return _error(e)
     state = _state(request)
-    fmt = state.tool_format
     stream = RequestStream(
-        state.client,
-        api,
-        state.pump,
-        api.tools.tools if api.tools.offered and fmt.renders_tools else None,
+        state.client, api, state.pump, api.tools.tools if api.tools.offered else None
     )
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-    writer = ChunkWriter(api, rid, model, int(time.time()), state.token_text, fmt)
+    writer = ChunkWriter(api, rid, model, int(time.time()), state.token_text)
     try:
         finished, first = await _until_disconnect(request, stream.first())
     except ApiError as e:

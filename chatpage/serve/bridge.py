@@ -50,7 +50,8 @@ class EventPump:
 
 class RequestStream:
     """One submitted request; iterate `updates()`, then read `outputs`, `usage`, `error`.
-    ``tools``: function tools for the chat template to render."""
+    ``tools``: function tools the reply may call (the engine offers them the model's way and
+    reads its calls)."""
 
     def __init__(
         self,

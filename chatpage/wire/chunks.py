@@ -14,8 +14,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from chatpage.engine.outputs import OutputDelta, Usage
-from chatpage.engine.tool_calls import ToolCall, ToolCallStream, ToolFormat
+from chatpage.engine.outputs import OutputDelta, ToolCall, ToolCallDelta, Usage
 from chatpage.vocab import FinishReason, Role
 from chatpage.wire.errors import error_body
 from chatpage.wire.requests import ApiRequest
@@ -46,6 +45,13 @@ class Output(Protocol):
     def finish_reason(self) -> str | None: ...
     @property
     def reasoning(self) -> str: ...
+
+
+class WholeOutput(Output, Protocol):
+    """An output whole (`CompletionOutput`): with its tool calls."""
+
+    @property
+    def tool_calls(self) -> Sequence[ToolCall]: ...
 
 
 # -- SSE framing --------------------------------------------------------------------------------
@@ -101,21 +107,31 @@ def token_id_name(token_id: int) -> str:
     return f"{TOKEN_ID_PREFIX}{token_id}"
 
 
-def tool_call_body(call: ToolCall, index: int | None = None) -> dict[str, Any]:
-    """A call as OpenAI writes it in a message (or, with its ``index``, in a stream delta)."""
-    body: dict[str, Any] = {
+def tool_call_body(call: ToolCall) -> dict[str, Any]:
+    """A call as OpenAI writes it in a message."""
+    return {
         "id": call.id,
         "type": "function",
         "function": {"name": call.name, "arguments": call.arguments},
     }
-    return body if index is None else {"index": index, **body}
+
+
+def tool_call_delta_body(delta: ToolCallDelta) -> dict[str, Any]:
+    """A call's delta as OpenAI streams it: the first with the call's id, type and name."""
+    body: dict[str, Any] = {"index": delta.index}
+    if delta.id:
+        body.update(id=delta.id, type="function")
+        body["function"] = {"name": delta.name, "arguments": delta.arguments}
+    else:
+        body["function"] = {"arguments": delta.arguments}
+    return body
 
 
 class ChunkWriter:
     """The response bodies of one request (``request.kind`` "chat" or "completion"): whole
     (`whole`), or streamed (`chunks` per delta, then `usage_chunk`). ``token_text`` names a
-    token by its text (for logprobs and completions' text offsets); ``tools``: the model's
-    tool-call format, when the request offers tools (replies are read for calls)."""
+    token by its text (for logprobs and completions' text offsets). Tool calls come as the
+    engine read them (`OutputDelta.tool_calls`, `CompletionOutput.tool_calls`)."""
 
     def __init__(
         self,
@@ -124,7 +140,6 @@ class ChunkWriter:
         model: str,
         created: int,
         token_text: TokenText,
-        tools: ToolFormat | None = None,
     ) -> None:
         self.request = request
         self.chat = request.kind == "chat"
@@ -132,10 +147,8 @@ class ChunkWriter:
         self.model = model
         self.created = created
         self.token_text = token_text
-        self.tools = tools if request.tools.offered else None
         self._sent: dict[int, int] = {}  # per streamed choice: the characters sent so far
-        self._calls: dict[int, ToolCallStream] = {}  # per streamed choice: its tool calls
-        self._num_calls: dict[int, int] = {}  # per streamed choice: calls sent so far
+        self._called: set[int] = set()  # streamed choices that made tool calls
 
     def _reason(self, reason: str | None, calls: bool) -> str | None:
         if reason is None:
@@ -186,13 +199,13 @@ class ChunkWriter:
             "text_offset": offsets,
         }
 
-    def whole(self, outputs: Iterable[Output], usage: Usage) -> dict[str, Any]:
+    def whole(self, outputs: Iterable[WholeOutput], usage: Usage) -> dict[str, Any]:
         """The answer of a request that was not streamed: every output, whole."""
         choices = []
         for o in sorted(outputs, key=lambda o: o.index):
             logprobs = self._logprobs(o, 0)
             if self.chat:
-                text, calls = self.tools.parse(o.text) if self.tools else (o.text, [])
+                text, calls = o.text, o.tool_calls
                 message: dict[str, Any] = {
                     "role": str(Role.ASSISTANT),
                     "content": text if text or not calls else None,
@@ -250,28 +263,21 @@ class ChunkWriter:
             choice = {"index": delta.index, "text": delta.text}
         choice.update(
             logprobs=logprobs,
-            finish_reason=self._reason(
-                delta.finish_reason, self._num_calls.get(delta.index, 0) > 0
-            ),
+            finish_reason=self._reason(delta.finish_reason, delta.index in self._called),
         )
         out.append({**self._head(False), "choices": [choice], **usage})
         return out
 
     def _chat_delta(self, delta: OutputDelta) -> dict[str, Any]:
-        """A chat choice's delta: new reasoning, new content, and the tool calls completed."""
-        text, calls = delta.text, list[ToolCall]()
-        if self.tools is not None:
-            stream = self._calls.setdefault(delta.index, self.tools.stream())
-            text, calls = stream.feed(delta.text, final=delta.finish_reason is not None)
+        """A chat choice's delta: new reasoning, new content, and its tool calls' progress."""
         body: dict[str, Any] = {}
         if delta.reasoning:
             body["reasoning_content"] = delta.reasoning
-        if text:
-            body["content"] = text
-        if calls:
-            sent = self._num_calls.get(delta.index, 0)
-            body["tool_calls"] = [tool_call_body(c, sent + k) for k, c in enumerate(calls)]
-            self._num_calls[delta.index] = sent + len(calls)
+        if delta.text:
+            body["content"] = delta.text
+        if delta.tool_calls:
+            body["tool_calls"] = [tool_call_delta_body(d) for d in delta.tool_calls]
+            self._called.add(delta.index)
         return body
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:

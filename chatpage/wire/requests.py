@@ -254,10 +254,12 @@ def request_body(
     payload: list[dict[str, str]] | str | list[int],
     params: SamplingParams,
     dialect: Dialect = CHATPAGE,
+    tools: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """What a client sends for ``kind`` (one of `KINDS`): ``payload`` is the messages, or a
-    completion's prompt. Streamed with the usage at the end, except beam search (its beams
-    reorder until the end: they come whole, at once)."""
+    completion's prompt; a chat may offer ``tools`` (the model chooses whether to call).
+    Streamed with the usage at the end, except beam search (its beams reorder until the end:
+    they come whole, at once)."""
     stream = not params.use_beam_search
     body: dict[str, Any] = {
         "model": model,
@@ -265,6 +267,8 @@ def request_body(
         **write_sampling(params, kind, dialect),
     }
     body["prompt" if kind == "completion" else "messages"] = payload
+    if tools and kind != "completion":
+        body.update(tools=tools, tool_choice="auto")
     if kind == "continue":  # vLLM's names (chatpage serve and SGLang read them too)
         body.update(continue_final_message=True, add_generation_prompt=False)
     if stream:
