@@ -181,11 +181,11 @@ def test_what_there_was_before_the_table_is_all_still_there():
     keys = {a.id: a.key for a in ACTIONS if a.key}
     assert KEYS_BEFORE.items() <= keys.items()
     assert keys.keys() - KEYS_BEFORE.keys() == ADDED_KEYS
-    assert {a.slash for a in ACTIONS if a.slash} == SLASH_BEFORE | {"undo"}
+    assert {a.slash for a in ACTIONS if a.slash} == SLASH_BEFORE | {"undo", "tools"}
     assert {alias: BY_SLASH[alias].slash for a in ACTIONS for alias in a.aliases} == ALIASES_BEFORE
     titles = {e.title for a in ACTIONS for e in a.palette_entries(lambda _id: None)}
     assert PALETTE_BEFORE <= titles
-    assert titles - PALETTE_BEFORE == {"Help", "Stop or quit", "Undo delete"}
+    assert titles - PALETTE_BEFORE == {"Help", "Stop or quit", "Undo delete", "MCP tools"}
 
 
 KEY_NAMES = {"[": "left_square_bracket", "]": "right_square_bracket"}
@@ -215,7 +215,7 @@ def test_the_readme_key_table_and_slash_commands_are_true():
     listed = readme[readme.index("Slash commands:") :]
     listed = listed[: listed.index("\n\n")]
     named = set(re.findall(r"`/([a-z_]+)", listed))
-    assert named == SLASH_BEFORE | {"undo"}
+    assert named == SLASH_BEFORE | {"undo", "tools"}
 
 
 # -- every way in reaches the handler --------------------------------------------------------------
