@@ -209,7 +209,14 @@ class FakeClient:
         self.cancelled: list[str] = []
 
     def submit(
-        self, messages, params, on_update, *, continue_reply: bool = False, reply_ids=None
+        self,
+        messages,
+        params,
+        on_update,
+        *,
+        continue_reply: bool = False,
+        reply_ids=None,
+        tools=None,
     ) -> str:
         self.submitted.append((messages, params, on_update))
         self.continued.append(continue_reply)

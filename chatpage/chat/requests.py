@@ -285,7 +285,9 @@ class Requests:
     def _round_params(self, session: ChatSession, gen: Generation) -> SamplingParams:
         """The next round's sampling: a forced call, the persona's schema, or neither."""
         choice = gen.tool_choice if gen.tools else "none"
-        structured = round_grammar(session.persona, gen.tools, choice, self.client.tool_grammar)
+        structured = round_grammar(
+            session.persona, gen.tools, choice, lambda fs: self.client.tool_grammar(fs)
+        )
         params = session.sampling.params()
         return params if structured is None else replace(params, structured=structured)
 
