@@ -45,7 +45,7 @@ KEYS_BEFORE = {
 }
 ADDED_KEYS = {"cancel_edit", "interrupt", "undo_delete", "toggle_thinking"}  # escape, ctrl+c,
 # ctrl+z (#23); alt+t (#22)
-ADDED_SLASH = {"undo", "think"}
+ADDED_SLASH = {"undo", "think", "tools"}
 SLASH_BEFORE = {
     "help",
     "new",
@@ -192,6 +192,7 @@ def test_what_there_was_before_the_table_is_all_still_there():
         "Stop or quit",
         "Undo delete",
         "Show thinking",
+        "MCP tools",
     }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from chatpage.chat.mcp import McpServers
 from chatpage.chat.requests import ChatError, Requests, compare_labels
 from chatpage.chat.sampling import SETTING_BY_FIELD, AltKind, AltMode, SamplingSettings
 from chatpage.chat.session import (
@@ -61,8 +62,9 @@ class Chats(Requests):
         client: EngineClient[object],
         deliver: UpdateCallback,
         notify: Callable[[str], None] = lambda _line: None,
+        tools: McpServers | None = None,
     ) -> None:
-        super().__init__(client, deliver, notify)
+        super().__init__(client, deliver, notify, tools)
         self.sessions: list[ChatSession] = []
         self.observers: list[Observer] = []
         """Given to every session opened or adopted from now on (e.g. a store that saves them)."""

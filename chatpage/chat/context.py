@@ -28,9 +28,26 @@ def estimate_tokens(text: str) -> int:
     return ceil(len(text) / CHARS_PER_TOKEN_CAUTIOUS)
 
 
+def _tool_tokens(entry: Entry, counter: TokenCounter | None) -> int:
+    """What a reply's tool rounds take: their text, calls and results (a cautious count:
+    each as text, with a message's overhead)."""
+    texts = [
+        text
+        for step in entry.steps
+        for text in (step.text, *(r.name + r.arguments + r.for_model() for r in step.runs))
+    ]
+    count = counter.text if counter is not None else estimate_tokens
+    return sum(count(t) + MESSAGE_OVERHEAD for t in texts)
+
+
 def message_tokens(entry: Entry, counter: TokenCounter | None = None) -> int:
     """What `entry` takes in a prompt: exactly with `counter` (the count kept on the entry
-    while its text stays), else a reply's count from the engine or an estimate."""
+    while its text stays), else a reply's count from the engine or an estimate; a reply's
+    tool rounds on top."""
+    return _text_tokens(entry, counter) + (_tool_tokens(entry, counter) if entry.steps else 0)
+
+
+def _text_tokens(entry: Entry, counter: TokenCounter | None) -> int:
     if counter is None:
         if entry.role == "assistant" and entry.stats is not None and entry.stats.tokens:
             return entry.stats.tokens + MESSAGE_OVERHEAD

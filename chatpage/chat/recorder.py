@@ -48,6 +48,8 @@ from chatpage.chat.session import (
     ReplyStats,
     SettingsChanged,
     TitleChanged,
+    ToolRun,
+    ToolStep,
 )
 from chatpage.chat.tree import below
 from chatpage.config.personas import Persona, find_persona
@@ -285,7 +287,34 @@ def reply_metadata(entry: Entry) -> dict[str, object]:
     if entry.reasoning:
         meta["reasoning"] = entry.reasoning
         meta["reasoning_tokens"] = entry.reasoning_tokens
+    if entry.steps:  # the assistant's tool_calls and the tool results, round by round
+        meta["tool_steps"] = [
+            {"text": step.text, "calls": [asdict(run) for run in step.runs]}
+            for step in entry.steps
+        ]
     return meta
+
+
+def _steps(raw: Any) -> list[ToolStep]:
+    """Saved tool rounds (a malformed one is left out); a call that never resolved (the app
+    stopped meanwhile) reads as not run."""
+    steps = []
+    for item in raw if isinstance(raw, list) else []:
+        if not isinstance(item, dict) or not isinstance(item.get("calls"), list):
+            continue
+        runs = []
+        for c in item["calls"]:
+            if isinstance(c, dict) and all(isinstance(c.get(k), str) for k in _RUN_KEYS):
+                run = ToolRun(c["id"], c["name"], c["arguments"], result=str(c.get("result", "")))
+                state, took = c.get("state"), c.get("elapsed_s")
+                run.state = state if state in ("done", "failed", "denied") else "denied"
+                run.elapsed_s = float(took) if isinstance(took, int | float) else 0.0
+                runs.append(run)
+        steps.append(ToolStep(str(item.get("text", "")), runs))
+    return steps
+
+
+_RUN_KEYS = ("id", "name", "arguments")
 
 
 # -- what comes back ------------------------------------------------------------------------------
@@ -394,6 +423,7 @@ def entry_from(
         reasoning_tokens=thought
         if isinstance(thought, int) and not isinstance(thought, bool)
         else 0,
+        steps=_steps(meta.get("tool_steps")),
     )
 
 

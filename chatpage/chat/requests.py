@@ -10,9 +10,14 @@ Before anything is sent, `fit` leaves the oldest turns out if the chat outgrew t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import replace
+from typing import Any
 
 from chatpage.chat.context import fit
+from chatpage.chat.mcp import McpServers, ServerState
 from chatpage.chat.replies import apply_candidate, apply_reply
 from chatpage.chat.sampling import AltMode, SamplingSettings, setting_name
 from chatpage.chat.session import (
@@ -28,6 +33,19 @@ from chatpage.chat.session import (
     PathChanged,
     ReplyStats,
     SettingsChanged,
+    ToolAsked,
+    ToolRun,
+)
+from chatpage.chat.tool_turns import (
+    MAX_CALLS,
+    calls_made,
+    chat_tools,
+    functions,
+    new_step,
+    round_grammar,
+    server_names,
+    tool_of,
+    unknown_servers,
 )
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.outputs import RequestUpdate
@@ -42,25 +60,33 @@ class ChatError(UserError):
 
 class Requests:
     """A chat's requests to the engine. `notify` gets one-line notices (a turn that had to
-    leave old messages out to fit the context)."""
+    leave old messages out to fit the context, an MCP server that failed); ``tools``: the MCP
+    servers whose tools a reply may call (`chatpage.chat.tool_turns`)."""
 
     def __init__(
         self,
         client: EngineClient[object],
         deliver: UpdateCallback,
         notify: Callable[[str], None] = lambda _line: None,
+        tools: McpServers | None = None,
     ) -> None:
         self.client = client
         self.deliver = deliver
         self.notify = notify
+        self.tools = tools if tools is not None else McpServers({}, notify)
         self._by_request: dict[str, ChatSession] = {}
         self._outputs = OutputAccumulator()  # what each request in flight has said so far
+        self._tasks: set[asyncio.Task[None]] = set()  # servers starting, calls running
+        self._warned: set[str] = set()  # personas whose unknown servers were named once
 
     def stop(self, session: ChatSession) -> bool:
         """Cancel what is streaming; the engine frees its blocks and ends it with ABORT."""
         gen = session.generation
         if gen is None or not gen.streaming:
             return False
+        if gen.tools_busy and len(gen.finished_requests) == len(gen.request_ids):
+            self._drop_generation(session)  # tools asked for, running or starting: no request
+            return True
         for rid in gen.request_ids:
             if rid not in gen.finished_requests:
                 self.client.cancel(rid)
@@ -100,7 +126,9 @@ class Requests:
             gen.finished_requests.add(update.request_id)
             self._by_request.pop(update.request_id, None)
         if gen.entry is not None:
-            if apply_reply(session, gen, gen.entry, update, out):
+            if apply_reply(session, gen, gen.entry, update, out) and not self._called(
+                session, gen, out.outputs[0].tool_calls if out.outputs else []
+            ):
                 session.generation = None
                 session.changed(BusyChanged())
             return session
@@ -162,10 +190,11 @@ class Requests:
         upto: Entry,
         params: SamplingParams,
         continue_reply: bool = False,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Submit what the model sees up to `upto`, the replies it wrote as their own ids;
         /think's choice where the model has the switch (after a switch to a model without
-        one, the choice is dropped with a notice)."""
+        one, the choice is dropped with a notice); ``tools``: the function tools it may call."""
         if session.thinking is not None and self.client.thinking_switch is None:
             session.thinking = None
             self.notify(
@@ -179,6 +208,7 @@ class Requests:
             continue_reply=continue_reply,
             reply_ids=session.reply_ids(self.client.model_name, upto),
             thinking=session.thinking,
+            tools=tools,
         )
 
     def _ask(self, session: ChatSession, question: Entry) -> None:
@@ -187,21 +217,7 @@ class Requests:
         mode = session.alt_mode
         self._fit(session, question)
         if mode.kind == "off":
-            rid = self._submit(session, question, session.sampling.params())
-            entry = Entry(
-                "assistant",
-                "",
-                status=MessageStatus.STREAMING,
-                stats=ReplyStats(),
-                token_source=self.client.model_name,
-            )
-            forked = bool(question.replies.versions)
-            session.transcript.attach(entry, question)
-            session.changed(EntryAdded(entry))
-            if forked:
-                session.changed(PathChanged())
-            self._by_request[rid] = session
-            self._start(session, Generation("reply", [rid], entry=entry, parent=question))
+            self._reply(session, question)
             return
         if mode.kind == "compare":
             self._compare(session, question, mode)
@@ -222,6 +238,177 @@ class Requests:
         session.changed(SettingsChanged())
         self._by_request[rid] = session
         self._offer(session, gen)
+
+    # -- a reply and its tool loop -------------------------------------------------------------
+    def _reply(self, session: ChatSession, question: Entry) -> None:
+        """One reply to ``question``; with MCP tools, the servers it needs start first (off
+        the UI's way: the reply shows as streaming meanwhile)."""
+        names = server_names(session.persona, self.tools)
+        self._warn_unknown(session)
+        starting = [
+            n
+            for n in names
+            if n in self.tools.servers
+            and self.tools.servers[n].state in (ServerState.NOT_STARTED, ServerState.STARTING)
+        ]
+        gen = Generation("reply", [], parent=question, tool_choice=session.persona.tool_choice)
+        params = None
+        if not starting:
+            gen.tools = chat_tools(session.persona, self.tools)
+            params = self._round_params(session, gen)  # (a bad schema: before any entry)
+        entry = Entry(
+            "assistant",
+            "",
+            status=MessageStatus.STREAMING,
+            stats=ReplyStats(),
+            token_source=self.client.model_name,
+        )
+        gen.entry = entry
+        forked = bool(question.replies.versions)
+        session.transcript.attach(entry, question)
+        session.changed(EntryAdded(entry))
+        if forked:
+            session.changed(PathChanged())
+        if params is not None:
+            self._round(session, gen, params)
+            self._start(session, gen)
+            return
+        gen.tools_busy = True
+        self._start(session, gen)
+        self._spawn(self._start_servers(session, gen, starting))
+
+    async def _start_servers(self, session: ChatSession, gen: Generation, names: list[str]) -> None:
+        await self.tools.start(names)
+        gen.tools_busy = False
+        if session.generation is not gen:  # stopped meanwhile
+            return
+        gen.tools = chat_tools(session.persona, self.tools)
+        try:
+            params = self._round_params(session, gen)
+        except UserError as e:
+            self._fail_reply(session, gen, str(e))
+            return
+        self._round(session, gen, params)
+
+    def _round_params(self, session: ChatSession, gen: Generation) -> SamplingParams:
+        """The next round's sampling: a forced call, the persona's schema, or neither."""
+        choice = gen.tool_choice if gen.tools else "none"
+        structured = round_grammar(
+            session.persona, gen.tools, choice, lambda fs: self.client.tool_grammar(fs)
+        )
+        params = session.sampling.params()
+        return params if structured is None else replace(params, structured=structured)
+
+    def _round(self, session: ChatSession, gen: Generation, params: SamplingParams) -> None:
+        """Ask for the next round of ``gen``'s reply (the first: the answer to its question;
+        later ones after the tool results)."""
+        entry = gen.entry
+        assert entry is not None and gen.parent is not None
+        upto = entry if entry.steps else gen.parent
+        offered = gen.tools if gen.tool_choice != "none" else []
+        rid = self._submit(session, upto, params, tools=functions(offered) or None)
+        gen.request_ids.append(rid)
+        self._by_request[rid] = session
+
+    def _called(self, session: ChatSession, gen: Generation, calls: list[Any]) -> bool:
+        """The reply that just ended made ``calls``: they become a step of it and are asked
+        for (True); False when it made none (or was stopped): the turn is over."""
+        entry = gen.entry
+        if not calls or entry is None or entry.status != MessageStatus.DONE:
+            return False
+        step = new_step(entry.content, calls, calls_made(entry.steps), gen.tools)
+        entry.steps.append(step)
+        entry.content, entry.token_ids = "", None
+        entry.status = MessageStatus.STREAMING
+        gen.tool_choice = "none" if calls_made(entry.steps) >= MAX_CALLS else "auto"
+        gen.tools_busy = True
+        session.changed(EntryUpdated(entry))
+        for run in step.runs:
+            if run.resolved:
+                continue
+            if run.name in session.always_tools:
+                self._run_tool(session, gen, run)
+            else:
+                session.changed(ToolAsked(entry, run))
+        self._next_round(session, gen)
+        return True
+
+    def answer_tool(self, session: ChatSession, run: ToolRun, answer: str) -> None:
+        """The user's answer to a call asked for: ``y`` run it, ``n`` do not (the model is
+        told), ``a`` run it and every later call of this tool in this chat."""
+        gen = session.generation
+        if gen is None or gen.entry is None or run.state != "asking":
+            return
+        if answer == "n":
+            run.state = "denied"
+        else:
+            if answer == "a":
+                session.always_tools.add(run.name)
+            self._run_tool(session, gen, run)
+            if answer == "a":
+                for other in gen.entry.steps[-1].runs:
+                    if other.state == "asking" and other.name == run.name:
+                        self._run_tool(session, gen, other)
+        session.changed(EntryUpdated(gen.entry))
+        self._next_round(session, gen)
+
+    def _run_tool(self, session: ChatSession, gen: Generation, run: ToolRun) -> None:
+        tool = tool_of(run, gen.tools)
+        if tool is None:
+            run.state, run.result = "failed", f"there is no tool named {run.name!r}"
+            return
+        run.state = "running"
+
+        async def call() -> None:
+            started = time.monotonic()
+            result = await self.tools.call(tool, run.arguments)
+            run.elapsed_s = time.monotonic() - started
+            if run.state != "running":  # the turn was stopped meanwhile
+                return
+            run.state, run.result = ("failed" if result.error else "done"), result.text
+            if session.generation is gen and gen.entry is not None:
+                session.changed(EntryUpdated(gen.entry))
+                self._next_round(session, gen)
+
+        self._spawn(call())
+
+    def _next_round(self, session: ChatSession, gen: Generation) -> None:
+        """Once every call of the latest step is resolved, the model continues."""
+        entry = gen.entry
+        if session.generation is not gen or entry is None or not gen.tools_busy:
+            return
+        if not all(r.resolved for r in entry.steps[-1].runs):
+            return
+        gen.tools_busy = False
+        try:
+            params = self._round_params(session, gen)
+        except UserError as e:
+            self._fail_reply(session, gen, str(e))
+            return
+        self._round(session, gen, params)
+
+    def _fail_reply(self, session: ChatSession, gen: Generation, why: str) -> None:
+        if gen.entry is not None:
+            gen.entry.status, gen.entry.error = MessageStatus.ERROR, why
+            session.changed(EntryUpdated(gen.entry))
+        gen.tools_busy = False
+        session.generation = None
+        session.changed(BusyChanged())
+
+    def _warn_unknown(self, session: ChatSession) -> None:
+        persona = session.persona
+        missing = unknown_servers(persona, self.tools)
+        if missing and persona.name not in self._warned:
+            self._warned.add(persona.name)
+            self.notify(
+                f"persona {persona.name!r} names MCP server {', '.join(missing)}, which "
+                "config.yaml does not define under mcp_servers; its tools are left out"
+            )
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _compare(self, session: ChatSession, question: Entry, mode: AltMode) -> None:
         """The reply to ``question`` once per value of ``mode``'s setting, side by side."""
@@ -260,6 +447,10 @@ class Requests:
             if rid not in gen.finished_requests:
                 self.client.cancel(rid)
         session.generation = None
+        for run in gen.entry.steps[-1].runs if gen.entry is not None and gen.entry.steps else []:
+            if not run.resolved:  # asked for or running: the turn is over
+                run.state, run.result = "denied", "Stopped by the user before it finished."
+        gen.tools_busy = False
         if gen.entry is not None and gen.entry.status == MessageStatus.STREAMING:
             gen.entry.status = MessageStatus.STOPPED
             session.changed(EntryUpdated(gen.entry))

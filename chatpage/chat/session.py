@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from chatpage.chat.conversation import Conversation, Message
+from chatpage.chat.mcp import McpTool
 from chatpage.chat.sampling import AltMode, SamplingSettings
 from chatpage.chat.tree import Fork, Place, Transcript
 from chatpage.config.personas import Persona
@@ -117,6 +118,15 @@ class Closed:
     """The session was closed (its generation stopped); it is no longer open."""
 
 
+@dataclass(frozen=True)
+class ToolAsked:
+    """The model wants `run` (a call in `entry`'s latest tool step) run: ask the user
+    (`Chats.answer_tool`)."""
+
+    entry: Entry
+    run: ToolRun
+
+
 Change = (
     EntryAdded
     | EntryUpdated
@@ -132,6 +142,7 @@ Change = (
     | AttachmentsChanged
     | BusyChanged
     | Closed
+    | ToolAsked
 )
 """Every kind of change a session tells its observers about."""
 
@@ -184,6 +195,40 @@ class ReplyStats:
         }
 
 
+ToolState = Literal["asking", "running", "done", "failed", "denied"]
+DENIED = "The user did not allow this call; it was not run."
+
+
+@dataclass(eq=False)
+class ToolRun:
+    """One tool call of a reply: what the model asked for, and what came of it."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text
+    state: ToolState = "asking"
+    result: str = ""  # the tool's answer (failed: why)
+    elapsed_s: float = 0.0
+
+    @property
+    def resolved(self) -> bool:
+        return self.state in ("done", "failed", "denied")
+
+    def for_model(self) -> str:
+        """The ``tool`` message the model is given."""
+        if self.state == "denied":
+            return self.result or DENIED
+        return f"Error: {self.result}" if self.state == "failed" else self.result
+
+
+@dataclass
+class ToolStep:
+    """What a reply wrote before its calls (``text``), and the calls."""
+
+    text: str
+    runs: list[ToolRun] = field(default_factory=list)
+
+
 @dataclass(eq=False)
 class Entry:
     """One message: a node of the chat's tree (`parent`, and the versions of the turn after
@@ -213,6 +258,9 @@ class Entry:
     reasoning: str = field(default="", repr=False)
     """A reply's thinking (shown folded; never sent back to the model)."""
     reasoning_tokens: int = 0  # the tokens it spent thinking
+    steps: list[ToolStep] = field(default_factory=list)
+    """A reply's tool calls, in order, each round with the text before it (``content`` is
+    what it wrote after the last)."""
 
     @property
     def in_context(self) -> bool:
@@ -227,6 +275,21 @@ class Entry:
         parts = [self.content] if self.content else []
         parts += [a.for_model() for a in self.attachments]
         return "\n\n".join(parts)
+
+    def model_messages(self) -> list[Message]:
+        """What the model sees of it: a reply's tool rounds (its calls, their results as
+        ``tool`` messages) and then its text (none while the next round is awaited)."""
+        out = []
+        for step in self.steps:
+            calls = [
+                {"id": r.id, "type": "function", "function": {"name": r.name, "arguments": r.arguments}}
+                for r in step.runs
+            ]
+            out.append(Message("assistant", step.text, tool_calls=calls))
+            out += [Message("tool", r.for_model(), tool_call_id=r.id) for r in step.runs]
+        if self.content or not self.steps:
+            out.append(Message(self.role, self.model_content()))
+        return out
 
 
 @dataclass(frozen=True)
@@ -275,10 +338,13 @@ class Generation:
     base_ids: tuple[int, ...] | None = None  # /continue: the reply's token ids before it went on
     candidates: list[Candidate] = field(default_factory=list)
     finished_requests: set[str] = field(default_factory=set)
+    tools: list[McpTool] = field(default_factory=list)  # offered to the model this turn
+    tool_choice: str = "auto"  # of the next round: auto, none, required or a tool's name
+    tools_busy: bool = False  # servers starting, or calls asked for or running
 
     @property
     def streaming(self) -> bool:
-        return len(self.finished_requests) < len(self.request_ids)
+        return self.tools_busy or len(self.finished_requests) < len(self.request_ids)
 
     @property
     def alternatives(self) -> bool:
@@ -308,6 +374,7 @@ class ChatSession:
     context_tokens: int = 0  # the model's window (0 until it is known)
     prompt_tokens: int = 0  # what the prompt of the latest turn sent takes (its fit's count)
     store_id: int | None = None  # the saved chat, once it has a message
+    always_tools: set[str] = field(default_factory=set)  # tools the user allowed for good
     observers: list[Observer] = field(default_factory=list, repr=False)
 
     @classmethod
@@ -341,23 +408,25 @@ class ChatSession:
         return [e for e in self.transcript.path(upto) if e.in_context and not e.dropped]
 
     def conversation(self, upto: Entry | None = None) -> Conversation:
-        """What the model sees: the system prompt and the `sent` messages."""
+        """What the model sees: the system prompt and the `sent` messages (a reply's tool
+        rounds as the assistant's calls and the ``tool`` results)."""
         return Conversation(
             self.persona.system_prompt,
-            [Message(e.role, e.model_content()) for e in self.sent(upto)],
+            [m for e in self.sent(upto) for m in e.model_messages()],
         )
 
-    def for_model(self, upto: Entry | None = None) -> list[dict[str, str]]:
+    def for_model(self, upto: Entry | None = None) -> list[dict[str, Any]]:
         return self.conversation(upto).for_model()
 
     def reply_ids(self, model: str, upto: Entry | None = None) -> dict[int, tuple[int, ...]]:
         """The token ids ``model`` produced for the replies of `for_model` (`upto`), by their
         index there (after the system prompt)."""
-        return {
-            i: e.token_ids
-            for i, e in enumerate(self.sent(upto), start=1)
-            if e.token_ids is not None and e.token_source == model
-        }
+        ids, index = {}, 1
+        for e in self.sent(upto):
+            index += len(e.model_messages())
+            if e.token_ids is not None and e.token_source == model and not e.steps:
+                ids[index - 1] = e.token_ids
+        return ids
 
     def last(self, role: str) -> Entry | None:
         return next((e for e in reversed(self.entries) if e.role == role), None)

@@ -9,6 +9,9 @@ from pathlib import Path
 from chatpage.cli.common import one_line, print_table
 from chatpage.config.settings import SETTING_KEYS, Settings, config_path, format_size, load_settings
 
+_FILE_ONLY = ("bindings", "mcp_servers")
+"""Settings only config.yaml sets (no command-line flag)."""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `config` to a parser. It also honours, when the main parser defines them,
@@ -34,6 +37,8 @@ def _describe(key: str, settings: Settings) -> str:
         return f"{format_size(value)} ({value} bytes)"
     if key == "bindings":
         return ", ".join(f"{k}={v}" for k, v in value.items()) or "(none)"
+    if key == "mcp_servers":
+        return ", ".join(f"{k} ({v.describe()})" for k, v in value.items()) or "(none)"
     if key == "device":
         return f"{value} -> {_resolved(value)}"
     return str(value)
@@ -52,7 +57,7 @@ def _resolved(device: str) -> str:
 def cmd_config(args: argparse.Namespace) -> int:
     """Print every effective setting with its value and source, then warnings on stderr."""
     path = getattr(args, "config_file", None) or config_path()
-    overrides = {key: getattr(args, key, None) for key in SETTING_KEYS if key != "bindings"}
+    overrides = {key: getattr(args, key, None) for key in SETTING_KEYS if key not in _FILE_ONLY}
     settings, warnings = load_settings(Path(path), overrides)
     print(f"config file: {path}" + ("" if Path(path).exists() else " (not found)"))
     print_table(

@@ -12,6 +12,11 @@ A persona file is a YAML mapping::
     top_k: 40
     max_tokens: 1024
     seed: 7
+    tools: [files, search/web_search]  # optional: MCP servers (all their tools) or server/tool;
+                                      # [] none; unset: every server in config.yaml
+    tool_choice: auto                 # optional: auto, none, required or a tool's name
+    response_format: reply.schema.json  # optional: a JSON schema file (relative to this file)
+                                        # that every reply follows
 
 Shipped personas live in ``personas/``; the user's own live in ``config_dir()/personas`` and
 replace a shipped persona of the same name. A broken file never stops the others from loading.
@@ -19,6 +24,8 @@ replace a shipped persona of the same name. A broken file never stops the others
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +41,10 @@ DEFAULT_PERSONA = "assistant"
 
 REQUIRED_KEYS = ("name", "description", "system_prompt")
 SAMPLING_KEYS = tuple(rule.field for rule in CHAT_SETTINGS)
-OPTIONAL_KEYS = ("greeting", *SAMPLING_KEYS)
+TOOL_KEYS = ("tools", "tool_choice", "response_format")
+OPTIONAL_KEYS = ("greeting", *SAMPLING_KEYS, *TOOL_KEYS)
+TOOL_CHOICES = ("auto", "none", "required")
+_TOOL_ENTRY = re.compile(r"^[A-Za-z0-9_-]{1,40}(/[A-Za-z0-9_.-]{1,64})?$")
 _SUFFIXES = (".yaml", ".yml")
 _MAX_NAME = 40
 
@@ -52,6 +62,10 @@ class Persona:
     top_k: int | None = None
     max_tokens: int | None = None
     seed: int | None = None
+    tools: tuple[str, ...] | None = None  # MCP servers or server/tool (None: every server)
+    tool_choice: str = "auto"  # auto, none, required, or the name of the tool it must call
+    response_format: Path | None = None  # a JSON schema file every reply follows
+    response_schema: str | None = field(default=None, compare=False)  # that file's JSON text
     source: Path = field(default=Path("<builtin>"), compare=False)
 
     def sampling(self) -> dict[str, Any]:
@@ -115,6 +129,63 @@ def _number(key: str, value: object) -> float | int | None:
     return rule.kind(value)
 
 
+def _tools(value: object) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(
+        isinstance(v, str) and _TOOL_ENTRY.match(v) for v in value
+    ):
+        raise InvalidPersona(
+            f"'tools' must be a list of MCP server names or server/tool, got {value!r}; "
+            "e.g. tools: [files, search/web_search], or [] for none"
+        )
+    return tuple(value)
+
+
+def _tool_choice(value: object) -> str:
+    if value is None:
+        return "auto"
+    if not isinstance(value, str) or not (
+        value in TOOL_CHOICES or re.match(r"^[A-Za-z0-9_.-]{1,64}$", value)
+    ):
+        raise InvalidPersona(
+            f"'tool_choice' must be auto, none, required or a tool's name, got {value!r}"
+        )
+    return value
+
+
+def _response_format(value: object, source: Path) -> tuple[Path | None, str | None]:
+    """The schema file (relative to the persona file) and its JSON text."""
+    if value is None:
+        return None, None
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidPersona(
+            f"'response_format' must be the path of a JSON schema file, got {value!r}"
+        )
+    path = Path(value.strip()).expanduser()
+    if not path.is_absolute():
+        path = source.parent / path
+    try:
+        schema = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise InvalidPersona(
+            f"'response_format': cannot read {_display(path)} ({err.strerror or err}); "
+            "give the path of a JSON schema file, relative to the persona file"
+        ) from None
+    except ValueError as err:
+        raise InvalidPersona(
+            f"'response_format': {_display(path)} is not JSON ({err}); fix the file"
+        ) from None
+    if not isinstance(schema, dict):
+        raise InvalidPersona(
+            f"'response_format': {_display(path)} must hold a JSON schema object, "
+            f"not a {type(schema).__name__}"
+        )
+    return path.resolve(), json.dumps(schema, sort_keys=True)
+
+
 def parse_persona(data: object, source: Path) -> Persona:
     """Validate one parsed YAML document; raises InvalidPersona with a one-line reason."""
     if not isinstance(data, dict):
@@ -135,12 +206,17 @@ def parse_persona(data: object, source: Path) -> Persona:
     greeting = data.get("greeting")
     # each checked by its rule, and of its rule's kind
     sampling: dict[str, Any] = {key: _number(key, data.get(key)) for key in SAMPLING_KEYS}
+    response_format, response_schema = _response_format(data.get("response_format"), source)
     return Persona(
         name=_name(data["name"]),
         description=_text("description", data["description"], one_line=True),
         system_prompt=_text("system_prompt", data["system_prompt"], one_line=False),
         greeting=None if greeting is None else _text("greeting", greeting, one_line=False),
         source=source,
+        tools=_tools(data.get("tools")),
+        tool_choice=_tool_choice(data.get("tool_choice")),
+        response_format=response_format,
+        response_schema=response_schema,
         **sampling,
     )
 
@@ -244,6 +320,12 @@ def persona_data(persona: Persona) -> dict[str, Any]:
     if persona.greeting:
         data["greeting"] = persona.greeting
     data.update(persona.sampling())
+    if persona.tools is not None:
+        data["tools"] = list(persona.tools)
+    if persona.tool_choice != "auto":
+        data["tool_choice"] = persona.tool_choice
+    if persona.response_format is not None:
+        data["response_format"] = str(persona.response_format)
     data["system_prompt"] = persona.system_prompt
     return data
 

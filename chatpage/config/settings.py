@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from chatpage.config.mcp import McpServerConfig, parse_mcp_servers
 from chatpage.config.paths import config_dir
 from chatpage.vocab import (
     BLOCK_SIZES,
@@ -98,6 +99,7 @@ class Settings:
     backend: str | None = None  # an OpenAI-compatible server's URL instead of the local engine
     backend_timeout: float = DEFAULT_BACKEND_TIMEOUT_S  # seconds the server may send nothing
     models_dirs: tuple[str, ...] = ()  # folders whose models the model picker lists
+    mcp_servers: Mapping[str, McpServerConfig] = field(default_factory=dict)  # tools (MCP)
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
 
@@ -114,6 +116,7 @@ SETTING_KEYS = (
     "backend",
     "backend_timeout",
     "models_dirs",
+    "mcp_servers",
 )
 
 
@@ -297,8 +300,11 @@ def load_settings(
                 )
                 continue
             try:
+                value: Any
                 if key == "bindings":
                     value = _bindings(raw, warnings.append, origin)
+                elif key == "mcp_servers":
+                    value = parse_mcp_servers(raw, warnings.append, origin)
                 else:
                     value = _PARSERS[key](raw)
             except ValueError as err:

@@ -194,6 +194,19 @@ class LocalEngineClient:
     def cancel(self, request_id: str) -> None:
         self._commands.put(("cancel", request_id))
 
+    def tool_grammar(self, tools: list[dict[str, Any]]) -> str | None:
+        """See `EngineClient.tool_grammar` (the model's `tool_format`; its special tokens by id)."""
+        engine = self.engine
+        if engine is None:
+            return None
+        tokenizer = engine.tokenizer
+
+        def token_id(text: str) -> int | None:
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            return ids[0] if len(ids) == 1 else None
+
+        return engine.tool_format.grammar(tools, True, token_id)
+
     def pin_system_prompt(self, system_prompt: str) -> None:
         """Prefill a persona's system prompt once and pin its blocks for every session to share."""
         self._commands.put(("pin", system_prompt))

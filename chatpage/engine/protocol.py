@@ -88,6 +88,12 @@ class EngineClient(Protocol[StatsT]):
         """Stop a request: its last update ends every output with FinishReason.ABORT."""
         ...
 
+    def tool_grammar(self, tools: list[dict[str, Any]]) -> str | None:
+        """The grammar (`GrammarKind.GRAMMAR`) of a reply that only calls some of ``tools``,
+        in the model's own format, so even a small model makes a valid call; None where the
+        client cannot say (not loaded yet, a server's model)."""
+        ...
+
     def pin_system_prompt(self, system_prompt: str) -> None:
         """Keep a persona's system prompt ready for every chat to share (a pinned prefix
         locally, a warmed prefix cache on a server)."""

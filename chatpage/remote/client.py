@@ -139,6 +139,10 @@ class RemoteEngineClient:
         """Stop a request: its stream is closed and the server aborts it."""
         self._call(self._cancel, request_id)
 
+    def tool_grammar(self, tools: list[dict[str, Any]]) -> str | None:
+        """None: the server renders and constrains tool calls itself."""
+        return None
+
     def pin_system_prompt(self, system_prompt: str) -> None:
         """Warm the server's prefix cache with a persona's system prompt (vLLM and SGLang cache
         prefixes automatically; chatpage serve pins its personas itself)."""

@@ -20,8 +20,10 @@ from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
 from chatpage.chat.chats import Chats
+from chatpage.chat.mcp import McpServers
 from chatpage.chat.recorder import SAVE_INTERVAL_S
 from chatpage.config.models import find_models, remember_model
+from chatpage.config.paths import data_dir
 from chatpage.config.personas import Persona, default_persona, find_persona, load_personas
 from chatpage.config.settings import Settings
 from chatpage.engine.client import (
@@ -104,10 +106,16 @@ class ChatApp(App[None]):
         """A model being switched to, loading beside the one in use (see `switch_model`)."""
         self._announced: EngineClient[EngineStats | RemoteStats] | None = None
         """The client whose readiness was last shown (see `_model_ready`)."""
+        self.tools = McpServers(
+            self.settings.mcp_servers,
+            lambda line: self.say(line, "error", timeout=15),
+            data_dir() / "mcp-logs",
+        )
         self.chats = Chats(
             self.client,
             self._delivery(self.client),
             notify=lambda line: self.say(line, "warning", timeout=10),
+            tools=self.tools,
         )
         self.personas_dirs = personas_dirs
         self.personas: list[Persona] = []
@@ -160,6 +168,7 @@ class ChatApp(App[None]):
             if self.chat.current is not None:  # the chat on show keeps its unsent text too
                 self.chat.current.draft = self.chat.prompt.text
             self.saved.stop()
+        await self.tools.close()  # stdio servers' processes end with the app
         await asyncio.to_thread(self.client.close)  # joins the engine thread: not on the loop
         if self._loading is not None:
             await asyncio.to_thread(self._loading.close)

@@ -35,6 +35,8 @@ from chatpage.chat.session import (
     GenerationChanged,
     SettingsChanged,
     TitleChanged,
+    ToolAsked,
+    ToolRun,
 )
 from chatpage.config.personas import Persona
 from chatpage.store import SessionRow
@@ -49,6 +51,7 @@ from chatpage.ui.external_editor import edit_text, editor_command
 from chatpage.ui.history import SavedChats, Say
 from chatpage.ui.screens.chat_search import ChatSearch
 from chatpage.ui.screens.help import HelpScreen
+from chatpage.ui.screens.tool_approval import ToolApproval
 from chatpage.ui.slash_commands import (
     ARGUMENTS,
     COMMAND_NAMES,
@@ -114,6 +117,8 @@ class ChatScreen(Screen[None]):
         self._completion_note = ""
         self._interrupted_at = -QUIT_AGAIN_S  # the last ctrl+c that did not quit
         self._draft_timer: Timer | None = None  # saves the draft once typing pauses
+        self._tool_questions: list[tuple[ChatSession, ToolRun]] = []  # calls to ask about
+        self._asking_tool = False
 
     # -- layout -----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -228,6 +233,29 @@ class ChatScreen(Screen[None]):
                     self.prompt.focus()
             case AttachmentsChanged() | SettingsChanged() if current:
                 self._show_prompt_info()
+            case ToolAsked(_, run):
+                self._tool_questions.append((session, run))
+                self._ask_about_tool()
+
+    def _ask_about_tool(self) -> None:
+        """Ask about the next tool call waiting (one dialog at a time; a call that was
+        answered meanwhile, by "always" or a stop, is skipped)."""
+        if self._asking_tool:
+            return
+        while self._tool_questions:
+            session, run = self._tool_questions.pop(0)
+            if run.state == "asking":
+                break
+        else:
+            return
+        self._asking_tool = True
+
+        def answered(answer: str | None) -> None:
+            self._asking_tool = False
+            self.chats.answer_tool(session, run, answer or "n")
+            self._ask_about_tool()
+
+        self.app.push_screen(ToolApproval(run, session.title), answered)
 
     def _sync_sidebar(self) -> None:
         self.query_one(SessionList).sync(self.chats.sessions, self.current)

@@ -9,6 +9,7 @@ from chatpage.ui.actions.action import Controls, Handler, on_chat
 from chatpage.ui.history import EXPORT_NAMES
 from chatpage.ui.screens.confirm import Confirm
 from chatpage.ui.screens.persona_picker import PersonaPicker
+from chatpage.ui.screens.tools_list import ToolsList, tools_text
 from chatpage.vocab import UserError
 
 
@@ -118,3 +119,12 @@ async def quit_app(c: Controls, arg: str | None) -> None:
 
 async def interrupt(c: Controls, arg: str | None) -> None:
     c.interrupt()
+
+
+async def show_tools(c: Controls, arg: str | None) -> None:
+    """The MCP servers, their state and their tools."""
+
+    async def show() -> None:
+        await c.ask(ToolsList(tools_text(c.chats.tools, c.current)))
+
+    c.dialog(show)

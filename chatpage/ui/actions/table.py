@@ -387,6 +387,16 @@ ACTIONS: tuple[Action, ...] = (
         ),
     ),
     Action(
+        "tools",
+        "Tools",
+        sessions.show_tools,
+        slash="tools",
+        usage="/tools",
+        help="the MCP servers of config.yaml, their state (running, failed and why, not "
+        "started) and their tools",
+        palette=(PaletteEntry("MCP tools", "the MCP servers, their state and tools (/tools)"),),
+    ),
+    Action(
         "interrupt", "Stop or quit", sessions.interrupt, key="ctrl+c", show=False, priority=True
     ),
     Action(

@@ -33,6 +33,7 @@ from chatpage.ui.text import clean, code_blocks
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
 from chatpage.ui.widgets.thought import ThoughtFold
 from chatpage.ui.widgets.throttle import Throttled
+from chatpage.ui.widgets.tool_block import ToolBlock
 from chatpage.ui.widgets.typing import TypingGoesToTheBox
 
 STATUS_NOTES = {
@@ -78,6 +79,7 @@ class MessageView(Throttled, TypingGoesToTheBox, Vertical, can_focus=True):
         Binding("left_square_bracket", "switch(-1)", "Previous version", id="message_prev"),
         Binding("right_square_bracket", "switch(1)", "Next version", id="message_next"),
         Binding("escape", "leave", "Message box", id="message_leave"),
+        Binding("t", "toggle_tools", "Tool calls", id="message_tools"),
     ]
 
     @dataclass
@@ -129,6 +131,9 @@ class MessageView(Throttled, TypingGoesToTheBox, Vertical, can_focus=True):
         self._versions = Static(classes="message-versions")
         self._foot_line = Static(classes="message-foot")
         self.thought = ThoughtFold(entry) if entry.role == "assistant" else None
+        self._tools = Vertical(classes="message-tools")
+        self._shown_steps: list[tuple[str, int]] = []  # what _tools holds: (text, calls) per step
+        self._pending_tools: list[Static | ToolBlock] = []
         self._body: Static | StreamingMarkdown = (
             Static(classes="message-body")
             if entry.role == "user"
@@ -143,6 +148,7 @@ class MessageView(Throttled, TypingGoesToTheBox, Vertical, can_focus=True):
             yield Static("copy", classes="message-copy")
         if self.thought is not None:
             yield self.thought
+        yield self._tools
         yield self._body
         if self.entry.role == "user":
             yield Static(self._attachments(), classes="message-attachments")
@@ -192,10 +198,43 @@ class MessageView(Throttled, TypingGoesToTheBox, Vertical, can_focus=True):
         _update(self._foot_line, self._foot())
         if self.thought is not None:
             self.thought.draw()
+        self._draw_tools()
         if isinstance(self._body, StreamingMarkdown):
             self._body.draw()
         else:
             self._body.update(Text(clean(entry.content)))
+
+    def _draw_tools(self) -> None:
+        """The reply's tool steps: the text before each round's calls, and a block per call
+        (rebuilt when a step is added; the blocks redraw in place otherwise)."""
+        steps = [(step.text, len(step.runs)) for step in self.entry.steps]
+        self._tools.display = bool(steps)
+        if steps == self._shown_steps:
+            for block in self._tools.query(ToolBlock):
+                block.redraw()
+            return
+        if len(steps) > len(self._shown_steps) and isinstance(self._body, StreamingMarkdown):
+            self._body.add(self.entry.content, rewrite=True)  # its text moved into the step
+        self._shown_steps = steps
+        widgets: list[Static | ToolBlock] = []
+        for step in self.entry.steps:
+            if step.text.strip():
+                widgets.append(Static(Text(clean(step.text.strip())), classes="tool-step-text"))
+            widgets += [ToolBlock(run) for run in step.runs]
+        if self._tools.is_attached:
+            self._tools.remove_children()
+            self._tools.mount_all(widgets)
+        else:  # (a restored reply, drawn before it is mounted: on_mount adds them)
+            self._pending_tools = widgets
+
+    def on_mount(self) -> None:
+        if self._pending_tools:
+            self._tools.mount_all(self._pending_tools)
+            self._pending_tools = []
+
+    def action_toggle_tools(self) -> None:
+        for block in self._tools.query(ToolBlock):
+            block.toggle()
 
     # -- keys ------------------------------------------------------------------------------------
     def action_leave(self) -> None:

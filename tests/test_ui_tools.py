@@ -1,0 +1,126 @@
+"""MCP tools in the TUI over the real engine (a tiny random model) and a real stdio MCP server
+written here with the `mcp` SDK: a call is asked for, approved, run, shown and fed back; a
+denied call is not run; a server that fails to start or dies is a notice and the chat goes on.
+The random model makes its call because the persona names the tool (``tool_choice``): the
+engine's grammar forces a valid one."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from helpers import PROMPT_BODY, make_app, ready, send, wait_for
+
+from chatpage.config.mcp import McpServerConfig
+from chatpage.ui.screens.tool_approval import ToolApproval
+from chatpage.ui.screens.tools_list import ToolsList
+from chatpage.ui.widgets.tool_block import ToolBlock
+
+SIZE = (140, 44)
+SERVER = """
+import os, sys
+from typing import Literal
+from mcp.server.mcpserver import MCPServer
+
+app = MCPServer("calc")
+
+@app.tool()
+def add(a: Literal[1, 2, 3], b: Literal[1, 2, 3]) -> int:
+    \\"\\"\\"Add two small numbers.\\"\\"\\"
+    with open(sys.argv[1], "a") as f:
+        f.write(f"{a}+{b}\\\\n")
+    return a + b
+
+@app.tool()
+def die(code: Literal[3]) -> str:
+    \\"\\"\\"Exit at once.\\"\\"\\"
+    os._exit(code)
+
+app.run()
+"""
+
+
+def tool_persona(directory: Path, choice: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "alpha.yaml").write_text(
+        "name: alpha\ndescription: calls tools\ntemperature: 0\nmax_tokens: 40\n"
+        f"tools: [calc, broken]\ntool_choice: {choice}\n"
+        f"system_prompt: You add numbers with the tools. {PROMPT_BODY * 2}\n"
+    )
+    return directory
+
+
+def servers(tmp_path: Path) -> tuple[dict[str, McpServerConfig], Path]:
+    script, calls = tmp_path / "calc_server.py", tmp_path / "calls.txt"
+    script.write_text(SERVER.replace('\\"', '"').replace("\\\\n", "\\n"))
+    return {
+        "calc": McpServerConfig("calc", sys.executable, (str(script), str(calls))),
+        "broken": McpServerConfig("broken", sys.executable, ("-c", "import sys; sys.exit(3)")),
+    }, calls
+
+
+async def test_a_call_is_asked_for_run_shown_fed_back_and_saved(tiny_llama_dir, tmp_path):
+    configs, calls = servers(tmp_path)
+    app = make_app(tiny_llama_dir, tool_persona(tmp_path / "personas", "add"), mcp_servers=configs)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        session = app.chat.current
+        await send(pilot, "what is 1 + 2?")
+        await wait_for(pilot, lambda: isinstance(app.screen, ToolApproval), "the question")
+        assert any("'broken' could not start" in n for n in app.notices)  # and the chat goes on
+        run = session.entries[-1].steps[0].runs[0]
+        assert run.name == "add" and run.state == "asking" and not calls.exists()
+        await pilot.press("y")
+        await wait_for(pilot, lambda: not session.streaming, "the answer after the call")
+        reply = session.entries[-1]
+        a, b = json.loads(run.arguments).values()
+        assert run.state == "done" and run.result == str(a + b) and run.elapsed_s > 0
+        assert calls.read_text() == f"{a}+{b}\n"
+        assert reply.status == "done" and reply.stats.tokens > 0  # the round after the result
+        sent = session.for_model()
+        assert sent[2]["tool_calls"][0]["function"]["name"] == "add"
+        assert sent[3] == {"role": "tool", "content": str(a + b), "tool_call_id": run.id}
+
+        block = app.chat.query(ToolBlock).first()  # shown folded; a click opens it
+        assert "tool add · done" in str(block.query_one(".tool-head").render())
+        await pilot.click(ToolBlock)
+        assert f"result: {a + b}" in str(block.query_one(".tool-body").render())
+
+        await send(pilot, "/tools")
+        await wait_for(pilot, lambda: isinstance(app.screen, ToolsList), "/tools")
+        listing = str(app.screen.query_one("#tools-listing").render())
+        assert "calc (this chat) · running" in listing and "- add" in listing
+        assert "broken (this chat) · failed" in listing
+        await pilot.press("escape")
+        app.saved.recorder.flush(force=True)
+        meta = app.store.messages(session.store_id)[-1].metadata
+        assert meta["tool_steps"][0]["calls"][0]["result"] == str(a + b)
+
+
+async def test_a_denied_call_is_not_run_and_a_server_that_dies_is_reported(
+    tiny_llama_dir, tmp_path
+):
+    configs, calls = servers(tmp_path)
+    app = make_app(tiny_llama_dir, tool_persona(tmp_path / "personas", "add"), mcp_servers=configs)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        session = app.chat.current
+        await send(pilot, "what is 1 + 2?")
+        await wait_for(pilot, lambda: isinstance(app.screen, ToolApproval), "the question")
+        await pilot.press("n")
+        await wait_for(pilot, lambda: not session.streaming, "the answer without the call")
+        run = session.entries[-1].steps[0].runs[0]
+        assert run.state == "denied" and not calls.exists()
+        assert session.for_model()[3]["content"].startswith("The user did not allow")
+
+        session.persona = replace(session.persona, tool_choice="die")
+        await send(pilot, "now die")
+        await wait_for(pilot, lambda: isinstance(app.screen, ToolApproval), "the question")
+        await pilot.press("a")
+        await wait_for(pilot, lambda: not session.streaming, "the answer after the failure")
+        run = session.entries[-1].steps[0].runs[0]
+        assert run.state == "failed" and "die" in session.always_tools
+        assert any("MCP server 'calc' stopped" in n for n in app.notices), (app.notices, run)
+        assert session.entries[-1].status == "done"  # the model was told, and answered
