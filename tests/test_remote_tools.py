@@ -20,7 +20,6 @@ from serve_helpers import connected, running_server
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.outputs import RequestOutput, RequestUpdate
 from chatpage.engine.sampling_params import GrammarKind, SamplingParams, Structured
-from chatpage.engine.tool_calls import HERMES, ToolFormat
 from chatpage.remote.client import RemoteEngineClient
 from chatpage.vocab import FinishReason
 
@@ -62,15 +61,13 @@ def chatpage_url(tiny_llama_dir, tmp_path_factory):
         yield url
 
 
-def test_a_grammar_and_tools_go_through_chatpage_serve_and_its_calls_come_back(chatpage_url):
-    """The grammar makes even a random model call the tool (as tool_choice="required" would);
-    the server reads the call, streams it as deltas, and the remote client folds them back."""
-    grammar = ToolFormat(HERMES, renders_tools=False).grammar([WEATHER], False, lambda _t: None)
-    params = SamplingParams(
-        max_tokens=60, temperature=0, structured=Structured(GrammarKind.GRAMMAR, grammar)
-    )
+def test_a_forced_tool_call_and_a_grammar_go_through_chatpage_serve(chatpage_url):
+    """A named tool_choice goes to the server, whose grammar makes even a random model call the
+    tool; the server reads the call, streams it as deltas, and the remote client folds them
+    back. A choice grammar goes through as vLLM's structured_outputs."""
+    params = SamplingParams(max_tokens=60, temperature=0)
     with connected(chatpage_url) as client:
-        updates, out = collect(client, params, tools=[WEATHER])
+        updates, out = collect(client, params, tools=[WEATHER], tool_choice="get_weather")
         choice = SamplingParams(
             max_tokens=8,
             temperature=1.0,
@@ -242,6 +239,17 @@ def test_vllm_tool_call_deltas_and_reasoning_are_read(vllm):
     (beam,) = whole.outputs
     assert beam.reasoning == "Paris, then." and beam.tool_calls[0].arguments == ARGUMENTS
     assert beam.tool_calls[0].id == "chatcmpl-tool-8" and vllm.bodies[1]["tools"] == [WEATHER]
+
+
+def test_a_forced_tool_choice_is_sent_for_the_server_to_constrain(vllm):
+    with connected(vllm.url) as client:
+        collect(client, SamplingParams(max_tokens=40), tools=[WEATHER], tool_choice="required")
+        collect(client, SamplingParams(max_tokens=40), tools=[WEATHER], tool_choice="get_weather")
+        collect(client, SamplingParams(max_tokens=40), tool_choice="required")  # no tools: none
+    required, named, plain = vllm.bodies[-3:]
+    assert required["tool_choice"] == "required" and required["tools"] == [WEATHER]
+    assert named["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert "tools" not in plain and "tool_choice" not in plain
 
 
 def test_a_grammar_only_vllm_reads_is_refused_by_name_for_another_server():

@@ -11,6 +11,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import jsonschema
 from helpers import PROMPT_BODY, make_app, ready, send, wait_for
 
 from chatpage.config.mcp import McpServerConfig
@@ -124,3 +125,35 @@ async def test_a_denied_call_is_not_run_and_a_server_that_dies_is_reported(
         assert run.state == "failed" and "die" in session.always_tools
         assert any("MCP server 'calc' stopped" in n for n in app.notices), (app.notices, run)
         assert session.entries[-1].status == "done"  # the model was told, and answered
+
+
+ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"enum": ["yes", "no"]}, "sure": {"type": "boolean"}},
+    "required": ["answer", "sure"],
+    "additionalProperties": False,
+}
+
+
+async def test_a_persona_response_format_makes_every_reply_follow_its_schema(
+    tiny_llama_dir, tmp_path
+):
+    """The random model's reply is JSON that validates, because the persona's schema file is
+    the grammar of every reply (no MCP server involved)."""
+    personas = tmp_path / "personas"
+    personas.mkdir()
+    (personas / "answer.json").write_text(json.dumps(ANSWER))
+    (personas / "alpha.yaml").write_text(
+        "name: alpha\ndescription: answers in JSON\ntemperature: 1.0\nmax_tokens: 60\n"
+        f"response_format: answer.json\nsystem_prompt: You answer in JSON. {PROMPT_BODY}\n"
+    )
+    app = make_app(tiny_llama_dir, personas)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        session = app.chat.current
+        for question in ("is it raining?", "and tomorrow?"):
+            await send(pilot, question)
+            await wait_for(pilot, lambda: not session.streaming, "the reply")
+            reply = session.entries[-1]
+            assert reply.status == "done", reply
+            jsonschema.validate(json.loads(reply.content), ANSWER)

@@ -191,10 +191,12 @@ class Requests:
         params: SamplingParams,
         continue_reply: bool = False,
         tools: list[dict[str, Any]] | None = None,
+        tool_choice: str = "auto",
     ) -> str:
         """Submit what the model sees up to `upto`, the replies it wrote as their own ids;
         /think's choice where the model has the switch (after a switch to a model without
-        one, the choice is dropped with a notice); ``tools``: the function tools it may call."""
+        one, the choice is dropped with a notice); ``tools``: the function tools it may call,
+        ``tool_choice`` whether it must (`EngineClient.submit`)."""
         if session.thinking is not None and self.client.thinking_switch is None:
             session.thinking = None
             self.notify(
@@ -209,6 +211,7 @@ class Requests:
             reply_ids=session.reply_ids(self.client.model_name, upto),
             thinking=session.thinking,
             tools=tools,
+            tool_choice=tool_choice,
         )
 
     def _ask(self, session: ChatSession, question: Entry) -> None:
@@ -293,9 +296,7 @@ class Requests:
     def _round_params(self, session: ChatSession, gen: Generation) -> SamplingParams:
         """The next round's sampling: a forced call, the persona's schema, or neither."""
         choice = gen.tool_choice if gen.tools else "none"
-        structured = round_grammar(
-            session.persona, gen.tools, choice, lambda fs: self.client.tool_grammar(fs)
-        )
+        structured = round_grammar(session.persona, gen.tools, choice)
         params = session.sampling.params()
         return params if structured is None else replace(params, structured=structured)
 
@@ -306,7 +307,9 @@ class Requests:
         assert entry is not None and gen.parent is not None
         upto = entry if entry.steps else gen.parent
         offered = gen.tools if gen.tool_choice != "none" else []
-        rid = self._submit(session, upto, params, tools=functions(offered) or None)
+        rid = self._submit(
+            session, upto, params, tools=functions(offered) or None, tool_choice=gen.tool_choice
+        )
         gen.request_ids.append(rid)
         self._by_request[rid] = session
 

@@ -10,7 +10,7 @@ result goes back to the model as a ``tool`` message; the model then continues. A
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from chatpage.chat.mcp import McpServers, McpTool
@@ -18,6 +18,7 @@ from chatpage.chat.session import ToolRun, ToolStep
 from chatpage.config.personas import Persona
 from chatpage.engine.grammar import grammar_text
 from chatpage.engine.sampling_params import GrammarKind, Structured
+from chatpage.engine.tool_calls import forced_tools
 from chatpage.vocab import UserError
 
 MAX_CALLS = 8
@@ -59,21 +60,12 @@ def chat_tools(persona: Persona, servers: McpServers) -> list[McpTool]:
     return [t for t in tools if t.server in whole or (t.server, t.name) in named]
 
 
-def round_grammar(
-    persona: Persona,
-    tools: Sequence[McpTool],
-    choice: str,
-    tool_grammar: Callable[[list[dict[str, Any]]], str | None],
-) -> Structured | None:
-    """The grammar of one round: a call of the tools when ``choice`` forces one (required,
-    or a tool's name), else the persona's response schema (None: free text). A schema that
-    does not compile is a `UserError` naming the persona's file. ``tool_grammar``: the
-    client's (`EngineClient.tool_grammar`)."""
-    forced = _forced(tools, choice)
-    grammar = tool_grammar(functions(forced)) if forced else None
-    if grammar is not None:
-        return Structured(GrammarKind.GRAMMAR, grammar)
-    if persona.response_schema is None:
+def round_grammar(persona: Persona, tools: Sequence[McpTool], choice: str) -> Structured | None:
+    """The grammar of one round's text: the persona's response schema, unless ``choice``
+    forces a call of ``tools`` (required, or a tool's name: the client constrains that one
+    itself, `EngineClient.submit`'s ``tool_choice``); None: free text. A schema that does not
+    compile is a `UserError` naming the persona's file."""
+    if forced_tools(functions(tools), choice) or persona.response_schema is None:
         return None
     spec = Structured(GrammarKind.JSON_SCHEMA, persona.response_schema)
     try:
@@ -84,14 +76,6 @@ def round_grammar(
             f"JSON schema chatpage can follow ({e}); fix the file"
         ) from None
     return spec
-
-
-def _forced(tools: Sequence[McpTool], choice: str) -> list[McpTool]:
-    if choice in ("auto", "none"):
-        return []
-    if choice == "required":
-        return list(tools)
-    return [t for t in tools if t.name == choice]
 
 
 def calls_made(steps: Sequence[ToolStep]) -> int:

@@ -8,6 +8,7 @@ given at submit, called on the engine thread (`chatpage.engine.protocol` says ho
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import queue
 import threading
@@ -35,8 +36,8 @@ from chatpage.engine.outputs import (
 )
 from chatpage.engine.protocol import EngineClient, UpdateCallback
 from chatpage.engine.reasoning import thinking_switch
-from chatpage.engine.sampling_params import SamplingParams
-from chatpage.engine.tool_calls import tool_format
+from chatpage.engine.sampling_params import GrammarKind, SamplingParams, Structured
+from chatpage.engine.tool_calls import forced_tools, tool_format
 from chatpage.vocab import FinishReason
 
 if TYPE_CHECKING:  # torch and the model code load on the engine thread (see _run), so that
@@ -153,9 +154,14 @@ class LocalEngineClient:
         continue_reply: bool = False,
         tools: list[dict[str, Any]] | None = None,
         reply_ids: ReplyIds | None = None,
+        tool_choice: str = "auto",
         thinking: bool | None = None,
     ) -> str:
         template = continue_prompt if continue_reply else render_prompt
+        forced = forced_tools(tools or [], tool_choice)
+        grammar = self._tool_grammar(forced) if forced else None
+        if grammar is not None:
+            params = dataclasses.replace(params, structured=Structured(GrammarKind.GRAMMAR, grammar))
         switch = self.thinking_switch if thinking is not None else None
         if thinking is not None and switch is None:
             raise ValueError("this model's chat template has no thinking switch")
@@ -194,8 +200,9 @@ class LocalEngineClient:
     def cancel(self, request_id: str) -> None:
         self._commands.put(("cancel", request_id))
 
-    def tool_grammar(self, tools: list[dict[str, Any]]) -> str | None:
-        """See `EngineClient.tool_grammar` (the model's `tool_format`; its special tokens by id)."""
+    def _tool_grammar(self, tools: list[dict[str, Any]]) -> str | None:
+        """The grammar of a reply that calls some of ``tools`` in the model's own format (its
+        `tool_format`; its special tokens by id); None before the model is loaded."""
         engine = self.engine
         if engine is None:
             return None

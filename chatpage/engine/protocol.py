@@ -65,6 +65,7 @@ class EngineClient(Protocol[StatsT]):
         continue_reply: bool = False,
         reply_ids: ReplyIds | None = None,
         tools: list[dict[str, Any]] | None = None,
+        tool_choice: str = "auto",
         thinking: bool | None = None,
     ) -> str:
         """Queue a chat reply for ``messages`` (before ready too); returns its request id. With
@@ -74,8 +75,11 @@ class EngineClient(Protocol[StatsT]):
         reply verbatim, so the prefix cache serves them (a client that renders no prompt of its
         own ignores them). ``tools``: OpenAI's function tools the reply may call (offered the
         model's way; ``messages`` may hold assistant ``tool_calls`` and ``tool`` results): its
-        calls come as `OutputDelta.tool_calls`, not in its text. ``thinking``: True or False
-        sets the template's `thinking_switch` (None: the template's default)."""
+        calls come as `OutputDelta.tool_calls`, not in its text. ``tool_choice``: ``auto`` (the
+        model chooses), ``required`` or a tool's name (the reply is a call of them: locally a
+        grammar in the model's own format, so even a small model makes a valid one; a server
+        is asked to constrain it). ``thinking``: True or False sets the template's
+        `thinking_switch` (None: the template's default)."""
         ...
 
     def submit_prompt(
@@ -86,12 +90,6 @@ class EngineClient(Protocol[StatsT]):
 
     def cancel(self, request_id: str) -> None:
         """Stop a request: its last update ends every output with FinishReason.ABORT."""
-        ...
-
-    def tool_grammar(self, tools: list[dict[str, Any]]) -> str | None:
-        """The grammar (`GrammarKind.GRAMMAR`) of a reply that only calls some of ``tools``,
-        in the model's own format, so even a small model makes a valid call; None where the
-        client cannot say (not loaded yet, a server's model)."""
         ...
 
     def pin_system_prompt(self, system_prompt: str) -> None:

@@ -315,6 +315,16 @@ def _merged(deltas: list[ToolCallDelta]) -> tuple[ToolCallDelta, ...]:
     return tuple(out)
 
 
+def forced_tools(tools: list[dict[str, Any]], choice: str) -> list[dict[str, Any]]:
+    """The tools a ``tool_choice`` makes the reply call: all for ``required``, the named one for
+    a function's name, none for ``auto`` and ``none`` (the model chooses, or calls nothing)."""
+    if choice in ("none", "auto"):
+        return []
+    if choice == "required":
+        return tools
+    return [t for t in tools if t["function"]["name"] == choice]
+
+
 def tool_format(chat_template: str | None) -> ToolFormat:
     """The tool-call family of a model, from its chat template."""
     template = chat_template or ""

@@ -25,6 +25,7 @@ from chatpage.remote.backend import Backend, BackendError, BackendNotReady, prob
 from chatpage.remote.requests import RemoteReply, RequestFailed, run_request, split_samples
 from chatpage.remote.stats import Poller, RemoteStats, engine_stats
 from chatpage.vocab import FinishReason
+from chatpage.wire.tools import ToolRequest
 
 API_KEY_ENV = "CHATPAGE_API_KEY"
 POLL_S = 1.0
@@ -113,12 +114,14 @@ class RemoteEngineClient:
         continue_reply: bool = False,
         reply_ids: ReplyIds | None = None,
         tools: list[dict[str, Any]] | None = None,
+        tool_choice: str = "auto",
         thinking: bool | None = None,
     ) -> str:
         """Queue a chat reply for ``messages`` (held until the server is reachable);
         ``continue_reply``: the last message, a reply, goes on instead of a new one starting.
         ``reply_ids`` are not used: the server renders the prompt itself. ``tools`` go in the
-        request (the server offers them; its streamed calls come back as tool-call deltas).
+        request with ``tool_choice`` (the server offers them, and constrains a forced call
+        itself; its streamed calls come back as tool-call deltas).
         ``thinking`` other than None is refused (ValueError): the server's template cannot be
         seen from here (`thinking_switch` is None)."""
         if thinking is not None:
@@ -127,7 +130,8 @@ class RemoteEngineClient:
                 "model's thinking"
             )
         kind = "continue" if continue_reply else "chat"
-        return self._submit(kind, messages, params, on_update, tools)
+        offer = ToolRequest(tools, tool_choice) if tools else None
+        return self._submit(kind, messages, params, on_update, offer)
 
     def submit_prompt(
         self, prompt: str | list[int], params: SamplingParams, on_update: UpdateCallback
@@ -138,10 +142,6 @@ class RemoteEngineClient:
     def cancel(self, request_id: str) -> None:
         """Stop a request: its stream is closed and the server aborts it."""
         self._call(self._cancel, request_id)
-
-    def tool_grammar(self, tools: list[dict[str, Any]]) -> str | None:
-        """None: the server renders and constrains tool calls itself."""
-        return None
 
     def pin_system_prompt(self, system_prompt: str) -> None:
         """Warm the server's prefix cache with a persona's system prompt (vLLM and SGLang cache
@@ -162,7 +162,7 @@ class RemoteEngineClient:
         payload,
         params: SamplingParams,
         on_update: UpdateCallback,
-        tools: list[dict[str, Any]] | None = None,
+        tools: ToolRequest | None = None,
     ) -> str:
         with self._id_lock:
             rid = f"remote-{next(self._ids)}"
@@ -283,7 +283,7 @@ class RemoteEngineClient:
         params: SamplingParams,
         on_update: UpdateCallback,
         t_submit: float,
-        tools: list[dict[str, Any]] | None = None,
+        tools: ToolRequest | None = None,
     ) -> None:
         if self.backend is None:
             if self.error is not None:
@@ -309,7 +309,7 @@ class RemoteEngineClient:
         kind: str,
         payload,
         parts: list[SamplingParams],
-        tools: list[dict[str, Any]] | None,
+        tools: ToolRequest | None,
     ) -> None:
         try:
             await asyncio.gather(

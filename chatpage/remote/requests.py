@@ -21,6 +21,7 @@ from chatpage.vocab import FinishReason
 from chatpage.wire.chunks import DONE_DATA, read_choice, read_usage, sse_data
 from chatpage.wire.errors import read_error
 from chatpage.wire.requests import request_body
+from chatpage.wire.tools import ToolRequest
 
 STRUCTURED_OUTPUTS = ("vllm", "chatpage")
 """The backends that read vLLM's structured_outputs (regex, choice, grammar)."""
@@ -140,7 +141,7 @@ async def run_request(
     params: SamplingParams,
     offset: int,
     idle_s: float,
-    tools: list[dict[str, Any]] | None = None,
+    tools: ToolRequest | None = None,
 ) -> None:
     """Send one request (a chat offering ``tools``); its choices arrive in ``reply`` as choices
     ``offset``, ``offset+1``...

@@ -254,10 +254,10 @@ def request_body(
     payload: list[dict[str, str]] | str | list[int],
     params: SamplingParams,
     dialect: Dialect = CHATPAGE,
-    tools: list[dict[str, Any]] | None = None,
+    tools: ToolRequest | None = None,
 ) -> dict[str, Any]:
     """What a client sends for ``kind`` (one of `KINDS`): ``payload`` is the messages, or a
-    completion's prompt; a chat may offer ``tools`` (the model chooses whether to call).
+    completion's prompt; a chat may offer ``tools`` (and say whether it must call them).
     Streamed with the usage at the end, except beam search (its beams reorder until the end:
     they come whole, at once)."""
     stream = not params.use_beam_search
@@ -268,7 +268,7 @@ def request_body(
     }
     body["prompt" if kind == "completion" else "messages"] = payload
     if tools and kind != "completion":
-        body.update(tools=tools, tool_choice="auto")
+        body.update(tools.fields())
     if kind == "continue":  # vLLM's names (chatpage serve and SGLang read them too)
         body.update(continue_final_message=True, add_generation_prompt=False)
     if stream:

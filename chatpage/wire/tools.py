@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from chatpage.engine.tool_calls import forced_tools
 from chatpage.wire.errors import ApiError, bad_value
 from chatpage.wire.structured import check_schema
 
@@ -35,11 +36,14 @@ class ToolRequest:
     @property
     def forced(self) -> list[dict[str, Any]]:
         """The tools a grammar makes the reply call (none: the model chooses)."""
-        if not self.tools or self.choice in ("none", "auto"):
-            return []
-        if self.choice == "required":
-            return self.tools
-        return [t for t in self.tools if t["function"]["name"] == self.choice]
+        return forced_tools(self.tools, self.choice)
+
+    def fields(self) -> dict[str, Any]:
+        """The request body's fields that say this (what `read_tools` reads back)."""
+        choice: Any = self.choice
+        if choice not in CHOICES:
+            choice = {"type": "function", "function": {"name": choice}}
+        return {"tools": self.tools, "tool_choice": choice}
 
 
 def _tool(raw: Any, i: int) -> dict[str, Any]:
