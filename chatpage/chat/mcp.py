@@ -26,6 +26,9 @@ START_TIMEOUT_S = 30.0
 CALL_TIMEOUT_S = 120.0
 """How long one tool call may take."""
 CLOSE_TIMEOUT_S = 5.0
+WATCH_S = 10.0
+"""How often a running server is asked for its tools while idle, so one that died is reported when it dies,
+not at the next call."""
 
 
 class ServerState(enum.StrEnum):
@@ -80,17 +83,20 @@ class McpServer:
 
 class McpServers:
     """The servers of config.yaml. ``notify`` gets one-line notices (a server that failed);
-    ``log_dir``: where stdio servers' stderr goes (None: discarded)."""
+    ``log_dir``: where stdio servers' stderr goes (None: discarded); ``watch_s``: how often a
+    running server is asked for its tools (`WATCH_S`)."""
 
     def __init__(
         self,
         configs: Mapping[str, McpServerConfig],
         notify: Callable[[str], None] = lambda _line: None,
         log_dir: Path | None = None,
+        watch_s: float = WATCH_S,
     ) -> None:
         self.servers = {name: McpServer(config) for name, config in configs.items()}
         self.notify = notify
         self.log_dir = log_dir
+        self.watch_s = watch_s
 
     def __bool__(self) -> bool:
         return bool(self.servers)
@@ -159,14 +165,10 @@ class McpServers:
         log = self._log(server)
         try:
             async with Client(self._transport(server, log)) as client:
-                listing = await asyncio.wait_for(client.list_tools(), START_TIMEOUT_S)
-                server.tools = [
-                    McpTool(server.name, t.name, t.description or "", dict(t.input_schema))
-                    for t in listing.tools
-                ]
+                server.tools = await self._listing(server, client)
                 server.client, server.state = client, ServerState.RUNNING
                 server.ready.set()
-                await server.stop.wait()
+                await self._watch(server, client)
         except Exception as e:
             self._failed(server, _reason(e, log))
         finally:
@@ -174,6 +176,22 @@ class McpServers:
             server.ready.set()
             if log is not None:
                 log.close()
+
+    async def _watch(self, server: McpServer, client: Any) -> None:
+        """Until the server is to stop: its tools listed again every `watch_s` (a server that
+        went away raises, and is reported then; one whose tools changed offers the new ones)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(server.stop.wait(), self.watch_s)
+                return
+            server.tools = await self._listing(server, client)
+
+    async def _listing(self, server: McpServer, client: Any) -> list[McpTool]:
+        listing = await asyncio.wait_for(client.list_tools(), START_TIMEOUT_S)
+        return [
+            McpTool(server.name, t.name, t.description or "", dict(t.input_schema))
+            for t in listing.tools
+        ]
 
     def _transport(self, server: McpServer, log: TextIO | None) -> Any:
         config = server.config
