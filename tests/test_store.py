@@ -11,6 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from chatpage.chat.recorder import reply_metadata
+from chatpage.chat.session import Entry, ToolRun, ToolStep
 from chatpage.store import DB_NAME, SNIPPET_MARKS, NotFound, Store, make_title
 from chatpage.store import schema as store_schema
 from chatpage.store.io import export_session, import_json
@@ -356,6 +358,28 @@ def test_export_markdown_shows_the_kept_transcript(store: Store) -> None:
         export_session(store, sid, "html")  # type: ignore[arg-type]
     with pytest.raises(NotFound):
         export_session(store, 999, "md")
+
+
+def test_export_markdown_shows_a_replys_thinking_and_tool_rounds(store: Store) -> None:
+    """From the metadata the recorder writes: the thought quoted, each call with its arguments
+    and result in code blocks (a result holding a fence gets a longer one)."""
+    reply = Entry("assistant", "It is 3.", reasoning="Add them.\nUse the tool.", reasoning_tokens=9)
+    run = ToolRun("call_1", "add", '{"a": 1, "b": 2}', state="done", result="```3```")
+    run.elapsed_s = 0.25
+    reply.steps = [
+        ToolStep("Let me add.", [run]),
+        ToolStep("", [ToolRun("c2", "die", "{}", "denied")]),
+    ]
+    sid = store.create_session("tools", "alpha", {})
+    question = store.add_message(sid, "user", "1 + 2?")
+    store.add_message(
+        sid, "assistant", reply.content, parent_id=question, metadata=reply_metadata(reply)
+    )
+    md = export_session(store, sid, "md")
+    assert "## Assistant\n\n*Thought for 9 tokens:*\n\n> Add them.\n> Use the tool.\n" in md
+    assert '\nLet me add.\n\n**Tool call `add`** (done, 0.25 s)\n\n```json\n{"a": 1' in md
+    assert "Result:\n\n````text\n```3```\n````\n" in md
+    assert "**Tool call `die`** (denied)" in md and md.endswith("\nIt is 3.\n")
 
 
 @pytest.mark.parametrize(

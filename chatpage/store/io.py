@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from contextlib import suppress
 from datetime import datetime
@@ -136,7 +137,9 @@ def _to_markdown(session: SessionRow, messages: list[MessageRow]) -> str:
         if not msg.kept or (msg.parent_id is not None and msg.parent_id not in active):
             continue
         active.add(msg.id)
-        lines += ["", f"## {msg.role.capitalize()}", "", msg.content.rstrip("\n")]
+        lines += ["", f"## {msg.role.capitalize()}"]
+        lines += _thinking_lines(msg.metadata) + _tool_lines(msg.metadata)
+        lines += ["", msg.content.rstrip("\n")]
         if msg.status != "done":
             lines += ["", f"*({msg.status})*"]
         if versions[msg.parent_id] > 1:
@@ -145,6 +148,46 @@ def _to_markdown(session: SessionRow, messages: list[MessageRow]) -> str:
                 f"*(1 of {versions[msg.parent_id]} versions; the JSON export has all of them)*",
             ]
     return "\n".join(lines) + "\n"
+
+
+def _thinking_lines(meta: dict[str, Any]) -> list[str]:
+    """A reply's saved thinking, as a quote under a one-line heading."""
+    thought = meta.get("reasoning")
+    if not isinstance(thought, str) or not thought.strip():
+        return []
+    tokens = meta.get("reasoning_tokens")
+    head = f"*Thought for {tokens} tokens:*" if isinstance(tokens, int) else "*Thought:*"
+    return ["", head, ""] + [f"> {line}".rstrip() for line in thought.strip("\n").split("\n")]
+
+
+def _tool_lines(meta: dict[str, Any]) -> list[str]:
+    """A reply's saved tool rounds (recorder's ``tool_steps``): each round's text, then each
+    call with its arguments and result in code blocks."""
+    lines: list[str] = []
+    steps = meta.get("tool_steps")
+    for step in steps if isinstance(steps, list) else []:
+        if not isinstance(step, dict):
+            continue
+        text = step.get("text")
+        if isinstance(text, str) and text.strip():
+            lines += ["", text.strip("\n")]
+        calls = step.get("calls")
+        for call in calls if isinstance(calls, list) else []:
+            if not isinstance(call, dict):
+                continue
+            took = call.get("elapsed_s")
+            timing = f", {took:.2f} s" if isinstance(took, int | float) and took else ""
+            lines += ["", f"**Tool call `{call.get('name')}`** ({call.get('state')}{timing})"]
+            lines += _code(str(call.get("arguments", "")), "json")
+            lines += ["", "Result:"] + _code(str(call.get("result", "")), "text")
+    return lines
+
+
+def _code(text: str, lang: str) -> list[str]:
+    """``text`` as a fenced block whose fence is longer than any run of backticks in it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return ["", f"{fence}{lang}", text.rstrip("\n"), fence]
 
 
 def _parse_export(text: str) -> tuple[dict[str, Any], list[NewMessage]]:
