@@ -1,7 +1,7 @@
 """Thinking in the TUI, over the real engine and a tiny random model whose chat template thinks
 (its generation prompt opens ``<think>``) and has Qwen3's ``enable_thinking`` switch: a reply's
 thinking folds under "thought for N tokens" and opens on alt+t, is saved with the message and
-comes back after a restart, is never sent back to the model, and /think off turns it off;
+comes back after a restart, is never sent back to the model, and /think off turns it off (kept with the chat);
 a model whose template has no switch says so."""
 
 from __future__ import annotations
@@ -93,6 +93,7 @@ async def test_thinking_folds_opens_survives_a_restart_and_is_not_sent_back(
         await ready(pilot, again)
         restored = again.chat.current.entries[1]
         assert (restored.reasoning, restored.reasoning_tokens) == (thought, tokens)
+        assert again.chat.current.thinking is False  # /think off is the chat's, and kept
         views = list(again.chat.session_view(again.chat.current).transcript.query(MessageView))
         assert views[1].thought is not None and views[1].thought.display
 

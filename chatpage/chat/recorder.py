@@ -124,7 +124,7 @@ class Recorder:
                 self.store.rename_session(session.store_id, session.title)
             case SettingsChanged():
                 self.store.update_session(
-                    session.store_id, settings=settings_dict(session.sampling)
+                    session.store_id, settings=settings_dict(session)
                 )
             case Closed():
                 self.store.set_closed(session.store_id, True)
@@ -133,7 +133,7 @@ class Recorder:
     def _chat(self, session: ChatSession) -> int:
         if session.store_id is None:
             session.store_id = self.store.create_session(
-                session.title, session.persona.name, settings_dict(session.sampling)
+                session.title, session.persona.name, settings_dict(session)
             )
         return session.store_id
 
@@ -265,8 +265,12 @@ class Recorder:
 # -- what is saved --------------------------------------------------------------------------------
 
 
-def settings_dict(sampling: SamplingSettings) -> dict[str, float | int | None]:
-    return asdict(sampling)
+def settings_dict(session: ChatSession) -> dict[str, float | int | bool | None]:
+    """A chat's own settings: its sampling, and /think's choice where one was made."""
+    saved: dict[str, float | int | bool | None] = asdict(session.sampling)
+    if session.thinking is not None:
+        saved["thinking"] = session.thinking
+    return saved
 
 
 def user_metadata(entry: Entry) -> dict[str, object]:
@@ -359,6 +363,8 @@ def load_session(
         sampling=sampling_from(row.settings, persona),
         store_id=row.id,
     )
+    thinking = row.settings.get("thinking")
+    session.thinking = thinking if isinstance(thinking, bool) else None
     nodes: dict[int | None, Entry | None] = {None: None}  # a system message stands for its parent
     for m in store.messages(row.id):  # parents come before their children
         if m.parent_id not in nodes:
