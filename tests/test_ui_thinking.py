@@ -1,8 +1,9 @@
 """Thinking in the TUI, over the real engine and a tiny random model whose chat template thinks
 (its generation prompt opens ``<think>``) and has Qwen3's ``enable_thinking`` switch: a reply's
 thinking folds under "thought for N tokens" and opens on alt+t, is saved with the message and
-comes back after a restart, is never sent back to the model, and /think off turns it off (kept with the chat);
-a model whose template has no switch says so."""
+comes back after a restart, is never sent back to the model, and /think off turns it off (kept
+with the chat); each alternative's thinking folds in its pane; a model whose template has no
+switch says so."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from textual.widgets import Static
 from chatpage.chat.chats import Chats
 from chatpage.config.personas import Persona
 from chatpage.ui.text import clean
+from chatpage.ui.widgets.alternatives import AltPane
 from chatpage.ui.widgets.message import MessageView
 from chatpage.ui.widgets.thought import ThoughtFold
 
@@ -120,3 +122,35 @@ def test_a_think_choice_is_dropped_with_a_notice_for_a_model_without_the_switch(
     chats.send(session, "hello")
     assert session.thinking is None and "no thinking switch" in notices[-1]
     assert len(client.submitted) == 1  # the reply was still asked for
+
+
+async def test_each_alternative_shows_its_thinking_folded_and_the_kept_one_keeps_it(
+    tiny_llama_dir, tmp_path
+):
+    model = _thinking_model(tiny_llama_dir, tmp_path)
+    personas = tmp_path / "personas"
+    write_persona(personas, "alpha", max_tokens=10)
+    app = make_app(model, personas)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        session = app.chat.current
+        await send(pilot, "/samples 2")
+        await send(pilot, "Think of two answers.")
+        view = app.chat.session_view(session)
+        await wait_for(pilot, lambda: session.choosing and not session.streaming, "two samples")
+        await pilot.pause(0.3)
+        panes = list(view.query(AltPane))
+        cands = session.generation.candidates
+        assert len(panes) == 2 and all(c.reasoning and c.reasoning_tokens > 0 for c in cands)
+        for pane, cand in zip(panes, cands, strict=True):
+            line = pane.thought.query_one(".thought-line", Static)
+            assert pane.thought.display
+            assert str(line.content) == f"▸ thought for {cand.reasoning_tokens} tokens"
+        await pilot.click(panes[0].thought.query_one(".thought-line"))  # opens it, keeps none
+        body = panes[0].thought.query_one(".thought-body", Static)
+        assert body.display and str(body.content) == clean(cands[0].reasoning.strip())
+        assert session.choosing
+        thought = cands[1].reasoning
+        await pilot.press("2")
+        await pilot.pause()
+        assert session.generation is None and session.entries[-1].reasoning == thought

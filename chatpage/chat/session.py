@@ -263,6 +263,11 @@ class Entry:
     what it wrote after the last)."""
 
     @property
+    def still_thinking(self) -> bool:
+        """It streams and has written only thinking so far."""
+        return self.status == MessageStatus.STREAMING and not self.content
+
+    @property
     def in_context(self) -> bool:
         """Part of the conversation the model sees (failed replies are not)."""
         return self.status != MessageStatus.ERROR
@@ -322,6 +327,11 @@ class Candidate:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def still_thinking(self) -> bool:
+        """It streams and has written only thinking so far."""
+        return not self.finished and not self.text
 
 
 @dataclass

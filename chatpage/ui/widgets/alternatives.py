@@ -17,6 +17,7 @@ from chatpage.engine.client import FinishReason, OutputDelta
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.message import stats_line
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown
+from chatpage.ui.widgets.thought import ThoughtFold
 from chatpage.ui.widgets.throttle import Throttled
 from chatpage.ui.widgets.typing import TypingGoesToTheBox
 
@@ -39,12 +40,14 @@ class AltPane(Throttled, Vertical):
         self.kind = kind
         self.candidate = candidate
         self._title_line = Static(classes="alt-title")
+        self.thought = ThoughtFold(candidate)
         self._body = StreamingMarkdown(candidate.text, classes="alt-body")
         self._foot_line = Static(classes="alt-foot")
         self.redraw()
 
     def compose(self) -> ComposeResult:
         yield self._title_line
+        yield self.thought
         yield self._body
         yield self._foot_line
 
@@ -71,6 +74,7 @@ class AltPane(Throttled, Vertical):
         self.set_class(self.candidate.finished, "-finished")
         self._title_line.update(self._title())
         self._foot_line.update(self._foot())
+        self.thought.draw()
         self._body.draw()
 
     def on_click(self, event: events.Click) -> None:

@@ -1,7 +1,7 @@
-"""ThoughtFold: a reply's thinking, folded under one line ("thought for 212 tokens"; while the
-model thinks, "thinking… 40 tokens", live). A click on the line, or alt+t (the action table's
-``toggle_thinking``), opens or folds it. The thinking is the model's text: shown as plain text,
-its control characters made visible, never as markup."""
+"""ThoughtFold: a reply's (or an alternative's) thinking, folded under one line ("thought for
+212 tokens"; while the model thinks, "thinking… 40 tokens", live). A click on the line, or alt+t
+(the action table's ``toggle_thinking``, for replies), opens or folds it. The thinking is the
+model's text: shown as plain text, its control characters made visible, never as markup."""
 
 from __future__ import annotations
 
@@ -11,22 +11,21 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from chatpage.chat.session import Entry
+from chatpage.chat.session import Candidate, Entry
 from chatpage.ui.text import clean
 
 
-def fold_line(entry: Entry, expanded: bool) -> str:
+def fold_line(entry: Entry | Candidate, expanded: bool) -> str:
     """The one line a reply's thinking folds under."""
     n = entry.reasoning_tokens
     tokens = f"{n} token{'s' if n != 1 else ''}"
-    still = entry.status == "streaming" and not entry.content
     return f"{'▾' if expanded else '▸'} " + (
-        f"thinking… {tokens}" if still else f"thought for {tokens}"
+        f"thinking… {tokens}" if entry.still_thinking else f"thought for {tokens}"
     )
 
 
 class ThoughtFold(Vertical):
-    """The thinking of ``entry`` (hidden while it has none); `draw` after the entry changed."""
+    """The thinking of ``entry`` (hidden while it has none); `draw` after it changed."""
 
     DEFAULT_CSS = """
     ThoughtFold { height: auto; }
@@ -34,7 +33,7 @@ class ThoughtFold(Vertical):
     ThoughtFold .thought-body { color: $text-muted; padding: 0 0 0 2; }
     """
 
-    def __init__(self, entry: Entry) -> None:
+    def __init__(self, entry: Entry | Candidate) -> None:
         super().__init__(classes="thought")
         self.entry = entry
         self.expanded = False
