@@ -49,7 +49,7 @@ class ToolBlock(Vertical):
 
     def redraw(self) -> None:
         run = self.run
-        mark = "▶" if self.collapsed else "▼"
+        mark = "▸" if self.collapsed else "▾"  # as a thought folds
         took = f" · {run.elapsed_s:.2f} s" if run.resolved and run.elapsed_s else ""
         self._head.update(Text(f"{mark} tool {clean(run.name)} · {STATE_NOTES[run.state]}{took}"))
         body = f"arguments: {clean(run.arguments)}"
