@@ -37,6 +37,13 @@ def _thinking_model(tiny_llama_dir, root):
     return model
 
 
+def _thinking_setup(tiny_llama_dir, root):
+    """The thinking model and a persona folder with alpha (10 tokens a reply)."""
+    personas = root / "personas"
+    write_persona(personas, "alpha", max_tokens=10)
+    return _thinking_model(tiny_llama_dir, root), personas
+
+
 def _fold(app) -> ThoughtFold:
     views = list(app.chat.session_view(app.chat.current).transcript.query(MessageView))
     fold = views[-1].thought
@@ -60,9 +67,7 @@ async def _reply(pilot, app, text: str):
 async def test_thinking_folds_opens_survives_a_restart_and_is_not_sent_back(
     tiny_llama_dir, tmp_path
 ):
-    model = _thinking_model(tiny_llama_dir, tmp_path)
-    personas = tmp_path / "personas"
-    write_persona(personas, "alpha", max_tokens=10)
+    model, personas = _thinking_setup(tiny_llama_dir, tmp_path)
     app = make_app(model, personas)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)
@@ -127,9 +132,7 @@ def test_a_think_choice_is_dropped_with_a_notice_for_a_model_without_the_switch(
 async def test_each_alternative_shows_its_thinking_folded_and_the_kept_one_keeps_it(
     tiny_llama_dir, tmp_path
 ):
-    model = _thinking_model(tiny_llama_dir, tmp_path)
-    personas = tmp_path / "personas"
-    write_persona(personas, "alpha", max_tokens=10)
+    model, personas = _thinking_setup(tiny_llama_dir, tmp_path)
     app = make_app(model, personas)
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot, app)

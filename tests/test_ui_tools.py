@@ -62,14 +62,19 @@ def servers(tmp_path: Path) -> tuple[dict[str, McpServerConfig], Path]:
     }, calls
 
 
+async def asked(pilot, app, question: str):
+    """Once the app is ready: ``question`` sent, and its first tool call asked for."""
+    await ready(pilot, app)
+    await send(pilot, question)
+    await wait_for(pilot, lambda: isinstance(app.screen, ToolApproval), "the question")
+    return app.chat.current
+
+
 async def test_a_call_is_asked_for_run_shown_fed_back_and_saved(tiny_llama_dir, tmp_path):
     configs, calls = servers(tmp_path)
     app = make_app(tiny_llama_dir, tool_persona(tmp_path / "personas", "add"), mcp_servers=configs)
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
-        session = app.chat.current
-        await send(pilot, "what is 1 + 2?")
-        await wait_for(pilot, lambda: isinstance(app.screen, ToolApproval), "the question")
+        session = await asked(pilot, app, "what is 1 + 2?")
         assert any("'broken' could not start" in n for n in app.notices)  # and the chat goes on
         run = session.entries[-1].steps[0].runs[0]
         assert run.name == "add" and run.state == "asking" and not calls.exists()
@@ -106,10 +111,7 @@ async def test_a_denied_call_is_not_run_and_a_server_that_dies_is_reported(
     configs, calls = servers(tmp_path)
     app = make_app(tiny_llama_dir, tool_persona(tmp_path / "personas", "add"), mcp_servers=configs)
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
-        session = app.chat.current
-        await send(pilot, "what is 1 + 2?")
-        await wait_for(pilot, lambda: isinstance(app.screen, ToolApproval), "the question")
+        session = await asked(pilot, app, "what is 1 + 2?")
         await pilot.press("n")
         await wait_for(pilot, lambda: not session.streaming, "the answer without the call")
         run = session.entries[-1].steps[0].runs[0]

@@ -286,6 +286,10 @@ class Requests:
         if session.generation is not gen:  # stopped meanwhile
             return
         gen.tools = chat_tools(session.persona, self.tools)
+        self._ask_round(session, gen)
+
+    def _ask_round(self, session: ChatSession, gen: Generation) -> None:
+        """The next round, or the reply fails where its persona's schema does not compile."""
         try:
             params = self._round_params(session, gen)
         except UserError as e:
@@ -383,12 +387,7 @@ class Requests:
         if not all(r.resolved for r in entry.steps[-1].runs):
             return
         gen.tools_busy = False
-        try:
-            params = self._round_params(session, gen)
-        except UserError as e:
-            self._fail_reply(session, gen, str(e))
-            return
-        self._round(session, gen, params)
+        self._ask_round(session, gen)
 
     def _fail_reply(self, session: ChatSession, gen: Generation, why: str) -> None:
         if gen.entry is not None:
