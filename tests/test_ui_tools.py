@@ -66,7 +66,8 @@ async def asked(pilot, app, question: str):
     """Once the app is ready: ``question`` sent, and its first tool call asked for."""
     await ready(pilot, app)
     await send(pilot, question)
-    await wait_for(pilot, lambda: isinstance(app.screen, ToolApproval), "the question")
+    # (its servers start first: two Python processes importing the SDK, slow on a busy machine)
+    await wait_for(pilot, lambda: isinstance(app.screen, ToolApproval), "the question", 90)
     return app.chat.current
 
 
