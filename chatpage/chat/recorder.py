@@ -123,9 +123,7 @@ class Recorder:
             case TitleChanged():
                 self.store.rename_session(session.store_id, session.title)
             case SettingsChanged():
-                self.store.update_session(
-                    session.store_id, settings=settings_dict(session)
-                )
+                self.store.update_session(session.store_id, settings=settings_dict(session))
             case Closed():
                 self.store.set_closed(session.store_id, True)
 
@@ -293,8 +291,7 @@ def reply_metadata(entry: Entry) -> dict[str, object]:
         meta["reasoning_tokens"] = entry.reasoning_tokens
     if entry.steps:  # the assistant's tool_calls and the tool results, round by round
         meta["tool_steps"] = [
-            {"text": step.text, "calls": [asdict(run) for run in step.runs]}
-            for step in entry.steps
+            {"text": step.text, "calls": [asdict(run) for run in step.runs]} for step in entry.steps
         ]
     return meta
 

@@ -287,7 +287,11 @@ class Entry:
         out = []
         for step in self.steps:
             calls = [
-                {"id": r.id, "type": "function", "function": {"name": r.name, "arguments": r.arguments}}
+                {
+                    "id": r.id,
+                    "type": "function",
+                    "function": {"name": r.name, "arguments": r.arguments},
+                }
                 for r in step.runs
             ]
             out.append(Message("assistant", step.text, tool_calls=calls))

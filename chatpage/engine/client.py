@@ -161,7 +161,9 @@ class LocalEngineClient:
         forced = forced_tools(tools or [], tool_choice)
         grammar = self._tool_grammar(forced) if forced else None
         if grammar is not None:
-            params = dataclasses.replace(params, structured=Structured(GrammarKind.GRAMMAR, grammar))
+            params = dataclasses.replace(
+                params, structured=Structured(GrammarKind.GRAMMAR, grammar)
+            )
         switch = self.thinking_switch if thinking is not None else None
         if thinking is not None and switch is None:
             raise ValueError("this model's chat template has no thinking switch")
