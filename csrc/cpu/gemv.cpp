@@ -18,7 +18,10 @@
 // multiplies them with the activations rounded to bf16 (exact products, fp32 sums); the zero
 // point and the 136 the decoding adds come back as sum_g (zero_g - 136 scale_g) * sum(x in g),
 // from group sums taken once per call. int8, bf16 and fp32 weights are widened to fp32 and
-// multiplied with fp32 activations. Without AVX-512 the same layouts run through plain loops.
+// multiplied with fp32 activations. Without AVX-512 the same layouts run in vec.h's eight lanes
+// (AVX2 + FMA, or portable loops) in smaller tiles (16 registers): int4 nibbles widen to fp32
+// levels q, multiplied with the activations rounded to bf16 and held in fp32; each group's sum is
+// scaled into the accumulator, and the zero points come back as (zero - 8 scale) * sum(x in g).
 #include "checks.h"
 #include "cpu/matmul.h"
 #include "cpu/ops_cpu.h"

@@ -195,6 +195,7 @@ inline Vec8 exp8(Vec8 a) {
 
 // Scalar conversion used for tails and single elements.
 inline float to_float(float x) { return x; }
+inline float to_float(int8_t x) { return static_cast<float>(x); }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
 inline float to_float(c10::Half x) { return static_cast<float>(x); }
 
