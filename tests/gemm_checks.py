@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import torch
-from gemv_checks import check_op, run_on_avx2_build
+from gemv_checks import run_on_avx2_build
 
 BF16, F32 = torch.bfloat16, torch.float32
 # rows: below, at and past the 4-row (AVX2: 2-row) tile, with leftovers; outputs: fewer than a

@@ -39,7 +39,8 @@ def weights_of(fmt: str, n: int, k: int) -> tuple[torch.Tensor, ...]:
         case "bf16":
             return (torch.randn(n, k).to(BF16),)
         case "int8":
-            return torch.randint(-127, 128, (n, k), dtype=torch.int8), (torch.rand(n) / 100).to(BF16)
+            q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+            return q, (torch.rand(n) / 100).to(BF16)
     groups = k // gemv.INT4_GROUP
     q = gemv.pack_int4(torch.randint(0, 16, (n, k)))
     return q, (torch.rand(n, groups) / 10).to(BF16), (torch.randn(n, groups) / 10).to(BF16)

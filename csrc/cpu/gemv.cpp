@@ -44,22 +44,25 @@
 namespace chatpage::cpu {
 namespace {
 
-constexpr int kRows = 4;             // weight rows streamed together: fp32, bf16, int8 weights
-                                     // against more than one activation row
 constexpr int kGroup = 32;           // int4 inputs per scale/zero pair
 constexpr int64_t kTaskBytes = 1 << 15;  // weight bytes below which a task is not split further
 #if CHATPAGE_GEMV_AVX512
 // tiles that keep their accumulators, activations and a decoded weight chunk in AVX-512's 32
 // registers
+constexpr int kRows = 4;             // weight rows streamed together: fp32, bf16, int8 weights
+                                     // against more than one activation row
 constexpr int kInt4Rows = 8;         // weight rows streamed together, int4 weights
 constexpr int kDenseTile = 4;        // activation rows per pass, fp32, bf16 and int8 weights
 constexpr int kInt4Tile = 2;         // activation rows per pass, int4 weights
 using Int4Input = uint16_t;          // the int4 kernel's activations: bf16 bits
 #else
-// the same in AVX2's 16 (a 2 x 4 dense tile: 8 accumulators, 2 activation vectors, a weight one)
-constexpr int kInt4Rows = 4;
-constexpr int kDenseTile = 2;
-constexpr int kInt4Tile = 2;
+// the same in AVX2's 16: 4 activation rows by 2 weight rows (8 accumulators; dense: 4
+// activation vectors and a weight one; int4: a group's four vectors of levels), so that up to
+// four rows share one widening of the weights, which costs more than their FMAs here
+constexpr int kRows = 2;
+constexpr int kInt4Rows = 2;
+constexpr int kDenseTile = 4;
+constexpr int kInt4Tile = 4;
 using Int4Input = float;             // fp32, rounded to bf16 first
 #endif
 
@@ -445,7 +448,7 @@ at::Tensor dense_gemv(const at::Tensor& x, const W* w, int64_t n,
   // which the hardware prefetcher follows best (every fp32 matmul of the default model's step,
   // 1 thread, alternating in one process: 6-13% faster than four rows at once, within 5% of a
   // plain reduction over the same tensors).
-  // More activation rows take kRows weight rows at a time, so each activation load serves four.
+  // More activation rows take kRows weight rows at a time, so each activation load serves several.
   if (m == 1) run.template operator()<1>();
   else run.template operator()<kRows>();
   return out;
