@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gemm_checks import CASES, check_case
+from gemm_checks import CASES
+from gemv_checks import check_op
 from kernel_checks import run_avx2_build
 
 from chatpage.engine import ops
@@ -21,7 +22,7 @@ def test_the_kernels_are_loaded():
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
 def test_the_gemms_match_the_reference(case):
-    check_case(*case)
+    check_op("gemm", *case)
 
 
 def test_the_avx2_build_matches_the_reference():

@@ -1,70 +1,35 @@
 """The few-row matmul kernels (csrc/cpu/gemv.cpp) match their torch reference
-(chatpage/engine/gemv.py) on shapes that exercise every tail: output rows not a multiple of the
-kernel's row block, an odd number of int4 groups, inputs not a multiple of 16, activation rows
-beyond one tile, fp32 and bf16 activations, with and without a bias; and make_linear uses them for
-few rows, torch's path or the GEMMs (tests/test_gemm.py) for more, with the same answers."""
+(chatpage/engine/gemv.py) on this machine's build and on an AVX2 build of the same sources
+(``-mno-avx512f``, its own process and cache), on shapes that exercise every tail
+(tests/gemv_checks.py); and make_linear uses them for few rows, torch's path or the GEMMs
+(tests/test_gemm.py) for more, with the same answers."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from gemv_checks import CASES, check_op
+from kernel_checks import run_avx2_build
 
 from chatpage.engine import gemv, ops
 from chatpage.engine.weights import GEMM_ROWS, GEMV_ROWS, make_linear, pack_int4, quantize_int4
 
 LIB = torch.ops.chatpage
 BF16, F32 = torch.bfloat16, torch.float32
-ROWS = [1, 2, 3, 5, 9]  # one row, a full tile, partial tiles and several tiles
-OUTPUTS = [7, 21]  # fewer rows than a block; blocks of four (int4: eight) plus leftovers
-
-
-def _inputs(rows: int, k: int, n: int, dtype: torch.dtype, with_bias: bool):
-    x = torch.randn(rows, k).to(dtype)
-    bias = torch.randn(n) if with_bias else None
-    return x, bias
-
-
-def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
-    assert got.dtype == want.dtype == dtype
-    tol = 1e-2 if dtype == BF16 else 1e-4
-    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
 def test_the_kernels_are_loaded():
     assert ops.available("cpu")
 
 
-@pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("n", OUTPUTS)
-@pytest.mark.parametrize("k", [40, 576])
-@pytest.mark.parametrize("dtype", [F32, BF16])
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_fp32_bf16_and_int8_match_the_reference(rows, n, k, dtype, with_bias):
-    torch.manual_seed(rows * 1000 + n + k)
-    x, bias = _inputs(rows, k, n, dtype, with_bias)
-    w = torch.randn(n, k)
-    _close(LIB.gemv_fp32(x, w, bias), gemv.reference_fp32(x, w, bias), dtype)
-    wb = w.to(BF16)
-    _close(LIB.gemv_bf16(x, wb, bias), gemv.reference_bf16(x, wb, bias), dtype)
-    q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
-    scales = (torch.rand(n) / 100).to(BF16)
-    _close(LIB.gemv_int8(x, q, scales, bias), gemv.reference_int8(x, q, scales, bias), dtype)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_the_gemvs_match_the_reference(case):
+    check_op("gemv", *case)
 
 
-@pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("n", OUTPUTS)
-@pytest.mark.parametrize("groups", [1, 3, 18])
-@pytest.mark.parametrize("dtype", [F32, BF16])
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_int4_matches_the_reference(rows, n, groups, dtype, with_bias):
-    torch.manual_seed(rows * 1000 + n + groups)
-    k = groups * gemv.INT4_GROUP
-    x, bias = _inputs(rows, k, n, dtype, with_bias)
-    q = gemv.pack_int4(torch.randint(0, 16, (n, k)))
-    scales = (torch.rand(n, groups) / 10).to(BF16)
-    zeros = (torch.randn(n, groups) / 10).to(BF16)
-    got = LIB.gemv_int4(x, q, scales, zeros, bias)
-    _close(got, gemv.reference_int4(x, q, scales, zeros, bias), dtype)
+def test_the_avx2_build_matches_the_reference():
+    """The same checks against a build without AVX-512 (vec.h's eight-lane paths)."""
+    assert run_avx2_build("gemv_checks.py")[-2:] == [str(len(CASES)), "passed"]
 
 
 def test_int4_layout_round_trips_and_dequantizes():

@@ -71,6 +71,17 @@ def _cpu_features() -> str:
     return platform.processor() or platform.machine()
 
 
+def vector_isa() -> str:
+    """The vector paths this CPU's build of the kernels takes (``-march=native``): ``"avx512"``
+    (AVX-512 F, BW, VL and BF16: the GEMVs' 16-lane paths), ``"avx2"`` (AVX2 + FMA: vec.h's eight
+    lanes) or ``"portable"``. What the kernels' speed, and so the cut-overs between them
+    (``engine/weights.py``), depend on."""
+    flags = set(_cpu_features().split())
+    if {"avx512f", "avx512bw", "avx512vl", "avx512_bf16"} <= flags:
+        return "avx512"
+    return "avx2" if {"avx2", "fma"} <= flags else "portable"
+
+
 def _first_error_line(text: str) -> str:
     """The most useful single line of a compiler or loader error."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]

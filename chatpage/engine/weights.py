@@ -49,14 +49,38 @@ and int8 GEMM 47 ms against sgemm 65 and int4pack 75. An int8-activation VNNI ke
 4.3x the multiply-adds per second of fp32 FMAs on this core, measured; vdpbf16ps only 0.5x, which
 is why bf16 loses here) is the way past sgemm.
 
+Those figures are AVX-512's (``GEMV_ROWS``/``GEMM_ROWS`` are picked by ``ops.vector_isa()``). On a
+2-core AVX2+FMA EPYC (no AVX-512: the kernels run vec.h's eight lanes, the GEMVs in tiles of 4
+activation rows by 2 weight rows), same step, 1 thread, process time, min of 5 on a loaded
+machine (ms, the 30 layers without the lm_head; 24-64 rows from an earlier run, the GEMVs there
+still in 2 x 4 tiles):
+
+====  ===========  ==================  ==================  ==================
+rows  fp32 GEMV /  bf16 GEMV / torch   int8 GEMV /         int4 GEMV /
+      sgemm        / GEMM              int8pack / GEMM     int4pack / GEMM
+====  ===========  ==================  ==================  ==================
+1     33 / 38      22 / 31 / 38        15 / 29 / 19        15 / 19 / 28
+2     47 / 81      31 / 57 / 36        24 / 31 / 24        17 / 19 / 27
+4     53 / 76      46 / 106 / 56       27 / 42 / 35        28 / 35 / 50
+8     71 / 82      67 / 194 / 70       35 / 69 / 57        53 / 72 / 73
+12    95 / 104     74 / 285 / 67       51 / 93 / 74        80 / 107 / 81
+16    104 / 105    90 / 375 / 124      91 / 117 / 116      108 / 147 / 112
+24    145 / 132    164 / 604 / 150     149 / 205 / 146     169 / 190 / 147
+32    - / 142      - / 796 / 186       - / 249 / 183       - / 218 / 184
+64    - / 273      - / 1416 / 314      - / 468 / 297       - / 499 / 328
+====  ===========  ==================  ==================  ==================
+
+Without AVX-512 torch's bf16 path has no bf16 dot product and its int4/int8 kernels lose to the
+GEMVs at every row count, so there the GEMVs run up to 16 rows (bf16: 8) and the GEMMs beyond.
+
 The quantized torch paths take bf16 activations (with fp32 ones they are 10-20x slower), so a
 quantized model's matmul inputs are bf16 while the residual stream, norms, RoPE, attention and
 the KV cache keep the engine dtype; the GEMVs take either.
 
 int4 is stored in the GEMV's layout, whose nibbles line up with consecutive activations and which
-the GEMM reads too; :func:`make_linear` derives torch's int4pack (for 2-15 rows, and everything
-without the native kernels) from it with byte moves at load, so a pack holds the nibbles once (a
-GGUF's pack stays near the file's size). Only the GEMV's layout counts in :func:`step_bytes`.
+the GEMM reads too; :func:`make_linear` derives torch's int4pack (with AVX-512 for 2-15 rows;
+everything without the native kernels) from it with byte moves at load, so a pack holds the
+nibbles once (a GGUF's pack stays near the file's size). Only the GEMV's layout counts in :func:`step_bytes`.
 """
 
 from __future__ import annotations
@@ -89,16 +113,24 @@ LAYER_LINEARS = ("qkv", "o", "gate_up", "down")
 # 79 -> 28 ms, 4 rows 63 -> 46 ms; from about 8 rows on, x @ W.T is as fast or faster.
 SMALL_BATCH_ROWS = 4
 
-# With the native kernels loaded, matmuls of up to this many rows run through the GEMVs of
-# csrc/cpu/gemv.cpp, more rows through torch's path (measured on the default model's shapes,
-# 1 thread: see the module docstring).
-GEMV_ROWS = {"fp32": 16, "bf16": 4, "int8": 4, "int4": 1}
-
-# With the native kernels loaded, matmuls of at least this many rows run through the tiled GEMMs
-# of csrc/cpu/gemm.cpp (the weights decoded once per call, fp32 FMAs), between the two cut-overs
-# through torch's path (int4: torch's int4pack kernel is faster from 2 to 8 rows; see the module
-# docstring). fp32 keeps MKL's sgemm.
-GEMM_ROWS = {"bf16": 5, "int8": 5, "int4": 16}
+# With the native kernels loaded, matmuls of up to GEMV_ROWS[format] rows run through the GEMVs
+# of csrc/cpu/gemv.cpp, of at least GEMM_ROWS[format] rows through the tiled GEMMs of
+# csrc/cpu/gemm.cpp (the weights decoded once per call, fp32 FMAs), between the two cut-overs
+# through torch's path; fp32 keeps MKL's sgemm past its GEMV. Measured on the default model's
+# shapes, 1 thread, per vector ISA of the build (ops.vector_isa(); see the module docstring):
+# with AVX-512, torch's int4pack kernel is faster from 2 to 15 rows; with AVX2 torch's paths win
+# nowhere and the GEMVs (4 x 2 tiles) run up to 16 rows.
+_CUT_OVERS = {
+    "avx512": (
+        {"fp32": 16, "bf16": 4, "int8": 4, "int4": 1},
+        {"bf16": 5, "int8": 5, "int4": 16},
+    ),
+    "avx2": (
+        {"fp32": 16, "bf16": 8, "int8": 16, "int4": 16},
+        {"bf16": 9, "int8": 17, "int4": 17},
+    ),
+}
+GEMV_ROWS, GEMM_ROWS = _CUT_OVERS.get(ops.vector_isa(), _CUT_OVERS["avx2"])
 
 
 class Gemv:

@@ -134,13 +134,22 @@ inline void decode_int4_group(const uint8_t* src, float scale, float zero, float
   _mm512_storeu_ps(dst, _mm512_fmadd_ps(lo, s, z));
   _mm512_storeu_ps(dst + kGroup / 2, _mm512_fmadd_ps(hi, s, z));
 #else
-  uint8_t bytes[kGroup / 2];  // a copy: stores through dst could alias src otherwise
-  std::memcpy(bytes, src, sizeof(bytes));
-  for (int j = 0; j < kGroup / 2; ++j) {
-    dst[j] = static_cast<float>((bytes[j] & 15) - 8) * scale + zero;
-    dst[j + kGroup / 2] = static_cast<float>((bytes[j] >> 4) - 8) * scale + zero;
+  const Vec8 eight = splat8(8.f), s = splat8(scale), z = splat8(zero);
+  for (int half = 0; half < 2; ++half) {  // bytes 0-7: inputs 0-7 and 16-23; 8-15: 8-15, 24-31
+    Vec8 lo, hi;
+    nibbles8(src + 8 * half, lo, hi);
+    store8(dst + 8 * half, fma8(sub8(lo, eight), s, z));
+    store8(dst + kGroup / 2 + 8 * half, fma8(sub8(hi, eight), s, z));
   }
 #endif
+}
+
+// One weight row widened to k floats (bf16: exactly; int8: the levels, unscaled).
+template <typename W>
+void widen_row(const W* src, int64_t k, float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) store8(dst + i, load8(src + i));
+  for (; i < k; ++i) dst[i] = to_float(src[i]);
 }
 
 // Rows [m_begin, m_end) of y = (x @ W.T) * row_scale(row) + bias: xp holds the fp32 activations
@@ -225,10 +234,8 @@ at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& weight,
               "chatpage::gemm_bf16: weight must be bfloat16");
   const c10::BFloat16* w = weight.data_ptr<c10::BFloat16>();
   const int64_t k = weight.size(1);
-  return tiled_gemm(x, weight.size(0), bias, false, [w, k](int64_t row, float* out) {
-    const c10::BFloat16* src = w + row * k;
-    for (int64_t i = 0; i < k; ++i) out[i] = static_cast<float>(src[i]);
-  }, unscaled);
+  return tiled_gemm(x, weight.size(0), bias, false,
+                    [w, k](int64_t row, float* out) { widen_row(w + row * k, k, out); }, unscaled);
 }
 
 at::Tensor gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
@@ -238,10 +245,10 @@ at::Tensor gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::T
   const int8_t* q = qweight.data_ptr<int8_t>();
   const c10::BFloat16* s = scales.data_ptr<c10::BFloat16>();
   const int64_t k = qweight.size(1);
-  return tiled_gemm(x, qweight.size(0), bias, false, [q, k](int64_t row, float* out) {
-    const int8_t* src = q + row * k;
-    for (int64_t i = 0; i < k; ++i) out[i] = static_cast<float>(src[i]);
-  }, [s](int64_t col) { return static_cast<float>(s[col]); });
+  return tiled_gemm(
+      x, qweight.size(0), bias, false,
+      [q, k](int64_t row, float* out) { widen_row(q + row * k, k, out); },
+      [s](int64_t col) { return static_cast<float>(s[col]); });
 }
 
 at::Tensor gemm_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,

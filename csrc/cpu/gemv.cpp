@@ -18,10 +18,14 @@
 // multiplies them with the activations rounded to bf16 (exact products, fp32 sums); the zero
 // point and the 136 the decoding adds come back as sum_g (zero_g - 136 scale_g) * sum(x in g),
 // from group sums taken once per call. int8, bf16 and fp32 weights are widened to fp32 and
-// multiplied with fp32 activations. Without AVX-512 the same layouts run through plain loops.
+// multiplied with fp32 activations. Without AVX-512 the same layouts run in vec.h's eight lanes
+// (AVX2 + FMA, or portable loops) in smaller tiles (16 registers): int4 nibbles widen to fp32
+// levels q, multiplied with the activations rounded to bf16 and held in fp32; each group's sum is
+// scaled into the accumulator, and the zero points come back as (zero - 8 scale) * sum(x in g).
 #include "checks.h"
 #include "cpu/matmul.h"
 #include "cpu/ops_cpu.h"
+#include "cpu/vec.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -40,28 +44,36 @@
 namespace chatpage::cpu {
 namespace {
 
+constexpr int kGroup = 32;           // int4 inputs per scale/zero pair
+constexpr int64_t kTaskBytes = 1 << 15;  // weight bytes below which a task is not split further
+#if CHATPAGE_GEMV_AVX512
+// tiles that keep their accumulators, activations and a decoded weight chunk in AVX-512's 32
+// registers
 constexpr int kRows = 4;             // weight rows streamed together: fp32, bf16, int8 weights
                                      // against more than one activation row
 constexpr int kInt4Rows = 8;         // weight rows streamed together, int4 weights
-constexpr int kDenseTile = 4;        // activation rows per pass, fp32 and int8 weights
+constexpr int kDenseTile = 4;        // activation rows per pass, fp32, bf16 and int8 weights
 constexpr int kInt4Tile = 2;         // activation rows per pass, int4 weights
-constexpr int kGroup = 32;           // int4 inputs per scale/zero pair
-constexpr int64_t kTaskBytes = 1 << 15;  // weight bytes below which a task is not split further
+using Int4Input = uint16_t;          // the int4 kernel's activations: bf16 bits
+#else
+// the same in AVX2's 16: 4 activation rows by 2 weight rows (8 accumulators; dense: 4
+// activation vectors and a weight one; int4: a group's four vectors of levels), so that up to
+// four rows share one widening of the weights, which costs more than their FMAs here
+constexpr int kRows = 2;
+constexpr int kInt4Rows = 2;
+constexpr int kDenseTile = 4;
+constexpr int kInt4Tile = 4;
+using Int4Input = float;             // fp32, rounded to bf16 first
+#endif
 
-// The int4 kernel's activations, prepared once per call: bf16 in the pair order the kernel reads
-// (per pair of groups: inputs 0-15 of both groups, then 16-31 of both; an odd last group is
-// padded with zeros) and the fp32 sums of each group [M, G].
+// The int4 kernel's activations, prepared once per call, and the fp32 sums of each group [M, G].
+// With AVX-512: bf16 in the pair order the kernel reads (per pair of groups: inputs 0-15 of both
+// groups, then 16-31 of both; an odd last group is padded with zeros). Otherwise: [M, K] fp32,
+// each rounded to bf16 as the reference does.
 struct Activations {
   at::Tensor values;
   at::Tensor group_sums;
 };
-
-float bf16_bits_to_float(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &wide, sizeof(f));
-  return f;
-}
 
 // Calls fn(row_begin, row_end) over the N output rows, split into tasks of whole blocks of Rows
 // rows and at least kTaskBytes.
@@ -74,20 +86,23 @@ void over_rows(int64_t n, int64_t row_bytes, Fn&& fn) {
   });
 }
 
-// Calls kernel.template operator()<T, R>(m0, n0) for every tile of up to `Tile` activation rows
-// and every block of R weight rows in [n_begin, n_end) (R = Rows, then 1 for the leftovers).
+// Calls kernel.template operator()<T, R>(m0, n0) for every block of R weight rows in
+// [n_begin, n_end) (R = Rows, then 1 for the leftovers) and every tile of up to `Tile` activation
+// rows, the tiles of one block one after another (its weights are in L1 by the second).
 template <int Tile, int Rows, typename Kernel>
 void over_tiles(int64_t m, int64_t n_begin, int64_t n_end, Kernel&& kernel) {
-  auto rows = [&]<int T>(int64_t m0) {
-    int64_t n0 = n_begin;
-    for (; n0 + Rows <= n_end; n0 += Rows) kernel.template operator()<T, Rows>(m0, n0);
-    for (; n0 < n_end; ++n0) kernel.template operator()<T, 1>(m0, n0);
+  auto tiles = [&]<int R>(int64_t n0) {
+    int64_t m0 = 0;
+    for (; m0 + Tile <= m; m0 += Tile) kernel.template operator()<Tile, R>(m0, n0);
+    if constexpr (Tile > 3)
+      if (m - m0 == 3) kernel.template operator()<3, R>(m0, n0);
+    if constexpr (Tile > 2)
+      if (m - m0 == 2) kernel.template operator()<2, R>(m0, n0);
+    if (m - m0 == 1) kernel.template operator()<1, R>(m0, n0);
   };
-  int64_t m0 = 0;
-  for (; m0 + Tile <= m; m0 += Tile) rows.template operator()<Tile>(m0);
-  if (m - m0 == 3) rows.template operator()<3>(m0);
-  if (m - m0 == 2) rows.template operator()<2>(m0);
-  if (m - m0 == 1) rows.template operator()<1>(m0);
+  int64_t n0 = n_begin;
+  for (; n0 + Rows <= n_end; n0 += Rows) tiles.template operator()<Rows>(n0);
+  for (; n0 < n_end; ++n0) tiles.template operator()<1>(n0);
 }
 
 // ---- dense weights: fp32 [N, K], or int8 [N, K] with one scale per row ------------------------
@@ -173,14 +188,40 @@ void dense_dots(const W* w, const float* x, int64_t k, int64_t m0, int64_t n0, f
 
 #else
 
+// acc[t][r] += w[n0 + r, i..i+8) * x[m0 + t, i..i+8)
+template <int T, int R, typename W>
+inline void dense_step(const W* w, const float* x, int64_t k, int64_t i, Vec8 (&acc)[T][R]) {
+  Vec8 xv[T];
+  for (int t = 0; t < T; ++t) xv[t] = load8(x + t * k + i);
+  for (int r = 0; r < R; ++r) {
+    const Vec8 wv = load8(w + r * k + i);
+    for (int t = 0; t < T; ++t) acc[t][r] = fma8(wv, xv[t], acc[t][r]);
+  }
+}
+
+// out[t][r] = sum over k of w[n0 + r, k] * x[m0 + t, k], in vec.h's eight lanes (AVX2 + FMA, or
+// portable loops). With fewer than four (t, r) pairs the sums take turns in C sets of
+// accumulators, so that four FMA chains are in flight; the last k % 8 inputs are summed one by
+// one.
 template <int T, int R, typename W>
 void dense_dots(const W* w, const float* x, int64_t k, int64_t m0, int64_t n0, float (*out)[R]) {
+  constexpr int C = T * R >= 4 ? 1 : 4 / (T * R);
+  Vec8 acc[C][T][R];
+  for (int c = 0; c < C; ++c)
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < R; ++r) acc[c][t][r] = zero8();
+  const W* wr = w + n0 * k;
+  const float* xr = x + m0 * k;
+  int64_t i = 0;
+  for (; i + 8 * C <= k; i += 8 * C)
+    for (int c = 0; c < C; ++c) dense_step<T, R>(wr, xr, k, i + 8 * c, acc[c]);
+  for (; i + 8 <= k; i += 8) dense_step<T, R>(wr, xr, k, i, acc[0]);
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) {
-      const W* wr = w + (n0 + r) * k;
-      const float* xr = x + (m0 + t) * k;
-      float s = 0.f;
-      for (int64_t i = 0; i < k; ++i) s += static_cast<float>(wr[i]) * xr[i];
+      Vec8 sum = acc[0][t][r];
+      for (int c = 1; c < C; ++c) sum = add8(sum, acc[c][t][r]);
+      float s = hsum8(sum);
+      for (int64_t j = i; j < k; ++j) s += to_float(wr[r * k + j]) * xr[t * k + j];
       out[t][r] = s;
     }
 }
@@ -280,26 +321,52 @@ void int4_dots(const Int4Weights& wt, const uint16_t* x, const float* sums, int6
 
 #else
 
+// out[t][r] = sum over groups g of scale_g * sum(q * x) + (zero_g - 8 scale_g) * sums_g, for
+// activation rows m0.. (fp32, k per row) and weight rows n0.., in vec.h's eight lanes: the 16
+// bytes of a group widen to four vectors of levels (inputs 0-7, 8-15 from the low nibbles, 16-23,
+// 24-31 from the high ones), decoded once for the T activation rows, and each row's dot with
+// them is scaled into its accumulator.
 template <int T, int R>
-void int4_dots(const Int4Weights& wt, const uint16_t* x, const float* sums, int64_t m0, int64_t n0,
+void int4_dots(const Int4Weights& wt, const float* x, const float* sums, int64_t m0, int64_t n0,
                float (*out)[R]) {
-  const int64_t stride = (wt.groups + 1) / 2 * 64;
+  const int64_t k = wt.k, groups = wt.groups;
+  const float* xr = x + m0 * k;
+  const c10::BFloat16* scales = reinterpret_cast<const c10::BFloat16*>(wt.scales);
+  const c10::BFloat16* zeros = reinterpret_cast<const c10::BFloat16*>(wt.zeros);
+  Vec8 acc[T][R];
+  for (int t = 0; t < T; ++t)
+    for (int r = 0; r < R; ++r) acc[t][r] = zero8();
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* qp = wt.q + (n0 + r) * (k / 2) + g * (kGroup / 2);
+      Vec8 w[4];  // levels of inputs 0-7, 8-15, 16-23, 24-31
+      nibbles8(qp, w[0], w[2]);
+      nibbles8(qp + 8, w[1], w[3]);
+      const Vec8 scale = splat8(to_float(scales[(n0 + r) * groups + g]));
+      for (int t = 0; t < T; ++t) {
+        const float* xg = xr + t * k + g * kGroup;
+        Vec8 d = mul8(w[0], load8(xg));
+        for (int j = 1; j < 4; ++j) d = fma8(w[j], load8(xg + 8 * j), d);
+        acc[t][r] = fma8(d, scale, acc[t][r]);
+      }
+    }
+  }
+  // the zero points, eight groups at a time: (zero - 8 scale) * sum(x) per group
+  const Vec8 eight = splat8(8.f);
+  int64_t g = 0;
+  for (; g + 8 <= groups; g += 8)
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = (n0 + r) * groups + g;
+      const Vec8 z = sub8(load8(zeros + at), mul8(eight, load8(scales + at)));
+      for (int t = 0; t < T; ++t)
+        acc[t][r] = fma8(z, load8(sums + (m0 + t) * groups + g), acc[t][r]);
+    }
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) {
-      const uint8_t* qr = wt.q + (n0 + r) * (wt.k / 2);
-      const uint16_t* xr = x + (m0 + t) * stride;
-      float total = 0.f;
-      for (int64_t g = 0; g < wt.groups; ++g) {
-        const uint16_t* xg = xr + g / 2 * 64 + g % 2 * 16;  // inputs 0-15; 16-31 are 32 further
-        float s = 0.f;
-        for (int j = 0; j < 16; ++j) {
-          const uint8_t b = qr[g * 16 + j];
-          s += static_cast<float>((b & 15) - 8) * bf16_bits_to_float(xg[j]);
-          s += static_cast<float>((b >> 4) - 8) * bf16_bits_to_float(xg[32 + j]);
-        }
-        const int64_t at = (n0 + r) * wt.groups + g;
-        total += bf16_bits_to_float(wt.scales[at]) * s +
-                 bf16_bits_to_float(wt.zeros[at]) * sums[(m0 + t) * wt.groups + g];
+      float total = hsum8(acc[t][r]);
+      for (int64_t j = g; j < groups; ++j) {
+        const int64_t at = (n0 + r) * groups + j;
+        total += (to_float(zeros[at]) - 8.f * to_float(scales[at])) * sums[(m0 + t) * groups + j];
       }
       out[t][r] = total;
     }
@@ -308,6 +375,8 @@ void int4_dots(const Int4Weights& wt, const uint16_t* x, const float* sums, int6
 #endif
 
 // ---- activations and outputs -------------------------------------------------------------------
+
+#if CHATPAGE_GEMV_AVX512
 
 Activations int4_activations(const at::Tensor& x, int64_t groups) {
   const at::Tensor xb = x.to(at::kBFloat16).contiguous();
@@ -324,11 +393,36 @@ Activations int4_activations(const at::Tensor& x, int64_t groups) {
       std::memcpy(lo, in, 16 * sizeof(uint16_t));
       std::memcpy(lo + 32, in + 16, 16 * sizeof(uint16_t));
       float s = 0.f;
-      for (int j = 0; j < kGroup; ++j) s += bf16_bits_to_float(in[j]);
+      for (int j = 0; j < kGroup; ++j)
+        s += static_cast<float>(c10::BFloat16(in[j], c10::BFloat16::from_bits()));
       sum[t * groups + g] = s;
     }
   return {values, sums};
 }
+
+#else
+
+Activations int4_activations(const at::Tensor& x, int64_t groups) {
+  const at::Tensor xb = x.to(at::kBFloat16).contiguous();
+  const int64_t m = x.size(0), k = x.size(1);
+  at::Tensor values = at::empty({m, k}, x.options().dtype(at::kFloat));
+  at::Tensor sums = at::empty({m, groups}, x.options().dtype(at::kFloat));
+  const c10::BFloat16* src = xb.data_ptr<c10::BFloat16>();
+  float* dst = values.data_ptr<float>();
+  float* sum = sums.data_ptr<float>();
+  for (int64_t g = 0; g < m * groups; ++g) {  // k = groups * kGroup: row t's groups follow t - 1's
+    Vec8 s = zero8();
+    for (int j = 0; j < kGroup; j += 8) {
+      const Vec8 v = load8(src + g * kGroup + j);
+      store8(dst + g * kGroup + j, v);
+      s = add8(s, v);
+    }
+    sum[g] = hsum8(s);
+  }
+  return {values, sums};
+}
+
+#endif
 
 // y = (x @ W.T) * row_scale(row) + bias for dense weights W [N, K] (fp32, bf16 or int8), the
 // activations widened to fp32
@@ -354,7 +448,7 @@ at::Tensor dense_gemv(const at::Tensor& x, const W* w, int64_t n,
   // which the hardware prefetcher follows best (every fp32 matmul of the default model's step,
   // 1 thread, alternating in one process: 6-13% faster than four rows at once, within 5% of a
   // plain reduction over the same tensors).
-  // More activation rows take kRows weight rows at a time, so each activation load serves four.
+  // More activation rows take kRows weight rows at a time, so each activation load serves several.
   if (m == 1) run.template operator()<1>();
   else run.template operator()<kRows>();
   return out;
@@ -402,7 +496,7 @@ at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
                        reinterpret_cast<const uint16_t*>(scales.data_ptr<c10::BFloat16>()),
                        reinterpret_cast<const uint16_t*>(zeros.data_ptr<c10::BFloat16>()), k,
                        groups};
-  const uint16_t* xv = reinterpret_cast<const uint16_t*>(act.values.data_ptr<c10::BFloat16>());
+  const Int4Input* xv = static_cast<const Int4Input*>(act.values.data_ptr());
   const float* sums = act.group_sums.data_ptr<float>();
   auto int4_kernel = [&]<int T, int R>(int64_t m0, int64_t n0) {
     float dots[T][R];

@@ -49,6 +49,16 @@ inline Vec8 load8(const c10::Half* p) {
   return {_mm256_load_ps(tmp)};
 }
 #endif
+inline Vec8 load8(const int8_t* p) {
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw))};
+}
+// The 16 nibbles of 8 bytes as floats: lane j of lo is p[j] & 15, of hi p[j] >> 4.
+inline void nibbles8(const uint8_t* p, Vec8& lo, Vec8& hi) {
+  const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  lo = {_mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(15)))};
+  hi = {_mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4))};
+}
 inline void store8(float* p, Vec8 a) { _mm256_storeu_ps(p, a.v); }
 inline Vec8 add8(Vec8 a, Vec8 b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline Vec8 sub8(Vec8 a, Vec8 b) { return {_mm256_sub_ps(a.v, b.v)}; }
@@ -133,6 +143,12 @@ inline Vec8 load8(const T* p) {
   for (int i = 0; i < 8; ++i) r.v[i] = static_cast<float>(p[i]);
   return r;
 }
+inline void nibbles8(const uint8_t* p, Vec8& lo, Vec8& hi) {
+  for (int i = 0; i < 8; ++i) {
+    lo.v[i] = static_cast<float>(p[i] & 15);
+    hi.v[i] = static_cast<float>(p[i] >> 4);
+  }
+}
 inline void store8(float* p, Vec8 a) { std::memcpy(p, a.v, sizeof(a.v)); }
 #define CHATPAGE_LANEWISE(name, expr)        \
   inline Vec8 name(Vec8 a, Vec8 b) {         \
@@ -179,6 +195,7 @@ inline Vec8 exp8(Vec8 a) {
 
 // Scalar conversion used for tails and single elements.
 inline float to_float(float x) { return x; }
+inline float to_float(int8_t x) { return static_cast<float>(x); }
 inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
 inline float to_float(c10::Half x) { return static_cast<float>(x); }
 

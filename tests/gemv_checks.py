@@ -1,0 +1,75 @@
+"""The few-row matmuls (csrc/cpu/gemv.cpp) against their torch references (chatpage/engine/gemv.py),
+shared by tests/test_gemv.py's in-process tests (this machine's build) and its AVX2 build, which
+runs this file as a script in a process of its own (a second kernel library cannot be loaded
+beside the first): ``python tests/gemv_checks.py CACHE_DIR`` builds with ``ops.AVX2_CFLAGS``,
+runs every case and prints how many passed."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+
+from chatpage.engine import gemv, ops
+
+BF16, F32 = torch.bfloat16, torch.float32
+# rows: one row, a full tile (AVX-512: 4, AVX2: 2), partial tiles and several tiles; outputs:
+# fewer rows than a block, blocks of four (int4 with AVX-512: eight) plus leftovers; inputs: not a
+# multiple of 8 or 16 (AVX2's and AVX-512's lanes), the default model's hidden size; int4 groups:
+# one, an odd count (AVX-512 decodes two at a time), more than 16 with leftovers
+ROWS = [1, 2, 3, 5, 9]
+OUTPUTS = [7, 21]
+INPUTS = {"fp32": [45, 576], "bf16": [45, 576], "int8": [45, 576], "int4": [32, 96, 576]}
+CASES = [
+    (fmt, m, n, k, dtype, bias)
+    for fmt in ("fp32", "bf16", "int8", "int4")
+    for m, n, k, dtype, bias in itertools.product(
+        ROWS, OUTPUTS, INPUTS[fmt], (F32, BF16), (False, True)
+    )
+]
+
+
+def weights_of(fmt: str, n: int, k: int) -> tuple[torch.Tensor, ...]:
+    """Random [N, K] weights in ``fmt``, as the kernels and references take them."""
+    match fmt:
+        case "fp32":
+            return (torch.randn(n, k),)
+        case "bf16":
+            return (torch.randn(n, k).to(BF16),)
+        case "int8":
+            q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+            return q, (torch.rand(n) / 100).to(BF16)
+    groups = k // gemv.INT4_GROUP
+    q = gemv.pack_int4(torch.randint(0, 16, (n, k)))
+    return q, (torch.rand(n, groups) / 10).to(BF16), (torch.randn(n, groups) / 10).to(BF16)
+
+
+def check_op(
+    op: str, fmt: str, m: int, n: int, k: int, dtype: torch.dtype, with_bias: bool
+) -> None:
+    """One call of ``<op>_<fmt>`` (op: gemv or gemm) equals its reference (the kernel only sums
+    in another order)."""
+    torch.manual_seed(m * 10_000 + n * 100 + k)
+    x = torch.randn(m, k).to(dtype)
+    bias = torch.randn(n) if with_bias else None
+    weights = weights_of(fmt, n, k)
+    got = getattr(torch.ops.chatpage, f"{op}_{fmt}")(x, *weights, bias)
+    want = getattr(gemv, f"reference_{fmt}")(x, *weights, bias)
+    assert got.dtype == want.dtype == dtype and got.shape == (m, n)
+    tol = 1e-2 if dtype == BF16 else 1e-4
+    torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+
+
+def run_on_avx2_build(op: str, cases: list[tuple], cache_dir: Path) -> None:
+    """Every case of ``op`` against the AVX2 build in ``cache_dir``; prints how many passed."""
+    loader = ops.KernelLoader(cache_dir=cache_dir, cflags=ops.AVX2_CFLAGS)
+    assert loader.load(), loader.status()
+    for case in cases:
+        check_op(op, *case)
+    print(f"{len(cases)} passed")
+
+
+if __name__ == "__main__":
+    run_on_avx2_build("gemv", CASES, Path(sys.argv[1]))
