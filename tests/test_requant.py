@@ -57,3 +57,14 @@ def test_the_engine_on_the_q8_0_file_scores_as_on_the_original(q8_file):
     ours = scores(q8_file, ["fp32", "int8"])
     assert abs(ours["fp32"] / original - 1) <= 0.003, (ours, original)
     assert ours["int8"] / ours["fp32"] - 1 <= quality.GOAL_PPL_DELTA["int8"], ours
+
+
+@pytest.mark.peers
+def test_llamacpps_own_q8_0_file_scores_within_1pct_of_llamacpp():
+    """A file made by llama.cpp's quantizer (from the F16 copy): our perplexity in the file's own
+    precision against llama.cpp's on the same file and tokens (``bench quality``'s comparison)."""
+    path = requant.llamacpp_quantized("Q8_0")
+    row = quality.compare_file(path, ["int8"])
+    assert row["own_format"] == "int8" and row["matrix_types"].keys() == {"Q8_0"}
+    assert abs(row["delta_vs_llamacpp"]["fp32"]) <= 0.01, row
+    assert row["met"], row

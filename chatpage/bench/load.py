@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -27,6 +28,7 @@ from chatpage.bench import common, requant
 
 # Goals of issue 21 for a GGUF (a 0.5B Q4_K_M file on this kind of machine for the seconds).
 GOALS = {"first_load_s": 15.0, "cached_load_s": 2.0, "cache_ratio": 1.3}
+RSS_SLACK = 300_000_000  # the + 300 MB of the host-memory bound
 
 
 def _child(model: str | None, weights: str) -> dict[str, Any]:
@@ -74,6 +76,18 @@ def source_bytes(model: str | None) -> int:
     )
 
 
+def largest_tensor_bytes(model: str | None) -> int | None:
+    """Bytes of the GGUF's largest tensor in fp32 (None for a folder): issue 21's RSS bound is
+    the pack + 4x that + 300 MB."""
+    from chatpage.engine.gguf_file import GGUFFile
+    from chatpage.engine.loader import default_model_path
+
+    path = default_model_path() if model is None else Path(model).expanduser()
+    if not path.is_file():
+        return None
+    return max(4 * math.prod(t.shape) for t in GGUFFile(path).tensors.values())
+
+
 def measure(model: str | None, weights: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="chatpage-bench-load-") as tmp:
         cache = Path(tmp)
@@ -82,6 +96,8 @@ def measure(model: str | None, weights: str) -> dict[str, Any]:
         models = cache / "chatpage" / "models"
         cache_bytes = _bytes(models) if models.is_dir() else 0
     size = source_bytes(model)
+    largest = largest_tensor_bytes(model)
+    bound = None if largest is None else cache_bytes + 4 * largest + RSS_SLACK
     return {
         "weights": weights,
         "first_load_s": first["load_s"],
@@ -94,6 +110,8 @@ def measure(model: str | None, weights: str) -> dict[str, Any]:
         "cache_ratio": cache_bytes / size,
         "first_peak_rss_ratio": first["peak_rss_bytes"] / size,
         "cached_peak_rss_ratio": cached["peak_rss_bytes"] / size,
+        "largest_tensor_fp32_bytes": largest,
+        "rss_bound_bytes": bound,
     }
 
 
@@ -119,13 +137,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from chatpage.engine.loader import default_model_path
 
         model = default_model_path() if args.model is None else Path(args.model).expanduser()
+        try:
+            files = requant.named_files(args.files)
+        except requant.MissingPeer as e:
+            out["files_error"] = str(e)
+            return out
         out["files"] = [
             {
                 "file": f.name,
                 "file_bytes": f.stat().st_size,
                 "results": measure_all(str(f), args.weights),
             }
-            for f in requant.named_files(args.files)
+            for f in files
             if f.resolve() != model.resolve()
         ]
     return out

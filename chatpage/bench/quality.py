@@ -188,9 +188,7 @@ def run(args) -> dict:
         "greedy_tokens": GREEDY_TOKENS,
         "formats": rows,
     }
-    if not llamacpp.available():
-        if args.files:
-            raise SystemExit("chatpage: error: --files compares with llama.cpp: " + MISSING)
+    if not llamacpp.available():  # --files too compare with llama.cpp
         out["llamacpp_error"] = MISSING
         return out
     if loaded.gguf is not None:
