@@ -42,10 +42,14 @@ lint: setup
 	$(BIN)/lint-imports
 	$(BIN)/mypy
 
-# All benchmarks on the default model (about 20 min on 2 cores); writes docs/benchmarks.md and
+# All benchmarks on the default model (about 45 min on a busy 2-core machine); writes docs/benchmarks.md and
 # docs/bench-*.png. One benchmark: `.venv/bin/chatpage bench NAME --json` (see docs/benchmarks.md).
+# llama-cpp-python (built from source the first time, about 7 min): single and quality compare
+# with llama.cpp, and quality and load measure files made by llama.cpp's quantizer.
 bench: setup
 	$(BIN)/pip install -q -e '.[bench]'
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || \
+		CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install llama-cpp-python
 	$(BIN)/python -m chatpage.bench.report docs/benchmarks.md
 
 # Throughput against llama.cpp too (builds llama-cpp-python from source first, about 7 min),

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from chatpage.bench import report_single
+from chatpage.bench import report_files, report_single
 
 # One torch thread and the CPU-time clock (bench/common.now): on a shared 2-core machine, two
 # OpenMP threads collapse whenever another process runs, and wall times swing by 2-10x.
@@ -40,15 +40,25 @@ ORDER = (
     "startup",
     "throughput",
     "memory",
+    "windows",
     "serve",
     "prefix",
     "sharing",
     "structured",
     "soak",
     "kernel",
+    "load",
 )
 # Arguments of one benchmark only (the TUI bench: one chat, long enough to outlast the keys).
-BENCH_ARGS = {"ui": ["--sessions", "1", "--max-tokens", "1500"]}
+BENCH_ARGS = {
+    "ui": ["--sessions", "1", "--max-tokens", "1500"],
+    # against llama.cpp on the default model's re-quantizations too, and load each of them and
+    # the 0.5B-shaped file (bench/requant.py; where llama-cpp-python is missing both say so)
+    "quality": ["--files", "requant"],
+    "load": ["--files", "requant,qwen05"],
+}
+# The benchmarks that take none of --bench-args (kernel times its own threads; windows runs no model)
+OWN_ARGS = ("kernel", "windows")
 PLOTTED = ("throughput", "memory", "serve", "prefix", "sharing")
 
 
@@ -228,6 +238,7 @@ def goals(results: dict) -> list[dict]:
         ):
             add("soak", what, k[key], "0", k[key] == 0, why)
             why = "the same run"
+    report_files.goals(results, add)
     return rows
 
 
@@ -363,8 +374,13 @@ def _section(name: str, entry: dict, report_dir: Path) -> list[str]:
 
 
 def _figures(name: str, r: dict) -> list[str]:
-    if name in ("single", "quality", "ui", "startup"):
+    if name == "quality":
+        files = report_files.figures(name, r, _table)
+        return report_single.figures(name, r, _table) + ([""] + files if files else [])
+    if name in ("single", "ui", "startup"):
         return report_single.figures(name, r, _table)
+    if name in ("load", "windows"):
+        return report_files.figures(name, r, _table)
     if name == "throughput":
         rows = [
             ["chatpage", r["chatpage_tok_s"], r["chatpage_mean_batch"]],
@@ -602,7 +618,7 @@ GPU_NOTE = (
 
 
 def _setting(bench_args: str) -> str:
-    text = f"Every benchmark but kernel ran with `{bench_args or '(no arguments)'}`"
+    text = f"Every benchmark but kernel and windows ran with `{bench_args or '(no arguments)'}`"
     if "--threads 1" in bench_args:
         text += (
             ": on a shared 2-core machine two OpenMP threads collapse whenever another "
@@ -699,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--bench-args",
         default=DEFAULT_BENCH_ARGS,
-        help="arguments for every benchmark but kernel (default %(default)r)",
+        help="arguments for every benchmark but kernel and windows (default %(default)r)",
     )
     args = p.parse_args(argv)
     runs: dict = {}
@@ -719,7 +735,7 @@ def main(argv: list[str] | None = None) -> int:
     plot_dir = args.report.parent
     plot_dir.mkdir(parents=True, exist_ok=True)
     for name in names:
-        runs[name] = run_one(name, plot_dir, extra if name != "kernel" else [])
+        runs[name] = run_one(name, plot_dir, extra if name not in OWN_ARGS else [])
     if names or machine is None:
         machine = _machine()
     total = sum(e["seconds"] for e in runs.values())
