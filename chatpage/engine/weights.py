@@ -395,14 +395,16 @@ def make_linear(
         k = q.shape[1]
     elif name + ".q4" in packed:
         q4, scales, zeros = (packed[name + x] for x in (".q4", ".scales", ".zeros"))
-        p = _aligned(torch_int4pack(q4), device)  # torch's layout, [K/32, N, 2] scales
-        sz = _aligned(torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous(), device)
-        fn = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, p, INT4_GROUP, sz)  # noqa: E731
+        k = q4.shape[1] * 2
         if native:  # the GEMV's own layout, which the GEMM reads too
             parts = tuple(t.to(device) for t in (q4, scales, zeros))
             gemv = Gemv(lib.gemv_int4, parts, bias, GEMV_ROWS["int4"])
             gemm = Gemv(lib.gemm_int4, parts, bias, GEMM_ROWS["int4"])
-        k = p.shape[1] * 2
+            if gemm.rows <= gemv.rows + 1:  # no row count reaches torch's kernel: no copy for it
+                return Linear(_by_rows(gemv, gemm, gemm), k, gemv)
+        p = _aligned(torch_int4pack(q4), device)  # torch's layout, [K/32, N, 2] scales
+        sz = _aligned(torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous(), device)
+        fn = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, p, INT4_GROUP, sz)  # noqa: E731
     else:
         w = packed[name + ".weight"].to(device).contiguous()
         bias = None if bias is None else bias.to(w.dtype)
