@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import torch
 
-from chatpage.engine import EngineConfig, LLMEngine
+from chatpage.engine import EngineConfig, LLMEngine, ops
 from chatpage.engine.device import DeviceError, probe_cuda, resolve_device
 from chatpage.engine.kv_cache import bytes_per_block
 from chatpage.engine.loader import LoadedModel, load_model
@@ -171,6 +171,7 @@ def model_info(loaded: LoadedModel) -> dict:
         "threads": torch.get_num_threads(),
         "dtype": "float32",
         "clock": clock_name(),
+        "isa": ops.vector_isa(),  # the kernels' vector paths: the figures depend on them
     }
 
 

@@ -602,8 +602,10 @@ def _machine() -> str:
             cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    from chatpage.engine import ops
+
     return (
-        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{cpu} ({ops.vector_isa()} kernels), {os.cpu_count()} cores, torch {torch.__version__}, "
         f"transformers {transformers.__version__}, Python {platform.python_version()}"
     )
 
