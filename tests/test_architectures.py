@@ -285,7 +285,22 @@ def test_greedy_output_equals_transformers(kind, tokenizer_dir, tmp_path):
 # -- the same models as GGUF files, written as llama.cpp's converter writes them ----------------
 # (Phi-3 is left out: on such a file, with its long-RoPE factors and attention factor written,
 # llama.cpp's own greedy tokens differ from transformers', so the file format is not pinned down)
-GGUF_ARCH = {"qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3": "GEMMA3"}
+# (Mistral and Ministral files are llama files, their window and which layers slide in metadata)
+GGUF_ARCH = {
+    "qwen3": "QWEN3",
+    "gemma2": "GEMMA2",
+    "gemma3": "GEMMA3",
+    "mistral": "LLAMA",
+    "ministral": "LLAMA",
+}
+
+
+def _llama_cpp_order(w, heads: int):
+    """llama.cpp's converter's Q/K row order for its llama files (each head's rotary halves
+    interleaved)."""
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
 
 
 def _write_gguf(kind: str, hf, path, tokenizer) -> None:
@@ -310,6 +325,8 @@ def _write_gguf(kind: str, hf, path, tokenizer) -> None:
     w.add_rope_freq_base(rope["rope_theta"])
     if getattr(c, "sliding_window", None):
         w.add_sliding_window(c.sliding_window)
+    if kind == "ministral":
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in c.layer_types])
     if kind == "gemma2":
         w.add_attn_logit_softcapping(c.attn_logit_softcapping)
         w.add_final_logit_softcapping(c.final_logit_softcapping)
@@ -330,6 +347,9 @@ def _write_gguf(kind: str, hf, path, tokenizer) -> None:
         data = t.float().numpy()
         if kind.startswith("gemma") and name.endswith("norm.weight"):
             data = data + 1
+        if GGUF_ARCH[kind] == "LLAMA" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
+            data = _llama_cpp_order(data, heads)
         w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), data)
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -117,13 +117,36 @@ def gguf_config(gf: GGUFFile) -> ModelShape:
     )
     base = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
     if arch in ("llama", "qwen2"):
+        # Mistral and Ministral files are llama files; where the converter writes a window (and
+        # which layers slide), the layers keep it
+        window = int(meta.get(f"{arch}.attention.sliding_window", 0))
         return ModelConfig(
             model_type=ARCHITECTURES[arch],
             rope_parameters={"rope_type": "default", "rope_theta": base},
             head_dim=head_dim,
+            sliding_window=window or None,
+            layer_types=_layer_types(meta, arch, fields["num_hidden_layers"]) if window else None,
             **fields,
         )
     return _transformers_config(gf, arch, fields, base, head_dim)
+
+
+def _layer_types(
+    meta: dict[str, Any], arch: str, n: int, period: int | None = None
+) -> tuple[str, ...]:
+    """Each layer's attention kind from ``{arch}.attention.sliding_window_pattern``: a list of
+    flags (true: the layer slides), or a period (every period-th layer is full: Gemma 3's 6, the
+    default ``period``); without either, every layer slides."""
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", period)
+    if isinstance(pattern, list):
+        if len(pattern) != n:
+            raise GGUFError(
+                f"{arch}.attention.sliding_window_pattern has {len(pattern)} entries for {n} layers"
+            )
+        sliding = [bool(x) for x in pattern]
+    else:
+        sliding = [not pattern or bool((i + 1) % int(pattern)) for i in range(n)]
+    return tuple("sliding_attention" if s else "full_attention" for s in sliding)
 
 
 def _transformers_config(
@@ -155,19 +178,12 @@ def _transformers_config(
     )
     if arch == "gemma2":
         return transformers.Gemma2Config(rope_parameters=rope, **gemma)
-    pattern = meta.get("gemma3.attention.sliding_window_pattern", 6)
-    n = fields["num_hidden_layers"]
-    sliding = (
-        [bool(x) for x in pattern]
-        if isinstance(pattern, list)
-        else [bool((i + 1) % int(pattern)) for i in range(n)]
-    )
     full = dict(rope)
     if meta.get("gemma3.rope.scaling.type", "none") == "linear":
         full.update(rope_type="linear", factor=float(meta["gemma3.rope.scaling.factor"]))
     local = float(meta.get("gemma3.rope.freq_base_swa", 10000.0))
     return transformers.Gemma3TextConfig(
-        layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+        layer_types=list(_layer_types(meta, arch, fields["num_hidden_layers"], 6)),
         rope_parameters={
             "full_attention": full,
             "sliding_attention": {"rope_type": "default", "rope_theta": local},
