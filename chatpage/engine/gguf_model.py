@@ -25,6 +25,7 @@ ARCHITECTURES = {
     "qwen3": "qwen3",
     "gemma2": "gemma2",
     "gemma3": "gemma3_text",
+    "phi3": "phi3",
 }
 GEMMA = ("gemma2", "gemma3")
 
@@ -54,6 +55,16 @@ _GEMMA_LAYER = {
     "pre_feedforward_layernorm": "ffn_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
 }
+# Phi-3's fused QKV and gate+up (llama.cpp's ffn_up holds both, the gate first, as HF's does)
+_PHI3_LAYER = {
+    "self_attn.qkv_proj": "attn_qkv",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+_LAYER_NAMES = {"gemma2": _GEMMA_LAYER, "gemma3": _GEMMA_LAYER, "phi3": _PHI3_LAYER}
 
 
 def gguf_name(hf_name: str, arch: str = "llama") -> str | None:
@@ -63,7 +74,7 @@ def gguf_name(hf_name: str, arch: str = "llama") -> str | None:
         return _GLOBAL[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
     module, _, kind = rest.rpartition(".")
-    names = _GEMMA_LAYER if arch in GEMMA else _LAYER
+    names = _LAYER_NAMES.get(arch, _LAYER)
     return f"blk.{layer}.{names[module]}.{kind}" if module in names else None
 
 
@@ -96,7 +107,7 @@ def gguf_config(gf: GGUFFile) -> ModelShape:
     hidden = int(_field(meta, f"{arch}.embedding_length", path))
     head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
     rope_dim = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
+    if rope_dim != head_dim and arch != "phi3":
         raise GGUFError(f"{path.name}: partial rotary embeddings are not supported yet")
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = meta.get(f"{arch}.vocab_size", len(tokens) if isinstance(tokens, list) else None)
@@ -162,6 +173,8 @@ def _transformers_config(
     rope = {"rope_type": "default", "rope_theta": base}
     if arch == "qwen3":
         return transformers.Qwen3Config(head_dim=head_dim, rope_parameters=rope, **fields)
+    if arch == "phi3":
+        return _phi3_config(gf, fields, rope, head_dim)
     # Gemma 2 and 3. llama.cpp: the 27B models scale queries by hidden / heads, the others by
     # head_dim
     big = fields["num_hidden_layers"] == {"gemma2": 46, "gemma3": 62}[arch]
@@ -189,6 +202,45 @@ def _transformers_config(
             "sliding_attention": {"rope_type": "default", "rope_theta": local},
         },
         **gemma,
+    )
+
+
+def _phi3_config(
+    gf: GGUFFile, fields: dict[str, Any], rope: dict[str, Any], head_dim: int
+) -> ModelShape:
+    """The Phi3Config of a Phi-3 / Phi-4-mini file: partial rotary embeddings from the rotary
+    dimension, the window (0: none, Phi-4), and LongRoPE from the factor tensors llama.cpp's
+    converter writes (``rope_factors_long`` / ``_short``, run as transformers runs them: the
+    short factors below the original context, the long ones from there on)."""
+    import transformers
+
+    meta = gf.metadata
+    orig = int(
+        meta.get("phi3.rope.scaling.original_context_length", fields["max_position_embeddings"])
+    )
+    factors = {k: f"rope_factors_{k}.weight" for k in ("long", "short")}
+    present = [k for k, name in factors.items() if name in gf.tensors]
+    if len(present) == 1:
+        raise GGUFError(f"{gf.path.name} has rope_factors_{present[0]} without its pair")
+    if present:
+        rope = {
+            **rope,
+            "rope_type": "longrope",
+            "long_factor": gf.dequantize(factors["long"]).tolist(),
+            "short_factor": gf.dequantize(factors["short"]).tolist(),
+            "original_max_position_embeddings": orig,
+        }
+        attn = meta.get("phi3.rope.scaling.attn_factor")
+        if attn:
+            rope["attention_factor"] = float(attn)
+    rope_dim = int(meta.get("phi3.rope.dimension_count", head_dim))
+    return transformers.Phi3Config(
+        head_dim=head_dim,
+        partial_rotary_factor=rope_dim / head_dim,
+        sliding_window=int(meta.get("phi3.attention.sliding_window", 0)) or None,
+        original_max_position_embeddings=orig,
+        rope_parameters=rope,
+        **fields,
     )
 
 
