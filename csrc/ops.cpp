@@ -36,6 +36,9 @@ TORCH_LIBRARY(chatpage, m) {
   m.def("gemm_bf16(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("gemm_int8(Tensor x, Tensor qweight, Tensor scales, Tensor? bias) -> Tensor");
   m.def("gemm_int4(Tensor x, Tensor q, Tensor scales, Tensor zeros, Tensor? bias) -> Tensor");
+  // A GGUF tensor's blocks of ggml type type_id dequantized into out (fp32, blocks' values in
+  // order; chatpage/engine/dequant.py is the reference). CPU only.
+  m.def("dequantize_gguf(Tensor blocks, int type_id, Tensor(a!) out) -> ()");
   // A few-row step's decoder layers in one call (LlamaModel._python_layers is its reference);
   // returns the last layer's MLP output, which the final norm adds to hidden; windows: each
   // layer's sliding window (0: full attention). CPU only.
@@ -63,4 +66,5 @@ TORCH_LIBRARY_IMPL(chatpage, CPU, m) {
   m.impl("gemm_int8", &chatpage::cpu::gemm_int8);
   m.impl("gemm_int4", &chatpage::cpu::gemm_int4);
   m.impl("decode_layers", &chatpage::cpu::decode_layers);
+  m.impl("dequantize_gguf", &chatpage::cpu::dequantize_gguf);
 }

@@ -63,4 +63,7 @@ at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
                          const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const at::Tensor& act, const at::Tensor& attn_out);
 
+// csrc/cpu/dequant.cpp: a GGUF tensor's blocks of ggml type type_id -> fp32 out
+void dequantize_gguf(const at::Tensor& blocks, int64_t type_id, const at::Tensor& out);
+
 }  // namespace chatpage::cpu
