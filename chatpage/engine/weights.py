@@ -260,6 +260,35 @@ def quantize_int4(
     return q.to(torch.int32).view(n, k), scale, zero
 
 
+def _native_quantize(w: torch.Tensor) -> bool:
+    """Whether ``w`` is quantized by the native kernels (``csrc/cpu/quantize.cpp``: one pass,
+    the same bytes as :func:`quantize_int8` and :func:`quantize_int4` + ``gemv.pack_int4``)."""
+    return w.dtype == torch.float32 and w.device.type == "cpu" and ops.available(w.device)
+
+
+def int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_int8` of ``w``, natively where it can be."""
+    if not _native_quantize(w):
+        return quantize_int8(w)
+    q = torch.empty(w.shape, dtype=torch.int8)
+    s = torch.empty(w.shape[0], dtype=torch.bfloat16)
+    torch.ops.chatpage.quantize_int8(w.contiguous(), q, s)
+    return q, s
+
+
+def int4_packed(w: torch.Tensor, name: str) -> dict[str, torch.Tensor]:
+    """``w`` stored as int4 under ``name`` (:func:`quantize_int4` + :func:`pack_int4`), natively
+    where it can be."""
+    n, k = w.shape
+    if not _native_quantize(w) or k % INT4_GROUP:
+        return pack_int4(*quantize_int4(w), name)
+    q4 = torch.empty(n, k // 2, dtype=torch.uint8)
+    scales = torch.empty(n, k // INT4_GROUP, dtype=torch.bfloat16)
+    zeros = torch.empty_like(scales)
+    torch.ops.chatpage.quantize_int4(w.contiguous(), q4, scales, zeros)
+    return {name + ".q4": q4, name + ".scales": scales, name + ".zeros": zeros}
+
+
 def pack_int4(
     levels: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, name: str
 ) -> dict[str, torch.Tensor]:
@@ -289,15 +318,15 @@ def pack_tensor(
             return pack_tensor("lm_head.weight", w, weights, tied, dtype)
         if weights == "bf16":
             return {name: w.to(torch.bfloat16).contiguous()}
-        q, s = quantize_int8(w)
+        q, s = int8_rows(w)
         return {"embed.qweight": q, "embed.scales": s}
     if kind != "weight" or not (prefix == "lm_head" or prefix.rpartition(".")[2] in LAYER_LINEARS):
         return {name: w.to(dtype).contiguous()}
     if weights == "int8" or (weights == "int4" and prefix == "lm_head"):
-        q, s = quantize_int8(w)
+        q, s = int8_rows(w)
         return {prefix + ".qweight": q, prefix + ".scales": s}
     if weights == "int4":
-        return pack_int4(*quantize_int4(w), prefix)
+        return int4_packed(w, prefix)
     return {name: w.to(torch.bfloat16 if weights == "bf16" else dtype).contiguous()}
 
 
