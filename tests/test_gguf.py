@@ -15,6 +15,7 @@ import torch
 
 from chatpage.engine.gguf_file import TENSOR_TYPES, GGUFFile
 from chatpage.engine.loader import ModelLoadError, default_model_path, gguf_cache_dir, load_model
+from chatpage.engine.weights import quantize_int8
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
@@ -163,6 +164,11 @@ def test_a_llama_files_q_and_k_rows_come_back_in_hf_order(tmp_path):
     d = HIDDEN // HEADS
     assert torch.equal(q[0], stored[0]) and torch.equal(q[d // 2], stored[1])
     assert torch.equal(q[1], stored[2]) and torch.equal(q[d + d // 2], stored[d + 1])
+    # packed, the fused QKV is dequantized straight into its rows, in the same order
+    state = load_model(path, progress=lambda _m: None).state
+    qkv = torch.cat([state[f"model.layers.0.self_attn.{x}_proj.weight"] for x in "qkv"])
+    packed = load_model(path, progress=lambda _m: None, weights="int8").state
+    assert torch.equal(packed["layers.0.qkv.qweight"], quantize_int8(qkv)[0])
 
 
 PROBE = """

@@ -262,16 +262,29 @@ class GGUFSource:
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and gguf_name(name, self.arch) in self.gf.tensors
 
-    def load(self, name: str) -> torch.Tensor:
+    def load(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """HF tensor ``name`` in fp32 (into ``out``, of its shape, when given)."""
         tensor = gguf_name(name, self.arch)
         if tensor is None:
             raise KeyError(name)
-        w = self.gf.dequantize(tensor)
+        w = self.gf.dequantize(tensor, out)
         if self.arch in GEMMA and name.endswith("norm.weight"):
-            return w - 1  # llama.cpp's converter stores Gemma's norms as the 1 + w they apply
+            return w.sub_(1)  # llama.cpp's converter stores Gemma's norms as the 1 + w they apply
+        heads = None
         if self.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            return _unpermute(w, self.config.num_attention_heads)
+            heads = self.config.num_attention_heads
         if self.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             heads = getattr(self.config, "num_key_value_heads", None)
-            return _unpermute(w, heads or self.config.num_attention_heads)
-        return w
+            heads = heads or self.config.num_attention_heads
+        return w if heads is None else w.copy_(_unpermute(w, heads))
+
+    def load_fused(self, names: tuple[str, ...]) -> torch.Tensor:
+        """The tensors ``names`` concatenated along their rows, each dequantized straight into
+        its rows of the result."""
+        shapes = [self.gf.tensors[gguf_name(n, self.arch) or n].shape for n in names]
+        out = torch.empty(sum(s[0] for s in shapes), *shapes[0][1:])
+        at = 0
+        for name, shape in zip(names, shapes, strict=True):
+            self.load(name, out[at : at + shape[0]])
+            at += shape[0]
+        return out

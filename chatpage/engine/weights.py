@@ -156,6 +156,11 @@ class TensorSource(Protocol):
 
     def load(self, name: str) -> torch.Tensor: ...
 
+    def load_fused(self, names: tuple[str, ...]) -> torch.Tensor:
+        """The tensors ``names`` concatenated along their first dimension (one matrix of the
+        model's own layout: QKV, gate+up)."""
+        ...
+
 
 class StateSource:
     """A :class:`TensorSource` over a dict of HF-named tensors (each handed out once)."""
@@ -168,6 +173,9 @@ class StateSource:
 
     def load(self, name: str) -> torch.Tensor:
         return self.state.pop(name)
+
+    def load_fused(self, names: tuple[str, ...]) -> torch.Tensor:
+        return self.load(names[0]) if len(names) == 1 else torch.cat([self.load(n) for n in names])
 
 
 def fused_layout(config: Any, source: TensorSource) -> list[tuple[str, tuple[str, ...]]]:
@@ -214,10 +222,6 @@ def fused_layout(config: Any, source: TensorSource) -> list[tuple[str, tuple[str
     return out
 
 
-def _fused(source: TensorSource, parts: tuple[str, ...]) -> torch.Tensor:
-    return source.load(parts[0]) if len(parts) == 1 else torch.cat([source.load(n) for n in parts])
-
-
 def read_state(config: Any, source: TensorSource) -> dict[str, torch.Tensor]:
     """Every tensor of ``source`` the model uses, by HF name."""
     return {n: source.load(n) for _, parts in fused_layout(config, source) for n in parts}
@@ -228,7 +232,7 @@ def fuse_state(config: Any, state: MutableMapping[str, torch.Tensor]) -> dict[st
     ``state`` (a dict, or a checkpoint streamed tensor by tensor: ``engine/stream.py``;
     :func:`fused_layout`), on the tensors' device."""
     source = StateSource(state)
-    return {name: _fused(source, parts) for name, parts in fused_layout(config, source)}
+    return {name: source.load_fused(parts) for name, parts in fused_layout(config, source)}
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -339,7 +343,7 @@ def pack_source(
     tied = "lm_head.weight" not in source
     out: dict[str, torch.Tensor] = {}
     for name, parts in fused_layout(config, source):
-        out.update(pack_tensor(name, _fused(source, parts), weights, tied, dtype))
+        out.update(pack_tensor(name, source.load_fused(parts), weights, tied, dtype))
     out["format." + weights] = torch.zeros(0)
     return out
 
