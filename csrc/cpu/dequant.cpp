@@ -215,7 +215,9 @@ void dequantize_gguf(const at::Tensor& blocks, int64_t type_id, const at::Tensor
               out.numel(), " values");
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
-  const int64_t grain = t.values == 1 ? 1 << 16 : (1 << 16) / t.values;
+  // a thread per million values at most: a small tensor in one thread, since on a busy machine
+  // every parallel region waits for its slowest thread to be scheduled
+  const int64_t grain = (int64_t{1} << 20) / t.values;
   at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) t.block(src + i * t.bytes, dst + i * t.values);
   });

@@ -22,6 +22,8 @@ namespace {
 
 constexpr int64_t GROUP = 32;  // weights.INT4_GROUP
 constexpr int64_t HALF = GROUP / 2;
+// a thread per million weights at most (as in csrc/cpu/dequant.cpp)
+constexpr int64_t GRAIN = int64_t{1} << 20;
 
 void check_weight(const at::Tensor& w, const char* op) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kFloat && w.is_contiguous() &&
@@ -52,7 +54,7 @@ void quantize_int4(const at::Tensor& w, const at::Tensor& q4, const at::Tensor& 
   uint8_t* dst = q4.data_ptr<uint8_t>();
   auto* sc = scales.data_ptr<at::BFloat16>();
   auto* zr = zeros.data_ptr<at::BFloat16>();
-  at::parallel_for(0, n * groups, std::max<int64_t>(1, 4096 / GROUP), [&](int64_t b, int64_t e) {
+  at::parallel_for(0, n * groups, GRAIN / GROUP, [&](int64_t b, int64_t e) {
     for (int64_t g = b; g < e; ++g) {
       const float* x = src + g * GROUP;
       float lo = x[0], hi = x[0];
@@ -84,7 +86,7 @@ void quantize_int8(const at::Tensor& w, const at::Tensor& q, const at::Tensor& s
   const float* src = w.data_ptr<float>();
   int8_t* dst = q.data_ptr<int8_t>();
   auto* sc = scales.data_ptr<at::BFloat16>();
-  at::parallel_for(0, n, std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1)),
+  at::parallel_for(0, n, std::max<int64_t>(1, GRAIN / std::max<int64_t>(k, 1)),
                    [&](int64_t b, int64_t e) {
                      for (int64_t r = b; r < e; ++r) {
                        const float* x = src + r * k;
