@@ -37,8 +37,11 @@ TORCH_LIBRARY(chatpage, m) {
   m.def("gemm_int8(Tensor x, Tensor qweight, Tensor scales, Tensor? bias) -> Tensor");
   m.def("gemm_int4(Tensor x, Tensor q, Tensor scales, Tensor zeros, Tensor? bias) -> Tensor");
   // A GGUF tensor's blocks of ggml type type_id dequantized into out (fp32, blocks' values in
-  // order; chatpage/engine/dequant.py is the reference). CPU only.
-  m.def("dequantize_gguf(Tensor blocks, int type_id, Tensor(a!) out) -> ()");
+  // order, or row i from the file's row row_order[i]; chatpage/engine/dequant.py is the
+  // reference). CPU only.
+  m.def(
+      "dequantize_gguf(Tensor blocks, int type_id, Tensor(a!) out, Tensor? row_order=None) "
+      "-> ()");
   // fp32 weights packed as int4 (the GEMV's layout) and int8 (chatpage/engine/weights.py's
   // quantize_int4 + gemv.pack_int4 and quantize_int8 are the references). CPU only.
   m.def("quantize_int4(Tensor w, Tensor(a!) q4, Tensor(b!) scales, Tensor(c!) zeros) -> ()");

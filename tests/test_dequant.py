@@ -59,3 +59,15 @@ def test_each_type_dequantizes_bit_exactly_as_gguf_quants(type_id, path):
     assert np.isfinite(want).all() and got.dtype == torch.float32
     assert got.numel() == want.size
     assert np.array_equal(got.reshape(want.shape).numpy().view(np.int32), want.view(np.int32))
+
+
+@pytest.mark.parametrize("type_id", [8, 12], ids=["Q8_0", "Q4_K"])
+def test_the_native_dequantizer_takes_rows_in_a_given_order(type_id):
+    """llama.cpp's Q/K rows are put back in HF's order as they are dequantized."""
+    blocks = torch.from_numpy(_blocks(Q(type_id), 96, seed=7).copy())
+    _, values, _ = TENSOR_TYPES[type_id]
+    order = torch.randperm(12, generator=torch.Generator().manual_seed(0))
+    want = dequantize(blocks, type_id).view(12, -1).index_select(0, order)
+    out = torch.empty(12, 96 * values // 12)
+    torch.ops.chatpage.dequantize_gguf(blocks, type_id, out, order)
+    assert torch.equal(out, want)

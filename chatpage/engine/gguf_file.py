@@ -184,15 +184,19 @@ class GGUFFile:
             )
         return data.view(-1, TENSOR_TYPES[info.type_id][2])
 
-    def dequantize(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+    def dequantize(
+        self, name: str, out: torch.Tensor | None = None, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Tensor ``name`` as fp32 in its torch shape, into ``out`` (contiguous, of that shape)
-        when given; bit-exact with gguf-py's ``gguf.quants``: by the native kernel where the
-        kernels are loaded, else by ``engine/dequant.py``'s torch ops."""
+        when given, row i from the file's row ``rows[i]`` when given; bit-exact with gguf-py's
+        ``gguf.quants``: by the native kernel where the kernels are loaded, else by
+        ``engine/dequant.py``'s torch ops."""
         info = self.tensors[name]
         if not ops.available(torch.device("cpu")):
             w = dequant.dequantize(self.blocks(name), info.type_id).view(info.shape)
+            w = w if rows is None else w.index_select(0, rows)
             return w if out is None else out.copy_(w)
         if out is None:
             out = torch.empty(info.shape, dtype=torch.float32)
-        torch.ops.chatpage.dequantize_gguf(self.blocks(name), info.type_id, out)
+        torch.ops.chatpage.dequantize_gguf(self.blocks(name), info.type_id, out, rows)
         return out

@@ -244,10 +244,10 @@ def _phi3_config(
     )
 
 
-def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """Undo llama.cpp's Q/K row order (each head's two rotary halves interleaved) -> HF's."""
-    shape = w.shape
-    return w.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).transpose(1, 2).reshape(shape)
+def _hf_rows(rows: int, heads: int) -> torch.Tensor:
+    """For each of HF's Q/K rows, the row of llama.cpp's order (each head's two rotary halves
+    interleaved) that holds it."""
+    return torch.arange(rows).view(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
 
 
 class GGUFSource:
@@ -267,16 +267,17 @@ class GGUFSource:
         tensor = gguf_name(name, self.arch)
         if tensor is None:
             raise KeyError(name)
-        w = self.gf.dequantize(tensor, out)
-        if self.arch in GEMMA and name.endswith("norm.weight"):
-            return w.sub_(1)  # llama.cpp's converter stores Gemma's norms as the 1 + w they apply
         heads = None
         if self.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
             heads = self.config.num_attention_heads
         if self.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             heads = getattr(self.config, "num_key_value_heads", None)
             heads = heads or self.config.num_attention_heads
-        return w if heads is None else w.copy_(_unpermute(w, heads))
+        rows = None if heads is None else _hf_rows(self.gf.tensors[tensor].shape[0], heads)
+        w = self.gf.dequantize(tensor, out, rows)
+        if self.arch in GEMMA and name.endswith("norm.weight"):
+            return w.sub_(1)  # llama.cpp's converter stores Gemma's norms as the 1 + w they apply
+        return w
 
     def load_fused(self, names: tuple[str, ...]) -> torch.Tensor:
         """The tensors ``names`` concatenated along their rows, each dequantized straight into

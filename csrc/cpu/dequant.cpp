@@ -202,7 +202,8 @@ bool type_of(int64_t id, Type* t) {
 
 }  // namespace
 
-void dequantize_gguf(const at::Tensor& blocks, int64_t type_id, const at::Tensor& out) {
+void dequantize_gguf(const at::Tensor& blocks, int64_t type_id, const at::Tensor& out,
+                     const c10::optional<at::Tensor>& row_order) {
   Type t;
   TORCH_CHECK(type_of(type_id, &t), "dequantize_gguf: unknown ggml type ", type_id);
   TORCH_CHECK(blocks.scalar_type() == at::kByte && blocks.is_contiguous(),
@@ -215,11 +216,29 @@ void dequantize_gguf(const at::Tensor& blocks, int64_t type_id, const at::Tensor
               out.numel(), " values");
   const uint8_t* src = blocks.data_ptr<uint8_t>();
   float* dst = out.data_ptr<float>();
+  // block i of the result comes from block order(i) of the file: itself, or with row_order the
+  // same block of the file's row row_order[i / row blocks] (llama.cpp's Q/K rows put back)
+  int64_t row_blocks = n;
+  const int64_t* rows = nullptr;
+  if (row_order.has_value()) {
+    const at::Tensor& r = *row_order;
+    TORCH_CHECK(r.scalar_type() == at::kLong && r.is_contiguous() && r.numel() > 0 &&
+                    n % r.numel() == 0,
+                "dequantize_gguf: row_order must be contiguous int64 dividing the blocks in rows");
+    row_blocks = n / r.numel();
+    rows = r.data_ptr<int64_t>();
+    for (int64_t i = 0; i < r.numel(); ++i)
+      TORCH_CHECK(rows[i] >= 0 && rows[i] < r.numel(), "dequantize_gguf: row ", rows[i],
+                  " out of range");
+  }
   // a thread per million values at most: a small tensor in one thread, since on a busy machine
   // every parallel region waits for its slowest thread to be scheduled
   const int64_t grain = (int64_t{1} << 20) / t.values;
   at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) t.block(src + i * t.bytes, dst + i * t.values);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t from = rows ? rows[i / row_blocks] * row_blocks + i % row_blocks : i;
+      t.block(src + from * t.bytes, dst + i * t.values);
+    }
   });
 }
 
