@@ -233,10 +233,9 @@ def _phi3_config(
         attn = meta.get("phi3.rope.scaling.attn_factor")
         if attn:
             rope["attention_factor"] = float(attn)
-    rope_dim = int(meta.get("phi3.rope.dimension_count", head_dim))
+    rotary = int(meta.get("phi3.rope.dimension_count", head_dim))
+    rope = {**rope, "partial_rotary_factor": rotary / head_dim}
     return transformers.Phi3Config(
-        head_dim=head_dim,
-        partial_rotary_factor=rope_dim / head_dim,
         sliding_window=int(meta.get("phi3.attention.sliding_window", 0)) or None,
         original_max_position_embeddings=orig,
         rope_parameters=rope,
