@@ -36,6 +36,16 @@ TORCH_LIBRARY(chatpage, m) {
   m.def("gemm_bf16(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("gemm_int8(Tensor x, Tensor qweight, Tensor scales, Tensor? bias) -> Tensor");
   m.def("gemm_int4(Tensor x, Tensor q, Tensor scales, Tensor zeros, Tensor? bias) -> Tensor");
+  // A GGUF tensor's blocks of ggml type type_id dequantized into out (fp32, blocks' values in
+  // order, or row i from the file's row row_order[i]; chatpage/engine/dequant.py is the
+  // reference). CPU only.
+  m.def(
+      "dequantize_gguf(Tensor blocks, int type_id, Tensor(a!) out, Tensor? row_order=None) "
+      "-> ()");
+  // fp32 weights packed as int4 (the GEMV's layout) and int8 (chatpage/engine/weights.py's
+  // quantize_int4 + gemv.pack_int4 and quantize_int8 are the references). CPU only.
+  m.def("quantize_int4(Tensor w, Tensor(a!) q4, Tensor(b!) scales, Tensor(c!) zeros) -> ()");
+  m.def("quantize_int8(Tensor w, Tensor(a!) q, Tensor(b!) scales) -> ()");
   // A few-row step's decoder layers in one call (LlamaModel._python_layers is its reference);
   // returns the last layer's MLP output, which the final norm adds to hidden; windows: each
   // layer's sliding window (0: full attention). CPU only.
@@ -63,4 +73,7 @@ TORCH_LIBRARY_IMPL(chatpage, CPU, m) {
   m.impl("gemm_int8", &chatpage::cpu::gemm_int8);
   m.impl("gemm_int4", &chatpage::cpu::gemm_int4);
   m.impl("decode_layers", &chatpage::cpu::decode_layers);
+  m.impl("dequantize_gguf", &chatpage::cpu::dequantize_gguf);
+  m.impl("quantize_int4", &chatpage::cpu::quantize_int4);
+  m.impl("quantize_int8", &chatpage::cpu::quantize_int8);
 }

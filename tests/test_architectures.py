@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from chatpage.engine.model_config import layer_windows
@@ -283,9 +284,25 @@ def test_greedy_output_equals_transformers(kind, tokenizer_dir, tmp_path):
 
 
 # -- the same models as GGUF files, written as llama.cpp's converter writes them ----------------
-# (Phi-3 is left out: on such a file, with its long-RoPE factors and attention factor written,
-# llama.cpp's own greedy tokens differ from transformers', so the file format is not pinned down)
-GGUF_ARCH = {"qwen3": "QWEN3", "gemma2": "GEMMA2", "gemma3": "GEMMA3"}
+# (Phi-3: the file's LongRoPE factors run as transformers runs them, the short ones below the
+# original context; llama.cpp picks one set for the whole context, so its tokens differ there)
+# (Mistral and Ministral files are llama files, their window and which layers slide in metadata)
+GGUF_ARCH = {
+    "qwen3": "QWEN3",
+    "gemma2": "GEMMA2",
+    "gemma3": "GEMMA3",
+    "mistral": "LLAMA",
+    "ministral": "LLAMA",
+    "phi3": "PHI3",
+}
+
+
+def _llama_cpp_order(w, heads: int):
+    """llama.cpp's converter's Q/K row order for its llama files (each head's rotary halves
+    interleaved)."""
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
 
 
 def _write_gguf(kind: str, hf, path, tokenizer) -> None:
@@ -310,6 +327,20 @@ def _write_gguf(kind: str, hf, path, tokenizer) -> None:
     w.add_rope_freq_base(rope["rope_theta"])
     if getattr(c, "sliding_window", None):
         w.add_sliding_window(c.sliding_window)
+    if kind == "ministral":
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in c.layer_types])
+    if kind == "phi3":  # what llama.cpp's converter writes for LongRoPE
+        import math
+
+        rope_dim = int(COMMON["head_dim"] * c.partial_rotary_factor)
+        orig = c.rope_parameters["original_max_position_embeddings"]
+        w.add_rope_dimension_count(rope_dim)
+        w.add_rope_scaling_orig_ctx_len(orig)
+        scale = c.max_position_embeddings / orig
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)))
+        for which in ("long", "short"):
+            factors = np.array(c.rope_parameters[f"{which}_factor"], dtype=np.float32)
+            w.add_tensor(f"rope_factors_{which}.weight", factors)
     if kind == "gemma2":
         w.add_attn_logit_softcapping(c.attn_logit_softcapping)
         w.add_final_logit_softcapping(c.final_logit_softcapping)
@@ -330,6 +361,9 @@ def _write_gguf(kind: str, hf, path, tokenizer) -> None:
         data = t.float().numpy()
         if kind.startswith("gemma") and name.endswith("norm.weight"):
             data = data + 1
+        if GGUF_ARCH[kind] == "LLAMA" and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
+            data = _llama_cpp_order(data, heads)
         w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), data)
     w.write_header_to_file()
     w.write_kv_data_to_file()

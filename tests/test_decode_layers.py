@@ -24,7 +24,7 @@ def _run(loaded, fmt: str, native: bool, monkeypatch) -> tuple[list, int]:
     calls = []
     real = NativeLayers.__call__
     monkeypatch.setattr(
-        NativeLayers, "__call__", lambda self, *a: calls.append(a[0].shape[0]) or real(self, *a)
+        NativeLayers, "__call__", lambda self, s: calls.append(s.h.shape[0]) or real(self, s)
     )
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
     together = eng.generate([list(range(100, 100 + n)) for n in (5, 21, 40)], params)

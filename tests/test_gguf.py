@@ -15,6 +15,7 @@ import torch
 
 from chatpage.engine.gguf_file import TENSOR_TYPES, GGUFFile
 from chatpage.engine.loader import ModelLoadError, default_model_path, gguf_cache_dir, load_model
+from chatpage.engine.weights import quantize_int8
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
@@ -163,6 +164,11 @@ def test_a_llama_files_q_and_k_rows_come_back_in_hf_order(tmp_path):
     d = HIDDEN // HEADS
     assert torch.equal(q[0], stored[0]) and torch.equal(q[d // 2], stored[1])
     assert torch.equal(q[1], stored[2]) and torch.equal(q[d + d // 2], stored[d + 1])
+    # packed, the fused QKV is dequantized straight into its rows, in the same order
+    state = load_model(path, progress=lambda _m: None).state
+    qkv = torch.cat([state[f"model.layers.0.self_attn.{x}_proj.weight"] for x in "qkv"])
+    packed = load_model(path, progress=lambda _m: None, weights="int8").state
+    assert torch.equal(packed["layers.0.qkv.qweight"], quantize_int8(qkv)[0])
 
 
 PROBE = """
@@ -186,9 +192,9 @@ def _refusal(path: Path) -> list[str]:
 
 def test_an_unsupported_architecture_is_refused_before_any_heavy_work(tmp_path):
     """One line naming the architecture; no transformers import, nothing dequantized or cached."""
-    path = write_gguf(tmp_path / "phi3.gguf", Q.Q8_0, arch="phi3")
+    path = write_gguf(tmp_path / "falcon.gguf", Q.Q8_0, arch="falcon")
     message, imported = _refusal(path)
-    assert "unsupported architecture 'phi3'" in message and "llama, qwen2, qwen3" in message
+    assert "unsupported architecture 'falcon'" in message and "qwen3, gemma2, gemma3, phi3" in message
     assert imported == "False" and not gguf_cache_dir(path).exists()
 
 

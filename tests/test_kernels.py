@@ -330,3 +330,11 @@ def test_bench_case_reports_all_timings():
     assert case["paged_ms"] > 0 and case["contiguous_sdpa_ms"] > 0 and case["gather_sdpa_ms"] > 0
     goals = kernel._goals([{**case, "batch": 32, "context": 512}])
     assert goals["ratio_vs_contiguous_b32_ctx512"] == case["ratio_vs_contiguous"]
+
+
+def test_the_kernel_cache_can_live_outside_the_xdg_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv(ops.ENV_CACHE, raising=False)
+    assert ops.cache_root() == tmp_path / "xdg" / "chatpage" / "torch_extensions"
+    monkeypatch.setenv(ops.ENV_CACHE, str(tmp_path / "kernels"))
+    assert ops.cache_root() == tmp_path / "kernels"

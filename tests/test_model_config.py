@@ -21,7 +21,9 @@ from chatpage.engine.loader import _read_config
 from chatpage.engine.model_config import ModelConfig
 from chatpage.engine.models.arch import rope_inv_freq
 
-FIELDS = [name for name in ModelConfig.__dataclass_fields__ if name != "head_dim"]
+# (layer_types: None on the fast path, which has no window; transformers derives a list of full
+# layers; a GGUF's window gives it one)
+FIELDS = [n for n in ModelConfig.__dataclass_fields__ if n not in ("head_dim", "layer_types")]
 
 
 def _auto(directory):

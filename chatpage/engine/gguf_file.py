@@ -4,8 +4,10 @@ gguf-py's ``GGUFReader`` parses every metadata array into numpy objects one elem
 on the default model (a 49,152-token vocabulary and its merges) it took 2.9-4 s of CPU before the
 first tensor. This reader walks the header once with ``struct`` (strings of a string array are
 decoded in one pass over the map), so a file is checked in milliseconds, before any heavy work;
-the tensors stay in the map until one is asked for, and ``engine/dequant.py`` (torch ops doing
-gguf-py's ``gguf.quants`` steps, bit-exact with it) dequantizes them one at a time.
+the tensors stay in the map until one is asked for, and are dequantized one at a time: by the
+native kernel (``csrc/cpu/dequant.cpp``: each block read once and its values written once, into
+the tensor the caller keeps) or, without the native kernels, by ``engine/dequant.py`` (torch ops
+doing gguf-py's ``gguf.quants`` steps); both are bit-exact with gguf.quants.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from chatpage.engine import dequant
+from chatpage.engine import dequant, ops
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -182,8 +184,19 @@ class GGUFFile:
             )
         return data.view(-1, TENSOR_TYPES[info.type_id][2])
 
-    def dequantize(self, name: str) -> torch.Tensor:
-        """Tensor ``name`` as fp32 in its torch shape (``engine/dequant.py``: torch ops,
-        bit-exact with gguf-py's ``gguf.quants``)."""
+    def dequantize(
+        self, name: str, out: torch.Tensor | None = None, rows: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Tensor ``name`` as fp32 in its torch shape, into ``out`` (contiguous, of that shape)
+        when given, row i from the file's row ``rows[i]`` when given; bit-exact with gguf-py's
+        ``gguf.quants``: by the native kernel where the kernels are loaded, else by
+        ``engine/dequant.py``'s torch ops."""
         info = self.tensors[name]
-        return dequant.dequantize(self.blocks(name), info.type_id).view(info.shape)
+        if not ops.available(torch.device("cpu")):
+            w = dequant.dequantize(self.blocks(name), info.type_id).view(info.shape)
+            w = w if rows is None else w.index_select(0, rows)
+            return w if out is None else out.copy_(w)
+        if out is None:
+            out = torch.empty(info.shape, dtype=torch.float32)
+        torch.ops.chatpage.dequantize_gguf(self.blocks(name), info.type_id, out, rows)
+        return out

@@ -25,6 +25,7 @@ ARCHITECTURES = {
     "qwen3": "qwen3",
     "gemma2": "gemma2",
     "gemma3": "gemma3_text",
+    "phi3": "phi3",
 }
 GEMMA = ("gemma2", "gemma3")
 
@@ -54,6 +55,16 @@ _GEMMA_LAYER = {
     "pre_feedforward_layernorm": "ffn_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
 }
+# Phi-3's fused QKV and gate+up (llama.cpp's ffn_up holds both, the gate first, as HF's does)
+_PHI3_LAYER = {
+    "self_attn.qkv_proj": "attn_qkv",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+_LAYER_NAMES = {"gemma2": _GEMMA_LAYER, "gemma3": _GEMMA_LAYER, "phi3": _PHI3_LAYER}
 
 
 def gguf_name(hf_name: str, arch: str = "llama") -> str | None:
@@ -63,7 +74,7 @@ def gguf_name(hf_name: str, arch: str = "llama") -> str | None:
         return _GLOBAL[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
     module, _, kind = rest.rpartition(".")
-    names = _GEMMA_LAYER if arch in GEMMA else _LAYER
+    names = _LAYER_NAMES.get(arch, _LAYER)
     return f"blk.{layer}.{names[module]}.{kind}" if module in names else None
 
 
@@ -96,7 +107,7 @@ def gguf_config(gf: GGUFFile) -> ModelShape:
     hidden = int(_field(meta, f"{arch}.embedding_length", path))
     head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
     rope_dim = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
+    if rope_dim != head_dim and arch != "phi3":
         raise GGUFError(f"{path.name}: partial rotary embeddings are not supported yet")
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = meta.get(f"{arch}.vocab_size", len(tokens) if isinstance(tokens, list) else None)
@@ -117,13 +128,36 @@ def gguf_config(gf: GGUFFile) -> ModelShape:
     )
     base = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
     if arch in ("llama", "qwen2"):
+        # Mistral and Ministral files are llama files; where the converter writes a window (and
+        # which layers slide), the layers keep it
+        window = int(meta.get(f"{arch}.attention.sliding_window", 0))
         return ModelConfig(
             model_type=ARCHITECTURES[arch],
             rope_parameters={"rope_type": "default", "rope_theta": base},
             head_dim=head_dim,
+            sliding_window=window or None,
+            layer_types=_layer_types(meta, arch, fields["num_hidden_layers"]) if window else None,
             **fields,
         )
     return _transformers_config(gf, arch, fields, base, head_dim)
+
+
+def _layer_types(
+    meta: dict[str, Any], arch: str, n: int, period: int | None = None
+) -> tuple[str, ...]:
+    """Each layer's attention kind from ``{arch}.attention.sliding_window_pattern``: a list of
+    flags (true: the layer slides), or a period (every period-th layer is full: Gemma 3's 6, the
+    default ``period``); without either, every layer slides."""
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", period)
+    if isinstance(pattern, list):
+        if len(pattern) != n:
+            raise GGUFError(
+                f"{arch}.attention.sliding_window_pattern has {len(pattern)} entries for {n} layers"
+            )
+        sliding = [bool(x) for x in pattern]
+    else:
+        sliding = [not pattern or bool((i + 1) % int(pattern)) for i in range(n)]
+    return tuple("sliding_attention" if s else "full_attention" for s in sliding)
 
 
 def _transformers_config(
@@ -139,6 +173,8 @@ def _transformers_config(
     rope = {"rope_type": "default", "rope_theta": base}
     if arch == "qwen3":
         return transformers.Qwen3Config(head_dim=head_dim, rope_parameters=rope, **fields)
+    if arch == "phi3":
+        return _phi3_config(gf, fields, rope, head_dim)
     # Gemma 2 and 3. llama.cpp: the 27B models scale queries by hidden / heads, the others by
     # head_dim
     big = fields["num_hidden_layers"] == {"gemma2": 46, "gemma3": 62}[arch]
@@ -155,19 +191,12 @@ def _transformers_config(
     )
     if arch == "gemma2":
         return transformers.Gemma2Config(rope_parameters=rope, **gemma)
-    pattern = meta.get("gemma3.attention.sliding_window_pattern", 6)
-    n = fields["num_hidden_layers"]
-    sliding = (
-        [bool(x) for x in pattern]
-        if isinstance(pattern, list)
-        else [bool((i + 1) % int(pattern)) for i in range(n)]
-    )
     full = dict(rope)
     if meta.get("gemma3.rope.scaling.type", "none") == "linear":
         full.update(rope_type="linear", factor=float(meta["gemma3.rope.scaling.factor"]))
     local = float(meta.get("gemma3.rope.freq_base_swa", 10000.0))
     return transformers.Gemma3TextConfig(
-        layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+        layer_types=list(_layer_types(meta, arch, fields["num_hidden_layers"], 6)),
         rope_parameters={
             "full_attention": full,
             "sliding_attention": {"rope_type": "default", "rope_theta": local},
@@ -176,10 +205,48 @@ def _transformers_config(
     )
 
 
-def _unpermute(w: torch.Tensor, heads: int) -> torch.Tensor:
-    """Undo llama.cpp's Q/K row order (each head's two rotary halves interleaved) -> HF's."""
-    shape = w.shape
-    return w.reshape(heads, shape[0] // heads // 2, 2, *shape[1:]).transpose(1, 2).reshape(shape)
+def _phi3_config(
+    gf: GGUFFile, fields: dict[str, Any], rope: dict[str, Any], head_dim: int
+) -> ModelShape:
+    """The Phi3Config of a Phi-3 / Phi-4-mini file: partial rotary embeddings from the rotary
+    dimension, the window (0: none, Phi-4), and LongRoPE from the factor tensors llama.cpp's
+    converter writes (``rope_factors_long`` / ``_short``, run as transformers runs them: the
+    short factors below the original context, the long ones from there on)."""
+    import transformers
+
+    meta = gf.metadata
+    orig = int(
+        meta.get("phi3.rope.scaling.original_context_length", fields["max_position_embeddings"])
+    )
+    factors = {k: f"rope_factors_{k}.weight" for k in ("long", "short")}
+    present = [k for k, name in factors.items() if name in gf.tensors]
+    if len(present) == 1:
+        raise GGUFError(f"{gf.path.name} has rope_factors_{present[0]} without its pair")
+    if present:
+        rope = {
+            **rope,
+            "rope_type": "longrope",
+            "long_factor": gf.dequantize(factors["long"]).tolist(),
+            "short_factor": gf.dequantize(factors["short"]).tolist(),
+            "original_max_position_embeddings": orig,
+        }
+        attn = meta.get("phi3.rope.scaling.attn_factor")
+        if attn:
+            rope["attention_factor"] = float(attn)
+    rotary = int(meta.get("phi3.rope.dimension_count", head_dim))
+    rope = {**rope, "partial_rotary_factor": rotary / head_dim}
+    return transformers.Phi3Config(
+        sliding_window=int(meta.get("phi3.attention.sliding_window", 0)) or None,
+        original_max_position_embeddings=orig,
+        rope_parameters=rope,
+        **fields,
+    )
+
+
+def _hf_rows(rows: int, heads: int) -> torch.Tensor:
+    """For each of HF's Q/K rows, the row of llama.cpp's order (each head's two rotary halves
+    interleaved) that holds it."""
+    return torch.arange(rows).view(heads, rows // heads // 2, 2).transpose(1, 2).reshape(-1)
 
 
 class GGUFSource:
@@ -194,16 +261,30 @@ class GGUFSource:
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and gguf_name(name, self.arch) in self.gf.tensors
 
-    def load(self, name: str) -> torch.Tensor:
+    def load(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """HF tensor ``name`` in fp32 (into ``out``, of its shape, when given)."""
         tensor = gguf_name(name, self.arch)
         if tensor is None:
             raise KeyError(name)
-        w = self.gf.dequantize(tensor)
-        if self.arch in GEMMA and name.endswith("norm.weight"):
-            return w - 1  # llama.cpp's converter stores Gemma's norms as the 1 + w they apply
+        heads = None
         if self.arch == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            return _unpermute(w, self.config.num_attention_heads)
+            heads = self.config.num_attention_heads
         if self.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             heads = getattr(self.config, "num_key_value_heads", None)
-            return _unpermute(w, heads or self.config.num_attention_heads)
+            heads = heads or self.config.num_attention_heads
+        rows = None if heads is None else _hf_rows(self.gf.tensors[tensor].shape[0], heads)
+        w = self.gf.dequantize(tensor, out, rows)
+        if self.arch in GEMMA and name.endswith("norm.weight"):
+            return w.sub_(1)  # llama.cpp's converter stores Gemma's norms as the 1 + w they apply
         return w
+
+    def load_fused(self, names: tuple[str, ...]) -> torch.Tensor:
+        """The tensors ``names`` concatenated along their rows, each dequantized straight into
+        its rows of the result."""
+        shapes = [self.gf.tensors[gguf_name(n, self.arch) or n].shape for n in names]
+        out = torch.empty(sum(s[0] for s in shapes), *shapes[0][1:])
+        at = 0
+        for name, shape in zip(names, shapes, strict=True):
+            self.load(name, out[at : at + shape[0]])
+            at += shape[0]
+        return out

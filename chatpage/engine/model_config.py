@@ -74,6 +74,9 @@ class ModelConfig:
     rope_parameters: dict[str, Any]
     head_dim: int | None = None
     sliding_window: int | None = None
+    # each layer's "sliding_attention" or "full_attention" (None: every layer slides when there
+    # is a window; a GGUF's sliding_window_pattern)
+    layer_types: tuple[str, ...] | None = None
 
 
 def plain_rope(raw: dict[str, Any]) -> dict[str, Any] | None:

@@ -10,8 +10,9 @@ line is reported (to stderr, or to the callback given to :func:`set_notify`, for
 Anything that goes wrong (no compiler, no ninja, a build error, a library that will not load) is
 reported in one line and the engine keeps running on the torch reference in
 ``engine/attention.py``; :func:`status` says which path is live and why. ``CHATPAGE_NO_KERNELS=1``
-forces the reference. CUDA sources are compiled only when torch has CUDA and sees a GPU; if only
-they fail, the CPU kernels are still used.
+forces the reference; ``CHATPAGE_KERNEL_CACHE=DIR`` keeps the builds in DIR instead. CUDA sources
+are compiled only when torch has CUDA and sees a GPU; if only they fail, the CPU kernels are still
+used.
 
 ``python -m chatpage.engine.ops --build`` builds (or loads) the extension and prints its status.
 """
@@ -34,6 +35,9 @@ import torch
 from chatpage.config.paths import cache_dir
 
 ENV_DISABLE = "CHATPAGE_NO_KERNELS"
+# Where the built kernels are cached, when not under the XDG cache (a benchmark that gives each
+# load a fresh XDG cache keeps the kernels built once this way)
+ENV_CACHE = "CHATPAGE_KERNEL_CACHE"
 BUILD_MESSAGE = "chatpage: building native attention kernels (first run, ~1 min)..."
 BUILD_MESSAGE_CUDA = "chatpage: building native attention kernels with CUDA (first run, ~3 min)..."
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
@@ -55,8 +59,10 @@ def _default_notify(message: str) -> None:
 
 
 def cache_root() -> Path:
-    """``$XDG_CACHE_HOME/chatpage/torch_extensions`` (``~/.cache`` when the variable is unset)."""
-    return cache_dir() / "torch_extensions"
+    """``$CHATPAGE_KERNEL_CACHE`` when set, else ``$XDG_CACHE_HOME/chatpage/torch_extensions``
+    (``~/.cache`` when that is unset)."""
+    override = os.environ.get(ENV_CACHE)
+    return Path(override) if override else cache_dir() / "torch_extensions"
 
 
 def _cpu_features() -> str:

@@ -188,6 +188,11 @@ class TensorSource(Protocol):
 
     def load(self, name: str) -> torch.Tensor: ...
 
+    def load_fused(self, names: tuple[str, ...]) -> torch.Tensor:
+        """The tensors ``names`` concatenated along their first dimension (one matrix of the
+        model's own layout: QKV, gate+up)."""
+        ...
+
 
 class StateSource:
     """A :class:`TensorSource` over a dict of HF-named tensors (each handed out once)."""
@@ -200,6 +205,9 @@ class StateSource:
 
     def load(self, name: str) -> torch.Tensor:
         return self.state.pop(name)
+
+    def load_fused(self, names: tuple[str, ...]) -> torch.Tensor:
+        return self.load(names[0]) if len(names) == 1 else torch.cat([self.load(n) for n in names])
 
 
 def fused_layout(config: Any, source: TensorSource) -> list[tuple[str, tuple[str, ...]]]:
@@ -246,10 +254,6 @@ def fused_layout(config: Any, source: TensorSource) -> list[tuple[str, tuple[str
     return out
 
 
-def _fused(source: TensorSource, parts: tuple[str, ...]) -> torch.Tensor:
-    return source.load(parts[0]) if len(parts) == 1 else torch.cat([source.load(n) for n in parts])
-
-
 def read_state(config: Any, source: TensorSource) -> dict[str, torch.Tensor]:
     """Every tensor of ``source`` the model uses, by HF name."""
     return {n: source.load(n) for _, parts in fused_layout(config, source) for n in parts}
@@ -260,7 +264,7 @@ def fuse_state(config: Any, state: MutableMapping[str, torch.Tensor]) -> dict[st
     ``state`` (a dict, or a checkpoint streamed tensor by tensor: ``engine/stream.py``;
     :func:`fused_layout`), on the tensors' device."""
     source = StateSource(state)
-    return {name: _fused(source, parts) for name, parts in fused_layout(config, source)}
+    return {name: source.load_fused(parts) for name, parts in fused_layout(config, source)}
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -292,6 +296,35 @@ def quantize_int4(
     return q.to(torch.int32).view(n, k), scale, zero
 
 
+def _native_quantize(w: torch.Tensor) -> bool:
+    """Whether ``w`` is quantized by the native kernels (``csrc/cpu/quantize.cpp``: one pass,
+    the same bytes as :func:`quantize_int8` and :func:`quantize_int4` + ``gemv.pack_int4``)."""
+    return w.dtype == torch.float32 and w.device.type == "cpu" and ops.available(w.device)
+
+
+def int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`quantize_int8` of ``w``, natively where it can be."""
+    if not _native_quantize(w):
+        return quantize_int8(w)
+    q = torch.empty(w.shape, dtype=torch.int8)
+    s = torch.empty(w.shape[0], dtype=torch.bfloat16)
+    torch.ops.chatpage.quantize_int8(w.contiguous(), q, s)
+    return q, s
+
+
+def int4_packed(w: torch.Tensor, name: str) -> dict[str, torch.Tensor]:
+    """``w`` stored as int4 under ``name`` (:func:`quantize_int4` + :func:`pack_int4`), natively
+    where it can be."""
+    n, k = w.shape
+    if not _native_quantize(w) or k % INT4_GROUP:
+        return pack_int4(*quantize_int4(w), name)
+    q4 = torch.empty(n, k // 2, dtype=torch.uint8)
+    scales = torch.empty(n, k // INT4_GROUP, dtype=torch.bfloat16)
+    zeros = torch.empty_like(scales)
+    torch.ops.chatpage.quantize_int4(w.contiguous(), q4, scales, zeros)
+    return {name + ".q4": q4, name + ".scales": scales, name + ".zeros": zeros}
+
+
 def pack_int4(
     levels: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, name: str
 ) -> dict[str, torch.Tensor]:
@@ -321,15 +354,15 @@ def pack_tensor(
             return pack_tensor("lm_head.weight", w, weights, tied, dtype)
         if weights == "bf16":
             return {name: w.to(torch.bfloat16).contiguous()}
-        q, s = quantize_int8(w)
+        q, s = int8_rows(w)
         return {"embed.qweight": q, "embed.scales": s}
     if kind != "weight" or not (prefix == "lm_head" or prefix.rpartition(".")[2] in LAYER_LINEARS):
         return {name: w.to(dtype).contiguous()}
     if weights == "int8" or (weights == "int4" and prefix == "lm_head"):
-        q, s = quantize_int8(w)
+        q, s = int8_rows(w)
         return {prefix + ".qweight": q, prefix + ".scales": s}
     if weights == "int4":
-        return pack_int4(*quantize_int4(w), prefix)
+        return int4_packed(w, prefix)
     return {name: w.to(torch.bfloat16 if weights == "bf16" else dtype).contiguous()}
 
 
@@ -342,7 +375,7 @@ def pack_source(
     tied = "lm_head.weight" not in source
     out: dict[str, torch.Tensor] = {}
     for name, parts in fused_layout(config, source):
-        out.update(pack_tensor(name, _fused(source, parts), weights, tied, dtype))
+        out.update(pack_tensor(name, source.load_fused(parts), weights, tied, dtype))
     out["format." + weights] = torch.zeros(0)
     return out
 

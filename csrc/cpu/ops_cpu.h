@@ -63,4 +63,15 @@ at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
                          const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const at::Tensor& act, const at::Tensor& attn_out);
 
+// csrc/cpu/dequant.cpp: a GGUF tensor's blocks of ggml type type_id -> fp32 out (its rows in
+// row_order when given)
+void dequantize_gguf(const at::Tensor& blocks, int64_t type_id, const at::Tensor& out,
+                     const c10::optional<at::Tensor>& row_order);
+
+// csrc/cpu/quantize.cpp: fp32 weights -> int4 (the GEMV's layout) / int8 per row
+void quantize_int4(const at::Tensor& w, const at::Tensor& q4, const at::Tensor& scales,
+                   const at::Tensor& zeros);
+
+void quantize_int8(const at::Tensor& w, const at::Tensor& q, const at::Tensor& scales);
+
 }  // namespace chatpage::cpu

@@ -37,7 +37,7 @@ from chatpage.engine.weights import (
     step_bytes,
 )
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "AttentionMetadata", "LayerWeights", "LlamaModel"]
+__all__ = ["SUPPORTED_MODEL_TYPES", "AttentionMetadata", "LayerWeights", "LlamaModel", "Step"]
 
 
 @dataclass
@@ -76,6 +76,25 @@ class AttentionMetadata:
 
 
 @dataclass
+class Step:
+    """What a step's layer loop (native or Python) works on: the residual stream ``h`` (updated
+    in place), the positions, the attention metadata, the caches, and the scratch tensors
+    allocated once per step."""
+
+    h: Tensor
+    positions: Tensor
+    meta: AttentionMetadata
+    k_caches: list[Tensor]
+    v_caches: list[Tensor]
+    x: Tensor
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    act: Tensor
+    attn_out: Tensor
+
+
+@dataclass
 class LayerWeights:
     input_norm: torch.Tensor
     qkv: Linear  # [T, H] -> [T, (Hq + 2 Hkv) * D], Qwen2's bias included
@@ -110,32 +129,19 @@ class NativeLayers:
         self.rows = min(g.rows for g in gemvs)
         self.windows = model.windows
 
-    def __call__(
-        self,
-        h: Tensor,
-        positions: Tensor,
-        meta: AttentionMetadata,
-        k_caches: list[Tensor],
-        v_caches: list[Tensor],
-        x: Tensor,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        act: Tensor,
-        attn_out: Tensor,
-    ) -> Tensor:
-        m = self.model
+    def __call__(self, s: Step) -> Tensor:
+        m, meta = self.model, s.meta
         out: Tensor = torch.ops.chatpage.decode_layers(
-            h,
-            positions,
+            s.h,
+            s.positions,
             m.cos,
             m.sin,
             self.norms,
             self.weights,
             self.biases,
             self.parts,
-            k_caches,
-            v_caches,
+            s.k_caches,
+            s.v_caches,
             meta.slot_mapping,
             meta.block_tables,
             meta.seq_lens,
@@ -143,12 +149,12 @@ class NativeLayers:
             m.eps,
             m.scale,
             self.windows,
-            x,
-            q,
-            k,
-            v,
-            act,
-            attn_out,
+            s.x,
+            s.q,
+            s.k,
+            s.v,
+            s.act,
+            s.attn_out,
         )
         return out
 
@@ -297,26 +303,15 @@ class LlamaModel:
         k.copy_(qk[:, hq:])
         v.copy_(heads[:, hq + hkv :])
 
-    def _python_layers(
-        self,
-        h: Tensor,
-        positions: Tensor,
-        meta: AttentionMetadata,
-        k_caches: list[Tensor],
-        v_caches: list[Tensor],
-        x: Tensor,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        act: Tensor,
-        attn_out: Tensor,
-    ) -> Tensor | None:
-        """Every decoder layer on the residual stream ``h`` (updated in place), through the
+    def _python_layers(self, s: Step) -> Tensor | None:
+        """Every decoder layer on the residual stream ``s.h`` (updated in place), through the
         scratch tensors; returns the last layer's MLP output (the final norm adds it). The
         specification of ``decode_layers`` (csrc/cpu/decode.cpp) for Llama's layers; the
         options of the other architectures (:mod:`chatpage.engine.models.arch`) take their
         branches here."""
         fused, eps, arch = self.fused, self.eps, self.arch
+        h, positions, meta, k_caches, v_caches = s.h, s.positions, s.meta, s.k_caches, s.v_caches
+        x, q, k, v, act, attn_out = s.x, s.q, s.k, s.v, s.act, s.attn_out
         act_mul = fused.silu_mul if arch.activation == "silu" else fused_ops.gelu_tanh_mul
         attn_flat = attn_out.view(attn_out.shape[0], -1)
         delta: Tensor | None = None  # the previous layer's MLP output, added by the next norm
@@ -366,14 +361,22 @@ class LlamaModel:
         if self.arch.embed_scale != 1.0:
             h.mul_(torch.tensor(self.arch.embed_scale, dtype=h.dtype))
         x = torch.empty(T, self.hidden, dtype=self.mm_dtype, device=dev)
-        q = torch.empty(T, hq, d, dtype=self.dtype, device=dev)
-        k = torch.empty(T, hkv, d, dtype=self.dtype, device=dev)
-        v = torch.empty(T, hkv, d, dtype=self.dtype, device=dev)
-        act = torch.empty(T, self.intermediate, dtype=self.mm_dtype, device=dev)
-        attn_out = torch.empty(T, hq, d, dtype=self.dtype, device=dev)
+        step = Step(
+            h,
+            positions,
+            meta,
+            k_caches,
+            v_caches,
+            x,
+            q=torch.empty(T, hq, d, dtype=self.dtype, device=dev),
+            k=torch.empty(T, hkv, d, dtype=self.dtype, device=dev),
+            v=torch.empty(T, hkv, d, dtype=self.dtype, device=dev),
+            act=torch.empty(T, self.intermediate, dtype=self.mm_dtype, device=dev),
+            attn_out=torch.empty(T, hq, d, dtype=self.dtype, device=dev),
+        )
         native = self.native_layers
         layers = native if native is not None and T <= native.rows else self._python_layers
-        delta = layers(h, positions, meta, k_caches, v_caches, x, q, k, v, act, attn_out)
+        delta = layers(step)
         self.fused.add_rms_norm(h, delta, self.norm, self.eps, x)
         logits = self.lm_head(x[logit_rows]).float()
         cap = self.arch.final_softcap
