@@ -171,7 +171,7 @@ def model_info(loaded: LoadedModel) -> dict:
         "threads": torch.get_num_threads(),
         "dtype": "float32",
         "clock": clock_name(),
-        "isa": ops.vector_isa(),  # the kernels' vector paths: the figures depend on them
+        "vector_isa": ops.vector_isa(),  # the kernels' vector paths: the figures depend on them
     }
 
 

@@ -355,6 +355,8 @@ def _section(name: str, entry: dict, report_dir: Path) -> list[str]:
     if "error" in entry:
         return lines + [f"**Failed:** {entry['error']}", ""]
     r = entry["result"]
+    if r.get("vector_isa"):  # the CPU's vector paths the run took (a report can mix machines)
+        lines += [f"Kernels: {r['vector_isa']}.", ""]
     lines += _figures(name, r) + [""]
     plot = r.get("plot")
     if plot:
@@ -644,7 +646,10 @@ def render(runs: dict, report: Path, machine: str, total_s: float, bench_args: s
         "(SmolLM2-135M-Instruct), in fp32 weights unless a row names a weight format "
         "(`--weights`: bf16, int8, int4; the app's default is int4).",
         "",
-        f"Machine: {machine}. The benchmarks took {total_s / 60:.1f} min in all.",
+        f"Machine: {machine}. The benchmarks took {total_s / 60:.1f} min in all. "
+        "Sections rerun alone (`--only`) may come from another machine of the same kind: each "
+        "says which kernels it ran where it recorded them (the machines change between AVX-512 "
+        "and AVX2).",
         "",
         _setting(bench_args),
         "",
