@@ -20,7 +20,8 @@ def _empirical(row, params, draws=4000):
 @pytest.mark.parametrize(
     "top_k,top_p,spread",
     [
-        (0, 1.0, 1.0),  # plain temperature over the whole vocabulary
+        (0, 1.0, 1.0),  # plain temperature over the whole vocabulary (the best 256, or the rest)
+        (0, 1.0, 3.0),  # the same, peaked: mostly the best 256
         (5, 1.0, 1.0),  # top-k inside the candidate window
         (0, 0.9, 3.0),  # a peaked distribution: the nucleus is inside the window
         (0, 0.95, 0.01),  # a flat one: the nucleus spills past the window (full-vocabulary path)
@@ -36,6 +37,18 @@ def test_sample_row_matches_the_filtered_distribution(top_k, top_p, spread):
     got = _empirical(row, params)
     assert set(got.nonzero().flatten().tolist()) <= set(expected.nonzero().flatten().tolist())
     assert (got - expected).abs().max() < 0.04
+
+
+def test_the_whole_vocabulary_is_drawn_from_in_the_right_proportion_inside_and_outside_the_best():
+    """The full-vocabulary draw first chooses between the best 256 tokens and the rest by their
+    mass: both halves come up as often as their probability says."""
+    torch.manual_seed(1)
+    row = torch.randn(2000)
+    got = _empirical(row, SamplingParams(temperature=1.0), draws=6000)
+    best = torch.topk(row, 256).indices
+    inside = row.softmax(-1)[best].sum()
+    assert 0.3 < inside < 0.7  # both halves matter here
+    assert abs(got[best].sum() - inside) < 0.02
 
 
 def test_same_seed_same_draws():

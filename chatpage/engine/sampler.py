@@ -42,6 +42,23 @@ def _filter(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
     return logits
 
 
+def _draw_vocab(row: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token from the whole vocabulary of ``row`` (logits, on the CPU), exactly as
+    multinomial over its softmax would, in two steps: whether it is among the best
+    `_CANDIDATES` (their mass against one uniform draw), then which, in proportion, among
+    those or among the rest. torch.multinomial over a 49k vocabulary takes ~1.7 ms on the CPU
+    (an exponential race: one random number per token), most of a batched step's sampling; the
+    best few hundred tokens usually hold most of the mass, so the race is mostly run over them.
+    A distribution with NaNs still raises, from multinomial."""
+    values, ids = torch.topk(row, _CANDIDATES)
+    log_z = torch.logsumexp(row, 0)
+    probs = (values - log_z).exp()
+    if float(torch.rand((), generator=generator, dtype=torch.float64)) < float(probs.sum()):
+        return ids[torch.multinomial(probs, 1, generator=generator)].view(())
+    rest = (row - log_z).exp().index_fill_(0, ids, 0.0)
+    return torch.multinomial(rest, 1, generator=generator).view(())
+
+
 def _sample_row(
     row: torch.Tensor, p: SamplingParams, generator: torch.Generator | None
 ) -> torch.Tensor:
@@ -53,6 +70,8 @@ def _sample_row(
     vocab = row.shape[-1]
     k = p.top_k if 0 < p.top_k < vocab else vocab
     if k == vocab and p.top_p >= 1.0:
+        if row.device.type == "cpu" and vocab > _CANDIDATES:
+            return _draw_vocab(row, generator)
         return torch.multinomial(row.softmax(-1), 1, generator=generator).view(())
     if row.device.type == "cpu" and (k <= _CANDIDATES or (k == vocab and p.top_p < 1.0)):
         values, ids = torch.topk(row, min(k, _CANDIDATES))  # best first
