@@ -188,3 +188,27 @@ def run(gguf: Path | None, trace: list[BenchRequest], chatpage_tok_s: float) -> 
         "llamacpp_batched_tok_s": batched,
         "ratio_vs_llamacpp_batched": chatpage_tok_s / batched,
     }
+
+
+def perplexity(gguf: Path, ids: list[int]) -> float:
+    """llama.cpp's perplexity of ``ids[1:]`` given the tokens before each, on ``gguf`` (one context
+    holding them all, every position's logits kept: ``logits_all``), with the run's threads."""
+    from llama_cpp import Llama
+
+    threads = torch.get_num_threads()
+    llm = Llama(
+        model_path=str(gguf),
+        n_ctx=len(ids) + 16,
+        n_batch=512,
+        n_threads=threads,
+        n_threads_batch=threads,
+        logits_all=True,
+        verbose=False,
+    )
+    try:
+        llm.eval(ids)
+        logits = torch.from_numpy(llm.scores[: len(ids) - 1].copy())
+    finally:
+        llm.close()
+    nll = torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]))
+    return float(torch.exp(nll))

@@ -6,6 +6,8 @@ ever held, interpreter and torch included). The first load of a format runs agai
 folder (``XDG_CACHE_HOME`` pointed at a temporary directory: tokenizer conversion and packing
 included); the cached load then reads what it left. Reported with the bytes that cache holds and
 the ratios of each figure to the model file's size (a GGUF; for a folder, its weight files).
+``--files`` measures more GGUF files the same way (``requant``: the default model re-quantized by
+llama.cpp; ``qwen05``: a random file of Qwen2.5-0.5B's shapes, the goals' size; ``bench/requant.py``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from chatpage.bench import common
+from chatpage.bench import common, requant
 
 # Goals of issue 21 for a GGUF (a 0.5B Q4_K_M file on this kind of machine for the seconds).
 GOALS = {"first_load_s": 15.0, "cached_load_s": 2.0, "cache_ratio": 1.3}
@@ -95,18 +97,38 @@ def measure(model: str | None, weights: str) -> dict[str, Any]:
     }
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def measure_all(model: str | None, formats: list[str]) -> list[dict[str, Any]]:
     rows = []
-    for fmt in args.weights:
-        common.say(f"{fmt}: a first load into an empty cache, then a cached one")
-        rows.append(measure(args.model, fmt))
-    return {
+    for fmt in formats:
+        common.say(
+            f"{model or 'default'} in {fmt}: a first load into an empty cache, then a cached one"
+        )
+        rows.append(measure(model, fmt))
+    return rows
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    out = {
         "benchmark": "load",
         "model": args.model or "default",
         "file_bytes": source_bytes(args.model),
-        "results": rows,
+        "results": measure_all(args.model, args.weights),
         "goals": GOALS,
     }
+    if args.files:
+        from chatpage.engine.loader import default_model_path
+
+        model = default_model_path() if args.model is None else Path(args.model).expanduser()
+        out["files"] = [
+            {
+                "file": f.name,
+                "file_bytes": f.stat().st_size,
+                "results": measure_all(str(f), args.weights),
+            }
+            for f in requant.named_files(args.files)
+            if f.resolve() != model.resolve()
+        ]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
         type=common.weight_formats,
         default=["int4"],
         help="comma-separated weight formats (default: int4, the default format)",
+    )
+    p.add_argument(
+        "--files",
+        default="",
+        help="more GGUF files to measure, comma-separated: " + requant.NAMES_HELP,
     )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = common.parse(p, argv)

@@ -6,6 +6,17 @@ change against fp32, and greedy agreement over 256 tokens: fp32 writes a greedy 
 fixed chat prompt (EOS ignored); ``greedy_agreement`` is the fraction of those positions where the
 format's own top-1 token, given the same prefix, is fp32's, and ``greedy_prefix_tokens`` how many
 tokens the format's free-running greedy output shares with fp32's from the start.
+
+Where llama-cpp-python is installed and the model is a GGUF, llama.cpp's perplexity on the same
+file and the same token ids (``logits_all``) is measured in the same run, and each format's
+perplexity is also given against it: goal <= +1% for the file's own precision (:func:`own_format`).
+``--files`` does that comparison (perplexity only) for more GGUF files: ``requant`` names the
+default model and its re-quantizations by llama.cpp (``bench/requant.py``, made on first use).
+
+The loader reads every GGUF tensor type the same way: dequantized bit-exactly to fp32
+(``engine/dequant.py``), then re-encoded in the weight format asked for (int4: groups of 32 with a
+bf16 scale and zero, the lm_head in int8; int8: per-row scales; bf16; fp32); no format keeps the
+file's own blocks. The app's default is int4 whatever the file holds.
 """
 
 from __future__ import annotations
@@ -16,7 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from chatpage.bench import common
+from chatpage.bench import common, llamacpp, requant
 from chatpage.engine import LLMEngine, SamplingParams
 from chatpage.engine.chat_template import render_prompt
 from chatpage.engine.models.llama import AttentionMetadata
@@ -27,6 +38,20 @@ GREEDY_TOKENS = 256
 PROMPT = "Explain, step by step, how a bridge is built across a wide river."
 # Goals of issue 11 on the perplexity change against fp32.
 GOAL_PPL_DELTA = {"bf16": 0.02, "int8": 0.02, "int4": 0.06}
+# Issue 21's goal on the perplexity change against llama.cpp on the same file, own precision.
+GOAL_VS_LLAMACPP = 0.01
+MISSING = "llama_cpp is not importable (`make bench-peers` installs llama-cpp-python)"
+# The chatpage format that holds a GGUF tensor type's bits (the fewest bits at or above its own)
+OWN_FORMATS = {
+    "F32": "fp32",
+    "F16": "bf16",
+    "BF16": "bf16",
+    "Q8_0": "int8",
+    "Q6_K": "int8",
+    "Q5_0": "int8",
+    "Q5_1": "int8",
+    "Q5_K": "int8",
+}
 
 
 @torch.inference_mode()
@@ -83,9 +108,63 @@ def evaluate(eng: LLMEngine, text_ids: list[int], prompt: list[int], reference: 
     }
 
 
+def matrix_types(gguf: Path) -> dict[str, int]:
+    """Bytes of the file's weight matrices (2-D tensors) by tensor type, largest first."""
+    from chatpage.engine.gguf_file import GGUFFile
+
+    out: dict[str, int] = {}
+    for t in GGUFFile(gguf).tensors.values():
+        if len(t.shape) == 2:
+            out[t.type_name] = out.get(t.type_name, 0) + t.nbytes
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def own_format(types: dict[str, int]) -> str:
+    """The file's own precision as a chatpage format: that of the type holding most of its matrix
+    bytes (:data:`OWN_FORMATS`; 4 bits and fewer: int4)."""
+    return OWN_FORMATS.get(next(iter(types)), "int4")
+
+
+def quality_ids(loaded) -> list[int]:
+    return loaded.tokenizer.encode(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)
+
+
+def against_llamacpp(gguf: Path, ids: list[int], perplexities: dict[str, float]) -> dict:
+    """llama.cpp's perplexity on ``gguf`` and ``ids`` beside ours (format -> perplexity)."""
+    common.say(f"quality: llama.cpp on {gguf.name}")
+    theirs = llamacpp.perplexity(gguf, ids)
+    types = matrix_types(gguf)
+    own = own_format(types)
+    delta = {f: p / theirs - 1 for f, p in perplexities.items()}
+    return {
+        "file": gguf.name,
+        "file_bytes": gguf.stat().st_size,
+        "matrix_types": types,
+        "llamacpp_perplexity": theirs,
+        "perplexity": perplexities,
+        "delta_vs_llamacpp": delta,
+        "own_format": own,
+        "goal_delta_vs_llamacpp": GOAL_VS_LLAMACPP,
+        "met": delta[own] <= GOAL_VS_LLAMACPP if own in delta else None,
+    }
+
+
+def compare_file(gguf: Path, formats: list[str]) -> dict:
+    """Our perplexity on ``gguf`` in fp32 and each of ``formats``, against llama.cpp's."""
+    loaded = common.load(str(gguf))
+    ids = quality_ids(loaded)
+    ours = {}
+    for fmt in ["fp32"] + [f for f in formats if f != "fp32"]:
+        common.say(f"quality: {gguf.name} in {fmt}")
+        eng = common.engine(loaded, weight_dtype=fmt)
+        ours[fmt] = perplexity(all_logits(eng, ids), ids)
+        del eng
+    return against_llamacpp(gguf, ids, ours)
+
+
 def run(args) -> dict:
     loaded = common.load(args.model)
-    text_ids = loaded.tokenizer.encode(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)
+    ids = quality_ids(loaded)
     prompt = render_prompt(loaded.tokenizer, [{"role": "user", "content": PROMPT}])
     formats = [f for f in WEIGHT_FORMATS if f in args.weights]
     rows, reference, base = [], None, None
@@ -94,21 +173,34 @@ def run(args) -> dict:
         eng = common.engine(loaded, weight_dtype=fmt)
         if reference is None:
             reference = greedy(eng, prompt, GREEDY_TOKENS)
-        row = {"weights": fmt, **evaluate(eng, text_ids, prompt, reference)}
+        row = {"weights": fmt, **evaluate(eng, ids, prompt, reference)}
         base = base or row["perplexity"]
         row["perplexity_delta"] = row["perplexity"] / base - 1
         goal = GOAL_PPL_DELTA.get(fmt)
         row["goal_perplexity_delta"] = goal
         row["met"] = None if goal is None else row["perplexity_delta"] <= goal
         rows.append(row)
-    return {
+    out = {
         "benchmark": "quality",
         **common.model_info(loaded),
         "text": TEXT.name,
-        "text_tokens": len(text_ids),
+        "text_tokens": len(ids),
         "greedy_tokens": GREEDY_TOKENS,
         "formats": rows,
     }
+    if not llamacpp.available():
+        if args.files:
+            raise SystemExit("chatpage: error: --files compares with llama.cpp: " + MISSING)
+        out["llamacpp_error"] = MISSING
+        return out
+    if loaded.gguf is not None:
+        out["llamacpp"] = against_llamacpp(
+            loaded.gguf, ids, {r["weights"]: r["perplexity"] for r in rows}
+        )
+    done = {loaded.gguf.resolve()} if loaded.gguf is not None else set()
+    files = [f for f in requant.named_files(args.files) if f.resolve() not in done]
+    out["files"] = [compare_file(f, formats) for f in files]
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         type=common.weight_formats,
         default=list(WEIGHT_FORMATS),
         help="comma-separated formats to compare with fp32 (default: all)",
+    )
+    p.add_argument(
+        "--files",
+        default="",
+        help="more GGUF files to compare with llama.cpp, comma-separated: " + requant.NAMES_HELP,
     )
     args = common.parse(p, argv)
     return common.emit(common.round_floats(run(args)), args.json)

@@ -1,0 +1,301 @@
+"""GGUF files for the quality and load benchmarks and the tests (issue 21 item 5): the default model
+at other precisions, and one random model of Qwen2.5-0.5B's shapes. Made once, kept under the
+cache's ``test-models/`` (never in git); each call returns the cached file when it is there.
+
+The source of every re-quantized file is an F16 GGUF written here from the default file's tensors
+(dequantized by ``engine/gguf_file.py``) with gguf-py's writer, every metadata key of the original
+copied (architecture keys, tokenizer, chat template; ``general.file_type`` set to F16), so
+llama.cpp's own quantizer (``llama_model_quantize`` of llama-cpp-python) starts from 16 bits, as
+from a converted checkpoint. IQ4_NL needs no importance matrix in llama.cpp (only the 1-2-bit IQ
+types do), so none is used for any type. Where llama-cpp-python is not installed (``make test``),
+:func:`gguf_py_quantized` writes such a copy with gguf-py's numpy quantizer (Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0) instead, straight from the original's values.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from chatpage.config.paths import cache_dir
+from chatpage.engine.gguf_file import GGUFFile
+from chatpage.engine.loader import DEFAULT_NAME, default_model_path
+from chatpage.vocab import UserError
+
+# The files issue 21 asks for, by llama.cpp's name of the file type (its ``LLAMA_FTYPE_MOSTLY_*``)
+LLAMACPP_TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0", "IQ4_NL")
+F16_FILE_TYPE = 1  # general.file_type of an F16 file (llama.cpp's LLAMA_FTYPE_MOSTLY_F16)
+# Qwen2.5-0.5B's shapes (its config.json): the model the load goals are set on
+QWEN05 = dict(hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab=151936)
+QWEN05_NAME = "Qwen2.5-0.5B-shaped-random"
+
+
+class MissingPeer(UserError):
+    """llama-cpp-python is needed and not installed; the message says how to install it."""
+
+
+def models_dir() -> Path:
+    return cache_dir() / "test-models"
+
+
+# Only the rows of these tensors are quantized by gguf-py's quantizer (llama.cpp's rule too: norms
+# and biases stay F32)
+def _is_matrix(name: str, shape: tuple[int, ...]) -> bool:
+    return len(shape) == 2 and name.endswith(".weight")
+
+
+Tensor = tuple[str, tuple[int, ...], Any, Callable[[], np.ndarray]]  # name, shape, raw type, data
+
+
+@contextmanager
+def _written(dst: Path) -> Iterator[Path]:
+    """A temporary path beside ``dst`` that becomes ``dst`` when the block ends without error."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".partial-", suffix=".gguf", dir=dst.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, dst)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def write_gguf(
+    dst: Path, arch: str, fields: dict[str, tuple[Any, Any, Any]], tensors: list[Tensor]
+) -> Path:
+    """Write a GGUF of ``arch`` with ``fields`` (key -> (value, value type, item type)) and
+    ``tensors``, each made by its function only when written (one in memory at a time)."""
+    import gguf
+
+    with _written(dst) as tmp:
+        w = gguf.GGUFWriter(str(tmp), arch)
+        for key, (value, vtype, sub) in fields.items():
+            w.add_key_value(key, value, vtype, sub)
+        for name, shape, raw, _ in tensors:
+            block, size = gguf.GGML_QUANT_SIZES[raw]
+            nbytes = int(np.prod(shape)) // block * size
+            w.add_tensor_info(name, shape, np.dtype(np.float32), nbytes, raw_dtype=raw)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for _, _, _, make in tensors:
+            w.write_tensor_data(make())
+        w.close()
+    return dst
+
+
+def source_fields(path: Path) -> dict[str, tuple[Any, Any, Any]]:
+    """Every metadata key of ``path`` but the architecture (the writer adds it) and the file
+    type, with the value types gguf-py read."""
+    import gguf
+
+    fields = {}
+    for key, field in gguf.GGUFReader(path).fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type"):
+            continue
+        sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        fields[key] = (field.contents(), field.types[0], sub)
+    return fields
+
+
+def _file_type(value: int) -> dict[str, tuple[Any, Any, Any]]:
+    import gguf
+
+    return {"general.file_type": (value, gguf.GGUFValueType.UINT32, None)}
+
+
+def copy_as(src: Path, dst: Path, qtype: Any) -> Path:
+    """``src`` written again with every weight matrix in ``qtype`` (F16, or a type gguf-py's
+    numpy quantizer has) and the rest in F32, metadata copied."""
+    import gguf
+
+    gf = GGUFFile(src)
+    arch = gf.metadata["general.architecture"]
+
+    def make(name: str, raw: Any) -> Callable[[], np.ndarray]:
+        def data() -> np.ndarray:
+            values = gf.dequantize(name).numpy()
+            if raw == gguf.GGMLQuantizationType.F32:
+                return values
+            if raw == gguf.GGMLQuantizationType.F16:
+                return values.astype(np.float16)
+            return gguf.quants.quantize(values, raw)
+
+        return data
+
+    tensors: list[Tensor] = []
+    for name, info in gf.tensors.items():
+        raw = qtype if _is_matrix(name, info.shape) else gguf.GGMLQuantizationType.F32
+        tensors.append((name, info.shape, raw, make(name, raw)))
+    ftype = gguf.LlamaFileType["MOSTLY_" + gguf.GGMLQuantizationType(qtype).name]
+    return write_gguf(dst, arch, {**source_fields(src), **_file_type(int(ftype))}, tensors)
+
+
+def f16_source(src: Path | None = None) -> Path:
+    """The default model (or ``src``) as an F16 GGUF: the quantizer's input."""
+    import gguf
+
+    src = src or default_model_path()
+    dst = models_dir() / f"{_stem(src)}.F16.gguf"
+    return dst if dst.is_file() else copy_as(src, dst, gguf.GGMLQuantizationType.F16)
+
+
+def _stem(src: Path) -> str:
+    return DEFAULT_NAME if src == default_model_path() else src.stem
+
+
+def gguf_py_quantized(qtype: str = "Q8_0") -> Path:
+    """The default model with its matrices quantized by gguf-py's numpy quantizer to ``qtype``
+    (from the original file's values), for machines without llama-cpp-python."""
+    import gguf
+
+    dst = models_dir() / f"{DEFAULT_NAME}.gguf-py-{qtype}.gguf"
+    if dst.is_file():
+        return dst
+    return copy_as(default_model_path(), dst, gguf.GGMLQuantizationType[qtype])
+
+
+def llamacpp_quantize(src: Path, dst: Path, file_type: str, threads: int = 1) -> Path:
+    """``src`` quantized to llama.cpp's ``file_type`` (``Q4_K_M``, ...) by llama.cpp itself."""
+    try:
+        import llama_cpp
+    except ImportError:
+        raise MissingPeer(
+            "llama.cpp's quantizer needs llama-cpp-python: run `make bench-peers` or "
+            "`CMAKE_ARGS=-DGGML_NATIVE=ON .venv/bin/pip install llama-cpp-python`"
+        ) from None
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{file_type}")
+    params.nthread = threads
+    with _written(dst) as tmp:
+        status = llama_cpp.llama_model_quantize(
+            str(src).encode(), str(tmp).encode(), ctypes.byref(params)
+        )
+        if status != 0:
+            raise RuntimeError(f"llama.cpp could not quantize {src.name} to {file_type}")
+    return dst
+
+
+def llamacpp_quantized(file_type: str, threads: int = 1) -> Path:
+    """The default model as llama.cpp's ``file_type`` (one of :data:`LLAMACPP_TYPES`), quantized
+    from its F16 copy by llama.cpp."""
+    dst = models_dir() / f"{DEFAULT_NAME}.llamacpp-{file_type}.gguf"
+    if dst.is_file():
+        return dst
+    return llamacpp_quantize(f16_source(), dst, file_type, threads)
+
+
+def _qwen05_fields(seed_src: Path) -> dict[str, tuple[Any, Any, Any]]:
+    """The default model's tokenizer and chat template (its vocabulary padded to Qwen2.5's
+    151,936 entries with unreachable tokens) under Qwen2 architecture keys of 0.5B's sizes."""
+    import gguf
+
+    T = gguf.GGUFValueType
+    fields = {k: v for k, v in source_fields(seed_src).items() if not k.startswith("llama.")}
+    s = QWEN05
+    tokens, types = fields["tokenizer.ggml.tokens"][0], fields["tokenizer.ggml.token_type"][0]
+    pad = s["vocab"] - len(tokens)
+    fields["tokenizer.ggml.tokens"] = (
+        tokens + [f"<|pad{i}|>" for i in range(pad)],
+        T.ARRAY,
+        T.STRING,
+    )
+    fields["tokenizer.ggml.token_type"] = (types + [1] * pad, T.ARRAY, T.INT32)
+    fields.pop("tokenizer.ggml.scores", None)
+    sizes = {
+        "context_length": 32768,
+        "embedding_length": s["hidden"],
+        "block_count": s["layers"],
+        "feed_forward_length": s["ffn"],
+        "attention.head_count": s["heads"],
+        "attention.head_count_kv": s["kv_heads"],
+    }
+    fields.update({f"qwen2.{k}": (v, T.UINT32, None) for k, v in sizes.items()})
+    fields["qwen2.rope.freq_base"] = (1000000.0, T.FLOAT32, None)
+    fields["qwen2.attention.layer_norm_rms_epsilon"] = (1e-6, T.FLOAT32, None)
+    fields["general.name"] = (QWEN05_NAME, T.STRING, None)
+    return {**fields, **_file_type(F16_FILE_TYPE)}
+
+
+def _qwen05_tensors(seed: int = 0) -> list[Tensor]:
+    import gguf
+
+    F16, F32 = gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F32
+    s = QWEN05
+    d = s["hidden"] // s["heads"]
+    kv = s["kv_heads"] * d
+    rng = np.random.default_rng(seed)
+
+    def normal(shape: tuple[int, ...], std: float, dtype: Any) -> Callable[[], np.ndarray]:
+        return lambda: (rng.standard_normal(shape, dtype=np.float32) * std).astype(dtype)
+
+    def ones(n: int) -> Callable[[], np.ndarray]:
+        return lambda: 1 + 0.1 * rng.standard_normal(n, dtype=np.float32)
+
+    out: list[Tensor] = [
+        (
+            "token_embd.weight",
+            (s["vocab"], s["hidden"]),
+            F16,
+            normal((s["vocab"], s["hidden"]), 0.02, np.float16),
+        ),
+        ("output_norm.weight", (s["hidden"],), F32, ones(s["hidden"])),
+    ]
+    matrices = {
+        "attn_q": (s["hidden"], s["hidden"]),
+        "attn_k": (kv, s["hidden"]),
+        "attn_v": (kv, s["hidden"]),
+        "attn_output": (s["hidden"], s["hidden"]),
+        "ffn_gate": (s["ffn"], s["hidden"]),
+        "ffn_up": (s["ffn"], s["hidden"]),
+        "ffn_down": (s["hidden"], s["ffn"]),
+    }
+    for i in range(s["layers"]):
+        for name, shape in matrices.items():
+            out.append((f"blk.{i}.{name}.weight", shape, F16, normal(shape, 0.02, np.float16)))
+        for name, n in (("attn_q", s["hidden"]), ("attn_k", kv), ("attn_v", kv)):
+            out.append((f"blk.{i}.{name}.bias", (n,), F32, normal((n,), 0.1, np.float32)))
+        for name in ("attn_norm", "ffn_norm"):
+            out.append((f"blk.{i}.{name}.weight", (s["hidden"],), F32, ones(s["hidden"])))
+    return out
+
+
+def qwen05_shaped(file_type: str = "Q4_K_M", threads: int = 1) -> Path:
+    """A random model of Qwen2.5-0.5B's shapes (tied embeddings, QKV biases) as llama.cpp's
+    ``file_type``: written in F16 here, then quantized by llama.cpp (the F16 file is removed)."""
+    dst = models_dir() / f"{QWEN05_NAME}.{file_type}.gguf"
+    if dst.is_file():
+        return dst
+    f16 = models_dir() / f"{QWEN05_NAME}.F16.gguf"
+    write_gguf(f16, "qwen2", _qwen05_fields(default_model_path()), _qwen05_tensors())
+    try:
+        return llamacpp_quantize(f16, dst, file_type, threads)
+    finally:
+        f16.unlink(missing_ok=True)
+
+
+NAMES_HELP = (
+    "paths, or requant (the default model and its re-quantizations by llama.cpp: "
+    + ", ".join(LLAMACPP_TYPES)
+    + "), or qwen05 (a random Qwen2.5-0.5B-shaped Q4_K_M); made on first use"
+)
+
+
+def named_files(value: str) -> list[Path]:
+    """The GGUF files a bench's ``--files`` names (comma-separated; :data:`NAMES_HELP`)."""
+    out: list[Path] = []
+    for part in (p.strip() for p in value.split(",") if p.strip()):
+        if part == "requant":
+            out += [default_model_path(), *map(llamacpp_quantized, LLAMACPP_TYPES)]
+        elif part == "qwen05":
+            out.append(qwen05_shaped())
+        else:
+            out.append(Path(part).expanduser())
+    return out
