@@ -77,8 +77,9 @@ from chatpage.vocab import WEIGHT_FORMATS
 # Bumped whenever a format's stored tensors change (the packed cache's file names carry it, so
 # an older cache is packed again, never misread). 2: int4 stores the native GEMV's layout too.
 # 3: no dense fp32 embedding table in the quantized formats (bf16 rows, or int8 rows: the tied
-# lm_head's own).
-PACKED_LAYOUT = 3
+# lm_head's own). 4: a GGUF's Q4_0 / Q4_1 matrices keep their own blocks in int4
+# (TensorSource.load_int4).
+PACKED_LAYOUT = 4
 
 # The model's matmuls per layer (fused) and the lm_head, in the packed state's names.
 LAYER_LINEARS = ("qkv", "o", "gate_up", "down")
@@ -161,6 +162,14 @@ class TensorSource(Protocol):
         model's own layout: QKV, gate+up)."""
         ...
 
+    def load_int4(
+        self, names: tuple[str, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The matrices ``names`` concatenated along their rows as int4 (q4, scales, zeros:
+        :func:`pack_int4`'s tensors) from the checkpoint's own 4-bit groups, when it stores every
+        one of them in a form int4 holds exactly (a GGUF's Q4_0, Q4_1); else None."""
+        ...
+
 
 class StateSource:
     """A :class:`TensorSource` over a dict of HF-named tensors (each handed out once)."""
@@ -176,6 +185,10 @@ class StateSource:
 
     def load_fused(self, names: tuple[str, ...]) -> torch.Tensor:
         return self.load(names[0]) if len(names) == 1 else torch.cat([self.load(n) for n in names])
+
+    def load_int4(self, names: tuple[str, ...]) -> None:
+        """None: dense tensors have no 4-bit groups of their own."""
+        return None
 
 
 def fused_layout(config: Any, source: TensorSource) -> list[tuple[str, tuple[str, ...]]]:
@@ -343,9 +356,25 @@ def pack_source(
     tied = "lm_head.weight" not in source
     out: dict[str, torch.Tensor] = {}
     for name, parts in fused_layout(config, source):
-        out.update(pack_tensor(name, source.load_fused(parts), weights, tied, dtype))
+        kept = _own_int4(source, name, parts) if weights == "int4" else None
+        out.update(kept or pack_tensor(name, source.load_fused(parts), weights, tied, dtype))
     out["format." + weights] = torch.zeros(0)
     return out
+
+
+def _own_int4(
+    source: TensorSource, name: str, parts: tuple[str, ...]
+) -> dict[str, torch.Tensor] | None:
+    """A layer's matmul weight ``name`` as int4 from the checkpoint's own 4-bit groups
+    (:meth:`TensorSource.load_int4`), where it has them; None for every other tensor (the
+    lm_head and the embedding stay int8 rows: :func:`pack_tensor`)."""
+    prefix, _, kind = name.rpartition(".")
+    if kind != "weight" or prefix.rpartition(".")[2] not in LAYER_LINEARS:
+        return None
+    own = source.load_int4(parts)
+    if own is None:
+        return None
+    return dict(zip((prefix + x for x in (".q4", ".scales", ".zeros")), own, strict=True))
 
 
 def pack_state(
