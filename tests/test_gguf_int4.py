@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gguf
 import pytest
+import torch
 
 from chatpage.bench import quality, requant
 from chatpage.engine import gemv
@@ -51,6 +52,20 @@ def test_a_q8_0_file_is_re_quantized_as_before(tmp_path):
     int4, _ = _packs(write_gguf(tmp_path / "m.gguf", Q.Q8_0, arch="llama"))
     levels = gemv.unpack_int4(int4["layers.0.o.q4"]).view(-1, gemv.INT4_GROUP)
     assert (levels.amin(-1) == 0).all() and (levels.amax(-1) == 15).all()
+
+
+@pytest.mark.parametrize("qtype", [Q.IQ4_NL, Q.IQ4_XS])
+def test_int4_of_a_non_uniform_4_bit_file_is_its_int8(tmp_path, qtype):
+    """IQ4_NL / IQ4_XS levels are not evenly spaced: int4 of such a file stores every matrix as
+    int8 rows (the int8 pack's very tensors), the pack still saying int4."""
+    path = write_gguf(tmp_path / "m.gguf", qtype, arch="llama")
+    gf = GGUFFile(path)
+    config = gguf_config(gf)
+    int4, int8 = (pack_source(config, GGUFSource(gf, config), f) for f in ("int4", "int8"))
+    assert "format.int4" in int4 and not any(k.endswith(".q4") for k in int4)
+    del int4["format.int4"], int8["format.int8"]
+    assert int4.keys() == int8.keys()
+    assert all(torch.equal(int4[k], int8[k]) for k in int4)
 
 
 def test_the_engine_on_a_q4_0_copy_scores_as_in_fp32():

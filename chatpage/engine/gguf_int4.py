@@ -18,6 +18,8 @@ from chatpage.engine.gguf_file import GGUFFile
 
 # ggml type id -> the byte offset of its nibbles in a block (after d, and Q4_1's m)
 Q4_TYPES = {2: 2, 3: 4}  # Q4_0, Q4_1
+# 4-bit types whose 16 levels are not evenly spaced (ggml's kvalues_iq4nl): int4 cannot hold them
+NON_UNIFORM = {20: "IQ4_NL", 23: "IQ4_XS"}
 
 
 def _half(blocks: torch.Tensor, at: int) -> torch.Tensor:
@@ -47,3 +49,9 @@ def is_int4(gf: GGUFFile, name: str) -> bool:
     """Whether tensor ``name`` of ``gf`` is a matrix int4 holds exactly (Q4_0, Q4_1)."""
     info = gf.tensors[name]
     return info.type_id in Q4_TYPES and len(info.shape) == 2
+
+
+def non_uniform(gf: GGUFFile) -> list[str]:
+    """The non-uniform 4-bit types (IQ4_NL, IQ4_XS) of ``gf``'s matrices, if any."""
+    found = {NON_UNIFORM.get(t.type_id) for t in gf.tensors.values() if len(t.shape) == 2}
+    return sorted(t for t in found if t)

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from chatpage.engine.gguf_file import GGUFError, GGUFFile
-from chatpage.engine.gguf_int4 import int4_of, is_int4
+from chatpage.engine.gguf_int4 import int4_of, is_int4, non_uniform
 from chatpage.engine.model_config import ModelConfig, ModelShape
 
 # GGUF general.architecture -> the HF model_type it is run as
@@ -294,6 +294,11 @@ class GGUFSource:
             self.load(name, out[at : at + shape[0]])
             at += shape[0]
         return out
+
+    def uniform_int4(self) -> bool:
+        """Whether int4's evenly spaced levels suit the file's 4-bit matrices: not where any is
+        IQ4_NL or IQ4_XS (``engine/gguf_int4.py``)."""
+        return not non_uniform(self.gf)
 
     def load_int4(
         self, names: tuple[str, ...]
