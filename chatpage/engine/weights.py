@@ -1,5 +1,6 @@
 """Weight formats of the model's matmuls: fp32, bf16, int8 (per row) and int4 (groups of 32, with
-the lm_head in int8: the default GGUF's own Q4_1 layers and Q8_0 output, re-encoded).
+the lm_head in int8: the default GGUF's own Q4_1 layers, their blocks kept as they are, and its
+Q8_0 output re-encoded).
 
 A checkpoint's state (HF names) is first fused into the model's own layout (:func:`fuse_state`:
 one QKV and one gate+up matrix per layer), then each matmul weight is stored in the chosen format
