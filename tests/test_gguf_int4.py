@@ -66,6 +66,8 @@ def test_int4_of_a_non_uniform_4_bit_file_is_its_int8(tmp_path, qtype):
     del int4["format.int4"], int8["format.int8"]
     assert int4.keys() == int8.keys()
     assert all(torch.equal(int4[k], int8[k]) for k in int4)
+    (note,) = load_model(path, progress=lambda _m: None, weights="int4").warnings
+    assert qtype.name in note and "int8" in note
 
 
 def test_the_engine_on_a_q4_0_copy_scores_as_in_fp32():

@@ -55,3 +55,14 @@ def non_uniform(gf: GGUFFile) -> list[str]:
     """The non-uniform 4-bit types (IQ4_NL, IQ4_XS) of ``gf``'s matrices, if any."""
     found = {NON_UNIFORM.get(t.type_id) for t in gf.tensors.values() if len(t.shape) == 2}
     return sorted(t for t in found if t)
+
+
+def int4_notes(gf: GGUFFile) -> list[str]:
+    """What the user is told when int4 of ``gf`` runs as int8 rows (:func:`non_uniform`)."""
+    types = non_uniform(gf)
+    if not types:
+        return []
+    return [
+        f"{gf.path.name} holds {'/'.join(types)} matrices, whose uneven 4-bit levels int4 cannot "
+        "hold: its weights run as int8 rows (twice int4's size, llama.cpp's quality)"
+    ]
