@@ -4,7 +4,7 @@ A .gguf file is read directly (``engine/gguf_file.py``, memory-mapped): its arch
 come from the metadata, checked before anything heavy, so a file chatpage cannot run is refused at
 once. Its tensors go one at a time from the file into the chosen weight format
 (``engine/weights.py`` :func:`pack_source`); a format other than fp32 is packed once and cached
-under the XDG cache dir, keyed by the file's identity (``packed/int4.v3.safetensors``, ...), so a
+under the XDG cache dir, keyed by the file's identity (``packed/int4.v4.safetensors``, ...), so a
 cached start reads only that pack. fp32 is dequantized from the file on every start (a cached fp32
 copy would be several times the file). The tokenizer is built from the metadata once, through
 transformers' GGUF converter, and cached beside the packs as a tokenizer.json that later starts
