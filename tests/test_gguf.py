@@ -15,7 +15,7 @@ import torch
 
 from chatpage.engine.gguf_file import TENSOR_TYPES, GGUFFile
 from chatpage.engine.loader import ModelLoadError, default_model_path, gguf_cache_dir, load_model
-from chatpage.engine.weights import quantize_int8
+from chatpage.engine.weights import PACKED_LAYOUT, quantize_int8
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
@@ -244,7 +244,7 @@ def test_the_default_models_int4_pack_is_near_the_files_size():
     path = default_model_path()
     loaded = load_model(None, progress=lambda _m: None, weights="int4")
     files = [f for f in loaded.directory.rglob("*") if f.is_file()]
-    pack = loaded.directory / "packed" / "int4.v3.safetensors"
+    pack = loaded.directory / "packed" / f"int4.v{PACKED_LAYOUT}.safetensors"
     assert pack in files and pack.stat().st_size <= 1.3 * path.stat().st_size
     assert not any(f.name == "model.safetensors" for f in files)
     assert not any(k.startswith("embed.") for k in loaded.state)  # tied: the lm_head's int8 rows

@@ -13,10 +13,12 @@ perplexity is also given against it: goal <= +1% for the file's own precision (:
 ``--files`` does that comparison (perplexity only) for more GGUF files: ``requant`` names the
 default model and its re-quantizations by llama.cpp (``bench/requant.py``, made on first use).
 
-The loader reads every GGUF tensor type the same way: dequantized bit-exactly to fp32
-(``engine/dequant.py``), then re-encoded in the weight format asked for (int4: groups of 32 with a
-bf16 scale and zero, the lm_head in int8; int8: per-row scales; bf16; fp32); no format keeps the
-file's own blocks. The app's default is int4 whatever the file holds.
+Each format of a GGUF is measured as the app loads it (its pack). The loader reads every GGUF
+tensor type dequantized bit-exactly to fp32 (``engine/dequant.py``), then re-encoded in the weight
+format asked for (int4: groups of 32 with a bf16 scale and zero, the lm_head in int8; int8:
+per-row scales; bf16; fp32), except that int4 keeps a Q4_0 or Q4_1 matrix's own blocks (their
+nibbles, scales rounded to bf16: ``engine/gguf_int4.py``). The app's default is int4 whatever the
+file holds.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch.nn.functional as F
 from chatpage.bench import common, llamacpp, requant
 from chatpage.engine import LLMEngine, SamplingParams
 from chatpage.engine.chat_template import render_prompt
+from chatpage.engine.loader import LoadedModel, load_model
 from chatpage.engine.models.llama import AttentionMetadata
 from chatpage.vocab import WEIGHT_FORMATS
 
@@ -71,6 +74,15 @@ def all_logits(eng: LLMEngine, ids: list[int]) -> torch.Tensor:
     return eng.model.forward(
         torch.tensor(ids), torch.arange(n), meta, eng.kv.k, eng.kv.v, torch.arange(n)
     )
+
+
+def format_engine(loaded: LoadedModel, fmt: str) -> LLMEngine:
+    """An engine in ``fmt`` with the weights the app would run: a GGUF file loaded in that
+    format (its pack, where a Q4_0 / Q4_1 file's int4 keeps the file's own blocks), anything
+    else packed from the loaded state."""
+    if loaded.gguf is not None and fmt != loaded.weights:
+        loaded = load_model(loaded.gguf, progress=common.say, weights=fmt)
+    return common.engine(loaded, weight_dtype=fmt)
 
 
 def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
@@ -156,7 +168,7 @@ def compare_file(gguf: Path, formats: list[str]) -> dict:
     ours = {}
     for fmt in ["fp32"] + [f for f in formats if f != "fp32"]:
         common.say(f"quality: {gguf.name} in {fmt}")
-        eng = common.engine(loaded, weight_dtype=fmt)
+        eng = format_engine(loaded, fmt)
         ours[fmt] = perplexity(all_logits(eng, ids), ids)
         del eng
     return against_llamacpp(gguf, ids, ours)
@@ -170,7 +182,7 @@ def run(args) -> dict:
     rows, reference, base = [], None, None
     for fmt in ["fp32"] + [f for f in formats if f != "fp32"]:
         common.say(f"quality: {fmt}")
-        eng = common.engine(loaded, weight_dtype=fmt)
+        eng = format_engine(loaded, fmt)
         if reference is None:
             reference = greedy(eng, prompt, GREEDY_TOKENS)
         row = {"weights": fmt, **evaluate(eng, ids, prompt, reference)}

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from chatpage.engine.gguf_file import GGUFError, GGUFFile
+from chatpage.engine.gguf_int4 import int4_of, is_int4, non_uniform
 from chatpage.engine.model_config import ModelConfig, ModelShape
 
 # GGUF general.architecture -> the HF model_type it is run as
@@ -261,8 +262,9 @@ class GGUFSource:
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and gguf_name(name, self.arch) in self.gf.tensors
 
-    def load(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
-        """HF tensor ``name`` in fp32 (into ``out``, of its shape, when given)."""
+    def _tensor(self, name: str) -> tuple[str, torch.Tensor | None]:
+        """The GGUF tensor of HF tensor ``name`` and, for a llama file's Q and K, the file's row
+        of each of HF's rows."""
         tensor = gguf_name(name, self.arch)
         if tensor is None:
             raise KeyError(name)
@@ -272,7 +274,11 @@ class GGUFSource:
         if self.arch == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
             heads = getattr(self.config, "num_key_value_heads", None)
             heads = heads or self.config.num_attention_heads
-        rows = None if heads is None else _hf_rows(self.gf.tensors[tensor].shape[0], heads)
+        return tensor, None if heads is None else _hf_rows(self.gf.tensors[tensor].shape[0], heads)
+
+    def load(self, name: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """HF tensor ``name`` in fp32 (into ``out``, of its shape, when given)."""
+        tensor, rows = self._tensor(name)
         w = self.gf.dequantize(tensor, out, rows)
         if self.arch in GEMMA and name.endswith("norm.weight"):
             return w.sub_(1)  # llama.cpp's converter stores Gemma's norms as the 1 + w they apply
@@ -288,3 +294,22 @@ class GGUFSource:
             self.load(name, out[at : at + shape[0]])
             at += shape[0]
         return out
+
+    def uniform_int4(self) -> bool:
+        """Whether int4's evenly spaced levels suit the file's 4-bit matrices: not where any is
+        IQ4_NL or IQ4_XS (``engine/gguf_int4.py``)."""
+        return not non_uniform(self.gf)
+
+    def load_int4(
+        self, names: tuple[str, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The matrices ``names`` concatenated along their rows as int4 (q4, scales, zeros) from
+        their own blocks, when every one is stored in a type int4 holds exactly (Q4_0, Q4_1:
+        ``engine/gguf_int4.py``); else None."""
+        parts = [self._tensor(n) for n in names]
+        if not all(is_int4(self.gf, tensor) for tensor, _ in parts):
+            return None
+        q4, scales, zeros = zip(*(int4_of(self.gf, t, rows) for t, rows in parts), strict=True)
+        if len(parts) == 1:
+            return q4[0], scales[0], zeros[0]
+        return torch.cat(q4), torch.cat(scales), torch.cat(zeros)

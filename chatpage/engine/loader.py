@@ -4,7 +4,7 @@ A .gguf file is read directly (``engine/gguf_file.py``, memory-mapped): its arch
 come from the metadata, checked before anything heavy, so a file chatpage cannot run is refused at
 once. Its tensors go one at a time from the file into the chosen weight format
 (``engine/weights.py`` :func:`pack_source`); a format other than fp32 is packed once and cached
-under the XDG cache dir, keyed by the file's identity (``packed/int4.v3.safetensors``, ...), so a
+under the XDG cache dir, keyed by the file's identity (``packed/int4.v4.safetensors``, ...), so a
 cached start reads only that pack. fp32 is dequantized from the file on every start (a cached fp32
 copy would be several times the file). The tokenizer is built from the metadata once, through
 transformers' GGUF converter, and cached beside the packs as a tokenizer.json that later starts
@@ -31,6 +31,7 @@ import torch
 from chatpage.config.paths import cache_dir
 from chatpage.engine.config import check_format
 from chatpage.engine.gguf_file import GGUFError, GGUFFile
+from chatpage.engine.gguf_int4 import int4_notes
 from chatpage.engine.gguf_model import GGUFSource, gguf_config
 from chatpage.engine.model_config import ModelShape, read_config
 from chatpage.engine.models.llama import SUPPORTED_MODEL_TYPES
@@ -319,7 +320,7 @@ def load_model(
             raise ModelLoadError(
                 f"cannot load the tokenizer from {directory}: {e}".splitlines()[0]
             ) from e
-    warnings = []
+    warnings = int4_notes(gf) if source.is_file() and weights == "int4" else []
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
         warnings.append(f"{name} has no chat template; using a plain 'Role: text' template")
