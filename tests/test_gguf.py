@@ -194,7 +194,9 @@ def test_an_unsupported_architecture_is_refused_before_any_heavy_work(tmp_path):
     """One line naming the architecture; no transformers import, nothing dequantized or cached."""
     path = write_gguf(tmp_path / "falcon.gguf", Q.Q8_0, arch="falcon")
     message, imported = _refusal(path)
-    assert "unsupported architecture 'falcon'" in message and "qwen3, gemma2, gemma3, phi3" in message
+    assert (
+        "unsupported architecture 'falcon'" in message and "qwen3, gemma2, gemma3, phi3" in message
+    )
     assert imported == "False" and not gguf_cache_dir(path).exists()
 
 
