@@ -92,8 +92,8 @@ async def test_tab_completes_in_the_message_box(tmp_path, monkeypatch):
         await pilot.press("tab")  # several: the first, and the options are shown
         assert prompt.text == "/temp "
         info = str(app.chat.query_one("#prompt-info").render())
-        assert "tab: /temp · /think · /title · /top_k · /top_p" in info
-        await pilot.press("tab", "tab", "tab")
+        assert "tab: /temp · /think · /title · /tools · /top_k · /top_p" in info
+        await pilot.press("tab", "tab", "tab", "tab")
         assert prompt.text == "/top_k " and app.focused is prompt
         prompt.load_text("/new cod")
         prompt.move_cursor(prompt.document.end)

@@ -128,6 +128,8 @@ def test_every_key_does_its_action_from_the_message_box(terminal):
     t.shows("copied the message", "c")
     press("message_copy_code")
     t.shows("copied the code block (6 characters)", "b")
+    press("message_tools")
+    t.shows("this message made no tool calls", "t")
     press("transcript_prev")
     press("message_regenerate")
     t.shows("r asks again for a reply", "r on a question")

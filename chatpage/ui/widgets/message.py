@@ -233,7 +233,10 @@ class MessageView(Throttled, TypingGoesToTheBox, Vertical, can_focus=True):
             self._pending_tools = []
 
     def action_toggle_tools(self) -> None:
-        for block in self._tools.query(ToolBlock):
+        blocks = list(self._tools.query(ToolBlock))
+        if not blocks:
+            self.notify("this message made no tool calls", markup=False)
+        for block in blocks:
             block.toggle()
 
     # -- keys ------------------------------------------------------------------------------------
