@@ -8,9 +8,11 @@ import time
 
 import jsonschema
 import pytest
+import torch
 
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
 from chatpage.engine.chat_template import render_prompt
+from chatpage.engine.constraints import forbid, unpack
 from chatpage.engine.grammar import grammar_text
 from chatpage.engine.reasoning import ReasoningFormat, reasoning_format
 from chatpage.engine.sampling_params import GrammarKind, Structured
@@ -165,3 +167,14 @@ def test_mask_time_is_counted_by_the_clock_it_is_given(engine):
         engine.constraints.clock = time.perf_counter
     masked_steps = engine.constraints.mask_seconds - before
     assert masked_steps == engine.constraints.masked_rows - rows == 5  # one tick a masked step
+
+
+def test_forbid_masks_exactly_as_a_boolean_masked_fill():
+    gen = torch.Generator().manual_seed(0)
+    vocab = 1000  # not a multiple of 32: the last word's high bits lie past the vocabulary
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (3, 32), dtype=torch.int32, generator=gen)
+    logits = torch.randn(3, vocab, generator=gen)
+    logits[0, :5] = float("-inf")
+    want = logits.clone().masked_fill_(~unpack(bitmask, vocab), float("-inf"))
+    forbid(logits, bitmask, vocab)
+    assert torch.equal(logits, want)

@@ -2,7 +2,7 @@
 
 One call per engine step over the rows that sample. The masks of all constrained rows are
 computed together (llguidance's executor, in parallel) into one int32 bitmask, 32 tokens a word,
-which is unpacked on the logits' device and applied in one ``masked_fill_``. Sampling, logprobs
+which is applied on the logits' device in place (`forbid`: bitwise ops on fp32 logits). Sampling, logprobs
 and beam search all read the masked logits: a token the grammar forbids has probability 0.
 """
 
@@ -72,11 +72,30 @@ class LogitConstraints:
         bitmask = self._bitmask[:n]
         pairs: list[tuple[Any, int]] = [(m.raw, i) for i, (_, m) in enumerate(constrained)]
         self._executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), words * 4, n)
-        allowed = unpack(bitmask.to(logits.device), vocab)
-        index = torch.tensor([row for row, _ in constrained], device=logits.device)
-        sub = logits.index_select(0, index)
-        sub.masked_fill_(~allowed, float("-inf"))
-        logits.index_copy_(0, index, sub)
+        bitmask = bitmask.to(logits.device)
+        rows = [row for row, _ in constrained]
+        whole = rows == list(range(logits.shape[0])) and logits.is_contiguous()
+        index = None if whole else torch.tensor(rows, device=logits.device)
+        sub = logits if index is None else logits.index_select(0, index)
+        if sub.dtype == torch.float32:
+            forbid(sub, bitmask, vocab)
+        else:
+            sub.masked_fill_(~unpack(bitmask, vocab), float("-inf"))
+        if index is not None:
+            logits.index_copy_(0, index, sub)
+
+
+_NEG_INF_BITS = int(torch.tensor(float("-inf")).view(torch.int32))
+
+
+def forbid(logits: torch.Tensor, bitmask: torch.Tensor, vocab: int) -> None:
+    """Set to -inf, in place, the fp32 ``logits`` [N, vocab] whose bit in ``bitmask`` is 0, as
+    ``masked_fill_(~unpack(...))`` would, by bitwise ops on their int32 view (half its time
+    on the CPU: no boolean mask, whose masked fill is slow)."""
+    bits = _BITS.to(bitmask.device)
+    keep = ((bitmask.unsqueeze(-1) >> bits) & 1).neg_().flatten(1)[:, :vocab]  # -1 or 0
+    raw = logits.view(torch.int32)
+    raw.bitwise_and_(keep).bitwise_or_(keep.bitwise_not_().bitwise_and_(_NEG_INF_BITS))
 
 
 def unpack(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
