@@ -59,7 +59,7 @@ bench-peers: setup
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || \
 		CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install llama-cpp-python
 	$(BIN)/chatpage bench throughput --json --peer llamacpp
-	$(BIN)/chatpage bench peers --json
+	$(BIN)/python -m chatpage.bench.report docs/benchmarks.md --only peers
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -3,6 +3,7 @@ server alive at a time, stopped as a whole process group, and the comparison it 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -76,3 +77,46 @@ def test_compare_reports_the_median_round_and_the_goals() -> None:
     assert run["ratio"] == 1.6 and run["ratio_ok"]
     assert run["chatpage"]["output_tok_s"] == 160  # the figures of the median round
     assert not run["ttft_ok"] and run["tpot_ok"]
+
+
+def test_the_report_shows_each_run_side_by_side_and_keeps_it_through_a_full_run(
+    tmp_path: Path,
+) -> None:
+    from chatpage.bench import report
+
+    figures = {
+        "chatpage": {"1": _figures(60, 100, 15), "chats": _figures(90, 300, 40)},
+        "vllm": {"1": _figures(30, 200, 32), "chats": _figures(100, 250, 35)},
+    }
+    result = {
+        "bench": "peers",
+        "model": "SmolLM2-135M-Instruct",
+        "peer": peers.VLLM_PIN,
+        "rounds": 1,
+        "input_len": 256,
+        "output_len": 128,
+        "cores": 2,
+        "runs": peers.compare([figures]),
+    }
+    runs = {
+        "peers": {"command": "chatpage bench peers --json", "seconds": 1800.0, "result": result}
+    }
+    text = report.render(runs, tmp_path / "b.md", "test machine", 1800.0)
+    status = {
+        line.split(" | ")[1]: line.split(" | ")[4]
+        for line in text.splitlines()
+        if line.startswith("| peers |")
+    }
+    assert status["chatpage / vLLM output tok/s, concurrency 1"] == "met"  # 2.0 >= 1.5
+    assert status["TTFT p50 and TPOT p50 <= vLLM's, concurrency 1"] == "met"
+    assert status["chatpage / vLLM output tok/s, 8 chats, one shared system prompt"] == "**missed**"
+    assert status["TTFT p50 and TPOT p50 <= vLLM's, 8 chats, one shared system prompt"] == (
+        "**missed**"
+    )
+    assert "| concurrency 1 | vllm | 30 | 200 | 200 | 32 | 32 | 4 |  |" in text
+    back, _ = report.read_back(text)
+    assert back["peers"]["result"] == json.loads(json.dumps(result))
+    # a full `make bench` runs every benchmark but this one, and keeps its last figures
+    assert "peers" not in report.to_run(None, False) and "single" in report.to_run(None, False)
+    assert report.kept(back, None) == back and report.to_run("peers", False) == ["peers"]
+    assert report.kept({"single": {}}, None) == {}

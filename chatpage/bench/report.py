@@ -10,8 +10,11 @@ model's memory never weighs on the next; the last stdout line of each is its JSO
     python -m chatpage.bench.report OUT.md --results runs.json --only serve --save runs.json
     python -m chatpage.bench.report docs/benchmarks.md --only soak      # rerun one, keep the rest
 
+    python -m chatpage.bench.report docs/benchmarks.md --only peers     # against vLLM (~30 min)
+
 With ``--only`` and no ``--results``, the other benchmarks' results are read back from the report
-being rewritten (its JSON blocks), so one benchmark can be rerun without the others.
+being rewritten (its JSON blocks), so one benchmark can be rerun without the others. A full run
+runs every benchmark but ``peers`` (``make bench-peers``) and keeps that one's last figures.
     python -m chatpage.bench.report OUT.md --bench-args "--model DIR" # passed to every bench
 """
 
@@ -28,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from chatpage.bench import report_files, report_single
+from chatpage.bench import report_files, report_peers, report_single
 
 # One torch thread and the CPU-time clock (bench/common.now): on a shared 2-core machine, two
 # OpenMP threads collapse whenever another process runs, and wall times swing by 2-10x.
@@ -48,7 +51,11 @@ ORDER = (
     "soak",
     "kernel",
     "load",
+    "peers",
 )
+# Run only when named (``make bench-peers``: ~30 min a round, and it installs vLLM into .peers/);
+# a full ``make bench`` keeps the figures of its last run.
+NAMED_ONLY = ("peers",)
 # Arguments of one benchmark only (the TUI bench: one chat, long enough to outlast the keys).
 BENCH_ARGS = {
     "ui": ["--sessions", "1", "--max-tokens", "1500"],
@@ -57,8 +64,9 @@ BENCH_ARGS = {
     "quality": ["--files", "requant"],
     "load": ["--files", "requant,qwen05"],
 }
-# The benchmarks that take none of --bench-args (kernel times its own threads; windows runs no model)
-OWN_ARGS = ("kernel", "windows")
+# The benchmarks that take none of --bench-args (kernel times its own threads; windows runs no
+# model; peers runs both servers as a user runs them: default threads, wall clock)
+OWN_ARGS = ("kernel", "windows", "peers")
 PLOTTED = ("throughput", "memory", "serve", "prefix", "sharing")
 
 
@@ -239,6 +247,7 @@ def goals(results: dict) -> list[dict]:
             add("soak", what, k[key], "0", k[key] == 0, why)
             why = "the same run"
     report_files.goals(results, add)
+    report_peers.goals(results, add)
     return rows
 
 
@@ -383,6 +392,8 @@ def _figures(name: str, r: dict) -> list[str]:
         return report_single.figures(name, r, _table)
     if name in ("load", "windows"):
         return report_files.figures(name, r, _table)
+    if name == "peers":
+        return report_peers.figures(r, _table)
     if name == "throughput":
         rows = [
             ["chatpage", r["chatpage_tok_s"], r["chatpage_mean_batch"]],
@@ -700,6 +711,21 @@ def read_back(text: str) -> tuple[dict, str | None]:
     return runs, machine["machine"] if machine else None
 
 
+def kept(back: dict, only: str | None) -> dict:
+    """The runs read back from the report being rewritten that the new one keeps: all of them
+    when only some benchmarks rerun (``--only``), else those a full run leaves out
+    (:data:`NAMED_ONLY`)."""
+    return dict(back) if only else {n: back[n] for n in NAMED_ONLY if n in back}
+
+
+def to_run(only: str | None, from_results: bool) -> list[str]:
+    """The benchmarks to run: those ``--only`` names, else none on top of saved results, else
+    every one but :data:`NAMED_ONLY`."""
+    if only is None:
+        return [] if from_results else [n for n in ORDER if n not in NAMED_ONLY]
+    return [n for n in (x.strip() for x in only.split(",")) if n]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m chatpage.bench.report",
@@ -731,10 +757,11 @@ def main(argv: list[str] | None = None) -> int:
         saved = json.loads(args.results.read_text())
         runs, machine = saved["runs"], saved["machine"]
         args.bench_args = saved.get("bench_args", args.bench_args)
-    elif args.only and args.report.exists():
-        runs, machine = read_back(args.report.read_text(encoding="utf-8"))
-    names = [n.strip() for n in (args.only or ("" if args.results else ",".join(ORDER))).split(",")]
-    names = [n for n in names if n]
+    elif args.report.exists():
+        back, machine = read_back(args.report.read_text(encoding="utf-8"))
+        runs = kept(back, args.only)
+        machine = machine if args.only else None
+    names = to_run(args.only, bool(args.results))
     for name in names:
         if name not in ORDER:
             p.error(f"unknown benchmark {name!r}; choose from {', '.join(ORDER)}")
