@@ -396,3 +396,58 @@ def test_report_reads_back_what_it_wrote(tmp_path):
     back, machine = report.read_back(text)
     assert machine == "test machine"
     assert back == {"soak": runs["soak"]}  # a failed section has no JSON to read back
+
+
+SERVE_API = {  # a run of `chatpage bench serve --api --concurrency 64 --output-tokens 32`
+    "benchmark": "serve_api",
+    "workload": "sharegpt",
+    "clock": "cpu",
+    "mean_input": 31.8,
+    "mean_output": 32.0,
+    "concurrency": 64,
+    "in_process": {
+        "rate": 3.28,
+        "ttft_p50": 3.47,
+        "ttft_p99": 7.51,
+        "tpot_p50": 0.508,
+        "wall_s": 19.5,
+        "engine_thread_cpu_s": 19.42,
+    },
+    "api": {
+        "rate": 2.77,
+        "ttft_p50": 4.24,
+        "ttft_p99": 8.19,
+        "tpot_p50": 0.596,
+        "wall_s": 23.2,
+        "engine_thread_cpu_s": 21.66,
+        "api_latency_p50_ms": 21.9,
+        "api_latency_p99_ms": 100.3,
+        "streamed_tokens": 2048,
+    },
+    "api_overhead_ms": 0.19,
+    "server_thread_ms": 0.2024,
+    "client_ms": 0.3826,
+    "wall_added_ms": 1.79,
+    "goal_api_overhead_ms": 1.0,
+}
+
+
+@pytest.mark.parametrize(("overhead", "status"), [(0.19, "met"), (1.25, "**missed**")])
+def test_report_renders_the_serve_overhead_goal(tmp_path, overhead, status):
+    entry = {
+        "command": "chatpage bench serve --api --json --concurrency 64",
+        "seconds": 50.0,
+        "returncode": 0,
+        "result": {**SERVE_API, "api_overhead_ms": overhead},
+    }
+    text = report.render({"serve_api": entry}, tmp_path / "b.md", "test machine", 50.0)
+    row = f"| serve_api | serve overhead per streamed token at 64 streams, ms | {overhead} | <= 1 |"
+    assert f"{row} {status} |" in text
+    assert "the server's loop thread spent 0.202 ms a token" in text
+    assert f"serving adds **{overhead:.3f} ms** (cpu clock)" in text
+    assert report.read_back(text)[0] == {"serve_api": entry}
+    cmd = report.command("serve_api", tmp_path, ["--threads", "1"])
+    assert cmd[3:] == [
+        "bench", "serve", "--api", "--json", "--concurrency", "64", "--output-tokens", "32",
+        "--threads", "1",
+    ]  # fmt: skip

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
-from serve_helpers import free_port, running_server
+from serve_helpers import running_server
 
 from chatpage.engine.client import LocalEngineClient
 from chatpage.serve import build_app
+from chatpage.serve.threaded import serving
 
 KEY = "test-key"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
@@ -253,23 +251,6 @@ def test_persona_model_uses_its_pinned_prefix(api):
     assert r.usage.prompt_tokens_details.cached_tokens >= 16
 
 
-def test_cancel_mid_stream_frees_the_blocks(url):
-    body = {"messages": HI, "max_tokens": 900, "ignore_eos": True, "stream": True}
-    with httpx.stream(
-        "POST", f"{url}/v1/chat/completions", json=body, headers=HEADERS, timeout=60
-    ) as s:
-        lines = s.iter_lines()
-        for _ in range(6):
-            next(lines)
-        busy = stats(url)
-        assert busy["num_running"] == 1 and busy["blocks_private"] > 0
-    deadline = time.monotonic() + 30
-    while (now := stats(url))["num_running"] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert now["num_running"] == 0 and now["blocks_private"] == 0
-    assert now["blocks_used"] == now["blocks_pinned"]
-
-
 @pytest.mark.parametrize(
     ("body", "field", "words"),
     [
@@ -376,24 +357,17 @@ def test_metrics_parse_with_vllm_names(api, url):
 
 def test_health_is_503_while_loading_and_after_a_failed_load(tmp_path):
     client = LocalEngineClient(str(tmp_path / "no-such-model"))  # not started yet: "loading"
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(build_app(client), port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
     try:
-        while not server.started:
-            time.sleep(0.05)
-        base = f"http://127.0.0.1:{port}"
-        assert httpx.get(f"{base}/health").status_code == 503
-        r = httpx.post(f"{base}/v1/chat/completions", json={"messages": HI})
-        assert r.status_code == 503 and "still loading" in r.json()["error"]["message"]
-        client.start()
-        assert not client.wait_ready(30)
-        r = httpx.get(f"{base}/health")
-        assert r.status_code == 503 and "did not load" in r.json()["status"]
+        with serving(build_app(client)) as server:
+            base = server.url
+            assert httpx.get(f"{base}/health").status_code == 503
+            r = httpx.post(f"{base}/v1/chat/completions", json={"messages": HI})
+            assert r.status_code == 503 and "still loading" in r.json()["error"]["message"]
+            client.start()
+            assert not client.wait_ready(30)
+            r = httpx.get(f"{base}/health")
+            assert r.status_code == 503 and "did not load" in r.json()["status"]
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
         client.close()
 
 
@@ -411,13 +385,19 @@ def test_bench_serve_api_json(tiny_llama_dir, capsys):
                 "0.05",
                 "--concurrency",
                 "4",
+                "--output-tokens",
+                "5",
+                "--threads",
+                "1",
             ]
         )
         == 0
     )
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert r["benchmark"] == "serve_api" and r["concurrency"] == 4
+    assert r["benchmark"] == "serve_api" and r["concurrency"] == 4 and r["clock"] == "cpu"
     for run in (r["in_process"], r["api"]):
         assert {"rate", "ttft_p50", "ttft_p99", "tpot_p50"} <= set(run) and run["rate"] > 0
-    assert r["api"]["streamed_tokens"] == r["output_tokens"]
-    assert r["api_overhead_ms"] > 0 and r["goal_api_overhead_ms"] == 1.0
+        assert run["process_cpu_s"] > run["reader_cpu_s"] > 0
+    assert r["output_tokens"] == 4 * 5 == r["api"]["streamed_tokens"]
+    assert r["server_thread_ms"] > 0 and r["client_ms"] > 0 and r["goal_api_overhead_ms"] == 1.0
+    assert isinstance(r["api_overhead_ms"], float)

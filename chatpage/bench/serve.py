@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from dataclasses import replace
 
 from chatpage.bench import common, plots
 from chatpage.bench.reservation import ReservationScheduler
@@ -134,6 +135,8 @@ def _api(args, loaded) -> int:
         seed=args.seed,
         vocab_size=loaded.config.vocab_size,
     )
+    if args.output_tokens is not None:
+        trace = [replace(r, output_len=args.output_tokens) for r in trace]
     result = {
         "benchmark": "serve_api",
         "workload": args.workload,
@@ -185,7 +188,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--concurrency", type=int, default=32, help="with --api: streams at once (default 32)"
     )
+    p.add_argument(
+        "--output-tokens",
+        type=int,
+        default=None,
+        help="with --api: every request decodes this many tokens (default: the trace's lengths)",
+    )
     args = common.parse(p, argv)
+    if args.concurrency < 1:
+        p.error(f"--concurrency must be >= 1, got {args.concurrency}")
+    if args.output_tokens is not None and args.output_tokens < 1:
+        p.error(f"--output-tokens must be >= 1, got {args.output_tokens}")
     n = args.requests or max(6, round(REQUESTS_AT_SCALE_1 * args.scale))
 
     loaded = common.load(args.model)
