@@ -10,7 +10,7 @@ model's memory never weighs on the next; the last stdout line of each is its JSO
     python -m chatpage.bench.report OUT.md --results runs.json --only serve --save runs.json
     python -m chatpage.bench.report docs/benchmarks.md --only soak      # rerun one, keep the rest
 
-    python -m chatpage.bench.report docs/benchmarks.md --only peers     # against vLLM (~30 min)
+    python -m chatpage.bench.report docs/benchmarks.md --only peers     # against vLLM (~40 min)
 
 With ``--only`` and no ``--results``, the other benchmarks' results are read back from the report
 being rewritten (its JSON blocks), so one benchmark can be rerun without the others. A full run
@@ -54,7 +54,7 @@ ORDER = (
     "load",
     "peers",
 )
-# Run only when named (``make bench-peers``: ~30 min a round, and it installs vLLM into .peers/);
+# Run only when named (``make bench-peers``: ~40 min a round, and it installs vLLM into .peers/);
 # a full ``make bench`` keeps the figures of its last run.
 NAMED_ONLY = ("peers",)
 # Arguments of one benchmark only (the TUI bench: one chat, long enough to outlast the keys).
