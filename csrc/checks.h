@@ -208,9 +208,15 @@ inline void check_int8_args(const at::Tensor& qweight, const at::Tensor& scales,
               "chatpage::", op, ": scales must be bfloat16 with one value per output row");
 }
 
-// An int4 matrix in the GEMV's layout: q [N, K/2] uint8, scales and zeros [N, K/group] bf16.
+// An int4 matrix in the GEMV's layout: q [N, K/2] uint8, scales and zeros [N, K/group] bf16, and
+// optionally its 16 levels (int8).
 inline void check_int4_args(const at::Tensor& q, const at::Tensor& scales,
-                            const at::Tensor& zeros, int64_t group, const char* op) {
+                            const at::Tensor& zeros, const c10::optional<at::Tensor>& levels,
+                            int64_t group, const char* op) {
+  TORCH_CHECK(!levels.has_value() || (levels->scalar_type() == at::kChar &&
+                                      levels->is_contiguous() && levels->numel() == 16 &&
+                                      levels->device().is_cpu()),
+              "chatpage::", op, ": levels must be 16 contiguous int8 values on the CPU");
   TORCH_CHECK(q.scalar_type() == at::kByte, "chatpage::", op, ": q must be uint8");
   const int64_t n = q.size(0), k = q.size(1) * 2;
   TORCH_CHECK(k % group == 0, "chatpage::", op, ": inputs must be a multiple of ", group);

@@ -26,16 +26,20 @@ TORCH_LIBRARY(chatpage, m) {
       "Tensor(b!) k, Tensor(c!) v) -> ()");
   m.def("silu_mul(Tensor gate_up, Tensor(a!) out) -> ()");
   // Few-row matmuls x @ W.T against fp32, bf16, int8 and int4 weights (chatpage/engine/gemv.py is
-  // their reference); CPU only.
+  // their reference; int4's optional levels: the matrix's 16 levels, int8, else q - 8); CPU only.
   m.def("gemv_fp32(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("gemv_bf16(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("gemv_int8(Tensor x, Tensor qweight, Tensor scales, Tensor? bias) -> Tensor");
-  m.def("gemv_int4(Tensor x, Tensor q, Tensor scales, Tensor zeros, Tensor? bias) -> Tensor");
+  m.def(
+      "gemv_int4(Tensor x, Tensor q, Tensor scales, Tensor zeros, Tensor? levels, Tensor? bias) "
+      "-> Tensor");
   // The same matmuls for many rows (bf16, int8 and int4 weights in the GEMVs' layouts, the same
   // references); CPU only.
   m.def("gemm_bf16(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("gemm_int8(Tensor x, Tensor qweight, Tensor scales, Tensor? bias) -> Tensor");
-  m.def("gemm_int4(Tensor x, Tensor q, Tensor scales, Tensor zeros, Tensor? bias) -> Tensor");
+  m.def(
+      "gemm_int4(Tensor x, Tensor q, Tensor scales, Tensor zeros, Tensor? levels, Tensor? bias) "
+      "-> Tensor");
   // A GGUF tensor's blocks of ggml type type_id dequantized into out (fp32, blocks' values in
   // order, or row i from the file's row row_order[i]; chatpage/engine/dequant.py is the
   // reference). CPU only.

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import torch
-from gemv_checks import run_on_avx2_build
+from gemv_checks import level_cases, run_on_avx2_build
 
 BF16, F32 = torch.bfloat16, torch.float32
 # rows: below, at and past the 4-row (AVX2: 2-row) tile, with leftovers; outputs: fewer than a
@@ -27,6 +27,7 @@ CASES = [
         ROWS, OUTPUTS, INPUTS[fmt], (F32, BF16), (False, True)
     )
 ]
+CASES += level_cases(ROWS, OUTPUTS, INPUTS["int4"])  # int4 with a table of levels of its own
 
 
 if __name__ == "__main__":

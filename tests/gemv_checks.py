@@ -22,6 +22,16 @@ BF16, F32 = torch.bfloat16, torch.float32
 ROWS = [1, 2, 3, 5, 9]
 OUTPUTS = [7, 21]
 INPUTS = {"fp32": [45, 576], "bf16": [45, 576], "int8": [45, 576], "int4": [32, 96, 576]}
+
+
+def level_cases(rows, outputs, inputs) -> list[tuple]:
+    """The checks of int4 with levels: every combination, fp32 and bf16, a bias every other."""
+    return [
+        ("int4+levels", m, n, k, dtype, m % 2 == 0)
+        for m, n, k, dtype in itertools.product(rows, outputs, inputs, (F32, BF16))
+    ]
+
+
 CASES = [
     (fmt, m, n, k, dtype, bias)
     for fmt in ("fp32", "bf16", "int8", "int4")
@@ -29,10 +39,14 @@ CASES = [
         ROWS, OUTPUTS, INPUTS[fmt], (F32, BF16), (False, True)
     )
 ]
+# int4 with a table of levels of its own ("int4+levels": the int4 kernels given ``levels``) at
+# every row count up to 8 (a matrix with levels takes the GEMV for every row below the GEMM's)
+CASES += level_cases(range(1, 9), OUTPUTS, INPUTS["int4"])
 
 
-def weights_of(fmt: str, n: int, k: int) -> tuple[torch.Tensor, ...]:
-    """Random [N, K] weights in ``fmt``, as the kernels and references take them."""
+def weights_of(fmt: str, n: int, k: int) -> tuple[torch.Tensor | None, ...]:
+    """Random [N, K] weights in ``fmt``, as the kernels and references take them (int4+levels:
+    random int8 levels over their whole range, -128 included)."""
     match fmt:
         case "fp32":
             return (torch.randn(n, k),)
@@ -43,20 +57,26 @@ def weights_of(fmt: str, n: int, k: int) -> tuple[torch.Tensor, ...]:
             return q, (torch.rand(n) / 100).to(BF16)
     groups = k // gemv.INT4_GROUP
     q = gemv.pack_int4(torch.randint(0, 16, (n, k)))
-    return q, (torch.rand(n, groups) / 10).to(BF16), (torch.randn(n, groups) / 10).to(BF16)
+    zeros = (torch.randn(n, groups) / 10).to(BF16)
+    if fmt == "int4":
+        return q, (torch.rand(n, groups) / 10).to(BF16), zeros, None
+    levels = torch.randint(-128, 128, (16,), dtype=torch.int8)
+    levels[0] = -128
+    return q, (torch.rand(n, groups) / 1000).to(BF16), zeros, levels
 
 
 def check_op(
     op: str, fmt: str, m: int, n: int, k: int, dtype: torch.dtype, with_bias: bool
 ) -> None:
-    """One call of ``<op>_<fmt>`` (op: gemv or gemm) equals its reference (the kernel only sums
-    in another order)."""
+    """One call of ``<op>_<fmt>`` (op: gemv or gemm; int4+levels: the int4 kernel with levels)
+    equals its reference (the kernel only sums in another order)."""
     torch.manual_seed(m * 10_000 + n * 100 + k)
     x = torch.randn(m, k).to(dtype)
     bias = torch.randn(n) if with_bias else None
     weights = weights_of(fmt, n, k)
-    got = getattr(torch.ops.chatpage, f"{op}_{fmt}")(x, *weights, bias)
-    want = getattr(gemv, f"reference_{fmt}")(x, *weights, bias)
+    kind = fmt.partition("+")[0]
+    got = getattr(torch.ops.chatpage, f"{op}_{kind}")(x, *weights, bias)
+    want = getattr(gemv, f"reference_{kind}")(x, *weights, bias)
     assert got.dtype == want.dtype == dtype and got.shape == (m, n)
     tol = 1e-2 if dtype == BF16 else 1e-4
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)

@@ -11,6 +11,7 @@ from chatpage.engine import SamplingParams, ops
 from chatpage.engine.loader import load_model
 from chatpage.engine.models.llama import NativeLayers
 from chatpage.engine.weights import GEMV_ROWS
+from tests.test_gguf import Q, write_gguf
 
 
 def _run(loaded, fmt: str, native: bool, monkeypatch) -> tuple[list, int]:
@@ -28,7 +29,7 @@ def _run(loaded, fmt: str, native: bool, monkeypatch) -> tuple[list, int]:
     )
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
     together = eng.generate([list(range(100, 100 + n)) for n in (5, 21, 40)], params)
-    alone = eng.generate([list(range(300, 333))], params)
+    alone = eng.generate([list(range(150, 183))], params)  # (ids any vocabulary here holds)
     got = [(c.token_ids, c.logprobs, c.top_logprobs) for o in together + alone for c in o.outputs]
     return got, len(calls)
 
@@ -50,9 +51,10 @@ def test_bad_arguments_are_refused():
     t = torch.zeros(1)
     op = torch.ops.chatpage.decode_layers
     with pytest.raises(
-        RuntimeError, match="parts must be 1 .fp32, bf16., 2 .int8. or 3 .int4., got 4"
+        RuntimeError,
+        match="parts must be 1 .fp32, bf16., 2 .int8., 3 .int4. or 4 .int4 with levels., got 5",
     ):
-        op(t, t, t, t, [], [], [], 4, [t], [t], t, t, t, t, 1e-5, 1.0, [0], t, t, t, t, t, t)
+        op(t, t, t, t, [], [], [], 5, [t], [t], t, t, t, t, 1e-5, 1.0, [0], t, t, t, t, t, t)
     with pytest.raises(RuntimeError, match="for 1 layers expected 1 value caches, 2 norms"):
         op(
             t,
@@ -79,3 +81,16 @@ def test_bad_arguments_are_refused():
             t,
             t,
         )
+
+
+def test_int4_with_and_without_levels_gives_the_python_loops_bits(tmp_path, monkeypatch):
+    """A GGUF of IQ4_NL matrices (int4 with their table of levels) but for a Q8_0 ffn_down
+    (re-quantized: int4's own levels q - 8): the native loop takes four parts per matmul, an empty
+    levels tensor for the uniform one, and gives the Python loop's bits."""
+    path = write_gguf(tmp_path / "m.gguf", Q.IQ4_NL, arch="llama", types={"blk.0.ffn_down": Q.Q8_0})
+    loaded = load_model(path, progress=lambda _m: None, weights="int4")
+    assert "layers.0.qkv.levels" in loaded.state and "layers.0.down.levels" not in loaded.state
+    assert common.engine(loaded, weight_dtype="int4").model.native_layers.parts == 4
+    native, steps = _run(loaded, "int4", True, monkeypatch)
+    python, _ = _run(loaded, "int4", False, monkeypatch)
+    assert native == python and steps >= 11

@@ -39,7 +39,9 @@ def test_bad_arguments_are_refused():
         lib.gemm_int8(x, torch.zeros(4, 32, dtype=torch.int8), torch.ones(4, dtype=BF16), None)
     with pytest.raises(RuntimeError, match="gemm_int8: scales must be bfloat16"):
         lib.gemm_int8(x, torch.zeros(4, 64, dtype=torch.int8), torch.ones(3, dtype=BF16), None)
+    q4 = torch.zeros(4, 32, dtype=torch.uint8)
     with pytest.raises(RuntimeError, match="gemm_int4: scales and zeros must be contiguous"):
-        lib.gemm_int4(
-            x, torch.zeros(4, 32, dtype=torch.uint8), torch.ones(4, 1), torch.ones(4, 1), None
-        )
+        lib.gemm_int4(x, q4, torch.ones(4, 1), torch.ones(4, 1), None, None)
+    ones, levels = torch.ones(4, 2, dtype=BF16), torch.zeros(17, dtype=torch.int8)
+    with pytest.raises(RuntimeError, match="gemm_int4: levels must be 16 contiguous int8"):
+        lib.gemm_int4(x, q4, ones, ones, levels, None)

@@ -12,6 +12,7 @@ from gemv_checks import CASES, check_op
 from kernel_checks import run_avx2_build
 
 from chatpage.engine import gemv, ops
+from chatpage.engine.dequant import IQ4_LEVELS
 from chatpage.engine.weights import GEMM_ROWS, GEMV_ROWS, make_linear, pack_int4, quantize_int4
 
 LIB = torch.ops.chatpage
@@ -43,6 +44,9 @@ def test_int4_layout_round_trips_and_dequantizes():
     ones = torch.ones(5, 2, dtype=BF16)
     w = gemv.dequantize_int4(q, ones * 2, ones)
     torch.testing.assert_close(w, (levels.float() - 8) * 2 + 1)
+    table = torch.randint(-128, 128, (16,), dtype=torch.int8)
+    w = gemv.dequantize_int4(q, ones * 2, ones, table)
+    assert torch.equal(w, table[levels].float() * 2 + 1)
 
 
 def test_bad_arguments_are_refused():
@@ -51,26 +55,42 @@ def test_bad_arguments_are_refused():
         LIB.gemv_fp32(x, torch.randn(4, 32), None)
     with pytest.raises(RuntimeError, match="gemv_bf16: weight must be bfloat16"):
         LIB.gemv_bf16(x, torch.randn(4, 64), None)
+    q4, ones = torch.zeros(4, 32, dtype=torch.uint8), torch.ones(4, 2, dtype=BF16)
     with pytest.raises(RuntimeError, match="scales and zeros must be contiguous bfloat16"):
-        LIB.gemv_int4(
-            x, torch.zeros(4, 32, dtype=torch.uint8), torch.ones(4, 1), torch.ones(4, 1), None
-        )
+        LIB.gemv_int4(x, q4, torch.ones(4, 1), torch.ones(4, 1), None, None)
+    for levels in (torch.zeros(8, dtype=torch.int8), torch.zeros(16, dtype=torch.int32)):
+        with pytest.raises(RuntimeError, match="levels must be 16 contiguous int8 values"):
+            LIB.gemv_int4(x, q4, ones, ones, levels, None)
     with pytest.raises(RuntimeError, match="one value per output row"):
         LIB.gemv_int8(
             x, torch.zeros(4, 64, dtype=torch.int8), torch.ones(4, dtype=BF16), torch.ones(3)
         )
 
 
-@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4"])
+def _levels_state(n: int, k: int) -> dict[str, torch.Tensor]:
+    """A random int4 matrix with a table of levels of its own (IQ4_NL's)."""
+    state = pack_int4(*quantize_int4(torch.randn(n, k)), "m")
+    state["m.levels"] = torch.tensor(IQ4_LEVELS, dtype=torch.int8)
+    state["m.scales"] = (state["m.scales"].float() / 16).to(BF16)
+    return state
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16", "int8", "int4", "int4+levels"])
 def test_make_linear_agrees_below_and_above_the_cut_overs(fmt):
     """Few rows take the GEMV, from GEMM_ROWS on the GEMM (csrc/cpu/gemm.cpp; fp32 has none),
-    torch's path between and beyond; row for row the answers agree."""
+    torch's path between and beyond; row for row the answers agree. int4 with levels never
+    reaches torch's int4pack (it cannot hold them): the GEMV takes every row below the GEMM's."""
     torch.manual_seed(0)
     n, k = 32, 96  # torch's int4 packing needs outputs in multiples of 16
     w = torch.randn(n, k)
-    if fmt == "int4":
+    gemv_rows = GEMV_ROWS.get(fmt, GEMM_ROWS["int4"] - 1)
+    if fmt == "int4+levels":
+        state = _levels_state(n, k)
+        parts = [state["m.q4"], state["m.scales"], state["m.zeros"], state["m.levels"]]
+        fmt = "int4"
+    elif fmt == "int4":
         state = pack_int4(*quantize_int4(w), "m")
-        parts = [state["m.q4"], state["m.scales"], state["m.zeros"]]
+        parts = [state["m.q4"], state["m.scales"], state["m.zeros"], None]
     elif fmt == "int8":
         state = {
             "m.qweight": torch.randint(-127, 128, (n, k), dtype=torch.int8),
@@ -82,7 +102,7 @@ def test_make_linear_agrees_below_and_above_the_cut_overs(fmt):
         parts = [state["m.weight"]]
     state["m.bias"] = torch.randn(n)
     linear = make_linear(state, "m", torch.device("cpu"))
-    assert linear.gemv is not None and linear.gemv.rows == GEMV_ROWS[fmt]
+    assert linear.gemv is not None and linear.gemv.rows == gemv_rows
     dtype = F32 if fmt == "fp32" else BF16
     x = torch.randn(GEMM_ROWS.get(fmt, GEMV_ROWS[fmt]) + 3, k).to(dtype)
     one_by_one = torch.cat([linear(x[i : i + 1]) for i in range(x.shape[0])])
@@ -95,6 +115,23 @@ def test_make_linear_agrees_below_and_above_the_cut_overs(fmt):
         bias = state["m.bias"].to(dtype if fmt == "bf16" else F32)
         gemm = getattr(LIB, f"gemm_{fmt}")
         assert torch.equal(linear(x), gemm(x, *parts, bias))
+    if "m.levels" in state:  # and every row count below the GEMM's the GEMV itself
+        few = x[:gemv_rows]
+        assert torch.equal(linear(few), LIB.gemv_int4(few, *parts, state["m.bias"]))
+
+
+def test_without_the_kernels_a_matrix_with_levels_runs_dequantized(monkeypatch):
+    """torch's int4pack cannot hold a table of levels: without the native kernels such a matrix
+    runs dequantized (fp32 weights, the reference's product up to the order of its sums)."""
+    state = _levels_state(32, 96)
+    state["m.bias"] = torch.randn(32)
+    monkeypatch.setattr(ops, "available", lambda _device: False)
+    linear = make_linear(state, "m", torch.device("cpu"))
+    assert linear.gemv is None
+    x = torch.randn(5, 96).to(BF16)
+    parts = (state["m." + p] for p in ("q4", "scales", "zeros", "levels", "bias"))
+    want = gemv.reference_int4(x, *parts)
+    torch.testing.assert_close(linear(x).float(), want.float(), rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.parametrize("n", [32, 96, 48])

@@ -35,6 +35,19 @@ SCALE_OFFSETS = {
 ALL_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, *SCALE_OFFSETS]
 
 
+def _iq4_nl(values: np.ndarray) -> np.ndarray:
+    """``values`` as IQ4_NL blocks (gguf.quants has no quantizer for it): each block's largest
+    magnitude on the level -127, every value on its nearest level."""
+    levels = np.array(gguf.quants.IQ4_NL.kvalues, dtype=np.float32)
+    groups = values.reshape(-1, 32)
+    big = groups[np.arange(len(groups)), np.abs(groups).argmax(-1)]
+    d = (big / -127).astype(np.float16)
+    q = np.abs(groups[..., None] - d.astype(np.float32)[:, None, None] * levels).argmin(-1)
+    nibbles = (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+    blocks = np.concatenate([d.view(np.uint8).reshape(-1, 2), nibbles], axis=1)
+    return blocks.reshape(values.shape[0], -1)
+
+
 def _stored(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> np.ndarray:
     """A [rows, cols] tensor in ``qtype`` as GGUFWriter takes it: quantized by gguf.quants where
     it can, else random blocks with sane fp16 scales."""
@@ -43,6 +56,8 @@ def _stored(rng: np.random.Generator, rows: int, cols: int, qtype: Q) -> np.ndar
         return values.astype(np.float16 if qtype == Q.F16 else np.float32)
     if qtype not in SCALE_OFFSETS:
         return gguf.quants.quantize(values, qtype)
+    if qtype == Q.IQ4_NL:
+        return _iq4_nl(values)
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     blocks = rng.integers(0, 256, (rows * cols // block, size), dtype=np.uint8)
     for at in SCALE_OFFSETS[qtype]:
@@ -57,9 +72,11 @@ def write_gguf(
     arch: str = "qwen2",
     seed: int = 0,
     extra: dict[str, tuple[np.ndarray, Q]] | None = None,
+    types: dict[str, Q] | None = None,
 ) -> Path:
-    """A one-layer random model of ``arch`` with every matmul weight in ``qtype`` and a small
-    byte-level vocabulary (the 256 byte symbols, one merge and two special tokens)."""
+    """A one-layer random model of ``arch`` with every matmul weight in ``qtype`` (those named
+    in ``types``, e.g. ``blk.0.ffn_down``, in theirs) and a small byte-level vocabulary (the 256
+    byte symbols, one merge and two special tokens)."""
     rng = np.random.default_rng(seed)
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -95,7 +112,8 @@ def write_gguf(
         "blk.0.ffn_down": (HIDDEN, FFN),
     }
     for name, (rows, cols) in shapes.items():
-        w.add_tensor(f"{name}.weight", _stored(rng, rows, cols, qtype), raw_dtype=qtype)
+        own = (types or {}).get(name, qtype)
+        w.add_tensor(f"{name}.weight", _stored(rng, rows, cols, own), raw_dtype=own)
     for name in ("output_norm", "blk.0.attn_norm", "blk.0.ffn_norm"):
         w.add_tensor(f"{name}.weight", (1 + 0.1 * rng.standard_normal(HIDDEN)).astype(np.float32))
     for name, rows in (("attn_q", HIDDEN), ("attn_k", KV_HEADS * d), ("attn_v", KV_HEADS * d)):

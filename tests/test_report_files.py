@@ -3,6 +3,8 @@ per-file table and goals, windows, quality against llama.cpp, all read back by `
 
 from __future__ import annotations
 
+import copy
+
 from chatpage.bench import report
 
 
@@ -102,3 +104,17 @@ def test_the_sections_render_and_read_back(tmp_path):
     back, _ = report.read_back(text)
     assert set(back) == {"load", "windows", "quality"}
     assert back["load"]["result"] == LOAD
+
+
+def test_a_load_row_names_what_its_pack_really_runs(tmp_path):
+    """The format a row asked for is not always what ran (an int4 pack may hold mostly int8
+    rows, or int4 with a table of levels): the labels name the form of most matrix bytes."""
+    runs = copy.deepcopy(_runs())
+    forms = {"int4+levels": 60e6, "int8": 30e6}
+    runs["load"]["result"]["files"][0]["results"][0]["matrix_formats"] = forms
+    goals = report.goals({k: v["result"] for k, v in runs.items()})
+    names = {g["goal"] for g in goals}
+    assert "cache / file, big.Q4_K_M.gguf (int4+levels)" in names
+    assert "cache / file, default model (int4)" in names  # a row without the field: as asked
+    text = report.render(runs, tmp_path / "b.md", "test machine", 27.0)
+    assert "| big.Q4_K_M.gguf | 400.0 | int4+levels | 30.00 |" in text

@@ -39,7 +39,14 @@ def _child(model: str | None, weights: str) -> dict[str, Any]:
     loaded = load_model(model, progress=lambda _m: None, weights=weights)
     seconds = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux counts KiB
-    return {"load_s": seconds, "peak_rss_bytes": rss, "tensors": len(loaded.state)}
+    from chatpage.engine.weights import matrix_formats
+
+    return {
+        "load_s": seconds,
+        "peak_rss_bytes": rss,
+        "tensors": len(loaded.state),
+        "matrix_formats": matrix_formats(loaded.state),
+    }
 
 
 def _load(model: str | None, weights: str, cache: Path) -> dict[str, Any]:
@@ -102,6 +109,8 @@ def measure(model: str | None, weights: str) -> dict[str, Any]:
     bound = None if largest is None else cache_bytes + 4 * largest + RSS_SLACK
     return {
         "weights": weights,
+        # how the pack stores the matrices (bytes by form, largest first): what really runs
+        "matrix_formats": cached["matrix_formats"],
         "first_load_s": first["load_s"],
         "first_process_s": first["process_s"],
         "cached_load_s": cached["load_s"],

@@ -16,8 +16,9 @@ default model and its re-quantizations by llama.cpp (``bench/requant.py``, made 
 Each format of a GGUF is measured as the app loads it (its pack). The loader reads every GGUF
 tensor type dequantized bit-exactly to fp32 (``engine/dequant.py``), then re-encoded in the weight
 format asked for (int4: groups of 32 with a bf16 scale and zero, the lm_head in int8; int8:
-per-row scales; bf16; fp32), except that int4 keeps a Q4_0 or Q4_1 matrix's own blocks (their
-nibbles, scales rounded to bf16: ``engine/gguf_int4.py``). The app's default is int4 whatever the
+per-row scales; bf16; fp32), except that int4 keeps a Q4_0, Q4_1, IQ4_NL or IQ4_XS matrix's own
+blocks (their nibbles, the IQ4 types' table of levels, scales rounded to bf16:
+``engine/gguf_int4.py``). The app's default is int4 whatever the
 file holds.
 """
 
@@ -78,8 +79,8 @@ def all_logits(eng: LLMEngine, ids: list[int]) -> torch.Tensor:
 
 def format_engine(loaded: LoadedModel, fmt: str) -> LLMEngine:
     """An engine in ``fmt`` with the weights the app would run: a GGUF file loaded in that
-    format (its pack, where a Q4_0 / Q4_1 file's int4 keeps the file's own blocks), anything
-    else packed from the loaded state."""
+    format (its pack, where a Q4_0 / Q4_1 / IQ4_NL / IQ4_XS file's int4 keeps the file's own
+    blocks), anything else packed from the loaded state."""
     if loaded.gguf is not None and fmt != loaded.weights:
         loaded = load_model(loaded.gguf, progress=common.say, weights=fmt)
     return common.engine(loaded, weight_dtype=fmt)

@@ -20,6 +20,13 @@ def _load_rows(r: dict) -> list[tuple[str, int, dict]]:
     return out
 
 
+def _ran(x: dict) -> str:
+    """What a load row's pack really runs: the form of most of its matrix bytes (``int4+levels``:
+    int4 with a table of levels of its own; ``engine/weights.py``'s matrix_formats), else the
+    format it asked for."""
+    return next(iter(x.get("matrix_formats") or {}), x["weights"])
+
+
 def goals(results: dict, add: Add) -> None:
     """Add the goals of load (per file), windows and quality against llama.cpp."""
     r = results.get("load")
@@ -31,7 +38,7 @@ def goals(results: dict, add: Add) -> None:
                 for key, what in (("first_load_s", "first load"), ("cached_load_s", "cached load")):
                     add(
                         "load",
-                        f"{what} s, {name} ({w})",
+                        f"{what} s, {name} ({_ran(x)})",
                         x[key],
                         f"<= {g[key]:.0f}",
                         x[key] <= g[key],
@@ -42,7 +49,7 @@ def goals(results: dict, add: Add) -> None:
                 continue
             add(
                 "load",
-                f"cache / file, {name} (int4)",
+                f"cache / file, {name} ({_ran(x)})",
                 x["cache_ratio"],
                 f"<= {g['cache_ratio']}",
                 x["cache_ratio"] <= g["cache_ratio"],
@@ -52,7 +59,7 @@ def goals(results: dict, add: Add) -> None:
             if x.get("rss_bound_bytes"):
                 add(
                     "load",
-                    f"first-load peak RSS, {name} (int4), MB",
+                    f"first-load peak RSS, {name} ({_ran(x)}), MB",
                     x["first_peak_rss_bytes"] / MB,
                     f"<= {x['rss_bound_bytes'] / MB:.0f}",
                     x["first_peak_rss_bytes"] <= x["rss_bound_bytes"],
@@ -101,7 +108,7 @@ def figures(name: str, r: dict, table: Table) -> list[str]:
             [
                 file,
                 size / MB,
-                x["weights"],
+                _ran(x),
                 x["first_load_s"],
                 x["cached_load_s"],
                 x["first_peak_rss_bytes"] / MB,

@@ -142,15 +142,22 @@ def _iq4_nl(b: torch.Tensor) -> torch.Tensor:
     return _half(b, 0) * _levels(_bits(b[:, 2:], 16, (0, 4), 0x0F))
 
 
-def _iq4_xs(b: torch.Tensor) -> torch.Tensor:
+def iq4_xs_scales(b: torch.Tensor) -> torch.Tensor:
+    """The scale d * (ls - 32) of each of an IQ4_XS super-block's eight sub-blocks of 32 values
+    (its 6-bit ls: 4 bits in scales_l, 2 in scales_h), fp32 ``[n, 8]`` (exact: an fp16 times an
+    integer of 6 bits)."""
     n = b.shape[0]
     high_bits = b[:, 2].to(torch.int32) | (b[:, 3].to(torch.int32) << 8)
     shifts = torch.arange(0, 16, 2, dtype=torch.int32)
     high = ((high_bits[:, None] >> shifts) & 3).to(torch.uint8)
     low_bytes = b[:, 4:8]
     low = torch.stack([low_bytes & 0x0F, low_bytes >> 4], dim=-1).view(n, 8)
-    scales = ((low | (high << 4)).to(torch.int8) - 32).float()
-    dl = (_half(b, 0) * scales).view(n, 8, 1)
+    return _half(b, 0) * ((low | (high << 4)).to(torch.int8) - 32).float()
+
+
+def _iq4_xs(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    dl = iq4_xs_scales(b).view(n, 8, 1)
     q = _levels(_bits(b[:, 8:], 16, (0, 4), 0x0F)).view(n, 8, 32)
     return (dl * q).view(n, QK_K)
 

@@ -8,7 +8,9 @@ fp32 and returns ``x``'s dtype.
 The int4 layout (``pack_int4``): q [N, K/2] uint8 where, inside each group of 32 inputs, byte j
 holds input j in its low nibble and input j + 16 in its high nibble, so each half of a group's
 16 bytes lines up with 16 consecutive activations; scales and zeros [N, K/32] bf16, contiguous
-per row; w = (q - 8) * scale + zero.
+per row; w = (q - 8) * scale + zero. A matrix may carry a table of its own 16 levels, ``levels``
+int8 [16] (stored as ``<name>.levels``: a GGUF's IQ4_NL / IQ4_XS, ``engine/gguf_int4.py``); then
+w = levels[q] * scale + zero. Without one the levels are q - 8 (:data:`UNIFORM_LEVELS`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import torch
 
 INT4_GROUP = 32
 _HALF = INT4_GROUP // 2
+# the levels of an int4 matrix without a table of its own: q - 8
+UNIFORM_LEVELS = torch.arange(-8, 8, dtype=torch.int8)
 
 
 def pack_int4(q: torch.Tensor) -> torch.Tensor:
@@ -53,10 +57,17 @@ def torch_int4pack(q4: torch.Tensor) -> torch.Tensor:
     return (g[:, 0] | (g[:, 1] << 4)).transpose(1, 2).contiguous().view(n, k // 2)
 
 
-def dequantize_int4(q: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> torch.Tensor:
-    """fp32 [N, K] weights of an int4 matrix in the kernel's layout."""
-    levels = unpack_int4(q).float().view(q.shape[0], -1, INT4_GROUP) - 8
-    w = levels * scales.float()[..., None] + zeros.float()[..., None]
+def dequantize_int4(
+    q: torch.Tensor,
+    scales: torch.Tensor,
+    zeros: torch.Tensor,
+    levels: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """fp32 [N, K] weights of an int4 matrix in the kernel's layout (with its table of 16
+    ``levels`` when given, else q - 8)."""
+    table = (UNIFORM_LEVELS if levels is None else levels).to(q.device, torch.float32)
+    w = table[unpack_int4(q).long()].view(q.shape[0], -1, INT4_GROUP)
+    w = w * scales.float()[..., None] + zeros.float()[..., None]
     return w.view(q.shape[0], -1)
 
 
@@ -94,9 +105,11 @@ def reference_int4(
     q: torch.Tensor,
     scales: torch.Tensor,
     zeros: torch.Tensor,
+    levels: torch.Tensor | None,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    """``x @ W.T + bias`` for an int4 matrix in the kernel's layout; the activations are rounded to
-    bf16 first (the kernel multiplies in bf16, exactly, and sums in fp32)."""
+    """``x @ W.T + bias`` for an int4 matrix in the kernel's layout (its own 16 ``levels`` when
+    given); the activations are rounded to bf16 first (the kernel multiplies in bf16, exactly, and
+    sums in fp32)."""
     xb = x.to(torch.bfloat16).float()
-    return _finish(xb @ dequantize_int4(q, scales, zeros).t(), bias, x.dtype)
+    return _finish(xb @ dequantize_int4(q, scales, zeros, levels).t(), bias, x.dtype)

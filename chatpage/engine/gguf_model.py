@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from chatpage.engine.gguf_file import GGUFError, GGUFFile
-from chatpage.engine.gguf_int4 import int4_of, is_int4, non_uniform
+from chatpage.engine.gguf_int4 import IQ4_TYPES, int4_of, is_int4, levels_of
 from chatpage.engine.model_config import ModelConfig, ModelShape
 
 # GGUF general.architecture -> the HF model_type it is run as
@@ -295,21 +295,20 @@ class GGUFSource:
             at += shape[0]
         return out
 
-    def uniform_int4(self) -> bool:
-        """Whether int4's evenly spaced levels suit the file's 4-bit matrices: not where any is
-        IQ4_NL or IQ4_XS (``engine/gguf_int4.py``)."""
-        return not non_uniform(self.gf)
-
     def load_int4(
         self, names: tuple[str, ...]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """The matrices ``names`` concatenated along their rows as int4 (q4, scales, zeros) from
-        their own blocks, when every one is stored in a type int4 holds exactly (Q4_0, Q4_1:
-        ``engine/gguf_int4.py``); else None."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """The matrices ``names`` concatenated along their rows as int4 (q4, scales, zeros and
+        levels) from their own blocks, when every one is stored in a type int4 holds exactly
+        (Q4_0, Q4_1; IQ4_NL, IQ4_XS with their table of levels: ``engine/gguf_int4.py``) and
+        they share their levels; else None."""
         parts = [self._tensor(n) for n in names]
         if not all(is_int4(self.gf, tensor) for tensor, _ in parts):
             return None
+        if len({self.gf.tensors[tensor].type_id in IQ4_TYPES for tensor, _ in parts}) > 1:
+            return None  # one matrix has one table of levels
         q4, scales, zeros = zip(*(int4_of(self.gf, t, rows) for t, rows in parts), strict=True)
+        table = levels_of(self.gf.tensors[parts[0][0]].type_id)
         if len(parts) == 1:
-            return q4[0], scales[0], zeros[0]
-        return torch.cat(q4), torch.cat(scales), torch.cat(zeros)
+            return q4[0], scales[0], zeros[0], table
+        return torch.cat(q4), torch.cat(scales), torch.cat(zeros), table

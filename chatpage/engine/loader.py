@@ -31,7 +31,6 @@ import torch
 from chatpage.config.paths import cache_dir
 from chatpage.engine.config import check_format
 from chatpage.engine.gguf_file import GGUFError, GGUFFile
-from chatpage.engine.gguf_int4 import int4_notes
 from chatpage.engine.gguf_model import GGUFSource, gguf_config
 from chatpage.engine.model_config import ModelShape, read_config
 from chatpage.engine.models.llama import SUPPORTED_MODEL_TYPES
@@ -320,7 +319,7 @@ def load_model(
             raise ModelLoadError(
                 f"cannot load the tokenizer from {directory}: {e}".splitlines()[0]
             ) from e
-    warnings = int4_notes(gf) if source.is_file() and weights == "int4" else []
+    warnings: list[str] = []
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
         warnings.append(f"{name} has no chat template; using a plain 'Role: text' template")

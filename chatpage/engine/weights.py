@@ -82,6 +82,9 @@ int4 is stored in the GEMV's layout, whose nibbles line up with consecutive acti
 the GEMM reads too; :func:`make_linear` derives torch's int4pack (with AVX-512 for 2-15 rows;
 everything without the native kernels) from it with byte moves at load, so a pack holds the
 nibbles once (a GGUF's pack stays near the file's size). Only the GEMV's layout counts in :func:`step_bytes`.
+A matrix with a table of 16 levels of its own (``<name>.levels``: a GGUF's IQ4_NL / IQ4_XS) has no
+torch int4pack form: it runs through the native kernels only (the GEMV up to the GEMM's rows),
+dequantized where they are not loaded or on CUDA.
 """
 
 from __future__ import annotations
@@ -103,8 +106,9 @@ from chatpage.vocab import WEIGHT_FORMATS
 # an older cache is packed again, never misread). 2: int4 stores the native GEMV's layout too.
 # 3: no dense fp32 embedding table in the quantized formats (bf16 rows, or int8 rows: the tied
 # lm_head's own). 4: a GGUF's Q4_0 / Q4_1 matrices keep their own blocks in int4
-# (TensorSource.load_int4).
-PACKED_LAYOUT = 4
+# (TensorSource.load_int4). 5: IQ4_NL / IQ4_XS matrices too, as int4 with their table of levels
+# (``.levels``), no longer int8 rows.
+PACKED_LAYOUT = 5
 
 # The model's matmuls per layer (fused) and the lm_head, in the packed state's names.
 LAYER_LINEARS = ("qkv", "o", "gate_up", "down")
@@ -136,25 +140,27 @@ GEMV_ROWS, GEMM_ROWS = _CUT_OVERS.get(ops.vector_isa(), _CUT_OVERS["avx2"])
 
 
 class Gemv:
-    """One matmul's native kernel with its weight tensors bound: ``op(x, *parts, bias)``; a GEMV
+    """One matmul's native kernel with its weight tensors bound: ``op(x, *args, bias)``; a GEMV
     (``csrc/cpu/gemv.cpp``) for inputs of at most ``rows`` rows, a GEMM (``csrc/cpu/gemm.cpp``)
-    for inputs of at least ``rows`` rows. ``parts`` are what the native decode loop
-    (``torch.ops.chatpage.decode_layers``) takes too."""
+    for inputs of at least ``rows`` rows. ``args`` may hold None (int4 without levels of its
+    own); ``parts``, the tensors among them, are what the native decode loop
+    (``torch.ops.chatpage.decode_layers``) takes."""
 
-    __slots__ = ("op", "parts", "bias", "rows")
+    __slots__ = ("op", "args", "parts", "bias", "rows")
 
     def __init__(
         self,
         op: Callable[..., torch.Tensor],
-        parts: tuple[torch.Tensor, ...],
+        args: tuple[torch.Tensor | None, ...],
         bias: torch.Tensor | None,
         rows: int,
     ) -> None:
-        # op: a kernel, op(x, *parts, bias) -> the product (torch.ops' functions are untyped)
-        self.op, self.parts, self.bias, self.rows = op, parts, bias, rows
+        # op: a kernel, op(x, *args, bias) -> the product (torch.ops' functions are untyped)
+        self.op, self.args, self.bias, self.rows = op, args, bias, rows
+        self.parts = tuple(t for t in args if t is not None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.op(x, *self.parts, self.bias)
+        return self.op(x, *self.args, self.bias)
 
 
 class Linear:
@@ -195,18 +201,13 @@ class TensorSource(Protocol):
         model's own layout: QKV, gate+up)."""
         ...
 
-    def uniform_int4(self) -> bool:
-        """Whether int4's evenly spaced levels suit the checkpoint: False where its own 4-bit
-        matrices have uneven levels (a GGUF's IQ4_NL, IQ4_XS), which :func:`pack_source` then
-        stores as int8 rows."""
-        ...
-
     def load_int4(
         self, names: tuple[str, ...]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
         """The matrices ``names`` concatenated along their rows as int4 (q4, scales, zeros:
-        :func:`pack_int4`'s tensors) from the checkpoint's own 4-bit groups, when it stores every
-        one of them in a form int4 holds exactly (a GGUF's Q4_0, Q4_1); else None."""
+        :func:`pack_int4`'s tensors, and their table of 16 levels or None: ``engine/gemv.py``)
+        from the checkpoint's own 4-bit groups, when it stores every one of them in a form int4
+        holds exactly (a GGUF's Q4_0, Q4_1, IQ4_NL, IQ4_XS); else None."""
         ...
 
 
@@ -224,9 +225,6 @@ class StateSource:
 
     def load_fused(self, names: tuple[str, ...]) -> torch.Tensor:
         return self.load(names[0]) if len(names) == 1 else torch.cat([self.load(n) for n in names])
-
-    def uniform_int4(self) -> bool:
-        return True
 
     def load_int4(self, names: tuple[str, ...]) -> None:
         """None: dense tensors have no 4-bit groups of their own."""
@@ -395,19 +393,16 @@ def pack_source(
     """The packed state of the checkpoint ``source`` in ``weights``, read and packed one fused
     tensor at a time (at most one of them unpacked in memory besides the packed state).
 
-    int4 takes a GGUF's Q4_0 / Q4_1 matrices as they are (:meth:`TensorSource.load_int4`). A
-    checkpoint with non-uniform 4-bit matrices (IQ4_NL, IQ4_XS: :meth:`TensorSource.uniform_int4`)
-    is stored in int8 rows when int4 is asked for (the pack still says int4): re-quantized to
+    int4 takes a GGUF's Q4_0 / Q4_1 / IQ4_NL / IQ4_XS matrices as they are
+    (:meth:`TensorSource.load_int4`; the IQ4 ones with their table of levels: re-quantized to
     int4's even levels, llama.cpp's IQ4_NL copy of the default model lost 40% of perplexity
-    against llama.cpp on the same file; int8 holds it within 1%, at twice int4's matrix bytes and
-    a decode step as fast (the int8 GEMV reads faster than the int4 one here)."""
+    against llama.cpp on the same file)."""
     check_format(weights)
     tied = "lm_head.weight" not in source
-    stored = "int8" if weights == "int4" and not source.uniform_int4() else weights
     out: dict[str, torch.Tensor] = {}
     for name, parts in fused_layout(config, source):
-        kept = _own_int4(source, name, parts) if stored == "int4" else None
-        out.update(kept or pack_tensor(name, source.load_fused(parts), stored, tied, dtype))
+        kept = _own_int4(source, name, parts) if weights == "int4" else None
+        out.update(kept or pack_tensor(name, source.load_fused(parts), weights, tied, dtype))
     out["format." + weights] = torch.zeros(0)
     return out
 
@@ -424,7 +419,8 @@ def _own_int4(
     own = source.load_int4(parts)
     if own is None:
         return None
-    return dict(zip((prefix + x for x in (".q4", ".scales", ".zeros")), own, strict=True))
+    names = (prefix + x for x in (".q4", ".scales", ".zeros", ".levels"))
+    return {n: t for n, t in zip(names, own, strict=True) if t is not None}
 
 
 def pack_state(
@@ -475,11 +471,16 @@ def make_linear(
         k = q.shape[1]
     elif name + ".q4" in packed:
         q4, scales, zeros = (packed[name + x] for x in (".q4", ".scales", ".zeros"))
+        levels = packed.get(name + ".levels")
         k = q4.shape[1] * 2
+        if levels is not None and not native:  # torch's int4pack has no table of levels
+            return _dequantized_int4(packed, name, device, bias)
         if native:  # the GEMV's own layout, which the GEMM reads too
-            parts = tuple(t.to(device) for t in (q4, scales, zeros))
-            gemv = Gemv(lib.gemv_int4, parts, bias, GEMV_ROWS["int4"])
-            gemm = Gemv(lib.gemm_int4, parts, bias, GEMM_ROWS["int4"])
+            args = tuple(None if t is None else t.to(device) for t in (q4, scales, zeros, levels))
+            # with levels torch's kernel cannot run it: the GEMV takes every row below the GEMM's
+            few = GEMV_ROWS["int4"] if levels is None else GEMM_ROWS["int4"] - 1
+            gemv = Gemv(lib.gemv_int4, args, bias, few)
+            gemm = Gemv(lib.gemm_int4, args, bias, GEMM_ROWS["int4"])
             if gemm.rows <= gemv.rows + 1:  # no row count reaches torch's kernel: no copy for it
                 return Linear(_by_rows(gemv, gemm, gemm), k, gemv)
         p = _aligned(torch_int4pack(q4), device)  # torch's layout, [K/32, N, 2] scales
@@ -507,6 +508,18 @@ def make_linear(
     if not native:
         return Linear(many, k)
     return Linear(_by_rows(gemv, many, gemm), k, gemv)
+
+
+def _dequantized_int4(
+    packed: dict[str, torch.Tensor], name: str, device: torch.device, bias: torch.Tensor | None
+) -> Linear:
+    """The int4 matrix ``name`` dequantized (``gemv.dequantize_int4``: fp32 on the CPU, bf16 on
+    CUDA) behind ``F.linear``: a matrix with levels of its own where no kernel takes them."""
+    parts = (packed.get(name + x) for x in (".q4", ".scales", ".zeros", ".levels"))
+    w32 = gemv.dequantize_int4(*(None if t is None else t.to(device) for t in parts))
+    w = w32 if device.type == "cpu" else w32.to(torch.bfloat16)
+    b = None if bias is None else bias.to(device, w.dtype)
+    return Linear(lambda x: F.linear(x.to(w.dtype), w, b).to(x.dtype), w.shape[1])
 
 
 class Embedding:
@@ -553,8 +566,9 @@ def cuda_linear(
     """A matmul on a GPU through torch's CUDA paths: int8 ``_weight_int8pack_mm`` (dequantized
     to ``half`` where this torch has no CUDA kernel for it: the int8 lm_head of int4), int4
     ``_weight_int4pack_mm`` (the levels repacked on the GPU into its tiled layout; the same
-    scales and zeros as the CPU's: w = (q - 8) * scale + zero), dense ``F.linear`` (cuBLAS) with
-    the weights in ``half`` (or as stored). Inputs: bf16 for the quantized ones."""
+    scales and zeros as the CPU's: w = (q - 8) * scale + zero; one with levels of its own
+    dequantized to bf16 behind ``F.linear``), dense ``F.linear`` (cuBLAS) with the weights in
+    ``half`` (or as stored). Inputs: bf16 for the quantized ones."""
     bias = packed.get(name + ".bias")
     aten = torch.ops.aten
     if name + ".qweight" in packed and not has_cuda_kernel("aten::_weight_int8pack_mm"):
@@ -570,6 +584,8 @@ def cuda_linear(
         s = packed[name + ".scales"].to(device).contiguous()
         fn: Callable[[torch.Tensor], torch.Tensor] = lambda x: aten._weight_int8pack_mm(x, q, s)  # noqa: E731
         k = q.shape[1]
+    elif name + ".levels" in packed:  # torch's CUDA int4 matmul has no table of levels
+        return _dequantized_int4(packed, name, device, bias)
     elif name + ".q4" in packed:
         levels = gemv.unpack_int4(packed[name + ".q4"].to(device))
         k = levels.shape[1]
@@ -626,6 +642,32 @@ def _small_batch_linear(
     if bias is not None:
         y = y + bias
     return y.contiguous()
+
+
+# how matrix weights are stored, by the suffix of their packed tensors (int4's own levels first)
+_STORED = ((".levels", "int4+levels"), (".q4", "int4"), (".qweight", "int8"))
+
+
+def matrix_formats(packed: Mapping[str, torch.Tensor]) -> dict[str, int]:
+    """Bytes of a packed state's matmul weights (the layers' and the lm_head) by how each is
+    stored: ``int4+levels`` (int4 with a table of levels of its own), ``int4``, ``int8``, or a
+    dense one's dtype (``bf16``, ``fp32``); largest first."""
+    found: dict[str, str] = {}  # matrix -> how it is stored
+    for key, t in packed.items():
+        prefix, _, kind = key.rpartition(".")
+        if not (prefix == "lm_head" or prefix.rpartition(".")[2] in LAYER_LINEARS):
+            continue
+        how = next((f for end, f in _STORED if key.endswith(end)), None)
+        if how is None and kind == "weight":
+            how = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(t.dtype, str(t.dtype))
+        if how is not None and (prefix not in found or how == "int4+levels"):
+            found[prefix] = how
+    out: dict[str, int] = {}
+    for key, t in packed.items():
+        prefix = key.rpartition(".")[0]
+        if prefix in found and not key.endswith(".bias"):
+            out[found[prefix]] = out.get(found[prefix], 0) + t.numel() * t.element_size()
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def packed_bytes(packed: dict[str, torch.Tensor]) -> int:

@@ -8,9 +8,10 @@
 // (chatpage/engine/models/llama.py): the same kernels in the same order, so the same bits.
 //
 // Weights come flat: for layer i, linear j (qkv, o, gate_up, down) has `parts` tensors from index
-// (4 i + j) * parts: one fp32 or bf16 weight, an int8 weight and its scales, or an int4 weight
-// with its scales and zeros (the GEMVs' arguments), and bias 4 i + j; windows[i] is layer i's
-// sliding window (0: full attention).
+// (4 i + j) * parts: one fp32 or bf16 weight, an int8 weight and its scales, an int4 weight with
+// its scales and zeros (the GEMVs' arguments), or those and its levels (parts 4: a model with
+// int4 matrices of their own levels; an empty tensor for one without), and bias 4 i + j;
+// windows[i] is layer i's sliding window (0: full attention).
 #include "cpu/ops_cpu.h"
 
 #include <c10/util/Exception.h>
@@ -25,7 +26,9 @@ at::Tensor linear(const at::Tensor& x, at::TensorList weights, int64_t first, in
     return w.scalar_type() == at::kBFloat16 ? gemv_bf16(x, w, bias) : gemv_fp32(x, w, bias);
   }
   if (parts == 2) return gemv_int8(x, weights[first], weights[first + 1], bias);
-  return gemv_int4(x, weights[first], weights[first + 1], weights[first + 2], bias);
+  c10::optional<at::Tensor> levels;
+  if (parts == 4 && weights[first + 3].numel() > 0) levels = weights[first + 3];
+  return gemv_int4(x, weights[first], weights[first + 1], weights[first + 2], levels, bias);
 }
 
 }  // namespace
@@ -40,8 +43,8 @@ at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
                          const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const at::Tensor& act, const at::Tensor& attn_out) {
   const int64_t layers = static_cast<int64_t>(k_caches.size());
-  TORCH_CHECK(parts >= 1 && parts <= 3, "chatpage::decode_layers: parts must be ",
-              "1 (fp32, bf16), 2 (int8) or 3 (int4), got ", parts);
+  TORCH_CHECK(parts >= 1 && parts <= 4, "chatpage::decode_layers: parts must be ",
+              "1 (fp32, bf16), 2 (int8), 3 (int4) or 4 (int4 with levels), got ", parts);
   TORCH_CHECK(layers > 0 && static_cast<int64_t>(v_caches.size()) == layers &&
                   static_cast<int64_t>(norms.size()) == 2 * layers &&
                   static_cast<int64_t>(weights.size()) == 4 * parts * layers &&

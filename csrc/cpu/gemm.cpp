@@ -15,9 +15,10 @@
 // The layouts are the GEMVs' (csrc/cpu/gemv.cpp; chatpage/engine/gemv.py's reference_* functions
 // are the specification of both): bf16 [N, K]; int8 [N, K] with one bf16 scale per row, applied
 // to the finished sums; int4 q [N, K/2] uint8 in groups of 32 inputs (byte j holds input j in its
-// low nibble, j + 16 in its high one), w = (q - 8) * scale + zero, whose activations are rounded
-// to bf16 first as the reference does. The vectors are AVX-512's 16 lanes where the build has
-// AVX-512F, else vec.h's eight (AVX2 + FMA, or portable loops).
+// low nibble, j + 16 in its high one), w = (q - 8) * scale + zero, or levels[q] * scale + zero for
+// a matrix with 16 int8 levels of its own (looked up with vpermps, or vec.h's pshufb), whose
+// activations are rounded to bf16 first as the reference does. The vectors are AVX-512's 16
+// lanes where the build has AVX-512F, else vec.h's eight (AVX2 + FMA, or portable loops).
 #include "checks.h"
 #include "cpu/matmul.h"
 #include "cpu/ops_cpu.h"
@@ -123,23 +124,51 @@ void store_row(c10::BFloat16* p, Vec8 y, int count) {
 #endif
 }
 
-// The 32 weights of one int4 group: (q - 8) * scale + zero, as the reference computes them.
-inline void decode_int4_group(const uint8_t* src, float scale, float zero, float* dst) {
+// An int4 matrix's 16 levels as decode_int4_group looks them up: AVX-512's 16 fp32 lanes, or
+// vec.h's table of bytes.
+#if defined(__AVX512F__)
+using LevelTable = __m512;
+inline LevelTable level_table(const int8_t* levels) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(levels));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+}
+#else
+using LevelTable = Table16;
+inline LevelTable level_table(const int8_t* levels) { return load_table16(levels); }
+#endif
+
+// The 32 weights of one int4 group: (q - 8) * scale + zero, as the reference computes them; with
+// a `Table`, levels[q] * scale + zero.
+template <bool Table>
+inline void decode_int4_group(const uint8_t* src, float scale, float zero, LevelTable table,
+                              float* dst) {
 #if defined(__AVX512F__)
   const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-  const __m512i eight = _mm512_set1_epi32(8), nibble = _mm512_set1_epi32(15);
   const __m512 s = _mm512_set1_ps(scale), z = _mm512_set1_ps(zero);
-  const __m512 lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(bytes, nibble), eight));
-  const __m512 hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(bytes, 4), eight));
+  __m512 lo, hi;
+  if constexpr (Table) {  // vpermps reads an index's low four bits: the low nibble as it is
+    lo = _mm512_permutexvar_ps(bytes, table);
+    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+  } else {
+    const __m512i eight = _mm512_set1_epi32(8), nibble = _mm512_set1_epi32(15);
+    lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(bytes, nibble), eight));
+    hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(bytes, 4), eight));
+  }
   _mm512_storeu_ps(dst, _mm512_fmadd_ps(lo, s, z));
   _mm512_storeu_ps(dst + kGroup / 2, _mm512_fmadd_ps(hi, s, z));
 #else
   const Vec8 eight = splat8(8.f), s = splat8(scale), z = splat8(zero);
   for (int half = 0; half < 2; ++half) {  // bytes 0-7: inputs 0-7 and 16-23; 8-15: 8-15, 24-31
     Vec8 lo, hi;
-    nibbles8(src + 8 * half, lo, hi);
-    store8(dst + 8 * half, fma8(sub8(lo, eight), s, z));
-    store8(dst + kGroup / 2 + 8 * half, fma8(sub8(hi, eight), s, z));
+    if constexpr (Table) {
+      looked_up8(src + 8 * half, table, lo, hi);
+    } else {
+      nibbles8(src + 8 * half, lo, hi);
+      lo = sub8(lo, eight);
+      hi = sub8(hi, eight);
+    }
+    store8(dst + 8 * half, fma8(lo, s, z));
+    store8(dst + kGroup / 2 + 8 * half, fma8(hi, s, z));
   }
 #endif
 }
@@ -252,22 +281,29 @@ at::Tensor gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::T
 }
 
 at::Tensor gemm_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
-                     const at::Tensor& zeros, const c10::optional<at::Tensor>& bias) {
+                     const at::Tensor& zeros, const c10::optional<at::Tensor>& levels,
+                     const c10::optional<at::Tensor>& bias) {
   const int64_t k = q.size(1) * 2;
   check_gemv_args(x, q, k, bias, "gemm_int4");
-  check_int4_args(q, scales, zeros, kGroup, "gemm_int4");
+  check_int4_args(q, scales, zeros, levels, kGroup, "gemm_int4");
   const int64_t groups = k / kGroup;
   const uint8_t* qp = q.data_ptr<uint8_t>();
   const c10::BFloat16* sp = scales.data_ptr<c10::BFloat16>();
   const c10::BFloat16* zp = zeros.data_ptr<c10::BFloat16>();
-  return tiled_gemm(x, q.size(0), bias, true, [=](int64_t row, float* out) {
-    for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* src = qp + row * (k / 2) + g * (kGroup / 2);
-      const float scale = static_cast<float>(sp[row * groups + g]);
-      const float zero = static_cast<float>(zp[row * groups + g]);
-      decode_int4_group(src, scale, zero, out + g * kGroup);
-    }
-  }, unscaled);
+  int8_t table_bytes[16];
+  const bool own = int4_levels(levels, table_bytes);
+  auto run = [&]<bool Table>() {
+    return tiled_gemm(x, q.size(0), bias, true, [=](int64_t row, float* out) {
+      const LevelTable table = level_table(table_bytes);
+      for (int64_t g = 0; g < groups; ++g) {
+        const uint8_t* src = qp + row * (k / 2) + g * (kGroup / 2);
+        const float scale = static_cast<float>(sp[row * groups + g]);
+        const float zero = static_cast<float>(zp[row * groups + g]);
+        decode_int4_group<Table>(src, scale, zero, table, out + g * kGroup);
+      }
+    }, unscaled);
+  };
+  return own ? run.template operator()<true>() : run.template operator()<false>();
 }
 
 }  // namespace chatpage::cpu

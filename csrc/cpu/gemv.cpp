@@ -13,15 +13,19 @@
 // The int4 layout (packed by chatpage/engine/gemv.py, whose reference_* functions are the
 // specification): q [N, K/2] uint8 where byte j of a group of 32 inputs holds input j in its low
 // nibble and input j + 16 in its high nibble, w = (q - 8) * scale + zero with scales and zeros
-// [N, K/32] bf16. With AVX-512 BF16 two groups are decoded at once: their 32 bytes widen to 32
-// words, each nibble q becomes the bf16 value 128 + q (0x4300 | q, exact), and vdpbf16ps
+// [N, K/32] bf16, or w = levels[q] * scale + zero for a matrix with a table of 16 int8 levels of
+// its own (a GGUF's IQ4_NL). With AVX-512 BF16 two groups are decoded at once: their 32 bytes
+// widen to 32 words, each nibble q becomes the bf16 value 128 + q (0x4300 | q, exact), or that of
+// levels[q] (vpermw on a table of 32 words; |level| <= 128 is exact in bf16), and vdpbf16ps
 // multiplies them with the activations rounded to bf16 (exact products, fp32 sums); the zero
-// point and the 136 the decoding adds come back as sum_g (zero_g - 136 scale_g) * sum(x in g),
-// from group sums taken once per call. int8, bf16 and fp32 weights are widened to fp32 and
-// multiplied with fp32 activations. Without AVX-512 the same layouts run in vec.h's eight lanes
-// (AVX2 + FMA, or portable loops) in smaller tiles (16 registers): int4 nibbles widen to fp32
-// levels q, multiplied with the activations rounded to bf16 and held in fp32; each group's sum is
-// scaled into the accumulator, and the zero points come back as (zero - 8 scale) * sum(x in g).
+// point, less the 136 the uniform decoding adds, comes back as sum_g (zero_g - 136 scale_g) *
+// sum(x in g) (with a table: zero_g * sum(x in g)), from group sums taken once per call. int8,
+// bf16 and fp32 weights are widened to fp32 and multiplied with fp32 activations. Without
+// AVX-512 the same layouts run in vec.h's eight lanes (AVX2 + FMA, or portable loops) in smaller
+// tiles (16 registers): int4 nibbles widen to fp32 levels q (with a table: levels[q], one pshufb
+// per 8 bytes), multiplied with the activations rounded to bf16 and held in fp32; each group's
+// sum is scaled into the accumulator, and the zero points come back as (zero - 8 scale) *
+// sum(x in g) (with a table: zero * sum(x in g)).
 #include "checks.h"
 #include "cpu/matmul.h"
 #include "cpu/ops_cpu.h"
@@ -230,21 +234,29 @@ void dense_dots(const W* w, const float* x, int64_t k, int64_t m0, int64_t n0, f
 
 // ---- int4 weights ------------------------------------------------------------------------------
 
+// (the kernels below take `Table`: whether the matrix has levels of its own; without, the
+// table holds q - 8 and the uniform decoding runs)
 struct Int4Weights {
   const uint8_t* q;
   const uint16_t* scales;  // bf16 bits
   const uint16_t* zeros;
   int64_t k, groups;
+  int8_t levels[16];  // the level of each nibble
+#if CHATPAGE_GEMV_AVX512
+  alignas(64) uint16_t level_words[32];  // bf16 bits of levels[i & 15]
+#endif
 };
 
 #if CHATPAGE_GEMV_AVX512
 
 // One pair of groups (p) of R weight rows against T activation rows; `Two`: both groups exist.
 // A nibble q becomes the bf16 value 128 + q (0x4300 | q, exact), so the dot products here are
-// sum((128 + q) * x) and int4_dots subtracts the 136 * scale * sum(x) this adds per group.
-template <int T, int R, bool Two>
+// sum((128 + q) * x) and int4_dots subtracts the 136 * scale * sum(x) this adds per group; with
+// a table, the bf16 of levels[q] (`table`: Int4Weights::level_words, whose words i and i + 16
+// are equal, so a byte's high nibble in vpermw's fifth index bit needs no mask).
+template <int T, int R, bool Two, bool Table>
 inline void int4_pair(const Int4Weights& wt, const uint16_t* xp, int64_t row_stride, int64_t p,
-                      int64_t n0, __m512 (&acc)[T][R]) {
+                      int64_t n0, __m512i table, __m512 (&acc)[T][R]) {
   const __m512i nibble = _mm512_set1_epi16(0x000F), base = _mm512_set1_epi16(0x4300);
   const __m512i high_words = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   __m512i lo[T], hi[T];
@@ -260,8 +272,14 @@ inline void int4_pair(const Int4Weights& wt, const uint16_t* xp, int64_t row_str
     uint32_t scale_bits = sp[0];  // both groups' scales: bf16 bits, the first in the low half
     if (Two) std::memcpy(&scale_bits, sp, sizeof(scale_bits));
     const __m512i raw = _mm512_cvtepu8_epi16(bytes);
-    const __m512bh w_lo = (__m512bh)_mm512_ternarylogic_epi32(raw, nibble, base, 0xEA);  // a&b|c
-    const __m512bh w_hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(raw, 4), base);
+    __m512bh w_lo, w_hi;
+    if constexpr (Table) {
+      w_lo = (__m512bh)_mm512_permutexvar_epi16(raw, table);
+      w_hi = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(raw, 4), table);
+    } else {
+      w_lo = (__m512bh)_mm512_ternarylogic_epi32(raw, nibble, base, 0xEA);  // a & b | c
+      w_hi = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(raw, 4), base);
+    }
     // lanes 0-7: the first group's scale, 8-15: the second's (bf16 -> fp32 is a 16-bit shift)
     const __m512i both = _mm512_set1_epi32(static_cast<int>(scale_bits));
     const __m512 scale = _mm512_castsi512_ps(
@@ -275,8 +293,8 @@ inline void int4_pair(const Int4Weights& wt, const uint16_t* xp, int64_t row_str
 }
 
 // acc[t][r] += (zero - 136 * scale) * sum(x) for groups g.. (16, or per `mask`): the zero point,
-// less the 128 + 8 that int4_pair's decoding adds
-template <int T, int R, bool Full>
+// less the 128 + 8 that int4_pair's uniform decoding adds (with a table: zero * sum(x))
+template <int T, int R, bool Full, bool Table>
 inline void zero_terms(const Int4Weights& wt, const float* sums, int64_t g, __mmask16 mask,
                        int64_t m0, int64_t n0, __m512 (&acc)[T][R]) {
   const __m512 offset = _mm512_set1_ps(136.f);
@@ -287,19 +305,21 @@ inline void zero_terms(const Int4Weights& wt, const float* sums, int64_t g, __mm
   }
   for (int r = 0; r < R; ++r) {
     const int64_t at = (n0 + r) * wt.groups + g;
-    const __m512 z = _mm512_fnmadd_ps(offset, load_bf16x16<Full>(wt.scales + at, mask),
-                                      load_bf16x16<Full>(wt.zeros + at, mask));
+    __m512 z = load_bf16x16<Full>(wt.zeros + at, mask);
+    if constexpr (!Table)
+      z = _mm512_fnmadd_ps(offset, load_bf16x16<Full>(wt.scales + at, mask), z);
     for (int t = 0; t < T; ++t) acc[t][r] = _mm512_fmadd_ps(z, xs[t], acc[t][r]);
   }
 }
 
-// out[t][r] = sum over groups g of scale_g * sum((q - 8) * x) + zero_g * sums_g, for activation
+// out[t][r] = sum over groups g of scale_g * sum(level(q) * x) + zero_g * sums_g, for activation
 // rows m0.. and weight rows n0..
-template <int T, int R>
+template <int T, int R, bool Table>
 void int4_dots(const Int4Weights& wt, const uint16_t* x, const float* sums, int64_t m0, int64_t n0,
                float (*out)[R]) {
   const int64_t pairs = (wt.groups + 1) / 2, stride = pairs * 64;
   const uint16_t* xp = x + m0 * stride;
+  const __m512i table = Table ? _mm512_load_si512(wt.level_words) : _mm512_setzero_si512();
   __m512 acc[T][R];
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) acc[t][r] = _mm512_setzero_ps();
@@ -308,28 +328,32 @@ void int4_dots(const Int4Weights& wt, const uint16_t* x, const float* sums, int6
   for (; p < wt.groups / 2; ++p) {
     if constexpr (R > 1)
       for (int b = 0; b < R * kGroup; b += 64) _mm_prefetch(next + p * R * kGroup + b, _MM_HINT_T0);
-    int4_pair<T, R, true>(wt, xp, stride, p, n0, acc);
+    int4_pair<T, R, true, Table>(wt, xp, stride, p, n0, table, acc);
   }
-  if (wt.groups % 2) int4_pair<T, R, false>(wt, xp, stride, p, n0, acc);
+  if (wt.groups % 2) int4_pair<T, R, false, Table>(wt, xp, stride, p, n0, table, acc);
   int64_t g = 0;
-  for (; g + 16 <= wt.groups; g += 16) zero_terms<T, R, true>(wt, sums, g, 0xFFFF, m0, n0, acc);
+  for (; g + 16 <= wt.groups; g += 16)
+    zero_terms<T, R, true, Table>(wt, sums, g, 0xFFFF, m0, n0, acc);
   if (g < wt.groups)
-    zero_terms<T, R, false>(wt, sums, g, __mmask16((1u << (wt.groups - g)) - 1), m0, n0, acc);
+    zero_terms<T, R, false, Table>(wt, sums, g, __mmask16((1u << (wt.groups - g)) - 1), m0, n0,
+                                   acc);
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) out[t][r] = _mm512_reduce_add_ps(acc[t][r]);
 }
 
 #else
 
-// out[t][r] = sum over groups g of scale_g * sum(q * x) + (zero_g - 8 scale_g) * sums_g, for
-// activation rows m0.. (fp32, k per row) and weight rows n0.., in vec.h's eight lanes: the 16
-// bytes of a group widen to four vectors of levels (inputs 0-7, 8-15 from the low nibbles, 16-23,
-// 24-31 from the high ones), decoded once for the T activation rows, and each row's dot with
-// them is scaled into its accumulator.
-template <int T, int R>
+// out[t][r] = sum over groups g of scale_g * sum(q * x) + (zero_g - 8 scale_g) * sums_g (with a
+// table: scale_g * sum(levels[q] * x) + zero_g * sums_g), for activation rows m0.. (fp32, k per
+// row) and weight rows n0.., in vec.h's eight lanes: the 16 bytes of a group widen to four
+// vectors of levels (inputs 0-7, 8-15 from the low nibbles, 16-23, 24-31 from the high ones),
+// decoded once for the T activation rows, and each row's dot with them is scaled into its
+// accumulator.
+template <int T, int R, bool Table>
 void int4_dots(const Int4Weights& wt, const float* x, const float* sums, int64_t m0, int64_t n0,
                float (*out)[R]) {
   const int64_t k = wt.k, groups = wt.groups;
+  const Table16 table = load_table16(wt.levels);
   const float* xr = x + m0 * k;
   const c10::BFloat16* scales = reinterpret_cast<const c10::BFloat16*>(wt.scales);
   const c10::BFloat16* zeros = reinterpret_cast<const c10::BFloat16*>(wt.zeros);
@@ -340,8 +364,13 @@ void int4_dots(const Int4Weights& wt, const float* x, const float* sums, int64_t
     for (int r = 0; r < R; ++r) {
       const uint8_t* qp = wt.q + (n0 + r) * (k / 2) + g * (kGroup / 2);
       Vec8 w[4];  // levels of inputs 0-7, 8-15, 16-23, 24-31
-      nibbles8(qp, w[0], w[2]);
-      nibbles8(qp + 8, w[1], w[3]);
+      if constexpr (Table) {
+        looked_up8(qp, table, w[0], w[2]);
+        looked_up8(qp + 8, table, w[1], w[3]);
+      } else {
+        nibbles8(qp, w[0], w[2]);
+        nibbles8(qp + 8, w[1], w[3]);
+      }
       const Vec8 scale = splat8(to_float(scales[(n0 + r) * groups + g]));
       for (int t = 0; t < T; ++t) {
         const float* xg = xr + t * k + g * kGroup;
@@ -351,13 +380,16 @@ void int4_dots(const Int4Weights& wt, const float* x, const float* sums, int64_t
       }
     }
   }
-  // the zero points, eight groups at a time: (zero - 8 scale) * sum(x) per group
+  // the zero points, eight groups at a time: (zero - 8 scale) * sum(x) per group (with a table:
+  // zero * sum(x))
   const Vec8 eight = splat8(8.f);
+  const float offset = Table ? 0.f : 8.f;
   int64_t g = 0;
   for (; g + 8 <= groups; g += 8)
     for (int r = 0; r < R; ++r) {
       const int64_t at = (n0 + r) * groups + g;
-      const Vec8 z = sub8(load8(zeros + at), mul8(eight, load8(scales + at)));
+      Vec8 z = load8(zeros + at);
+      if constexpr (!Table) z = sub8(z, mul8(eight, load8(scales + at)));
       for (int t = 0; t < T; ++t)
         acc[t][r] = fma8(z, load8(sums + (m0 + t) * groups + g), acc[t][r]);
     }
@@ -366,7 +398,8 @@ void int4_dots(const Int4Weights& wt, const float* x, const float* sums, int64_t
       float total = hsum8(acc[t][r]);
       for (int64_t j = g; j < groups; ++j) {
         const int64_t at = (n0 + r) * groups + j;
-        total += (to_float(zeros[at]) - 8.f * to_float(scales[at])) * sums[(m0 + t) * groups + j];
+        const float z = to_float(zeros[at]) - offset * to_float(scales[at]);
+        total += z * sums[(m0 + t) * groups + j];
       }
       out[t][r] = total;
     }
@@ -483,29 +516,37 @@ at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& qweight, const at::T
 }
 
 at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
-                     const at::Tensor& zeros, const c10::optional<at::Tensor>& bias) {
+                     const at::Tensor& zeros, const c10::optional<at::Tensor>& levels,
+                     const c10::optional<at::Tensor>& bias) {
   const int64_t k = q.size(1) * 2;
   check_gemv_args(x, q, k, bias, "gemv_int4");
-  check_int4_args(q, scales, zeros, kGroup, "gemv_int4");
+  check_int4_args(q, scales, zeros, levels, kGroup, "gemv_int4");
   const int64_t n = q.size(0), groups = k / kGroup;
   const Activations act = int4_activations(x, groups);
   at::Tensor out = output_for(x, n), bias_f;
   const float* b = bias_data(bias, bias_f);
   const Output dst = output_of(out);
-  const Int4Weights wt{q.data_ptr<uint8_t>(),
-                       reinterpret_cast<const uint16_t*>(scales.data_ptr<c10::BFloat16>()),
-                       reinterpret_cast<const uint16_t*>(zeros.data_ptr<c10::BFloat16>()), k,
-                       groups};
+  Int4Weights wt{q.data_ptr<uint8_t>(),
+                 reinterpret_cast<const uint16_t*>(scales.data_ptr<c10::BFloat16>()),
+                 reinterpret_cast<const uint16_t*>(zeros.data_ptr<c10::BFloat16>()), k, groups};
+  const bool table = int4_levels(levels, wt.levels);
+#if CHATPAGE_GEMV_AVX512
+  for (int i = 0; i < 32; ++i) wt.level_words[i] = c10::BFloat16(wt.levels[i & 15]).x;
+#endif
   const Int4Input* xv = static_cast<const Int4Input*>(act.values.data_ptr());
   const float* sums = act.group_sums.data_ptr<float>();
-  auto int4_kernel = [&]<int T, int R>(int64_t m0, int64_t n0) {
-    float dots[T][R];
-    int4_dots<T, R>(wt, xv, sums, m0, n0, dots);
-    store<T, R>(dst, b, m0, n0, dots, [](int64_t) { return 1.f; });
+  auto run = [&]<bool Table>() {
+    auto int4_kernel = [&]<int T, int R>(int64_t m0, int64_t n0) {
+      float dots[T][R];
+      int4_dots<T, R, Table>(wt, xv, sums, m0, n0, dots);
+      store<T, R>(dst, b, m0, n0, dots, unscaled);
+    };
+    over_rows<kInt4Rows>(n, k / 2, [&](int64_t nb, int64_t ne) {
+      over_tiles<kInt4Tile, kInt4Rows>(x.size(0), nb, ne, int4_kernel);
+    });
   };
-  over_rows<kInt4Rows>(n, k / 2, [&](int64_t nb, int64_t ne) {
-    over_tiles<kInt4Tile, kInt4Rows>(x.size(0), nb, ne, int4_kernel);
-  });
+  if (table) run.template operator()<true>();
+  else run.template operator()<false>();
   return out;
 }
 

@@ -1,5 +1,6 @@
 // What the matmul kernels (csrc/cpu/gemv.cpp, csrc/cpu/gemm.cpp) share: their [M, N] output in
-// x's dtype, the bias in fp32 and the store of a tile of finished dot products.
+// x's dtype, the bias in fp32, an int4 matrix's levels and the store of a tile of finished dot
+// products.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -31,6 +32,14 @@ void store(const Output& out, const float* bias, int64_t m0, int64_t n0, const f
       if (out.f32) out.f32[at] = y;
       else out.bf16[at] = static_cast<c10::BFloat16>(y);
     }
+}
+
+// The 16 levels of an int4 matrix (checks.h's check_int4_args has checked them): its own table
+// when it has one (true), else q - 8 (false).
+inline bool int4_levels(const c10::optional<at::Tensor>& levels, int8_t (&out)[16]) {
+  for (int i = 0; i < 16; ++i)
+    out[i] = levels.has_value() ? levels->data_ptr<int8_t>()[i] : static_cast<int8_t>(i - 8);
+  return levels.has_value();
 }
 
 inline at::Tensor output_for(const at::Tensor& x, int64_t n) {

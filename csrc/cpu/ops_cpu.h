@@ -40,7 +40,8 @@ at::Tensor gemv_int8(const at::Tensor& x, const at::Tensor& qweight, const at::T
                      const c10::optional<at::Tensor>& bias);
 
 at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
-                     const at::Tensor& zeros, const c10::optional<at::Tensor>& bias);
+                     const at::Tensor& zeros, const c10::optional<at::Tensor>& levels,
+                     const c10::optional<at::Tensor>& bias);
 
 // csrc/cpu/gemm.cpp: the same matmuls for many rows (weights as the GEMVs take them)
 at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& weight,
@@ -50,7 +51,8 @@ at::Tensor gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::T
                      const c10::optional<at::Tensor>& bias);
 
 at::Tensor gemm_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
-                     const at::Tensor& zeros, const c10::optional<at::Tensor>& bias);
+                     const at::Tensor& zeros, const c10::optional<at::Tensor>& levels,
+                     const c10::optional<at::Tensor>& bias);
 
 // csrc/cpu/decode.cpp: the decoder layers of a few-row step (weights as the GEMVs above take them)
 at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,

@@ -59,6 +59,22 @@ inline void nibbles8(const uint8_t* p, Vec8& lo, Vec8& hi) {
   lo = {_mm256_cvtepi32_ps(_mm256_and_si256(bytes, _mm256_set1_epi32(15)))};
   hi = {_mm256_cvtepi32_ps(_mm256_srli_epi32(bytes, 4))};
 }
+// A table of 16 int8 values (an int4 matrix's levels), looked up by nibble in looked_up8.
+struct Table16 {
+  __m128i v;
+};
+inline Table16 load_table16(const int8_t* p) {
+  return {_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))};
+}
+// nibbles8 through a table: lane j of lo is t[p[j] & 15], of hi t[p[j] >> 4] (one pshufb each).
+inline void looked_up8(const uint8_t* p, Table16 t, Vec8& lo, Vec8& hi) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  const __m128i nibble = _mm_set1_epi8(15);
+  const __m128i l = _mm_shuffle_epi8(t.v, _mm_and_si128(bytes, nibble));
+  const __m128i h = _mm_shuffle_epi8(t.v, _mm_and_si128(_mm_srli_epi16(bytes, 4), nibble));
+  lo = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(l))};
+  hi = {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h))};
+}
 inline void store8(float* p, Vec8 a) { _mm256_storeu_ps(p, a.v); }
 inline Vec8 add8(Vec8 a, Vec8 b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline Vec8 sub8(Vec8 a, Vec8 b) { return {_mm256_sub_ps(a.v, b.v)}; }
@@ -147,6 +163,20 @@ inline void nibbles8(const uint8_t* p, Vec8& lo, Vec8& hi) {
   for (int i = 0; i < 8; ++i) {
     lo.v[i] = static_cast<float>(p[i] & 15);
     hi.v[i] = static_cast<float>(p[i] >> 4);
+  }
+}
+struct Table16 {
+  int8_t v[16];
+};
+inline Table16 load_table16(const int8_t* p) {
+  Table16 t;
+  std::memcpy(t.v, p, sizeof(t.v));
+  return t;
+}
+inline void looked_up8(const uint8_t* p, const Table16& t, Vec8& lo, Vec8& hi) {
+  for (int i = 0; i < 8; ++i) {
+    lo.v[i] = static_cast<float>(t.v[p[i] & 15]);
+    hi.v[i] = static_cast<float>(t.v[p[i] >> 4]);
   }
 }
 inline void store8(float* p, Vec8 a) { std::memcpy(p, a.v, sizeof(a.v)); }

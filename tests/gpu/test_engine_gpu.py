@@ -11,6 +11,7 @@ import torch
 
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
 from chatpage.engine.accumulator import OutputAccumulator
+from chatpage.engine.dequant import IQ4_LEVELS
 from chatpage.engine.device import plan_engine, probe_cuda, resolve_device
 from chatpage.engine.gemv import reference_int4
 from chatpage.engine.loader import load_model
@@ -142,13 +143,18 @@ def test_dense_weights_stream_onto_the_gpu(gpu_tiny_dir):
     assert (q.device.type, q.dtype, norm.dtype) == ("cuda", torch.bfloat16, torch.float32)
 
 
+@pytest.mark.parametrize("levels", [False, True])  # True: IQ4_NL's, dequantized on the GPU
 @pytest.mark.parametrize(("rows", "n", "k"), [(1, 256, 576), (7, 1536, 576), (64, 512, 4096)])
-def test_int4_through_torchs_cuda_matmul(rows, n, k):
+def test_int4_through_torchs_cuda_matmul(rows, n, k, levels):
     torch.manual_seed(rows)
     packed = pack_int4(*quantize_int4(torch.randn(n, k)), "w")
+    if levels:
+        packed["w.levels"] = torch.tensor(IQ4_LEVELS, dtype=torch.int8)
+        packed["w.scales"] = (packed["w.scales"].float() / 16).to(torch.bfloat16)
     linear = cuda_linear(packed, "w", torch.device("cuda"), torch.bfloat16)
     x = torch.randn(rows, k).to(torch.bfloat16)
-    want = reference_int4(x.float(), packed["w.q4"], packed["w.scales"], packed["w.zeros"], None)
+    parts = (packed.get("w." + p) for p in ("q4", "scales", "zeros", "levels"))
+    want = reference_int4(x.float(), *parts, None)
     got = linear(x.cuda()).float().cpu()
     assert torch.allclose(got, want, rtol=2e-2, atol=2e-1 * want.abs().mean().item())
 

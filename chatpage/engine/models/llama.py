@@ -123,9 +123,12 @@ class NativeLayers:
         self.model = model
         self.norms = [n for layer in model.layers for n in (layer.input_norm, layer.post_norm)]
         gemvs = [f.gemv for f in linears if f.gemv is not None]  # (all have one: see the caller)
-        self.weights = [t for g in gemvs for t in g.parts]
+        # int4 with levels of its own takes 4 parts; where only some matrices have them, the
+        # others' 4th is an empty tensor (decode_layers: q - 8)
+        self.parts = max(len(g.parts) for g in gemvs)
+        none = (torch.empty(0, dtype=torch.int8),)
+        self.weights = [t for g in gemvs for t in g.parts + none * (self.parts - len(g.parts))]
         self.biases = [g.bias for g in gemvs]
-        self.parts = len(gemvs[0].parts)
         self.rows = min(g.rows for g in gemvs)
         self.windows = model.windows
 
