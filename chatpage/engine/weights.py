@@ -515,8 +515,9 @@ def _dequantized_int4(
 ) -> Linear:
     """The int4 matrix ``name`` dequantized (``gemv.dequantize_int4``: fp32 on the CPU, bf16 on
     CUDA) behind ``F.linear``: a matrix with levels of its own where no kernel takes them."""
-    parts = (packed.get(name + x) for x in (".q4", ".scales", ".zeros", ".levels"))
-    w32 = gemv.dequantize_int4(*(None if t is None else t.to(device) for t in parts))
+    q4, scales, zeros = (packed[name + x].to(device) for x in (".q4", ".scales", ".zeros"))
+    levels = packed.get(name + ".levels")
+    w32 = gemv.dequantize_int4(q4, scales, zeros, None if levels is None else levels.to(device))
     w = w32 if device.type == "cpu" else w32.to(torch.bfloat16)
     b = None if bias is None else bias.to(device, w.dtype)
     return Linear(lambda x: F.linear(x.to(w.dtype), w, b).to(x.dtype), w.shape[1])
