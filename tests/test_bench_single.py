@@ -224,3 +224,30 @@ def test_single_and_quality_print_readable_text_without_json(tiny_llama_dir, cap
     assert out.startswith("benchmark: single\n") and "\n    weights: int8\n" in out
     assert quality.main([*model, "--weights", "int8"]) == 0
     assert capsys.readouterr().out.startswith("benchmark: quality\n")
+
+
+def test_report_judges_the_best_and_the_default_format_of_throughput():
+    from chatpage.bench import report
+
+    formats = [
+        {"weights": "fp32", "tok_s": 100.0, "mean_batch": 16.0, "ratio": 4.0},
+        {"weights": "bf16", "tok_s": 300.0, "mean_batch": 16.0, "ratio": 12.0},
+        {"weights": "int4", "tok_s": 250.0, "mean_batch": 16.0, "ratio": 10.0},
+    ]
+    throughput_r = {
+        "benchmark": "throughput",
+        "ratio": 4.0,
+        "chatpage_mean_batch": 16.0,
+        "hf_tok_s": 25.0,
+        "hf_batch": 48,
+        "longest": 300,
+        "mean_output": 80.0,
+        "formats": formats,
+        "best_weights": "bf16",
+        "best_ratio": 12.0,
+    }
+    goals = {g["goal"]: g for g in report.goals({"throughput": throughput_r})}
+    assert goals["chatpage (bf16) / transformers (fp32) useful tok/s"]["met"] is True
+    default = goals["chatpage (int4, the default) / transformers (fp32) useful tok/s"]
+    assert default["value"] == 10.0 and default["target"] == ">= 12"
+    assert default["met"] is False and "250.0 tok/s" in default["why"]

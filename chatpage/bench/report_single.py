@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from chatpage.vocab import DEFAULT_WEIGHTS
+
 Add = Callable[[str, str, object, str, "bool | None", str], None]
 Table = Callable[[list[str], list[list]], str]
 
@@ -105,6 +107,18 @@ def goals(results: dict, add: Add) -> None:
             + ", ".join(f"{f['weights']} {f['tok_s']:.1f} tok/s" for f in t["formats"])
             + f" against transformers' {t['hf_tok_s']:.1f}",
         )
+        default = next((f for f in t["formats"] if f["weights"] == DEFAULT_WEIGHTS), None)
+        if default is not None:
+            add(
+                "throughput",
+                f"chatpage ({DEFAULT_WEIGHTS}, the default) / transformers (fp32) useful tok/s",
+                default["ratio"],
+                ">= 12",
+                default["ratio"] >= 12,
+                f"the app's default weight format, {default['tok_s']:.1f} tok/s at a mean batch "
+                f"of {default['mean_batch']:.1f} on the same trace, against transformers' "
+                f"{t['hf_tok_s']:.1f}",
+            )
 
 
 def _why_speed(s: dict, best: dict) -> str:
