@@ -8,6 +8,7 @@ from collections import deque
 from pathlib import Path
 
 import pytest
+import torch
 
 from chatpage.bench import memory, prefix, report, serve, sharing, structured, throughput
 from chatpage.bench.reservation import ReservationScheduler, reservation, simulate
@@ -451,3 +452,19 @@ def test_report_renders_the_serve_overhead_goal(tmp_path, overhead, status):
         "bench", "serve", "--api", "--json", "--concurrency", "64", "--output-tokens", "32",
         "--threads", "1",
     ]  # fmt: skip
+
+
+def test_transformers_reads_a_gguf_models_own_file(tmp_path):
+    """The side the benchmarks compare with, for a model read from a .gguf (whose cache folder
+    holds only the tokenizer): transformers' model of the same file, the same weights."""
+    from test_gguf import write_gguf
+
+    from chatpage.bench import common
+    from chatpage.engine.loader import load_model
+
+    loaded = load_model(write_gguf(tmp_path / "tiny.gguf"), progress=lambda _m: None)
+    assert loaded.gguf is not None and not (loaded.directory / "config.json").exists()
+    model = common.transformers_model(loaded.directory, loaded.gguf, torch.float32)
+    assert torch.equal(model.model.embed_tokens.weight, loaded.state["model.embed_tokens.weight"])
+    with pytest.raises(ValueError, match="give an HF folder or a .gguf"):
+        common.transformers_model(None, None, torch.float32)

@@ -10,6 +10,8 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -138,6 +140,19 @@ def human_lines(value, indent: str = "") -> list[str]:
 def load(model: str | None) -> LoadedModel:
     say(f"loading {model or 'the default model'}")
     return load_model(model, progress=say)
+
+
+def transformers_model(directory: Path | None, gguf: Path | None, dtype: torch.dtype) -> Any:
+    """transformers' own model of the same weights, the side the benchmarks compare with: read
+    from ``gguf`` (dequantized by transformers) when the model came from a .gguf file, since its
+    cache folder holds only the tokenizer, else from the HF ``directory``."""
+    from transformers import AutoModelForCausalLM
+
+    if gguf is not None:
+        return AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
+    if directory is None:
+        raise ValueError("transformers needs the model on disk: give an HF folder or a .gguf")
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
 
 
 def block_bytes(loaded: LoadedModel, block_size: int = 16, dtype=torch.float32) -> int:

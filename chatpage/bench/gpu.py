@@ -77,12 +77,9 @@ def chatpage_decode(loaded: LoadedModel, batch: int, graphs: bool, device: str) 
     return rate
 
 
-def hf_decode(directory: Path, batch: int, device: str) -> float:
+def hf_decode(loaded: LoadedModel, batch: int, device: str) -> float:
     """Decode tok/s of transformers' ``generate`` (bf16, greedy) at ``batch`` sequences."""
-    from transformers import AutoModelForCausalLM
-
-    model: Any = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
-    model = model.to(device)
+    model = common.transformers_model(loaded.directory, loaded.gguf, torch.bfloat16).to(device)
     ids = torch.tensor(_prompts(batch, model.config.vocab_size, 2), device=device)
     mask = torch.ones_like(ids)
 
@@ -150,16 +147,13 @@ def run(args: argparse.Namespace, device: str) -> dict[str, Any]:
     }
     if not args.no_decode:
         loaded = common.load(args.model)
-        directory = loaded.directory
-        if directory is None:
-            raise ValueError("bench gpu compares with transformers: give a model on disk")
         for batch in args.batches:
             common.say(f"decode: batch {batch}")
             row = {
                 "batch": batch,
                 "chatpage_tok_s": round(chatpage_decode(loaded, batch, True, device), 1),
                 "chatpage_no_graphs_tok_s": round(chatpage_decode(loaded, batch, False, device), 1),
-                "transformers_tok_s": round(hf_decode(directory, batch, device), 1),
+                "transformers_tok_s": round(hf_decode(loaded, batch, device), 1),
             }
             _free()
             row["vs_transformers"] = round(row["chatpage_tok_s"] / row["transformers_tok_s"], 2)

@@ -119,11 +119,9 @@ def model_folder(peers: Path, model: str | None) -> Path:
         return target
     common.say(f"writing {gguf.name} as a bf16 HF folder for vLLM in {target}")
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    hf = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
-    )
+    hf = common.transformers_model(None, gguf, torch.bfloat16)
     # a GGUF-loaded model refuses save_pretrained without this (transformers declares no such
     # attribute, so mypy sees nn.Module's tensor-or-module attributes)
     hf.hf_quantizer = None  # type: ignore[assignment]

@@ -167,9 +167,7 @@ class _Deadline:
 
 
 def hf_model(loaded):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(loaded.directory, dtype=torch.float32)
+    model = common.transformers_model(loaded.directory, loaded.gguf, torch.float32)
     model.eval()
     return model
 
