@@ -122,9 +122,7 @@ def model_folder(peers: Path, model: str | None) -> Path:
     from transformers import AutoTokenizer
 
     hf = common.transformers_model(None, gguf, torch.bfloat16)
-    # a GGUF-loaded model refuses save_pretrained without this (transformers declares no such
-    # attribute, so mypy sees nn.Module's tensor-or-module attributes)
-    hf.hf_quantizer = None  # type: ignore[assignment]
+    hf.hf_quantizer = None  # a GGUF-loaded model refuses save_pretrained without this
     if hasattr(hf.config, "quantization_config"):
         del hf.config.quantization_config
     partial = target.with_name(target.name + ".partial")
