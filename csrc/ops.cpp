@@ -34,7 +34,9 @@ TORCH_LIBRARY(chatpage, m) {
       "gemv_int4(Tensor x, Tensor q, Tensor scales, Tensor zeros, Tensor? levels, Tensor? bias) "
       "-> Tensor");
   // The same matmuls for many rows (bf16, int8 and int4 weights in the GEMVs' layouts, the same
-  // references); CPU only.
+  // references; on AMX tiles where the build has them and the OS grants them: gemm_amx, and then
+  // int4's decoded weights are rounded to bf16); CPU only.
+  m.def("gemm_amx() -> bool", &chatpage::cpu::gemm_amx);  // no tensors: one kernel for all
   m.def("gemm_bf16(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("gemm_int8(Tensor x, Tensor qweight, Tensor scales, Tensor? bias) -> Tensor");
   m.def(

@@ -1,8 +1,9 @@
 """The tiled GEMMs (csrc/cpu/gemm.cpp) against their torch references (chatpage/engine/gemv.py),
 shared by tests/test_gemm.py's in-process tests (this machine's build) and its AVX2 build, which
-runs this file as a script in a process of its own (a second kernel library cannot be loaded
-beside the first): ``python tests/gemm_checks.py CACHE_DIR`` builds with ``ops.AVX2_CFLAGS``,
-runs every case (``gemv_checks.check_op``) and prints how many passed."""
+and its AVX-512 build without AMX run this file as a script in a process of their own (a second
+kernel library cannot be loaded beside the first): ``python tests/gemm_checks.py CACHE_DIR
+BUILD`` builds with ``ops.TEST_BUILDS[BUILD]``, runs every case (``gemv_checks.check_op``) and
+prints how many passed."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 from pathlib import Path
 
 import torch
-from gemv_checks import level_cases, run_on_avx2_build
+from gemv_checks import level_cases, run_cases_on_build
 
 BF16, F32 = torch.bfloat16, torch.float32
 # rows: below, at and past the 4-row (AVX2: 2-row) tile, with leftovers; outputs: fewer than a
@@ -31,4 +32,4 @@ CASES += level_cases(ROWS, OUTPUTS, INPUTS["int4"])  # int4 with a table of leve
 
 
 if __name__ == "__main__":
-    run_on_avx2_build("gemm", CASES, Path(sys.argv[1]))
+    run_cases_on_build("gemm", CASES, Path(sys.argv[1]), sys.argv[2])

@@ -1,7 +1,7 @@
 """The few-row matmuls (csrc/cpu/gemv.cpp) against their torch references (chatpage/engine/gemv.py),
 shared by tests/test_gemv.py's in-process tests (this machine's build) and its AVX2 build, which
 runs this file as a script in a process of its own (a second kernel library cannot be loaded
-beside the first): ``python tests/gemv_checks.py CACHE_DIR`` builds with ``ops.AVX2_CFLAGS``,
+beside the first): ``python tests/gemv_checks.py CACHE_DIR avx2`` builds with ``ops.AVX2_CFLAGS``,
 runs every case and prints how many passed."""
 
 from __future__ import annotations
@@ -76,15 +76,20 @@ def check_op(
     weights = weights_of(fmt, n, k)
     kind = fmt.partition("+")[0]
     got = getattr(torch.ops.chatpage, f"{op}_{kind}")(x, *weights, bias)
-    want = getattr(gemv, f"reference_{kind}")(x, *weights, bias)
+    reference = getattr(gemv, f"reference_{kind}")
+    if op == "gemm" and kind == "int4" and torch.ops.chatpage.gemm_amx():
+        want = reference(x, *weights, bias, bf16_weights=True)
+    else:
+        want = reference(x, *weights, bias)
     assert got.dtype == want.dtype == dtype and got.shape == (m, n)
     tol = 1e-2 if dtype == BF16 else 1e-4
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
-def run_on_avx2_build(op: str, cases: list[tuple], cache_dir: Path) -> None:
-    """Every case of ``op`` against the AVX2 build in ``cache_dir``; prints how many passed."""
-    loader = ops.KernelLoader(cache_dir=cache_dir, cflags=ops.AVX2_CFLAGS)
+def run_cases_on_build(op: str, cases: list[tuple], cache_dir: Path, build: str) -> None:
+    """Every case of ``op`` against the build ``ops.TEST_BUILDS[build]`` in ``cache_dir``; prints
+    how many passed."""
+    loader = ops.KernelLoader(cache_dir=cache_dir, cflags=ops.TEST_BUILDS[build])
     assert loader.load(), loader.status()
     for case in cases:
         check_op(op, *case)
@@ -92,4 +97,4 @@ def run_on_avx2_build(op: str, cases: list[tuple], cache_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    run_on_avx2_build("gemv", CASES, Path(sys.argv[1]))
+    run_cases_on_build("gemv", CASES, Path(sys.argv[1]), sys.argv[2])

@@ -1,6 +1,6 @@
 """Kernel checks shared by tests/test_kernels.py (CPU) and tests/gpu/test_cuda_kernels.py (CUDA):
 each ``check_*`` runs a native kernel on a device and compares it with the torch reference in
-engine/attention.py. ``python tests/kernel_checks.py CACHE_DIR`` runs the sliding-window cases
+engine/attention.py. ``python tests/kernel_checks.py CACHE_DIR avx2`` runs the sliding-window cases
 on an AVX2 build of the kernels (``ops.AVX2_CFLAGS``, in a process of its own: a second kernel
 library cannot be loaded beside the first) and prints how many passed."""
 
@@ -195,16 +195,17 @@ def check_swap_blocks(src_device, dst_device, dtype=torch.float32) -> None:
         assert torch.equal(d.cpu(), want)
 
 
-def run_avx2_build(script: str) -> list[str]:
-    """Run ``tests/<script>`` against the AVX2 build of the kernels, in a process of its own (the
-    build's cache is kept between runs: it takes a minute or more); the words of its stdout."""
+def run_other_build(script: str, build: str = "avx2") -> list[str]:
+    """Run ``tests/<script>`` against another build of the kernels (``ops.TEST_BUILDS[build]``:
+    the AVX2 one by default), in a process of its own (the build's cache is kept between runs: it
+    takes a minute or more); the words of its stdout."""
     root = Path(__file__).resolve().parents[1]
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
     }
     proc = subprocess.run(
-        [sys.executable, str(root / "tests" / script), str(ops.cache_root() / "avx2")],
+        [sys.executable, str(root / "tests" / script), str(ops.cache_root() / build), build],
         capture_output=True,
         text=True,
         timeout=900,
@@ -214,12 +215,12 @@ def run_avx2_build(script: str) -> list[str]:
     return proc.stdout.split()
 
 
-def main(cache_dir: Path) -> None:
-    loader = ops.KernelLoader(cache_dir=cache_dir, cflags=ops.AVX2_CFLAGS)
+def main(cache_dir: Path, build: str) -> None:
+    loader = ops.KernelLoader(cache_dir=cache_dir, cflags=ops.TEST_BUILDS[build])
     assert loader.load(), loader.status()
     _OWN_BUILD.append(loader)
     print(f"{check_window_cases('cpu')} passed")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2])

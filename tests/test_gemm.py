@@ -1,6 +1,6 @@
 """The many-row matmul kernels (csrc/cpu/gemm.cpp) match their torch references on this machine's
-build (AVX-512 here) and on an AVX2 build of the same sources (``-mno-avx512f``, its own process
-and cache), on shapes that exercise every tail (tests/test_gemv.py checks that make_linear picks
+build (AVX-512 with AMX here), on an AVX-512 build without AMX and on an AVX2 build of the same
+sources (``-mno-amx-tile``, ``-mno-avx512f``: each in its own process and cache), on shapes that exercise every tail (tests/test_gemv.py checks that make_linear picks
 them by the step's rows)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 from gemm_checks import CASES
 from gemv_checks import check_op
-from kernel_checks import run_avx2_build
+from kernel_checks import run_other_build
 
 from chatpage.engine import ops
 
@@ -27,7 +27,20 @@ def test_the_gemms_match_the_reference(case):
 
 def test_the_avx2_build_matches_the_reference():
     """The same checks against a build without AVX-512 (vec.h's eight-lane paths)."""
-    assert run_avx2_build("gemm_checks.py")[-2:] == [str(len(CASES)), "passed"]
+    assert run_other_build("gemm_checks.py")[-2:] == [str(len(CASES)), "passed"]
+
+
+def test_the_build_without_amx_matches_the_reference():
+    """The same checks against a build without AMX (an AVX-512 machine's fp32-FMA GEMMs, which
+    take this machine's own build on a CPU without AMX)."""
+    assert run_other_build("gemm_checks.py", "no-amx")[-2:] == [str(len(CASES)), "passed"]
+
+
+def test_the_gemms_run_on_amx_where_the_cpu_has_it():
+    """On a CPU with AMX tiles (and a kernel that grants them) the native build's GEMMs take
+    them, so the reference checks above ran the AMX path; elsewhere they do not."""
+    flags = set(ops._cpu_features().split())
+    assert torch.ops.chatpage.gemm_amx() == ({"amx_tile", "amx_bf16", "avx512_bf16"} <= flags)
 
 
 def test_bad_arguments_are_refused():

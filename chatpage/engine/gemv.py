@@ -37,24 +37,15 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.cat([g & 15, g >> 4], dim=2).reshape(n, half * 2)
 
 
-# torch's CPU int4pack (``_convert_weight_to_int4pack_for_cpu``) stores rows in blocks of 32: for
-# each input k, 16 bytes hold rows i (low nibble) and i + 16 (high nibble) of the block.
-_TORCH_BLOCK_ROWS = 32
-
-
 def torch_int4pack(q4: torch.Tensor) -> torch.Tensor:
     """The kernel's [N, K/2] nibbles (:func:`pack_int4`) in torch's CPU int4pack layout, the
-    operand of ``_weight_int4pack_mm_for_cpu`` (byte moves only; the same bytes as torch's own
-    conversion of the levels)."""
-    levels = unpack_int4(q4)
-    n, k = levels.shape
-    if n % _TORCH_BLOCK_ROWS:
-        packed: torch.Tensor = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-            levels.to(torch.int32), 1
-        )
-        return packed
-    g = levels.view(n // _TORCH_BLOCK_ROWS, 2, _TORCH_BLOCK_ROWS // 2, k)
-    return (g[:, 0] | (g[:, 1] << 4)).transpose(1, 2).contiguous().view(n, k // 2)
+    operand of ``_weight_int4pack_mm_for_cpu``, by torch's own conversion: its layout depends on
+    the CPU (blocks of 32 rows pairing rows i and i + 16 on an AVX-512 EPYC, pairs of neighbouring
+    rows where AMX runs it), and the conversion takes ~1 ms for the default model's largest
+    matrix."""
+    levels = unpack_int4(q4).to(torch.int32)
+    packed: torch.Tensor = torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, 1)
+    return packed
 
 
 def dequantize_int4(
@@ -107,9 +98,14 @@ def reference_int4(
     zeros: torch.Tensor,
     levels: torch.Tensor | None,
     bias: torch.Tensor | None,
+    bf16_weights: bool = False,
 ) -> torch.Tensor:
     """``x @ W.T + bias`` for an int4 matrix in the kernel's layout (its own 16 ``levels`` when
     given); the activations are rounded to bf16 first (the kernel multiplies in bf16, exactly, and
-    sums in fp32)."""
+    sums in fp32). ``bf16_weights``: the decoded weights are rounded to bf16 too, as the GEMM does
+    on AMX tiles (``torch.ops.chatpage.gemm_amx()``), whose products take bf16 on both sides."""
     xb = x.to(torch.bfloat16).float()
-    return _finish(xb @ dequantize_int4(q, scales, zeros, levels).t(), bias, x.dtype)
+    w = dequantize_int4(q, scales, zeros, levels)
+    if bf16_weights:
+        w = w.to(torch.bfloat16).float()
+    return _finish(xb @ w.t(), bias, x.dtype)

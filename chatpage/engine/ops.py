@@ -48,6 +48,11 @@ _LDFLAGS = ("-fopenmp",)
 # The build of an AVX2 machine on this one (no AVX-512 of any kind): what the kernels' AVX2 paths
 # are tested with (tests/test_gemm.py), in a process of its own.
 AVX2_CFLAGS = (*_CFLAGS, "-mno-avx512f")
+# The build of an AVX-512 machine without AMX (Zen 4) on this one: the GEMMs' fp32-FMA path
+# (tests/test_gemm.py); on a CPU without AMX, the same as the native build.
+NO_AMX_CFLAGS = (*_CFLAGS, "-mno-amx-tile")
+# The builds the tests run beside this machine's own, each in a process of its own, by name.
+TEST_BUILDS = {"avx2": AVX2_CFLAGS, "no-amx": NO_AMX_CFLAGS}
 _CUDA_CFLAGS = ("-O3", "-DNDEBUG")
 _STALE_LOCK_S = 15 * 60  # a build lock older than this was left by a killed build
 

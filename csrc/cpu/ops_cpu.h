@@ -43,7 +43,9 @@ at::Tensor gemv_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
                      const at::Tensor& zeros, const c10::optional<at::Tensor>& levels,
                      const c10::optional<at::Tensor>& bias);
 
-// csrc/cpu/gemm.cpp: the same matmuls for many rows (weights as the GEMVs take them)
+// csrc/cpu/gemm.cpp: the same matmuls for many rows (weights as the GEMVs take them); whether
+// they run on AMX tiles
+bool gemm_amx();
 at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& weight,
                      const c10::optional<at::Tensor>& bias);
 
