@@ -276,20 +276,49 @@ void configure_tiles() {
   _tile_loadconfig(&config);
 }
 
-// xp[((mt * ktiles + kt) * 16 + p) * 16 + r] = inputs 2p and 2p + 1 of tile kt of activation row
-// 16 mt + r (bf16 pairs as uint32), zero past m rows or k inputs.
-void pack_activations(const c10::BFloat16* x, int64_t m, int64_t k, int64_t ktiles,
-                      uint32_t* xp) {
-  const int64_t mtiles = (m + 15) / 16;
-  std::fill(xp, xp + mtiles * ktiles * 256, 0u);
-  for (int64_t row = 0; row < m; ++row) {
-    const uint16_t* src = reinterpret_cast<const uint16_t*>(x + row * k);
-    uint32_t* dst = xp + (row / 16) * ktiles * 256 + row % 16;
-    for (int64_t i = 0; i < k; i += 2) {
-      const uint32_t hi = i + 1 < k ? src[i + 1] : 0u;
-      dst[(i / kAmxK) * 256 + (i % kAmxK) / 2 * 16] = src[i] | (hi << 16);
-    }
+// r[i] lane j -> r[j] lane i, for 16 vectors of 16 32-bit lanes: pairs of lanes interleaved, then
+// pairs of pairs, then 128-bit quarters twice over.
+inline void transpose16(__m512i (&r)[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
   }
+  // u[4 i + c], quarter q: lane 4 q + c of rows 4 i .. 4 i + 3
+  for (int i = 0; i < 16; i += 4) {
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i even = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88);  // quarters 0, 2 of each
+    const __m512i odd = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);   // quarters 1, 3
+    const __m512i even2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
+    const __m512i odd2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xDD);
+    r[c] = _mm512_shuffle_i32x4(even, even2, 0x88);
+    r[4 + c] = _mm512_shuffle_i32x4(odd, odd2, 0x88);
+    r[8 + c] = _mm512_shuffle_i32x4(even, even2, 0xDD);
+    r[12 + c] = _mm512_shuffle_i32x4(odd, odd2, 0xDD);
+  }
+}
+
+// xp[((mt * ktiles + kt) * 16 + p) * 16 + r] = inputs 2p and 2p + 1 of tile kt of activation row
+// 16 mt + r (bf16 pairs as 32-bit lanes), zero past m rows: a 16 x 16 transpose per tile of x
+// (bf16 [m, ktiles * kAmxK], zero past its k inputs).
+void pack_activations(const c10::BFloat16* x, int64_t m, int64_t ktiles, uint32_t* xp) {
+  const int64_t mtiles = (m + 15) / 16, kp = ktiles * kAmxK;
+  for (int64_t mt = 0; mt < mtiles; ++mt)
+    for (int64_t kt = 0; kt < ktiles; ++kt) {
+      __m512i r[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t row = mt * 16 + i;
+        r[i] = row < m ? _mm512_loadu_si512(x + row * kp + kt * kAmxK) : _mm512_setzero_si512();
+      }
+      transpose16(r);
+      uint32_t* dst = xp + (mt * ktiles + kt) * 256;
+      for (int p = 0; p < 16; ++p) _mm512_storeu_si512(dst + p * 16, r[p]);
+    }
 }
 
 // Rows [m_begin, m_begin + m) of y = (x @ W.T) * row_scale(row) + bias on AMX tiles, from the
@@ -309,7 +338,7 @@ void amx_rows(const uint32_t* xp, int64_t m_begin, int64_t m, int64_t n, int64_t
     for (int64_t blk = first; blk < last; ++blk) {
       const int64_t n0 = blk * kAmxRows;
       const int rows = static_cast<int>(std::min<int64_t>(kAmxRows, n - n0));
-      float scale[kAmxRows], offset[kAmxRows];
+      float scale[kAmxRows] = {}, offset[kAmxRows] = {};
       for (int r = 0; r < kAmxRows; ++r) {
         c10::BFloat16* out = w.data() + r * kp;
         if (r >= rows) {
@@ -350,15 +379,20 @@ void amx_rows(const uint32_t* xp, int64_t m_begin, int64_t m, int64_t n, int64_t
         _tile_stored(2, sums[2], 64);
         _tile_stored(3, sums[3], 64);
         // sums[2 j + i][r][c]: weight row 16 i + r of the block against activation row
-        // 16 (mt + j) + c
+        // 16 (mt + j) + c; transposed, row c holds the 16 outputs of activation row c
         for (int j = 0; j < (two ? 2 : 1); ++j) {
           const int64_t t0 = (mt + j) * 16, count = std::min<int64_t>(16, m - t0);
-          for (int64_t c = 0; c < count; ++c) {
-            const int64_t at = (m_begin + t0 + c) * n + n0;
-            for (int r = 0; r < rows; ++r) {
-              const float y = sums[2 * j + r / 16][r % 16][c] * scale[r] + offset[r];
-              if (dst.f32) dst.f32[at + r] = y;
-              else dst.bf16[at + r] = static_cast<c10::BFloat16>(y);
+          for (int i = 0; i < 2 && 16 * i < rows; ++i) {
+            __m512i r[16];
+            for (int c = 0; c < 16; ++c) r[c] = _mm512_load_si512(sums[2 * j + i][c]);
+            transpose16(r);
+            const __m512 sc = _mm512_loadu_ps(scale + 16 * i), off = _mm512_loadu_ps(offset + 16 * i);
+            const __mmask16 keep = static_cast<__mmask16>((1u << std::min(16, rows - 16 * i)) - 1);
+            for (int64_t c = 0; c < count; ++c) {
+              const __m512 y = _mm512_fmadd_ps(_mm512_castsi512_ps(r[c]), sc, off);
+              const int64_t at = (m_begin + t0 + c) * n + n0 + 16 * i;
+              if (dst.f32) _mm512_mask_storeu_ps(dst.f32 + at, keep, y);
+              else _mm256_mask_storeu_epi16(dst.bf16 + at, keep, (__m256i)_mm512_cvtneps_pbh(y));
             }
           }
         }
@@ -374,14 +408,15 @@ template <typename Decode, typename Scale>
 at::Tensor amx_gemm(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias,
                     const Decode& decode, const Scale& row_scale) {
   const int64_t m = x.size(0), k = x.size(1), ktiles = (k + kAmxK - 1) / kAmxK;
-  const at::Tensor xb = x.to(at::kBFloat16).contiguous();
+  at::Tensor xb = x.to(at::kBFloat16).contiguous();
+  if (ktiles * kAmxK != k) xb = at::constant_pad_nd(xb, {0, ktiles * kAmxK - k});
   at::Tensor out = output_for(x, n), bias_f;
   const float* b = bias_data(bias, bias_f);
   const Output dst = output_of(out);
   std::vector<uint32_t> xp(((std::min(m, kAmxSlice) + 15) / 16) * ktiles * 256);
   for (int64_t m0 = 0; m0 < m; m0 += kAmxSlice) {
     const int64_t rows = std::min(kAmxSlice, m - m0);
-    pack_activations(xb.data_ptr<c10::BFloat16>() + m0 * k, rows, k, ktiles, xp.data());
+    pack_activations(xb.data_ptr<c10::BFloat16>() + m0 * ktiles * kAmxK, rows, ktiles, xp.data());
     amx_rows(xp.data(), m0, rows, n, k, ktiles, b, dst, decode, row_scale);
   }
   return out;
