@@ -1,7 +1,7 @@
 """The many-row matmul kernels (csrc/cpu/gemm.cpp) match their torch references on this machine's
 build (AVX-512 with AMX here), on an AVX-512 build without AMX and on an AVX2 build of the same
-sources (``-mno-amx-tile``, ``-mno-avx512f``: each in its own process and cache), on shapes that exercise every tail (tests/test_gemv.py checks that make_linear picks
-them by the step's rows)."""
+sources (``-mno-amx-tile``, ``-mno-avx512f``: each in its own process and cache), on shapes that
+exercise every tail (tests/test_gemv.py checks that make_linear picks them by the step's rows)."""
 
 from __future__ import annotations
 
@@ -39,8 +39,11 @@ def test_the_build_without_amx_matches_the_reference():
 def test_the_gemms_run_on_amx_where_the_cpu_has_it():
     """On a CPU with AMX tiles (and a kernel that grants them) the native build's GEMMs take
     them, so the reference checks above ran the AMX path; elsewhere they do not."""
+    assert ops.load()
     flags = set(ops._cpu_features().split())
     assert torch.ops.chatpage.gemm_amx() == ({"amx_tile", "amx_bf16", "avx512_bf16"} <= flags)
+    # the cut-overs between the kernels (engine/weights.py) are AMX's exactly where they run on it
+    assert (ops.vector_isa() == "amx") == torch.ops.chatpage.gemm_amx()
 
 
 def test_bad_arguments_are_refused():

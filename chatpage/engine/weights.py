@@ -74,14 +74,41 @@ rows  fp32 GEMV /  bf16 GEMV / torch   int8 GEMV /         int4 GEMV /
 Without AVX-512 torch's bf16 path has no bf16 dot product and its int4/int8 kernels lose to the
 GEMVs at every row count, so there the GEMVs run up to 16 rows (bf16: 8) and the GEMMs beyond.
 
+With AMX (``vector_isa() == "amx"``: a Xeon with AMX-BF16 tiles, which torch's oneDNN bf16
+path uses too) the GEMMs multiply in tiles (``csrc/cpu/gemm.cpp``: weights decoded to bf16 as
+the tiles' A operand, activations packed in VNNI pairs as B), so their time hardly grows with
+the rows: the decode of the weights is most of it. Same step, 1 thread, process time, min of 5
+(ms, the 30 layers without the lm_head, each kernel over its own copy of the weights, side by
+side in one process):
+
+====  ==============================  ==============================  ==============================
+rows  bf16 GEMV / torch / GEMM        int8 GEMV / int8pack / GEMM     int4 GEMV / int4pack / GEMM
+====  ==============================  ==============================  ==============================
+1     20.7 / 28.2 / 34.8              10.4 / 17.3 / 25.8              6.3 / 7.8 / 21.5
+2     22.5 / 31.8 / 37.3              11.9 / 20.0 / 26.3              8.6 / 9.2 / 19.7
+4     24.3 / 31.8 / 35.5              12.7 / 23.3 / 25.3              16.0 / 11.8 / 19.7
+6     28.6 / 31.9 / 33.2              16.5 / 33.9 / 24.7              24.0 / 19.0 / 19.7
+8     29.9 / 32.4 / 37.1              19.0 / 36.7 / 25.7              30.7 / 25.9 / 20.9
+12    39.0 / 31.6 / 37.0              27.0 / 47.3 / 26.7              43.1 / 32.3 / 19.9
+16    48.6 / 30.8 / 36.8              35.6 / 57.4 / 27.4              57.2 / 40.6 / 19.9
+32    81.4 / 36.2 / 36.2              70.7 / 97.0 / 27.4              110.5 / 78.4 / 21.9
+64    137.7 / 42.0 / 41.8             132.5 / 172.9 / 31.3            225.5 / 156.4 / 27.8
+128   268.1 / 50.6 / 56.3             256.4 / 328.1 / 40.3            443.0 / 304.6 / 34.8
+====  ==============================  ==============================  ==============================
+
+So there int4 takes the GEMV up to 2 rows, torch's int4pack for 3-5 and the GEMM from 6; int8
+the GEMV up to 12 rows and the GEMM beyond (torch's int8pack wins nowhere); bf16 the GEMV up to
+8 rows and torch's oneDNN path beyond (its prepacked AMX kernel stays ahead of our GEMM, which
+converts the weights on every call).
+
 The quantized torch paths take bf16 activations (with fp32 ones they are 10-20x slower), so a
 quantized model's matmul inputs are bf16 while the residual stream, norms, RoPE, attention and
 the KV cache keep the engine dtype; the GEMVs take either.
 
 int4 is stored in the GEMV's layout, whose nibbles line up with consecutive activations and which
-the GEMM reads too; :func:`make_linear` derives torch's int4pack (with AVX-512 for 2-15 rows;
-everything without the native kernels) from it with byte moves at load, so a pack holds the
-nibbles once (a GGUF's pack stays near the file's size). Only the GEMV's layout counts in :func:`step_bytes`.
+the GEMM reads too; :func:`make_linear` derives torch's int4pack (with AVX-512 for 2-15 rows,
+with AMX for 3-5; everything without the native kernels) from it at load by torch's own
+conversion, so a pack holds the nibbles once (a GGUF's pack stays near the file's size). Only the GEMV's layout counts in :func:`step_bytes`.
 A matrix with a table of 16 levels of its own (``<name>.levels``: a GGUF's IQ4_NL / IQ4_XS) has no
 torch int4pack form: it runs through the native kernels only (the GEMV up to the GEMM's rows),
 dequantized where they are not loaded or on CUDA.
@@ -125,8 +152,13 @@ SMALL_BATCH_ROWS = 4
 # through torch's path; fp32 keeps MKL's sgemm past its GEMV. Measured on the default model's
 # shapes, 1 thread, per vector ISA of the build (ops.vector_isa(); see the module docstring):
 # with AVX-512, torch's int4pack kernel is faster from 2 to 15 rows; with AVX2 torch's paths win
-# nowhere and the GEMVs (4 x 2 tiles) run up to 16 rows.
+# nowhere and the GEMVs (4 x 2 tiles) run up to 16 rows; with AMX the GEMMs' tiles win from 6
+# rows (int4) or 13 (int8), and bf16 has no GEMM: torch's oneDNN path runs it past 8 rows.
 _CUT_OVERS = {
+    "amx": (
+        {"fp32": 16, "bf16": 8, "int8": 12, "int4": 2},
+        {"int8": 13, "int4": 6},
+    ),
     "avx512": (
         {"fp32": 16, "bf16": 4, "int8": 4, "int4": 1},
         {"bf16": 5, "int8": 5, "int4": 16},
@@ -502,7 +534,8 @@ def make_linear(
             gemv = Gemv(lib.gemv_fp32, (w,), bias, GEMV_ROWS["fp32"])
             return Linear(_by_rows(gemv, plain), k, gemv)
         gemv = Gemv(lib.gemv_bf16, (w,), bias, GEMV_ROWS["bf16"])
-        gemm = Gemv(lib.gemm_bf16, (w,), bias, GEMM_ROWS["bf16"])
+        many = GEMM_ROWS.get("bf16")  # none with AMX: torch's path runs every larger batch
+        gemm = None if many is None else Gemv(lib.gemm_bf16, (w,), bias, many)
         return Linear(_by_rows(gemv, plain, gemm), k, gemv)
     many = fn if bias is None else (lambda x: fn(x) + bias)
     if not native:
