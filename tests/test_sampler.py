@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from chatpage.engine.sampler import _filter, _sample_row, make_generator
+from chatpage.engine.sampler import _filter, _sample_row, make_generator, sample
 from chatpage.engine.sampling_params import SamplingParams
 
 
@@ -62,3 +62,13 @@ def test_same_seed_same_draws():
     assert [_sample_row(row, params, g1) for _ in range(20)] != [
         _sample_row(row, params, g2) for _ in range(20)
     ]
+
+
+def test_greedy_rows_take_the_first_of_tied_best_tokens_and_its_log_probability():
+    logits = torch.full((2, 600), -3.0)
+    logits[0, [7, 300, 599]] = 4.0  # a three-way tie: the lowest id, as argmax picks
+    logits[1, 42] = 1.0
+    tokens, chosen, _, failed = sample(logits, [SamplingParams(temperature=0)] * 2, [None, None])
+    assert tokens == [7, 42] and not failed
+    expected = torch.log_softmax(logits, -1)[[0, 1], [7, 42]]
+    assert chosen == pytest.approx(expected.tolist(), abs=1e-6)

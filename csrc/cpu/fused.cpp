@@ -6,6 +6,7 @@
 // reference they must match is chatpage/engine/fused.py.
 #include "checks.h"
 #include "cpu/ops_cpu.h"
+#include "cpu/vec.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -137,7 +138,15 @@ struct SiluMul {
         const I* g = x + r * 2 * n;
         const I* u = g + n;
         O* orow = o + r * n;
-        for (int64_t i = 0; i < n; ++i) {
+        int64_t i = 0;
+        float lanes[8];
+        for (; i + 8 <= n; i += 8) {  // silu(g) * u = g * u / (1 + exp(-g)), eight at a time
+          const Vec8 gv = load8(g + i);
+          const Vec8 e = exp8(sub8(zero8(), gv));
+          store8(lanes, div8(mul8(gv, load8(u + i)), add8(splat8(1.f), e)));
+          for (int j = 0; j < 8; ++j) orow[i + j] = from_f<O>(lanes[j]);
+        }
+        for (; i < n; ++i) {
           const float gv = to_f(g[i]);
           orow[i] = from_f<O>(gv / (1.f + std::exp(-gv)) * to_f(u[i]));
         }

@@ -79,6 +79,7 @@ inline void store8(float* p, Vec8 a) { _mm256_storeu_ps(p, a.v); }
 inline Vec8 add8(Vec8 a, Vec8 b) { return {_mm256_add_ps(a.v, b.v)}; }
 inline Vec8 sub8(Vec8 a, Vec8 b) { return {_mm256_sub_ps(a.v, b.v)}; }
 inline Vec8 mul8(Vec8 a, Vec8 b) { return {_mm256_mul_ps(a.v, b.v)}; }
+inline Vec8 div8(Vec8 a, Vec8 b) { return {_mm256_div_ps(a.v, b.v)}; }
 inline Vec8 max8(Vec8 a, Vec8 b) { return {_mm256_max_ps(a.v, b.v)}; }
 // a * b + c
 inline Vec8 fma8(Vec8 a, Vec8 b, Vec8 c) { return {_mm256_fmadd_ps(a.v, b.v, c.v)}; }
@@ -189,6 +190,7 @@ inline void store8(float* p, Vec8 a) { std::memcpy(p, a.v, sizeof(a.v)); }
 CHATPAGE_LANEWISE(add8, a.v[i] + b.v[i])
 CHATPAGE_LANEWISE(sub8, a.v[i] - b.v[i])
 CHATPAGE_LANEWISE(mul8, a.v[i] * b.v[i])
+CHATPAGE_LANEWISE(div8, a.v[i] / b.v[i])
 CHATPAGE_LANEWISE(max8, a.v[i] > b.v[i] ? a.v[i] : b.v[i])
 #undef CHATPAGE_LANEWISE
 inline Vec8 fma8(Vec8 a, Vec8 b, Vec8 c) {
