@@ -185,6 +185,44 @@ void widen_row(const W* src, int64_t k, float* dst) {
   for (; i < k; ++i) dst[i] = to_float(src[i]);
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+// The same as bf16, for AMX's tiles: int4 groups and int8 levels converted in registers, bf16
+// rows copied (int8 levels are exact in bf16; int4's decoded weights are rounded to bf16).
+template <bool Table>
+inline void decode_int4_group(const uint8_t* src, float scale, float zero, LevelTable table,
+                              c10::BFloat16* dst) {
+  const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  const __m512 s = _mm512_set1_ps(scale), z = _mm512_set1_ps(zero);
+  __m512 lo, hi;
+  if constexpr (Table) {
+    lo = _mm512_permutexvar_ps(bytes, table);
+    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+  } else {
+    const __m512i eight = _mm512_set1_epi32(8), nibble = _mm512_set1_epi32(15);
+    lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(bytes, nibble), eight));
+    hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(bytes, 4), eight));
+  }
+  // inputs 0-15 in the low half, 16-31 in the high one
+  const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_fmadd_ps(hi, s, z), _mm512_fmadd_ps(lo, s, z));
+  _mm512_storeu_si512(dst, (__m512i)both);
+}
+
+inline void widen_row(const c10::BFloat16* src, int64_t k, c10::BFloat16* dst) {
+  std::memcpy(dst, src, k * sizeof(c10::BFloat16));
+}
+
+inline void widen_row(const int8_t* src, int64_t k, c10::BFloat16* dst) {
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(bytes)));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(bytes, 1)));
+    _mm512_storeu_si512(dst + i, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+  for (; i < k; ++i) dst[i] = c10::BFloat16(static_cast<float>(src[i]));
+}
+#endif
+
 // Rows [m_begin, m_end) of y = (x @ W.T) * row_scale(row) + bias: xp holds the fp32 activations
 // (rows of kp floats, zero beyond k), decode(row, dst) writes weight row `row` as k floats.
 template <typename Decode, typename Scale>
@@ -322,7 +360,8 @@ void pack_activations(const c10::BFloat16* x, int64_t m, int64_t ktiles, uint32_
 }
 
 // Rows [m_begin, m_begin + m) of y = (x @ W.T) * row_scale(row) + bias on AMX tiles, from the
-// activations packed by pack_activations; decode(row, dst) writes weight row `row` as k floats.
+// activations packed by pack_activations; decode(row, dst) writes weight row `row` as k bf16
+// values.
 template <typename Decode, typename Scale>
 void amx_rows(const uint32_t* xp, int64_t m_begin, int64_t m, int64_t n, int64_t k,
               int64_t ktiles, const float* bias, const Output& dst, const Decode& decode,
@@ -332,8 +371,8 @@ void amx_rows(const uint32_t* xp, int64_t m_begin, int64_t m, int64_t n, int64_t
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / std::max<int64_t>(1, kAmxRows * k * m));
   at::parallel_for(0, blocks, grain, [&](int64_t first, int64_t last) {
     configure_tiles();
-    std::vector<float> wide(kp, 0.f);                 // one decoded row; the padding stays zero
-    std::vector<c10::BFloat16> w(kAmxRows * kp);      // the block's rows in bf16
+    // the block's rows in bf16; the padding past k stays zero
+    std::vector<c10::BFloat16> w(kAmxRows * kp, c10::BFloat16(0.f));
     alignas(64) float sums[4][16][16];
     for (int64_t blk = first; blk < last; ++blk) {
       const int64_t n0 = blk * kAmxRows;
@@ -345,12 +384,7 @@ void amx_rows(const uint32_t* xp, int64_t m_begin, int64_t m, int64_t n, int64_t
           std::fill(out, out + kp, c10::BFloat16(0.f));
           continue;
         }
-        decode(n0 + r, wide.data());
-        for (int64_t i = 0; i < kp; i += 32) {
-          const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(wide.data() + i + 16),
-                                                    _mm512_loadu_ps(wide.data() + i));
-          _mm512_storeu_si512(out + i, (__m512i)pair);
-        }
+        decode(n0 + r, out);
         scale[r] = row_scale(n0 + r);
         offset[r] = bias ? bias[n0 + r] : 0.f;
       }
@@ -424,7 +458,8 @@ at::Tensor amx_gemm(const at::Tensor& x, int64_t n, const c10::optional<at::Tens
 #endif
 
 // y = (x @ W.T) * row_scale(row) + bias, where decode(row, dst) writes weight row `row` as K
-// floats; `round_to_bf16`: the activations are rounded to bf16 first (int4's specification).
+// floats (dst a float*; a c10::BFloat16* on the AMX path); `round_to_bf16`: the activations are
+// rounded to bf16 first (int4's specification).
 template <typename Decode, typename Scale>
 at::Tensor tiled_gemm(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias,
                       bool round_to_bf16, Decode&& decode, Scale&& row_scale) {
@@ -468,7 +503,7 @@ at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& weight,
   const c10::BFloat16* w = weight.data_ptr<c10::BFloat16>();
   const int64_t k = weight.size(1);
   return tiled_gemm(x, weight.size(0), bias, false,
-                    [w, k](int64_t row, float* out) { widen_row(w + row * k, k, out); }, unscaled);
+                    [w, k](int64_t row, auto* out) { widen_row(w + row * k, k, out); }, unscaled);
 }
 
 at::Tensor gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
@@ -480,7 +515,7 @@ at::Tensor gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::T
   const int64_t k = qweight.size(1);
   return tiled_gemm(
       x, qweight.size(0), bias, false,
-      [q, k](int64_t row, float* out) { widen_row(q + row * k, k, out); },
+      [q, k](int64_t row, auto* out) { widen_row(q + row * k, k, out); },
       [s](int64_t col) { return static_cast<float>(s[col]); });
 }
 
@@ -497,14 +532,15 @@ at::Tensor gemm_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
   int8_t table_bytes[16];
   const bool own = int4_levels(levels, table_bytes);
   auto run = [&]<bool Table>() {
-    return tiled_gemm(x, q.size(0), bias, true, [=](int64_t row, float* out) {
+    return tiled_gemm(x, q.size(0), bias, true, [=](int64_t row, auto* out) {
+      // the row's pointers in locals: the vector stores may alias anything, the closure included
       const LevelTable table = level_table(table_bytes);
-      for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* src = qp + row * (k / 2) + g * (kGroup / 2);
-        const float scale = static_cast<float>(sp[row * groups + g]);
-        const float zero = static_cast<float>(zp[row * groups + g]);
-        decode_int4_group<Table>(src, scale, zero, table, out + g * kGroup);
-      }
+      const uint8_t* src = qp + row * (k / 2);
+      const c10::BFloat16* scale = sp + row * groups;
+      const c10::BFloat16* zero = zp + row * groups;
+      for (int64_t g = 0; g < groups; ++g)
+        decode_int4_group<Table>(src + g * (kGroup / 2), static_cast<float>(scale[g]),
+                                 static_cast<float>(zero[g]), table, out + g * kGroup);
     }, unscaled);
   };
   return own ? run.template operator()<true>() : run.template operator()<false>();
