@@ -47,16 +47,6 @@ constexpr int kGroup = 32;                  // int4 inputs per scale/zero pair
 constexpr int64_t kTaskMacs = 1 << 18;      // multiply-adds below which a task is not split
 constexpr int64_t kChunk = 768;             // inputs per pass over a decoded block
 constexpr int64_t kMaxRows = 64;            // activation rows per pass over the weights
-// Each task decodes its weight rows in order; the row this many ahead is fetched meanwhile, so
-// the memory reads overlap the multiply-adds of the block in hand (an lm_head's 28 MB of int8 on
-// AMX: 5.1 -> ms a call at 17 rows without it).
-constexpr int64_t kPrefetchRows = 32;
-
-// Asks for `bytes` from p on into the cache (a hint: an address past the tensor does not fault).
-inline void prefetch_bytes(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off);
-}
 
 #if defined(__AVX512F__)
 // 16 fp32 lanes; a tile of 4 activation rows by 6 weight rows keeps 24 accumulators, the 4
@@ -516,10 +506,7 @@ at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& weight,
   const c10::BFloat16* w = weight.data_ptr<c10::BFloat16>();
   const int64_t k = weight.size(1);
   return tiled_gemm(x, weight.size(0), bias, false,
-                    [w, k](int64_t row, auto* out) {
-                      prefetch_bytes(w + (row + kPrefetchRows) * k, k * 2);
-                      widen_row(w + row * k, k, out);
-                    }, unscaled);
+                    [w, k](int64_t row, auto* out) { widen_row(w + row * k, k, out); }, unscaled);
 }
 
 at::Tensor gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
@@ -531,10 +518,7 @@ at::Tensor gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::T
   const int64_t k = qweight.size(1);
   return tiled_gemm(
       x, qweight.size(0), bias, false,
-      [q, k](int64_t row, auto* out) {
-        prefetch_bytes(q + (row + kPrefetchRows) * k, k);
-        widen_row(q + row * k, k, out);
-      },
+      [q, k](int64_t row, auto* out) { widen_row(q + row * k, k, out); },
       [s](int64_t col) { return static_cast<float>(s[col]); });
 }
 
@@ -557,9 +541,6 @@ at::Tensor gemm_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
       const uint8_t* src = qp + row * (k / 2);
       const c10::BFloat16* scale = sp + row * groups;
       const c10::BFloat16* zero = zp + row * groups;
-      prefetch_bytes(src + kPrefetchRows * (k / 2), k / 2);
-      prefetch_bytes(scale + kPrefetchRows * groups, groups * 2);
-      prefetch_bytes(zero + kPrefetchRows * groups, groups * 2);
       for (int64_t g = 0; g < groups; ++g)
         decode_int4_group<Table>(src + g * (kGroup / 2), static_cast<float>(scale[g]),
                                  static_cast<float>(zero[g]), table, out + g * kGroup);
