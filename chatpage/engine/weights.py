@@ -84,22 +84,21 @@ side in one process):
 ====  ==============================  ==============================  ==============================
 rows  bf16 GEMV / torch / GEMM        int8 GEMV / int8pack / GEMM     int4 GEMV / int4pack / GEMM
 ====  ==============================  ==============================  ==============================
-1     20.7 / 28.2 / 34.8              10.4 / 17.3 / 25.8              6.3 / 7.8 / 21.5
-2     22.5 / 31.8 / 37.3              11.9 / 20.0 / 26.3              8.6 / 9.2 / 19.7
-4     24.3 / 31.8 / 35.5              12.7 / 23.3 / 25.3              16.0 / 11.8 / 19.7
-6     28.6 / 31.9 / 33.2              16.5 / 33.9 / 24.7              24.0 / 19.0 / 19.7
-8     29.9 / 32.4 / 37.1              19.0 / 36.7 / 25.7              30.7 / 25.9 / 20.9
-12    39.0 / 31.6 / 37.0              27.0 / 47.3 / 26.7              43.1 / 32.3 / 19.9
-16    48.6 / 30.8 / 36.8              35.6 / 57.4 / 27.4              57.2 / 40.6 / 19.9
-32    81.4 / 36.2 / 36.2              70.7 / 97.0 / 27.4              110.5 / 78.4 / 21.9
-64    137.7 / 42.0 / 41.8             132.5 / 172.9 / 31.3            225.5 / 156.4 / 27.8
-128   268.1 / 50.6 / 56.3             256.4 / 328.1 / 40.3            443.0 / 304.6 / 34.8
+1     19.6 / 29.1 / 25.3              10.2 / 17.5 / 19.3              5.6 / 7.0 / 16.7
+2     23.1 / 32.9 / 25.0              11.7 / 18.9 / 19.7              8.9 / 8.9 / 17.1
+4     24.9 / 31.7 / 25.3              12.6 / 23.1 / 19.9              16.2 / 11.6 / 16.8
+6     28.5 / 31.2 / 27.7              16.3 / 34.8 / 19.7              24.3 / 19.4 / 17.4
+8     32.2 / 32.0 / 27.0              19.4 / 37.8 / 20.4              32.1 / 22.4 / 18.5
+12    43.3 / 34.7 / 27.7              27.7 / 48.8 / 21.3              44.2 / 32.4 / 17.9
+16    50.9 / 32.7 / 26.2              36.3 / 57.4 / 21.1              58.2 / 42.4 / 18.0
+32    88.9 / 37.4 / 28.8              72.0 / 98.0 / 24.3              114.3 / 80.7 / 20.1
+64    153.4 / 44.1 / 35.7             132.5 / 178.0 / 30.2            227.6 / 155.4 / 26.0
+128   287.5 / 53.9 / 48.2             258.9 / 336.0 / 40.7            449.9 / 305.9 / 37.1
 ====  ==============================  ==============================  ==============================
 
-So there int4 takes the GEMV up to 2 rows, torch's int4pack for 3-5 and the GEMM from 6; int8
-the GEMV up to 12 rows and the GEMM beyond (torch's int8pack wins nowhere); bf16 the GEMV up to
-8 rows and torch's oneDNN path beyond (its prepacked AMX kernel stays ahead of our GEMM, which
-converts the weights on every call).
+So there int4 takes the GEMV up to 2 rows, torch's int4pack for 3-4 and the GEMM from 5; int8
+the GEMV up to 8 rows and the GEMM beyond (torch's int8pack wins nowhere); bf16 the GEMV up to 4
+rows and the GEMM beyond (torch's oneDNN path, also on AMX, is 10-25% behind it).
 
 The quantized torch paths take bf16 activations (with fp32 ones they are 10-20x slower), so a
 quantized model's matmul inputs are bf16 while the residual stream, norms, RoPE, attention and
@@ -107,7 +106,7 @@ the KV cache keep the engine dtype; the GEMVs take either.
 
 int4 is stored in the GEMV's layout, whose nibbles line up with consecutive activations and which
 the GEMM reads too; :func:`make_linear` derives torch's int4pack (with AVX-512 for 2-15 rows,
-with AMX for 3-5; everything without the native kernels) from it at load by torch's own
+with AMX for 3-4; everything without the native kernels) from it at load by torch's own
 conversion, so a pack holds the nibbles once (a GGUF's pack stays near the file's size). Only the GEMV's layout counts in :func:`step_bytes`.
 A matrix with a table of 16 levels of its own (``<name>.levels``: a GGUF's IQ4_NL / IQ4_XS) has no
 torch int4pack form: it runs through the native kernels only (the GEMV up to the GEMM's rows),
@@ -152,12 +151,12 @@ SMALL_BATCH_ROWS = 4
 # through torch's path; fp32 keeps MKL's sgemm past its GEMV. Measured on the default model's
 # shapes, 1 thread, per vector ISA of the build (ops.vector_isa(); see the module docstring):
 # with AVX-512, torch's int4pack kernel is faster from 2 to 15 rows; with AVX2 torch's paths win
-# nowhere and the GEMVs (4 x 2 tiles) run up to 16 rows; with AMX the GEMMs' tiles win from 6
-# rows (int4) or 13 (int8), and bf16 has no GEMM: torch's oneDNN path runs it past 8 rows.
+# nowhere and the GEMVs (4 x 2 tiles) run up to 16 rows; with AMX the GEMMs' tiles win from 5
+# rows (int4: torch's int4pack between), 9 (int8) or 5 (bf16).
 _CUT_OVERS = {
     "amx": (
-        {"fp32": 16, "bf16": 8, "int8": 12, "int4": 2},
-        {"int8": 13, "int4": 6},
+        {"fp32": 16, "bf16": 4, "int8": 8, "int4": 2},
+        {"bf16": 5, "int8": 9, "int4": 5},
     ),
     "avx512": (
         {"fp32": 16, "bf16": 4, "int8": 4, "int4": 1},
@@ -534,8 +533,7 @@ def make_linear(
             gemv = Gemv(lib.gemv_fp32, (w,), bias, GEMV_ROWS["fp32"])
             return Linear(_by_rows(gemv, plain), k, gemv)
         gemv = Gemv(lib.gemv_bf16, (w,), bias, GEMV_ROWS["bf16"])
-        many = GEMM_ROWS.get("bf16")  # none with AMX: torch's path runs every larger batch
-        gemm = None if many is None else Gemv(lib.gemm_bf16, (w,), bias, many)
+        gemm = Gemv(lib.gemm_bf16, (w,), bias, GEMM_ROWS["bf16"])
         return Linear(_by_rows(gemv, plain, gemm), k, gemv)
     many = fn if bias is None else (lambda x: fn(x) + bias)
     if not native:

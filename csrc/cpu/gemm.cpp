@@ -280,9 +280,9 @@ void gemm_rows(const float* xp, int64_t m_begin, int64_t m_end, int64_t n, int64
 // 16 x 16 x 32 bf16 product summed into fp32 per instruction (about 8x the multiply-adds per
 // second of fp32 FMAs on this core; torch's oneDNN bf16 matmul measured 276 GMAC/s at 64 rows
 // against sgemm's ~55). The weights are the A operand: a block of kAmxRows weight rows is decoded
-// once into bf16 rows in a buffer that stays in L1/L2 (int4 and int8 are decoded as the FMA path
-// decodes them, then rounded to bf16: the one difference from the reference, for int4; bf16 and
-// int8 levels are exact in bf16), so its tiles load as they lie. The activations are the B
+// once into bf16 rows in a 64-byte aligned buffer that stays in L1/L2 (int4 groups and int8 rows
+// converted in registers; int4's decoded weights rounded to bf16 are the one difference from the
+// reference, bf16 and int8 levels are exact), so its tiles load as they lie. The activations are the B
 // operand, which AMX takes as pairs of inputs (VNNI): they are packed once per call, 16 rows by
 // 16 pairs per tile. Each pass runs two weight tiles against two activation tiles over the whole
 // K, four accumulator tiles of 16 x 16 sums, stored and scaled at the end.
