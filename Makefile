@@ -32,7 +32,7 @@ test: setup
 # leaves them out (-m "not peers"), so it skips nothing outside tests/gpu.
 test-peers: setup
 	$(BIN)/python -c "import llama_cpp.server" 2>/dev/null || \
-		CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install 'llama-cpp-python[server]'
+		CMAKE_ARGS="$$(./scripts/llamacpp_cmake_args.sh)" $(BIN)/pip install 'llama-cpp-python[server]'
 	$(BIN)/python -m pytest -q -m peers tests
 
 # mypy (pip-installable, no node toolchain as pyright needs): settings in pyproject.toml
@@ -49,7 +49,7 @@ lint: setup
 bench: setup
 	$(BIN)/pip install -q -e '.[bench]'
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || \
-		CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install llama-cpp-python
+		CMAKE_ARGS="$$(./scripts/llamacpp_cmake_args.sh)" $(BIN)/pip install llama-cpp-python
 	$(BIN)/python -m chatpage.bench.report docs/benchmarks.md
 
 # Throughput against llama.cpp too (builds llama-cpp-python from source first, about 7 min),
@@ -57,7 +57,7 @@ bench: setup
 # into .peers/vllm, a venv of its own, on the first run; about 40 min a round on 2 cores).
 bench-peers: setup
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || \
-		CMAKE_ARGS="-DGGML_NATIVE=ON" $(BIN)/pip install llama-cpp-python
+		CMAKE_ARGS="$$(./scripts/llamacpp_cmake_args.sh)" $(BIN)/pip install llama-cpp-python
 	$(BIN)/chatpage bench throughput --json --peer llamacpp
 	$(BIN)/python -m chatpage.bench.report docs/benchmarks.md --only peers
 

@@ -8,7 +8,8 @@ llama.cpp through llama-cpp-python, on the same GGUF file and the same number of
   all live sequences (its native continuous batching), greedy, exactly each output length.
 
 llama-cpp-python has no wheel for this machine; build it with
-``CMAKE_ARGS="-DGGML_NATIVE=ON" .venv/bin/pip install llama-cpp-python`` (about 7 minutes).
+``CMAKE_ARGS="$(scripts/llamacpp_cmake_args.sh)" .venv/bin/pip install llama-cpp-python`` (about 7
+minutes; the script leaves out ggml's AMX kernels, which crash on these machines).
 """
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ def llamacpp_quantize(src: Path, dst: Path, file_type: str, threads: int = 1) ->
     except ImportError:
         raise MissingPeer(
             "llama.cpp's quantizer needs llama-cpp-python: run `make bench-peers` or "
-            "`CMAKE_ARGS=-DGGML_NATIVE=ON .venv/bin/pip install llama-cpp-python`"
+            '`CMAKE_ARGS="$(scripts/llamacpp_cmake_args.sh)" .venv/bin/pip install llama-cpp-python`'
         ) from None
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{file_type}")
