@@ -141,15 +141,14 @@ using LevelTable = Table16;
 inline LevelTable level_table(const int8_t* levels) { return load_table16(levels); }
 #endif
 
-// The 32 weights of one int4 group: (q - 8) * scale + zero, as the reference computes them; with
-// a `Table`, levels[q] * scale + zero.
-template <bool Table>
-inline void decode_int4_group(const uint8_t* src, float scale, float zero, LevelTable table,
-                              float* dst) {
 #if defined(__AVX512F__)
+// The 32 weights of one int4 group as two vectors of 16 (inputs 0-15 in lo, 16-31 in hi):
+// (q - 8) * scale + zero, as the reference computes them; with a `Table`, levels[q] * scale + zero.
+template <bool Table>
+inline void int4_group16(const uint8_t* src, float scale, float zero, LevelTable table, __m512& lo,
+                         __m512& hi) {
   const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
   const __m512 s = _mm512_set1_ps(scale), z = _mm512_set1_ps(zero);
-  __m512 lo, hi;
   if constexpr (Table) {  // vpermps reads an index's low four bits: the low nibble as it is
     lo = _mm512_permutexvar_ps(bytes, table);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
@@ -158,8 +157,21 @@ inline void decode_int4_group(const uint8_t* src, float scale, float zero, Level
     lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(bytes, nibble), eight));
     hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(bytes, 4), eight));
   }
-  _mm512_storeu_ps(dst, _mm512_fmadd_ps(lo, s, z));
-  _mm512_storeu_ps(dst + kGroup / 2, _mm512_fmadd_ps(hi, s, z));
+  lo = _mm512_fmadd_ps(lo, s, z);
+  hi = _mm512_fmadd_ps(hi, s, z);
+}
+#endif
+
+// The 32 weights of one int4 group: (q - 8) * scale + zero, as the reference computes them; with
+// a `Table`, levels[q] * scale + zero.
+template <bool Table>
+inline void decode_int4_group(const uint8_t* src, float scale, float zero, LevelTable table,
+                              float* dst) {
+#if defined(__AVX512F__)
+  __m512 lo, hi;
+  int4_group16<Table>(src, scale, zero, table, lo, hi);
+  _mm512_storeu_ps(dst, lo);
+  _mm512_storeu_ps(dst + kGroup / 2, hi);
 #else
   const Vec8 eight = splat8(8.f), s = splat8(scale), z = splat8(zero);
   for (int half = 0; half < 2; ++half) {  // bytes 0-7: inputs 0-7 and 16-23; 8-15: 8-15, 24-31
@@ -191,19 +203,9 @@ void widen_row(const W* src, int64_t k, float* dst) {
 template <bool Table>
 inline void decode_int4_group(const uint8_t* src, float scale, float zero, LevelTable table,
                               c10::BFloat16* dst) {
-  const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-  const __m512 s = _mm512_set1_ps(scale), z = _mm512_set1_ps(zero);
   __m512 lo, hi;
-  if constexpr (Table) {
-    lo = _mm512_permutexvar_ps(bytes, table);
-    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
-  } else {
-    const __m512i eight = _mm512_set1_epi32(8), nibble = _mm512_set1_epi32(15);
-    lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(bytes, nibble), eight));
-    hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(bytes, 4), eight));
-  }
-  // inputs 0-15 in the low half, 16-31 in the high one
-  const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_fmadd_ps(hi, s, z), _mm512_fmadd_ps(lo, s, z));
+  int4_group16<Table>(src, scale, zero, table, lo, hi);
+  const __m512bh both = _mm512_cvtne2ps_pbh(hi, lo);  // inputs 0-15 in the low half
   _mm512_storeu_si512(dst, (__m512i)both);
 }
 
