@@ -153,6 +153,8 @@ def test_report_renders_single_and_quality(tmp_path):
         "llamacpp_tok_s": 125.0,
         "llamacpp_ttft_ms": 500.0,
         "best_weights": "int4",
+        "vector_isa": "amx",
+        "llamacpp_amx": False,  # built by scripts/llamacpp_cmake_args.sh on an AMX machine
     }
     formats = [
         {
@@ -194,6 +196,10 @@ def test_report_renders_single_and_quality(tmp_path):
     goals = {g["goal"]: g for g in report.goals({k: v["result"] for k, v in runs.items()})}
     assert goals["decode tok/s at batch 1 (int4)"]["met"] is True
     assert goals["int4 / llama.cpp decode tok/s, same run"]["met"] is False
+    assert (
+        "llama.cpp without its AMX kernels"
+        in goals["int4 / llama.cpp decode tok/s, same run"]["why"]
+    )
     assert goals["fp32 batch-1 step / weight-read floor"]["met"] is False
     assert goals["int4 perplexity vs fp32"]["met"] is False
     text = report.render(runs, tmp_path / "b.md", "test machine", 150.0, "--threads 1")

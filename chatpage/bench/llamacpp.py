@@ -28,6 +28,14 @@ def available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
+def has_amx() -> bool:
+    """Whether the installed llama.cpp runs ggml's AMX kernels (its system info says
+    ``AMX_INT8 = 1``): scripts/llamacpp_cmake_args.sh leaves them out where they crash."""
+    import llama_cpp
+
+    return b"AMX_INT8 = 1" in llama_cpp.llama_print_system_info()
+
+
 def _clear_memory(lib, ctx) -> None:
     """Empty the context's KV cache (the function's name changed across llama.cpp versions)."""
     if hasattr(lib, "llama_get_memory") and hasattr(lib, "llama_memory_clear"):
@@ -144,6 +152,7 @@ class LlamaCppSingle:
         self._llm = Llama(model_path=str(gguf), n_ctx=512, n_threads=threads, verbose=False)
         self._lib = lib
         self.prompt_ids, self.new_tokens = prompt_ids, new_tokens
+        self.amx = has_amx()  # how this llama.cpp was built: the report says so
         n = len(prompt_ids)
         self._ctx = _Context(lib, self._llm.model, n + new_tokens + 16, 512, 1, threads)
 

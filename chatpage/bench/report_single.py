@@ -144,7 +144,19 @@ def _why_llamacpp(s: dict, best: dict) -> str:
         f"chatpage's {best['step_ms']:.1f} ms, whose matmuls alone take "
         f"{best['matmul_ms']:.1f} ms (the native GEMVs of csrc/cpu/gemv.cpp read "
         f"{_matmul_gb_s(best):.1f} GB/s against the "
-        f"{best['read_bandwidth_gb_s']:.1f} GB/s of a plain reduction)"
+        f"{best['read_bandwidth_gb_s']:.1f} GB/s of a plain reduction)" + _llamacpp_build(s)
+    )
+
+
+def _llamacpp_build(s: dict) -> str:
+    """On an AMX machine, how the llama.cpp measured was built (a run records it)."""
+    if s.get("vector_isa") != "amx" or "llamacpp_amx" not in s:
+        return ""
+    if s["llamacpp_amx"]:
+        return "; llama.cpp with its AMX kernels"
+    return (
+        "; llama.cpp without its AMX kernels, which crash on these machines "
+        "(scripts/llamacpp_cmake_args.sh)"
     )
 
 

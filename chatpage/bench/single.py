@@ -115,6 +115,7 @@ def run(args) -> dict:
         "rounds": args.repeats,
         "results": rows,
         **best_peer,
+        **({"llamacpp_amx": peer.amx} if peer is not None else {}),
         "best_weights": best_row["weights"],
         "best_decode_tok_s": best_row["decode_tok_s"],
         "best_ratio_vs_llamacpp": best_row["ratio_vs_llamacpp"],
