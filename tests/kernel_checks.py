@@ -34,6 +34,7 @@ WINDOW_CASES = [
     ([3001, 2500], [1, 7], 700, {"head_dim": 128, "num_kv_heads": 2, "num_q_heads": 8}),
     ([300, 41], [30, 41], 50, {"head_dim": 40, "num_kv_heads": 1, "num_q_heads": 2}),
     (LENGTHS, [1, 1, 16, 5, 1, 1], 45, {"dtype": torch.bfloat16}),
+    (MIXED_LENS, MIXED_Q_LENS, 70, {"dtype": torch.float16, "num_kv_heads": 3, "num_q_heads": 9}),
 ]
 
 

@@ -167,4 +167,4 @@ def test_config_with_other_file_and_bad_override(tmp_path: Path, capsys) -> None
     captured = capsys.readouterr()
     assert captured.out.startswith(f"config file: {tmp_path / 'none.yaml'} (not found)")
     assert "command line: kv_cache = 'huge' is not valid" in captured.err
-    assert "512 MiB" in captured.out
+    assert "1 GiB" in captured.out

@@ -78,15 +78,22 @@ def test_this_machine_has_no_gpu():
     assert report.gpus == () and resolve_device("auto", report).device == "cpu"
 
 
-def test_the_plan_on_the_cpu_is_float32_throughout():
-    plan = plan_engine("auto", "auto", "int4", CPU_TORCH)
-    assert (plan.device, plan.dtype, plan.kv_dtype, plan.mm_dtype, plan.weights) == (
-        "cpu",
-        "float32",
-        "float32",
-        None,
-        "int4",
-    )
+def test_the_plan_on_the_cpu_keeps_bf16_kv_for_quantized_weights():
+    # fp32 activations; a quantized or bf16 format reads a bf16 KV cache (half the bytes)
+    for weights in ("int4", "int8", "bf16"):
+        plan = plan_engine("auto", "auto", weights, CPU_TORCH)
+        assert (plan.device, plan.dtype, plan.kv_dtype, plan.mm_dtype, plan.weights) == (
+            "cpu",
+            "float32",
+            "bfloat16",
+            None,
+            weights,
+        )
+    # fp32 weights are the exact reference: fp32 throughout
+    plan = plan_engine("cpu", "auto", "fp32", CPU_TORCH)
+    assert (plan.dtype, plan.kv_dtype) == ("float32", "float32")
+    # an explicit dtype is used throughout
+    assert plan_engine("cpu", "float32", "int4", CPU_TORCH).kv_dtype == "float32"
     assert plan_engine("cpu", "bfloat16", "fp32", ONE_H100).kv_dtype == "bfloat16"
 
 

@@ -269,7 +269,7 @@ async def test_bad_settings_are_notices_and_defaults_apply(tmp_path):
     config_path().parent.mkdir(parents=True)
     config_path().write_text("kv_cache: lots\ndefault_persona: nobody\ncolour: red\n")
     settings, warnings = load_settings()
-    assert settings.kv_cache == 512 << 20  # the default
+    assert settings.kv_cache == 1 << 30  # the default
     app = ChatApp(
         model=str(tmp_path / "no-such-model"),
         config=EngineConfig(),

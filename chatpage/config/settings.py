@@ -88,7 +88,7 @@ class Settings:
     """The effective configuration; `sources` says where each value came from."""
 
     model: str | None = None
-    kv_cache: int = 512 << 20
+    kv_cache: int = 1 << 30  # 46k tokens of the default model (bf16 KV on the CPU)
     block_size: int = DEFAULT_BLOCK_SIZE
     weights: str = DEFAULT_WEIGHTS
     device: str = DEFAULT_DEVICE  # auto | cpu | cuda | cuda:N (engine/device.py resolves it)

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 namespace chatpage::cpu {
@@ -71,85 +72,147 @@ struct MergeGroup {
   int pieces;
 };
 
-template <typename KV>
-inline float dot_row(const float* q, const KV* k, int nc) {
-  Vec8 acc = zero8();
-  for (int c = 0; c < nc; ++c) acc = fma8(load8(q + 8 * c), load8(k + 8 * c), acc);
-  return hsum8(acc);
+// The vector width the kernels are written against: vec.h's eight lanes everywhere, sixteen
+// (one zmm register) where the build has AVX-512 and the shapes are multiples of 16.
+struct Lanes8 {
+  using V = Vec8;
+  static constexpr int kWidth = 8;
+  static V zero() { return zero8(); }
+  static V splat(float x) { return splat8(x); }
+  template <typename T>
+  static V load(const T* p) { return load8(p); }
+  static void store(float* p, V a) { store8(p, a); }
+  static V add(V a, V b) { return add8(a, b); }
+  static V sub(V a, V b) { return sub8(a, b); }
+  static V mul(V a, V b) { return mul8(a, b); }
+  static V max(V a, V b) { return max8(a, b); }
+  static V fma(V a, V b, V c) { return fma8(a, b, c); }
+  static V keep_first(V a, int n, float fill) { return keep_first8(a, n, fill); }
+  static float hsum(V a) { return hsum8(a); }
+  static float hmax(V a) { return hmax8(a); }
+  static V transpose_sum(const V* a) { return transpose_sum8(a); }
+  static V exp(V a) { return exp8(a); }
+};
+
+#if CHATPAGE_AVX512
+struct Lanes16 {
+  using V = Vec16;
+  static constexpr int kWidth = 16;
+  static V zero() { return zero16(); }
+  static V splat(float x) { return splat16(x); }
+  template <typename T>
+  static V load(const T* p) { return load16(p); }
+  static void store(float* p, V a) { store16(p, a); }
+  static V add(V a, V b) { return add16(a, b); }
+  static V sub(V a, V b) { return sub16(a, b); }
+  static V mul(V a, V b) { return mul16(a, b); }
+  static V max(V a, V b) { return max16(a, b); }
+  static V fma(V a, V b, V c) { return fma16(a, b, c); }
+  static V keep_first(V a, int n, float fill) { return keep_first16(a, n, fill); }
+  static float hsum(V a) { return hsum16(a); }
+  static float hmax(V a) { return hmax16(a); }
+  static V transpose_sum(const V* a) { return transpose_sum16(a); }
+  static V exp(V a) { return exp16(a); }
+};
+#endif
+
+template <typename L>
+inline float dot_row(const float* q, const float* k, int nc) {
+  constexpr int W = L::kWidth;
+  typename L::V acc = L::zero();
+  for (int c = 0; c < nc; ++c) acc = L::fma(L::load(q + W * c), L::load(k + W * c), acc);
+  return L::hsum(acc);
 }
 
-// s[t] = q . k_t for the first n tokens of one block (and -inf up to the next multiple of 8).
-// Returns the largest score.
-template <typename KV, int NC>
-inline float block_scores(const float* q, const KV* k, int64_t ts, int n, int bs, int nc_rt,
+// s[t] = q . k_t for the first n keys of one block (and -inf up to the next multiple of the
+// width), keys `ts` floats apart; `room` keys from k on are readable. Returns the largest score.
+template <typename L, int NC>
+inline float block_scores(const float* q, const float* k, int64_t ts, int n, int room, int nc_rt,
                           float* s) {
+  using V = typename L::V;
+  constexpr int W = L::kWidth;
   const int nc = NC ? NC : nc_rt;
-  Vec8 vmax = splat8(kNegInf);
-  for (int t = 0; t < n; t += 8) {
-    const KV* kt = k + t * ts;
-    Vec8 sc;
-    if (t + 8 <= bs) {
-      // eight keys at once: eight vector accumulators, one transpose-add at the end
-      Vec8 acc[8];
-      for (int j = 0; j < 8; ++j) acc[j] = zero8();
+  V vmax = L::splat(kNegInf);
+  for (int t = 0; t < n; t += W) {
+    const float* kt = k + t * ts;
+    V sc;
+    if (t + W <= room) {
+      // W keys at once: W vector accumulators, one transpose-add at the end
+      V acc[W];
+      for (int j = 0; j < W; ++j) acc[j] = L::zero();
       for (int c = 0; c < nc; ++c) {
-        const Vec8 qc = load8(q + 8 * c);
-        for (int j = 0; j < 8; ++j) acc[j] = fma8(qc, load8(kt + j * ts + 8 * c), acc[j]);
+        const V qc = L::load(q + W * c);
+        for (int j = 0; j < W; ++j) acc[j] = L::fma(qc, L::load(kt + j * ts + W * c), acc[j]);
       }
-      sc = transpose_sum8(acc);
-    } else {  // a block size that is not a multiple of 8: the last keys one by one
-      alignas(32) float tmp[8];
-      for (int j = 0; j < 8; ++j) tmp[j] = t + j < n ? dot_row(q, kt + j * ts, nc) : kNegInf;
-      sc = load8(tmp);
+      sc = L::transpose_sum(acc);
+    } else {  // a block that ends before the next multiple of W: the last keys one by one
+      alignas(64) float tmp[W];
+      for (int j = 0; j < W; ++j) tmp[j] = t + j < n ? dot_row<L>(q, kt + j * ts, nc) : kNegInf;
+      sc = L::load(tmp);
     }
-    if (t + 8 > n) sc = keep_first8(sc, n - t, kNegInf);
-    store8(s + t, sc);
-    vmax = max8(vmax, sc);
+    if (t + W > n) sc = L::keep_first(sc, n - t, kNegInf);
+    L::store(s + t, sc);
+    vmax = L::max(vmax, sc);
   }
-  return hmax8(vmax);
+  return L::hmax(vmax);
 }
 
 // Online-softmax step of one (row, q head) state over one block whose scores are in s.
-template <typename KV, int NC>
-inline void block_update(float* st, const KV* v, int64_t ts, int n, int nc_rt, float* s,
+template <typename L, int NC>
+inline void block_update(float* st, const float* v, int64_t ts, int n, int nc_rt, float* s,
                          float bmax) {
+  using V = typename L::V;
+  constexpr int W = L::kWidth;
   const int nc = NC ? NC : nc_rt;
   constexpr int G = chunk_group(NC);
-  const int d = 8 * nc;
+  const int d = W * nc;
   if (bmax == kNegInf) return;
   const float m_old = st[d];
   const float m_new = std::max(m_old, bmax);
   const float alpha = m_old == m_new ? 1.0f : std::exp(m_old - m_new);
-  const Vec8 mv = splat8(m_new);
-  Vec8 sum = zero8();
-  for (int t = 0; t < n; t += 8) {
-    const Vec8 p = exp8(sub8(load8(s + t), mv));
-    store8(s + t, p);
-    sum = add8(sum, p);
+  const V mv = L::splat(m_new);
+  V sum = L::zero();
+  for (int t = 0; t < n; t += W) {
+    const V p = L::exp(L::sub(L::load(s + t), mv));
+    L::store(s + t, p);
+    sum = L::add(sum, p);
   }
   st[d] = m_new;
-  st[d + 1] = st[d + 1] * alpha + hsum8(sum);
-  const Vec8 av = splat8(alpha);
+  st[d + 1] = st[d + 1] * alpha + L::hsum(sum);
+  const V av = L::splat(alpha);
   for (int c0 = 0; c0 < nc; c0 += G) {
-    Vec8 acc[G];
-    for (int i = 0; i < G; ++i) acc[i] = load8(st + 8 * (c0 + i));
+    V acc[G];
+    for (int i = 0; i < G; ++i) acc[i] = L::load(st + W * (c0 + i));
     if (alpha != 1.0f) {
-      for (int i = 0; i < G; ++i) acc[i] = mul8(acc[i], av);
+      for (int i = 0; i < G; ++i) acc[i] = L::mul(acc[i], av);
     }
-    const KV* vc = v + 8 * c0;
+    const float* vc = v + W * c0;
     for (int t = 0; t < n; ++t) {
-      const Vec8 p = splat8(s[t]);
-      const KV* vt = vc + t * ts;
-      for (int i = 0; i < G; ++i) acc[i] = fma8(p, load8(vt + 8 * i), acc[i]);
+      const V p = L::splat(s[t]);
+      const float* vt = vc + t * ts;
+      for (int i = 0; i < G; ++i) acc[i] = L::fma(p, L::load(vt + W * i), acc[i]);
     }
-    for (int i = 0; i < G; ++i) store8(st + 8 * (c0 + i), acc[i]);
+    for (int i = 0; i < G; ++i) L::store(st + W * (c0 + i), acc[i]);
   }
 }
 
-template <typename KV, int NC>
+// The first n rows of one head of a block (rows `ts` apart) as fp32 rows of d, packed in dst.
+template <typename L, typename KV>
+inline void widen_rows(const KV* src, int64_t ts, int n, int d, float* dst) {
+  constexpr int W = L::kWidth;
+  for (int t = 0; t < n; ++t) {
+    for (int c = 0; c < d; c += W) L::store(dst + t * d + c, L::load(src + t * ts + c));
+  }
+}
+
+// One item. A half-precision block is widened to fp32 once per KV head (into kbuf / vbuf) and
+// then read by every query head of the group and every row of the tile; an fp32 cache is read
+// where it lies.
+template <typename L, typename KV, int NC>
 void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const WorkItem& w,
-              float* state, float* qbuf) {
-  const int d = g.head_dim, nc = d / 8, hq_n = g.q_heads, sd = g.state_stride;
+              float* state, float* qbuf, float* kbuf, float* vbuf) {
+  constexpr bool kDirect = std::is_same_v<KV, float>;
+  const int d = g.head_dim, nc = d / L::kWidth, hq_n = g.q_heads, sd = g.state_stride;
   for (int r = 0; r < w.rows; ++r) {
     for (int h = 0; h < hq_n; ++h) {
       const float* src = g.query + (w.first_row + r) * g.q_row_stride + h * g.q_head_stride;
@@ -161,14 +224,17 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
       st[d + 1] = 0.0f;
     }
   }
-  alignas(32) float s[kMaxBlockSize];
+  alignas(64) float s[kMaxBlockSize];
   const int bs = g.block_size;
   const int64_t ts = g.token_stride;
+  const int64_t rs = kDirect ? ts : d;  // floats between the keys the scores read
   for (int64_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
     const int64_t tok0 = blk * bs;
     const int64_t phys = w.table[blk];
     const KV* kb = k_cache + phys * g.block_stride;
     const KV* vb = v_cache + phys * g.block_stride;
+    // the tokens of this block that some row of the tile sees
+    const int used = static_cast<int>(std::min<int64_t>(bs, w.first_pos + w.rows - tok0));
     // the next block is somewhere else in the pool: start fetching it, a head's share at a time
     const char* next_k = nullptr;
     const char* next_v = nullptr;
@@ -185,8 +251,17 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
           __builtin_prefetch(next_v + off);
         }
       }
-      const KV* kh = kb + kvh * d;
-      const KV* vh = vb + kvh * d;
+      const float* kh;
+      const float* vh;
+      if constexpr (kDirect) {
+        kh = kb + kvh * d;
+        vh = vb + kvh * d;
+      } else {
+        widen_rows<L>(kb + kvh * d, ts, used, d, kbuf);
+        widen_rows<L>(vb + kvh * d, ts, used, d, vbuf);
+        kh = kbuf;
+        vh = vbuf;
+      }
       for (int r = 0; r < w.rows; ++r) {
         const int64_t pos = w.first_pos + r;
         const int64_t visible = pos + 1 - tok0;
@@ -195,12 +270,12 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
         if (visible <= 0 || lo >= bs) continue;
         const int n = static_cast<int>(std::min<int64_t>(bs, visible) - lo);
         const int room = bs - static_cast<int>(lo);  // tokens of the block from the first one read
-        const KV* kr = kh + lo * ts;
-        const KV* vr = vh + lo * ts;
+        const float* kr = kh + lo * rs;
+        const float* vr = vh + lo * rs;
         for (int j = 0; j < g.group; ++j) {
           const int i = r * hq_n + kvh * g.group + j;
-          const float bmax = block_scores<KV, NC>(qbuf + i * d, kr, ts, n, room, nc, s);
-          block_update<KV, NC>(state + i * sd, vr, ts, n, nc, s, bmax);
+          const float bmax = block_scores<L, NC>(qbuf + i * d, kr, rs, n, room, nc, s);
+          block_update<L, NC>(state + i * sd, vr, rs, n, nc, s, bmax);
         }
       }
     }
@@ -309,7 +384,7 @@ Plan make_plan(const Geometry& g, const AttentionShape& shape, const int32_t* ta
   return plan;
 }
 
-template <typename KV, int NC>
+template <typename L, typename KV, int NC>
 void run_plan(const Geometry& g, const Plan& plan, const at::Tensor& k_cache,
               const at::Tensor& v_cache, float* partials, int threads) {
   const KV* kc = k_cache.data_ptr<KV>();
@@ -318,11 +393,13 @@ void run_plan(const Geometry& g, const Plan& plan, const at::Tensor& k_cache,
   std::atomic<int64_t> next{0};
   auto worker = [&](int64_t, int64_t) {
     const int64_t states = static_cast<int64_t>(plan.max_rows) * g.q_heads;
+    const int64_t block = std::is_same_v<KV, float> ? 0 : int64_t{g.block_size} * g.head_dim;
     std::vector<float> local(states * g.state_stride), qbuf(states * g.head_dim);
+    std::vector<float> kbuf(block), vbuf(block);
     for (int64_t i = next.fetch_add(1); i < n_items; i = next.fetch_add(1)) {
       const WorkItem& w = plan.items[i];
       float* st = w.state >= 0 ? partials + w.state : local.data();
-      run_item<KV, NC>(g, kc, vc, w, st, qbuf.data());
+      run_item<L, KV, NC>(g, kc, vc, w, st, qbuf.data(), kbuf.data(), vbuf.data());
       if (w.state < 0) finalize(g, w.first_row, w.rows, st);
     }
   };
@@ -341,13 +418,24 @@ void run_plan(const Geometry& g, const Plan& plan, const at::Tensor& k_cache,
 template <typename KV>
 void run_dtype(const Geometry& g, const Plan& plan, const at::Tensor& k_cache,
                const at::Tensor& v_cache, float* partials, int threads) {
+#if CHATPAGE_AVX512
+  if (g.head_dim % 16 == 0 && g.block_size % 16 == 0) {
+    switch (g.head_dim) {
+      case 64: return run_plan<Lanes16, KV, 4>(g, plan, k_cache, v_cache, partials, threads);
+      case 96: return run_plan<Lanes16, KV, 6>(g, plan, k_cache, v_cache, partials, threads);
+      case 128: return run_plan<Lanes16, KV, 8>(g, plan, k_cache, v_cache, partials, threads);
+      case 256: return run_plan<Lanes16, KV, 16>(g, plan, k_cache, v_cache, partials, threads);
+      default: return run_plan<Lanes16, KV, 0>(g, plan, k_cache, v_cache, partials, threads);
+    }
+  }
+#endif
   switch (g.head_dim) {
-    case 64: return run_plan<KV, 8>(g, plan, k_cache, v_cache, partials, threads);
-    case 80: return run_plan<KV, 10>(g, plan, k_cache, v_cache, partials, threads);
-    case 96: return run_plan<KV, 12>(g, plan, k_cache, v_cache, partials, threads);
-    case 128: return run_plan<KV, 16>(g, plan, k_cache, v_cache, partials, threads);
-    case 256: return run_plan<KV, 32>(g, plan, k_cache, v_cache, partials, threads);
-    default: return run_plan<KV, 0>(g, plan, k_cache, v_cache, partials, threads);
+    case 64: return run_plan<Lanes8, KV, 8>(g, plan, k_cache, v_cache, partials, threads);
+    case 80: return run_plan<Lanes8, KV, 10>(g, plan, k_cache, v_cache, partials, threads);
+    case 96: return run_plan<Lanes8, KV, 12>(g, plan, k_cache, v_cache, partials, threads);
+    case 128: return run_plan<Lanes8, KV, 16>(g, plan, k_cache, v_cache, partials, threads);
+    case 256: return run_plan<Lanes8, KV, 32>(g, plan, k_cache, v_cache, partials, threads);
+    default: return run_plan<Lanes8, KV, 0>(g, plan, k_cache, v_cache, partials, threads);
   }
 }
 
@@ -389,7 +477,7 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
   g.q_heads = static_cast<int>(shape.num_q_heads);
   g.group = g.q_heads / g.kv_heads;
   g.head_dim = static_cast<int>(shape.head_dim);
-  g.state_stride = g.head_dim + 8;  // keeps each state 32-byte aligned
+  g.state_stride = g.head_dim + 16;  // keeps each state 64-byte aligned
   g.token_stride = shape.num_kv_heads * shape.head_dim;
   g.block_stride = shape.block_size * g.token_stride;
   g.query = q.data_ptr<float>();

@@ -1,4 +1,4 @@
-// Eight-lane float vector used by the CPU kernels.
+// Eight-lane float vector used by the CPU kernels (and a sixteen-lane one with AVX-512).
 //
 // With AVX2+FMA (g++ -march=native on any AVX2 machine) Vec8 is one ymm register and every
 // helper is one or a few instructions; elsewhere it is a float[8] that the compiler vectorises
@@ -223,6 +223,88 @@ inline Vec8 exp8(Vec8 a) {
   return r;
 }
 
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#define CHATPAGE_AVX512 1
+
+// Sixteen lanes (one zmm register), for the kernels that have a 16-lane path (attention); the
+// same helpers as Vec8's, one AVX-512 instruction or a few each.
+struct Vec16 {
+  __m512 v;
+};
+
+inline Vec16 zero16() { return {_mm512_setzero_ps()}; }
+inline Vec16 splat16(float x) { return {_mm512_set1_ps(x)}; }
+inline Vec16 load16(const float* p) { return {_mm512_loadu_ps(p)}; }
+inline Vec16 load16(const c10::BFloat16* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16))};
+}
+inline Vec16 load16(const c10::Half* p) {
+  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+inline void store16(float* p, Vec16 a) { _mm512_storeu_ps(p, a.v); }
+inline Vec16 add16(Vec16 a, Vec16 b) { return {_mm512_add_ps(a.v, b.v)}; }
+inline Vec16 sub16(Vec16 a, Vec16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline Vec16 mul16(Vec16 a, Vec16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
+inline Vec16 max16(Vec16 a, Vec16 b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline Vec16 fma16(Vec16 a, Vec16 b, Vec16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+// Lanes >= n become `fill` (0 <= n <= 16).
+inline Vec16 keep_first16(Vec16 a, int n, float fill) {
+  const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1u);
+  return {_mm512_mask_blend_ps(keep, _mm512_set1_ps(fill), a.v)};
+}
+inline float hsum16(Vec16 a) { return _mm512_reduce_add_ps(a.v); }
+inline float hmax16(Vec16 a) { return _mm512_reduce_max_ps(a.v); }
+
+// Lane i of the result is the sum of the sixteen lanes of a[i]: pairs of vectors are added
+// within 128-bit lanes (floats, then pairs of floats), then across them (two shuffles of lanes).
+inline Vec16 transpose_sum16(const Vec16* a) {
+  __m512 b[8], c[4], d[2];
+  for (int i = 0; i < 8; ++i) {
+    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i].v, a[2 * i + 1].v),
+                         _mm512_unpackhi_ps(a[2 * i].v, a[2 * i + 1].v));
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  for (int i = 0; i < 2; ++i) {
+    d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xDD));
+  }
+  return {_mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88),
+                        _mm512_shuffle_f32x4(d[0], d[1], 0xDD))};
+}
+
+// exp8's range reduction and polynomial on sixteen lanes.
+inline Vec16 exp16(Vec16 a) {
+  const __m512 hi = _mm512_set1_ps(88.3762626647949f);
+  const __m512 lo = _mm512_set1_ps(-87.3365447505531f);
+  __m512 x = _mm512_min_ps(a.v, hi);
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+  x = _mm512_max_ps(x, lo);
+  const __m512 fx = _mm512_roundscale_ps(
+      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+  const __m512i n = _mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127));
+  const __m512 pow2n = _mm512_castsi512_ps(_mm512_slli_epi32(n, 23));
+  return {_mm512_maskz_mul_ps(static_cast<__mmask16>(~underflow), y, pow2n)};
+}
+
+#else
+#define CHATPAGE_AVX512 0
 #endif
 
 // Scalar conversion used for tails and single elements.
