@@ -10,6 +10,11 @@
 // items (flash-decoding); each writes its unnormalised partial state and a second pass merges them.
 // Items are handed out largest first from an atomic counter, so uneven lengths balance out.
 //
+// Vectors are vec.h's eight lanes, or sixteen (one zmm register) where the build has AVX-512 and
+// head_dim and block_size are multiples of 16. A bf16 or fp16 cache block is widened to fp32 once
+// per KV head into a per-thread buffer, which every query head of the GQA group and every row of
+// the tile then reads from L1; an fp32 cache is read where it lies.
+//
 // A sliding window (window > 0: the query at position p sees keys p - window < j <= p) starts each
 // item at the block of its first row's earliest key; no block before it is read.
 #include "checks.h"
