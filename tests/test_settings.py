@@ -62,7 +62,7 @@ def test_defaults_when_no_file(tmp_path: Path, monkeypatch) -> None:
     assert warnings == []
     assert settings == Settings(
         model=None,
-        kv_cache=512 << 20,
+        kv_cache=1 << 30,
         block_size=16,
         default_persona="assistant",
         theme="chatpage",
@@ -97,7 +97,7 @@ def test_invalid_values_warn_and_fall_back(tmp_path: Path) -> None:
         "bindings:\n  ok: f2\n  bad: ctrl + n\n"
     )
     settings, warnings = load_settings(path, overrides={"block_size": 7})
-    assert settings.kv_cache == 512 << 20 and settings.block_size == 16
+    assert settings.kv_cache == 1 << 30 and settings.block_size == 16
     assert settings.theme == "chatpage" and settings.model is None
     assert settings.bindings == {"ok": "f2"}
     assert settings.sources["block_size"] == "default"
