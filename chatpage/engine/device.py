@@ -180,10 +180,10 @@ def plan_engine(device: str, dtype: str, weights: str, report: CudaReport) -> En
     format, which is bf16: decode attention over long contexts is bound by reading the cache
     (half the bytes: 34 against 50 ms a step for 32 sequences of 320 tokens on one core of an
     AVX-512 Xeon, the 30 layers of the default model), and twice the tokens fit a KV budget;
-    fp32 weights keep the exact fp32 reference throughout. On a GPU "auto" keeps the residual stream in fp32
-    (the fused CUDA ops read it so) and puts the KV cache, the matmul inputs and dense weights in
-    bf16 (fp16 on a GPU without bf16); an explicit dtype is used throughout, as on the CPU, with
-    fp32 weights kept dense in it (the exact comparison with the CPU path)."""
+    fp32 weights keep the exact fp32 reference throughout. On a GPU "auto" keeps the residual
+    stream in fp32 (the fused CUDA ops read it so) and puts the KV cache, the matmul inputs and
+    dense weights in bf16 (fp16 on a GPU without bf16); an explicit dtype is used throughout, as
+    on the CPU, with fp32 weights kept dense in it (the exact comparison with the CPU path)."""
     placement = resolve_device(device, report)
     if not placement.is_cuda:
         if dtype != "auto":

@@ -77,7 +77,7 @@ struct MergeGroup {
   int pieces;
 };
 
-// The vector width the kernels are written against: vec.h's eight lanes everywhere, sixteen
+// The vector width the kernels are written against: vec.h's eight lanes everywhere, its Lanes16
 // (one zmm register) where the build has AVX-512 and the shapes are multiples of 16.
 struct Lanes8 {
   using V = Vec8;
@@ -99,27 +99,6 @@ struct Lanes8 {
   static V exp(V a) { return exp8(a); }
 };
 
-#if CHATPAGE_AVX512
-struct Lanes16 {
-  using V = Vec16;
-  static constexpr int kWidth = 16;
-  static V zero() { return zero16(); }
-  static V splat(float x) { return splat16(x); }
-  template <typename T>
-  static V load(const T* p) { return load16(p); }
-  static void store(float* p, V a) { store16(p, a); }
-  static V add(V a, V b) { return add16(a, b); }
-  static V sub(V a, V b) { return sub16(a, b); }
-  static V mul(V a, V b) { return mul16(a, b); }
-  static V max(V a, V b) { return max16(a, b); }
-  static V fma(V a, V b, V c) { return fma16(a, b, c); }
-  static V keep_first(V a, int n, float fill) { return keep_first16(a, n, fill); }
-  static float hsum(V a) { return hsum16(a); }
-  static float hmax(V a) { return hmax16(a); }
-  static V transpose_sum(const V* a) { return transpose_sum16(a); }
-  static V exp(V a) { return exp16(a); }
-};
-#endif
 
 template <typename L>
 inline float dot_row(const float* q, const float* k, int nc) {

@@ -24,6 +24,16 @@ namespace chatpage::cpu {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// exp(x)'s range reduction and degree-6 polynomial (Cephes-style, ~1 ulp on [-87, 88]), shared
+// by the vector widths: x is clamped to [kExpLo, kExpHi], n = floor(x log2(e) + 1/2), r = x - n
+// ln(2) (ln(2) in two parts), exp(x) = 2^n (1 + r + r^2 P(r)).
+namespace exp_poly {
+constexpr float kHi = 88.3762626647949f, kLo = -87.3365447505531f;
+constexpr float kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                         4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+}  // namespace exp_poly
+
 #if CHATPAGE_AVX2
 
 struct Vec8 {
@@ -118,24 +128,17 @@ inline Vec8 transpose_sum8(const Vec8* a) {
   return {_mm256_add_ps(lo, hi)};
 }
 
-// exp(x) with a Cephes-style range reduction and degree-6 polynomial (~1 ulp on [-87, 88]).
-// -inf and anything below the fp32 range give exactly 0.
+// exp(x) (exp_poly); -inf and anything below the fp32 range give exactly 0.
 inline Vec8 exp8(Vec8 a) {
-  const __m256 hi = _mm256_set1_ps(88.3762626647949f);
-  const __m256 lo = _mm256_set1_ps(-87.3365447505531f);
-  __m256 x = _mm256_min_ps(a.v, hi);
-  __m256 underflow = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, lo);
-  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
-                                              _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  using namespace exp_poly;
+  __m256 x = _mm256_min_ps(a.v, _mm256_set1_ps(kHi));
+  __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(kLo), _CMP_LT_OQ);
+  x = _mm256_max_ps(x, _mm256_set1_ps(kLo));
+  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(kLn2Hi), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(kLn2Lo), x);
+  __m256 y = _mm256_set1_ps(kP[0]);
+  for (int i = 1; i < 6; ++i) y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(kP[i]));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
   __m256i n = _mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127));
   __m256 pow2n = _mm256_castsi256_ps(_mm256_slli_epi32(n, 23));
@@ -228,80 +231,74 @@ inline Vec8 exp8(Vec8 a) {
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #define CHATPAGE_AVX512 1
 
-// Sixteen lanes (one zmm register), for the kernels that have a 16-lane path (attention); the
-// same helpers as Vec8's, one AVX-512 instruction or a few each.
-struct Vec16 {
-  __m512 v;
+// Sixteen lanes (one zmm register), for the kernels written against a lanes type (attention:
+// Lanes8 there forwards to Vec8's helpers); one AVX-512 instruction or a few each.
+struct Lanes16 {
+  using V = __m512;
+  static constexpr int kWidth = 16;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V splat(float x) { return _mm512_set1_ps(x); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V load(const c10::BFloat16* p) {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  }
+  static V load(const c10::Half* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static void store(float* p, V a) { _mm512_storeu_ps(p, a); }
+  static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  // Lanes >= n become `fill` (0 <= n <= 16).
+  static V keep_first(V a, int n, float fill) {
+    return _mm512_mask_blend_ps(static_cast<__mmask16>((1u << n) - 1u), _mm512_set1_ps(fill), a);
+  }
+  static float hsum(V a) { return _mm512_reduce_add_ps(a); }
+  static float hmax(V a) { return _mm512_reduce_max_ps(a); }
+
+  // Lane i of the result is the sum of the sixteen lanes of a[i]: pairs of vectors are added
+  // within 128-bit lanes (floats, then pairs of floats), then across them (two lane shuffles).
+  static V transpose_sum(const V* a) {
+    V b[8], c[4], d[2];
+    for (int i = 0; i < 8; ++i) {
+      b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                           _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    }
+    for (int i = 0; i < 4; ++i) {
+      const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+      c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                           _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+    for (int i = 0; i < 2; ++i) {
+      d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
+                           _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xDD));
+    }
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88),
+                         _mm512_shuffle_f32x4(d[0], d[1], 0xDD));
+  }
+
+  // exp(x) (exp_poly), as exp8.
+  static V exp(V a) {
+    using namespace exp_poly;
+    V x = _mm512_min_ps(a, _mm512_set1_ps(kHi));
+    const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kLo), _CMP_LT_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(kLo));
+    const V fx = _mm512_roundscale_ps(
+        _mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), _mm512_set1_ps(0.5f)),
+        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(kLn2Hi), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(kLn2Lo), x);
+    V y = _mm512_set1_ps(kP[0]);
+    for (int i = 1; i < 6; ++i) y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(kP[i]));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    const __m512i n = _mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127));
+    const V pow2n = _mm512_castsi512_ps(_mm512_slli_epi32(n, 23));
+    return _mm512_maskz_mul_ps(static_cast<__mmask16>(~underflow), y, pow2n);
+  }
 };
-
-inline Vec16 zero16() { return {_mm512_setzero_ps()}; }
-inline Vec16 splat16(float x) { return {_mm512_set1_ps(x)}; }
-inline Vec16 load16(const float* p) { return {_mm512_loadu_ps(p)}; }
-inline Vec16 load16(const c10::BFloat16* p) {
-  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16))};
-}
-inline Vec16 load16(const c10::Half* p) {
-  return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
-}
-inline void store16(float* p, Vec16 a) { _mm512_storeu_ps(p, a.v); }
-inline Vec16 add16(Vec16 a, Vec16 b) { return {_mm512_add_ps(a.v, b.v)}; }
-inline Vec16 sub16(Vec16 a, Vec16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
-inline Vec16 mul16(Vec16 a, Vec16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
-inline Vec16 max16(Vec16 a, Vec16 b) { return {_mm512_max_ps(a.v, b.v)}; }
-inline Vec16 fma16(Vec16 a, Vec16 b, Vec16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
-// Lanes >= n become `fill` (0 <= n <= 16).
-inline Vec16 keep_first16(Vec16 a, int n, float fill) {
-  const __mmask16 keep = static_cast<__mmask16>((1u << n) - 1u);
-  return {_mm512_mask_blend_ps(keep, _mm512_set1_ps(fill), a.v)};
-}
-inline float hsum16(Vec16 a) { return _mm512_reduce_add_ps(a.v); }
-inline float hmax16(Vec16 a) { return _mm512_reduce_max_ps(a.v); }
-
-// Lane i of the result is the sum of the sixteen lanes of a[i]: pairs of vectors are added
-// within 128-bit lanes (floats, then pairs of floats), then across them (two shuffles of lanes).
-inline Vec16 transpose_sum16(const Vec16* a) {
-  __m512 b[8], c[4], d[2];
-  for (int i = 0; i < 8; ++i) {
-    b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i].v, a[2 * i + 1].v),
-                         _mm512_unpackhi_ps(a[2 * i].v, a[2 * i + 1].v));
-  }
-  for (int i = 0; i < 4; ++i) {
-    const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
-    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  for (int i = 0; i < 2; ++i) {
-    d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xDD));
-  }
-  return {_mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88),
-                        _mm512_shuffle_f32x4(d[0], d[1], 0xDD))};
-}
-
-// exp8's range reduction and polynomial on sixteen lanes.
-inline Vec16 exp16(Vec16 a) {
-  const __m512 hi = _mm512_set1_ps(88.3762626647949f);
-  const __m512 lo = _mm512_set1_ps(-87.3365447505531f);
-  __m512 x = _mm512_min_ps(a.v, hi);
-  const __mmask16 underflow = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-  x = _mm512_max_ps(x, lo);
-  const __m512 fx = _mm512_roundscale_ps(
-      _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-      _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
-  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
-  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-  const __m512i n = _mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127));
-  const __m512 pow2n = _mm512_castsi512_ps(_mm512_slli_epi32(n, 23));
-  return {_mm512_maskz_mul_ps(static_cast<__mmask16>(~underflow), y, pow2n)};
-}
 
 #else
 #define CHATPAGE_AVX512 0
