@@ -1,20 +1,27 @@
-"""The sampler draws from exactly the filtered distribution, by any of its paths."""
+"""The sampler draws from exactly the filtered distribution, by any of its paths: the CPU's
+batched draw (`_draw_cpu`, which leaves some rows to the per-row one) and the per-row draw of
+the whole filtered vocabulary (`_sample_row`, a GPU's)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from chatpage.engine import sampler
 from chatpage.engine.sampler import _filter, _sample_row, make_generator, sample
 from chatpage.engine.sampling_params import SamplingParams
 
 
-def _empirical(row, params, draws=4000):
+def _empirical(row, params, draws=4000, path="batch"):
+    """How often each token of ``row`` comes up in ``draws`` draws: as rows of one batch
+    (``path`` "batch") or one by one through `_sample_row` ("row")."""
     g = make_generator(0, 0)
-    counts = torch.zeros_like(row)
-    for _ in range(draws):
-        counts[_sample_row(row, params, g)] += 1
-    return counts / draws
+    if path == "row":
+        tokens = [int(_sample_row(row, params, g)) for _ in range(draws)]
+    else:
+        tokens, _, _, failed = sample(row.expand(draws, -1).contiguous(), [params] * draws, [g] * draws)
+        assert not failed
+    return torch.bincount(torch.tensor(tokens), minlength=row.shape[0]).float() / draws
 
 
 @pytest.mark.parametrize(
@@ -29,12 +36,13 @@ def _empirical(row, params, draws=4000):
         (3, 0.6, 1.0),  # both
     ],
 )
-def test_sample_row_matches_the_filtered_distribution(top_k, top_p, spread):
+@pytest.mark.parametrize("path", ["batch", "row"])
+def test_draws_match_the_filtered_distribution(top_k, top_p, spread, path):
     torch.manual_seed(top_k)
     row = torch.randn(1000) * spread
     params = SamplingParams(temperature=0.7, top_k=top_k, top_p=top_p)
     expected = _filter(row / 0.7, top_k, top_p).softmax(-1)
-    got = _empirical(row, params)
+    got = _empirical(row, params, path=path)
     assert set(got.nonzero().flatten().tolist()) <= set(expected.nonzero().flatten().tolist())
     assert (got - expected).abs().max() < 0.04
 
@@ -52,16 +60,56 @@ def test_the_whole_vocabulary_is_drawn_from_in_the_right_proportion_inside_and_o
 
 
 def test_same_seed_same_draws():
-    row = torch.randn(5000)
-    params = SamplingParams(temperature=1.0, top_p=0.9)
-    g1, g2 = make_generator(7, 1), make_generator(7, 1)
-    assert [_sample_row(row, params, g1) for _ in range(20)] == [
-        _sample_row(row, params, g2) for _ in range(20)
+    rows = torch.randn(20, 5000)
+    params = [SamplingParams(temperature=1.0, top_p=0.9)] * 20
+
+    def draws(seed, index):
+        g = make_generator(seed, index)
+        return sample(rows, params, [g] * 20)[0]
+
+    assert draws(7, 1) == draws(7, 1)
+    assert draws(7, 1) != draws(7, 2)
+
+
+def test_a_rows_draw_does_not_depend_on_the_rest_of_the_batch():
+    """Each row draws with its own generator only: the same row and seed give the same token
+    alone and among others (greedy rows, other temperatures and filters, a row that fails)."""
+    torch.manual_seed(3)
+    logits = torch.randn(6, 3000) * 2
+    logits[4] = float("nan")
+    params = [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.5, top_k=20),
+        SamplingParams(temperature=1.3, top_p=0.8),
+        SamplingParams(temperature=0.9),
+        SamplingParams(temperature=0.6, top_k=600),  # past the candidates: drawn row by row
     ]
-    g1, g2 = make_generator(7, 1), make_generator(7, 2)
-    assert [_sample_row(row, params, g1) for _ in range(20)] != [
-        _sample_row(row, params, g2) for _ in range(20)
-    ]
+    together, _, _, failed = sample(logits, params, [make_generator(5, i) for i in range(6)])
+    assert list(failed) == [4]
+    for i in (0, 1, 2, 3, 5):
+        alone, _, _, _ = sample(logits[i : i + 1], [params[i]], [make_generator(5, i)])
+        assert alone == [together[i]], i
+
+
+def test_a_flat_row_is_drawn_from_its_whole_vocabulary_in_proportion():
+    """A flat row at temperature 1: the best `_CANDIDATES` hold about a tenth of its mass, so most
+    draws land in the rest of the vocabulary, spread over it."""
+    row = torch.zeros(3000)
+    row[:300] = 0.05
+    got = _empirical(row, SamplingParams(temperature=1.0), draws=3000)
+    best = torch.topk(row, sampler._CANDIDATES).indices
+    inside = row.softmax(-1)[best].sum()
+    assert abs(got[best].sum() - inside) < 0.03
+    assert got[300:].nonzero().numel() > 1500  # spread over the rest, not stuck on a few
+
+
+def test_a_vocabulary_smaller_than_the_candidates_is_drawn_whole():
+    torch.manual_seed(2)
+    row = torch.randn(100)
+    for params in (SamplingParams(temperature=0.8), SamplingParams(temperature=0.8, top_p=0.7)):
+        expected = _filter(row / 0.8, 0, params.top_p).softmax(-1)
+        assert (_empirical(row, params) - expected).abs().max() < 0.04
 
 
 def test_greedy_rows_take_the_first_of_tied_best_tokens_and_its_log_probability():

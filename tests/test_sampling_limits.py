@@ -9,8 +9,9 @@ the rest of the batch goes on. The real engine over a tiny random Llama.
 from __future__ import annotations
 
 import pytest
+import torch
 
-from chatpage.engine import EngineConfig, LLMEngine, SamplingParams, sampler
+from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.outputs import RequestOutput
 from chatpage.vocab import FinishReason
@@ -79,15 +80,17 @@ def test_values_at_the_edge_of_the_float_range_run_as_their_limits(engine):
 
 
 def test_a_row_that_cannot_be_sampled_fails_its_own_request_only(engine, monkeypatch):
-    """A row whose sampling raises (here: the real sampler, made to fail for one seed) ends its
-    request with the error; the batch's other requests, seeded ones included, come out exactly
-    as they do without it."""
-    real = sampler._sample_row
+    """A row whose sampling raises (here: its logits made NaN, for one seed, after the real
+    constraints ran) ends its request with the real sampler's error; the batch's other
+    requests, seeded ones included, come out exactly as they do without it."""
+    real = engine.constraints.apply
 
-    def failing_for_seed_13(row, p, generator):
-        if p.seed == 13:
-            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
-        return real(row, p, generator)
+    def nan_for_seed_13(logits, rows):
+        real(logits, rows)
+        with torch.inference_mode():  # the step's logits are inference tensors
+            for row, p, _matcher in rows:
+                if p.seed == 13:
+                    logits[row] = float("nan")
 
     others = {
         "greedy": SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
@@ -96,16 +99,17 @@ def test_a_row_that_cannot_be_sampled_fails_its_own_request_only(engine, monkeyp
         "beam": SamplingParams(beam_width=2, max_tokens=6),
     }
     expected = _run(engine, others)
-    monkeypatch.setattr(sampler, "_sample_row", failing_for_seed_13)
+    monkeypatch.setattr(engine.constraints, "apply", nan_for_seed_13)
+    # a logit bias puts the row through the constraints
     bad = {
-        "bad": SamplingParams(temperature=0.9, seed=13, max_tokens=8),
-        "bad n": SamplingParams(n=3, temperature=0.9, seed=13, max_tokens=8),
+        "bad": SamplingParams(temperature=0.9, seed=13, max_tokens=8, logit_bias={3: 1.0}),
+        "bad n": SamplingParams(n=3, temperature=0.9, seed=13, max_tokens=8, logit_bias={3: 1.0}),
     }
     done = _run(engine, {**bad, **others})
     for name in bad:
         assert done[name].error == (
             f"{done[name].request_id} could not be sampled: "
-            "RuntimeError: probability tensor contains either inf, nan "
+            "RuntimeError: probability tensor contains either `inf`, `nan` "
             "or element < 0"
         ), name
         assert all(c.finish_reason is FinishReason.ERROR for c in done[name].outputs)
