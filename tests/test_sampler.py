@@ -19,7 +19,9 @@ def _empirical(row, params, draws=4000, path="batch"):
     if path == "row":
         tokens = [int(_sample_row(row, params, g)) for _ in range(draws)]
     else:
-        tokens, _, _, failed = sample(row.expand(draws, -1).contiguous(), [params] * draws, [g] * draws)
+        tokens, _, _, failed = sample(
+            row.expand(draws, -1).contiguous(), [params] * draws, [g] * draws
+        )
         assert not failed
     return torch.bincount(torch.tensor(tokens), minlength=row.shape[0]).float() / draws
 
