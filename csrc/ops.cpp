@@ -42,6 +42,14 @@ TORCH_LIBRARY(chatpage, m) {
   m.def(
       "gemm_int4(Tensor x, Tensor q, Tensor scales, Tensor zeros, Tensor? levels, Tensor? bias) "
       "-> Tensor");
+  // The same int8 and int4 matmuls with the activations quantized to int8 per block of 32 inputs
+  // and summed by AVX-512 VNNI (gemv.py's reference_q8_int8 / reference_q8_int4); gemm_q8: whether
+  // this build has them. CPU only.
+  m.def("gemm_q8() -> bool", &chatpage::cpu::gemm_q8);
+  m.def("gemm_q8_int8(Tensor x, Tensor qweight, Tensor scales, Tensor? bias) -> Tensor");
+  m.def(
+      "gemm_q8_int4(Tensor x, Tensor q, Tensor scales, Tensor zeros, Tensor? levels, "
+      "Tensor? bias) -> Tensor");
   // A GGUF tensor's blocks of ggml type type_id dequantized into out (fp32, blocks' values in
   // order, or row i from the file's row row_order[i]; chatpage/engine/dequant.py is the
   // reference). CPU only.
@@ -78,6 +86,8 @@ TORCH_LIBRARY_IMPL(chatpage, CPU, m) {
   m.impl("gemm_bf16", &chatpage::cpu::gemm_bf16);
   m.impl("gemm_int8", &chatpage::cpu::gemm_int8);
   m.impl("gemm_int4", &chatpage::cpu::gemm_int4);
+  m.impl("gemm_q8_int8", &chatpage::cpu::gemm_q8_int8);
+  m.impl("gemm_q8_int4", &chatpage::cpu::gemm_q8_int4);
   m.impl("decode_layers", &chatpage::cpu::decode_layers);
   m.impl("dequantize_gguf", &chatpage::cpu::dequantize_gguf);
   m.impl("quantize_int4", &chatpage::cpu::quantize_int4);

@@ -1,9 +1,10 @@
 """The tiled GEMMs (csrc/cpu/gemm.cpp) against their torch references (chatpage/engine/gemv.py),
-shared by tests/test_gemm.py's in-process tests (this machine's build) and its AVX2 build, which
-and its AVX-512 build without AMX run this file as a script in a process of their own (a second
-kernel library cannot be loaded beside the first): ``python tests/gemm_checks.py CACHE_DIR
-BUILD`` builds with ``ops.TEST_BUILDS[BUILD]``, runs every case (``gemv_checks.check_op``) and
-prints how many passed."""
+and the q8 GEMMs (csrc/cpu/gemm_q8.cpp) against theirs, shared by tests/test_gemm.py's in-process
+tests (this machine's build) and its AVX2 build and its AVX-512 build without AMX, which run this
+file as a script in a process of their own (a second kernel library cannot be loaded beside the
+first): ``python tests/gemm_checks.py CACHE_DIR BUILD`` builds with ``ops.TEST_BUILDS[BUILD]``,
+runs every case (``gemv_checks.check_op``; the q8 cases where the build has them) and prints how
+many passed."""
 
 from __future__ import annotations
 
@@ -29,7 +30,22 @@ CASES = [
     )
 ]
 CASES += level_cases(ROWS, OUTPUTS, INPUTS["int4"])  # int4 with a table of levels of its own
+# The q8 GEMMs (csrc/cpu/gemm_q8.cpp: int8 and int4, the activations quantized to int8 blocks) on
+# the builds that have them (gemm_q8(): AVX-512 VNNI): rows below, at and past the 4-row tile;
+# outputs below one vector of 16 and past the 32 of a task; inputs not a multiple of 4 or 32
+# (int8), one group, an odd count of groups, the default model's down projection
+Q8_ROWS = [1, 4, 7, 70]
+Q8_OUTPUTS = [7, 45]
+Q8_INPUTS = {"int8": [45, 576, 1600], "int4": [32, 96, 1536]}
+Q8_CASES = [
+    (fmt, m, n, k, dtype, bias)
+    for fmt in ("int8", "int4")
+    for m, n, k, dtype, bias in itertools.product(
+        Q8_ROWS, Q8_OUTPUTS, Q8_INPUTS[fmt], (F32, BF16), (False, True)
+    )
+]
+Q8_CASES += level_cases(Q8_ROWS, Q8_OUTPUTS, Q8_INPUTS["int4"])
 
 
 if __name__ == "__main__":
-    run_cases_on_build("gemm", CASES, Path(sys.argv[1]), sys.argv[2])
+    run_cases_on_build("gemm", CASES, Path(sys.argv[1]), sys.argv[2], q8=Q8_CASES)

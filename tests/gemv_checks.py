@@ -44,6 +44,14 @@ CASES = [
 CASES += level_cases(range(1, 9), OUTPUTS, INPUTS["int4"])
 
 
+def q8_exact(rows: int, k: int) -> torch.Tensor:
+    """bf16 activations [rows, k] that the q8 GEMMs quantize exactly (integers, each block of 32
+    holding a 127: scale 1), so a product over them is exact on every kernel."""
+    x = torch.randint(-127, 128, (rows, k)).float()
+    x[:, :: gemv.Q8_BLOCK] = 127
+    return x.to(BF16)
+
+
 def weights_of(fmt: str, n: int, k: int) -> tuple[torch.Tensor | None, ...]:
     """Random [N, K] weights in ``fmt``, as the kernels and references take them (int4+levels:
     random int8 levels over their whole range, -128 included)."""
@@ -68,15 +76,15 @@ def weights_of(fmt: str, n: int, k: int) -> tuple[torch.Tensor | None, ...]:
 def check_op(
     op: str, fmt: str, m: int, n: int, k: int, dtype: torch.dtype, with_bias: bool
 ) -> None:
-    """One call of ``<op>_<fmt>`` (op: gemv or gemm; int4+levels: the int4 kernel with levels)
-    equals its reference (the kernel only sums in another order)."""
+    """One call of ``<op>_<fmt>`` (op: gemv, gemm or gemm_q8; int4+levels: the int4 kernel with
+    levels) equals its reference (the kernel only sums in another order)."""
     torch.manual_seed(m * 10_000 + n * 100 + k)
     x = torch.randn(m, k).to(dtype)
     bias = torch.randn(n) if with_bias else None
     weights = weights_of(fmt, n, k)
     kind = fmt.partition("+")[0]
     got = getattr(torch.ops.chatpage, f"{op}_{kind}")(x, *weights, bias)
-    reference = getattr(gemv, f"reference_{kind}")
+    reference = getattr(gemv, f"reference_q8_{kind}" if op == "gemm_q8" else f"reference_{kind}")
     if op == "gemm" and kind == "int4" and torch.ops.chatpage.gemm_amx():
         want = reference(x, *weights, bias, bf16_weights=True)
     else:
@@ -86,14 +94,20 @@ def check_op(
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
 
 
-def run_cases_on_build(op: str, cases: list[tuple], cache_dir: Path, build: str) -> None:
-    """Every case of ``op`` against the build ``ops.TEST_BUILDS[build]`` in ``cache_dir``; prints
-    how many passed."""
+def run_cases_on_build(
+    op: str, cases: list[tuple], cache_dir: Path, build: str, q8: list[tuple] = ()
+) -> None:
+    """Every case of ``op`` against the build ``ops.TEST_BUILDS[build]`` in ``cache_dir``, and the
+    ``q8`` cases of the q8 GEMMs where that build has them (``gemm_q8()``); prints how many
+    passed."""
     loader = ops.KernelLoader(cache_dir=cache_dir, cflags=ops.TEST_BUILDS[build])
     assert loader.load(), loader.status()
     for case in cases:
         check_op(op, *case)
-    print(f"{len(cases)} passed")
+    with_q8 = list(q8) if torch.ops.chatpage.gemm_q8() else []
+    for case in with_q8:
+        check_op("gemm_q8", *case)
+    print(f"{len(cases) + len(with_q8)} passed")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gemv_checks import q8_exact
 
 from chatpage.bench import common
 from chatpage.bench.quality import TEXT, all_logits
@@ -65,7 +66,7 @@ def test_int4_is_exact_on_a_16_level_grid():
     assert state["m.q4"].shape == (n, k // 2) and state["m.scales"].shape == (n, k // INT4_GROUP)
     linear = make_linear(state, "m", torch.device("cpu"))
     for rows in (1, GEMV_ROWS["int4"] + 3):
-        x = torch.randint(-4, 5, (rows, k)).to(torch.bfloat16)
+        x = q8_exact(rows, k)  # integers that the q8 GEMMs' int8 blocks hold exactly
         torch.testing.assert_close(linear(x).float(), x.float() @ w.t(), rtol=1e-2, atol=1e-2)
 
 
@@ -211,6 +212,6 @@ def test_misaligned_packed_weights_are_realigned():
     shifted.copy_(q)
     assert shifted.data_ptr() % 64 != 0
     linear = make_linear({"m.qweight": shifted, "m.scales": scale}, "m", torch.device("cpu"))
-    x = torch.randn(8, 128, dtype=torch.bfloat16)
+    x = q8_exact(8, 128)  # exact on every kernel, the q8 GEMMs' included
     expected = x.float() @ (q.float() * scale.float()[:, None]).t()
     torch.testing.assert_close(linear(x).float(), expected, rtol=2e-2, atol=5e-2)

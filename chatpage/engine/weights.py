@@ -152,15 +152,17 @@ SMALL_BATCH_ROWS = 4
 # shapes, 1 thread, per vector ISA of the build (ops.vector_isa(); see the module docstring):
 # with AVX-512, torch's int4pack kernel is faster from 2 to 15 rows; with AVX2 torch's paths win
 # nowhere and the GEMVs (4 x 2 tiles) run up to 16 rows; with AMX the GEMMs' tiles win from 5
-# rows (int4: torch's int4pack between), 9 (int8) or 5 (bf16).
+# rows (int4: torch's int4pack between), 9 (int8) or 5 (bf16). With AVX-512 but no AMX (Zen 4)
+# int4 and int8 take the GEMV up to 4 rows and the q8 GEMMs (csrc/cpu/gemm_q8.cpp: int8
+# activations, VNNI dot products) from 5; torch's quantized kernels nowhere.
 _CUT_OVERS = {
     "amx": (
         {"fp32": 16, "bf16": 4, "int8": 8, "int4": 2},
         {"bf16": 5, "int8": 9, "int4": 5},
     ),
     "avx512": (
-        {"fp32": 16, "bf16": 4, "int8": 4, "int4": 1},
-        {"bf16": 5, "int8": 5, "int4": 16},
+        {"fp32": 16, "bf16": 4, "int8": 4, "int4": 4},
+        {"bf16": 5, "int8": 5, "int4": 5},
     ),
     "avx2": (
         {"fp32": 16, "bf16": 8, "int8": 16, "int4": 16},
@@ -168,6 +170,14 @@ _CUT_OVERS = {
     ),
 }
 GEMV_ROWS, GEMM_ROWS = _CUT_OVERS.get(ops.vector_isa(), _CUT_OVERS["avx2"])
+
+
+def gemm_kernel(fmt: str) -> str:
+    """The name of the native GEMM that runs ``fmt``'s matmuls from ``GEMM_ROWS[fmt]`` rows on
+    (the kernels loaded): the q8 GEMMs for int4 and int8 on an AVX-512 CPU without AMX (when the
+    build has them: ``gemm_q8()``), else ``gemm_<fmt>`` (csrc/cpu/gemm.cpp)."""
+    q8 = ops.vector_isa() == "avx512" and fmt in ("int4", "int8")
+    return f"gemm_q8_{fmt}" if q8 and torch.ops.chatpage.gemm_q8() else f"gemm_{fmt}"
 
 
 class Gemv:
@@ -496,10 +506,12 @@ def make_linear(
             _aligned(packed[name + ".scales"], device),
         )
         fn = lambda x: torch.ops.aten._weight_int8pack_mm(x, q, s)  # noqa: E731
+        k = q.shape[1]
         if native:
             gemv = Gemv(lib.gemv_int8, (q, s), bias, GEMV_ROWS["int8"])
-            gemm = Gemv(lib.gemm_int8, (q, s), bias, GEMM_ROWS["int8"])
-        k = q.shape[1]
+            gemm = Gemv(getattr(lib, gemm_kernel("int8")), (q, s), bias, GEMM_ROWS["int8"])
+            if gemm.rows <= gemv.rows + 1:  # no row count reaches torch's kernel
+                return Linear(_by_rows(gemv, gemm, gemm), k, gemv)
     elif name + ".q4" in packed:
         q4, scales, zeros = (packed[name + x] for x in (".q4", ".scales", ".zeros"))
         levels = packed.get(name + ".levels")
@@ -511,7 +523,7 @@ def make_linear(
             # with levels torch's kernel cannot run it: the GEMV takes every row below the GEMM's
             few = GEMV_ROWS["int4"] if levels is None else GEMM_ROWS["int4"] - 1
             gemv = Gemv(lib.gemv_int4, args, bias, few)
-            gemm = Gemv(lib.gemm_int4, args, bias, GEMM_ROWS["int4"])
+            gemm = Gemv(getattr(lib, gemm_kernel("int4")), args, bias, GEMM_ROWS["int4"])
             if gemm.rows <= gemv.rows + 1:  # no row count reaches torch's kernel: no copy for it
                 return Linear(_by_rows(gemv, gemm, gemm), k, gemv)
         p = _aligned(torch_int4pack(q4), device)  # torch's layout, [K/32, N, 2] scales

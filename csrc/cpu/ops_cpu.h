@@ -56,6 +56,16 @@ at::Tensor gemm_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
                      const at::Tensor& zeros, const c10::optional<at::Tensor>& levels,
                      const c10::optional<at::Tensor>& bias);
 
+// csrc/cpu/gemm_q8.cpp: the int8 and int4 ones with the activations quantized to int8 blocks and
+// summed by AVX-512 VNNI; whether this build has them
+bool gemm_q8();
+at::Tensor gemm_q8_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                        const c10::optional<at::Tensor>& bias);
+
+at::Tensor gemm_q8_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
+                        const at::Tensor& zeros, const c10::optional<at::Tensor>& levels,
+                        const c10::optional<at::Tensor>& bias);
+
 // csrc/cpu/decode.cpp: the decoder layers of a few-row step (weights as the GEMVs above take them)
 at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
                          const at::Tensor& cos, const at::Tensor& sin, at::TensorList norms,

@@ -1,0 +1,413 @@
+// Matmuls of many rows against int4 and int8 weights with the activations quantized to int8, in
+// blocks of 32 inputs, and the products summed in integers by AVX-512 VNNI (vpdpbusd: 64 u8 x s8
+// products into 16 int32 sums per instruction, about 4x the multiply-adds per second of fp32 FMAs
+// on a Zen 4 core). llama.cpp's way (its Q8 activation blocks) on the weights as the GEMVs store
+// them; chatpage/engine/gemv.py's quantize_q8 and reference_q8_int4 / reference_q8_int8 are the
+// specification: the kernel sums in another order, nothing else differs.
+//
+// The activations: each block of 32 inputs of a row becomes 32 int8 levels qa = round(x * 127 /
+// amax) and its scale d = amax / 127 (amax the block's largest |x|); their sum S = sum qa is kept
+// too. The weights are the unsigned operand: an int4 level q (0..15), or levels[q] + 128 for a
+// matrix with a table of its own, or an int8 weight + 128, so for one block of one output
+//   sum_i w_i x_i = d * (scale * sum_i u_i qa_i + (zero - c * scale) * S)
+// with c = 8, 128 or 128 (int8: scale 1 and zero 0 per block, the row's scale applied at the end).
+//
+// Each task takes a block of 32 weight rows and lays their bytes out once per call in a buffer
+// that stays in L1/L2: for each block of 32 inputs, vectors of 16 rows x 4 consecutive inputs
+// (a row's 4 bytes are one int32 lane), so one vpdpbusd multiplies 16 rows by 4 inputs of one
+// activation row, broadcast from memory. Then every activation row runs against it, 4 at a time:
+// a 4 x 32 tile of int32 sums per block of inputs, turned into floats and scaled into 4 x 32 fp32
+// sums. Blocks of weight rows are split among threads with at::parallel_for.
+#include "checks.h"
+#include "cpu/matmul.h"
+#include "cpu/ops_cpu.h"
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cstring>
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define CHATPAGE_Q8 1
+#include <immintrin.h>
+#endif
+
+namespace chatpage::cpu {
+
+#if defined(CHATPAGE_Q8)
+namespace {
+
+constexpr int kBlock = 32;             // inputs per activation block (and per int4 group)
+constexpr int kLanes = 16;             // weight rows per vector
+constexpr int kRowsPerTask = 32;       // weight rows per laid-out block: two vectors
+constexpr int kTile = 4;               // activation rows per pass over a block
+constexpr int64_t kSlice = 256;        // activation rows quantized per pass over the weights
+constexpr int64_t kTaskMacs = 1 << 18;  // multiply-adds below which a task is not split
+
+// The activations of `rows` rows quantized per block (gemv.py's quantize_q8): qa [rows, blocks *
+// 32] int8 (zero past k), d and d * S [rows, blocks].
+struct Q8Rows {
+  const int8_t* qa;
+  const float* d;
+  const float* ds;
+  int64_t blocks;
+};
+
+template <typename X>
+inline __m512 load16(const X* p, __mmask16 mask);
+template <>
+inline __m512 load16(const float* p, __mmask16 mask) {
+  return _mm512_maskz_loadu_ps(mask, p);
+}
+template <>
+inline __m512 load16(const c10::BFloat16* p, __mmask16 mask) {
+  const __m256i bits = _mm256_maskz_loadu_epi16(mask, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+inline __mmask16 lanes_below(int64_t count) {
+  return count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << std::max<int64_t>(count, 0)) - 1);
+}
+
+template <typename X>
+void quantize_rows(const X* x, int64_t rows, int64_t k, int8_t* qa, float* d, float* ds,
+                   int64_t blocks) {
+  const __m512 sign = _mm512_set1_ps(-0.f);
+  for (int64_t t = 0; t < rows; ++t) {
+    const X* row = x + t * k;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t i = b * kBlock;
+      const __m512 lo = load16(row + i, lanes_below(k - i));
+      const __m512 hi = load16(row + i + 16, lanes_below(k - i - 16));
+      const float amax = _mm512_reduce_max_ps(
+          _mm512_max_ps(_mm512_andnot_ps(sign, lo), _mm512_andnot_ps(sign, hi)));
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      const __m512 scale = _mm512_set1_ps(inv);
+      // round half to even, as torch.round does (the default rounding mode)
+      const __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, scale));
+      const __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, scale));
+      int8_t* out = qa + t * blocks * kBlock + i;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm512_cvtepi32_epi8(qlo));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), _mm512_cvtepi32_epi8(qhi));
+      const float sum = static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi)));
+      const float db = amax / 127.f;
+      d[t * blocks + b] = db;
+      ds[t * blocks + b] = db * sum;
+    }
+  }
+}
+
+// Four vectors of 16 rows from 16 bytes of each row (row r at src + r * stride; rows from `valid`
+// on read as zero): vector j holds the rows' int32 lane j (bytes 4j..4j+3), row r in lane r.
+// Rows i, i + 4, i + 8, i + 12 are loaded into the four 128-bit lanes of one register, and a 4 x 4
+// transpose of int32s inside each 128-bit lane finishes it.
+inline void transpose_rows(const uint8_t* src, int64_t stride, int valid, __m512i (&out)[4]) {
+  alignas(16) static const uint8_t none[16] = {};
+  __m512i a[4];
+  for (int i = 0; i < 4; ++i) {
+    auto row = [&](int r) {
+      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(r < valid ? src + r * stride : none));
+    };
+    __m512i v = _mm512_castsi128_si512(row(i));
+    v = _mm512_inserti32x4(v, row(i + 4), 1);
+    v = _mm512_inserti32x4(v, row(i + 8), 2);
+    a[i] = _mm512_inserti32x4(v, row(i + 12), 3);
+  }
+  const __m512i t0 = _mm512_unpacklo_epi32(a[0], a[1]), t1 = _mm512_unpackhi_epi32(a[0], a[1]);
+  const __m512i t2 = _mm512_unpacklo_epi32(a[2], a[3]), t3 = _mm512_unpackhi_epi32(a[2], a[3]);
+  out[0] = _mm512_unpacklo_epi64(t0, t2);
+  out[1] = _mm512_unpackhi_epi64(t0, t2);
+  out[2] = _mm512_unpacklo_epi64(t1, t3);
+  out[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+// The laid-out weights of one task's 32 rows: per block of inputs, `kVectors` vectors of 16 rows
+// for each half (rows 0-15, 16-31), and per block the rows' scale and offset (zero - c * scale)
+// in two vectors each (int4 only).
+template <bool Int4>
+struct Layout {
+  // int4: vector j holds a row's bytes 4j..4j+3, inputs 4j.. in the low nibbles and 16 + 4j.. in
+  // the high ones; int8: vector j holds inputs 4j..4j+3 (+128)
+  static constexpr int kVectors = Int4 ? 4 : 8;
+  static constexpr int64_t kBytesPerBlock = Int4 ? kBlock / 2 : kBlock;
+};
+
+// Asks for the bytes [p, p + bytes) in the cache at once: a task's rows lie in one region, which
+// its layout reads 16 rows at a time, too many streams for the hardware's prefetch (with it the
+// layout of the default model's layers takes 2/3 of the time).
+inline void prefetch(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
+}
+
+// Lays out weight rows [n0, n0 + valid) of an int4 matrix (q [N, K/2], byte j of a group: input
+// j low, j + 16 high) into w (blocks x 2 halves x 4 vectors), with scale and offset per block.
+void lay_out_int4(const uint8_t* q, const c10::BFloat16* scales, const c10::BFloat16* zeros,
+                  int64_t k, int64_t n0, int valid, bool table, __m512i* w, __m512* s, __m512* z) {
+  const int64_t blocks = k / kBlock, stride = k / 2;
+  const __m512 c = _mm512_set1_ps(table ? 128.f : 8.f);
+  prefetch(q + n0 * stride, valid * stride);
+  prefetch(scales + n0 * blocks, valid * blocks * 2);
+  prefetch(zeros + n0 * blocks, valid * blocks * 2);
+  for (int half = 0; half < 2; ++half) {
+    const int rows = std::clamp(valid - half * kLanes, 0, kLanes);
+    const uint8_t* base = q + (n0 + half * kLanes) * stride;
+    for (int64_t b = 0; b < blocks; ++b) {
+      __m512i quads[4];
+      transpose_rows(base + b * 16, stride, rows, quads);
+      std::copy(quads, quads + 4, w + (b * 2 + half) * 4);
+      alignas(64) float sc[kLanes] = {}, ze[kLanes] = {};
+      for (int r = 0; r < rows; ++r) {
+        const int64_t at = (n0 + half * kLanes + r) * blocks + b;
+        sc[r] = static_cast<float>(scales[at]);
+        ze[r] = static_cast<float>(zeros[at]);
+      }
+      const __m512 scale = _mm512_load_ps(sc);
+      s[b * 2 + half] = scale;
+      z[b * 2 + half] = _mm512_fnmadd_ps(c, scale, _mm512_load_ps(ze));
+    }
+  }
+}
+
+// The same for an int8 matrix (q [N, blocks * 32]): the bytes + 128 (sign bit flipped), 8 vectors
+// per block and half.
+void lay_out_int8(const int8_t* q, int64_t blocks, int64_t n0, int valid, __m512i* w) {
+  const int64_t k = blocks * kBlock;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(q);
+  prefetch(bytes + n0 * k, valid * k);
+  for (int half = 0; half < 2; ++half) {
+    const int rows = std::clamp(valid - half * kLanes, 0, kLanes);
+    const uint8_t* base = bytes + (n0 + half * kLanes) * k;
+    for (int64_t b = 0; b < blocks; ++b) {
+      __m512i* out = w + (b * 2 + half) * 8;
+      for (int part = 0; part < 2; ++part) {
+        __m512i quads[4];
+        transpose_rows(base + b * kBlock + part * 16, k, rows, quads);
+        for (int j = 0; j < 4; ++j) out[part * 4 + j] = _mm512_xor_si512(quads[j], flip);
+      }
+    }
+  }
+}
+
+// The 16-lane unsigned operands of block b, half h, vector pair j: int4's nibbles (through the
+// table when the matrix has one), int8's bytes as laid out.
+template <bool Int4>
+struct Operands {
+  __m512i mask = _mm512_set1_epi8(0x0F);
+  __m512i table{};  // levels + 128, in each 128-bit lane
+  bool own = false;
+  inline void pair(const __m512i* w, int j, __m512i& lo, __m512i& hi) const {
+    if constexpr (Int4) {
+      const __m512i v = w[j];
+      lo = _mm512_and_si512(v, mask);
+      hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+      if (own) {
+        lo = _mm512_shuffle_epi8(table, lo);
+        hi = _mm512_shuffle_epi8(table, hi);
+      }
+    } else {
+      lo = w[j];
+      hi = w[j + 4];
+    }
+  }
+};
+
+// Activation rows [t0, t0 + T) against the laid-out 32 rows: acc[t][h] = the fp32 sums of row t
+// with rows h * 16 + lane, before the row scale (int8) and the bias.
+template <bool Int4, int T>
+inline void tile(const Q8Rows& a, int64_t t0, const __m512i* w, const __m512* s, const __m512* z,
+                 const Operands<Int4>& ops, __m512 (&acc)[T][2]) {
+  constexpr int V = Layout<Int4>::kVectors;
+  for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    __m512i sums[T][2];
+    for (int t = 0; t < T; ++t) sums[t][0] = sums[t][1] = _mm512_setzero_si512();
+    const int8_t* qa = a.qa + t0 * a.blocks * kBlock + b * kBlock;
+    for (int j = 0; j < 4; ++j) {
+      __m512i lo[2], hi[2];
+      for (int h = 0; h < 2; ++h) ops.pair(w + (b * 2 + h) * V, j, lo[h], hi[h]);
+      for (int t = 0; t < T; ++t) {
+        const int8_t* row = qa + t * a.blocks * kBlock;
+        int32_t first, second;
+        std::memcpy(&first, row + 4 * j, 4);
+        std::memcpy(&second, row + 16 + 4 * j, 4);
+        const __m512i x0 = _mm512_set1_epi32(first), x1 = _mm512_set1_epi32(second);
+        for (int h = 0; h < 2; ++h) {
+          sums[t][h] = _mm512_dpbusd_epi32(sums[t][h], lo[h], x0);
+          sums[t][h] = _mm512_dpbusd_epi32(sums[t][h], hi[h], x1);
+        }
+      }
+    }
+    for (int t = 0; t < T; ++t) {
+      const int64_t at = (t0 + t) * a.blocks + b;
+      const __m512 d = _mm512_set1_ps(a.d[at]);
+      for (int h = 0; h < 2; ++h) {
+        const __m512 f = _mm512_cvtepi32_ps(sums[t][h]);
+        if constexpr (Int4) {
+          acc[t][h] = _mm512_fmadd_ps(f, _mm512_mul_ps(s[b * 2 + h], d), acc[t][h]);
+          acc[t][h] = _mm512_fmadd_ps(z[b * 2 + h], _mm512_set1_ps(a.ds[at]), acc[t][h]);
+        } else {
+          acc[t][h] = _mm512_fmadd_ps(f, d, acc[t][h]);
+        }
+      }
+    }
+  }
+}
+
+// fn.template operator()<C>() for the C in 1..kTile that equals c
+template <typename Fn>
+void with_tile(int c, Fn&& fn) {
+  switch (c) {
+    case 1: fn.template operator()<1>(); break;
+    case 2: fn.template operator()<2>(); break;
+    case 3: fn.template operator()<3>(); break;
+    default: fn.template operator()<4>(); break;
+  }
+}
+
+inline void store16(const Output& out, int64_t at, __m512 y, __mmask16 mask) {
+  if (out.f32) _mm512_mask_storeu_ps(out.f32 + at, mask, y);
+  else _mm256_mask_storeu_epi16(out.bf16 + at, mask, (__m256i)_mm512_cvtneps_pbh(y));
+}
+
+// y = x @ W.T (* row scale) + bias for x's rows [m0, m0 + m) (quantized in `a`), every output row;
+// lay_out(n0, valid, w, s, z) lays out one task's weight rows; scale(row) the int8 row scale.
+template <bool Int4, typename LayOut, typename RowScale>
+void q8_rows(const Q8Rows& a, int64_t m0, int64_t m, int64_t n, const float* bias,
+             const Output& dst, const Operands<Int4>& ops, const LayOut& lay_out,
+             const RowScale& row_scale, const float* sum_ds) {
+  constexpr int V = Layout<Int4>::kVectors;
+  const int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
+  const int64_t k = a.blocks * kBlock;
+  const int64_t grain = std::max<int64_t>(1, kTaskMacs / std::max<int64_t>(1, kRowsPerTask * k * m));
+  at::parallel_for(0, tasks, grain, [&](int64_t first, int64_t last) {
+    std::vector<__m512i> w(a.blocks * 2 * V);
+    std::vector<__m512> s(Int4 ? a.blocks * 2 : 0), z(Int4 ? a.blocks * 2 : 0);
+    for (int64_t task = first; task < last; ++task) {
+      const int64_t n0 = task * kRowsPerTask;
+      const int valid = static_cast<int>(std::min<int64_t>(kRowsPerTask, n - n0));
+      lay_out(n0, valid, w.data(), s.data(), z.data());
+      alignas(64) float scale[kRowsPerTask], offset[kRowsPerTask];
+      for (int r = 0; r < kRowsPerTask; ++r) {
+        scale[r] = r < valid ? row_scale(n0 + r) : 0.f;
+        offset[r] = r < valid && bias ? bias[n0 + r] : 0.f;
+      }
+      for (int64_t t0 = 0; t0 < m; t0 += kTile) {
+        with_tile(static_cast<int>(std::min<int64_t>(kTile, m - t0)), [&]<int T>() {
+          __m512 acc[T][2];
+          tile<Int4, T>(a, t0, w.data(), s.data(), z.data(), ops, acc);
+          for (int t = 0; t < T; ++t)
+            for (int h = 0; h < 2; ++h) {
+              __m512 y = acc[t][h];
+              if constexpr (!Int4)  // the + 128 of the weights: 128 * sum of the blocks' d * S
+                y = _mm512_sub_ps(y, _mm512_set1_ps(128.f * sum_ds[t0 + t]));
+              y = _mm512_fmadd_ps(y, _mm512_load_ps(scale + h * kLanes),
+                                  _mm512_load_ps(offset + h * kLanes));
+              store16(dst, (m0 + t0 + t) * n + n0 + h * kLanes, y,
+                      lanes_below(valid - h * kLanes));
+            }
+        });
+      }
+    }
+  });
+}
+
+// Quantizes x's rows a slice at a time and runs each slice against every weight row.
+template <bool Int4, typename LayOut, typename RowScale>
+at::Tensor q8_gemm(const at::Tensor& x_in, int64_t n, int64_t k,
+                   const c10::optional<at::Tensor>& bias, const Operands<Int4>& ops,
+                   const LayOut& lay_out, const RowScale& row_scale) {
+  const at::Tensor x = x_in.contiguous();
+  const int64_t m = x.size(0), blocks = (k + kBlock - 1) / kBlock;
+  at::Tensor out = output_for(x, n), bias_f;
+  const float* b = bias_data(bias, bias_f);
+  const Output dst = output_of(out);
+  const int64_t slice = std::min(m, kSlice);
+  const at::Tensor qa = at::empty({slice, blocks * kBlock}, x.options().dtype(at::kChar));
+  const at::Tensor scales = at::empty({3, slice, blocks}, x.options().dtype(at::kFloat));
+  float* d = scales.data_ptr<float>();
+  float* ds = d + slice * blocks;
+  float* sum_ds = ds + slice * blocks;  // per row: the sum over its blocks of d * S
+  for (int64_t m0 = 0; m0 < m; m0 += kSlice) {
+    const int64_t rows = std::min(kSlice, m - m0);
+    if (x.scalar_type() == at::kFloat)
+      quantize_rows(x.data_ptr<float>() + m0 * k, rows, k, qa.data_ptr<int8_t>(), d, ds, blocks);
+    else
+      quantize_rows(x.data_ptr<c10::BFloat16>() + m0 * k, rows, k, qa.data_ptr<int8_t>(), d, ds,
+                    blocks);
+    for (int64_t t = 0; t < rows; ++t) {
+      float sum = 0.f;
+      for (int64_t g = 0; g < blocks; ++g) sum += ds[t * blocks + g];
+      sum_ds[t] = sum;
+    }
+    const Q8Rows a{qa.data_ptr<int8_t>(), d, ds, blocks};
+    q8_rows<Int4>(a, m0, rows, n, b, dst, ops, lay_out, row_scale, sum_ds);
+  }
+  return out;
+}
+
+}  // namespace
+#endif
+
+bool gemm_q8() {
+#if defined(CHATPAGE_Q8)
+  return true;
+#else
+  return false;
+#endif
+}
+
+at::Tensor gemm_q8_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
+                        const c10::optional<at::Tensor>& bias) {
+  check_gemv_args(x, qweight, qweight.size(1), bias, "gemm_q8_int8");
+  check_int8_args(qweight, scales, "gemm_q8_int8");
+#if defined(CHATPAGE_Q8)
+  const int64_t k = qweight.size(1), blocks = (k + kBlock - 1) / kBlock;
+  // rows of whole blocks (zero weights past K: the padded activations are zero there too); the
+  // layout reads 16 bytes at a time
+  const at::Tensor whole = k % kBlock ? at::constant_pad_nd(qweight, {0, blocks * kBlock - k})
+                                      : qweight;
+  const int8_t* q = whole.data_ptr<int8_t>();
+  const c10::BFloat16* s = scales.data_ptr<c10::BFloat16>();
+  return q8_gemm<false>(
+      x, qweight.size(0), k, bias, Operands<false>{},
+      [=](int64_t n0, int valid, __m512i* w, __m512*, __m512*) {
+        lay_out_int8(q, blocks, n0, valid, w);
+      },
+      [s](int64_t row) { return static_cast<float>(s[row]); });
+#else
+  TORCH_CHECK(false, "chatpage::gemm_q8_int8: this build has no AVX-512 VNNI (see gemm_q8())");
+#endif
+}
+
+at::Tensor gemm_q8_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
+                        const at::Tensor& zeros, const c10::optional<at::Tensor>& levels,
+                        const c10::optional<at::Tensor>& bias) {
+  const int64_t k = q.size(1) * 2;
+  check_gemv_args(x, q, k, bias, "gemm_q8_int4");
+  check_int4_args(q, scales, zeros, levels, 32, "gemm_q8_int4");
+#if defined(CHATPAGE_Q8)
+  Operands<true> ops;
+  int8_t table_bytes[16];
+  ops.own = int4_levels(levels, table_bytes);
+  alignas(16) uint8_t shifted[16];
+  for (int i = 0; i < 16; ++i) shifted[i] = static_cast<uint8_t>(table_bytes[i] + 128);
+  ops.table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(shifted)));
+  const uint8_t* qp = q.data_ptr<uint8_t>();
+  const c10::BFloat16* sp = scales.data_ptr<c10::BFloat16>();
+  const c10::BFloat16* zp = zeros.data_ptr<c10::BFloat16>();
+  const bool own = ops.own;
+  return q8_gemm<true>(
+      x, q.size(0), k, bias, ops,
+      [=](int64_t n0, int valid, __m512i* w, __m512* s, __m512* z) {
+        lay_out_int4(qp, sp, zp, k, n0, valid, own, w, s, z);
+      },
+      [](int64_t) { return 1.f; });
+#else
+  TORCH_CHECK(false, "chatpage::gemm_q8_int4: this build has no AVX-512 VNNI (see gemm_q8())");
+#endif
+}
+
+}  // namespace chatpage::cpu
