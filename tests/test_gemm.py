@@ -32,6 +32,7 @@ def _vnni() -> bool:
 
 @pytest.mark.parametrize("case", Q8_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_the_q8_gemms_match_the_reference(case):
+    assert ops.load()
     if not torch.ops.chatpage.gemm_q8():  # pragma: no cover - a CPU without AVX-512 VNNI
         assert not _vnni()
         return

@@ -114,31 +114,43 @@ def reference_int4(
 Q8_BLOCK = 32  # activation inputs per int8 block of the q8 GEMMs
 
 
-def quantize_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+Q8_INT8_PASSES = 2  # int8 matrices take their activations in two passes (gemm_q8.cpp)
+
+
+def quantize_q8(x: torch.Tensor, passes: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """The activations of the q8 GEMMs (``csrc/cpu/gemm_q8.cpp``): each block of 32 inputs of a
     row (zero-padded to whole blocks) as int8 levels ``round(x * (127 / amax))`` and its scale
-    ``amax / 127`` (``amax`` its largest ``|x|``), computed in fp32: qa [M, blocks, 32] int8 and
-    d [M, blocks] fp32."""
+    ``amax / 127`` (``amax`` its largest ``|x|``), computed in fp32; each further pass quantizes
+    what the ones before left over (``x - levels * scale``). qa [M, passes * blocks, 32] int8 and
+    d [M, passes * blocks] fp32, pass p's blocks after pass p - 1's."""
     m, k = x.shape
     blocks = -(-k // Q8_BLOCK)
-    xf = torch.nn.functional.pad(x.float(), (0, blocks * Q8_BLOCK - k)).view(m, blocks, Q8_BLOCK)
-    amax = xf.abs().amax(dim=-1)
-    # a true division (torch computes ``127.0 / amax`` as a reciprocal times 127: rounded twice)
-    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
-    qa = torch.round(xf * inv[..., None]).to(torch.int8)
-    return qa, amax / 127.0
+    rest = torch.nn.functional.pad(x.float(), (0, blocks * Q8_BLOCK - k)).view(m, blocks, Q8_BLOCK)
+    levels, scales = [], []
+    for _ in range(passes):
+        amax = rest.abs().amax(dim=-1)
+        # a true division (torch computes ``127.0 / amax`` as a reciprocal times 127: rounded
+        # twice)
+        inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / amax, torch.zeros_like(amax))
+        qa = torch.round(rest * inv[..., None])
+        d = amax / 127.0
+        rest = rest - qa * d[..., None]
+        levels.append(qa.to(torch.int8))
+        scales.append(d)
+    return torch.cat(levels, dim=1), torch.cat(scales, dim=1)
 
 
 def reference_q8_int8(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """:func:`reference_int8` with the activations quantized by :func:`quantize_q8`: per block
-    the exact integer dot product of the levels, times the block's scale, summed over the blocks
-    in fp64, times the row's scale."""
-    qa, d = quantize_q8(x)
+    """:func:`reference_int8` with the activations quantized by :func:`quantize_q8` in
+    ``Q8_INT8_PASSES`` passes: per block the exact integer dot product of the levels, times the
+    block's scale, summed over the blocks in fp64, times the row's scale."""
+    qa, d = quantize_q8(x, Q8_INT8_PASSES)
     n, k = qweight.shape
-    blocks = qa.shape[1]
+    blocks = qa.shape[1] // Q8_INT8_PASSES
     w = torch.nn.functional.pad(qweight.long(), (0, blocks * Q8_BLOCK - k)).view(n, blocks, -1)
+    w = w.repeat(1, Q8_INT8_PASSES, 1)
     dots = torch.einsum("mbi,nbi->mnb", qa.long(), w)  # exact integers
     y = (dots.double() * d.double()[:, None, :]).sum(-1) * scales.double()
     return _finish(y.float(), bias, x.dtype)
@@ -152,9 +164,9 @@ def reference_q8_int4(
     levels: torch.Tensor | None,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    """:func:`reference_int4` with the activations quantized by :func:`quantize_q8` (the blocks
-    are the matrix's groups of 32): per group ``d * (scale * sum levels[q] * qa + zero * sum
-    qa)``, the integer sums exact, summed over the groups in fp64."""
+    """:func:`reference_int4` with the activations quantized by :func:`quantize_q8` in one pass
+    (the blocks are the matrix's groups of 32): per group ``d * (scale * sum levels[q] * qa +
+    zero * sum qa)``, the integer sums exact, summed over the groups in fp64."""
     qa, d = quantize_q8(x)
     table = (UNIFORM_LEVELS if levels is None else levels).long()
     lv = table[unpack_int4(q).long()].view(q.shape[0], qa.shape[1], INT4_GROUP)

@@ -50,7 +50,8 @@ and int8 GEMM 47 ms against sgemm 65 and int4pack 75. An int8-activation VNNI ke
 4.3x the multiply-adds per second of fp32 FMAs on this core, measured; vdpbf16ps only 0.5x, which
 is why bf16 loses here) is the way past sgemm.
 
-Those figures are AVX-512's (``GEMV_ROWS``/``GEMM_ROWS`` are picked by ``ops.vector_isa()``). On a
+Those figures are AVX-512's before the q8 GEMMs below, which replaced both on such a CPU
+(``GEMV_ROWS``/``GEMM_ROWS`` are picked by ``ops.vector_isa()``). On a
 2-core AVX2+FMA EPYC (no AVX-512: the kernels run vec.h's eight lanes, the GEMVs in tiles of 4
 activation rows by 2 weight rows), same step, 1 thread, process time, min of 5 on a loaded
 machine (ms, the 30 layers without the lm_head; 24-64 rows from an earlier run, the GEMVs there
@@ -99,6 +100,32 @@ rows  bf16 GEMV / torch / GEMM        int8 GEMV / int8pack / GEMM     int4 GEMV 
 So there int4 takes the GEMV up to 2 rows, torch's int4pack for 3-4 and the GEMM from 5; int8
 the GEMV up to 8 rows and the GEMM beyond (torch's int8pack wins nowhere); bf16 the GEMV up to 4
 rows and the GEMM beyond (torch's oneDNN path, also on AMX, is 10-25% behind it).
+
+On an AVX-512 CPU without AMX (a 2-core Zen 4 EPYC: ``vector_isa() == "avx512"``) int4 and int8
+take the q8 GEMMs of ``csrc/cpu/gemm_q8.cpp`` past a few rows: the activations quantized to int8
+in blocks of 32 (llama.cpp's Q8 blocks; int8 matrices in two passes, the second quantizing what
+the first left over), the dot products summed in int32 by VNNI, which does 4x the multiply-adds
+of fp32 FMAs per cycle there. On the default model int4's perplexity moves from +0.2% to +0.8%
+over fp32 (``bench quality``: the perplexity pass prefills, so it runs them throughout), int8's
+from +0.9% to +1.1%. Same step, 1 thread, process time, min of 5, each layer over its own weights
+(ms; the 30 layers, and the int8 lm_head alone):
+
+====  ====================  ====================  ====================
+rows  int4 GEMV / q8 GEMM   int8 GEMV / q8 GEMM   lm_head GEMV / q8
+====  ====================  ====================  ====================
+1     5.2 / 13.1            7.3 / 13.4            1.5 / 3.1
+4     12.2 / 15.4           13.1 / 17.1           3.2 / 4.2
+5     16.0 / 16.3           17.0 / 20.1           4.3 / 4.8
+6     17.7 / 17.0           20.0 / 19.5           5.1 / 5.0
+8     23.3 / 18.6           25.1 / 21.4           6.4 / 5.4
+16    43.8 / 24.0           48.4 / 30.7           13.2 / 7.8
+32    85.0 / 34.9           93.1 / 48.8           25.1 / 12.6
+64    167.7 / 56.6          184.6 / 84.9          50.2 / 21.5
+====  ====================  ====================  ====================
+
+Against the fp32-FMA GEMM and torch's int4pack at 64 rows (weights hot in the cache, one copy
+for all layers): int4 GEMM 203, int4pack 170, q8 53. So there the GEMV runs up to 4 rows (int8:
+5) and the q8 GEMMs beyond; torch's quantized kernels nowhere.
 
 The quantized torch paths take bf16 activations (with fp32 ones they are 10-20x slower), so a
 quantized model's matmul inputs are bf16 while the residual stream, norms, RoPE, attention and
@@ -153,16 +180,16 @@ SMALL_BATCH_ROWS = 4
 # with AVX-512, torch's int4pack kernel is faster from 2 to 15 rows; with AVX2 torch's paths win
 # nowhere and the GEMVs (4 x 2 tiles) run up to 16 rows; with AMX the GEMMs' tiles win from 5
 # rows (int4: torch's int4pack between), 9 (int8) or 5 (bf16). With AVX-512 but no AMX (Zen 4)
-# int4 and int8 take the GEMV up to 4 rows and the q8 GEMMs (csrc/cpu/gemm_q8.cpp: int8
-# activations, VNNI dot products) from 5; torch's quantized kernels nowhere.
+# int4 and int8 take the GEMV up to 4 and 5 rows and the q8 GEMMs (csrc/cpu/gemm_q8.cpp: int8
+# activations, VNNI dot products) beyond; torch's quantized kernels nowhere.
 _CUT_OVERS = {
     "amx": (
         {"fp32": 16, "bf16": 4, "int8": 8, "int4": 2},
         {"bf16": 5, "int8": 9, "int4": 5},
     ),
     "avx512": (
-        {"fp32": 16, "bf16": 4, "int8": 4, "int4": 4},
-        {"bf16": 5, "int8": 5, "int4": 5},
+        {"fp32": 16, "bf16": 4, "int8": 5, "int4": 4},
+        {"bf16": 5, "int8": 6, "int4": 5},
     ),
     "avx2": (
         {"fp32": 16, "bf16": 8, "int8": 16, "int4": 16},
