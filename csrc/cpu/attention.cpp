@@ -219,7 +219,10 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
     const KV* vb = v_cache + phys * g.block_stride;
     // the tokens of this block that some row of the tile sees
     const int used = static_cast<int>(std::min<int64_t>(bs, w.first_pos + w.rows - tok0));
-    // the next block is somewhere else in the pool: start fetching it, a head's share at a time
+    // the next block is somewhere else in the pool: start fetching it into L2, a head's share at
+    // a time (prefetcht1: with prefetcht0 the ~200 lines of a block fill L1's miss buffers and
+    // the loads stall behind them; decode of 64 rows x 320 keys, 30 layers, on a Zen 4 took
+    // 53 ms at 2 threads with it, 34 with prefetcht1)
     const char* next_k = nullptr;
     const char* next_v = nullptr;
     const int64_t bytes = g.block_stride * static_cast<int64_t>(sizeof(KV));
@@ -231,8 +234,8 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
       if (next_k != nullptr) {
         const int64_t lo = bytes * kvh / g.kv_heads, hi = bytes * (kvh + 1) / g.kv_heads;
         for (int64_t off = lo; off < hi; off += 64) {
-          __builtin_prefetch(next_k + off);
-          __builtin_prefetch(next_v + off);
+          __builtin_prefetch(next_k + off, 0, 2);
+          __builtin_prefetch(next_v + off, 0, 2);
         }
       }
       const float* kh;

@@ -153,12 +153,13 @@ struct Layout {
   static constexpr int64_t kBytesPerBlock = Int4 ? kBlock / 2 : kBlock;
 };
 
-// Asks for the bytes [p, p + bytes) in the cache at once: a task's rows lie in one region, which
-// its layout reads 16 rows at a time, too many streams for the hardware's prefetch (with it the
-// layout of the default model's layers takes 2/3 of the time).
+// Asks for the bytes [p, p + bytes) in L2 at once (prefetcht1: many lines at a time into L1
+// stall its miss buffers): a task's rows lie in one region, which its layout reads 16 rows at a
+// time, too many streams for the hardware's prefetch (with it the layout of the default model's
+// layers takes 2/3 of the time).
 inline void prefetch(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
-  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T1);
 }
 
 // Lays out weight rows [n0, n0 + valid) of an int4 matrix (q [N, K/2], byte j of a group: input
