@@ -60,15 +60,17 @@ TORCH_LIBRARY(chatpage, m) {
   // quantize_int4 + gemv.pack_int4 and quantize_int8 are the references). CPU only.
   m.def("quantize_int4(Tensor w, Tensor(a!) q4, Tensor(b!) scales, Tensor(c!) zeros) -> ()");
   m.def("quantize_int8(Tensor w, Tensor(a!) q, Tensor(b!) scales) -> ()");
-  // A few-row step's decoder layers in one call (LlamaModel._python_layers is its reference);
-  // returns the last layer's MLP output, which the final norm adds to hidden; windows: each
-  // layer's sliding window (0: full attention). CPU only.
+  // A step's decoder layers in one call (LlamaModel._python_layers is its reference); returns the
+  // last layer's MLP output, which the final norm adds to hidden; windows: each layer's sliding
+  // window (0: full attention); from gemm_rows rows on (0: never) the GEMMs (q8: the q8 ones for
+  // int8 and int4). CPU only.
   m.def(
       "decode_layers(Tensor(a!) hidden, Tensor positions, Tensor cos, Tensor sin, "
       "Tensor[] norms, Tensor[] weights, Tensor?[] biases, int parts, Tensor(b!)[] k_caches, "
       "Tensor(c!)[] v_caches, Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, "
       "Tensor query_start_loc, float eps, float scale, int[] windows, Tensor(d!) x, "
-      "Tensor(e!) q, Tensor(f!) k, Tensor(g!) v, Tensor(h!) act, Tensor(i!) attn_out) -> Tensor");
+      "Tensor(e!) q, Tensor(f!) k, Tensor(g!) v, Tensor(h!) act, Tensor(i!) attn_out, "
+      "int gemm_rows=0, bool q8=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(chatpage, CPU, m) {

@@ -3,6 +3,8 @@ same kernels in the same order as the Python layer loop, so every output is the 
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -10,16 +12,26 @@ from chatpage.bench import common
 from chatpage.engine import SamplingParams, ops
 from chatpage.engine.loader import load_model
 from chatpage.engine.models.llama import NativeLayers
-from chatpage.engine.weights import GEMV_ROWS
+from chatpage.engine.weights import GEMM_ROWS, GEMV_ROWS
 from tests.test_gguf import Q, write_gguf
 
 
-def _run(loaded, fmt: str, native: bool, monkeypatch) -> tuple[list, int]:
+def _every_step(fmt: str) -> bool:
+    """Whether the native loop takes every step in ``fmt``: its GEMM starts right after its GEMV
+    (no torch path between), so prefill steps run natively too."""
+    return GEMM_ROWS.get(fmt) == GEMV_ROWS[fmt] + 1
+
+
+def _run(loaded, fmt: str, native: bool, monkeypatch) -> tuple[list, list[int]]:
     """Greedy outputs (ids, logprobs, alternatives) of three concurrent prompts, then of one
-    alone, and how many steps ran through the native loop."""
+    alone, and the rows of each step that ran through the native loop."""
     eng = common.engine(loaded, weight_dtype=fmt)
-    assert isinstance(eng.model.native_layers, NativeLayers)
-    assert eng.model.native_layers.rows == GEMV_ROWS[fmt]
+    layers = eng.model.native_layers
+    assert isinstance(layers, NativeLayers)
+    if _every_step(fmt):
+        assert layers.rows == sys.maxsize and layers.gemm_rows == GEMM_ROWS[fmt]
+    else:
+        assert layers.rows == GEMV_ROWS[fmt] and layers.gemm_rows == 0
     if not native:
         eng.model.native_layers = None
     calls = []
@@ -31,7 +43,7 @@ def _run(loaded, fmt: str, native: bool, monkeypatch) -> tuple[list, int]:
     together = eng.generate([list(range(100, 100 + n)) for n in (5, 21, 40)], params)
     alone = eng.generate([list(range(150, 183))], params)  # (ids any vocabulary here holds)
     got = [(c.token_ids, c.logprobs, c.top_logprobs) for o in together + alone for c in o.outputs]
-    return got, len(calls)
+    return got, calls
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])  # qwen2: biases on q, k and v
@@ -42,45 +54,31 @@ def test_the_native_loop_gives_the_python_loops_bits(kind, fmt, request, monkeyp
     python, none = _run(loaded, fmt, False, monkeypatch)
     assert native == python
     # the decode steps went native: three rows at once for fp32, bf16 and int8, the lone
-    # prompt's for int4 too (its GEMV takes one row)
-    assert steps >= (11 if fmt == "int4" else 22) and none == 0
+    # prompt's for int4 too (its GEMV takes one row); where the GEMMs follow the GEMVs, the
+    # prefill steps too (the three prompts' 66 rows at once, past every GEMM's first row)
+    assert len(steps) >= (11 if fmt == "int4" else 22) and none == []
+    assert (max(steps) == 66) == _every_step(fmt)
 
 
 def test_bad_arguments_are_refused():
     assert ops.available("cpu")
     t = torch.zeros(1)
     op = torch.ops.chatpage.decode_layers
+
+    def call(norms, weights, parts, *gemm):
+        """One layer's call with these norms, weights and parts (and gemm_rows, q8)."""
+        head, caches, tail = (t,) * 4, ([t], [t]), (t,) * 4 + (1e-5, 1.0, [0]) + (t,) * 6
+        return op(*head, norms, weights, [None] * len(weights), parts, *caches, *tail, *gemm)
+
     with pytest.raises(
         RuntimeError,
         match="parts must be 1 .fp32, bf16., 2 .int8., 3 .int4. or 4 .int4 with levels., got 5",
     ):
-        op(t, t, t, t, [], [], [], 5, [t], [t], t, t, t, t, 1e-5, 1.0, [0], t, t, t, t, t, t)
+        call([], [], 5)
     with pytest.raises(RuntimeError, match="for 1 layers expected 1 value caches, 2 norms"):
-        op(
-            t,
-            t,
-            t,
-            t,
-            [t],
-            [t] * 4,
-            [None] * 4,
-            1,
-            [t],
-            [t],
-            t,
-            t,
-            t,
-            t,
-            1e-5,
-            1.0,
-            [0],
-            t,
-            t,
-            t,
-            t,
-            t,
-            t,
-        )
+        call([t], [t] * 4, 1)
+    with pytest.raises(RuntimeError, match="fp32 weights have no GEMM"):
+        call([t, t], [t] * 4, 1, 5, False)
 
 
 def test_int4_with_and_without_levels_gives_the_python_loops_bits(tmp_path, monkeypatch):
@@ -93,4 +91,4 @@ def test_int4_with_and_without_levels_gives_the_python_loops_bits(tmp_path, monk
     assert common.engine(loaded, weight_dtype="int4").model.native_layers.parts == 4
     native, steps = _run(loaded, "int4", True, monkeypatch)
     python, _ = _run(loaded, "int4", False, monkeypatch)
-    assert native == python and steps >= 11
+    assert native == python and len(steps) >= 11

@@ -233,19 +233,24 @@ class Gemv:
 
 class Linear:
     """One matmul of the model in its stored format: ``linear(x [T, K]) -> [T, N]``; ``gemv`` is
-    its native few-row path, when it has one."""
+    its native few-row path, when it has one, ``gemm`` its native GEMM when that takes every row
+    count past the GEMV's (no torch path between)."""
 
-    __slots__ = ("forward", "in_features", "gemv")
+    __slots__ = ("forward", "in_features", "gemv", "gemm")
 
     def __init__(
         self,
         forward: Callable[[torch.Tensor], torch.Tensor],
         in_features: int,
         gemv: Gemv | None = None,
+        gemm: Gemv | None = None,
     ) -> None:
         self.forward = forward
         self.in_features = in_features
         self.gemv = gemv
+        self.gemm = (
+            gemm if gemv is not None and gemm is not None and gemm.rows == gemv.rows + 1 else None
+        )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward(x)
@@ -538,7 +543,7 @@ def make_linear(
             gemv = Gemv(lib.gemv_int8, (q, s), bias, GEMV_ROWS["int8"])
             gemm = Gemv(getattr(lib, gemm_kernel("int8")), (q, s), bias, GEMM_ROWS["int8"])
             if gemm.rows <= gemv.rows + 1:  # no row count reaches torch's kernel
-                return Linear(_by_rows(gemv, gemm, gemm), k, gemv)
+                return Linear(_by_rows(gemv, gemm, gemm), k, gemv, gemm)
     elif name + ".q4" in packed:
         q4, scales, zeros = (packed[name + x] for x in (".q4", ".scales", ".zeros"))
         levels = packed.get(name + ".levels")
@@ -552,7 +557,7 @@ def make_linear(
             gemv = Gemv(lib.gemv_int4, args, bias, few)
             gemm = Gemv(getattr(lib, gemm_kernel("int4")), args, bias, GEMM_ROWS["int4"])
             if gemm.rows <= gemv.rows + 1:  # no row count reaches torch's kernel: no copy for it
-                return Linear(_by_rows(gemv, gemm, gemm), k, gemv)
+                return Linear(_by_rows(gemv, gemm, gemm), k, gemv, gemm)
         p = _aligned(torch_int4pack(q4), device)  # torch's layout, [K/32, N, 2] scales
         sz = _aligned(torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous(), device)
         fn = lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x, p, INT4_GROUP, sz)  # noqa: E731
@@ -573,11 +578,11 @@ def make_linear(
             return Linear(_by_rows(gemv, plain), k, gemv)
         gemv = Gemv(lib.gemv_bf16, (w,), bias, GEMV_ROWS["bf16"])
         gemm = Gemv(lib.gemm_bf16, (w,), bias, GEMM_ROWS["bf16"])
-        return Linear(_by_rows(gemv, plain, gemm), k, gemv)
+        return Linear(_by_rows(gemv, plain, gemm), k, gemv, gemm)
     many = fn if bias is None else (lambda x: fn(x) + bias)
     if not native:
         return Linear(many, k)
-    return Linear(_by_rows(gemv, many, gemm), k, gemv)
+    return Linear(_by_rows(gemv, many, gemm), k, gemv, gemm)
 
 
 def _dequantized_int4(

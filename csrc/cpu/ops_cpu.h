@@ -66,7 +66,8 @@ at::Tensor gemm_q8_int4(const at::Tensor& x, const at::Tensor& q, const at::Tens
                         const at::Tensor& zeros, const c10::optional<at::Tensor>& levels,
                         const c10::optional<at::Tensor>& bias);
 
-// csrc/cpu/decode.cpp: the decoder layers of a few-row step (weights as the GEMVs above take them)
+// csrc/cpu/decode.cpp: the decoder layers of a step (weights as the GEMVs above take them; from
+// gemm_rows rows on the GEMMs)
 at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
                          const at::Tensor& cos, const at::Tensor& sin, at::TensorList norms,
                          at::TensorList weights, const c10::List<c10::optional<at::Tensor>>& biases,
@@ -75,7 +76,8 @@ at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
                          const at::Tensor& seq_lens, const at::Tensor& query_start_loc, double eps,
                          double scale, at::IntArrayRef windows, const at::Tensor& x,
                          const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const at::Tensor& act, const at::Tensor& attn_out);
+                         const at::Tensor& act, const at::Tensor& attn_out,
+                         int64_t gemm_rows, bool q8);
 
 // csrc/cpu/dequant.cpp: a GGUF tensor's blocks of ggml type type_id -> fp32 out (its rows in
 // row_order when given)

@@ -14,6 +14,7 @@ no RoPE, soft-capping, scaled embeddings; a model with any of them runs the Pyth
 
 from __future__ import annotations
 
+import sys
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
@@ -117,7 +118,9 @@ class LayerWeights:
 
 class NativeLayers:
     """``torch.ops.chatpage.decode_layers`` with one model's weights bound: all its decoder layers
-    for a step of at most ``rows`` rows in one native call (the decode steps)."""
+    for a step of at most ``rows`` rows in one native call: the GEMVs' rows (the decode steps),
+    or every step where each matmul's GEMM starts right after its GEMV (``Linear.gemm``), from
+    ``gemm_rows`` rows on."""
 
     def __init__(self, model: LlamaModel, linears: list[Linear]) -> None:
         self.model = model
@@ -130,6 +133,13 @@ class NativeLayers:
         self.weights = [t for g in gemvs for t in g.parts + none * (self.parts - len(g.parts))]
         self.biases = [g.bias for g in gemvs]
         self.rows = min(g.rows for g in gemvs)
+        gemms = [f.gemm for f in linears if f.gemm is not None]
+        starts = {g.rows for g in gemms}
+        self.gemm_rows, self.q8 = 0, False
+        if len(gemms) == len(linears) and len(starts) == 1:  # every step can run natively
+            lib = torch.ops.chatpage
+            self.gemm_rows, self.rows = starts.pop(), sys.maxsize
+            self.q8 = {g.op for g in gemms} <= {lib.gemm_q8_int8, lib.gemm_q8_int4}
         self.windows = model.windows
 
     def __call__(self, s: Step) -> Tensor:
@@ -158,6 +168,8 @@ class NativeLayers:
             s.v,
             s.act,
             s.attn_out,
+            self.gemm_rows,
+            self.q8,
         )
         return out
 
