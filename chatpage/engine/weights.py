@@ -105,9 +105,9 @@ On an AVX-512 CPU without AMX (a 2-core Zen 4 EPYC: ``vector_isa() == "avx512"``
 take the q8 GEMMs of ``csrc/cpu/gemm_q8.cpp`` past a few rows: the activations quantized to int8
 in blocks of 32 (llama.cpp's Q8 blocks; int8 matrices in two passes, the second quantizing what
 the first left over), the dot products summed in int32 by VNNI, which does 4x the multiply-adds
-of fp32 FMAs per cycle there. On the default model int4's perplexity moves from +0.2% to +0.8%
+of fp32 FMAs per cycle there. On the default model int4's perplexity moves from +0.2% to +0.7%
 over fp32 (``bench quality``: the perplexity pass prefills, so it runs them throughout), int8's
-from +0.9% to +1.1%. Same step, 1 thread, process time, min of 5, each layer over its own weights
+stays at +1.0% (docs/benchmarks.md). Same step, 1 thread, process time, min of 5, each layer over its own weights
 (ms; the 30 layers, and the int8 lm_head alone):
 
 ====  ====================  ====================  ====================
