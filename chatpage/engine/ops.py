@@ -86,8 +86,8 @@ def vector_isa() -> str:
     """The vector paths this CPU's build of the kernels takes (``-march=native``): ``"amx"``
     (AVX-512 with AMX's bf16 tiles, which Linux grants this process: the GEMMs' tile path),
     ``"avx512"`` (AVX-512 F, BW, VL, BF16 and VNNI: the GEMVs' 16-lane paths, the q8 GEMMs),
-    ``"avx2"`` (AVX2 + FMA: vec.h's eight lanes) or ``"portable"``. What the kernels' speed, and so the cut-overs between
-    them (``engine/weights.py``), depend on."""
+    ``"avx2"`` (AVX2 + FMA: vec.h's eight lanes) or ``"portable"``. What the kernels' speed, and so
+    the cut-overs between them (``engine/weights.py``), depend on."""
     flags = set(_cpu_features().split())
     if {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"} <= flags:
         # torch asks Linux for the tiles' state as the kernels do (arch_prctl), once per process

@@ -107,8 +107,8 @@ in blocks of 32 (llama.cpp's Q8 blocks; int8 matrices in two passes, the second 
 the first left over), the dot products summed in int32 by VNNI, which does 4x the multiply-adds
 of fp32 FMAs per cycle there. On the default model int4's perplexity moves from +0.2% to +0.7%
 over fp32 (``bench quality``: the perplexity pass prefills, so it runs them throughout), int8's
-stays at +1.0% (docs/benchmarks.md). Same step, 1 thread, process time, min of 5, each layer over its own weights
-(ms; the 30 layers, and the int8 lm_head alone):
+stays at +1.0% (docs/benchmarks.md). Same step, 1 thread, process time, min of 5, each layer over
+its own weights (ms; the 30 layers, and the int8 lm_head alone):
 
 ====  ====================  ====================  ====================
 rows  int4 GEMV / q8 GEMM   int8 GEMV / q8 GEMM   lm_head GEMV / q8
@@ -177,8 +177,7 @@ SMALL_BATCH_ROWS = 4
 # csrc/cpu/gemm.cpp (the weights decoded once per call, fp32 FMAs), between the two cut-overs
 # through torch's path; fp32 keeps MKL's sgemm past its GEMV. Measured on the default model's
 # shapes, 1 thread, per vector ISA of the build (ops.vector_isa(); see the module docstring):
-# with AVX-512, torch's int4pack kernel is faster from 2 to 15 rows; with AVX2 torch's paths win
-# nowhere and the GEMVs (4 x 2 tiles) run up to 16 rows; with AMX the GEMMs' tiles win from 5
+# with AVX2 torch's paths win nowhere and the GEMVs (4 x 2 tiles) run up to 16 rows; with AMX the GEMMs' tiles win from 5
 # rows (int4: torch's int4pack between), 9 (int8) or 5 (bf16). With AVX-512 but no AMX (Zen 4)
 # int4 and int8 take the GEMV up to 4 and 5 rows and the q8 GEMMs (csrc/cpu/gemm_q8.cpp: int8
 # activations, VNNI dot products) beyond; torch's quantized kernels nowhere.
@@ -196,14 +195,15 @@ _CUT_OVERS = {
         {"bf16": 9, "int8": 17, "int4": 17},
     ),
 }
-GEMV_ROWS, GEMM_ROWS = _CUT_OVERS.get(ops.vector_isa(), _CUT_OVERS["avx2"])
+_ISA = ops.vector_isa()  # (it reads /proc/cpuinfo: once, not per matrix)
+GEMV_ROWS, GEMM_ROWS = _CUT_OVERS.get(_ISA, _CUT_OVERS["avx2"])
 
 
 def gemm_kernel(fmt: str) -> str:
     """The name of the native GEMM that runs ``fmt``'s matmuls from ``GEMM_ROWS[fmt]`` rows on
     (the kernels loaded): the q8 GEMMs for int4 and int8 on an AVX-512 CPU without AMX (when the
     build has them: ``gemm_q8()``), else ``gemm_<fmt>`` (csrc/cpu/gemm.cpp)."""
-    q8 = ops.vector_isa() == "avx512" and fmt in ("int4", "int8")
+    q8 = _ISA == "avx512" and fmt in ("int4", "int8")
     return f"gemm_q8_{fmt}" if q8 and torch.ops.chatpage.gemm_q8() else f"gemm_{fmt}"
 
 

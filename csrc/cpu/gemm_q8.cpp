@@ -145,13 +145,10 @@ inline void transpose_rows(const uint8_t* src, int64_t stride, int valid, __m512
 // The laid-out weights of one task's 32 rows: per block of inputs, `kVectors` vectors of 16 rows
 // for each half (rows 0-15, 16-31), and per block the rows' scale and offset (zero - c * scale)
 // in two vectors each (int4 only).
+// int4: vector j holds a row's bytes 4j..4j+3, inputs 4j.. in the low nibbles and 16 + 4j.. in
+// the high ones; int8: vector j holds inputs 4j..4j+3 (+128).
 template <bool Int4>
-struct Layout {
-  // int4: vector j holds a row's bytes 4j..4j+3, inputs 4j.. in the low nibbles and 16 + 4j.. in
-  // the high ones; int8: vector j holds inputs 4j..4j+3 (+128)
-  static constexpr int kVectors = Int4 ? 4 : 8;
-  static constexpr int64_t kBytesPerBlock = Int4 ? kBlock / 2 : kBlock;
-};
+constexpr int kVectors = Int4 ? 4 : 8;
 
 // Asks for the bytes [p, p + bytes) in L2 at once (prefetcht1: many lines at a time into L1
 // stall its miss buffers): a task's rows lie in one region, which its layout reads 16 rows at a
@@ -240,7 +237,7 @@ struct Operands {
 template <bool Int4, int T>
 inline void tile(const Q8Rows& a, int64_t t0, const __m512i* w, const __m512* s, const __m512* z,
                  const Operands<Int4>& ops, __m512 (&acc)[T][2]) {
-  constexpr int V = Layout<Int4>::kVectors;
+  constexpr int V = kVectors<Int4>;
   for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
   const int64_t nb = a.row_blocks();
   for (int64_t ab = 0; ab < nb; ++ab) {
@@ -301,7 +298,7 @@ template <bool Int4, typename LayOut, typename RowScale>
 void q8_rows(const Q8Rows& a, int64_t m0, int64_t m, int64_t n, const float* bias,
              const Output& dst, const Operands<Int4>& ops, const LayOut& lay_out,
              const RowScale& row_scale, const float* sum_ds) {
-  constexpr int V = Layout<Int4>::kVectors;
+  constexpr int V = kVectors<Int4>;
   const int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
   const int64_t k = a.blocks * kBlock;
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / std::max<int64_t>(1, kRowsPerTask * k * m));
