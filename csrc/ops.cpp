@@ -50,6 +50,12 @@ TORCH_LIBRARY(chatpage, m) {
   m.def(
       "gemm_q8_int4(Tensor x, Tensor q, Tensor scales, Tensor zeros, Tensor? levels, "
       "Tensor? bias) -> Tensor");
+  // Their weights laid out once (a pack, made at load for matrices of a multiple of 32 rows) and
+  // the same products on packs: the kernels' order of the same bytes, so the same bits.
+  m.def("q8_pack_int8(Tensor qweight) -> Tensor");
+  m.def("q8_pack_int4(Tensor q, Tensor scales, Tensor zeros) -> Tensor");
+  m.def("gemm_q8_int8_packed(Tensor x, Tensor pack, Tensor scales, Tensor? bias) -> Tensor");
+  m.def("gemm_q8_int4_packed(Tensor x, Tensor pack, Tensor? levels, Tensor? bias) -> Tensor");
   // A GGUF tensor's blocks of ggml type type_id dequantized into out (fp32, blocks' values in
   // order, or row i from the file's row row_order[i]; chatpage/engine/dequant.py is the
   // reference). CPU only.
@@ -63,14 +69,14 @@ TORCH_LIBRARY(chatpage, m) {
   // A step's decoder layers in one call (LlamaModel._python_layers is its reference); returns the
   // last layer's MLP output, which the final norm adds to hidden; windows: each layer's sliding
   // window (0: full attention); from gemm_rows rows on (0: never) the GEMMs (q8: the q8 ones for
-  // int8 and int4). CPU only.
+  // int8 and int4); packed: every matrix is a q8 pack, which takes every row count. CPU only.
   m.def(
       "decode_layers(Tensor(a!) hidden, Tensor positions, Tensor cos, Tensor sin, "
       "Tensor[] norms, Tensor[] weights, Tensor?[] biases, int parts, Tensor(b!)[] k_caches, "
       "Tensor(c!)[] v_caches, Tensor slot_mapping, Tensor block_tables, Tensor seq_lens, "
       "Tensor query_start_loc, float eps, float scale, int[] windows, Tensor(d!) x, "
       "Tensor(e!) q, Tensor(f!) k, Tensor(g!) v, Tensor(h!) act, Tensor(i!) attn_out, "
-      "int gemm_rows=0, bool q8=False) -> Tensor");
+      "int gemm_rows=0, bool q8=False, bool packed=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(chatpage, CPU, m) {
@@ -90,6 +96,10 @@ TORCH_LIBRARY_IMPL(chatpage, CPU, m) {
   m.impl("gemm_int4", &chatpage::cpu::gemm_int4);
   m.impl("gemm_q8_int8", &chatpage::cpu::gemm_q8_int8);
   m.impl("gemm_q8_int4", &chatpage::cpu::gemm_q8_int4);
+  m.impl("q8_pack_int8", &chatpage::cpu::q8_pack_int8);
+  m.impl("q8_pack_int4", &chatpage::cpu::q8_pack_int4);
+  m.impl("gemm_q8_int8_packed", &chatpage::cpu::gemm_q8_int8_packed);
+  m.impl("gemm_q8_int4_packed", &chatpage::cpu::gemm_q8_int4_packed);
   m.impl("decode_layers", &chatpage::cpu::decode_layers);
   m.impl("dequantize_gguf", &chatpage::cpu::dequantize_gguf);
   m.impl("quantize_int4", &chatpage::cpu::quantize_int4);

@@ -92,6 +92,20 @@ def check_op(
     assert got.dtype == want.dtype == dtype and got.shape == (m, n)
     tol = 1e-2 if dtype == BF16 else 1e-4
     torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol)
+    if op == "gemm_q8" and n % 32 == 0:  # a q8 pack: the same kernel on bytes laid out once
+        assert torch.equal(packed_product(kind, x, weights, bias), got)
+
+
+def packed_product(
+    kind: str, x: torch.Tensor, weights: tuple[torch.Tensor | None, ...], bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``x @ W.T (+ bias)`` by the q8 GEMM on a pack of ``weights`` (``weights_of``'s tensors)."""
+    lib = torch.ops.chatpage
+    if kind == "int8":
+        q, scales = weights
+        return lib.gemm_q8_int8_packed(x, lib.q8_pack_int8(q), scales, bias)
+    q, scales, zeros, levels = weights
+    return lib.gemm_q8_int4_packed(x, lib.q8_pack_int4(q, scales, zeros), levels, bias)
 
 
 def run_cases_on_build(
@@ -107,6 +121,13 @@ def run_cases_on_build(
     with_q8 = list(q8) if torch.ops.chatpage.gemm_q8() else []
     for case in with_q8:
         check_op("gemm_q8", *case)
+    if q8 and not with_q8:  # a build without them refuses a pack clearly
+        try:
+            torch.ops.chatpage.q8_pack_int8(torch.zeros(32, 32, dtype=torch.int8))
+        except RuntimeError as e:
+            assert "q8_pack_int8: this build has no AVX-512 VNNI" in str(e), e
+        else:
+            raise AssertionError("q8_pack_int8 ran on a build without the q8 GEMMs")
     print(f"{len(cases) + len(with_q8)} passed")
 
 

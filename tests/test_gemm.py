@@ -106,3 +106,19 @@ def test_bad_arguments_are_refused():
         lib.gemm_q8_int4(x, q4, torch.ones(4, 1), torch.ones(4, 1), None, None)
     with pytest.raises(RuntimeError, match="gemm_q8_int8: x has 64 inputs, the weight 32"):
         lib.gemm_q8_int8(x, torch.zeros(4, 32, dtype=torch.int8), torch.ones(4, dtype=BF16), None)
+    # q8 packs: whole tasks of 32 rows, and a product over a pack of the right shape
+    with pytest.raises(RuntimeError, match="the matrix has 48 rows; a pack takes a multiple of 32"):
+        lib.q8_pack_int8(torch.zeros(48, 64, dtype=torch.int8))
+    with pytest.raises(RuntimeError, match="q8_pack_int4: the matrix has 4 rows; a pack takes"):
+        lib.q8_pack_int4(q4, torch.ones(4, 2, dtype=BF16), torch.ones(4, 2, dtype=BF16))
+    pack8, pack4 = torch.zeros(32, 64, dtype=torch.uint8), torch.zeros(32, 20, dtype=torch.uint8)
+    with pytest.raises(
+        RuntimeError, match="int8_packed: x has 100 inputs, the pack 2 blocks of 32"
+    ):
+        lib.gemm_q8_int8_packed(torch.randn(8, 100), pack8, torch.ones(32, dtype=BF16), None)
+    with pytest.raises(RuntimeError, match="scales must be bfloat16 with one value per row"):
+        lib.gemm_q8_int8_packed(x, pack8, torch.ones(31, dtype=BF16), None)
+    with pytest.raises(RuntimeError, match="pack must be q8_pack_int4's uint8 .N, blocks . 20."):
+        lib.gemm_q8_int4_packed(x, pack8[:, :50], None, None)
+    with pytest.raises(RuntimeError, match="gemm_q8_int4_packed: x has 64 inputs, the weight 32"):
+        lib.gemm_q8_int4_packed(x, pack4, None, None)

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from gemv_checks import CASES, check_op
@@ -19,6 +21,7 @@ from chatpage.engine.weights import (
     gemm_kernel,
     make_linear,
     pack_int4,
+    q8_packs,
     quantize_int4,
 )
 
@@ -86,9 +89,11 @@ def _levels_state(n: int, k: int) -> dict[str, torch.Tensor]:
 def test_make_linear_agrees_below_and_above_the_cut_overs(fmt):
     """Few rows take the GEMV, from GEMM_ROWS on the GEMM (csrc/cpu/gemm.cpp; fp32 has none),
     torch's path between and beyond; row for row the answers agree. int4 with levels never
-    reaches torch's int4pack (it cannot hold them): the GEMV takes every row below the GEMM's."""
+    reaches torch's int4pack (it cannot hold them): the GEMV takes every row below the GEMM's.
+    (48 outputs: torch's int4 packing needs multiples of 16, and a q8 pack takes 32s, which the
+    next test checks.)"""
     torch.manual_seed(0)
-    n, k = 32, 96  # torch's int4 packing needs outputs in multiples of 16
+    n, k = 48, 96
     w = torch.randn(n, k)
     gemv_rows = GEMV_ROWS.get(fmt, GEMM_ROWS["int4"] - 1)
     if fmt == "int4+levels":
@@ -131,6 +136,46 @@ def test_make_linear_agrees_below_and_above_the_cut_overs(fmt):
     if "m.levels" in state:  # and every row count below the GEMM's the GEMV itself
         few = x[:gemv_rows]
         assert torch.equal(linear(few), LIB.gemv_int4(few, *parts, state["m.bias"]))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "int4+levels"])
+def test_make_linear_takes_a_q8_pack_on_a_cpu_with_vnni(fmt):
+    """On an AVX-512 CPU without AMX whose build has the q8 GEMMs, an int8 or int4 matrix of
+    whole 32-row tasks is laid out once at load (a q8 pack) and every row count runs the packed
+    q8 GEMM: row for row the same bits as the unpacked q8 GEMM, whatever the batch."""
+    torch.manual_seed(0)
+    n, k = 64, 96
+    if fmt == "int8":
+        state = {
+            "m.qweight": torch.randint(-127, 128, (n, k), dtype=torch.int8),
+            "m.scales": (torch.rand(n) / 100).to(BF16),
+        }
+        unpacked = lambda x: LIB.gemm_q8_int8(x, state["m.qweight"], state["m.scales"], bias)  # noqa: E731
+    else:
+        state = (
+            _levels_state(n, k)
+            if fmt == "int4+levels"
+            else pack_int4(*quantize_int4(torch.randn(n, k)), "m")
+        )
+        parts = [state["m.q4"], state["m.scales"], state["m.zeros"], state.get("m.levels")]
+        unpacked = lambda x: LIB.gemm_q8_int4(x, *parts, bias)  # noqa: E731
+    bias = torch.randn(n)
+    state["m.bias"] = bias
+    linear = make_linear(state, "m", torch.device("cpu"))
+    kind = fmt.partition("+")[0]
+    packs = ops.vector_isa() == "avx512" and LIB.gemm_q8()
+    assert q8_packs(n) == packs and not q8_packs(n + 16)
+    if not packs:  # pragma: no cover - a CPU without AVX-512 VNNI, or with AMX
+        assert linear.gemv is not None and linear.gemv.op != getattr(LIB, f"gemm_q8_{kind}_packed")
+        return
+    assert linear.gemv is not None and linear.gemm is None
+    assert linear.gemv.op == getattr(LIB, f"gemm_q8_{kind}_packed")
+    assert linear.gemv.rows == sys.maxsize
+    x = torch.randn(70, k).to(BF16)
+    one_by_one = torch.cat([linear(x[i : i + 1]) for i in range(x.shape[0])])
+    for rows in (1, 3, 4, 9, 70):
+        assert torch.equal(linear(x[:rows]), one_by_one[:rows])
+        assert torch.equal(linear(x[:rows]), unpacked(x[:rows]))
 
 
 def test_without_the_kernels_a_matrix_with_levels_runs_dequantized(monkeypatch):

@@ -142,6 +142,7 @@ dequantized where they are not loaded or on CUDA.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Protocol
 
@@ -516,6 +517,24 @@ def state_format(packed: Mapping[str, torch.Tensor]) -> str | None:
     return found[0] if found else None
 
 
+def q8_packs(rows: int) -> bool:
+    """Whether an int8 or int4 matrix of ``rows`` output rows runs as a q8 pack (the kernels
+    loaded): on an AVX-512 CPU without AMX whose build has the q8 GEMMs, for a matrix of whole
+    32-row tasks (``csrc/cpu/gemm_q8.cpp``)."""
+    return _ISA == "avx512" and rows % 32 == 0 and torch.ops.chatpage.gemm_q8()
+
+
+def _packed(
+    op: Callable[..., torch.Tensor],
+    args: tuple[torch.Tensor | None, ...],
+    bias: torch.Tensor | None,
+    k: int,
+) -> Linear:
+    """The :class:`Linear` of a q8 pack: one kernel for every row count (its ``gemv``)."""
+    kernel = Gemv(op, args, bias, sys.maxsize)
+    return Linear(kernel, k, kernel)
+
+
 def make_linear(
     packed: dict[str, torch.Tensor],
     name: str,
@@ -539,6 +558,8 @@ def make_linear(
         )
         fn = lambda x: torch.ops.aten._weight_int8pack_mm(x, q, s)  # noqa: E731
         k = q.shape[1]
+        if native and q8_packs(q.shape[0]):
+            return _packed(lib.gemm_q8_int8_packed, (lib.q8_pack_int8(q), s), bias, k)
         if native:
             gemv = Gemv(lib.gemv_int8, (q, s), bias, GEMV_ROWS["int8"])
             gemm = Gemv(getattr(lib, gemm_kernel("int8")), (q, s), bias, GEMM_ROWS["int8"])
@@ -550,6 +571,9 @@ def make_linear(
         k = q4.shape[1] * 2
         if levels is not None and not native:  # torch's int4pack has no table of levels
             return _dequantized_int4(packed, name, device, bias)
+        if native and q8_packs(q4.shape[0]):
+            pack = lib.q8_pack_int4(q4, scales, zeros)
+            return _packed(lib.gemm_q8_int4_packed, (pack, levels), bias, k)
         if native:  # the GEMV's own layout, which the GEMM reads too
             args = tuple(None if t is None else t.to(device) for t in (q4, scales, zeros, levels))
             # with levels torch's kernel cannot run it: the GEMV takes every row below the GEMM's

@@ -17,6 +17,8 @@
 // the matmuls take the GEMMs instead of the GEMVs, as the Python loop's Linear does when its
 // GEMM starts right after its GEMV (engine/weights.py's _by_rows): gemm_bf16, and for int8 and
 // int4 the q8 GEMMs (q8) or gemm_int8 / gemm_int4. Then any step runs here, prefill included.
+// With packed, every matrix is a q8 pack (gemm_q8.cpp) in 2 parts, the pack and int8's row
+// scales or int4's levels (an empty tensor for none), and takes every row count.
 #include "cpu/ops_cpu.h"
 
 #include <c10/util/Exception.h>
@@ -25,7 +27,14 @@ namespace chatpage::cpu {
 namespace {
 
 at::Tensor linear(const at::Tensor& x, at::TensorList weights, int64_t first, int64_t parts,
-                  const c10::optional<at::Tensor>& bias, bool gemm, bool q8) {
+                  const c10::optional<at::Tensor>& bias, bool gemm, bool q8, bool packed) {
+  if (packed) {  // (pack, scales) of int8, (pack, levels or an empty tensor) of int4
+    const at::Tensor &pack = weights[first], &second = weights[first + 1];
+    if (second.scalar_type() == at::kBFloat16) return gemm_q8_int8_packed(x, pack, second, bias);
+    c10::optional<at::Tensor> levels;
+    if (second.numel() > 0) levels = second;
+    return gemm_q8_int4_packed(x, pack, levels, bias);
+  }
   if (parts == 1) {
     const at::Tensor& w = weights[first];
     if (w.scalar_type() != at::kBFloat16) return gemv_fp32(x, w, bias);
@@ -54,7 +63,7 @@ at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
                          double scale, at::IntArrayRef windows, const at::Tensor& x,
                          const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const at::Tensor& act, const at::Tensor& attn_out, int64_t gemm_rows,
-                         bool q8) {
+                         bool q8, bool packed) {
   const int64_t layers = static_cast<int64_t>(k_caches.size());
   TORCH_CHECK(parts >= 1 && parts <= 4, "chatpage::decode_layers: parts must be ",
               "1 (fp32, bf16), 2 (int8), 3 (int4) or 4 (int4 with levels), got ", parts);
@@ -68,12 +77,15 @@ at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
               4 * layers, " biases and ", layers, " windows");
   TORCH_CHECK(gemm_rows == 0 || parts > 1 || weights[0].scalar_type() == at::kBFloat16,
               "chatpage::decode_layers: fp32 weights have no GEMM (gemm_rows must be 0)");
+  TORCH_CHECK(!packed || parts == 2, "chatpage::decode_layers: q8 packs take 2 parts per ",
+              "matrix (the pack, then int8's scales or int4's levels), got ", parts);
   const bool gemm = gemm_rows > 0 && hidden.size(0) >= gemm_rows;
   const at::Tensor attn_flat = attn_out.view({attn_out.size(0), -1});
   c10::optional<at::Tensor> delta;
   for (int64_t i = 0; i < layers; ++i) {
     auto lin = [&](int64_t j, const at::Tensor& in) {
-      return linear(in, weights, (4 * i + j) * parts, parts, biases.get(4 * i + j), gemm, q8);
+      return linear(in, weights, (4 * i + j) * parts, parts, biases.get(4 * i + j), gemm, q8,
+                    packed);
     };
     add_rms_norm(hidden, delta, norms[2 * i], eps, x);
     rope_qkv(lin(0, x), positions, cos, sin, q, k, v);

@@ -12,12 +12,22 @@
 //   sum_i w_i x_i = d * (scale * sum_i u_i qa_i + (zero - c * scale) * S)
 // with c = 8, 128 or 128 (int8: scale 1 and zero 0 per block, the row's scale applied at the end).
 //
-// Each task takes a block of 32 weight rows and lays their bytes out once per call in a buffer
-// that stays in L1/L2: for each block of 32 inputs, vectors of 16 rows x 4 consecutive inputs
-// (a row's 4 bytes are one int32 lane), so one vpdpbusd multiplies 16 rows by 4 inputs of one
-// activation row, broadcast from memory. Then every activation row runs against it, 4 at a time:
-// a 4 x 32 tile of int32 sums per block of inputs, turned into floats and scaled into 4 x 32 fp32
-// sums. Blocks of weight rows are split among threads with at::parallel_for.
+// Each task takes a block of 32 weight rows laid out for it: for each block of 32 inputs, vectors
+// of 16 rows x 4 consecutive inputs (a row's 4 bytes are one int32 lane), so one vpdpbusd
+// multiplies 16 rows by 4 inputs of one activation row, broadcast from memory. Then every
+// activation row runs against it, 4 at a time: a 4 x 32 tile of int32 sums per block of inputs,
+// turned into floats and scaled into 4 x 32 fp32 sums. Blocks of weight rows are split among
+// threads with at::parallel_for.
+//
+// The layout is made once at load where it can be (a q8 pack: every task's layout one after
+// another, for a matrix of whole 32-row tasks; engine/weights.py's q8_packs): laying out 32 rows
+// per call (transposes, the scales' conversion) cost the default model's 30 layers about 11 ms of
+// a step at any row count on 1 thread, more than the whole product at 1-4 rows. With packs the
+// q8 GEMM is the fastest kernel there at every row count, batch 1 included (int4, 1 thread, the
+// 30 layers each over its own weights: 1 row 5.1 ms by the GEMV, 10.0 by the q8 GEMM laying out
+// per call, 3.2 packed; 8 rows 22.4 / 14.5 / 8.1; 64 rows - / 53.8 / 48.5). The unpacked entry
+// points lay each task out per call into a buffer that stays in L1/L2; both run the same code on
+// the same bytes, so they give the same bits.
 #include "checks.h"
 #include "cpu/matmul.h"
 #include "cpu/ops_cpu.h"
@@ -142,11 +152,17 @@ inline void transpose_rows(const uint8_t* src, int64_t stride, int valid, __m512
   out[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
-// The laid-out weights of one task's 32 rows: per block of inputs, `kVectors` vectors of 16 rows
-// for each half (rows 0-15, 16-31), and per block the rows' scale and offset (zero - c * scale)
-// in two vectors each (int4 only).
-// int4: vector j holds a row's bytes 4j..4j+3, inputs 4j.. in the low nibbles and 16 + 4j.. in
-// the high ones; int8: vector j holds inputs 4j..4j+3 (+128).
+// One task's 32 weight rows laid out, block of 32 inputs after block, kTaskBlock<Int4> bytes each:
+// int4: 2 halves (rows 0-15, 16-31) x 4 vectors, vector j holding each row's bytes 4j..4j+3
+// (inputs 4j.. in the low nibbles, 16 + 4j.. in the high ones), then the halves' 16 scales and
+// their 16 zeros (bf16); int8: 2 halves x 8 vectors, vector j holding inputs 4j..4j+3 (+128).
+// A pack (q8_pack_int4 / q8_pack_int8) is every task's layout one after another, made once at
+// load; the kernels on unpacked weights lay out each task per call into a buffer.
+template <bool Int4>
+constexpr int64_t kTaskBlock = Int4 ? 2 * 4 * 64 + 2 * 2 * 32 : 2 * 8 * 64;
+constexpr int64_t kScalesAt = 2 * 4 * 64;  // int4: offset of the scales in a task's block
+constexpr int64_t kZerosAt = kScalesAt + 2 * 32;
+
 template <bool Int4>
 constexpr int kVectors = Int4 ? 4 : 8;
 
@@ -160,11 +176,10 @@ inline void prefetch(const void* p, int64_t bytes) {
 }
 
 // Lays out weight rows [n0, n0 + valid) of an int4 matrix (q [N, K/2], byte j of a group: input
-// j low, j + 16 high) into w (blocks x 2 halves x 4 vectors), with scale and offset per block.
+// j low, j + 16 high; scales and zeros [N, K/32]) as one task at out (rows from valid on: zero).
 void lay_out_int4(const uint8_t* q, const c10::BFloat16* scales, const c10::BFloat16* zeros,
-                  int64_t k, int64_t n0, int valid, bool table, __m512i* w, __m512* s, __m512* z) {
+                  int64_t k, int64_t n0, int valid, uint8_t* out) {
   const int64_t blocks = k / kBlock, stride = k / 2;
-  const __m512 c = _mm512_set1_ps(table ? 128.f : 8.f);
   prefetch(q + n0 * stride, valid * stride);
   prefetch(scales + n0 * blocks, valid * blocks * 2);
   prefetch(zeros + n0 * blocks, valid * blocks * 2);
@@ -172,25 +187,24 @@ void lay_out_int4(const uint8_t* q, const c10::BFloat16* scales, const c10::BFlo
     const int rows = std::clamp(valid - half * kLanes, 0, kLanes);
     const uint8_t* base = q + (n0 + half * kLanes) * stride;
     for (int64_t b = 0; b < blocks; ++b) {
+      uint8_t* at = out + b * kTaskBlock<true>;
       __m512i quads[4];
       transpose_rows(base + b * 16, stride, rows, quads);
-      std::copy(quads, quads + 4, w + (b * 2 + half) * 4);
-      alignas(64) float sc[kLanes] = {}, ze[kLanes] = {};
-      for (int r = 0; r < rows; ++r) {
-        const int64_t at = (n0 + half * kLanes + r) * blocks + b;
-        sc[r] = static_cast<float>(scales[at]);
-        ze[r] = static_cast<float>(zeros[at]);
+      for (int j = 0; j < 4; ++j)
+        _mm512_storeu_si512(at + (half * 4 + j) * 64, quads[j]);
+      c10::BFloat16* sc = reinterpret_cast<c10::BFloat16*>(at + kScalesAt) + half * kLanes;
+      c10::BFloat16* ze = reinterpret_cast<c10::BFloat16*>(at + kZerosAt) + half * kLanes;
+      for (int r = 0; r < kLanes; ++r) {
+        const int64_t row = (n0 + half * kLanes + r) * blocks + b;
+        sc[r] = r < rows ? scales[row] : c10::BFloat16(0.f);
+        ze[r] = r < rows ? zeros[row] : c10::BFloat16(0.f);
       }
-      const __m512 scale = _mm512_load_ps(sc);
-      s[b * 2 + half] = scale;
-      z[b * 2 + half] = _mm512_fnmadd_ps(c, scale, _mm512_load_ps(ze));
     }
   }
 }
 
-// The same for an int8 matrix (q [N, blocks * 32]): the bytes + 128 (sign bit flipped), 8 vectors
-// per block and half.
-void lay_out_int8(const int8_t* q, int64_t blocks, int64_t n0, int valid, __m512i* w) {
+// The same for an int8 matrix (q [N, blocks * 32]): the bytes + 128 (sign bit flipped).
+void lay_out_int8(const int8_t* q, int64_t blocks, int64_t n0, int valid, uint8_t* out) {
   const int64_t k = blocks * kBlock;
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(q);
@@ -199,26 +213,35 @@ void lay_out_int8(const int8_t* q, int64_t blocks, int64_t n0, int valid, __m512
     const int rows = std::clamp(valid - half * kLanes, 0, kLanes);
     const uint8_t* base = bytes + (n0 + half * kLanes) * k;
     for (int64_t b = 0; b < blocks; ++b) {
-      __m512i* out = w + (b * 2 + half) * 8;
+      uint8_t* at = out + b * kTaskBlock<false> + half * 8 * 64;
       for (int part = 0; part < 2; ++part) {
         __m512i quads[4];
         transpose_rows(base + b * kBlock + part * 16, k, rows, quads);
-        for (int j = 0; j < 4; ++j) out[part * 4 + j] = _mm512_xor_si512(quads[j], flip);
+        for (int j = 0; j < 4; ++j)
+          _mm512_storeu_si512(at + (part * 4 + j) * 64, _mm512_xor_si512(quads[j], flip));
       }
     }
   }
 }
 
-// The 16-lane unsigned operands of block b, half h, vector pair j: int4's nibbles (through the
-// table when the matrix has one), int8's bytes as laid out.
+inline __m512 widen_bf16(const uint8_t* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// The 16-lane unsigned operands of a task's block, half h, vector pair j: int4's nibbles (through
+// the table when the matrix has one), int8's bytes as laid out; and int4's scale and offset
+// (zero - c * scale, c = 8, or 128 with a table) of that half.
 template <bool Int4>
 struct Operands {
   __m512i mask = _mm512_set1_epi8(0x0F);
   __m512i table{};  // levels + 128, in each 128-bit lane
+  __m512 c = _mm512_set1_ps(8.f);
   bool own = false;
-  inline void pair(const __m512i* w, int j, __m512i& lo, __m512i& hi) const {
+  inline void pair(const uint8_t* block, int h, int j, __m512i& lo, __m512i& hi) const {
+    const uint8_t* w = block + h * kVectors<Int4> * 64;
     if constexpr (Int4) {
-      const __m512i v = w[j];
+      const __m512i v = _mm512_loadu_si512(w + j * 64);
       lo = _mm512_and_si512(v, mask);
       hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
       if (own) {
@@ -226,28 +249,32 @@ struct Operands {
         hi = _mm512_shuffle_epi8(table, hi);
       }
     } else {
-      lo = w[j];
-      hi = w[j + 4];
+      lo = _mm512_loadu_si512(w + j * 64);
+      hi = _mm512_loadu_si512(w + (j + 4) * 64);
     }
+  }
+  inline void scale_offset(const uint8_t* block, int h, __m512& scale, __m512& offset) const {
+    scale = widen_bf16(block + kScalesAt + h * 32);
+    offset = _mm512_fnmadd_ps(c, scale, widen_bf16(block + kZerosAt + h * 32));
   }
 };
 
-// Activation rows [t0, t0 + T) against the laid-out 32 rows: acc[t][h] = the fp32 sums of row t
-// with rows h * 16 + lane, before the row scale (int8) and the bias.
+// Activation rows [t0, t0 + T) against one task's laid-out 32 rows: acc[t][h] = the fp32 sums of
+// row t with rows h * 16 + lane, before the row scale (int8) and the bias.
 template <bool Int4, int T>
-inline void tile(const Q8Rows& a, int64_t t0, const __m512i* w, const __m512* s, const __m512* z,
-                 const Operands<Int4>& ops, __m512 (&acc)[T][2]) {
-  constexpr int V = kVectors<Int4>;
+inline void tile(const Q8Rows& a, int64_t t0, const uint8_t* task, const Operands<Int4>& ops,
+                 __m512 (&acc)[T][2]) {
   for (int t = 0; t < T; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
   const int64_t nb = a.row_blocks();
   for (int64_t ab = 0; ab < nb; ++ab) {
     const int64_t b = ab % a.blocks;  // the weights' block of activation block ab
+    const uint8_t* block = task + b * kTaskBlock<Int4>;
     __m512i sums[T][2];
     for (int t = 0; t < T; ++t) sums[t][0] = sums[t][1] = _mm512_setzero_si512();
     const int8_t* qa = a.qa + (t0 * nb + ab) * kBlock;
     for (int j = 0; j < 4; ++j) {
       __m512i lo[2], hi[2];
-      for (int h = 0; h < 2; ++h) ops.pair(w + (b * 2 + h) * V, j, lo[h], hi[h]);
+      for (int h = 0; h < 2; ++h) ops.pair(block, h, j, lo[h], hi[h]);
       for (int t = 0; t < T; ++t) {
         const int8_t* row = qa + t * nb * kBlock;
         int32_t first, second;
@@ -260,14 +287,18 @@ inline void tile(const Q8Rows& a, int64_t t0, const __m512i* w, const __m512* s,
         }
       }
     }
+    __m512 scale[2], offset[2];
+    if constexpr (Int4) {
+      for (int h = 0; h < 2; ++h) ops.scale_offset(block, h, scale[h], offset[h]);
+    }
     for (int t = 0; t < T; ++t) {
       const int64_t at = (t0 + t) * nb + ab;
       const __m512 d = _mm512_set1_ps(a.d[at]);
       for (int h = 0; h < 2; ++h) {
         const __m512 f = _mm512_cvtepi32_ps(sums[t][h]);
         if constexpr (Int4) {
-          acc[t][h] = _mm512_fmadd_ps(f, _mm512_mul_ps(s[b * 2 + h], d), acc[t][h]);
-          acc[t][h] = _mm512_fmadd_ps(z[b * 2 + h], _mm512_set1_ps(a.ds[at]), acc[t][h]);
+          acc[t][h] = _mm512_fmadd_ps(f, _mm512_mul_ps(scale[h], d), acc[t][h]);
+          acc[t][h] = _mm512_fmadd_ps(offset[h], _mm512_set1_ps(a.ds[at]), acc[t][h]);
         } else {
           acc[t][h] = _mm512_fmadd_ps(f, d, acc[t][h]);
         }
@@ -293,22 +324,21 @@ inline void store16(const Output& out, int64_t at, __m512 y, __mmask16 mask) {
 }
 
 // y = x @ W.T (* row scale) + bias for x's rows [m0, m0 + m) (quantized in `a`), every output row;
-// lay_out(n0, valid, w, s, z) lays out one task's weight rows; scale(row) the int8 row scale.
-template <bool Int4, typename LayOut, typename RowScale>
+// task_at(task, buffer) is one task's layout (a pack's, or laid out into the 64-byte aligned
+// buffer of kTaskBlock<Int4> * blocks bytes); scale(row) the int8 row scale.
+template <bool Int4, typename TaskAt, typename RowScale>
 void q8_rows(const Q8Rows& a, int64_t m0, int64_t m, int64_t n, const float* bias,
-             const Output& dst, const Operands<Int4>& ops, const LayOut& lay_out,
+             const Output& dst, const Operands<Int4>& ops, const TaskAt& task_at,
              const RowScale& row_scale, const float* sum_ds) {
-  constexpr int V = kVectors<Int4>;
   const int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
   const int64_t k = a.blocks * kBlock;
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / std::max<int64_t>(1, kRowsPerTask * k * m));
   at::parallel_for(0, tasks, grain, [&](int64_t first, int64_t last) {
-    std::vector<__m512i> w(a.blocks * 2 * V);
-    std::vector<__m512> s(Int4 ? a.blocks * 2 : 0), z(Int4 ? a.blocks * 2 : 0);
+    std::vector<__m512i> buffer(a.blocks * kTaskBlock<Int4> / 64);
     for (int64_t task = first; task < last; ++task) {
       const int64_t n0 = task * kRowsPerTask;
       const int valid = static_cast<int>(std::min<int64_t>(kRowsPerTask, n - n0));
-      lay_out(n0, valid, w.data(), s.data(), z.data());
+      const uint8_t* laid = task_at(task, reinterpret_cast<uint8_t*>(buffer.data()));
       alignas(64) float scale[kRowsPerTask], offset[kRowsPerTask];
       for (int r = 0; r < kRowsPerTask; ++r) {
         scale[r] = r < valid ? row_scale(n0 + r) : 0.f;
@@ -317,7 +347,7 @@ void q8_rows(const Q8Rows& a, int64_t m0, int64_t m, int64_t n, const float* bia
       for (int64_t t0 = 0; t0 < m; t0 += kTile) {
         with_tile(static_cast<int>(std::min<int64_t>(kTile, m - t0)), [&]<int T>() {
           __m512 acc[T][2];
-          tile<Int4, T>(a, t0, w.data(), s.data(), z.data(), ops, acc);
+          tile<Int4, T>(a, t0, laid, ops, acc);
           for (int t = 0; t < T; ++t)
             for (int h = 0; h < 2; ++h) {
               __m512 y = acc[t][h];
@@ -336,10 +366,10 @@ void q8_rows(const Q8Rows& a, int64_t m0, int64_t m, int64_t n, const float* bia
 
 // Quantizes x's rows a slice at a time (in `passes` passes) and runs each slice against every
 // weight row.
-template <bool Int4, typename LayOut, typename RowScale>
+template <bool Int4, typename TaskAt, typename RowScale>
 at::Tensor q8_gemm(const at::Tensor& x_in, int64_t n, int64_t k, int passes,
                    const c10::optional<at::Tensor>& bias, const Operands<Int4>& ops,
-                   const LayOut& lay_out, const RowScale& row_scale) {
+                   const TaskAt& task_at, const RowScale& row_scale) {
   const at::Tensor x = x_in.contiguous();
   const int64_t m = x.size(0), blocks = (k + kBlock - 1) / kBlock, nb = blocks * passes;
   at::Tensor out = output_for(x, n), bias_f;
@@ -364,9 +394,36 @@ at::Tensor q8_gemm(const at::Tensor& x_in, int64_t n, int64_t k, int passes,
       for (int64_t g = 0; g < nb; ++g) sum += ds[t * nb + g];
       sum_ds[t] = sum;
     }
-    q8_rows<Int4>(a, m0, rows, n, b, dst, ops, lay_out, row_scale, sum_ds);
+    q8_rows<Int4>(a, m0, rows, n, b, dst, ops, task_at, row_scale, sum_ds);
   }
   return out;
+}
+
+// An int8 matrix's rows as whole blocks of 32 (zero weights past K: the padded activations are
+// zero there too); the layout reads 16 bytes at a time.
+at::Tensor whole_blocks(const at::Tensor& qweight) {
+  const int64_t k = qweight.size(1), blocks = (k + kBlock - 1) / kBlock;
+  return k % kBlock ? at::constant_pad_nd(qweight, {0, blocks * kBlock - k}) : qweight;
+}
+
+Operands<true> int4_operands(const c10::optional<at::Tensor>& levels) {
+  Operands<true> ops;
+  int8_t table_bytes[16];
+  ops.own = int4_levels(levels, table_bytes);
+  alignas(16) uint8_t shifted[16];
+  for (int i = 0; i < 16; ++i) shifted[i] = static_cast<uint8_t>(table_bytes[i] + 128);
+  ops.table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(shifted)));
+  ops.c = _mm512_set1_ps(ops.own ? 128.f : 8.f);
+  return ops;
+}
+
+// A pack's task `task` (kTaskBlock<Int4> * blocks bytes each; a thread's tasks are one run of
+// consecutive bytes, which the hardware's prefetch follows)
+template <bool Int4>
+auto packed_tasks(const at::Tensor& pack, int64_t blocks) {
+  const uint8_t* base = pack.data_ptr<uint8_t>();
+  const int64_t bytes = blocks * kTaskBlock<Int4>;
+  return [=](int64_t task, uint8_t*) { return base + task * bytes; };
 }
 
 }  // namespace
@@ -385,17 +442,17 @@ at::Tensor gemm_q8_int8(const at::Tensor& x, const at::Tensor& qweight, const at
   check_gemv_args(x, qweight, qweight.size(1), bias, "gemm_q8_int8");
   check_int8_args(qweight, scales, "gemm_q8_int8");
 #if defined(CHATPAGE_Q8)
-  const int64_t k = qweight.size(1), blocks = (k + kBlock - 1) / kBlock;
-  // rows of whole blocks (zero weights past K: the padded activations are zero there too); the
-  // layout reads 16 bytes at a time
-  const at::Tensor whole = k % kBlock ? at::constant_pad_nd(qweight, {0, blocks * kBlock - k})
-                                      : qweight;
+  const int64_t n = qweight.size(0), k = qweight.size(1), blocks = (k + kBlock - 1) / kBlock;
+  const at::Tensor whole = whole_blocks(qweight);
   const int8_t* q = whole.data_ptr<int8_t>();
   const c10::BFloat16* s = scales.data_ptr<c10::BFloat16>();
   return q8_gemm<false>(
-      x, qweight.size(0), k, kInt8Passes, bias, Operands<false>{},
-      [=](int64_t n0, int valid, __m512i* w, __m512*, __m512*) {
-        lay_out_int8(q, blocks, n0, valid, w);
+      x, n, k, kInt8Passes, bias, Operands<false>{},
+      [=](int64_t task, uint8_t* buffer) {
+        const int64_t n0 = task * kRowsPerTask;
+        lay_out_int8(q, blocks, n0, static_cast<int>(std::min<int64_t>(kRowsPerTask, n - n0)),
+                     buffer);
+        return const_cast<const uint8_t*>(buffer);
       },
       [s](int64_t row) { return static_cast<float>(s[row]); });
 #else
@@ -410,24 +467,117 @@ at::Tensor gemm_q8_int4(const at::Tensor& x, const at::Tensor& q, const at::Tens
   check_gemv_args(x, q, k, bias, "gemm_q8_int4");
   check_int4_args(q, scales, zeros, levels, 32, "gemm_q8_int4");
 #if defined(CHATPAGE_Q8)
-  Operands<true> ops;
-  int8_t table_bytes[16];
-  ops.own = int4_levels(levels, table_bytes);
-  alignas(16) uint8_t shifted[16];
-  for (int i = 0; i < 16; ++i) shifted[i] = static_cast<uint8_t>(table_bytes[i] + 128);
-  ops.table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(shifted)));
+  const int64_t n = q.size(0);
   const uint8_t* qp = q.data_ptr<uint8_t>();
   const c10::BFloat16* sp = scales.data_ptr<c10::BFloat16>();
   const c10::BFloat16* zp = zeros.data_ptr<c10::BFloat16>();
-  const bool own = ops.own;
   return q8_gemm<true>(
-      x, q.size(0), k, 1, bias, ops,
-      [=](int64_t n0, int valid, __m512i* w, __m512* s, __m512* z) {
-        lay_out_int4(qp, sp, zp, k, n0, valid, own, w, s, z);
+      x, n, k, 1, bias, int4_operands(levels),
+      [=](int64_t task, uint8_t* buffer) {
+        const int64_t n0 = task * kRowsPerTask;
+        lay_out_int4(qp, sp, zp, k, n0, static_cast<int>(std::min<int64_t>(kRowsPerTask, n - n0)),
+                     buffer);
+        return const_cast<const uint8_t*>(buffer);
       },
       [](int64_t) { return 1.f; });
 #else
   TORCH_CHECK(false, "chatpage::gemm_q8_int4: this build has no AVX-512 VNNI (see gemm_q8())");
+#endif
+}
+
+// The packs: every task's layout made once (a matrix of whole tasks: N a multiple of 32), as
+// uint8 [N, blocks * 20] (int4: per row and block 16 bytes of nibbles and a bf16 scale and zero)
+// or [N, blocks * 32] (int8); the same bytes as the unpacked weights, in the kernels' order.
+namespace {
+void check_whole_tasks(int64_t n, const char* op) {
+  TORCH_CHECK(n % 32 == 0, "chatpage::", op, ": the matrix has ", n,
+              " rows; a pack takes a multiple of 32 (use the unpacked q8 GEMM)");
+}
+}  // namespace
+
+at::Tensor q8_pack_int4(const at::Tensor& q, const at::Tensor& scales, const at::Tensor& zeros) {
+  check_int4_args(q, scales, zeros, c10::nullopt, 32, "q8_pack_int4");
+  TORCH_CHECK(q.dim() == 2 && q.is_contiguous() && q.device().is_cpu(),
+              "chatpage::q8_pack_int4: q must be a contiguous 2-d tensor on the CPU");
+  const int64_t n = q.size(0), k = q.size(1) * 2, blocks = k / 32;
+  check_whole_tasks(n, "q8_pack_int4");
+  at::Tensor pack = at::empty({n, blocks * 20}, q.options());
+#if defined(CHATPAGE_Q8)
+  const uint8_t* qp = q.data_ptr<uint8_t>();
+  const c10::BFloat16* sp = scales.data_ptr<c10::BFloat16>();
+  const c10::BFloat16* zp = zeros.data_ptr<c10::BFloat16>();
+  uint8_t* out = pack.data_ptr<uint8_t>();
+  at::parallel_for(0, n / kRowsPerTask, 1, [&](int64_t first, int64_t last) {
+    for (int64_t task = first; task < last; ++task)
+      lay_out_int4(qp, sp, zp, k, task * kRowsPerTask, kRowsPerTask,
+                   out + task * blocks * kTaskBlock<true>);
+  });
+  return pack;
+#else
+  TORCH_CHECK(false, "chatpage::q8_pack_int4: this build has no AVX-512 VNNI (see gemm_q8())");
+#endif
+}
+
+at::Tensor q8_pack_int8(const at::Tensor& qweight) {
+  TORCH_CHECK(qweight.dim() == 2 && qweight.is_contiguous() && qweight.device().is_cpu() &&
+                  qweight.scalar_type() == at::kChar,
+              "chatpage::q8_pack_int8: qweight must be a contiguous 2-d int8 tensor on the CPU");
+  const int64_t n = qweight.size(0), blocks = (qweight.size(1) + 31) / 32;
+  check_whole_tasks(n, "q8_pack_int8");
+  at::Tensor pack = at::empty({n, blocks * 32}, qweight.options().dtype(at::kByte));
+#if defined(CHATPAGE_Q8)
+  const at::Tensor whole = whole_blocks(qweight);
+  const int8_t* q = whole.data_ptr<int8_t>();
+  uint8_t* out = pack.data_ptr<uint8_t>();
+  at::parallel_for(0, n / kRowsPerTask, 1, [&](int64_t first, int64_t last) {
+    for (int64_t task = first; task < last; ++task)
+      lay_out_int8(q, blocks, task * kRowsPerTask, kRowsPerTask,
+                   out + task * blocks * kTaskBlock<false>);
+  });
+  return pack;
+#else
+  TORCH_CHECK(false, "chatpage::q8_pack_int8: this build has no AVX-512 VNNI (see gemm_q8())");
+#endif
+}
+
+at::Tensor gemm_q8_int8_packed(const at::Tensor& x, const at::Tensor& pack,
+                               const at::Tensor& scales, const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(pack.scalar_type() == at::kByte && pack.dim() == 2 && pack.size(1) % 32 == 0,
+              "chatpage::gemm_q8_int8_packed: pack must be q8_pack_int8's uint8 [N, blocks * 32]");
+  const int64_t n = pack.size(0), blocks = pack.size(1) / 32, k = x.size(1);
+  check_gemv_args(x, pack, k, bias, "gemm_q8_int8_packed");
+  TORCH_CHECK((k + 31) / 32 == blocks, "chatpage::gemm_q8_int8_packed: x has ", k,
+              " inputs, the pack ", blocks, " blocks of 32");
+  TORCH_CHECK(scales.scalar_type() == at::kBFloat16 && scales.is_contiguous() &&
+                  scales.numel() == n,
+              "chatpage::gemm_q8_int8_packed: scales must be bfloat16 with one value per row");
+  check_whole_tasks(n, "gemm_q8_int8_packed");
+#if defined(CHATPAGE_Q8)
+  const c10::BFloat16* s = scales.data_ptr<c10::BFloat16>();
+  return q8_gemm<false>(x, n, k, kInt8Passes, bias, Operands<false>{},
+                        packed_tasks<false>(pack, blocks),
+                        [s](int64_t row) { return static_cast<float>(s[row]); });
+#else
+  TORCH_CHECK(false, "chatpage::gemm_q8_int8_packed: this build has no AVX-512 VNNI");
+#endif
+}
+
+at::Tensor gemm_q8_int4_packed(const at::Tensor& x, const at::Tensor& pack,
+                               const c10::optional<at::Tensor>& levels,
+                               const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(pack.scalar_type() == at::kByte && pack.dim() == 2 && pack.size(1) % 20 == 0,
+              "chatpage::gemm_q8_int4_packed: pack must be q8_pack_int4's uint8 [N, blocks * 20]");
+  const int64_t n = pack.size(0), blocks = pack.size(1) / 20, k = blocks * 32;
+  check_gemv_args(x, pack, k, bias, "gemm_q8_int4_packed");
+  TORCH_CHECK(!levels.has_value() || (levels->scalar_type() == at::kChar &&
+                                      levels->is_contiguous() && levels->numel() == 16),
+              "chatpage::gemm_q8_int4_packed: levels must be 16 contiguous int8 values");
+  check_whole_tasks(n, "gemm_q8_int4_packed");
+#if defined(CHATPAGE_Q8)
+  return q8_gemm<true>(x, n, k, 1, bias, int4_operands(levels), packed_tasks<true>(pack, blocks),
+                       [](int64_t) { return 1.f; });
+#else
+  TORCH_CHECK(false, "chatpage::gemm_q8_int4_packed: this build has no AVX-512 VNNI");
 #endif
 }
 

@@ -65,9 +65,17 @@ at::Tensor gemm_q8_int8(const at::Tensor& x, const at::Tensor& qweight, const at
 at::Tensor gemm_q8_int4(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scales,
                         const at::Tensor& zeros, const c10::optional<at::Tensor>& levels,
                         const c10::optional<at::Tensor>& bias);
+// ... their weights as packs (laid out once) and the same products on packs
+at::Tensor q8_pack_int8(const at::Tensor& qweight);
+at::Tensor q8_pack_int4(const at::Tensor& q, const at::Tensor& scales, const at::Tensor& zeros);
+at::Tensor gemm_q8_int8_packed(const at::Tensor& x, const at::Tensor& pack,
+                               const at::Tensor& scales, const c10::optional<at::Tensor>& bias);
+at::Tensor gemm_q8_int4_packed(const at::Tensor& x, const at::Tensor& pack,
+                               const c10::optional<at::Tensor>& levels,
+                               const c10::optional<at::Tensor>& bias);
 
 // csrc/cpu/decode.cpp: the decoder layers of a step (weights as the GEMVs above take them; from
-// gemm_rows rows on the GEMMs)
+// gemm_rows rows on the GEMMs; or q8 packs)
 at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
                          const at::Tensor& cos, const at::Tensor& sin, at::TensorList norms,
                          at::TensorList weights, const c10::List<c10::optional<at::Tensor>>& biases,
@@ -77,7 +85,7 @@ at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
                          double scale, at::IntArrayRef windows, const at::Tensor& x,
                          const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const at::Tensor& act, const at::Tensor& attn_out,
-                         int64_t gemm_rows, bool q8);
+                         int64_t gemm_rows, bool q8, bool packed);
 
 // csrc/cpu/dequant.cpp: a GGUF tensor's blocks of ggml type type_id -> fp32 out (its rows in
 // row_order when given)

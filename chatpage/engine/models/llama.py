@@ -120,15 +120,19 @@ class NativeLayers:
     """``torch.ops.chatpage.decode_layers`` with one model's weights bound: all its decoder layers
     for a step of at most ``rows`` rows in one native call: the GEMVs' rows (the decode steps),
     or every step where each matmul's GEMM starts right after its GEMV (``Linear.gemm``), from
-    ``gemm_rows`` rows on."""
+    ``gemm_rows`` rows on, or where every matmul is a q8 pack (``packed``: one kernel for any
+    rows)."""
 
     def __init__(self, model: LlamaModel, linears: list[Linear]) -> None:
         self.model = model
         self.norms = [n for layer in model.layers for n in (layer.input_norm, layer.post_norm)]
         gemvs = [f.gemv for f in linears if f.gemv is not None]  # (all have one: see the caller)
+        lib = torch.ops.chatpage
+        # q8 packs (every row count): 2 parts, the pack and int8's scales or int4's levels
+        self.packed = {g.op for g in gemvs} <= self.pack_kernels()
         # int4 with levels of its own takes 4 parts; where only some matrices have them, the
         # others' 4th is an empty tensor (decode_layers: q - 8)
-        self.parts = max(len(g.parts) for g in gemvs)
+        self.parts = 2 if self.packed else max(len(g.parts) for g in gemvs)
         none = (torch.empty(0, dtype=torch.int8),)
         self.weights = [t for g in gemvs for t in g.parts + none * (self.parts - len(g.parts))]
         self.biases = [g.bias for g in gemvs]
@@ -137,10 +141,15 @@ class NativeLayers:
         starts = {g.rows for g in gemms}
         self.gemm_rows, self.q8 = 0, False
         if len(gemms) == len(linears) and len(starts) == 1:  # every step can run natively
-            lib = torch.ops.chatpage
             self.gemm_rows, self.rows = starts.pop(), sys.maxsize
             self.q8 = {g.op for g in gemms} <= {lib.gemm_q8_int8, lib.gemm_q8_int4}
         self.windows = model.windows
+
+    @staticmethod
+    def pack_kernels() -> set[object]:
+        """The kernels of q8 packs (``weights.q8_packs``), which decode_layers takes as such."""
+        lib = torch.ops.chatpage
+        return {lib.gemm_q8_int8_packed, lib.gemm_q8_int4_packed}
 
     def __call__(self, s: Step) -> Tensor:
         m, meta = self.model, s.meta
@@ -170,6 +179,7 @@ class NativeLayers:
             s.attn_out,
             self.gemm_rows,
             self.q8,
+            self.packed,
         )
         return out
 
@@ -280,6 +290,9 @@ class LlamaModel:
             return None
         if self.kv_groups.num_groups > 1:
             return None  # (the native loop takes one block table for all layers)
+        packs = NativeLayers.pack_kernels()
+        if len({f.gemv is not None and f.gemv.op in packs for f in linears}) > 1:
+            return None  # (some matrices are q8 packs, others not: one call takes one kind)
         return NativeLayers(self, linears)
 
     def _normed(self, x: Tensor, weight: Tensor) -> Tensor:
