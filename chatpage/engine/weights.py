@@ -102,39 +102,43 @@ the GEMV up to 8 rows and the GEMM beyond (torch's int8pack wins nowhere); bf16 
 rows and the GEMM beyond (torch's oneDNN path, also on AMX, is 10-25% behind it).
 
 On an AVX-512 CPU without AMX (a 2-core Zen 4 EPYC: ``vector_isa() == "avx512"``) int4 and int8
-take the q8 GEMMs of ``csrc/cpu/gemm_q8.cpp`` past a few rows: the activations quantized to int8
-in blocks of 32 (llama.cpp's Q8 blocks; int8 matrices in two passes, the second quantizing what
-the first left over), the dot products summed in int32 by VNNI, which does 4x the multiply-adds
-of fp32 FMAs per cycle there. On the default model int4's perplexity moves from +0.2% to +0.7%
-over fp32 (``bench quality``: the perplexity pass prefills, so it runs them throughout), int8's
-stays at +1.0% (docs/benchmarks.md). Same step, 1 thread, process time, min of 5, each layer over
-its own weights (ms; the 30 layers, and the int8 lm_head alone):
+take the q8 GEMMs of ``csrc/cpu/gemm_q8.cpp``: the activations quantized to int8 in blocks of 32
+(llama.cpp's Q8 blocks; int8 matrices in two passes, the second quantizing what the first left
+over), the dot products summed in int32 by VNNI, which does 4x the multiply-adds of fp32 FMAs per
+cycle there. On the default model int4's perplexity moves from +0.2% to +0.7% over fp32 (``bench
+quality``), int8's stays at +1.0% (docs/benchmarks.md). A matrix of whole 32-row tasks (every
+matrix of the common models) is laid out for them once at load, a q8 pack (:func:`q8_packs`; the
+unpacked tensors are dropped, but for a tied lm_head's int8 rows, which the embedding reads), and
+then the packed q8 GEMM takes every row count; a matrix of other sizes lays its tasks out on every
+call (about 11 ms of the 30 layers a step on 1 thread), so it takes the GEMV up to 4 rows (int8:
+5) and the q8 GEMM beyond. Same step, 1 thread, process time, min of 5, each layer over its own
+weights (ms; the 30 layers, and the int8 lm_head alone; GEMV / q8 laid out per call / packed):
 
-====  ====================  ====================  ====================
-rows  int4 GEMV / q8 GEMM   int8 GEMV / q8 GEMM   lm_head GEMV / q8
-====  ====================  ====================  ====================
-1     5.2 / 13.1            7.3 / 13.4            1.5 / 3.1
-4     12.2 / 15.4           13.1 / 17.1           3.2 / 4.2
-5     16.0 / 16.3           17.0 / 20.1           4.3 / 4.8
-6     17.7 / 17.0           20.0 / 19.5           5.1 / 5.0
-8     23.3 / 18.6           25.1 / 21.4           6.4 / 5.4
-16    43.8 / 24.0           48.4 / 30.7           13.2 / 7.8
-32    85.0 / 34.9           93.1 / 48.8           25.1 / 12.6
-64    167.7 / 56.6          184.6 / 84.9          50.2 / 21.5
-====  ====================  ====================  ====================
+====  ====================  ====================  ===================
+rows  int4                  int8                  lm_head
+====  ====================  ====================  ===================
+1     5.0 / 9.7 / 3.3       7.7 / 13.3 / 8.5      1.5 / 2.4 / 1.2
+4     12.1 / 11.5 / 4.7     13.3 / 16.6 / 11.1    3.2 / 3.8 / 2.4
+8     22.8 / 15.4 / 9.2     26.1 / 21.6 / 16.8    6.5 / 5.0 / 3.8
+16    - / 21.9 / 15.7       - / 31.1 / 26.6       - / 7.8 / 6.9
+32    - / 32.6 / 27.4       - / 49.8 / 44.2       - / 12.2 / 11.0
+64    - / 54.6 / 49.7       - / 86.0 / 81.7       - / 21.3 / 20.3
+====  ====================  ====================  ===================
 
-Against the fp32-FMA GEMM and torch's int4pack at 64 rows (weights hot in the cache, one copy
-for all layers): int4 GEMM 203, int4pack 170, q8 53. So there the GEMV runs up to 4 rows (int8:
-5) and the q8 GEMMs beyond; torch's quantized kernels nowhere.
+Only the int8 layers at one row are slower packed than by their GEMV (two passes of activations;
+the default format is int4). Against the fp32-FMA GEMM and torch's int4pack at 64 rows (weights
+hot in the cache, one copy for all layers): int4 GEMM 203, int4pack 170, q8 53; torch's quantized
+kernels run nowhere there.
 
 The quantized torch paths take bf16 activations (with fp32 ones they are 10-20x slower), so a
 quantized model's matmul inputs are bf16 while the residual stream, norms, RoPE, attention and
 the KV cache keep the engine dtype; the GEMVs take either.
 
 int4 is stored in the GEMV's layout, whose nibbles line up with consecutive activations and which
-the GEMM reads too; :func:`make_linear` derives torch's int4pack (with AVX-512 for 2-15 rows,
-with AMX for 3-4; everything without the native kernels) from it at load by torch's own
-conversion, so a pack holds the nibbles once (a GGUF's pack stays near the file's size). Only the GEMV's layout counts in :func:`step_bytes`.
+the GEMM reads too; :func:`make_linear` derives what a machine runs from it at load: torch's
+int4pack by torch's own conversion (with AMX for 3-4 rows; everything without the native kernels)
+or a q8 pack (above), so the packed cache holds the nibbles once (a GGUF's pack stays near the
+file's size). Only the GEMV's layout counts in :func:`step_bytes` (a q8 pack has the same bytes).
 A matrix with a table of 16 levels of its own (``<name>.levels``: a GGUF's IQ4_NL / IQ4_XS) has no
 torch int4pack form: it runs through the native kernels only (the GEMV up to the GEMM's rows),
 dequantized where they are not loaded or on CUDA.
