@@ -34,6 +34,7 @@ namespace {
 
 constexpr int kMaxBlockSize = 256;  // scores of one block live on the stack
 constexpr int kMaxTileRows = 16;
+constexpr int kHeadsAtOnce = 4;  // a GQA group's heads whose scores are computed, then updated
 constexpr int64_t kMinPieceCost = 128;  // query-row x key pairs below which a split does not pay
 
 // Largest divisor of nc that is at most 8: how many 8-float chunks of the accumulator stay in
@@ -208,7 +209,7 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
       st[d + 1] = 0.0f;
     }
   }
-  alignas(64) float s[kMaxBlockSize];
+  alignas(64) float s[kHeadsAtOnce * kMaxBlockSize];
   const int bs = g.block_size;
   const int64_t ts = g.token_stride;
   const int64_t rs = kDirect ? ts : d;  // floats between the keys the scores read
@@ -238,6 +239,19 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
           __builtin_prefetch(next_v + off, 0, 2);
         }
       }
+      // the next head's rows of this block into L1 while this head's run (with the scores of a
+      // GQA group's heads computed before their updates, below: decode of 64 rows x 320 keys,
+      // 30 layers, bf16 cache, 1 thread on a Zen 4: 72 -> 66 ms)
+      if (kvh + 1 < g.kv_heads) {
+        for (int t = 0; t < used; ++t) {
+          const char* kr = reinterpret_cast<const char*>(kb + (kvh + 1) * d + t * ts);
+          const char* vr = reinterpret_cast<const char*>(vb + (kvh + 1) * d + t * ts);
+          for (int64_t off = 0; off < d * static_cast<int64_t>(sizeof(KV)); off += 64) {
+            __builtin_prefetch(kr + off, 0, 3);
+            __builtin_prefetch(vr + off, 0, 3);
+          }
+        }
+      }
       const float* kh;
       const float* vh;
       if constexpr (kDirect) {
@@ -259,10 +273,16 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
         const int room = bs - static_cast<int>(lo);  // tokens of the block from the first one read
         const float* kr = kh + lo * rs;
         const float* vr = vh + lo * rs;
-        for (int j = 0; j < g.group; ++j) {
-          const int i = r * hq_n + kvh * g.group + j;
-          const float bmax = block_scores<L, NC>(qbuf + i * d, kr, rs, n, room, nc, s);
-          block_update<L, NC>(state + i * sd, vr, rs, n, nc, s, bmax);
+        for (int j0 = 0; j0 < g.group; j0 += kHeadsAtOnce) {
+          const int heads = std::min(kHeadsAtOnce, g.group - j0);
+          const int i0 = r * hq_n + kvh * g.group + j0;
+          float bmax[kHeadsAtOnce];
+          for (int j = 0; j < heads; ++j)
+            bmax[j] = block_scores<L, NC>(qbuf + (i0 + j) * d, kr, rs, n, room, nc,
+                                          s + j * kMaxBlockSize);
+          for (int j = 0; j < heads; ++j)
+            block_update<L, NC>(state + (i0 + j) * sd, vr, rs, n, nc, s + j * kMaxBlockSize,
+                                bmax[j]);
         }
       }
     }
