@@ -142,7 +142,7 @@ def _why_llamacpp(s: dict, best: dict) -> str:
         f"Q8_0 output; chatpage's int4 keeps the lm_head in int8 the same way), same prompt "
         f"ids, threads and clock; its whole step is {1e3 / s['llamacpp_tok_s']:.1f} ms against "
         f"chatpage's {best['step_ms']:.1f} ms, whose matmuls alone take "
-        f"{best['matmul_ms']:.1f} ms (the native GEMVs of csrc/cpu/gemv.cpp read "
+        f"{best['matmul_ms']:.1f} ms (chatpage's native matmuls read "
         f"{_matmul_gb_s(best):.1f} GB/s against the "
         f"{best['read_bandwidth_gb_s']:.1f} GB/s of a plain reduction)" + _llamacpp_build(s)
     )

@@ -184,7 +184,8 @@ SMALL_BATCH_ROWS = 4
 # shapes, 1 thread, per vector ISA of the build (ops.vector_isa(); see the module docstring):
 # with AVX2 torch's paths win nowhere and the GEMVs (4 x 2 tiles) run up to 16 rows; with AMX the GEMMs' tiles win from 5
 # rows (int4: torch's int4pack between), 9 (int8) or 5 (bf16). With AVX-512 but no AMX (Zen 4)
-# int4 and int8 take the GEMV up to 4 and 5 rows and the q8 GEMMs (csrc/cpu/gemm_q8.cpp: int8
+# int4 and int8 matrices are q8 packs (q8_packs: one kernel for every row count); one of another
+# size takes the GEMV up to 4 (int8: 5) rows and the q8 GEMM (csrc/cpu/gemm_q8.cpp: int8
 # activations, VNNI dot products) beyond; torch's quantized kernels nowhere.
 _CUT_OVERS = {
     "amx": (
