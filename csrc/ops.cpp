@@ -56,6 +56,10 @@ TORCH_LIBRARY(chatpage, m) {
   m.def("q8_pack_int4(Tensor q, Tensor scales, Tensor zeros) -> Tensor");
   m.def("gemm_q8_int8_packed(Tensor x, Tensor pack, Tensor scales, Tensor? bias) -> Tensor");
   m.def("gemm_q8_int4_packed(Tensor x, Tensor pack, Tensor? levels, Tensor? bias) -> Tensor");
+  // Per row of fp32 logits: the greedy pick (temperature 0) or a draw from the whole vocabulary
+  // at its temperature with its uniform, and the row's logsumexp; a pick of -1 for a row that is
+  // not finite (chatpage/engine/sampler.py's torch code is the reference). CPU only.
+  m.def("sample_rows(Tensor logits, Tensor temperatures, Tensor uniforms) -> (Tensor, Tensor)");
   // A GGUF tensor's blocks of ggml type type_id dequantized into out (fp32, blocks' values in
   // order, or row i from the file's row row_order[i]; chatpage/engine/dequant.py is the
   // reference). CPU only.
@@ -101,6 +105,7 @@ TORCH_LIBRARY_IMPL(chatpage, CPU, m) {
   m.impl("gemm_q8_int8_packed", &chatpage::cpu::gemm_q8_int8_packed);
   m.impl("gemm_q8_int4_packed", &chatpage::cpu::gemm_q8_int4_packed);
   m.impl("decode_layers", &chatpage::cpu::decode_layers);
+  m.impl("sample_rows", &chatpage::cpu::sample_rows);
   m.impl("dequantize_gguf", &chatpage::cpu::dequantize_gguf);
   m.impl("quantize_int4", &chatpage::cpu::quantize_int4);
   m.impl("quantize_int8", &chatpage::cpu::quantize_int8);

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from chatpage.engine import ops
 from chatpage.engine.sampling_params import SamplingParams
 
 
@@ -51,6 +52,35 @@ def _sample_row(
     leaves. A distribution with NaNs raises, from multinomial."""
     probs = _filter(row / p.temperature, p.top_k, p.top_p).softmax(-1)
     return torch.multinomial(probs, 1, generator=generator).view(())
+
+
+def _plain(p: SamplingParams, vocab: int) -> bool:
+    """Whether a sampled row draws from its whole vocabulary (no top-k, no top-p)."""
+    return not 0 < p.top_k < vocab and p.top_p >= 1.0
+
+
+def _native_rows(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """On the CPU with the native kernels, fp32 ``logits`` [N, V] through
+    ``torch.ops.chatpage.sample_rows`` (csrc/cpu/sample.cpp): every row's greedy pick and
+    logsumexp, and the plain sampled rows' draws (a uniform from each row's own generator, as
+    `_draw_cpu` takes one); a pick of -1 for a row that is not finite. None elsewhere."""
+    if logits.device.type != "cpu" or logits.dtype != torch.float32 or not ops.available("cpu"):
+        return None
+    vocab = logits.shape[1]
+    drawn = [not p.greedy and _plain(p, vocab) for p in params]
+    # (a temperature past float32's range is inf there, as the torch code's tensor makes it)
+    temps = torch.tensor(
+        [p.temperature if d else 0.0 for p, d in zip(params, drawn, strict=True)],
+        dtype=torch.float32,
+    )
+    uniforms = torch.zeros(len(params), dtype=torch.float64)
+    for i, d in enumerate(drawn):
+        if d:
+            uniforms[i] = torch.rand(1, generator=generators[i], dtype=torch.float64)
+    picks, lse = torch.ops.chatpage.sample_rows(logits.contiguous(), temps, uniforms)
+    return picks, lse
 
 
 def _pick(weights: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
@@ -154,10 +184,17 @@ def sample(
     rows: list[int] = []  # the rows drawn, their tokens in ``drawn``
     drawn: list[torch.Tensor] = []
     left = [i for i, p in enumerate(params) if not p.greedy]
-    if left and logits.device.type == "cpu":
-        rows, tokens = _draw_cpu(logits, left, params, generators)
-        drawn.append(tokens)
+    native = _native_rows(logits, params, generators)
+    if native is not None:  # the native pass drew its plain rows and took every greedy pick
+        picks, native_lse = native
+        done = (picks >= 0).tolist()
+        rows = [i for i in left if _plain(params[i], logits.shape[1]) and done[i]]
         left = sorted(set(left) - set(rows))
+        drawn.append(picks[rows])
+    if left and logits.device.type == "cpu":
+        more, tokens = _draw_cpu(logits, left, params, generators)
+        rows, left = rows + more, sorted(set(left) - set(more))
+        drawn.append(tokens)
     for i in left:
         try:
             drawn.append(_sample_row(logits[i], params[i], generators[i]).view(1))
@@ -168,12 +205,18 @@ def sample(
     # dim is ~3x faster on the CPU
     best = sorted(set(range(n)) - set(rows))
     picked = torch.empty(n, dtype=torch.long, device=logits.device)
+    if native is not None:  # (a row that is not finite takes torch's argmax below)
+        picked.copy_(native[0])
+        best = [i for i in best if not done[i]]
     if best:
         on = torch.tensor(best, device=logits.device)
         picked[on] = (logits if len(best) == n else logits[on]).max(dim=-1).indices
     if rows:
         picked[torch.tensor(rows, device=logits.device)] = torch.cat(drawn)
-    lse = torch.logsumexp(logits, -1, keepdim=True)  # log-probabilities are logits - lse
+    if native is None or not all(done):
+        lse = torch.logsumexp(logits, -1, keepdim=True)  # log-probabilities are logits - lse
+    else:
+        lse = native_lse.unsqueeze(1)
     chosen = logits.gather(1, picked.unsqueeze(1)).squeeze(1) - lse.squeeze(1)
     # one copy to the host for the whole batch (ids are exact in float64)
     both = torch.stack([picked.double(), chosen.double()]).cpu()

@@ -74,6 +74,11 @@ at::Tensor gemm_q8_int4_packed(const at::Tensor& x, const at::Tensor& pack,
                                const c10::optional<at::Tensor>& levels,
                                const c10::optional<at::Tensor>& bias);
 
+// csrc/cpu/sample.cpp: a step's picks (greedy, or drawn from the whole vocabulary) and logsumexps
+std::tuple<at::Tensor, at::Tensor> sample_rows(const at::Tensor& logits,
+                                               const at::Tensor& temperatures,
+                                               const at::Tensor& uniforms);
+
 // csrc/cpu/decode.cpp: the decoder layers of a step (weights as the GEMVs above take them; from
 // gemm_rows rows on the GEMMs; or q8 packs)
 at::Tensor decode_layers(const at::Tensor& hidden, const at::Tensor& positions,
