@@ -18,6 +18,9 @@ from chatpage.engine import (
     RequestUpdate,
     SamplingParams,
 )
+from chatpage.engine.detokenizer import IncrementalDetokenizer
+from chatpage.engine.sequence import Sequence
+from chatpage.engine.stop import StopCheck
 
 PROMPT = list(range(100, 124))
 
@@ -184,3 +187,22 @@ def test_a_long_prompt_reports_its_prefill_chunk_by_chunk(tiny_llama_dir):
     assert [u.usage.prefilled_tokens for u in before_first] == [32, 64, 96]
     assert all(u.usage.prompt_tokens == 100 and u.ttft_s is None for u in before_first)
     assert updates[len(before_first)].usage.prefilled_tokens == 100
+
+
+def test_an_output_cut_off_inside_a_character_ends_with_what_decoding_it_gives(tiny):
+    """An incomplete multi-byte character is held back while more tokens may complete it; an
+    output that ends there (max_tokens) ends with its U+FFFD, as decoding the whole output gives,
+    not without it."""
+    tok = tiny.tokenizer
+    ids = tok.encode("a\U0001f600", add_special_tokens=False)
+    cut = next(i for i in range(1, len(ids)) if tok.decode(ids[:i]).endswith("\ufffd"))
+    prompt = tok.encode("hi", add_special_tokens=False)
+
+    def checked(max_tokens: int) -> tuple[FinishReason | None, str]:
+        seq = Sequence(prompt + ids[:cut], len(prompt), IncrementalDetokenizer(tok, prompt, []))
+        reason = StopCheck(frozenset(), 10_000)(SamplingParams(max_tokens=max_tokens), seq)
+        return reason, seq.detok.text
+
+    assert checked(cut + 1) == (None, "")  # held back (with the "a" decoded in the same call)
+    whole = tok.decode(ids[:cut], skip_special_tokens=True)
+    assert whole.endswith("\ufffd") and checked(cut) == (FinishReason.LENGTH, whole)

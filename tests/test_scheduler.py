@@ -21,7 +21,7 @@ class _Detok:
     def copy(self) -> _Detok:
         return self
 
-    def update(self, token_ids: list[int]) -> bool:
+    def update(self, token_ids: list[int], final: bool = False) -> bool:
         return False  # no stop strings
 
 

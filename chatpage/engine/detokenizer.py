@@ -33,12 +33,14 @@ class IncrementalDetokenizer:
         twin.__dict__.update(self.__dict__)
         return twin
 
-    def update(self, all_ids: list[int]) -> bool:
-        """Decode the tokens appended since the last call; True if a stop string was reached."""
+    def update(self, all_ids: list[int], final: bool = False) -> bool:
+        """Decode the tokens appended since the last call; True if a stop string was reached.
+        ``final``: no token follows, so an incomplete character is decoded as it stands (its
+        U+FFFD, as decoding the whole output gives), not held back."""
         decode = self.tokenizer.decode
         prefix = decode(all_ids[self.prefix_offset : self.read_offset], skip_special_tokens=True)
         full = decode(all_ids[self.prefix_offset :], skip_special_tokens=True)
-        if full.endswith("\ufffd") or len(full) <= len(prefix):
+        if (full.endswith("\ufffd") and not final) or len(full) <= len(prefix):
             return False  # an incomplete character, or nothing visible yet
         new = full[len(prefix) :]
         self.prefix_offset = self.read_offset

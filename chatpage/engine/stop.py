@@ -27,14 +27,18 @@ class StopCheck:
         token or a stop string (the detokenizer, brought up to date here, finds it), LENGTH at
         max_tokens or the context window. A grammar that is complete ends it (STOP); one
         that is not yet leaves EOS forbidden, so max_tokens ends it (LENGTH: the structure
-        is unfinished)."""
-        if self.ends_on(params, seq.token_ids[-1]):
+        is unfinished). An ended output's text is brought up to its end, an incomplete last
+        character included (as decoding the whole output shows it)."""
+        if self.ends_on(params, seq.token_ids[-1]):  # (the text stops before that token)
+            seq.detok.update(seq.token_ids[:-1], final=True)
             return FinishReason.STOP
         if seq.matcher is not None and seq.matcher.done:
-            seq.detok.update(seq.token_ids)
+            seq.detok.update(seq.token_ids, final=True)
             return FinishReason.STOP
         if seq.detok.update(seq.token_ids):
             return FinishReason.STOP
         if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
-            return FinishReason.LENGTH
+            # the last character as it stands (a stop string it completes still counts)
+            stopped = seq.detok.update(seq.token_ids, final=True)
+            return FinishReason.STOP if stopped else FinishReason.LENGTH
         return None
