@@ -61,11 +61,12 @@ def _plain(p: SamplingParams, vocab: int) -> bool:
 
 def _native_rows(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
-) -> tuple[torch.Tensor, torch.Tensor] | None:
+) -> tuple[torch.Tensor, torch.Tensor, list[bool]] | None:
     """On the CPU with the native kernels, fp32 ``logits`` [N, V] through
     ``torch.ops.chatpage.sample_rows`` (csrc/cpu/sample.cpp): every row's greedy pick and
     logsumexp, and the plain sampled rows' draws (a uniform from each row's own generator, as
-    `_draw_cpu` takes one); a pick of -1 for a row that is not finite. None elsewhere."""
+    `_draw_cpu` takes one), with which rows it drew; a pick of -1 for a row that is not finite.
+    None elsewhere."""
     if logits.device.type != "cpu" or logits.dtype != torch.float32 or not ops.available("cpu"):
         return None
     vocab = logits.shape[1]
@@ -80,7 +81,7 @@ def _native_rows(
         if d:
             uniforms[i] = torch.rand(1, generator=generators[i], dtype=torch.float64)
     picks, lse = torch.ops.chatpage.sample_rows(logits.contiguous(), temps, uniforms)
-    return picks, lse
+    return picks, lse, drawn
 
 
 def _pick(weights: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
@@ -120,8 +121,8 @@ def _draw_cpu(
     u = torch.cat([torch.rand(1, generator=generators[i], dtype=torch.float64) for i in rows])
     temps = torch.tensor([p.temperature for p in ps], dtype=logits.dtype).unsqueeze(1)
     tokens = torch.zeros(len(rows), dtype=torch.long)
-    plain = [j for j, p in enumerate(ps) if not 0 < p.top_k < vocab and p.top_p >= 1.0]
-    filtered = [j for j, p in enumerate(ps) if 0 < p.top_k < vocab or p.top_p < 1.0]
+    plain = [j for j, p in enumerate(ps) if _plain(p, vocab)]
+    filtered = [j for j, p in enumerate(ps) if not _plain(p, vocab)]
     fits = torch.zeros(len(rows), dtype=torch.bool)
 
     def take(js: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -185,16 +186,14 @@ def sample(
     drawn: list[torch.Tensor] = []
     left = [i for i, p in enumerate(params) if not p.greedy]
     native = _native_rows(logits, params, generators)
-    if native is not None:  # the native pass drew its plain rows and took every greedy pick
-        picks, native_lse = native
+    if native is not None:  # its picks: every finite row's greedy one, and its plain rows' draws
+        picks, native_lse, drew = native
         done = (picks >= 0).tolist()
-        rows = [i for i in left if _plain(params[i], logits.shape[1]) and done[i]]
-        left = sorted(set(left) - set(rows))
-        drawn.append(picks[rows])
+        left = [i for i in left if not (drew[i] and done[i])]
     if left and logits.device.type == "cpu":
-        more, tokens = _draw_cpu(logits, left, params, generators)
-        rows, left = rows + more, sorted(set(left) - set(more))
+        rows, tokens = _draw_cpu(logits, left, params, generators)
         drawn.append(tokens)
+        left = sorted(set(left) - set(rows))
     for i in left:
         try:
             drawn.append(_sample_row(logits[i], params[i], generators[i]).view(1))
@@ -206,7 +205,7 @@ def sample(
     best = sorted(set(range(n)) - set(rows))
     picked = torch.empty(n, dtype=torch.long, device=logits.device)
     if native is not None:  # (a row that is not finite takes torch's argmax below)
-        picked.copy_(native[0])
+        picked.copy_(picks)
         best = [i for i in best if not done[i]]
     if best:
         on = torch.tensor(best, device=logits.device)

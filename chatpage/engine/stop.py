@@ -35,10 +35,7 @@ class StopCheck:
         if seq.matcher is not None and seq.matcher.done:
             seq.detok.update(seq.token_ids, final=True)
             return FinishReason.STOP
-        if seq.detok.update(seq.token_ids):
+        length = seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len
+        if seq.detok.update(seq.token_ids, final=length):
             return FinishReason.STOP
-        if seq.num_output_tokens >= params.max_tokens or len(seq) >= self.max_model_len:
-            # the last character as it stands (a stop string it completes still counts)
-            stopped = seq.detok.update(seq.token_ids, final=True)
-            return FinishReason.STOP if stopped else FinishReason.LENGTH
-        return None
+        return FinishReason.LENGTH if length else None

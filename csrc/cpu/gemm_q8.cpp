@@ -326,16 +326,17 @@ inline void store16(const Output& out, int64_t at, __m512 y, __mmask16 mask) {
 
 // y = x @ W.T (* row scale) + bias for x's rows [m0, m0 + m) (quantized in `a`), every output row;
 // task_at(task, buffer) is one task's layout (a pack's, or laid out into the 64-byte aligned
-// buffer of kTaskBlock<Int4> * blocks bytes); scale(row) the int8 row scale.
+// buffer of kTaskBlock<Int4> * blocks bytes that each thread has where `lays_out`); scale(row)
+// the int8 row scale.
 template <bool Int4, typename TaskAt, typename RowScale>
 void q8_rows(const Q8Rows& a, int64_t m0, int64_t m, int64_t n, const float* bias,
              const Output& dst, const Operands<Int4>& ops, const TaskAt& task_at,
-             const RowScale& row_scale, const float* sum_ds) {
+             bool lays_out, const RowScale& row_scale, const float* sum_ds) {
   const int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
   const int64_t k = a.blocks * kBlock;
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / std::max<int64_t>(1, kRowsPerTask * k * m));
   at::parallel_for(0, tasks, grain, [&](int64_t first, int64_t last) {
-    std::vector<__m512i> buffer(a.blocks * kTaskBlock<Int4> / 64);
+    std::vector<__m512i> buffer(lays_out ? a.blocks * kTaskBlock<Int4> / 64 : 0);
     for (int64_t task = first; task < last; ++task) {
       const int64_t n0 = task * kRowsPerTask;
       const int valid = static_cast<int>(std::min<int64_t>(kRowsPerTask, n - n0));
@@ -370,7 +371,7 @@ void q8_rows(const Q8Rows& a, int64_t m0, int64_t m, int64_t n, const float* bia
 template <bool Int4, typename TaskAt, typename RowScale>
 at::Tensor q8_gemm(const at::Tensor& x_in, int64_t n, int64_t k, int passes,
                    const c10::optional<at::Tensor>& bias, const Operands<Int4>& ops,
-                   const TaskAt& task_at, const RowScale& row_scale) {
+                   const TaskAt& task_at, bool lays_out, const RowScale& row_scale) {
   const at::Tensor x = x_in.contiguous();
   const int64_t m = x.size(0), blocks = (k + kBlock - 1) / kBlock, nb = blocks * passes;
   at::Tensor out = output_for(x, n), bias_f;
@@ -401,7 +402,7 @@ at::Tensor q8_gemm(const at::Tensor& x_in, int64_t n, int64_t k, int passes,
         sum_ds[t] = sum;
       }
     });
-    q8_rows<Int4>(a, m0, rows, n, b, dst, ops, task_at, row_scale, sum_ds);
+    q8_rows<Int4>(a, m0, rows, n, b, dst, ops, task_at, lays_out, row_scale, sum_ds);
   }
   return out;
 }
@@ -461,7 +462,7 @@ at::Tensor gemm_q8_int8(const at::Tensor& x, const at::Tensor& qweight, const at
                      buffer);
         return const_cast<const uint8_t*>(buffer);
       },
-      [s](int64_t row) { return static_cast<float>(s[row]); });
+      true, [s](int64_t row) { return static_cast<float>(s[row]); });
 #else
   TORCH_CHECK(false, "chatpage::gemm_q8_int8: this build has no AVX-512 VNNI (see gemm_q8())");
 #endif
@@ -486,7 +487,7 @@ at::Tensor gemm_q8_int4(const at::Tensor& x, const at::Tensor& q, const at::Tens
                      buffer);
         return const_cast<const uint8_t*>(buffer);
       },
-      [](int64_t) { return 1.f; });
+      true, [](int64_t) { return 1.f; });
 #else
   TORCH_CHECK(false, "chatpage::gemm_q8_int4: this build has no AVX-512 VNNI (see gemm_q8())");
 #endif
@@ -562,7 +563,7 @@ at::Tensor gemm_q8_int8_packed(const at::Tensor& x, const at::Tensor& pack,
 #if defined(CHATPAGE_Q8)
   const c10::BFloat16* s = scales.data_ptr<c10::BFloat16>();
   return q8_gemm<false>(x, n, k, kInt8Passes, bias, Operands<false>{},
-                        packed_tasks<false>(pack, blocks),
+                        packed_tasks<false>(pack, blocks), false,
                         [s](int64_t row) { return static_cast<float>(s[row]); });
 #else
   TORCH_CHECK(false, "chatpage::gemm_q8_int8_packed: this build has no AVX-512 VNNI");
@@ -582,7 +583,7 @@ at::Tensor gemm_q8_int4_packed(const at::Tensor& x, const at::Tensor& pack,
   check_whole_tasks(n, "gemm_q8_int4_packed");
 #if defined(CHATPAGE_Q8)
   return q8_gemm<true>(x, n, k, 1, bias, int4_operands(levels), packed_tasks<true>(pack, blocks),
-                       [](int64_t) { return 1.f; });
+                       false, [](int64_t) { return 1.f; });
 #else
   TORCH_CHECK(false, "chatpage::gemm_q8_int4_packed: this build has no AVX-512 VNNI");
 #endif
