@@ -100,6 +100,13 @@ inline Vec8 keep_first8(Vec8 a, int n, float fill) {
   __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), lane));
   return {_mm256_blendv_ps(_mm256_set1_ps(fill), a.v, keep)};
 }
+// Lanes where lo <= x <= hi keep a, the others become `fill`.
+inline Vec8 keep_between8(Vec8 a, Vec8 lo, Vec8 hi, float x, float fill) {
+  const __m256 xv = _mm256_set1_ps(x);
+  const __m256 keep =
+      _mm256_and_ps(_mm256_cmp_ps(lo.v, xv, _CMP_LE_OQ), _mm256_cmp_ps(hi.v, xv, _CMP_GE_OQ));
+  return {_mm256_blendv_ps(_mm256_set1_ps(fill), a.v, keep)};
+}
 
 inline float hsum8(Vec8 a) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(a.v), _mm256_extractf128_ps(a.v, 1));
@@ -205,6 +212,10 @@ inline Vec8 keep_first8(Vec8 a, int n, float fill) {
   for (int i = n; i < 8; ++i) a.v[i] = fill;
   return a;
 }
+inline Vec8 keep_between8(Vec8 a, Vec8 lo, Vec8 hi, float x, float fill) {
+  for (int i = 0; i < 8; ++i) a.v[i] = lo.v[i] <= x && x <= hi.v[i] ? a.v[i] : fill;
+  return a;
+}
 inline float hsum8(Vec8 a) {
   float s = 0.0f;
   for (float x : a.v) s += x;
@@ -256,29 +267,39 @@ struct Lanes16 {
   static V keep_first(V a, int n, float fill) {
     return _mm512_mask_blend_ps(static_cast<__mmask16>((1u << n) - 1u), _mm512_set1_ps(fill), a);
   }
+  // Lanes where lo <= x <= hi keep a, the others become `fill`.
+  static V keep_between(V a, V lo, V hi, float x, float fill) {
+    const V xv = _mm512_set1_ps(x);
+    const __mmask16 keep = _mm512_cmp_ps_mask(lo, xv, _CMP_LE_OQ) &
+                           _mm512_cmp_ps_mask(hi, xv, _CMP_GE_OQ);
+    return _mm512_mask_blend_ps(keep, _mm512_set1_ps(fill), a);
+  }
   static float hsum(V a) { return _mm512_reduce_add_ps(a); }
   static float hmax(V a) { return _mm512_reduce_max_ps(a); }
 
-  // Lane i of the result is the sum of the sixteen lanes of a[i]: pairs of vectors are added
-  // within 128-bit lanes (floats, then pairs of floats), then across them (two lane shuffles).
-  static V transpose_sum(const V* a) {
+  // Lane i of the result is op over the sixteen lanes of a[i] (op: add or max): pairs of vectors
+  // are combined within 128-bit lanes (floats, then pairs of floats), then across them (two lane
+  // shuffles).
+  template <typename Op>
+  static V transpose_reduce(const V* a, Op op) {
     V b[8], c[4], d[2];
     for (int i = 0; i < 8; ++i) {
-      b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                           _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+      b[i] = op(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
     }
     for (int i = 0; i < 4; ++i) {
       const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
-      c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                           _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+      c[i] = op(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
     }
     for (int i = 0; i < 2; ++i) {
-      d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
-                           _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xDD));
+      d[i] = op(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
+                _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xDD));
     }
-    return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88),
-                         _mm512_shuffle_f32x4(d[0], d[1], 0xDD));
+    return op(_mm512_shuffle_f32x4(d[0], d[1], 0x88), _mm512_shuffle_f32x4(d[0], d[1], 0xDD));
   }
+  static V transpose_sum(const V* a) { return transpose_reduce(a, _mm512_add_ps); }
+  static V transpose_max(const V* a) { return transpose_reduce(a, _mm512_max_ps); }
 
   // exp(x) (exp_poly), as exp8.
   static V exp(V a) {
