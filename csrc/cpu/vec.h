@@ -279,24 +279,29 @@ struct Lanes16 {
 
   // Lane i of the result is op over the sixteen lanes of a[i] (op: add or max): pairs of vectors
   // are combined within 128-bit lanes (floats, then pairs of floats), then across them (two lane
-  // shuffles).
+  // shuffles). The first eight vectors and the last eight reduce apart (half_reduce) until the
+  // last step (join), so a caller can hold eight at a time.
   template <typename Op>
-  static V transpose_reduce(const V* a, Op op) {
-    V b[8], c[4], d[2];
-    for (int i = 0; i < 8; ++i) {
+  static V half_reduce(const V* a, Op op) {
+    V b[4], c[2];
+    for (int i = 0; i < 4; ++i) {
       b[i] = op(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
                 _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
     }
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < 2; ++i) {
       const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
       c[i] = op(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
                 _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
     }
-    for (int i = 0; i < 2; ++i) {
-      d[i] = op(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
-                _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xDD));
-    }
-    return op(_mm512_shuffle_f32x4(d[0], d[1], 0x88), _mm512_shuffle_f32x4(d[0], d[1], 0xDD));
+    return op(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+  }
+  template <typename Op>
+  static V join(V first, V last, Op op) {
+    return op(_mm512_shuffle_f32x4(first, last, 0x88), _mm512_shuffle_f32x4(first, last, 0xDD));
+  }
+  template <typename Op>
+  static V transpose_reduce(const V* a, Op op) {
+    return join(half_reduce(a, op), half_reduce(a + 8, op), op);
   }
   static V transpose_sum(const V* a) { return transpose_reduce(a, _mm512_add_ps); }
   static V transpose_max(const V* a) { return transpose_reduce(a, _mm512_max_ps); }
