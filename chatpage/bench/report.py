@@ -10,7 +10,7 @@ model's memory never weighs on the next; the last stdout line of each is its JSO
     python -m chatpage.bench.report OUT.md --results runs.json --only serve --save runs.json
     python -m chatpage.bench.report docs/benchmarks.md --only soak      # rerun one, keep the rest
 
-    python -m chatpage.bench.report docs/benchmarks.md --only peers     # against vLLM (~40 min)
+    python -m chatpage.bench.report docs/benchmarks.md --only peers     # against vLLM (~20 min)
 
 With ``--only`` and no ``--results``, the other benchmarks' results are read back from the report
 being rewritten (its JSON blocks), so one benchmark can be rerun without the others. A full run
@@ -54,7 +54,8 @@ ORDER = (
     "load",
     "peers",
 )
-# Run only when named (``make bench-peers``: ~40 min a round, and it installs vLLM into .peers/);
+# Run only when named (``make bench-peers``: 3 rounds of ~6 min on 2 cores once vLLM is installed
+# into .peers/, which the first run does);
 # a full ``make bench`` keeps the figures of its last run.
 NAMED_ONLY = ("peers",)
 # Arguments of one benchmark only (the TUI bench: one chat, long enough to outlast the keys).
@@ -66,6 +67,8 @@ BENCH_ARGS = {
     "load": ["--files", "requant,qwen05"],
     # the issue's 64 streams, all decoding together from start to end (bench/serve_api.py)
     "serve_api": ["--concurrency", "64", "--output-tokens", "32"],
+    # the median ratio of 3 whole comparisons: two rounds' vLLM figures differ by up to ~15% here
+    "peers": ["--rounds", "3"],
 }
 # Benchmarks that are a mode of another command: their command line's words after "bench"
 COMMANDS = {"serve_api": ["serve", "--api"]}

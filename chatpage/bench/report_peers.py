@@ -1,7 +1,8 @@
 """docs/benchmarks.md: goals and tables of ``chatpage bench peers`` (``chatpage serve`` against
 vLLM's CPU backend, both driven by vLLM's own client; ``chatpage/bench/peers.py``). The benchmark
-takes ~40 min a round and installs vLLM into an ignored folder, so ``make bench`` leaves it out and
-``make bench-peers`` runs it (``python -m chatpage.bench.report docs/benchmarks.md --only peers``)."""
+takes ~6 min a round on 2 cores (the report runs 3) and installs vLLM into an ignored folder, so
+``make bench`` leaves it out and ``make bench-peers`` runs it
+(``python -m chatpage.bench.report docs/benchmarks.md --only peers``)."""
 
 from __future__ import annotations
 
