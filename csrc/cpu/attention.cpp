@@ -122,16 +122,13 @@ inline typename L::V tail_scores(const float* q, const KV* kt, int64_t ts, int n
 }
 
 // s[t] = q . k_t for the first n keys of one block (and -inf up to the next multiple of the
-// width), keys `ts` floats apart (TS when it is not 0: a widened block's rows, whose addresses
-// are then constant offsets instead of sixteen pointers that spill); `room` keys from k on are
-// readable. Returns the largest score.
-template <typename L, int NC, int TS>
-inline float block_scores(const float* q, const float* k, int64_t ts_rt, int n, int room,
+// width), keys `ts` floats apart; `room` keys from k on are readable. Returns the largest score.
+template <typename L, int NC>
+inline float block_scores(const float* q, const float* k, int64_t ts, int n, int room,
                           int nc_rt, float* s) {
   using V = typename L::V;
   constexpr int W = L::kWidth;
   const int nc = NC ? NC : nc_rt;
-  const int64_t ts = TS ? TS : ts_rt;
   V vmax = L::splat(kNegInf);
   for (int t = 0; t < n; t += W) {
     const float* kt = k + t * ts;
@@ -184,7 +181,8 @@ inline void group_scores(const float* q, int d, const KV* k, int64_t ts, int n, 
         for (int c = 0; c < nc; ++c) {
           for (int i = 0; i < 8; ++i) {
             const V key = L::load(kt + (8 * hf + i) * ts + W * c);
-            for (int j = 0; j < H; ++j) acc[j][i] = L::fma(L::load(q + j * d + W * c), key, acc[j][i]);
+            for (int j = 0; j < H; ++j)
+              acc[j][i] = L::fma(L::load(q + j * d + W * c), key, acc[j][i]);
           }
         }
         for (int j = 0; j < H; ++j) {
@@ -267,17 +265,13 @@ inline void group_pv(float* const* st, const float* alpha, const KV* v, int64_t 
 }
 
 // The first n rows of one head of a block (rows `ts` apart) as fp32 rows of d (W * NC when NC is
-// not 0: the row unrolled), packed in dst.
+// not 0), packed in dst.
 template <typename L, int NC, typename KV>
 inline void widen_rows(const KV* src, int64_t ts, int n, int d_rt, float* dst) {
   constexpr int W = L::kWidth;
   const int d = NC ? W * NC : d_rt;
   for (int t = 0; t < n; ++t) {
-    if constexpr (NC > 0) {
-      for (int c = 0; c < NC; ++c) L::store(dst + t * d + W * c, L::load(src + t * ts + W * c));
-    } else {
-      for (int c = 0; c < d; c += W) L::store(dst + t * d + c, L::load(src + t * ts + c));
-    }
+    for (int c = 0; c < d; c += W) L::store(dst + t * d + c, L::load(src + t * ts + c));
   }
 }
 
@@ -316,13 +310,12 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
   const int bs = g.block_size;
   const int64_t ts = g.token_stride;
   const int64_t rs = kDirect ? ts : d;  // floats between the keys the scores read
-  // that stride where it is known at compile time (a widened block of a known head_dim), else 0
-  constexpr int kRowStride = kDirect ? 0 : L::kWidth * NC;
   // a half-precision cache's keys read in place by group_scores (AVX-512), else widened
   constexpr bool kFuseKeys = CHATPAGE_AVX512 && L::kWidth == 16 && !kDirect;
   // vectors of a value row that group_pv holds at once for a group's heads (in registers: 32
   // vectors with AVX-512, 16 with AVX2)
-  constexpr int kChunks = NC > 0 && NC % 4 == 0 && L::kWidth == 16 ? 4 : NC > 0 && NC % 2 == 0 ? 2 : 1;
+  constexpr int kChunks =
+      NC > 0 && NC % 4 == 0 && L::kWidth == 16 ? 4 : (NC > 0 && NC % 2 == 0 ? 2 : 1);
   for (int64_t blk = w.blk_begin; blk < w.blk_end; ++blk) {
     const int64_t tok0 = blk * bs;
     const int64_t phys = w.table[blk];
@@ -392,8 +385,8 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
           {
             const float* kr = kh + lo * rs;
             for (int j = 0; j < heads; ++j)
-              bmax[j] = block_scores<L, NC, kRowStride>(q0 + j * d, kr, rs, n, room, nc,
-                                                        s + j * kMaxBlockSize);
+              bmax[j] = block_scores<L, NC>(q0 + j * d, kr, rs, n, room, nc,
+                                            s + j * kMaxBlockSize);
           }
           for (int j = 0; j < heads; ++j) {
             st[j] = state + (i0 + j) * sd;
