@@ -1,6 +1,8 @@
 """The MCP manager against real servers written here with the `mcp` SDK: a stdio server killed
 while idle is reported when it dies (the watcher's ping), not at the next call; a streamable-HTTP
-server configured by URL lists and runs its tools, and its going away is reported too."""
+server configured by URL lists and runs its tools, and its going away is reported too; a server
+that never answers ``initialize`` (and ignores SIGTERM) fails at the start's one deadline, and
+its process ends then, or when the servers are closed while it starts."""
 
 from __future__ import annotations
 
@@ -38,6 +40,45 @@ if len(sys.argv) > 2:
 else:
     app.run()
 """
+
+MUTE = """
+import os, signal, sys
+from contextlib import asynccontextmanager
+import anyio
+from mcp.server.mcpserver import MCPServer
+
+@asynccontextmanager
+async def never(_app):
+    await anyio.sleep_forever()  # (before it reads a message: initialize is never answered)
+    yield
+
+app = MCPServer("mute", lifespan=never)
+
+@app.tool()
+def shout(text: str) -> str:
+    \"\"\"Say it louder.\"\"\"
+    return text.upper()
+
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(sys.argv[1], "w").write(str(os.getpid()))
+app.run()
+"""
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        os.kill(pid, 0)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return stat.rsplit(") ", 1)[1][0] != "Z"
+
+
+def mute_server(tmp_path: Path) -> tuple[McpServerConfig, Path]:
+    script, pid_file = tmp_path / "mute_server.py", tmp_path / "mute.pid"
+    script.write_text(MUTE)
+    return McpServerConfig("mute", sys.executable, (str(script), str(pid_file))), pid_file
 
 
 async def until(check, what: str, timeout: float = 20.0) -> None:
@@ -123,3 +164,32 @@ async def test_a_server_by_url_lists_and_runs_its_tools_and_its_end_is_reported(
             assert after.error and "not running" in after.text
         finally:
             await servers.close()
+
+
+async def test_a_server_that_never_answers_initialize_fails_at_the_deadline_and_ends(tmp_path):
+    config, pid_file = mute_server(tmp_path)
+    notices: list[str] = []
+    servers = McpServers({"mute": config}, notices.append, tmp_path / "logs", start_timeout_s=3)
+    try:
+        await asyncio.wait_for(servers.start(["mute"]), 60)  # (before: waited for ever)
+        server = servers.servers["mute"]
+        assert server.state == ServerState.FAILED and servers.tools(["mute"]) == []
+        assert notices == ["MCP server 'mute' could not start: no answer in 3 s"]
+        pid = int(pid_file.read_text())
+        assert server.task is not None
+        await asyncio.wait_for(asyncio.shield(server.task), 30)  # the SDK's shutdown
+        assert not alive(pid)
+    finally:
+        await servers.close()
+
+
+async def test_closing_while_a_server_starts_ends_its_process(tmp_path):
+    config, pid_file = mute_server(tmp_path)
+    servers = McpServers({"mute": config}, start_timeout_s=600)
+    starting = asyncio.create_task(servers.start(["mute"]))
+    await until(pid_file.exists, "the server's process")
+    await until(lambda: pid_file.read_text(), "its pid")
+    pid = int(pid_file.read_text())
+    await asyncio.wait_for(servers.close(), 60)
+    assert not alive(pid)
+    await asyncio.wait_for(starting, 10)  # and whoever waited on it goes on

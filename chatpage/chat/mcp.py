@@ -22,10 +22,13 @@ from typing import Any, TextIO
 from chatpage.config.mcp import McpServerConfig
 
 START_TIMEOUT_S = 30.0
-"""How long a server may take to start and list its tools."""
+"""How long a server may take to start: its process spawned (or its URL reached), the
+handshake (``initialize``) and its tools listed, all under this one deadline."""
 CALL_TIMEOUT_S = 120.0
 """How long one tool call may take."""
-CLOSE_TIMEOUT_S = 5.0
+CLOSE_TIMEOUT_S = 10.0
+"""How long closing waits for the servers to end (the SDK closes a stdio server's stdin, waits
+2 s, then ends its process group: SIGTERM, and SIGKILL 2 s later)."""
 WATCH_S = 10.0
 """How often a running server is asked for its tools while idle, so one that died is reported when it dies,
 not at the next call."""
@@ -73,6 +76,7 @@ class McpServer:
     tools: list[McpTool] = field(default_factory=list)
     client: Any = None  # the SDK's Client while running
     task: asyncio.Task[None] | None = None
+    scope: Any = None  # the anyio CancelScope around its connection (the start's deadline)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -84,7 +88,8 @@ class McpServer:
 class McpServers:
     """The servers of config.yaml. ``notify`` gets one-line notices (a server that failed);
     ``log_dir``: where stdio servers' stderr goes (None: discarded); ``watch_s``: how often a
-    running server is asked for its tools (`WATCH_S`)."""
+    running server is asked for its tools (`WATCH_S`); ``start_timeout_s``: the deadline of a
+    server's whole start (`START_TIMEOUT_S`)."""
 
     def __init__(
         self,
@@ -92,11 +97,13 @@ class McpServers:
         notify: Callable[[str], None] = lambda _line: None,
         log_dir: Path | None = None,
         watch_s: float = WATCH_S,
+        start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
         self.servers = {name: McpServer(config) for name, config in configs.items()}
         self.notify = notify
         self.log_dir = log_dir
         self.watch_s = watch_s
+        self.start_timeout_s = start_timeout_s
 
     def __bool__(self) -> bool:
         return bool(self.servers)
@@ -149,10 +156,14 @@ class McpServers:
         return ToolResult(_result_text(result), bool(result.is_error))
 
     async def close(self) -> None:
-        """Shut every server down (stdio servers' processes end)."""
+        """Shut every server down and wait until their stdio processes ended: a running one is
+        asked to stop, one still starting is cancelled (the SDK's shutdown, shielded from the
+        cancel, still ends its process)."""
         tasks = [s.task for s in self.servers.values() if s.task is not None]
         for server in self.servers.values():
             server.stop.set()
+            if server.scope is not None and server.state != ServerState.RUNNING:
+                server.scope.cancel()
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=CLOSE_TIMEOUT_S)
             for task in pending:
@@ -160,22 +171,39 @@ class McpServers:
 
     # -- one server's connection ------------------------------------------------------------------
     async def _run(self, server: McpServer) -> None:
+        import anyio  # (with the SDK, whose own cancel scopes these are)
         from mcp import Client  # the SDK's imports (~0.5 s): when a chat first needs a server
 
         log = self._log(server)
+        # one deadline around the whole start (spawn, initialize, tools/list): then the server
+        # failed at once, and its anyio scope is cancelled (the SDK's shutdown, shielded from
+        # that, ends the process meanwhile)
+        server.scope = anyio.CancelScope()
+        deadline = asyncio.get_running_loop().call_later(
+            self.start_timeout_s, self._too_slow, server, log
+        )
         try:
-            async with Client(self._transport(server, log)) as client:
-                server.tools = await self._listing(server, client)
-                server.client, server.state = client, ServerState.RUNNING
-                server.ready.set()
-                await self._watch(server, client)
+            with server.scope:
+                async with Client(self._transport(server, log)) as client:
+                    server.tools = await self._listing(server, client)
+                    deadline.cancel()
+                    server.client, server.state = client, ServerState.RUNNING
+                    server.ready.set()
+                    await self._watch(server, client)
         except Exception as e:
-            self._failed(server, _reason(e, log))
+            self._failed(server, _reason(e, log, self.start_timeout_s))
         finally:
+            deadline.cancel()
             server.client = None
             server.ready.set()
             if log is not None:
                 log.close()
+
+    def _too_slow(self, server: McpServer, log: TextIO | None) -> None:
+        """The start's deadline passed: the server failed, the chats waiting on it go on."""
+        self._failed(server, _reason(TimeoutError(), log, self.start_timeout_s))
+        server.ready.set()
+        server.scope.cancel()
 
     async def _watch(self, server: McpServer, client: Any) -> None:
         """Until the server is to stop: its tools listed again every `watch_s` (a server that
@@ -187,7 +215,7 @@ class McpServers:
             server.tools = await self._listing(server, client)
 
     async def _listing(self, server: McpServer, client: Any) -> list[McpTool]:
-        listing = await asyncio.wait_for(client.list_tools(), START_TIMEOUT_S)
+        listing = await asyncio.wait_for(client.list_tools(), self.start_timeout_s)
         return [
             McpTool(server.name, t.name, t.description or "", dict(t.input_schema))
             for t in listing.tools
@@ -233,11 +261,11 @@ def _leaf(e: BaseException) -> BaseException:
     return e
 
 
-def _reason(e: BaseException, log: TextIO | None = None) -> str:
+def _reason(e: BaseException, log: TextIO | None = None, timeout_s: float = START_TIMEOUT_S) -> str:
     leaf = _leaf(e)
     text = str(leaf).strip() or type(leaf).__name__
     if isinstance(leaf, TimeoutError):
-        text = f"no answer in {START_TIMEOUT_S:g} s"
+        text = f"no answer in {timeout_s:g} s"
     elif isinstance(leaf, FileNotFoundError):
         text = f"command not found: {leaf.filename}; fix its command in config.yaml"
     last = _last_line(log)
