@@ -12,11 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
-from helpers import PROMPT_BODY, make_app, ready, send, wait_for
+from helpers import PROMPT_BODY, make_app, opened, ready, send, wait_for
 
 from chatpage.config.mcp import McpServerConfig
 from chatpage.ui.screens.tool_approval import ToolApproval
 from chatpage.ui.screens.tools_list import ToolsList
+from chatpage.ui.widgets.session_list import SessionList
 from chatpage.ui.widgets.tool_block import ToolBlock
 
 SIZE = (140, 44)
@@ -68,7 +69,14 @@ async def asked(pilot, app, question: str):
     await send(pilot, question)
     # (its servers start first: two Python processes importing the SDK, slow on a busy machine)
     await wait_for(pilot, lambda: isinstance(app.screen, ToolApproval), "the question", 90)
+    await answering(pilot, app)
     return app.chat.current
+
+
+async def answering(pilot, app) -> None:
+    """Once the approval dialog is up and takes answers (no key came for its quiet moment)."""
+    await opened(pilot, ToolApproval)
+    await wait_for(pilot, lambda: app.screen.answering, "the dialog to take answers")
 
 
 async def test_a_call_is_asked_for_run_shown_fed_back_and_saved(tiny_llama_dir, tmp_path):
@@ -98,7 +106,7 @@ async def test_a_call_is_asked_for_run_shown_fed_back_and_saved(tiny_llama_dir, 
         await send(pilot, "/tools")
         await wait_for(pilot, lambda: isinstance(app.screen, ToolsList), "/tools")
         listing = str(app.screen.query_one("#tools-listing").render())
-        assert "calc (this chat) · running" in listing and "- add" in listing
+        assert "calc (this chat) · running" in listing and "- calc/add" in listing
         assert "broken (this chat) · failed" in listing
         await pilot.press("escape")
         app.saved.recorder.flush(force=True)
@@ -121,13 +129,112 @@ async def test_a_denied_call_is_not_run_and_a_server_that_dies_is_reported(
 
         session.persona = replace(session.persona, tool_choice="die")
         await send(pilot, "now die")
-        await wait_for(pilot, lambda: isinstance(app.screen, ToolApproval), "the question")
+        await answering(pilot, app)
         await pilot.press("a")
+        await answering(pilot, app)
+        await pilot.press("enter")
         await wait_for(pilot, lambda: not session.streaming, "the answer after the failure")
         run = session.entries[-1].steps[0].runs[0]
-        assert run.state == "failed" and "die" in session.always_tools
+        assert run.state == "failed" and ("calc", "die") in session.always_tools
         assert any("MCP server 'calc' stopped" in n for n in app.notices), (app.notices, run)
         assert session.entries[-1].status == "done"  # the model was told, and answered
+
+
+def two_calcs(tmp_path: Path) -> tuple[Path, dict[str, McpServerConfig]]:
+    """Personas alpha (MCP server calc) and beta (calc2: the same tools, another server)."""
+    configs, _ = servers(tmp_path)
+    calc = configs["calc"]
+    personas = tmp_path / "personas"
+    personas.mkdir()
+    for name, server in (("alpha", "calc"), ("beta", "calc2")):
+        (personas / f"{name}.yaml").write_text(
+            f"name: {name}\ndescription: calls tools\ntemperature: 0\nmax_tokens: 40\n"
+            f"tools: [{server}]\ntool_choice: add\n"
+            f"system_prompt: You are {name}; you add numbers with the tools. {PROMPT_BODY}\n"
+        )
+    return personas, {"calc": calc, "calc2": replace(calc, name="calc2")}
+
+
+def asking(session) -> list:
+    """The calls of the chat's last reply that wait for an answer."""
+    entry = session.entries[-1]
+    return [r for r in (entry.steps[-1].runs if entry.steps else []) if r.state == "asking"]
+
+
+def sidebar_line(app, session) -> str:
+    return str(app.chat.query_one(SessionList).get_option(str(session.id)).prompt)
+
+
+async def test_a_call_in_another_chat_never_takes_the_typing(tiny_llama_dir, tmp_path, monkeypatch):
+    """A call in a chat that is not on show marks it and says so; typing in the chat on show
+    stays there (no dialog: before, "okay" answered "always"). Going to the chat asks; keys
+    typed as the dialog opens go on to the message box; "always" takes a second key."""
+    personas, configs = two_calcs(tmp_path)
+    app = make_app(tiny_llama_dir, personas, mcp_servers=configs)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot, app)
+        first = app.chat.current
+        await send(pilot, "what is 1 + 2?")
+        second = await app.chat.open_session(first.persona)
+        await wait_for(pilot, lambda: asking(first), "the call", 90)
+        (run,) = asking(first)
+        await pilot.press(*"okay", "space", *"yes", "space", *"sure")
+        assert app.chat.current is second and not isinstance(app.screen, ToolApproval)
+        assert app.chat.prompt.text == "okay yes sure" and run.state == "asking"
+        assert sidebar_line(app, first).startswith("?") and not first.always_tools
+        assert any("asks to run the tool calc/add" in n for n in app.notices), app.notices
+
+        monkeypatch.setattr(ToolApproval, "QUIET_S", 3600.0)  # keys as the dialog opens
+        app.chat.current = first
+        await opened(pilot, ToolApproval)
+        title = str(app.screen.query_one(".dialog-title").render())
+        assert "add (MCP server calc)" in title
+        await pilot.press(*"yan", "enter", "escape")
+        assert isinstance(app.screen, ToolApproval) and run.state == "asking"
+        assert app.chat.prompt.text == "yan"  # what was typed is in this chat's box
+
+        monkeypatch.setattr(ToolApproval, "QUIET_S", 0.0)
+        await pilot.press("a")  # "always" asks for a second key
+        assert isinstance(app.screen, ToolApproval) and run.state == "asking"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not first.streaming, "the answer after the call")
+        assert run.state == "done" and ("calc", "add") in first.always_tools
+        assert not sidebar_line(app, first).startswith("?")
+
+
+async def test_always_is_for_one_server_and_one_persona(tiny_llama_dir, tmp_path):
+    """ "Always" holds for calc's add in this chat; after /persona to a persona whose server
+    calc2 has a tool of the same name, its call is asked for, naming its server."""
+    personas, configs = two_calcs(tmp_path)
+    app = make_app(tiny_llama_dir, personas, mcp_servers=configs)
+    async with app.run_test(size=SIZE) as pilot:
+        session = await asked(pilot, app, "what is 1 + 2?")
+        await pilot.press("a")
+        await answering(pilot, app)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not session.streaming, "the answer after the call")
+
+        await send(pilot, "and 2 + 3?")  # allowed for good: run without a question
+        await wait_for(pilot, lambda: not session.streaming, "the second answer")
+        assert not isinstance(app.screen, ToolApproval)
+        assert [r.state for r in session.entries[-1].steps[0].runs] == ["done"]
+        await send(pilot, "/tools")
+        await wait_for(pilot, lambda: isinstance(app.screen, ToolsList), "/tools")
+        listing = str(app.screen.query_one("#tools-listing").render())
+        assert "- calc/add (always allowed in this chat)" in listing
+        await pilot.press("escape")
+
+        await send(pilot, "/persona beta")
+        await send(pilot, "and 3 + 3?")
+        await wait_for(pilot, lambda: isinstance(app.screen, ToolApproval), "the question", 90)
+        await opened(pilot, ToolApproval)
+        run = session.entries[-1].steps[0].runs[0]
+        assert run.state == "asking" and not session.always_tools
+        assert "add (MCP server calc2)" in str(app.screen.query_one(".dialog-title").render())
+        await answering(pilot, app)
+        await pilot.press("n")
+        await wait_for(pilot, lambda: not session.streaming, "the answer without the call")
+        assert run.state == "denied"
 
 
 ANSWER = {

@@ -329,8 +329,9 @@ class Chats(Requests):
 
     def switch_persona(self, session: ChatSession, persona: Persona) -> None:
         """Continue ``session`` as ``persona``: its system prompt (pinned) and its sampling
-        defaults."""
+        defaults; the tools allowed for good are asked for again (its servers may differ)."""
         session.persona = persona
+        session.always_tools.clear()
         self.set_sampling(session, SamplingSettings.for_persona(persona))
         self.pin(persona.system_prompt)
 

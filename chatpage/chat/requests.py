@@ -38,6 +38,8 @@ from chatpage.chat.session import (
 )
 from chatpage.chat.tool_turns import (
     MAX_CALLS,
+    allow_always,
+    always_allowed,
     calls_made,
     chat_tools,
     functions,
@@ -333,7 +335,7 @@ class Requests:
         for run in step.runs:
             if run.resolved:
                 continue
-            if run.name in session.always_tools:
+            if self._always(session, gen, run):
                 self._run_tool(session, gen, run)
             else:
                 session.changed(ToolAsked(entry, run))
@@ -342,22 +344,29 @@ class Requests:
 
     def answer_tool(self, session: ChatSession, run: ToolRun, answer: str) -> None:
         """The user's answer to a call asked for: ``y`` run it, ``n`` do not (the model is
-        told), ``a`` run it and every later call of this tool in this chat."""
+        told), ``a`` run it and every later call of this server's tool in this chat (until
+        the chat's persona changes)."""
         gen = session.generation
         if gen is None or gen.entry is None or run.state != "asking":
             return
         if answer == "n":
             run.state = "denied"
         else:
-            if answer == "a":
-                session.always_tools.add(run.name)
+            tool = tool_of(run, gen.tools)
+            if answer == "a" and tool is not None:
+                allow_always(session, tool)
             self._run_tool(session, gen, run)
-            if answer == "a":
-                for other in gen.entry.steps[-1].runs:
-                    if other.state == "asking" and other.name == run.name:
-                        self._run_tool(session, gen, other)
+            for other in session.tool_questions:  # (after "a": the same tool's)
+                if self._always(session, gen, other):
+                    self._run_tool(session, gen, other)
         session.changed(EntryUpdated(gen.entry))
         self._next_round(session, gen)
+
+    @staticmethod
+    def _always(session: ChatSession, gen: Generation, run: ToolRun) -> bool:
+        """Whether ``run`` calls a tool the user allowed for good in ``session``."""
+        tool = tool_of(run, gen.tools)
+        return tool is not None and always_allowed(session, tool)
 
     def _run_tool(self, session: ChatSession, gen: Generation, run: ToolRun) -> None:
         tool = tool_of(run, gen.tools)

@@ -388,7 +388,9 @@ class ChatSession:
     context_tokens: int = 0  # the model's window (0 until it is known)
     prompt_tokens: int = 0  # what the prompt of the latest turn sent takes (its fit's count)
     store_id: int | None = None  # the saved chat, once it has a message
-    always_tools: set[str] = field(default_factory=set)  # tools the user allowed for good
+    always_tools: dict[tuple[str, str], McpTool] = field(default_factory=dict)
+    """The tools the user allowed for good, by (server, tool), as each was when allowed
+    (`chatpage.chat.tool_turns.always_allowed`)."""
     observers: list[Observer] = field(default_factory=list, repr=False)
 
     @classmethod
@@ -410,6 +412,14 @@ class ChatSession:
     def choosing(self) -> bool:
         """Alternatives are shown and none has been kept yet."""
         return self.generation is not None and self.generation.alternatives
+
+    @property
+    def tool_questions(self) -> list[ToolRun]:
+        """The tool calls of the reply being written that wait for the user's answer."""
+        gen = self.generation
+        if gen is None or gen.entry is None or not gen.entry.steps:
+            return []
+        return [run for run in gen.entry.steps[-1].runs if run.state == "asking"]
 
     @property
     def entries(self) -> list[Entry]:

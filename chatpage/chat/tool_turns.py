@@ -3,8 +3,8 @@ persona's ``tools``), the grammar of a round (a forced call, or the persona's
 ``response_format``), and a reply's calls as a `ToolStep`.
 
 A turn goes: the reply streams; when it ends with calls, its text and calls become a step, each
-call is asked for (y / n / always for this tool in this chat), run on its MCP server, and its
-result goes back to the model as a ``tool`` message; the model then continues. After
+call is asked for (y / n / always for this server's tool in this chat), run on its MCP server,
+and its result goes back to the model as a ``tool`` message; the model then continues. After
 `MAX_CALLS` calls in a turn the next round offers no tools, so the model must answer.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from chatpage.chat.mcp import McpServers, McpTool
-from chatpage.chat.session import ToolRun, ToolStep
+from chatpage.chat.session import ChatSession, ToolRun, ToolStep
 from chatpage.config.personas import Persona
 from chatpage.engine.grammar import grammar_text
 from chatpage.engine.sampling_params import GrammarKind, Structured
@@ -99,6 +99,23 @@ def new_step(text: str, calls: Sequence[Call], before: int, tools: Sequence[McpT
 
 def tool_of(run: ToolRun, tools: Sequence[McpTool]) -> McpTool | None:
     return next((t for t in tools if t.name == run.name), None)
+
+
+def asked_tool(session: ChatSession, run: ToolRun) -> McpTool | None:
+    """The tool ``run`` (a call of the reply being written) calls: which server's."""
+    gen = session.generation
+    return None if gen is None else tool_of(run, gen.tools)
+
+
+def always_allowed(session: ChatSession, tool: McpTool) -> bool:
+    """Whether the user said "always" in ``session`` to this server's tool of this name as
+    it is now (a tool of the same name on another server, or one its server now describes
+    otherwise, is asked for again)."""
+    return session.always_tools.get((tool.server, tool.name)) == tool
+
+
+def allow_always(session: ChatSession, tool: McpTool) -> None:
+    session.always_tools[(tool.server, tool.name)] = tool
 
 
 def functions(tools: Sequence[McpTool]) -> list[dict[str, Any]]:

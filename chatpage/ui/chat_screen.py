@@ -36,7 +36,6 @@ from chatpage.chat.session import (
     SettingsChanged,
     TitleChanged,
     ToolAsked,
-    ToolRun,
 )
 from chatpage.config.personas import Persona
 from chatpage.store import SessionRow
@@ -51,7 +50,6 @@ from chatpage.ui.external_editor import edit_text, editor_command
 from chatpage.ui.history import SavedChats, Say
 from chatpage.ui.screens.chat_search import ChatSearch
 from chatpage.ui.screens.help import HelpScreen
-from chatpage.ui.screens.tool_approval import ToolApproval
 from chatpage.ui.slash_commands import (
     ARGUMENTS,
     COMMAND_NAMES,
@@ -60,6 +58,7 @@ from chatpage.ui.slash_commands import (
     parse_command,
 )
 from chatpage.ui.text import clean
+from chatpage.ui.tool_questions import ToolQuestions
 from chatpage.ui.widgets.alternatives import AlternativesView
 from chatpage.ui.widgets.block_gauge import BlockGauge
 from chatpage.ui.widgets.message import MessageView
@@ -117,8 +116,9 @@ class ChatScreen(Screen[None]):
         self._completion_note = ""
         self._interrupted_at = -QUIT_AGAIN_S  # the last ctrl+c that did not quit
         self._draft_timer: Timer | None = None  # saves the draft once typing pauses
-        self._tool_questions: list[tuple[ChatSession, ToolRun]] = []  # calls to ask about
-        self._asking_tool = False
+        self.questions = ToolQuestions(
+            self, chats, lambda: self.current, say, self._sync_sidebar, self.prompt.post_message
+        )
 
     # -- layout -----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -188,6 +188,7 @@ class ChatScreen(Screen[None]):
         self.refresh_bindings()
         panes = self.session_view(new).transcript.alternatives
         (panes if panes is not None else prompt).focus()  # this screen's focus, under a dialog too
+        self.questions.ask()  # the calls this chat waits on
 
     async def close_session(self, session: ChatSession) -> None:
         """Close ``session`` (it stays saved, with its draft); another chat is shown."""
@@ -225,6 +226,7 @@ class ChatScreen(Screen[None]):
                 self._sync_sidebar()
             case BusyChanged():
                 self._sync_sidebar()
+                self.questions.drop_stale()
                 if current:  # "stop" follows this chat only
                     self.refresh_bindings()
             case GenerationChanged():
@@ -234,28 +236,11 @@ class ChatScreen(Screen[None]):
             case AttachmentsChanged() | SettingsChanged() if current:
                 self._show_prompt_info()
             case ToolAsked(_, run):
-                self._tool_questions.append((session, run))
-                self._ask_about_tool()
+                self._sync_sidebar()  # its mark: a call waits for an answer
+                self.questions.asked(session, run)
 
-    def _ask_about_tool(self) -> None:
-        """Ask about the next tool call waiting (one dialog at a time; a call that was
-        answered meanwhile, by "always" or a stop, is skipped)."""
-        if self._asking_tool:
-            return
-        while self._tool_questions:
-            session, run = self._tool_questions.pop(0)
-            if run.state == "asking":
-                break
-        else:
-            return
-        self._asking_tool = True
-
-        def answered(answer: str | None) -> None:
-            self._asking_tool = False
-            self.chats.answer_tool(session, run, answer or "n")
-            self._ask_about_tool()
-
-        self.app.push_screen(ToolApproval(run, session.title), answered)
+    def on_screen_resume(self) -> None:
+        self.questions.ask()  # a call that waited for a dialog to close
 
     def _sync_sidebar(self) -> None:
         self.query_one(SessionList).sync(self.chats.sessions, self.current)

@@ -10,9 +10,9 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from chatpage.chat.mcp import McpServers, ServerState
+from chatpage.chat.mcp import McpServers, McpTool, ServerState
 from chatpage.chat.session import ChatSession
-from chatpage.chat.tool_turns import server_names
+from chatpage.chat.tool_turns import always_allowed, chat_tools, server_names
 from chatpage.ui.text import clean
 
 
@@ -24,6 +24,7 @@ def tools_text(servers: McpServers, session: ChatSession | None) -> Text:
             "(see the README)."
         )
     used = set(server_names(session.persona, servers)) if session is not None else set()
+    offered = {t.name: t for t in chat_tools(session.persona, servers)} if session else {}
     out = Text()
     for name, server in servers.servers.items():
         state = str(server.state)
@@ -33,13 +34,20 @@ def tools_text(servers: McpServers, session: ChatSession | None) -> Text:
         out.append(f"{name}{mark} · {state}\n", style="bold")
         out.append(f"  {server.config.describe()}\n")
         for tool in server.tools:
-            always = (
-                " (always allowed here)" if session and tool.name in session.always_tools else ""
-            )
-            out.append(
-                f"  - {tool.name}{always}: {tool.description.splitlines()[0] if tool.description else ''}\n"
-            )
+            note = _note(tool, offered.get(tool.name), session) if name in used else ""
+            first = tool.description.splitlines()[0] if tool.description else ""
+            out.append(f"  - {name}/{tool.name}{note}: {first}\n")
     return Text(clean(out.plain), spans=out.spans)
+
+
+def _note(tool: McpTool, offered: McpTool | None, session: ChatSession | None) -> str:
+    """What a tool of one of the chat's servers is to the chat: allowed for good, or not
+    offered because another server's tool of that name is."""
+    if offered is not None and offered.server != tool.server:
+        return f" (not offered: {offered.server}/{tool.name} is)"
+    if session is not None and always_allowed(session, tool):
+        return " (always allowed in this chat)"
+    return ""
 
 
 class ToolsList(ModalScreen[None]):

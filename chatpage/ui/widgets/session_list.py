@@ -1,4 +1,5 @@
-"""SessionList: the sidebar of chats (title, persona, a marker while one is generating)."""
+"""SessionList: the sidebar of chats (title, persona, a marker while one is generating, another
+while a tool call in it waits for the user's answer)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ TITLE_WIDTH = 22
 
 
 def marker(session: ChatSession) -> str:
+    if session.tool_questions:  # a tool call waits for the user's answer
+        return "? "
     if session.streaming:
         return "● "
     if session.choosing:

@@ -13,7 +13,7 @@ from chatpage.chat.session import ToolRun
 from chatpage.ui.text import clean
 
 STATE_NOTES = {
-    "asking": "waiting for your answer (y / n / a)",
+    "asking": "waiting for your answer",
     "running": "running…",
     "done": "done",
     "failed": "failed",
