@@ -12,6 +12,7 @@ doing gguf-py's ``gguf.quants`` steps); both are bit-exact with gguf.quants.
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 import warnings
@@ -43,6 +44,8 @@ _SCALARS = {
     12: "<d",
 }
 _STRING, _ARRAY = 8, 9
+MAX_ARRAY_DEPTH = 8  # arrays of arrays nest this deep at most (real files: 1)
+MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 
 # The ggml tensor types chatpage loads: type id -> (name, values per block, bytes per block).
 TENSOR_TYPES: dict[int, tuple[str, int, int]] = {
@@ -84,11 +87,23 @@ class TensorInfo:
 
 
 class _Cursor:
-    """Reads little-endian values from a buffer, front to back."""
+    """Reads little-endian values from a buffer, front to back; every count it is given is
+    checked against the bytes left, so a hostile count fails at once in one line."""
 
-    def __init__(self, buf: mmap.mmap) -> None:
+    def __init__(self, buf: mmap.mmap, path: Path) -> None:
         self.buf = buf
+        self.path = path
         self.pos = 0
+
+    def left(self) -> int:
+        return len(self.buf) - self.pos
+
+    def count(self, what: str, each: int) -> int:
+        """A 64-bit count of items of at least ``each`` bytes that must still fit in the file."""
+        n = self.scalar("<Q")
+        if n * each > self.left():
+            raise GGUFError(f"{self.path}: {what} {n} does not fit in the {self.left()} bytes left")
+        return int(n)
 
     def scalar(self, fmt: str) -> Any:
         value = struct.unpack_from(fmt, self.buf, self.pos)[0]
@@ -96,24 +111,31 @@ class _Cursor:
         return value
 
     def string(self) -> str:
-        n = self.scalar("<Q")
+        n = self.count("a string of length", 1)
         self.pos += n
         return self.buf[self.pos - n : self.pos].decode("utf-8", errors="replace")
 
-    def value(self, kind: int) -> Any:
+    def value(self, kind: int, depth: int = 0) -> Any:
         if kind in _SCALARS:
             return self.scalar(_SCALARS[kind])
         if kind == _STRING:
             return self.string()
         if kind != _ARRAY:
-            raise GGUFError(f"unknown metadata value type {kind}")
-        item, count = self.scalar("<I"), self.scalar("<Q")
+            raise GGUFError(f"{self.path}: unknown metadata value type {kind}")
+        if depth >= MAX_ARRAY_DEPTH:
+            raise GGUFError(
+                f"{self.path}: metadata arrays nest deeper than {MAX_ARRAY_DEPTH} levels"
+            )
+        item = self.scalar("<I")
         if item in _SCALARS:
             dtype = np.dtype(_SCALARS[item].replace("?", "b1"))
+            count = self.count("an array of length", dtype.itemsize)
             values = np.frombuffer(self.buf, dtype, count, self.pos)
             self.pos += count * dtype.itemsize
             return values.tolist()
-        return [self.value(item) for _ in range(count)]
+        # a string takes 8 bytes at least, an array 12
+        count = self.count("an array of length", 8 if item == _STRING else 12)
+        return [self.value(item, depth + 1) for _ in range(count)]
 
 
 class GGUFFile:
@@ -133,14 +155,17 @@ class GGUFFile:
             raise GGUFError(f"{path} is not a readable GGUF file (truncated header: {e})") from None
 
     def _read_header(self) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
-        c = _Cursor(self._map)
+        c = _Cursor(self._map, self.path)
         if self._map[:4] != MAGIC:
             raise GGUFError(f"{self.path} is not a GGUF file (no GGUF magic at its start)")
         c.pos = 4
         version = c.scalar("<I")
         if version not in VERSIONS:
             raise GGUFError(f"{self.path}: GGUF version {version} is not supported (2 or 3 are)")
-        n_tensors, n_kv = c.scalar("<Q"), c.scalar("<Q")
+        # a tensor's entry takes 24 bytes at least (name length, dims, type, offset), a
+        # key's 13 (key length, type, a one-byte value)
+        n_tensors = c.count("the tensor count", 24)
+        n_kv = c.count("the metadata key count", 13)
         metadata: dict[str, Any] = {}
         for _ in range(n_kv):
             key = c.string()
@@ -148,9 +173,17 @@ class GGUFFile:
         raw = []
         for _ in range(n_tensors):
             name = c.string()
-            dims = [c.scalar("<Q") for _ in range(c.scalar("<I"))]
+            n_dims = c.scalar("<I")
+            if not 1 <= n_dims <= MAX_DIMS:
+                raise GGUFError(
+                    f"{self.path}: tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS} are)"
+                )
+            dims = [c.scalar("<Q") for _ in range(n_dims)]
             raw.append((name, tuple(reversed(dims)), c.scalar("<I"), c.scalar("<Q")))
-        align = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
+        align = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if type(align) is not int or align < 1 or align & (align - 1):
+            shown = align if type(align) is int else f"a {type(align).__name__}"
+            raise GGUFError(f"{self.path}: general.alignment must be a power of two, not {shown}")
         start = (c.pos + align - 1) // align * align
         tensors = {}
         for name, shape, type_id, offset in raw:
@@ -161,7 +194,7 @@ class GGUFFile:
                     f"chatpage cannot read (it reads {known})"
                 )
             _, block, block_bytes = TENSOR_TYPES[type_id]
-            count = int(np.prod(shape))
+            count = math.prod(shape)  # (Python's integers: no overflow)
             if shape[-1] % block:
                 raise GGUFError(
                     f"{self.path}: tensor {name!r} rows of {shape[-1]} values do not "

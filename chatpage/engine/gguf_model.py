@@ -10,11 +10,11 @@ which is undone here (Qwen2 files are stored as HF has them).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from chatpage.engine.gguf_checks import check_tensors, field, positive, whole
 from chatpage.engine.gguf_file import GGUFError, GGUFFile
 from chatpage.engine.gguf_int4 import IQ4_TYPES, int4_of, is_int4, levels_of
 from chatpage.engine.model_config import ModelConfig, ModelShape
@@ -79,19 +79,24 @@ def gguf_name(hf_name: str, arch: str = "llama") -> str | None:
     return f"blk.{layer}.{names[module]}.{kind}" if module in names else None
 
 
-def _field(meta: dict[str, Any], key: str, path: Path) -> Any:
-    if key not in meta:
-        raise GGUFError(f"{path} lacks the metadata key {key!r}; is it a complete model file?")
-    return meta[key]
-
-
 def gguf_config(gf: GGUFFile) -> ModelShape:
-    """The model's config from ``gf``'s metadata; :class:`GGUFError` (one line) for a file of an
-    architecture or a RoPE variant the engine does not run. Llama and Qwen2 files give a
-    :class:`ModelConfig`; the others a config of transformers' class for their model type
+    """The model's config from ``gf``'s metadata, checked against its tensor table
+    (``engine/gguf_checks.py``); :class:`GGUFError` (one line) for a file of an architecture or
+    a RoPE variant the engine does not run, or whose values no model has. Llama and Qwen2 files
+    give a :class:`ModelConfig`; the others a config of transformers' class for their model type
     (their options: ``engine/models/arch.py``)."""
+    try:
+        return _config(gf)
+    except GGUFError:
+        raise
+    except (ValueError, TypeError, KeyError, ArithmeticError) as e:  # a value of the wrong kind
+        why = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+        raise GGUFError(f"{gf.path.name} has malformed metadata ({why})") from None
+
+
+def _config(gf: GGUFFile) -> ModelShape:
     meta, path = gf.metadata, gf.path
-    arch = _field(meta, "general.architecture", path)
+    arch = field(meta, "general.architecture", path)
     if arch not in ARCHITECTURES:
         raise GGUFError(
             f"unsupported architecture {arch!r} in {path.name}; chatpage runs GGUF "
@@ -104,34 +109,36 @@ def gguf_config(gf: GGUFFile) -> ModelShape:
         raise GGUFError(
             f"{path.name}: RoPE scaling {kind!r} is not supported yet; use a model with plain RoPE"
         )
-    heads = int(_field(meta, f"{arch}.attention.head_count", path))
-    hidden = int(_field(meta, f"{arch}.embedding_length", path))
-    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
-    rope_dim = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
-    if rope_dim != head_dim and arch != "phi3":
+    heads = whole(meta, f"{arch}.attention.head_count", path)
+    hidden = whole(meta, f"{arch}.embedding_length", path)
+    head_dim = whole(meta, f"{arch}.attention.key_length", path, hidden // heads)
+    rope_dim = whole(meta, f"{arch}.rope.dimension_count", path, head_dim)
+    if rope_dim != head_dim and (arch != "phi3" or rope_dim > head_dim):
         raise GGUFError(f"{path.name}: partial rotary embeddings are not supported yet")
     tokens = meta.get("tokenizer.ggml.tokens")
-    vocab = meta.get(f"{arch}.vocab_size", len(tokens) if isinstance(tokens, list) else None)
     embed = gf.tensors.get("token_embd.weight")
     if embed is None:
         raise GGUFError(f"{path.name} has no token_embd.weight tensor")
+    vocab = len(tokens) if isinstance(tokens, list) else embed.shape[0]
     fields: dict[str, Any] = dict(
-        vocab_size=int(vocab if vocab is not None else embed.shape[0]),
+        vocab_size=whole(meta, f"{arch}.vocab_size", path, vocab),
         hidden_size=hidden,
-        intermediate_size=int(_field(meta, f"{arch}.feed_forward_length", path)),
-        num_hidden_layers=int(_field(meta, f"{arch}.block_count", path)),
+        intermediate_size=whole(meta, f"{arch}.feed_forward_length", path),
+        num_hidden_layers=whole(meta, f"{arch}.block_count", path),
         num_attention_heads=heads,
-        num_key_value_heads=int(meta.get(f"{arch}.attention.head_count_kv", heads)),
-        rms_norm_eps=float(_field(meta, f"{arch}.attention.layer_norm_rms_epsilon", path)),
-        max_position_embeddings=int(_field(meta, f"{arch}.context_length", path)),
+        num_key_value_heads=whole(meta, f"{arch}.attention.head_count_kv", path, heads),
+        rms_norm_eps=positive(meta, f"{arch}.attention.layer_norm_rms_epsilon", path),
+        # (the engine's RoPE tables cover what its KV pool can hold, not all of this)
+        max_position_embeddings=whole(meta, f"{arch}.context_length", path),
         tie_word_embeddings="output.weight" not in gf.tensors,
         eos_token_id=meta.get("tokenizer.ggml.eos_token_id"),
     )
-    base = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
+    check_tensors(gf, arch, fields, head_dim)
+    base = positive(meta, f"{arch}.rope.freq_base", path, 10000.0)
     if arch in ("llama", "qwen2"):
         # Mistral and Ministral files are llama files; where the converter writes a window (and
         # which layers slide), the layers keep it
-        window = int(meta.get(f"{arch}.attention.sliding_window", 0))
+        window = whole(meta, f"{arch}.attention.sliding_window", path, 0, low=0)
         return ModelConfig(
             model_type=ARCHITECTURES[arch],
             rope_parameters={"rope_type": "default", "rope_theta": base},
@@ -195,7 +202,7 @@ def _transformers_config(
     full = dict(rope)
     if meta.get("gemma3.rope.scaling.type", "none") == "linear":
         full.update(rope_type="linear", factor=float(meta["gemma3.rope.scaling.factor"]))
-    local = float(meta.get("gemma3.rope.freq_base_swa", 10000.0))
+    local = positive(meta, "gemma3.rope.freq_base_swa", gf.path, 10000.0)
     return transformers.Gemma3TextConfig(
         layer_types=list(_layer_types(meta, arch, fields["num_hidden_layers"], 6)),
         rope_parameters={

@@ -64,6 +64,8 @@ class LLMEngine:
         self.warnings = list(loaded.warnings) + list(plan.notes)
         hf = loaded.config
         dtype, kv_dtype = getattr(torch, plan.dtype), getattr(torch, plan.kv_dtype)
+        limit = hf.max_position_embeddings  # (sliding windows are attended as such: no limit)
+        self.max_model_len = min(config.max_model_len or limit, limit)
         self.model = LlamaModel(
             hf,
             loaded.state,
@@ -71,9 +73,9 @@ class LLMEngine:
             self.device,
             plan.weights,
             getattr(torch, plan.mm_dtype) if plan.mm_dtype else None,
+            # (the rotary tables for the GPU's profile step; all it can reach once sized below)
+            positions=min(self.max_model_len, config.max_num_batched_tokens),
         )
-        limit = hf.max_position_embeddings  # (sliding windows are attended as such: no limit)
-        self.max_model_len = min(config.max_model_len or limit, limit)
         groups = self.model.kv_groups
         self.block_bytes = bytes_per_block(
             groups.page_layers,
@@ -98,13 +100,13 @@ class LLMEngine:
                 f"(one block is {self.block_bytes} bytes); raise the KV cache size"
             )
         num_cpu_blocks = config.swap_space_bytes // self.block_bytes
+        freed = groups.windows if config.free_outside_window else (0,) * groups.num_groups
         self.bm = BlockManager(
-            num_blocks,
-            num_cpu_blocks,
-            config.block_size,
-            config.enable_prefix_caching,
-            groups.windows if config.free_outside_window else (0,) * groups.num_groups,
+            num_blocks, num_cpu_blocks, config.block_size, config.enable_prefix_caching, freed
         )
+        # a sequence holds every block of a group that frees none, so it never passes the pool
+        reach = num_blocks * config.block_size if 0 in freed else self.max_model_len
+        self.model.set_positions(min(self.max_model_len, reach))
         self.kv = KVCache(
             self.model.num_layers,
             num_blocks,

@@ -195,12 +195,14 @@ class LlamaModel:
         device: str | torch.device,
         weights: str = "fp32",
         half: torch.dtype | None = None,
+        positions: int | None = None,
     ) -> None:
         """``state``: HF-named fp32 tensors (fused and packed here, consumed; a checkpoint
         streamed onto the device, ``engine/stream.py``) or a state already packed by
         :func:`chatpage.engine.weights.pack_state` (a cached start) in ``weights``. ``half``
         (a GPU's bf16 or fp16) is the dtype of the matmul inputs and dense weights when given;
-        the residual stream, norms and RoPE keep ``dtype``."""
+        the residual stream, norms and RoPE keep ``dtype``. ``positions``: how many positions
+        the rotary tables cover (None: the model's context; see `set_positions`)."""
         self.config = config
         self.num_layers = config.num_hidden_layers
         self.hidden = config.hidden_size
@@ -256,10 +258,19 @@ class LlamaModel:
         self.lm_head = make_linear(packed, "embed" if tied else "lm_head", self.device, half)
         packed.clear()
 
-        self.max_positions = config.max_position_embeddings
+        self.set_positions(positions or config.max_position_embeddings)
+        self.intermediate = self.layers[0].down.in_features
+        self.fused = fused_ops.for_model(self.device, dtype)
+        self.native_layers = self._native_layers()
+
+    def set_positions(self, positions: int) -> None:
+        """Build the rotary tables for positions ``0 .. positions - 1`` (at most the model's
+        context): the positions a sequence can reach, which the engine knows once its KV pool
+        is sized (a file's context length alone may ask for tables of many GiB)."""
+        self.max_positions = min(positions, self.config.max_position_embeddings)
         tables = {
-            key: (cos.to(self.device, dtype), sin.to(self.device, dtype))
-            for key, (cos, sin) in rope_tables(config, self.arch, self.max_positions).items()
+            key: (cos.to(self.device, self.dtype), sin.to(self.device, self.dtype))
+            for key, (cos, sin) in rope_tables(self.config, self.arch, self.max_positions).items()
         }
         # each layer's rotary tables (None: a layer without RoPE)
         self.rope = [None if key is None else tables[key] for key in self.arch.rope]
@@ -268,9 +279,6 @@ class LlamaModel:
         self.sin: Tensor | None = None
         if tables:
             self.cos, self.sin = next(iter(tables.values()))
-        self.intermediate = self.layers[0].down.in_features
-        self.fused = fused_ops.for_model(self.device, dtype)
-        self.native_layers = self._native_layers()
 
     def _native_layers(self) -> NativeLayers | None:
         """The native layer loop, unless a layer matmul lacks a native GEMV (they exist on the CPU
