@@ -13,7 +13,10 @@ import torch
 
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
 from chatpage.engine.accumulator import OutputAccumulator
+from chatpage.engine.grammar import GrammarMatcher
+from chatpage.engine.llm_engine import RequestRefused
 from chatpage.engine.outputs import RequestOutput
+from chatpage.engine.sampling_params import MAX_LOGPROB_ENTRIES, GrammarKind, Structured
 from chatpage.vocab import FinishReason
 
 BLOCK_BYTES = 16 * 2 * 2 * 2 * 64 * 4  # the tiny Llama: 2 layers, 2 KV heads of 64, fp32
@@ -86,11 +89,12 @@ def test_a_row_that_cannot_be_sampled_fails_its_own_request_only(engine, monkeyp
     real = engine.constraints.apply
 
     def nan_for_seed_13(logits, rows):
-        real(logits, rows)
+        failed = real(logits, rows)
         with torch.inference_mode():  # the step's logits are inference tensors
             for row, p, _matcher in rows:
                 if p.seed == 13:
                     logits[row] = float("nan")
+        return failed
 
     others = {
         "greedy": SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
@@ -117,3 +121,72 @@ def test_a_row_that_cannot_be_sampled_fails_its_own_request_only(engine, monkeyp
         assert done[name].error is None, name
         got = [(c.token_ids, c.finish_reason) for c in done[name].outputs]
         assert got == [(c.token_ids, c.finish_reason) for c in expected[name].outputs], name
+
+
+def test_a_row_whose_bias_or_mask_raises_fails_its_own_request_only(engine):
+    """Per-request work in the step (a logit bias, a grammar mask) that raises for one row
+    ends that row's request with the error; the batch's other requests, constrained ones
+    included, come out exactly as they do without it (issue 40, item 1)."""
+    digits = Structured(GrammarKind.REGEX, "[0-9]{4}")
+    others = {
+        "greedy": SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+        "sampled": SamplingParams(temperature=0.9, seed=1, max_tokens=6, ignore_eos=True),
+        "biased": SamplingParams(temperature=0, max_tokens=6, logit_bias={42: 100}),
+        "digits": SamplingParams(temperature=0, max_tokens=6, structured=digits),
+        "beam": SamplingParams(beam_width=2, max_tokens=6),
+    }
+    expected = _run(engine, others)
+    ids = {
+        engine.add_request(PROMPT, p): name
+        for name, p in {
+            **others,
+            "bad bias": SamplingParams(temperature=0, max_tokens=6, logit_bias={7: 1.0}),
+            "bad mask": SamplingParams(n=2, seed=4, max_tokens=6, structured=digits),
+        }.items()
+    }
+    by_name = {name: rid for rid, name in ids.items()}
+    # what add_request refuses, put in behind its back: an id past the vocabulary (and past
+    # int64), a matcher llguidance cannot compute a mask for
+    engine.groups[by_name["bad bias"]].params.logit_bias[2**64] = 1.0
+    engine.groups[by_name["bad mask"]].seqs[0].matcher = GrammarMatcher(object())
+    outputs = OutputAccumulator()
+    done: dict[str, RequestOutput] = {}
+    for _ in range(100):
+        for update in engine.step():
+            out = outputs.add(update)
+            if out.finished:
+                done[ids[out.request_id]] = out
+        if not engine.has_unfinished():
+            break
+    assert len(done) == len(ids)
+    for name in ("bad bias", "bad mask"):
+        assert done[name].error is not None and "could not be sampled" in done[name].error
+        assert all(c.finish_reason is FinishReason.ERROR for c in done[name].outputs)
+    assert "Overflow" in done["bad bias"].error
+    for name in others:
+        assert done[name].error is None, name
+        got = [(c.token_ids, c.finish_reason) for c in done[name].outputs]
+        assert got == [(c.token_ids, c.finish_reason) for c in expected[name].outputs], name
+    stats = engine.stats()
+    assert stats.blocks_used == stats.blocks_pinned and stats.blocks_swapped == 0
+
+
+@pytest.mark.parametrize("token", [49152, 2**63, 2**200])
+def test_a_logit_bias_past_the_vocabulary_is_refused_at_add_request(engine, token):
+    with pytest.raises(RequestRefused, match=f"logit_bias names token {token}, which is not in"):
+        engine.add_request(PROMPT, SamplingParams(max_tokens=2, logit_bias={token: 1.0}))
+    assert not engine.has_unfinished()
+
+
+def test_n_by_max_tokens_by_top_logprobs_is_capped(engine):
+    """n x max_tokens (as far as the context reaches) x (top_logprobs + 1) is bounded per
+    request (issue 40, item 10): one sample fewer passes that check (and meets the next, this
+    small KV cache's)."""
+    room = engine.max_model_len - len(PROMPT)
+    n = MAX_LOGPROB_ENTRIES // (room * 21) + 1
+    big = SamplingParams(n=n, max_tokens=10**9, logprobs=20)
+    with pytest.raises(RequestRefused, match=f"up to {n * room * 21} log-probabilities"):
+        engine.add_request(PROMPT, big)
+    fits = SamplingParams(n=n - 1, max_tokens=10**9, logprobs=20)
+    with pytest.raises(RequestRefused, match="KV blocks"):
+        engine.add_request(PROMPT, fits)

@@ -4,6 +4,8 @@ One call per engine step over the rows that sample. The masks of all constrained
 computed together (llguidance's executor, in parallel) into one int32 bitmask, 32 tokens a word,
 which is applied on the logits' device in place (`forbid`: bitwise ops on fp32 logits). Sampling, logprobs
 and beam search all read the masked logits: a token the grammar forbids has probability 0.
+A row whose bias or mask cannot be applied is returned with why, for its request to fail alone
+(as the sampler does with a row it cannot sample); the other rows are constrained as ever.
 """
 
 from __future__ import annotations
@@ -38,27 +40,38 @@ class LogitConstraints:
     @torch.inference_mode()  # (the logits are the model's inference tensors)
     def apply(
         self, logits: torch.Tensor, rows: Seq[tuple[int, SamplingParams, GrammarMatcher | None]]
-    ) -> None:
+    ) -> dict[int, Exception]:
         """Change ``logits`` [N, V] in place: for each (row, params, matcher), add the row's
-        logit bias, then forbid what its matcher does not allow."""
+        logit bias, then forbid what its matcher does not allow. Returns the rows that could
+        not be constrained, with why (their logits are not to be sampled)."""
+        failed: dict[int, Exception] = {}
         constrained: list[tuple[int, GrammarMatcher]] = []
         for row, params, matcher in rows:
-            if params.logit_bias:
-                ids = torch.tensor(list(params.logit_bias), device=logits.device)
-                ids = ids[ids < logits.shape[1]]
-                bias = torch.tensor(
-                    [params.logit_bias[int(i)] for i in ids.tolist()],
-                    dtype=logits.dtype,
-                    device=logits.device,
-                )
-                logits[row, ids] += bias
+            try:
+                if params.logit_bias:
+                    ids = torch.tensor(list(params.logit_bias), device=logits.device)
+                    bias = torch.tensor(
+                        list(params.logit_bias.values()), dtype=logits.dtype, device=logits.device
+                    )
+                    logits[row, ids] += bias
+            except Exception as e:  # (e.g. an id past the vocabulary): this row alone
+                failed[row] = e
+                continue
             if matcher is not None:
                 constrained.append((row, matcher))
         if constrained:
             t0 = self.clock()
-            self._mask(logits, constrained)
+            try:
+                self._mask(logits, constrained)
+            except Exception:  # one row's matcher: find it, row by row, and mask the others
+                for row, matcher in constrained:
+                    try:
+                        self._mask(logits, [(row, matcher)])
+                    except Exception as e:
+                        failed[row] = e
             self.mask_seconds += self.clock() - t0
             self.masked_rows += len(constrained)
+        return failed
 
     def _mask(self, logits: torch.Tensor, constrained: list[tuple[int, GrammarMatcher]]) -> None:
         import llguidance

@@ -28,7 +28,7 @@ from chatpage.engine.outputs import EngineStats, RequestOutput, RequestUpdate, T
 from chatpage.engine.reasoning import reasoning_format
 from chatpage.engine.request_update import closing_update, request_update
 from chatpage.engine.sampler import make_generator, sample
-from chatpage.engine.sampling_params import SamplingParams
+from chatpage.engine.sampling_params import MAX_LOGPROB_ENTRIES, SamplingParams
 from chatpage.engine.scheduler import Sample, SamplerOutput, ScheduledSeq, Scheduler
 from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
 from chatpage.engine.stop import StopCheck
@@ -230,6 +230,11 @@ class LLMEngine:
             raise RequestRefused(
                 f"prompt token ids must be in [0, {vocab}), the model's vocabulary"
             )
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise RequestRefused(
+                f"logit_bias names token {max(params.logit_bias)}, which is not in the "
+                f"model's vocabulary (ids 0 to {vocab - 1})"
+            )
         n = len(ids)
         if params.width > self.config.max_num_seqs:
             raise RequestRefused(
@@ -243,6 +248,13 @@ class LLMEngine:
                 f"(max_model_len); shorten it by at least {n - self.max_model_len + 1} tokens"
             )
         longest = min(n + params.max_tokens, self.max_model_len)
+        entries = params.width * (longest - n) * (params.top_logprobs + 1)
+        if params.logprobs is not None and entries > MAX_LOGPROB_ENTRIES:
+            raise RequestRefused(
+                f"the request asks for up to {entries} log-probabilities (n {params.width} x "
+                f"max_tokens {longest - n} x (top_logprobs {params.top_logprobs} + 1)), more "
+                f"than the {MAX_LOGPROB_ENTRIES} one request may have; lower one of them"
+            )
         need = self.bm.peak_blocks(n, longest, params.width, self.config.max_num_batched_tokens)
         have = self.bm.pool.num_blocks - self.bm.pool.num_pinned
         if need > have:
@@ -342,8 +354,9 @@ class LLMEngine:
             for row, item in enumerate(sampling)
             if item.seq.matcher is not None or item.group.params.logit_bias
         ]
-        if constrained:  # logit biases and grammar masks first
-            self.constraints.apply(logits, constrained)
+        if constrained:  # logit biases and grammar masks first; a row that fails them fails
+            for row, error in self.constraints.apply(logits, constrained).items():
+                failed.setdefault(sampling[row].group.request_id, error)  # its request alone
         by_group: dict[str, list[tuple[Sequence, int]]] = {}
         groups: dict[str, SequenceGroup] = {}
         for row, item in enumerate(sampling):
@@ -353,6 +366,8 @@ class LLMEngine:
         out = SamplerOutput()
         for rid, seq_rows in by_group.items():
             group = groups[rid]
+            if rid in failed:
+                continue
             if group.params.use_beam_search:
                 try:
                     out.beams.append(self.scheduler.beam.propose(group, seq_rows, logits))

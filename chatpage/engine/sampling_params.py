@@ -12,6 +12,10 @@ from chatpage.vocab import GREEDY_BELOW, RULE_BY_FIELD, SAMPLING_RULES, Sampling
 
 MAX_LOGIT_BIAS = 100.0
 """The largest bias (either sign) a token may get, as in OpenAI's API."""
+MAX_LOGPROB_ENTRIES = 1 << 18
+"""The most log-probabilities one request may ask for, n x max_tokens x (top_logprobs + 1):
+about 20 MB of JSON, where nothing bounded 16 samples x 8k tokens x 21 (2.8M: gigabytes held
+by the server)."""
 
 
 class GrammarKind(enum.StrEnum):

@@ -1,6 +1,7 @@
 """The Starlette app of `chatpage serve`: routes over one `LocalEngineClient`.
 
 ``/v1/*`` needs the API key when one is set; ``/health`` and ``/metrics`` never do (as in vLLM).
+A server with no key answers every route only under its own names (`HostGuard`: DNS rebinding).
 Every request handler only awaits its own queue of engine events (see `bridge`), and a client
 that goes away cancels its request in the engine.
 """
@@ -19,9 +20,11 @@ from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chatpage.config.personas import Persona
 from chatpage.engine.client import LocalEngineClient
@@ -95,12 +98,9 @@ class ServeState:
         )
 
     def check(self, request: Request) -> None:
-        """401 for a wrong or missing key (compared in constant time); with no key, 403 for a
-        Host that is not this server's and 415 for a body that is not JSON; 503 while the model
-        loads or when it failed."""
-        if self.api_key is None:
-            check_keyless(request, self.host)
-        else:
+        """401 for a wrong or missing key (compared in constant time); 503 while the model
+        loads or when it failed. (A keyless server's Host and content type: `HostGuard`.)"""
+        if self.api_key is not None:
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
                 raise ApiError(
@@ -113,7 +113,8 @@ class ServeState:
                 raise ApiError(503, f"the model did not load: {self.client.error}")
             raise ApiError(503, f"the model is still loading ({self.client.status})")
 
-    def _engine(self) -> LLMEngine:
+    @property
+    def engine(self) -> LLMEngine:
         """The loaded engine (asked for only while serving requests, so after the load)."""
         engine = self.client.engine
         if engine is None:
@@ -121,16 +122,16 @@ class ServeState:
         return engine
 
     def token_text(self, token_id: int) -> str:
-        return self._engine().tokenizer.decode([token_id])
+        return self.engine.tokenizer.decode([token_id])
 
     @property
     def tool_format(self) -> ToolFormat:
         """How the model writes tool calls (from its chat template)."""
-        return self._engine().tool_format
+        return self.engine.tool_format
 
     def special_token(self, text: str) -> int | None:
         """The id of ``text`` when it is one token of the vocabulary."""
-        ids = self._engine().tokenizer.encode(text, add_special_tokens=False)
+        ids = self.engine.tokenizer.encode(text, add_special_tokens=False)
         return ids[0] if len(ids) == 1 else None
 
     def force_tools(self, api: ApiRequest) -> None:
@@ -140,6 +141,25 @@ class ServeState:
         if tools.offered and tools.forced:
             grammar = self.tool_format.grammar(tools.forced, tools.parallel, self.special_token)
             api.params = replace(api.params, structured=Structured(GrammarKind.GRAMMAR, grammar))
+
+
+class HostGuard:
+    """Before any route of a server with no API key: 403 for a Host that is not this server's
+    and 415 for a body that is not JSON (`check_keyless`), so that a page whose name was
+    rebound to this machine reads nothing, ``/health`` and ``/metrics`` included."""
+
+    def __init__(self, app: ASGIApp, state: ServeState) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.state.api_key is None:
+            try:
+                check_keyless(Request(scope), self.state.host)
+            except ApiError as e:
+                await _error(e)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _state(request: Request) -> ServeState:
@@ -176,7 +196,8 @@ async def _prepare(request: Request, kind: str) -> tuple[ApiRequest, str]:
     state.check(request)
     body = await read_json(request, state.limits)
     model, persona = state.resolve(body.get("model") if isinstance(body, dict) else None)
-    api = parse_request(body, kind, persona.sampling() if persona else None)
+    vocab = state.engine.model.vocab_size
+    api = parse_request(body, kind, persona.sampling() if persona else None, vocab)
     if (
         persona is not None
         and kind == "chat"
@@ -327,6 +348,7 @@ def build_app(
     """The ASGI app over a started (or starting) ``client``, listening on ``host``; closing it
     is the caller's job. Shortens the process's GIL switch interval (`SWITCH_INTERVAL_S`)."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+    state = ServeState(client, api_key, personas or [], host, limits)
     app = Starlette(
         routes=[
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -336,7 +358,8 @@ def build_app(
             Route("/health", health, methods=["GET"]),
             Route("/version", version, methods=["GET"]),
             Route("/metrics", prometheus, methods=["GET"]),
-        ]
+        ],
+        middleware=[Middleware(HostGuard, state=state)],
     )
-    app.state.serve = ServeState(client, api_key, personas or [], host, limits)
+    app.state.serve = state
     return app

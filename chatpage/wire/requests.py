@@ -191,9 +191,12 @@ def parse_prompt(raw: Any) -> str | list[int]:
     raise bad_value("prompt", "a string or a list of token ids (one prompt per request)", raw)
 
 
-def parse_request(body: Any, kind: str, defaults: dict[str, Any] | None = None) -> ApiRequest:
+def parse_request(
+    body: Any, kind: str, defaults: dict[str, Any] | None = None, vocab_size: int | None = None
+) -> ApiRequest:
     """Validate a decoded JSON body of /v1/chat/completions (``kind`` "chat") or
-    /v1/completions ("completion"). ``defaults`` are a persona's sampling defaults."""
+    /v1/completions ("completion"). ``defaults`` are a persona's sampling defaults;
+    ``vocab_size`` the model's (token ids must be below it)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     check_fields(body, "chat" if kind == "chat" else "completion")
@@ -207,7 +210,7 @@ def parse_request(body: Any, kind: str, defaults: dict[str, Any] | None = None) 
     if options and not stream:
         raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
     include_usage = read_flag(options or {}, "include_usage")
-    params = read_sampling(body, kind, defaults)
+    params = read_sampling(body, kind, defaults, vocab_size)
     request = ApiRequest(
         kind,
         model,

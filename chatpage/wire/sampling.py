@@ -84,27 +84,46 @@ def _logprobs(body: dict[str, Any], kind: str) -> tuple[str, Any]:
     return name, 0 if count is None else count
 
 
-def _logit_bias(raw: Any) -> dict[int, float]:
-    """OpenAI's logit_bias: token ids (as JSON keys, strings) -> a bias from -100 to 100 (the
-    range is SamplingParams' own check)."""
+def _logit_bias(raw: Any, vocab_size: int | None) -> dict[int, float]:
+    """OpenAI's logit_bias: token ids (as JSON keys, strings of ASCII digits) -> a bias from
+    -100 to 100 (the range is SamplingParams' own check); with ``vocab_size``, each id below
+    it (a 400 names any other)."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise bad_value("logit_bias", 'an object of token id -> bias, such as {"50256": -100}', raw)
     bias: dict[int, float] = {}
     for key, value in raw.items():
-        if not (isinstance(key, str) and key.isdigit()):
-            raise bad_value("logit_bias", "token ids as keys", key)
-        bias[int(key)] = value
+        # (str.isdigit takes "²" and other digits int() refuses; and no vocabulary is that long)
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 12):
+            shown = key if len(key) <= 24 else key[:24] + "..."
+            raise ApiError(
+                400,
+                f"logit_bias keys must be token ids (0, 1, 2, ...), got {shown!r}",
+                "logit_bias",
+            )
+        token = int(key)
+        if vocab_size is not None and token >= vocab_size:
+            raise ApiError(
+                400,
+                f"logit_bias names token {token}, which is not in the model's vocabulary "
+                f"(ids 0 to {vocab_size - 1})",
+                "logit_bias",
+            )
+        bias[token] = value
     return bias
 
 
 def read_sampling(
-    body: dict[str, Any], kind: str, defaults: dict[str, Any] | None = None
+    body: dict[str, Any],
+    kind: str,
+    defaults: dict[str, Any] | None = None,
+    vocab_size: int | None = None,
 ) -> SamplingParams:
     """The SamplingParams of a request body of kind "chat" or "completion"; ``defaults``
     (a persona's sampling settings) fill what the body leaves out, before the table's API
-    defaults do. Raises `ApiError` 400 naming the request's field."""
+    defaults do; ``vocab_size``: the model's, which token ids must be below. Raises
+    `ApiError` 400 naming the request's field."""
     defaults = defaults or {}
     names: dict[str, str] = {}  # SamplingParams' field -> the request field that set it
     values: dict[str, Any] = {}
@@ -123,7 +142,7 @@ def read_sampling(
         values.update(BEAM_SEARCH_VALUES)
     names.update(n="n", beam_width="n")
     names["logprobs"], values["logprobs"] = _logprobs(body, kind)
-    values["logit_bias"] = _logit_bias(body.get("logit_bias"))
+    values["logit_bias"] = _logit_bias(body.get("logit_bias"), vocab_size)
     values["structured"] = read_structured(body)
     try:
         return SamplingParams(**values)
