@@ -52,6 +52,7 @@ from chatpage.chat.session import (
     ToolStep,
 )
 from chatpage.chat.tree import below
+from chatpage.config.errorlog import log_error
 from chatpage.config.personas import Persona, find_persona
 from chatpage.store import NotFound, SessionRow, Store
 from chatpage.vocab import MessageStatus
@@ -332,7 +333,8 @@ def restore(
     notes: list[str] = []
     for row in store.list_sessions(closed=False):
         session, note = load_session(store, row, personas, fallback, first_id + len(sessions))
-        sessions.append(session)
+        if session is not None:
+            sessions.append(session)
         if note:
             notes.append(note)
     return sessions, notes
@@ -340,9 +342,23 @@ def restore(
 
 def load_session(
     store: Store, row: SessionRow, personas: list[Persona], fallback: Persona, session_id: int
-) -> tuple[ChatSession, str | None]:
+) -> tuple[ChatSession | None, str | None]:
     """One saved chat as a session (every branch, each fork showing the version that was on
-    show), and a note if its persona is gone."""
+    show), and a note if its persona is gone; None and a note naming the chat if it cannot be
+    read (it stays saved: one chat must not keep the others from opening)."""
+    try:
+        return _load(store, row, personas, fallback, session_id)
+    except Exception as err:  # saved by an older or another program: whatever it holds
+        why = log_error(err, f"opening the saved chat {row.id}")
+        return None, (
+            f"the saved chat {row.title[:60]!r} cannot be opened ({why}); it stays saved: "
+            f"`chatpage export {row.id} --format json` writes it out"
+        )
+
+
+def _load(
+    store: Store, row: SessionRow, personas: list[Persona], fallback: Persona, session_id: int
+) -> tuple[ChatSession, str | None]:
     persona = find_persona(personas, row.persona)
     note = None
     if persona is None:
@@ -390,9 +406,10 @@ def entry_from(
     if status == MessageStatus.STREAMING:  # another chatpage may still be writing it
         status = MessageStatus.INTERRUPTED
     if role == "user":
+        saved = meta.get("attachments")
         attachments = [
             Attachment(str(a.get("name", "file")), str(a.get("text", "")))
-            for a in meta.get("attachments", [])
+            for a in (saved if isinstance(saved, list) else [])
             if isinstance(a, dict)
         ]
         return Entry(

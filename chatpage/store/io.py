@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from chatpage.store.rows import MessageRow, NewMessage, NotFound, SessionRow
 from chatpage.store.store import Store
+from chatpage.store.validate import TOO_DEEP, check_depth, message_metadata
 
 EXPORT_FORMAT = "chatpage-session"
 EXPORT_VERSION = 2
@@ -197,6 +198,9 @@ def _parse_export(text: str) -> tuple[dict[str, Any], list[NewMessage]]:
         raise ValueError(
             f"not valid JSON (line {err.lineno}, column {err.colno}): {err.msg}"
         ) from None
+    except RecursionError:  # (the parser's own limit, near 1000 levels)
+        raise ValueError(TOO_DEEP) from None
+    check_depth(data)
     if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT:
         raise ValueError(
             f'not a chatpage export: expected a JSON object with "format": "{EXPORT_FORMAT}"'
@@ -227,7 +231,9 @@ def _parse_export(text: str) -> tuple[dict[str, Any], list[NewMessage]]:
             role=_field(msg, "role", str, f"message {n}"),
             content=_field(msg, "content", str, f"message {n}"),
             status=_field(msg, "status", str, f"message {n}", "done"),
-            metadata=_field(msg, "metadata", dict, f"message {n}", {}),
+            metadata=message_metadata(
+                _field(msg, "metadata", dict, f"message {n}", {}), f"message {n}"
+            ),
             created_at=_field(msg, "created_at", str, f"message {n}", None),
             parent=parent,
             kept=_field(msg, "kept", bool, f"message {n}", True),

@@ -99,14 +99,17 @@ class SavedChats:
     def reopen(
         self, store_id: int, personas: list[Persona], fallback: Persona
     ) -> ChatSession | None:
-        """The saved chat ``store_id`` loaded again (not yet adopted), or None if it is gone."""
+        """The saved chat ``store_id`` loaded again (not yet adopted), or None if it is gone or
+        cannot be read (said either way)."""
         row = self.store.get_session(store_id)
         if row is None:
             self.say("that chat is no longer saved", "warning")
             return None
         session, note = load_session(self.store, row, personas, fallback, self.chats.next_id)
         if note:
-            self.say(note, "warning")
+            self.say(note, "warning" if session else "error")
+        if session is None:
+            return None
         session.draft = self.store.draft(store_id)
         self.store.set_closed(store_id, False)
         return session
