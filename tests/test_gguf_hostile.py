@@ -135,6 +135,27 @@ def test_the_rotary_tables_cover_what_the_pool_holds(tmp_path, monkeypatch, cont
     assert len(out.outputs[0].token_ids) == 4
 
 
+def test_where_every_layer_frees_its_blocks_the_tables_stay_within_the_pool(tmp_path, monkeypatch):
+    """Sliding layers that free their blocks do not bound a sequence by the pool: there the
+    context is capped (with a warning) so that the rotary tables are no larger than the pool."""
+    path = hostile(
+        tmp_path / "m.gguf",
+        monkeypatch,
+        arch="llama",
+        llama__context_length=(BIG, V.UINT32),
+        llama__attention__sliding_window=(32, V.UINT32),
+    )
+    config = EngineConfig(kv_cache_bytes=1 << 20)
+    engine = LLMEngine.from_pretrained(str(path), config, progress=lambda _m: None)
+    assert engine.model.windows == [32]
+    assert engine.model.max_positions == engine.max_model_len < BIG
+    cos = engine.model.cos
+    assert cos is not None and 2 * cos.numel() * cos.element_size() <= config.kv_cache_bytes
+    assert any("rotary tables would outweigh the KV cache" in w for w in engine.warnings)
+    [out] = engine.generate([[7] * 100], SamplingParams(max_tokens=4))
+    assert len(out.outputs[0].token_ids) == 4
+
+
 @pytest.mark.slow
 async def test_switching_to_a_hostile_file_leaves_the_chats_running(
     tmp_path, monkeypatch, tiny_llama_dir

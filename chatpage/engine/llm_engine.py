@@ -104,9 +104,17 @@ class LLMEngine:
         self.bm = BlockManager(
             num_blocks, num_cpu_blocks, config.block_size, config.enable_prefix_caching, freed
         )
-        # a sequence holds every block of a group that frees none, so it never passes the pool
-        reach = num_blocks * config.block_size if 0 in freed else self.max_model_len
-        self.model.set_positions(min(self.max_model_len, reach))
+        if 0 in freed:  # a sequence holds every block of such a group: it never passes the pool
+            self.model.set_positions(min(self.max_model_len, num_blocks * config.block_size))
+        else:  # every layer slides and frees: the rotary tables are kept within the pool's size
+            fits = num_blocks * self.block_bytes // (2 * self.model.head_dim * dtype.itemsize)
+            if fits < self.max_model_len:
+                self.warnings.append(
+                    f"the context is {fits} tokens, not the model's {self.max_model_len}: "
+                    "longer rotary tables would outweigh the KV cache (--kv-cache raises it)"
+                )
+                self.max_model_len = fits
+            self.model.set_positions(self.max_model_len)
         self.kv = KVCache(
             self.model.num_layers,
             num_blocks,
