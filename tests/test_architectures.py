@@ -305,10 +305,13 @@ def _llama_cpp_order(w, heads: int):
     )
 
 
-def _write_gguf(kind: str, hf, path, tokenizer) -> None:
+def _write_gguf(
+    kind: str, hf, path, tokenizer, add_bos: bool | None = None, chat_template: str | None = None
+) -> None:
     """``hf`` as a GGUF of F32 tensors: names from gguf-py's tensor map (llama.cpp's), Gemma's
     norms stored as 1 + w, the metadata keys llama.cpp's converter writes for ``kind``; the
-    vocabulary of ``tokenizer`` (byte-level BPE)."""
+    vocabulary of ``tokenizer`` (byte-level BPE), with the converter's BOS flag ``add_bos`` and
+    ``chat_template`` where given."""
     import gguf
 
     c = hf.config
@@ -354,6 +357,11 @@ def _write_gguf(kind: str, hf, path, tokenizer) -> None:
     merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
     w.add_eos_token_id(2)
+    if add_bos is not None:
+        w.add_bos_token_id(1)
+        w.add_add_bos_token(add_bos)
+    if chat_template is not None:
+        w.add_chat_template(chat_template)
     names = gguf.get_tensor_name_map(arch, c.num_hidden_layers)
     for name, t in hf.state_dict().items():
         if name == "lm_head.weight" and c.tie_word_embeddings:

@@ -139,7 +139,15 @@ def own_format(types: dict[str, int]) -> str:
 
 
 def quality_ids(loaded) -> list[int]:
-    return loaded.tokenizer.encode(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)
+    """The quality text's ids as a user's text prompt gets them: with the special tokens the
+    model's tokenizer puts around a text (a BOS, which llama.cpp adds too where the file asks)."""
+    return loaded.tokenizer.encode(TEXT.read_text(encoding="utf-8"), add_special_tokens=True)
+
+
+def bos_added(loaded, ids: list[int]) -> bool:
+    """Whether the text's ids start with the model's BOS."""
+    bos = getattr(loaded.tokenizer, "bos_token_id", None)
+    return bos is not None and bool(ids) and ids[0] == bos
 
 
 def against_llamacpp(gguf: Path, ids: list[int], perplexities: dict[str, float]) -> dict:
@@ -172,7 +180,7 @@ def compare_file(gguf: Path, formats: list[str]) -> dict:
         eng = format_engine(loaded, fmt)
         ours[fmt] = perplexity(all_logits(eng, ids), ids)
         del eng
-    return against_llamacpp(gguf, ids, ours)
+    return {"bos_added": bos_added(loaded, ids), **against_llamacpp(gguf, ids, ours)}
 
 
 def run(args) -> dict:
@@ -198,6 +206,7 @@ def run(args) -> dict:
         **common.model_info(loaded),
         "text": TEXT.name,
         "text_tokens": len(ids),
+        "bos_added": bos_added(loaded, ids),
         "greedy_tokens": GREEDY_TOKENS,
         "formats": rows,
     }

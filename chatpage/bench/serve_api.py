@@ -67,7 +67,9 @@ class TimedClient:
     def __getattr__(self, name: str):
         return getattr(self._client, name)
 
-    def submit_prompt(self, prompt, params: SamplingParams, on_update: UpdateCallback) -> str:
+    def submit_prompt(
+        self, prompt, params: SamplingParams, on_update: UpdateCallback, add_special_tokens=True
+    ) -> str:
         stamps = self.emitted[tuple(prompt)]
 
         def timed(update: RequestUpdate) -> None:
@@ -77,7 +79,7 @@ class TimedClient:
             on_update(update)
             self.callbacks_cpu_s += time.thread_time() - cpu
 
-        return self._client.submit_prompt(prompt, params, timed)
+        return self._client.submit_prompt(prompt, params, timed, add_special_tokens)
 
 
 def _params(r: BenchRequest) -> SamplingParams:

@@ -30,10 +30,11 @@ GOAL_FP32_FLOOR_RATIO = 1.3
 
 
 def prompt_ids(tokenizer, n: int) -> list[int]:
-    """The first ``n`` tokens of the quality text (real text, fixed)."""
+    """The first ``n`` tokens of the quality text (real text, fixed), as a text prompt gets them
+    (the model's BOS first where its tokenizer puts one)."""
     from chatpage.bench.quality import TEXT
 
-    ids = tokenizer.encode(TEXT.read_text(encoding="utf-8"), add_special_tokens=False)
+    ids = tokenizer.encode(TEXT.read_text(encoding="utf-8"), add_special_tokens=True)
     return ids[:n]
 
 

@@ -62,7 +62,7 @@ def cmd_ask(args) -> int:
         torch.set_num_threads(config.threads)
         engine = LLMEngine.from_pretrained(settings.model, config)
         ids = render_prompt(engine.tokenizer, messages)
-        rid = engine.add_request(ids, params)
+        rid = engine.add_request(ids, params, chat=True)
     except ValueError as e:  # bad sampling values, missing model, prompt too long, KV too small
         print(f"chatpage: error: {e}", file=sys.stderr)
         return 2

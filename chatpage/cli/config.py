@@ -27,8 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _describe(key: str, settings: Settings) -> str:
     value = getattr(settings, key)
-    if key == "model" and value is None:
-        return "(the default model)"
+    if key == "model":
+        return (value or "(the default model)") + _model_kind(value)
     if key == "backend" and value is None:
         return "(the local engine)"
     if key == "backend_timeout":
@@ -42,6 +42,16 @@ def _describe(key: str, settings: Settings) -> str:
     if key == "device":
         return f"{value} -> {_resolved(value)}"
     return str(value)
+
+
+def _model_kind(model: str | None) -> str:
+    """" (a base model: ...)" for a model without a chat template of its own (read from its
+    files, not loaded); "" otherwise."""
+    from chatpage.engine.loader import has_chat_template  # imports torch
+
+    if has_chat_template(model) is not False:
+        return ""
+    return " (a base model: no chat template; chats use the plain 'User: ... Assistant:' format)"
 
 
 def _resolved(device: str) -> str:

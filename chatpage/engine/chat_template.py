@@ -6,11 +6,22 @@ again: sampling can pick a split of the text that the tokenizer would not (" \\n
 what the cache holds from that token on, so the next turn computes the rest of the chat again.
 `render_prompt` takes those ids (``reply_ids``) and uses them where the template writes the reply
 verbatim; the prompt's text is always exactly the template's rendering.
+
+A message's content is text, never turn markers: where it holds the text of a special token
+(``<|im_end|>`` in a tool result or a pasted log), that text is tokenized as plain text, so a
+message cannot forge a turn of another role. Contents without such text are tokenized with the
+rest of the rendering, as transformers' ``apply_chat_template`` does.
+
+The rendering is tokenized without the special tokens the tokenizer adds around a text (a BOS):
+a chat template writes its own (``{{ bos_token }}``), as transformers does. `with_special_tokens`
+adds them for a caller that asks (vLLM's ``add_special_tokens`` of a chat request).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 ReplyIds = Mapping[int, Sequence[int]]
@@ -40,9 +51,71 @@ def render_text(
     return text
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
+_SPECIAL_TEXTS: weakref.WeakKeyDictionary[Any, re.Pattern[str] | None] = weakref.WeakKeyDictionary()
+
+
+def _special_pattern(tokenizer: Any) -> re.Pattern[str] | None:
+    """A pattern of the texts of ``tokenizer``'s special tokens (None: it has none)."""
+    if tokenizer not in _SPECIAL_TEXTS:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        texts = set(getattr(tokenizer, "all_special_tokens", None) or ())
+        if backend is not None:
+            texts |= {t.content for t in backend.get_added_tokens_decoder().values() if t.special}
+        ordered = sorted((t for t in texts if t), key=len, reverse=True)
+        _SPECIAL_TEXTS[tokenizer] = (
+            re.compile("|".join(map(re.escape, ordered))) if ordered else None
+        )
+    return _SPECIAL_TEXTS[tokenizer]
+
+
+def plain_contents(tokenizer: Any, messages: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The contents of ``messages`` that hold the text of a special token (to be tokenized as
+    plain text)."""
+    pattern = _special_pattern(tokenizer)
+    if pattern is None:
+        return []
+    return [
+        c
+        for m in messages
+        if isinstance(c := m.get("content"), str) and c and pattern.search(c) is not None
+    ]
+
+
+def _encode(tokenizer: Any, text: str, plain: Sequence[str] = ()) -> list[int]:
+    """The ids of ``text`` (no special tokens added); where it holds one of the ``plain``
+    strings (message contents), that string's special-token text is tokenized as text."""
+    if not plain:
+        ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
+        return ids
+    pattern = re.compile("|".join(map(re.escape, sorted(set(plain), key=len, reverse=True))))
+    ids = []
+    done = 0
+    for found in pattern.finditer(text):
+        ids += tokenizer.encode(text[done : found.start()], add_special_tokens=False)
+        ids += tokenizer.encode(found.group(), add_special_tokens=False, split_special_tokens=True)
+        done = found.end()
+    ids += tokenizer.encode(text[done:], add_special_tokens=False)
     return ids
+
+
+def special_affixes(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """The ids the tokenizer adds before and after a text when asked for special tokens
+    (``tokenizer(text)``: a BOS for Gemma, Llama, Mistral...; none for ChatML models)."""
+    probe = "a"
+    bare = tokenizer.encode(probe, add_special_tokens=False)
+    full: list[int] = tokenizer.encode(probe, add_special_tokens=True)
+    for at in range(len(full) - len(bare) + 1):
+        if full[at : at + len(bare)] == bare:
+            return full[:at], full[at + len(bare) :]
+    return [], []
+
+
+def with_special_tokens(tokenizer: Any, ids: list[int]) -> list[int]:
+    """``ids`` with the special tokens the tokenizer adds around a text, the way
+    ``tokenizer.encode(text)`` adds them (a rendered chat then starts with two BOS where its
+    template writes one too, as in transformers and vLLM)."""
+    before, after = special_affixes(tokenizer)
+    return before + ids + after
 
 
 def _decode(tokenizer: Any, ids: Sequence[int]) -> str | None:
@@ -70,11 +143,12 @@ def render_prompt(
     ``reply_ids`` is its own ids where the template renders the turn before it exactly as its
     prompt was and then the reply's text verbatim (else it is tokenized like the rest)."""
     text = render_text(tokenizer, messages, add_generation_prompt, tools, variables)
+    plain = plain_contents(tokenizer, messages)
     if reply_ids:
-        ids = _with_reply_ids(tokenizer, messages, text, reply_ids, tools, variables)
+        ids = _with_reply_ids(tokenizer, messages, text, reply_ids, plain, tools, variables)
         if ids is not None:
             return ids
-    return _encode(tokenizer, text)
+    return _encode(tokenizer, text, plain)
 
 
 def _with_reply_ids(
@@ -82,6 +156,7 @@ def _with_reply_ids(
     messages: list[dict[str, Any]],
     text: str,
     reply_ids: ReplyIds,
+    plain: Sequence[str],
     tools: list[dict[str, Any]] | None = None,
     variables: Mapping[str, Any] | None = None,
 ) -> list[int] | None:
@@ -103,12 +178,12 @@ def _with_reply_ids(
             or not text.startswith(reply, len(before))
         ):
             continue
-        ids += _encode(tokenizer, text[done : len(before)])
+        ids += _encode(tokenizer, text[done : len(before)], plain)
         ids += reply_ids[index]
         done = len(before) + len(reply)
     if not done:
         return None
-    ids += _encode(tokenizer, text[done:])
+    ids += _encode(tokenizer, text[done:], plain)
     return ids if _decode(tokenizer, ids) == text else None
 
 
@@ -136,7 +211,9 @@ def continue_prompt(
     )
     if own is not None and _decode(tokenizer, own) == messages[-1]["content"]:
         return head + list(own)
-    return head + _encode(tokenizer, messages[-1]["content"])
+    return head + _encode(
+        tokenizer, messages[-1]["content"], plain_contents(tokenizer, messages[-1:])
+    )
 
 
 def system_prefix(tokenizer: Any, system_prompt: str) -> list[int]:
@@ -170,7 +247,9 @@ class TokenCounter:
 
     def text(self, text: str) -> int:
         """The tokens of a message's content."""
-        return len(_encode(self.tokenizer, text))
+        return len(
+            _encode(self.tokenizer, text, plain_contents(self.tokenizer, [{"content": text}]))
+        )
 
     def reply(self, ids: Sequence[int]) -> int:
         """The tokens of a reply sent as its own ids (an end-of-turn it ended with is the

@@ -23,6 +23,7 @@ from chatpage.engine.chat_template import (
     continue_prompt,
     render_prompt,
     system_prefix,
+    with_special_tokens,
 )
 from chatpage.engine.config import EngineConfig
 from chatpage.engine.outputs import (
@@ -48,7 +49,7 @@ Render = Callable[["TextTokenizer", list[dict[str, str]]], list[int]]
 """How chat messages become a prompt's token ids (`render_prompt`, `continue_prompt`)."""
 Command = tuple[Any, ...]
 """What the tokenizer thread is asked: ``("submit", id, prompt, params, on_update, t0, render,
-tool_calls)``, ``("cancel", id)`` or ``("pin", system_prompt)``; it hands the engine thread the
+tool_calls, add_special_tokens)``, ``("cancel", id)`` or ``("pin", system_prompt)``; it hands the engine thread the
 same with token ids for the prompt (and, for a submit, whether it is a chat reply instead of
 ``render``), or ``("failed", command, why)``."""
 
@@ -156,6 +157,7 @@ class LocalEngineClient:
         reply_ids: ReplyIds | None = None,
         tool_choice: str = "auto",
         thinking: bool | None = None,
+        add_special_tokens: bool = False,
     ) -> str:
         template = continue_prompt if continue_reply else render_prompt
         forced = forced_tools(tools or [], tool_choice)
@@ -174,12 +176,17 @@ class LocalEngineClient:
             on_update,
             functools.partial(_render_chat, template, reply_ids, tools, variables),
             tool_calls=bool(tools),
+            add_special_tokens=add_special_tokens,
         )
 
     def submit_prompt(
-        self, prompt: str | list[int], params: SamplingParams, on_update: UpdateCallback
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        on_update: UpdateCallback,
+        add_special_tokens: bool = True,
     ) -> str:
-        return self._submit(prompt, params, on_update, None)
+        return self._submit(prompt, params, on_update, None, add_special_tokens=add_special_tokens)
 
     def _submit(
         self,
@@ -188,14 +195,26 @@ class LocalEngineClient:
         on_update: UpdateCallback,
         render: Render | None,
         tool_calls: bool = False,
+        add_special_tokens: bool = False,
     ) -> str:
         """Queue a request; ``render`` turns chat messages into token ids (None: a raw prompt);
-        ``tool_calls``: the prompt offers tools, the reply is read for calls."""
+        ``tool_calls``: the prompt offers tools, the reply is read for calls;
+        ``add_special_tokens``: the prompt's ids get those the tokenizer puts around a text."""
         with self._id_lock:
             rid = f"chat-{self._next_id}"
             self._next_id += 1
         self._commands.put(
-            ("submit", rid, prompt, params, on_update, time.monotonic(), render, tool_calls)
+            (
+                "submit",
+                rid,
+                prompt,
+                params,
+                on_update,
+                time.monotonic(),
+                render,
+                tool_calls,
+                add_special_tokens,
+            )
         )
         return rid
 
@@ -327,12 +346,14 @@ class LocalEngineClient:
             kind = cmd[0]
             try:
                 if kind == "submit":
-                    _, rid, prompt, params, on_update, t0, render, tool_calls = cmd
+                    _, rid, prompt, params, on_update, t0, render, tool_calls, special = cmd
                     self._check_length(prompt)
                     if render is not None:
                         ids = render(engine.tokenizer, prompt)
+                        if special:
+                            ids = with_special_tokens(engine.tokenizer, ids)
                     elif isinstance(prompt, str):
-                        ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
+                        ids = engine.tokenizer.encode(prompt, add_special_tokens=special)
                     else:
                         ids = list(prompt)
                     chat = render is not None
@@ -368,7 +389,12 @@ class LocalEngineClient:
                 _, rid, ids, params, on_update, t0, chat, tool_calls = cmd
                 self._callbacks[rid] = (on_update, t0)
                 engine.add_request(
-                    ids, params, request_id=rid, split_thinking=chat, tool_calls=tool_calls
+                    ids,
+                    params,
+                    request_id=rid,
+                    split_thinking=chat,
+                    tool_calls=tool_calls,
+                    chat=chat,
                 )
             elif kind == "cancel":
                 update = engine.abort(cmd[1])

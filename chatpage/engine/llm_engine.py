@@ -20,7 +20,7 @@ from chatpage.engine.detokenizer import IncrementalDetokenizer
 from chatpage.engine.device import EnginePlan, kv_pool_bytes, plan_engine, probe_cuda
 from chatpage.engine.grammar import Grammars
 from chatpage.engine.kv_cache import KVCache, bytes_per_block
-from chatpage.engine.loader import LoadedModel, load_model, stderr_progress
+from chatpage.engine.loader import PLAIN_TURN_STOPS, LoadedModel, load_model, stderr_progress
 from chatpage.engine.model_config import ModelShape
 from chatpage.engine.model_runner import ModelRunner, profile_step
 from chatpage.engine.models.llama import LlamaModel
@@ -61,6 +61,7 @@ class LLMEngine:
         self.device = torch.device(plan.device)
         self.tokenizer = loaded.tokenizer
         self.model_name = loaded.name
+        self.base_model = loaded.base_model  # no chat template: chats in the plain format
         self.warnings = list(loaded.warnings) + list(plan.notes)
         hf = loaded.config
         dtype, kv_dtype = getattr(torch, plan.dtype), getattr(torch, plan.kv_dtype)
@@ -186,15 +187,22 @@ class LLMEngine:
         pin_prefix: bool = False,
         split_thinking: bool = False,
         tool_calls: bool = False,
+        chat: bool = False,
+        add_special_tokens: bool = True,
     ) -> str:
         """Queue a request; returns its id. Raises RequestRefused for one that cannot run (a
-        grammar that does not compile among them). ``split_thinking``: a chat reply, whose
-        thinking (where the model's template declares markers) comes apart from its answer.
-        ``tool_calls``: the prompt offers tools (in `tool_format`'s way): the answer's calls
-        come apart from its text, as `ToolCallDelta`s."""
+        grammar that does not compile among them). A text ``prompt`` is tokenized as
+        ``tokenizer(text)`` does, with the special tokens the model's tokenizer puts around a
+        text (its BOS) unless ``add_special_tokens`` is False. ``split_thinking``: a chat reply,
+        whose thinking (where the model's template declares markers) comes apart from its
+        answer. ``tool_calls``: the prompt offers tools (in `tool_format`'s way): the answer's
+        calls come apart from its text, as `ToolCallDelta`s. ``chat``: the prompt is a chat's
+        rendering; a base model's reply (the plain format) ends where it starts another turn."""
         params = params or SamplingParams()
+        if chat and self.base_model:
+            params = replace(params, stop=[*params.stop, *PLAIN_TURN_STOPS])
         ids = (
-            self.tokenizer.encode(prompt, add_special_tokens=False)
+            self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
             if isinstance(prompt, str)
             else list(prompt)
         )

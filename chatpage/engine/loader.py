@@ -29,6 +29,7 @@ from typing import Any, cast
 import torch
 
 from chatpage.config.paths import cache_dir
+from chatpage.engine.chat_template import special_affixes
 from chatpage.engine.config import check_format
 from chatpage.engine.gguf_file import GGUFError, GGUFFile
 from chatpage.engine.gguf_model import GGUFSource, gguf_config
@@ -48,11 +49,15 @@ from chatpage.vocab import UserError
 DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_NAME = "SmolLM2-135M-Instruct"
 
-# Used when a tokenizer has no chat template of its own.
+# A base model's chats (a tokenizer without a chat template of its own): each message as
+# "Role: text" and a blank line, the reply after "Assistant:"; the BOS first where the tokenizer
+# puts one before a text (so the chat starts as a completion of the same text would). A reply
+# ends at the line where the model starts another turn (`PLAIN_TURN_STOPS`).
 PLAIN_CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] | capitalize }}: {{ message['content'] }}\n\n"
     "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
 )
+PLAIN_TURN_STOPS = ("\nUser:", "\nAssistant:", "\nSystem:", "\nTool:")
 
 
 class ModelLoadError(UserError):
@@ -73,6 +78,7 @@ class LoadedModel:
     timings: dict[str, float] = field(default_factory=dict)
     weights: str = "fp32"
     gguf: Path | None = None  # the .gguf file the model was read from, if any
+    base_model: bool = False  # no chat template of its own: chats use PLAIN_CHAT_TEMPLATE
 
 
 def stderr_progress(message: str) -> None:
@@ -320,9 +326,10 @@ def load_model(
                 f"cannot load the tokenizer from {directory}: {e}".splitlines()[0]
             ) from e
     warnings: list[str] = []
-    if not getattr(tokenizer, "chat_template", None):
-        tokenizer.chat_template = PLAIN_CHAT_TEMPLATE
-        warnings.append(f"{name} has no chat template; using a plain 'Role: text' template")
+    base_model = not getattr(tokenizer, "chat_template", None)
+    if base_model:
+        tokenizer.chat_template = plain_chat_template(tokenizer)
+        warnings.append(base_model_notice(name))
     timings["load_s"] = time.perf_counter() - t0
     return LoadedModel(
         name,
@@ -334,4 +341,43 @@ def load_model(
         timings,
         weights,
         source if source.is_file() else None,
+        base_model,
     )
+
+
+def base_model_notice(name: str) -> str:
+    """What the status line and `chatpage config` say of a model without a chat template."""
+    return (
+        f"{name} is a base model (no chat template): chats use a plain 'User: ... Assistant:' "
+        "format; text completion (/v1/completions) suits it best"
+    )
+
+
+def plain_chat_template(tokenizer: Any) -> str:
+    """`PLAIN_CHAT_TEMPLATE`, starting with the BOS where ``tokenizer`` puts one before a text."""
+    before, _ = special_affixes(tokenizer)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return ("{{ bos_token }}" if bos is not None and before == [bos] else "") + PLAIN_CHAT_TEMPLATE
+
+
+def has_chat_template(model: str | os.PathLike[str] | None) -> bool | None:
+    """Whether ``model`` (None: the default) has a chat template of its own, read from its
+    files without loading it; None where that cannot be told (a path that is not a model)."""
+    try:
+        path = default_model_path() if model is None else Path(model).expanduser()
+    except ModelLoadError:
+        return None
+    if path.is_file() and path.suffix == ".gguf":
+        try:
+            return "tokenizer.chat_template" in GGUFFile(path).metadata
+        except (GGUFError, OSError):
+            return None
+    if not path.is_dir():
+        return None
+    if (path / "chat_template.jinja").is_file() or (path / "chat_template.json").is_file():
+        return True
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return isinstance(config, dict) and bool(config.get("chat_template"))

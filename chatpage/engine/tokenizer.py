@@ -48,7 +48,9 @@ class TextTokenizer(Protocol):
     @property
     def eos_token_id(self) -> int | None: ...
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    def encode(
+        self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False
+    ) -> list[int]: ...
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str: ...
 
@@ -70,6 +72,7 @@ class Tokenizer:
     ) -> None:
         # backend: a tokenizers.Tokenizer (the tokenizers package ships no type hints)
         self._backend = backend
+        self._splitting: Any = None  # a copy of backend that reads special-token text as text
         self.special_tokens = special_tokens  # name (``eos_token``) -> token text
         self.chat_template = chat_template
 
@@ -102,8 +105,22 @@ class Tokenizer:
         size: int = self._backend.get_vocab_size(with_added_tokens=True)
         return size
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids: list[int] = self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+    def encode(
+        self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False
+    ) -> list[int]:
+        """The ids of ``text``: with the special tokens the tokenizer adds around a text
+        (``add_special_tokens``), and with special-token text read as plain text
+        (``split_special_tokens``: ``<|im_end|>`` as ``<``, ``|``...), as transformers' flags."""
+        backend = self._backend
+        if split_special_tokens:
+            if self._splitting is None:  # a copy: the shared one's flag would race other threads
+                from tokenizers import Tokenizer as Backend
+
+                splitting = Backend.from_str(backend.to_str())
+                splitting.encode_special_tokens = True
+                self._splitting = splitting
+            backend = self._splitting
+        ids: list[int] = backend.encode(text, add_special_tokens=add_special_tokens).ids
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:

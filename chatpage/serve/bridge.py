@@ -79,9 +79,12 @@ class RequestStream:
                 on_update,
                 continue_reply=request.continue_final_message,
                 tools=tools,
+                add_special_tokens=request.add_special_tokens,
             )
         else:
-            self.request_id = client.submit_prompt(request.prompt, request.params, on_update)
+            self.request_id = client.submit_prompt(
+                request.prompt, request.params, on_update, request.add_special_tokens
+            )
 
     @property
     def outputs(self) -> dict[int, CompletionOutput]:

@@ -4,7 +4,10 @@
 
 A field chatpage does not implement is a 400 (`FIELDS`), never ignored; a few OpenAI and vLLM
 fields are taken at their neutral value only (`NEUTRAL`). A bad value is a 400 naming the
-field. Besides the sampling fields (`chatpage.wire.sampling`, with ``logit_bias`` and the
+field. vLLM's ``add_special_tokens`` says whether the prompt gets the special tokens the
+tokenizer puts around a text (a BOS): by default a completion's text does (as
+``tokenizer(text)``), a chat's rendering does not (its template writes them). Besides the
+sampling fields (`chatpage.wire.sampling`, with ``logit_bias`` and the
 structured outputs of `chatpage.wire.structured`), the tools (`chatpage.wire.tools`) and vLLM's
 ``continue_final_message``, ``add_generation_prompt`` and ``return_tokens_as_token_ids`` are
 read.
@@ -31,6 +34,7 @@ _COMMON = {
     "use_beam_search",
     "logit_bias",
     "return_tokens_as_token_ids",
+    "add_special_tokens",
     "response_format",
     "structured_outputs",
     "user",
@@ -84,6 +88,7 @@ class ApiRequest:
     tokens_as_ids: bool = False  # logprobs name tokens "token_id:N" (vLLM's
     # return_tokens_as_token_ids)
     tools: ToolRequest = field(default_factory=ToolRequest)
+    add_special_tokens: bool = False  # the prompt gets the tokenizer's BOS (vLLM's name)
 
     @property
     def beam(self) -> bool:
@@ -218,6 +223,11 @@ def parse_request(
         stream=stream,
         include_usage=include_usage,
         tokens_as_ids=read_flag(body, "return_tokens_as_token_ids"),
+        add_special_tokens=(
+            read_flag(body, "add_special_tokens")
+            if body.get("add_special_tokens") is not None
+            else kind != "chat"
+        ),
     )
     if kind == "chat":
         request.messages = parse_messages(body.get("messages"))
