@@ -16,6 +16,7 @@ import httpx
 import pytest
 from serve_helpers import running_server
 
+from chatpage.engine.grammar import MAX_SPEC_CHARS
 from chatpage.engine.sampling_params import MAX_LOGPROB_ENTRIES
 
 HI = [{"role": "user", "content": "Say something."}]
@@ -85,6 +86,42 @@ def test_a_logit_bias_key_outside_the_vocabulary_is_400_and_hurts_no_stream(url)
             _refused(_chat(url, logit_bias={key: 1}), 400, "logit_bias", words)
     assert other == {"finish": "length", "error": None}
     assert _chat(url, logit_bias={str(VOCAB - 1): -100}).status_code == 200
+
+
+def _schema(properties: int) -> dict:
+    names = {f"p{i}": {"type": "string"} for i in range(properties)}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "big", "schema": {"type": "object", "properties": names}},
+    }
+
+
+def test_a_schema_or_choice_list_too_big_to_compile_soon_is_400_and_hurts_no_stream(url):
+    """10,000 properties (0.3 MB) took 14 s of compiling, on the server's loop and then on the
+    engine thread; 60,000 choices 9.5 s. Refused by their size, before anything compiles."""
+    where = "response_format.json_schema.schema"
+    with streaming(url) as other:
+        r = _chat(url, response_format=_schema(10_000))
+        _refused(r, 400, where, f"characters (as JSON); at most {MAX_SPEC_CHARS} are taken")
+        choices = [f"option number {i}" for i in range(60_000)]
+        r = _chat(url, structured_outputs={"choice": choices})
+        _refused(r, 400, "structured_outputs.choice", "characters (as JSON)")
+        tools = [
+            {
+                "type": "function",
+                "function": {"name": f"f{i}", "parameters": _schema(300)["json_schema"]["schema"]},
+            }
+            for i in range(10)
+        ]
+        _refused(_chat(url, tools=tools, tool_choice="required"), 400, "tools", "characters")
+    assert other == {"finish": "length", "error": None}
+    r = _chat(url, response_format=_schema(200), max_tokens=4)
+    assert r.status_code == 200, r.text
+
+
+def test_a_grammar_that_does_not_compile_is_400_naming_its_field(url):
+    r = _chat(url, structured_outputs={"grammar": "start: nothing_defined"})
+    _refused(r, 400, "structured_outputs.grammar", "does not compile")
 
 
 def test_n_by_max_tokens_by_top_logprobs_is_capped(url):

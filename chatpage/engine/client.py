@@ -26,6 +26,7 @@ from chatpage.engine.chat_template import (
     with_special_tokens,
 )
 from chatpage.engine.config import EngineConfig
+from chatpage.engine.grammar import COMPILE_TIMEOUT_S, too_slow
 from chatpage.engine.outputs import (
     EngineStats,
     OutputDelta,
@@ -70,6 +71,8 @@ __all__ = [
 """The engine's whole surface for the UI (ui/ imports the engine only through this module)."""
 
 
+PARKED_POLL_S = 0.1
+"""How often an idle engine thread looks at the requests waiting for their grammar's compile."""
 CHARS_PER_TOKEN = 32
 """More characters than any one token of a usual vocabulary spells: a prompt of more than this
 many times the context window's tokens cannot fit, and is refused before it is tokenized."""
@@ -110,6 +113,8 @@ class LocalEngineClient:
         self._stopping = False
         self._stats: EngineStats | None = None
         self._callbacks: dict[str, tuple[UpdateCallback, float]] = {}
+        # submits whose grammar is still compiling (on a grammar thread): command, since when
+        self._parked: dict[str, tuple[Command, float]] = {}
         self._next_id = 0
         self._id_lock = threading.Lock()
         self.engine: LLMEngine | None = None
@@ -287,6 +292,7 @@ class LocalEngineClient:
         reported = len(self.warnings)  # the load's warnings: shown by the UI at "ready"
         while not self._stopping:
             self._drain(engine, block=not engine.has_unfinished())
+            self._unpark(engine)
             if self._stopping or not engine.has_unfinished():
                 continue
             try:
@@ -315,6 +321,7 @@ class LocalEngineClient:
                 self._dispatch(update)
         for rid in list(self._callbacks):  # (refused at submit, its end not sent yet)
             self._fail(rid, why)
+        self._parked.clear()  # (failed just now)
         problems = engine.bm.audit()
         if problems:
             self.error = f"{why}; the KV cache no longer adds up ({problems[0]})"
@@ -323,9 +330,12 @@ class LocalEngineClient:
 
     def _drain(self, engine: LLMEngine, block: bool) -> None:
         """Run the queued commands; with ``block``, wait for one first (an idle engine thread
-        sleeps here until there is work or `close`)."""
+        sleeps here until there is work or `close`, looking at parked submits now and then)."""
         try:
-            cmd = self._work.get() if block else self._work.get_nowait()
+            if block:
+                cmd = self._work.get(timeout=PARKED_POLL_S if self._parked else None)
+            else:
+                cmd = self._work.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -388,6 +398,10 @@ class LocalEngineClient:
             if kind == "submit":
                 _, rid, ids, params, on_update, t0, chat, tool_calls = cmd
                 self._callbacks[rid] = (on_update, t0)
+                spec = params.structured
+                if spec is not None and not engine.grammars.compile(spec).done():
+                    self._parked[rid] = (cmd, time.monotonic())  # the engine steps on
+                    return
                 engine.add_request(
                     ids,
                     params,
@@ -400,6 +414,8 @@ class LocalEngineClient:
                 update = engine.abort(cmd[1])
                 if update is not None:
                     self._dispatch(update)
+                elif self._parked.pop(cmd[1], None) is not None:
+                    self._end(cmd[1], FinishReason.ABORT)
             elif kind == "pin":
                 engine.pin_prefix(cmd[1])
             elif kind == "failed":  # (on the tokenizer thread)
@@ -407,6 +423,19 @@ class LocalEngineClient:
         except Exception as e:  # a request that cannot run: this command fails, not the thread
             self._failed(cmd, log_error(e, f"engine command {kind}"))
         self._stats = engine.stats()
+
+    def _unpark(self, engine: LLMEngine) -> None:
+        """Hand the engine the parked submits whose grammar has compiled (or failed to: then
+        add_request says why); fail those that waited `COMPILE_TIMEOUT_S`."""
+        now = time.monotonic()
+        for rid, (cmd, since) in list(self._parked.items()):
+            spec = cmd[3].structured
+            if engine.grammars.compile(spec).done():
+                del self._parked[rid]
+                self._handle(engine, cmd)
+            elif now - since > COMPILE_TIMEOUT_S:
+                del self._parked[rid]
+                self._failed(cmd, str(too_slow(spec)))
 
     def _failed(self, cmd: Command, why: str) -> None:
         """Report a command that failed: on its request, or as a status line for a pin."""
@@ -432,12 +461,14 @@ class LocalEngineClient:
 
     def _fail(self, rid: str, why: str) -> None:
         """A request the engine does not hold: its one update ends it with ``why``."""
+        self._end(rid, FinishReason.ERROR, why)
+
+    def _end(self, rid: str, reason: FinishReason, why: str | None = None) -> None:
+        """A request the engine does not hold: its one update ends it with ``reason``."""
         entry = self._callbacks.get(rid)
         if entry is not None:
             self._dispatch(
-                final_update(
-                    rid, FinishReason.ERROR, error=why, elapsed_s=time.monotonic() - entry[1]
-                )
+                final_update(rid, reason, error=why, elapsed_s=time.monotonic() - entry[1])
             )
 
     def _dispatch(self, update: RequestUpdate) -> None:

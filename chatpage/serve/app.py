@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chatpage.config.personas import Persona
 from chatpage.engine.client import LocalEngineClient
+from chatpage.engine.grammar import COMPILE_TIMEOUT_S, too_slow
 from chatpage.engine.outputs import OutputDelta
 from chatpage.engine.sampling_params import GrammarKind, Structured
 from chatpage.engine.tool_calls import ToolFormat
@@ -41,6 +42,7 @@ from chatpage.vocab import FinishReason, Role
 from chatpage.wire.chunks import DONE, ChunkWriter, sse, sse_error
 from chatpage.wire.errors import ApiError, bad_value
 from chatpage.wire.requests import ApiRequest, parse_request
+from chatpage.wire.structured import structured_field
 
 SWITCH_INTERVAL_S = 0.0005
 """The GIL hand-over interval while serving (Python's default is 5 ms): the engine thread's
@@ -134,6 +136,29 @@ class ServeState:
         ids = self.engine.tokenizer.encode(text, add_special_tokens=False)
         return ids[0] if len(ids) == 1 else None
 
+    async def compile_grammar(self, api: ApiRequest, body: dict[str, Any]) -> None:
+        """The request's grammar compiled (on the engine's grammar threads, never this loop),
+        before it is submitted: the engine thread then never waits for it. A 400 naming the
+        field when it does not compile, or not within `COMPILE_TIMEOUT_S`."""
+        spec = api.params.structured
+        if spec is None:
+            return
+        where = "tools" if api.tools.forced else structured_field(body)
+        future = self.engine.grammars.compile(spec)
+        waited = asyncio.wrap_future(future)
+        waited.add_done_callback(lambda f: f.cancelled() or f.exception())  # (read: no warning)
+        try:
+            await asyncio.wait_for(asyncio.shield(waited), COMPILE_TIMEOUT_S)
+        except ValueError as e:
+            raise ApiError(400, f"{where}: {e}", where) from None
+        except TimeoutError:
+            future.cancel()  # (still queued: nobody waits for it any more)
+            raise ApiError(400, f"{where}: {too_slow(spec)}", where) from None
+        except asyncio.CancelledError:
+            if not waited.cancelled():  # this handler is cancelled, not the compile
+                raise
+            raise ApiError(400, f"{where}: {too_slow(spec)}", where) from None
+
     def force_tools(self, api: ApiRequest) -> None:
         """A tool_choice that forces a call becomes the grammar of the reply (the engine puts
         the tools into the prompt and reads the calls back)."""
@@ -197,7 +222,10 @@ async def _prepare(request: Request, kind: str) -> tuple[ApiRequest, str]:
     body = await read_json(request, state.limits)
     model, persona = state.resolve(body.get("model") if isinstance(body, dict) else None)
     vocab = state.engine.model.vocab_size
-    api = parse_request(body, kind, persona.sampling() if persona else None, vocab)
+    # off the loop: a request's JSON schemas are checked in Python (bounded, but not instant)
+    api = await asyncio.to_thread(
+        parse_request, body, kind, persona.sampling() if persona else None, vocab
+    )
     if (
         persona is not None
         and kind == "chat"
@@ -206,6 +234,7 @@ async def _prepare(request: Request, kind: str) -> tuple[ApiRequest, str]:
         # the persona's system prompt: its pinned prefix blocks serve this request
         api.messages.insert(0, {"role": str(Role.SYSTEM), "content": persona.system_prompt})
     state.force_tools(api)
+    await state.compile_grammar(api, body)
     return api, model
 
 

@@ -1,8 +1,10 @@
 """Structured output fields of a request <-> `Structured`: OpenAI's ``response_format``
 (``text``, ``json_object``, ``json_schema``) and vLLM's ``structured_outputs`` (``json``,
-``regex``, ``choice``, ``grammar``, ``json_object``). A schema that is not one, a regex or a
-grammar that does not compile is a 400 naming the field and what is wrong. `write_structured`
-is the client's side (JSON as OpenAI's response_format, the rest as vLLM's structured_outputs).
+``regex``, ``choice``, ``grammar``, ``json_object``). A schema that is not one, or a spec longer
+than `MAX_SPEC_CHARS`, is a 400 naming the field and what is wrong; whether a spec compiles is
+the grammar threads' to say (`chatpage.engine.grammar`; `chatpage serve` answers its 400 naming
+the field of `structured_field`). `write_structured` is the client's side (JSON as OpenAI's
+response_format, the rest as vLLM's structured_outputs).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from chatpage.engine.grammar import grammar_text
+from chatpage.engine.grammar import MAX_SPEC_CHARS
 from chatpage.engine.sampling_params import GrammarKind, Structured
 from chatpage.wire.errors import ApiError, bad_value
 
@@ -24,12 +26,25 @@ VLLM_KEYS = {
 """vLLM's structured_outputs keys and the grammar each is."""
 
 
-def check_schema(schema: Any, where: str) -> None:
-    """A 400 unless ``schema`` is a JSON schema (by its own meta-schema)."""
+def check_size(chars: int, where: str) -> None:
+    """A 400 for specs of more than `MAX_SPEC_CHARS` (their compile would take seconds)."""
+    if chars > MAX_SPEC_CHARS:
+        raise ApiError(
+            400,
+            f"{where} is {chars} characters (as JSON); at most {MAX_SPEC_CHARS} are taken",
+            where,
+        )
+
+
+def check_schema(schema: Any, where: str) -> str:
+    """``schema`` as JSON text; a 400 unless it is a JSON schema (by its own meta-schema) of
+    at most `MAX_SPEC_CHARS`."""
     import jsonschema
 
     if not isinstance(schema, dict):
         raise bad_value(where, "a JSON schema (an object)", schema)
+    text = json.dumps(schema, sort_keys=True)
+    check_size(len(text), where)
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as e:
@@ -39,14 +54,12 @@ def check_schema(schema: Any, where: str) -> None:
             f"{where} is not a valid JSON schema: {e.message}" + (f" (at {path})" if path else ""),
             where,
         ) from None
+    return text
 
 
 def checked(spec: Structured, where: str) -> Structured:
-    """``spec`` once it compiles; a 400 naming ``where`` otherwise."""
-    try:
-        grammar_text(spec)
-    except ValueError as e:
-        raise ApiError(400, f"{where}: {e}", where) from None
+    """``spec`` unless it is too long to compile (a 400 naming ``where``)."""
+    check_size(len(spec.spec), where)
     return spec
 
 
@@ -56,8 +69,7 @@ def _schema_spec(schema: Any, where: str) -> Structured:
             schema = json.loads(schema)
         except ValueError as e:
             raise ApiError(400, f"{where} is not valid JSON: {e}", where) from None
-    check_schema(schema, where)
-    return checked(Structured(GrammarKind.JSON_SCHEMA, json.dumps(schema, sort_keys=True)), where)
+    return Structured(GrammarKind.JSON_SCHEMA, check_schema(schema, where))
 
 
 def _response_format(raw: Any) -> Structured | None:
@@ -113,6 +125,15 @@ def _structured_outputs(raw: Any) -> Structured | None:
     if not isinstance(value, str) or not value:
         raise bad_value(where, "a non-empty string", value)
     return checked(Structured(kind, value), where)
+
+
+def structured_field(body: dict[str, Any]) -> str:
+    """The field of ``body`` that asks for a grammar (what its 400 names)."""
+    fmt = body.get("response_format")
+    if fmt is not None:
+        return "response_format.json_schema.schema"
+    given = [k for k, v in body["structured_outputs"].items() if v is not None and v is not False]
+    return f"structured_outputs.{given[0]}"
 
 
 def read_structured(body: dict[str, Any]) -> Structured | None:

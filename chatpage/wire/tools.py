@@ -5,13 +5,14 @@ and the tool conversation in ``messages`` (assistant ``tool_calls``, ``tool`` re
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from chatpage.engine.tool_calls import forced_tools
 from chatpage.wire.errors import ApiError, bad_value
-from chatpage.wire.structured import check_schema
+from chatpage.wire.structured import check_schema, check_size
 
 TOOL = "tool"
 """The role of a tool's result in the history."""
@@ -60,9 +61,6 @@ def _tool(raw: Any, i: int) -> dict[str, Any]:
         raise bad_value(f"{where}.function.name", "1 to 64 letters, digits, _ or -", name)
     if fn.get("description") is not None and not isinstance(fn["description"], str):
         raise bad_value(f"{where}.function.description", "a string", fn["description"])
-    params = fn.get("parameters")
-    if params is not None:
-        check_schema(params, f"{where}.function.parameters")
     clean: dict[str, Any] = {"name": name}
     for key in ("description", "parameters", "strict"):
         if fn.get(key) is not None:
@@ -76,6 +74,12 @@ def read_tools(body: dict[str, Any]) -> ToolRequest:
     if raw is not None and not isinstance(raw, list):
         raise bad_value("tools", "a list of function tools", raw)
     tools = [_tool(t, i) for i, t in enumerate(raw or [])]
+    schemas = [(i, t["function"].get("parameters")) for i, t in enumerate(tools)]
+    schemas = [(i, schema) for i, schema in schemas if schema is not None]
+    # their size together first (a forced call's grammar holds them all), then each one
+    check_size(sum(len(json.dumps(schema)) for _, schema in schemas), "tools")
+    for i, schema in schemas:
+        check_schema(schema, f"tools[{i}].function.parameters")
     names = [t["function"]["name"] for t in tools]
     if len(set(names)) < len(names):
         raise ApiError(400, "tools must have distinct function names", "tools")
