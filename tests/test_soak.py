@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from transformers import AutoTokenizer
 
-from chatpage.bench import soak
+from chatpage.bench import soak, soak_serve
 
 
 def test_every_request_ends_and_no_block_leaks(default_model_dir):
@@ -27,3 +27,15 @@ def test_every_request_ends_and_no_block_leaks(default_model_dir):
     assert all(sum(p.values()) > 0 for p in result["preemptions"].values())
     assert result["preemptions"]["swap"]["swap"] > 0
     assert result["preemptions"]["recompute"]["recompute"] > 0
+    serve = result["serve"]
+    assert serve["requests"] == 105 and serve["hostile"] > 0
+    assert serve["hostile_not_refused"] == 0 and serve["failed_by_others"] == 0, serve
+
+
+def test_hostile_requests_through_serve_are_refused_and_fail_no_other(default_model_dir):
+    """Huge and odd logit_bias keys, a schema too big to compile soon, n x max_tokens x
+    top_logprobs past its cap and a foreign Host, among ordinary requests (issue 40)."""
+    loaded = soak.tiny_model(AutoTokenizer.from_pretrained(default_model_dir))
+    result = soak_serve.run(loaded, requests=64, seed=1)
+    assert result["hostile"] >= 8, result
+    assert result["hostile_not_refused"] == 0 and result["failed_by_others"] == 0, result

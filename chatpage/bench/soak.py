@@ -12,7 +12,9 @@ unpinned), and greedy requests must produce the tokens they produce when run alo
 ``chatpage bench soak --requests N`` runs N requests (split over the modes) and prints
 {requests, finished, errored, failed_by_others, hung, leaked_blocks, steps, seconds}
 (``--json``: as JSON); ``failed_by_others`` counts the requests of ordinary values that
-failed: a request's values must never fail another's.
+failed: a request's values must never fail another's. Then one in `SERVE_SHARE` more goes
+through a real `chatpage serve` with hostile requests mixed in (`chatpage.bench.soak_serve`):
+its summary is ``serve``, and its ordinary requests that failed count in ``failed_by_others``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 import torch
 
-from chatpage.bench import common
+from chatpage.bench import common, soak_serve
 from chatpage.engine import LLMEngine, SamplingParams
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.loader import LoadedModel
@@ -44,6 +46,7 @@ EXTREMES: tuple[dict[str, Any], ...] = (
     {"top_p": 5e-324, "temperature": 1e-6, "top_k": 5},
 )
 BEAM_EXTREMES = (1e300, -1e300, 1000.0, -1000.0)  # length penalties: 3 ** 1000.0 overflows
+SERVE_SHARE = 20
 
 
 def tiny_model(tokenizer, seed: int = 0) -> LoadedModel:
@@ -265,11 +268,12 @@ def run(loaded: LoadedModel, requests: int, seed: int = 0) -> dict:
         n = min(share, requests - i * share)
         if n > 0:
             soak_mode(loaded, mode, n, seed + i, tally)
+    serve = soak_serve.run(loaded, max(requests // SERVE_SHARE, 24), seed)
     return {
         "requests": tally.requests,
         "finished": tally.finished,
         "errored": tally.errored,
-        "failed_by_others": tally.failed_by_others,
+        "failed_by_others": tally.failed_by_others + serve["failed_by_others"],
         "extreme": tally.extreme,
         "hung": tally.hung,
         "leaked_blocks": tally.leaked_blocks,
@@ -282,6 +286,7 @@ def run(loaded: LoadedModel, requests: int, seed: int = 0) -> dict:
         "greedy_checked": tally.greedy_checked,
         "greedy_mismatches": tally.greedy_mismatches,
         "preemptions": tally.preemptions,
+        "serve": serve,
     }
 
 
