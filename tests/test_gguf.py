@@ -268,3 +268,28 @@ def test_the_default_models_int4_pack_is_near_the_files_size():
     assert pack in files and pack.stat().st_size <= 1.3 * path.stat().st_size
     assert not any(f.name == "model.safetensors" for f in files)
     assert not any(k.startswith("embed.") for k in loaded.state)  # tied: the lm_head's int8 rows
+
+
+@pytest.mark.parametrize("weights", ["bf16", "int8", "int4"])
+def test_big_tables_are_packed_by_rows_as_whole(tmp_path, monkeypatch, weights):
+    """The embedding and lm_head of a GGUF are converted a chunk of rows at a time (never whole
+    in fp32: a 262k-row vocabulary is 0.7 GB): the same packed bytes as the whole table gives."""
+    from chatpage.engine import weights as w
+    from chatpage.engine.gguf_file import GGUFFile
+    from chatpage.engine.gguf_model import GGUFSource, gguf_config
+
+    path = default_model_path()
+    gf = GGUFFile(path)
+    config = gguf_config(gf)
+    source = GGUFSource(gf, config)
+    monkeypatch.setattr(w, "ROW_CHUNK", 5000)  # 49,152 rows: 10 chunks, the last one short
+    rows, chunks = source.row_chunks("model.embed_tokens.weight", w.ROW_CHUNK)
+    assert rows == config.vocab_size and len(list(chunks)) == 10
+    by_rows = w._pack_rows(
+        "embed.weight", source, "model.embed_tokens.weight", weights, True, torch.float32
+    )
+    whole = w.pack_tensor("embed.weight", source.load("model.embed_tokens.weight"), weights, True)
+    assert by_rows.keys() == whole.keys()
+    for key in whole:
+        assert torch.equal(by_rows[key], whole[key]), key
+    assert source.row_chunks("model.layers.0.self_attn.q_proj.weight", 100) is None  # reordered

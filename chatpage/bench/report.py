@@ -64,7 +64,7 @@ BENCH_ARGS = {
     # against llama.cpp on the default model's re-quantizations too, and load each of them and
     # the 0.5B-shaped file (bench/requant.py; where llama-cpp-python is missing both say so)
     "quality": ["--files", "requant"],
-    "load": ["--files", "requant,qwen05"],
+    "load": ["--files", "requant,qwen05,gemma270"],
     # the issue's 64 streams, all decoding together from start to end (bench/serve_api.py)
     "serve_api": ["--concurrency", "64", "--output-tokens", "32"],
     # the median ratio of 3 whole comparisons: two rounds' vLLM figures differ by up to ~15% here

@@ -1,5 +1,6 @@
 """GGUF files for the quality and load benchmarks and the tests (issue 21 item 5): the default model
-at other precisions, and one random model of Qwen2.5-0.5B's shapes. Made once, kept under the
+at other precisions, and models of Qwen2.5-0.5B's and Gemma 3 270M's sizes made of the default
+model's weights (`SHAPES`). Made once, kept under the
 cache's ``test-models/`` (never in git); each call returns the cached file when it is there.
 
 The source of every re-quantized file is an F16 GGUF written here from the default file's tensors
@@ -19,6 +20,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +34,43 @@ from chatpage.vocab import UserError
 # The files issue 21 asks for, by llama.cpp's name of the file type (its ``LLAMA_FTYPE_MOSTLY_*``)
 LLAMACPP_TYPES = ("Q4_K_M", "Q5_K_M", "Q6_K", "Q8_0", "Q4_0", "IQ4_NL")
 F16_FILE_TYPE = 1  # general.file_type of an F16 file (llama.cpp's LLAMA_FTYPE_MOSTLY_F16)
-# Qwen2.5-0.5B's shapes (its config.json): the model the load goals are set on
-QWEN05 = dict(hidden=896, layers=24, heads=14, kv_heads=2, ffn=4864, vocab=151936)
-QWEN05_NAME = "Qwen2.5-0.5B-shaped-random"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A published model's sizes, for a file of real-looking weights in them (:func:`shaped`)."""
+
+    name: str  # the file's name
+    arch: str  # its GGUF architecture
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    keys: tuple[tuple[str, float], ...] = ()  # more architecture keys (float-valued)
+
+
+SHAPES = {
+    # Qwen2.5-0.5B's config.json: tied embeddings, QKV biases
+    "qwen05": Shape("Qwen2.5-0.5B-shaped", "qwen2", 896, 24, 14, 2, 64, 4864, 151936),
+    # Gemma 3 270M's: a 262,144-token vocabulary (a 168M-parameter tied embedding), 5 sliding
+    # layers of 512 to 1 full, q/k norms and Gemma's four norms a layer
+    "gemma270": Shape(
+        "Gemma-3-270M-shaped",
+        "gemma3",
+        640,
+        18,
+        4,
+        1,
+        256,
+        2048,
+        262144,
+        (("attention.sliding_window", 512), ("rope.freq_base_swa", 10000.0)),
+    ),
+}
+"""The shaped files ``--files`` names; their weights are the default model's, tiled."""
 
 
 class MissingPeer(UserError):
@@ -192,16 +228,15 @@ def llamacpp_quantized(file_type: str, threads: int = 1) -> Path:
     return llamacpp_quantize(f16_source(), dst, file_type, threads)
 
 
-def _qwen05_fields(seed_src: Path) -> dict[str, tuple[Any, Any, Any]]:
-    """The default model's tokenizer and chat template (its vocabulary padded to Qwen2.5's
-    151,936 entries with unreachable tokens) under Qwen2 architecture keys of 0.5B's sizes."""
+def _shaped_fields(shape: Shape, seed_src: Path) -> dict[str, tuple[Any, Any, Any]]:
+    """The default model's tokenizer and chat template (its vocabulary padded to ``shape``'s
+    with unreachable tokens) under ``shape``'s architecture keys and sizes."""
     import gguf
 
     T = gguf.GGUFValueType
     fields = {k: v for k, v in source_fields(seed_src).items() if not k.startswith("llama.")}
-    s = QWEN05
     tokens, types = fields["tokenizer.ggml.tokens"][0], fields["tokenizer.ggml.token_type"][0]
-    pad = s["vocab"] - len(tokens)
+    pad = shape.vocab - len(tokens)
     fields["tokenizer.ggml.tokens"] = (
         tokens + [f"<|pad{i}|>" for i in range(pad)],
         T.ARRAY,
@@ -211,70 +246,98 @@ def _qwen05_fields(seed_src: Path) -> dict[str, tuple[Any, Any, Any]]:
     fields.pop("tokenizer.ggml.scores", None)
     sizes = {
         "context_length": 32768,
-        "embedding_length": s["hidden"],
-        "block_count": s["layers"],
-        "feed_forward_length": s["ffn"],
-        "attention.head_count": s["heads"],
-        "attention.head_count_kv": s["kv_heads"],
+        "embedding_length": shape.hidden,
+        "block_count": shape.layers,
+        "feed_forward_length": shape.ffn,
+        "attention.head_count": shape.heads,
+        "attention.head_count_kv": shape.kv_heads,
+        "attention.key_length": shape.head_dim,
+        "attention.value_length": shape.head_dim,
     }
-    fields.update({f"qwen2.{k}": (v, T.UINT32, None) for k, v in sizes.items()})
-    fields["qwen2.rope.freq_base"] = (1000000.0, T.FLOAT32, None)
-    fields["qwen2.attention.layer_norm_rms_epsilon"] = (1e-6, T.FLOAT32, None)
-    fields["general.name"] = (QWEN05_NAME, T.STRING, None)
+    a = shape.arch
+    fields.update({f"{a}.{k}": (v, T.UINT32, None) for k, v in sizes.items()})
+    fields[f"{a}.rope.freq_base"] = (1000000.0, T.FLOAT32, None)
+    fields[f"{a}.attention.layer_norm_rms_epsilon"] = (1e-6, T.FLOAT32, None)
+    for key, value in shape.keys:
+        kind = T.UINT32 if isinstance(value, int) else T.FLOAT32
+        fields[f"{a}.{key}"] = (value, kind, None)
+    fields["general.name"] = (shape.name, T.STRING, None)
     return {**fields, **_file_type(F16_FILE_TYPE)}
 
 
-def _qwen05_tensors(seed: int = 0) -> list[Tensor]:
+def _tiled(values: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``values`` repeated along each dimension and cut to ``shape``."""
+    reps = [-(-n // m) for n, m in zip(shape, values.shape, strict=True)]
+    return np.tile(values, reps)[tuple(slice(0, n) for n in shape)]
+
+
+def _shaped_tensors(shape: Shape, seed_src: Path) -> list[Tensor]:
+    """Tensors of ``shape`` made of the default model's own (each from the tensor of the same
+    role in layer i mod its 30, tiled to size): real weights' scale distributions, which the
+    K-quants' costs and errors depend on (random normal weights are kinder)."""
     import gguf
 
     F16, F32 = gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.F32
-    s = QWEN05
-    d = s["hidden"] // s["heads"]
-    kv = s["kv_heads"] * d
-    rng = np.random.default_rng(seed)
+    seed = GGUFFile(seed_src)
+    seed_layers = int(seed.metadata["llama.block_count"])
+    q, kv, h = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden
+    gemma = shape.arch.startswith("gemma")
 
-    def normal(shape: tuple[int, ...], std: float, dtype: Any) -> Callable[[], np.ndarray]:
-        return lambda: (rng.standard_normal(shape, dtype=np.float32) * std).astype(dtype)
+    def made(
+        src: str, size: tuple[int, ...], raw: Any, norm: bool = False
+    ) -> tuple[tuple[int, ...], Any, Callable[[], np.ndarray]]:
+        def data() -> np.ndarray:
+            values = _tiled(seed.dequantize(src).numpy(), size)
+            values = values + 1 if norm and gemma else values  # Gemma files store 1 + w
+            return values.astype(np.float16 if raw == F16 else np.float32)
 
-    def ones(n: int) -> Callable[[], np.ndarray]:
-        return lambda: 1 + 0.1 * rng.standard_normal(n, dtype=np.float32)
+        return size, raw, data
 
     out: list[Tensor] = [
-        (
-            "token_embd.weight",
-            (s["vocab"], s["hidden"]),
-            F16,
-            normal((s["vocab"], s["hidden"]), 0.02, np.float16),
-        ),
-        ("output_norm.weight", (s["hidden"],), F32, ones(s["hidden"])),
+        ("token_embd.weight", *made("token_embd.weight", (shape.vocab, h), F16)),
+        ("output_norm.weight", *made("output_norm.weight", (h,), F32, True)),
     ]
     matrices = {
-        "attn_q": (s["hidden"], s["hidden"]),
-        "attn_k": (kv, s["hidden"]),
-        "attn_v": (kv, s["hidden"]),
-        "attn_output": (s["hidden"], s["hidden"]),
-        "ffn_gate": (s["ffn"], s["hidden"]),
-        "ffn_up": (s["ffn"], s["hidden"]),
-        "ffn_down": (s["hidden"], s["ffn"]),
+        "attn_q": (q, h),
+        "attn_k": (kv, h),
+        "attn_v": (kv, h),
+        "attn_output": (h, q),
+        "ffn_gate": (shape.ffn, h),
+        "ffn_up": (shape.ffn, h),
+        "ffn_down": (h, shape.ffn),
     }
-    for i in range(s["layers"]):
-        for name, shape in matrices.items():
-            out.append((f"blk.{i}.{name}.weight", shape, F16, normal(shape, 0.02, np.float16)))
-        for name, n in (("attn_q", s["hidden"]), ("attn_k", kv), ("attn_v", kv)):
-            out.append((f"blk.{i}.{name}.bias", (n,), F32, normal((n,), 0.1, np.float32)))
-        for name in ("attn_norm", "ffn_norm"):
-            out.append((f"blk.{i}.{name}.weight", (s["hidden"],), F32, ones(s["hidden"])))
+    norms = {"attn_norm": ("attn_norm", h), "ffn_norm": ("ffn_norm", h)}
+    if gemma:
+        norms |= {
+            "post_attention_norm": ("ffn_norm", h),
+            "post_ffw_norm": ("attn_norm", h),
+            "attn_q_norm": ("attn_norm", shape.head_dim),
+            "attn_k_norm": ("attn_norm", shape.head_dim),
+        }
+    for i in range(shape.layers):
+        src = f"blk.{i % seed_layers}."
+        for name, size in matrices.items():
+            out.append((f"blk.{i}.{name}.weight", *made(src + name + ".weight", size, F16)))
+        if shape.arch == "qwen2":  # QKV biases: the attn_norm's values, centred
+            for name, n in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
+                bias = made(src + "attn_norm.weight", (n,), F32)
+                out.append((f"blk.{i}.{name}.bias", *bias))
+        for name, (like, n) in norms.items():
+            out.append((f"blk.{i}.{name}.weight", *made(src + like + ".weight", (n,), F32, True)))
     return out
 
 
-def qwen05_shaped(file_type: str = "Q4_K_M", threads: int = 1) -> Path:
-    """A random model of Qwen2.5-0.5B's shapes (tied embeddings, QKV biases) as llama.cpp's
-    ``file_type``: written in F16 here, then quantized by llama.cpp (the F16 file is removed)."""
-    dst = models_dir() / f"{QWEN05_NAME}.{file_type}.gguf"
+def shaped(which: str, file_type: str = "Q4_K_M", threads: int = 1) -> Path:
+    """A model of the sizes of :data:`SHAPES` ``which`` with the default model's weights tiled
+    into them, as llama.cpp's ``file_type``: written in F16 here, then quantized by llama.cpp
+    (the F16 file is removed)."""
+    shape = SHAPES[which]
+    dst = models_dir() / f"{shape.name}.{file_type}.gguf"
     if dst.is_file():
         return dst
-    f16 = models_dir() / f"{QWEN05_NAME}.F16.gguf"
-    write_gguf(f16, "qwen2", _qwen05_fields(default_model_path()), _qwen05_tensors())
+    f16 = models_dir() / f"{shape.name}.F16.gguf"
+    src = default_model_path()
+    write_gguf(f16, shape.arch, _shaped_fields(shape, src), _shaped_tensors(shape, src))
     try:
         return llamacpp_quantize(f16, dst, file_type, threads)
     finally:
@@ -284,7 +347,8 @@ def qwen05_shaped(file_type: str = "Q4_K_M", threads: int = 1) -> Path:
 NAMES_HELP = (
     "paths, or requant (the default model and its re-quantizations by llama.cpp: "
     + ", ".join(LLAMACPP_TYPES)
-    + "), or qwen05 (a random Qwen2.5-0.5B-shaped Q4_K_M); made on first use"
+    + "), or qwen05 / gemma270 (Qwen2.5-0.5B's / Gemma 3 270M's sizes, the default model's "
+    "weights tiled into them, as llama.cpp's Q4_K_M); made on first use"
 )
 
 
@@ -294,8 +358,8 @@ def named_files(value: str) -> list[Path]:
     for part in (p.strip() for p in value.split(",") if p.strip()):
         if part == "requant":
             out += [default_model_path(), *map(llamacpp_quantized, LLAMACPP_TYPES)]
-        elif part == "qwen05":
-            out.append(qwen05_shaped())
+        elif part in SHAPES:
+            out.append(shaped(part))
         else:
             out.append(Path(part).expanduser())
     return out

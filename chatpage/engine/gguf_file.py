@@ -233,3 +233,26 @@ class GGUFFile:
             out = torch.empty(info.shape, dtype=torch.float32)
         torch.ops.chatpage.dequantize_gguf(self.blocks(name), info.type_id, out, rows)
         return out
+
+    def release(self, name: str) -> None:
+        """Let the kernel take back the pages of tensor ``name`` read so far (they count in the
+        process's RSS until then: a whole file once every tensor is read). Only drops them from
+        this process: a later read maps them again from the file."""
+        info = self.tensors[name]
+        page = mmap.PAGESIZE
+        start = -(-info.offset // page) * page  # whole pages inside the tensor only
+        stop = (info.offset + info.nbytes) // page * page
+        if stop > start:
+            self._map.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
+    def dequantize_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` of the 2-D tensor ``name`` as fp32 (each row's blocks are
+        contiguous in the file: only those are read)."""
+        info = self.tensors[name]
+        per_row = info.shape[1] // TENSOR_TYPES[info.type_id][1]
+        blocks = self.blocks(name)[start * per_row : stop * per_row]
+        if not ops.available(torch.device("cpu")):
+            return dequant.dequantize(blocks, info.type_id).view(stop - start, info.shape[1])
+        out = torch.empty(stop - start, info.shape[1], dtype=torch.float32)
+        torch.ops.chatpage.dequantize_gguf(blocks, info.type_id, out, None)
+        return out

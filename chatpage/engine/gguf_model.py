@@ -10,6 +10,7 @@ which is undone here (Qwen2 files are stored as HF has them).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -287,9 +288,26 @@ class GGUFSource:
         """HF tensor ``name`` in fp32 (into ``out``, of its shape, when given)."""
         tensor, rows = self._tensor(name)
         w = self.gf.dequantize(tensor, out, rows)
+        self.gf.release(tensor)  # read once: its pages need not stay in this process
         if self.arch in GEMMA and name.endswith("norm.weight"):
             return w.sub_(1)  # llama.cpp's converter stores Gemma's norms as the 1 + w they apply
         return w
+
+    def row_chunks(self, name: str, rows: int) -> tuple[int, Iterator[torch.Tensor]] | None:
+        """HF tensor ``name``'s row count and its fp32 rows, ``rows`` at a time, for a table
+        with no row order of its own (the embedding, the lm_head); None for any other."""
+        tensor, order = self._tensor(name)
+        info = self.gf.tensors[tensor]
+        if order is not None or len(info.shape) != 2 or name.endswith("norm.weight"):
+            return None
+        n = info.shape[0]
+
+        def chunks() -> Iterator[torch.Tensor]:
+            for a in range(0, n, rows):
+                yield self.gf.dequantize_rows(tensor, a, min(a + rows, n))
+                self.gf.release(tensor)
+
+        return n, chunks()
 
     def load_fused(self, names: tuple[str, ...]) -> torch.Tensor:
         """The tensors ``names`` concatenated along their rows, each dequantized straight into
@@ -315,6 +333,8 @@ class GGUFSource:
         if len({self.gf.tensors[tensor].type_id in IQ4_TYPES for tensor, _ in parts}) > 1:
             return None  # one matrix has one table of levels
         q4, scales, zeros = zip(*(int4_of(self.gf, t, rows) for t, rows in parts), strict=True)
+        for tensor, _ in parts:  # (copied out: q4 is a reshape of wider blocks)
+            self.gf.release(tensor)
         table = levels_of(self.gf.tensors[parts[0][0]].type_id)
         if len(parts) == 1:
             return q4[0], scales[0], zeros[0], table
