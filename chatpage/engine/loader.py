@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -158,27 +159,41 @@ def _packed_state(
 
 def _gguf_tokenizer(gguf: Path, directory: Path, say: Callable[[str], None]) -> Any:
     """The GGUF file's tokenizer: from the cached tokenizer.json, or built from the metadata by
-    transformers' GGUF converter and cached (the files AutoTokenizer writes)."""
+    transformers' GGUF converter (in a process of its own: transformers' import and the
+    conversion of a big vocabulary would otherwise stay in this one's memory for good) and
+    cached as the files AutoTokenizer writes."""
     tokenizer = read_plain(directory)
     if tokenizer is not None:
         return tokenizer
+    say(f"Reading the tokenizer of {gguf.name} (first run only)")
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=directory))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "chatpage.engine.loader", "--tokenizer", str(gguf), str(tmp)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines() or ["the converter ended with no message"]
+            raise ValueError(lines[-1])
+        for f in sorted(tmp.iterdir(), key=lambda f: f.name == "tokenizer_config.json"):
+            os.replace(f, directory / f.name)  # tokenizer_config.json last: it marks them whole
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return read_plain(directory) or _read_tokenizer(directory)
+
+
+def _convert_gguf_tokenizer(gguf: Path, out: Path) -> None:
+    """Write the tokenizer files of ``gguf`` into ``out`` (`_gguf_tokenizer`'s child process)."""
     from transformers import TokenizersBackend
 
-    say(f"Reading the tokenizer of {gguf.name} (first run only)")
     # The plain class, not AutoTokenizer's pick by architecture: AutoTokenizer first builds the
     # model's config from the file through gguf-py's GGUFReader, which parses the vocabulary one
     # element at a time (15-20 s of a 30 s first start on the default model); the backend is
     # built by the same GGUF converter either way.
     built = TokenizersBackend.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=directory))
-    try:
-        built.save_pretrained(tmp)  # its config names the plain class: read_plain reads it
-        for f in sorted(tmp.iterdir(), key=lambda f: f.name == "tokenizer_config.json"):
-            os.replace(f, directory / f.name)  # tokenizer_config.json last: it marks them whole
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return read_plain(directory) or built
+    built.save_pretrained(out)  # its config names the plain class: read_plain reads it
 
 
 def _open_gguf(path: Path) -> tuple[GGUFFile, Any]:
@@ -381,3 +396,9 @@ def has_chat_template(model: str | os.PathLike[str] | None) -> bool | None:
     except (OSError, ValueError):
         return None
     return isinstance(config, dict) and bool(config.get("chat_template"))
+
+
+if __name__ == "__main__":  # python -m chatpage.engine.loader --tokenizer GGUF OUT
+    if sys.argv[1:2] != ["--tokenizer"] or len(sys.argv) != 4:
+        raise SystemExit("usage: python -m chatpage.engine.loader --tokenizer GGUF OUT")
+    _convert_gguf_tokenizer(Path(sys.argv[2]), Path(sys.argv[3]))
