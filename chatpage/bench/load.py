@@ -1,8 +1,8 @@
 """`chatpage bench load`: loading a model, first (fresh cache) and cached, in each weight format.
 
 Every load is a fresh process (``python -m chatpage.bench.load --child``) that loads the model
-through ``load_model`` and reports its own time and peak RSS (``ru_maxrss``: the most host memory it
-ever held, interpreter and torch included). The first load of a format runs against an empty cache
+through ``load_model`` and reports its own time and peak RSS (`peak_rss_bytes`: the most host
+memory it ever held, interpreter and torch included). The first load of a format runs against an empty cache
 folder (``XDG_CACHE_HOME`` pointed at a temporary directory: tokenizer conversion and packing
 included); the cached load then reads what it left. Reported with the bytes that cache holds and
 the ratios of each figure to the model file's size (a GGUF; for a folder, its weight files).
@@ -41,7 +41,7 @@ def _child(model: str | None, weights: str) -> dict[str, Any]:
 
     loaded = load_model(model, progress=lambda _m: None, weights=weights)
     seconds = time.perf_counter() - t0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux counts KiB
+    rss = peak_rss_bytes()
     from chatpage.engine.weights import matrix_formats
 
     return {
@@ -50,6 +50,19 @@ def _child(model: str | None, weights: str) -> dict[str, Any]:
         "tensors": len(loaded.state),
         "matrix_formats": matrix_formats(loaded.state),
     }
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory: Linux's VmHWM (of this program alone: ru_maxrss
+    keeps the parent's peak across fork and exec, so a child of a big bench process would
+    report that), else ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux counts KiB
 
 
 def _load(model: str | None, weights: str, cache: Path) -> dict[str, Any]:

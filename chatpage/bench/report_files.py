@@ -74,7 +74,7 @@ def goals(results: dict, add: Add) -> None:
                     f"<= {x['rss_bound_bytes'] / MB:.0f}",
                     x["first_peak_rss_bytes"] <= x["rss_bound_bytes"],
                     f"the pack ({x['cache_bytes'] / MB:.0f} MB) + 4x the largest tensor in fp32 "
-                    f"({x['largest_tensor_fp32_bytes'] / MB:.0f} MB) + 300 MB; ru_maxrss counts "
+                    f"({x['largest_tensor_fp32_bytes'] / MB:.0f} MB) + 300 MB; the peak (VmHWM) counts "
                     "the interpreter, torch and the file's mapped pages",
                 )
     w = results.get("windows")
@@ -131,7 +131,7 @@ def figures(name: str, r: dict, table: Table) -> list[str]:
             for file, size, x in _load_rows(r)
         ]
         out = [
-            "Every load a fresh process (`load_model`, wall time; peak RSS is `ru_maxrss`); the "
+            "Every load a fresh process (`load_model`, wall time; peak RSS is its VmHWM); the "
             "first into an empty cache, the cached one reading what it left. The re-quantized "
             "files are made by llama.cpp's quantizer from an F16 copy of the default model "
             "(`chatpage/bench/requant.py`); the Qwen2.5-0.5B- and Gemma-3-270M-shaped ones hold the "
