@@ -2,12 +2,15 @@
 
 UI: building the app over the tiny model or over no model, waiting in Pilot, personas on disk.
 Chat model: a persona, a client that records what it is asked (the chat model's tests need
-no engine), and engine updates to feed back.
+no engine), and engine updates to feed back. MCP: a stdio server that never answers
+``initialize``, and whether a process still runs.
 """
 
 from __future__ import annotations
 
+import os
 import queue
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,6 +19,7 @@ from textual.command import CommandList, CommandPalette
 
 from chatpage.chat.chats import Chats
 from chatpage.chat.session import ChatSession, Entry
+from chatpage.config.mcp import McpServerConfig
 from chatpage.config.personas import Persona
 from chatpage.config.settings import Settings
 from chatpage.engine.client import (
@@ -35,11 +39,12 @@ PROMPT_BODY = (
 
 
 # -- personas ----------------------------------------------------------------------------------------
-def write_persona(directory: Path, name: str, max_tokens: int = 6) -> None:
+def write_persona(directory: Path, name: str, max_tokens: int = 6, more: str = "") -> None:
+    """Persona ``name`` in ``directory``; ``more``: further lines of YAML (``tools: [x]\n``)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / f"{name}.yaml").write_text(
         f"name: {name}\ndescription: The {name} test persona\ngreeting: Hi from {name}\n"
-        f"temperature: 0\nmax_tokens: {max_tokens}\n"
+        f"temperature: 0\nmax_tokens: {max_tokens}\n{more}"
         f"system_prompt: You are {name}. {PROMPT_BODY * 2}\n"
     )
 
@@ -320,3 +325,45 @@ def hf_model_dir(gguf: Path, root: Path) -> Path:
     except OSError:  # another session wrote it first
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+# -- MCP servers ---------------------------------------------------------------------------------
+MUTE = """
+import os, signal, sys
+from contextlib import asynccontextmanager
+import anyio
+from mcp.server.mcpserver import MCPServer
+
+@asynccontextmanager
+async def never(_app):
+    await anyio.sleep_forever()  # (before it reads a message: initialize is never answered)
+    yield
+
+app = MCPServer("mute", lifespan=never)
+
+@app.tool()
+def shout(text: str) -> str:
+    \"\"\"Say it louder.\"\"\"
+    return text.upper()
+
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(sys.argv[1], "w").write(str(os.getpid()))
+app.run()
+"""
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie does not)."""
+    try:
+        os.kill(pid, 0)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    return stat.rsplit(") ", 1)[1][0] != "Z"
+
+
+def mute_server(tmp_path: Path) -> tuple[McpServerConfig, Path]:
+    """The config of `MUTE` (named "mute"), and the file its pid is written to."""
+    script, pid_file = tmp_path / "mute_server.py", tmp_path / "mute.pid"
+    script.write_text(MUTE)
+    return McpServerConfig("mute", sys.executable, (str(script), str(pid_file))), pid_file

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import alive, mute_server
 
 from chatpage.chat.mcp import McpServers, ServerState
 from chatpage.config.mcp import McpServerConfig
@@ -40,45 +41,6 @@ if len(sys.argv) > 2:
 else:
     app.run()
 """
-
-MUTE = """
-import os, signal, sys
-from contextlib import asynccontextmanager
-import anyio
-from mcp.server.mcpserver import MCPServer
-
-@asynccontextmanager
-async def never(_app):
-    await anyio.sleep_forever()  # (before it reads a message: initialize is never answered)
-    yield
-
-app = MCPServer("mute", lifespan=never)
-
-@app.tool()
-def shout(text: str) -> str:
-    \"\"\"Say it louder.\"\"\"
-    return text.upper()
-
-signal.signal(signal.SIGTERM, signal.SIG_IGN)
-open(sys.argv[1], "w").write(str(os.getpid()))
-app.run()
-"""
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie does not)."""
-    try:
-        os.kill(pid, 0)
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (ProcessLookupError, FileNotFoundError):
-        return False
-    return stat.rsplit(") ", 1)[1][0] != "Z"
-
-
-def mute_server(tmp_path: Path) -> tuple[McpServerConfig, Path]:
-    script, pid_file = tmp_path / "mute_server.py", tmp_path / "mute.pid"
-    script.write_text(MUTE)
-    return McpServerConfig("mute", sys.executable, (str(script), str(pid_file))), pid_file
 
 
 async def until(check, what: str, timeout: float = 20.0) -> None:

@@ -7,12 +7,17 @@ a cautious estimate from the text's length (a server's model). When that exceeds
 the oldest turns after the system prompt are left out of what is sent (marked `Entry.dropped`,
 shown greyed, kept in the store) until it fits; the message being answered is never dropped.
 The engine still counts exactly and refuses what cannot fit at all.
+
+A tool's result is third-party text of any size: `bound_result` cuts it to what the context has
+left for it (`result_room`), before it is shown, saved or sent.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from math import ceil
+from typing import Any
 
 from chatpage.chat.session import Entry
 from chatpage.engine.chat_template import TokenCounter
@@ -21,6 +26,15 @@ CHARS_PER_TOKEN_CAUTIOUS = 3
 """Fewer characters per token than most text has, so an estimate errs on the large side."""
 MESSAGE_OVERHEAD = 8
 """Tokens a chat template adds around one message (role markers, separators), at most."""
+TOOLS_PREAMBLE = 256
+"""Tokens a chat template (or chatpage's own listing) writes around the tools it offers, at
+most (chatpage's listing: ~80)."""
+UNKNOWN_CONTEXT = 32768
+"""The window a tool's result is bounded by where the model's is not known."""
+CHARS_TRIED_PER_TOKEN = 4
+"""Characters of a long result tokenized per token of room, at first (most text has fewer
+per token, so that the cut is found in one or two counts of a bounded text)."""
+TRUNCATED = "[truncated {} characters]"
 
 
 def estimate_tokens(text: str) -> int:
@@ -111,3 +125,30 @@ def fit(
         dropped += turn
         del sent[:turn]
     return Fit(dropped, needed)
+
+
+def result_room(needed: int, context_tokens: int, tools: list[dict[str, Any]], waiting: int) -> int:
+    """The tokens one tool result may take: what the window (``context_tokens``; 0: not
+    known) has left after the prompt so far and the reply (``needed``, `Fit.needed`) and the
+    ``tools`` offered (counted cautiously), shared among the ``waiting`` results of its step
+    still to come."""
+    tools_tokens = estimate_tokens(json.dumps(tools, ensure_ascii=False)) + TOOLS_PREAMBLE
+    left = (context_tokens or UNKNOWN_CONTEXT) - needed - tools_tokens
+    return max(0, left // max(1, waiting) - MESSAGE_OVERHEAD)
+
+
+def bound_result(text: str, room: int, counter: TokenCounter | None = None) -> str:
+    """``text`` (a tool's result) as it is if it takes at most ``room`` tokens, else cut to
+    fit, ending with "[truncated N characters]"; counted exactly with ``counter``, else
+    cautiously. No more than ``room`` x `CHARS_TRIED_PER_TOKEN` characters are ever counted."""
+    count = counter.text if counter is not None else estimate_tokens
+    keep = min(len(text), room * CHARS_TRIED_PER_TOKEN)
+    while True:
+        cut = text[:keep]
+        if keep < len(text):
+            marker = TRUNCATED.format(len(text) - keep)
+            cut = f"{cut}\n{marker}" if cut else marker
+        used = count(cut)
+        if used <= room or not keep:
+            return cut
+        keep = min(keep - 1, keep * room * 9 // (used * 10))

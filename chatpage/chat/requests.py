@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
 
-from chatpage.chat.context import fit
+from chatpage.chat.context import Fit, bound_result, fit, result_room
 from chatpage.chat.mcp import McpServers, ServerState
 from chatpage.chat.replies import apply_candidate, apply_reply
 from chatpage.chat.sampling import AltMode, SamplingSettings, setting_name
@@ -169,7 +169,7 @@ class Requests:
                 f"keep one of the alternatives first: press 1-{n}, click a pane, or type /keep N"
             )
 
-    def _fit(self, session: ChatSession, upto: Entry | None, notice: bool = True) -> None:
+    def _fit(self, session: ChatSession, upto: Entry | None, notice: bool = True) -> Fit:
         """Leave the oldest turns out of what is sent if the turn after `upto` (None: after
         the last message on show) would not fit the context; `notice` says so to the user."""
         session.context_tokens = self.client.max_model_len or session.context_tokens
@@ -185,6 +185,7 @@ class Requests:
         note = outcome.notice()
         if notice and note:
             self.notify(note)
+        return outcome
 
     def _submit(
         self,
@@ -381,12 +382,25 @@ class Requests:
             run.elapsed_s = time.monotonic() - started
             if run.state != "running":  # the turn was stopped meanwhile
                 return
-            run.state, run.result = ("failed" if result.error else "done"), result.text
+            text = self._bound_result(session, gen, result.text)
+            run.state, run.result = ("failed" if result.error else "done"), text
             if session.generation is gen and gen.entry is not None:
                 session.changed(EntryUpdated(gen.entry))
                 self._next_round(session, gen)
 
         self._spawn(call())
+
+    def _bound_result(self, session: ChatSession, gen: Generation, text: str) -> str:
+        """A tool's result cut to what the context has left for it after the prompt so far,
+        the tools offered and the reply's max tokens, shared with the calls of its step still
+        running (`bound_result`): what is shown, saved and sent."""
+        entry = gen.entry
+        assert entry is not None and entry.steps
+        outcome = self._fit(session, entry)
+        waiting = sum(r.state == "running" for r in entry.steps[-1].runs)
+        offered = functions(gen.tools) if gen.tool_choice != "none" else []
+        room = result_room(outcome.needed, session.context_tokens, offered, waiting)
+        return bound_result(text, room, self.client.counter)
 
     def _next_round(self, session: ChatSession, gen: Generation) -> None:
         """Once every call of the latest step is resolved, the model continues."""
