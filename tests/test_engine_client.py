@@ -256,3 +256,45 @@ def test_prompts_and_system_prompts_are_tokenized_off_the_engine_thread(tiny_lla
         assert threads == []  # refused by its length, never tokenized
     finally:
         client.close()
+
+
+def test_tool_descriptions_and_call_arguments_count_before_anything_is_tokenized(tiny_llama_dir):
+    """Every text a chat renders counts against the context window's characters, not only the
+    messages' content: the tools offered (a 4 MB description) and the arguments of the calls
+    in the history are refused before any of it is tokenized (issue 40, item 5)."""
+    client = _client(tiny_llama_dir, 32)
+    tokenizer = client.engine.tokenizer
+    real = tokenizer.encode
+    encoded: list[int] = []
+
+    def encode(text, add_special_tokens=True):
+        encoded.append(len(text))
+        return real(text, add_special_tokens=add_special_tokens)
+
+    tokenizer.encode = encode
+    big = 4 << 20
+    tool = {
+        "type": "function",
+        "function": {"name": "read", "description": "x" * big, "parameters": {}},
+    }
+    call = {"id": "c1", "type": "function", "function": {"name": "read", "arguments": ""}}
+    call["function"]["arguments"] = '{"path": "' + "y" * big + '"}'
+    history = [
+        {"role": "user", "content": "read it"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "done", "tool_call_id": "c1"},
+    ]
+    try:
+        for messages, tools, said in (
+            ([{"role": "user", "content": "hi"}], [tool], "of them the tools offered, far more"),
+            (history, None, "characters, far more"),
+        ):
+            reply = _Reply()
+            client.submit(messages, SamplingParams(max_tokens=2), reply, tools=tools)
+            assert reply.done.wait(20)
+            error = reply.out.error
+            assert error.startswith("the prompt is ") and said in error and "\n" not in error
+            assert max(encoded, default=0) < big  # refused by its length, never tokenized
+        assert _ask(client, [{"role": "user", "content": "hi"}]).error is None  # the next one
+    finally:
+        client.close()

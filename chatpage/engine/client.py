@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import queue
 import threading
 import time
@@ -50,9 +51,10 @@ Render = Callable[["TextTokenizer", list[dict[str, str]]], list[int]]
 """How chat messages become a prompt's token ids (`render_prompt`, `continue_prompt`)."""
 Command = tuple[Any, ...]
 """What the tokenizer thread is asked: ``("submit", id, prompt, params, on_update, t0, render,
-tool_calls, add_special_tokens)``, ``("cancel", id)`` or ``("pin", system_prompt)``; it hands the engine thread the
-same with token ids for the prompt (and, for a submit, whether it is a chat reply instead of
-``render``), or ``("failed", command, why)``."""
+tools, add_special_tokens)``, ``("cancel", id)`` or ``("pin", system_prompt)``; it hands the
+engine thread the same with token ids for the prompt (and, for a submit, whether it is a chat
+reply instead of ``render``, whether it offers tools instead of ``tools``, and no
+``add_special_tokens``), or ``("failed", command, why)``."""
 
 __all__ = [
     "EngineClient",
@@ -97,6 +99,28 @@ def _render_chat(
         reply_ids = {i + shift: ids for i, ids in (reply_ids or {}).items()}
         tools = tools if fmt.renders_tools else None
     return template(tokenizer, messages, reply_ids=reply_ids, tools=tools, variables=variables)
+
+
+def prompt_chars(
+    prompt: str | list[int] | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> int:
+    """The characters of the text a prompt renders: a text's own; each message's content and
+    its tool calls' names and arguments; the ``tools`` offered (names, descriptions and
+    schemas, as JSON); none for token ids."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    chars = len(json.dumps(tools, ensure_ascii=False, default=str)) if tools else 0
+    for message in prompt:
+        if not isinstance(message, dict):
+            continue
+        chars += len(message.get("content") or "")
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            arguments = function.get("arguments") or ""
+            if not isinstance(arguments, str):
+                arguments = json.dumps(arguments, ensure_ascii=False, default=str)
+            chars += len(function.get("name") or "") + len(arguments)
+    return chars
 
 
 class LocalEngineClient:
@@ -180,7 +204,7 @@ class LocalEngineClient:
             params,
             on_update,
             functools.partial(_render_chat, template, reply_ids, tools, variables),
-            tool_calls=bool(tools),
+            tools=tools,
             add_special_tokens=add_special_tokens,
         )
 
@@ -199,11 +223,11 @@ class LocalEngineClient:
         params: SamplingParams,
         on_update: UpdateCallback,
         render: Render | None,
-        tool_calls: bool = False,
+        tools: list[dict[str, Any]] | None = None,
         add_special_tokens: bool = False,
     ) -> str:
         """Queue a request; ``render`` turns chat messages into token ids (None: a raw prompt);
-        ``tool_calls``: the prompt offers tools, the reply is read for calls;
+        ``tools``: the function tools the prompt offers (the reply is read for calls);
         ``add_special_tokens``: the prompt's ids get those the tokenizer puts around a text."""
         with self._id_lock:
             rid = f"chat-{self._next_id}"
@@ -217,7 +241,7 @@ class LocalEngineClient:
                 on_update,
                 time.monotonic(),
                 render,
-                tool_calls,
+                tools,
                 add_special_tokens,
             )
         )
@@ -356,8 +380,8 @@ class LocalEngineClient:
             kind = cmd[0]
             try:
                 if kind == "submit":
-                    _, rid, prompt, params, on_update, t0, render, tool_calls, special = cmd
-                    self._check_length(prompt)
+                    _, rid, prompt, params, on_update, t0, render, tools, special = cmd
+                    self._check_length(prompt, tools)
                     if render is not None:
                         ids = render(engine.tokenizer, prompt)
                         if special:
@@ -367,27 +391,28 @@ class LocalEngineClient:
                     else:
                         ids = list(prompt)
                     chat = render is not None
-                    cmd = ("submit", rid, ids, params, on_update, t0, chat, tool_calls)
+                    cmd = ("submit", rid, ids, params, on_update, t0, chat, bool(tools))
                 elif kind == "pin":
                     cmd = ("pin", system_prefix(engine.tokenizer, cmd[1]))
             except Exception as e:  # bad input or a template error: this command fails alone
                 cmd = ("failed", cmd, log_error(e, f"engine command {kind}"))
             self._work.put(cmd)
 
-    def _check_length(self, prompt: str | list[int] | list[dict[str, str]]) -> None:
-        """ValueError for text that cannot fit the context window whatever its tokens (no
-        token is longer than `CHARS_PER_TOKEN` characters), before tokenizing it."""
-        if isinstance(prompt, str):
-            chars = len(prompt)
-        elif prompt and isinstance(prompt[0], dict):
-            chars = sum(len(m["content"]) for m in prompt)
-        else:
-            return
-        if chars > CHARS_PER_TOKEN * self.max_model_len:
+    def _check_length(
+        self,
+        prompt: str | list[int] | list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """ValueError for a prompt whose text (`prompt_chars`: every text it renders, the
+        ``tools`` offered included) cannot fit the context window whatever its tokens (no token
+        is longer than `CHARS_PER_TOKEN` characters), before any of it is tokenized."""
+        chars, tool_chars = prompt_chars(prompt), prompt_chars([], tools)
+        if chars + tool_chars > CHARS_PER_TOKEN * self.max_model_len:
+            of_tools = f", {tool_chars} of them the tools offered" if tool_chars else ""
+            fix = "offer fewer or shorter tools" if tool_chars > chars else "shorten it"
             raise ValueError(
-                f"the prompt is {chars} characters, far more than the context "
-                f"window of {self.max_model_len} tokens (max_model_len) holds; "
-                "shorten it"
+                f"the prompt is {chars + tool_chars} characters{of_tools}, far more than the "
+                f"context window of {self.max_model_len} tokens (max_model_len) holds; {fix}"
             )
 
     def _handle(self, engine: LLMEngine, cmd: Command) -> None:
