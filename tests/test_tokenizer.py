@@ -183,3 +183,15 @@ def test_a_template_in_tokenizer_config_is_read(default_model_dir, tmp_path):
     assert tok.apply_chat_template(messages, tokenize=False) == AutoTokenizer.from_pretrained(
         d
     ).apply_chat_template(messages, tokenize=False)
+
+
+def test_a_plain_tokenizer_saves_what_it_reads_back(default_model_dir, tmp_path):
+    from chatpage.engine.tokenizer import read_plain
+
+    tok = read_plain(default_model_dir)
+    tok.save_pretrained(tmp_path)
+    again = read_plain(tmp_path)
+    text = "Hello <|im_start|>world"
+    assert again.encode(text) == tok.encode(text)
+    assert again.special_tokens == tok.special_tokens
+    assert again.chat_template == tok.chat_template

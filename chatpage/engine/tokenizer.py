@@ -127,6 +127,16 @@ class Tokenizer:
         text: str = self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
         return text
 
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write the files `read_plain` reads back (transformers' names: a model folder)."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        self._backend.save(str(out / "tokenizer.json"))
+        config = {"tokenizer_class": PLAIN_TOKENIZERS[0], **self.special_tokens}
+        if self.chat_template is not None:
+            config["chat_template"] = self.chat_template
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
+
     def apply_chat_template(
         self,
         messages: list[dict[str, Any]],
