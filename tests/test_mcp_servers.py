@@ -155,3 +155,20 @@ async def test_closing_while_a_server_starts_ends_its_process(tmp_path):
     await asyncio.wait_for(servers.close(), 60)
     assert not alive(pid)
     await asyncio.wait_for(starting, 10)  # and whoever waited on it goes on
+
+
+async def test_a_stdio_servers_stderr_never_reaches_the_terminal(tmp_path, capfd):
+    noisy = ("-c", "import sys; sys.stderr.write('NOISE from the server\\n'); sys.exit(3)")
+    for log_dir in (None, tmp_path / "logs"):
+        notices: list[str] = []
+        servers = McpServers(
+            {"noisy": McpServerConfig("noisy", sys.executable, noisy)}, notices.append, log_dir
+        )
+        try:
+            await servers.start(["noisy"])
+        finally:
+            await servers.close()
+        assert servers.servers["noisy"].state == ServerState.FAILED
+        assert len(notices) == 1 and notices[0].startswith("MCP server 'noisy' could not start")
+        assert "NOISE" not in capfd.readouterr().err  # (it would draw over the TUI)
+    assert "NOISE from the server" in notices[0]  # the log's last line says why

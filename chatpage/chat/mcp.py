@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import enum
 import json
+import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,6 +226,7 @@ class McpServers:
         config = server.config
         if config.url is not None:
             return config.url
+        assert log is not None  # (`_log` gives every stdio server one)
         from mcp import StdioServerParameters
         from mcp.client.stdio import stdio_client
 
@@ -233,16 +235,18 @@ class McpServers:
             args=list(config.args),
             env=dict(config.env) or None,
         )
-        return stdio_client(params, errlog=log) if log is not None else stdio_client(params)
+        return stdio_client(params, errlog=log)
 
     def _log(self, server: McpServer) -> TextIO | None:
-        if server.config.url is not None or self.log_dir is None:
+        """Where a stdio server's stderr goes: its log file, else nowhere (never the terminal,
+        which it would draw over); None for a server by URL."""
+        if server.config.url is not None:
             return None
-        try:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            return open(self.log_dir / f"{server.name}.log", "w+", encoding="utf-8")  # noqa: SIM115
-        except OSError:
-            return None
+        if self.log_dir is not None:
+            with contextlib.suppress(OSError):
+                self.log_dir.mkdir(parents=True, exist_ok=True)
+                return open(self.log_dir / f"{server.name}.log", "w+", encoding="utf-8")  # noqa: SIM115
+        return open(os.devnull, "w+", encoding="utf-8")  # noqa: SIM115
 
     def _failed(self, server: McpServer, why: str) -> None:
         if server.state == ServerState.FAILED:
