@@ -16,7 +16,15 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
-from test_architectures import ARCHITECTURES, BLOCK, GGUF_ARCH, MAX_NEW, _tiny_dir, _write_gguf
+from test_architectures import (
+    ARCHITECTURES,
+    BLOCK,
+    GGUF_ARCH,
+    MAX_NEW,
+    _hf_greedy,
+    _tiny_dir,
+    _write_gguf,
+)
 
 from chatpage.engine.client import LocalEngineClient
 from chatpage.engine.config import EngineConfig
@@ -92,20 +100,16 @@ def ask(url: str, path: str, body: dict) -> tuple[list[int], int]:
     return _ids(answer["choices"][0], chat), answer["usage"]["prompt_tokens"]
 
 
-def reference(hf, ids: list[int]) -> list[int]:
-    import torch
-
-    prompt = torch.tensor([ids])
-    with torch.inference_mode():
-        out = hf.generate(
-            prompt,
-            attention_mask=torch.ones_like(prompt),
-            max_new_tokens=MAX_NEW,
-            do_sample=False,
-            pad_token_id=2,
-            eos_token_id=None,
-        )
-    return out[0, len(ids) :].tolist()
+def answers_as_transformers(url: str, hf, text_ids: list[int], chat: list[int]) -> None:
+    """`TEXT` through /v1/completions and `CHAT` through /v1/chat/completions give
+    transformers' prompt ids (``text_ids``, ``chat``) and its greedy answers to them."""
+    for path, body, ids in (
+        ("/v1/completions", {"prompt": TEXT}, text_ids),
+        ("/v1/chat/completions", {"messages": CHAT}, chat),
+    ):
+        answer, prompt_tokens = ask(url, path, body)
+        assert prompt_tokens == len(ids)
+        assert answer == _hf_greedy(hf, ids)[0]
 
 
 def chat_ids(tokenizer, template: str | None = None) -> list[int]:
@@ -127,16 +131,13 @@ def test_hf_folder_answers_text_as_transformers(kind, bos_tokenizer_dir, tmp_pat
     assert text_ids[0] == BOS and chat[0] == BOS and chat[1] != BOS  # one BOS, never two
     assert len(chat) + MAX_NEW <= ORIGINAL_CONTEXT
     with served(str(path)) as url:
-        answer, prompt_tokens = ask(url, "/v1/completions", {"prompt": TEXT})
-        assert prompt_tokens == len(text_ids)
-        assert answer == reference(hf, text_ids)
-        answer, prompt_tokens = ask(url, "/v1/chat/completions", {"messages": CHAT})
-        assert prompt_tokens == len(chat)
-        assert answer == reference(hf, chat)
+        answers_as_transformers(url, hf, text_ids, chat)
         # vLLM's add_special_tokens: off for a text, on for a chat (then a second BOS)
         _, bare = ask(url, "/v1/completions", {"prompt": TEXT, "add_special_tokens": False})
         assert bare == len(text_ids) - 1
-        _, doubled = ask(url, "/v1/chat/completions", {"messages": CHAT, "add_special_tokens": True})
+        _, doubled = ask(
+            url, "/v1/chat/completions", {"messages": CHAT, "add_special_tokens": True}
+        )
         assert doubled == len(chat) + 1
 
 
@@ -159,12 +160,7 @@ def test_base_gguf_answers_text_as_transformers(kind, tmp_path):
     assert text_ids[0] == BOS
     chat = chat_ids(tok, "{{ bos_token }}" + PLAIN_CHAT_TEMPLATE)
     with served(str(path)) as url:
-        answer, prompt_tokens = ask(url, "/v1/completions", {"prompt": TEXT})
-        assert prompt_tokens == len(text_ids)
-        assert answer == reference(hf, text_ids)
-        answer, prompt_tokens = ask(url, "/v1/chat/completions", {"messages": CHAT})
-        assert prompt_tokens == len(chat)
-        assert answer == reference(hf, chat)
+        answers_as_transformers(url, hf, text_ids, chat)
 
 
 def test_base_model_is_named_and_its_chats_stop_at_the_next_turn(tmp_path, capsys):
