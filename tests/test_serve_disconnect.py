@@ -29,14 +29,14 @@ class RecordingClient(LocalEngineClient):
         super().__init__(*args, **kw)
         self.updates: dict[str, list[RequestUpdate]] = {}
 
-    def _submit(self, prompt, params, on_update, render, tool_calls=False) -> str:
+    def _submit(self, prompt, params, on_update, render, **options) -> str:
         seen: list[RequestUpdate] = []
 
         def record(update: RequestUpdate) -> None:
             seen.append(update)
             on_update(update)
 
-        rid = super()._submit(prompt, params, record, render, tool_calls)
+        rid = super()._submit(prompt, params, record, render, **options)
         self.updates[rid] = seen
         return rid
 

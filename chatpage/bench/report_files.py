@@ -56,7 +56,8 @@ def goals(results: dict, add: Add) -> None:
                 f"{x['cache_bytes'] / MB:.0f} MB packed (tokenizer included) for a "
                 f"{size / MB:.0f} MB file",
             )
-            if name == "default model" or name.endswith(".gguf"):  # (the default is one)
+            gguf = name == "default model" or name.endswith(".gguf")  # (the default is one)
+            if gguf and "first_peak_rss_ratio" in g:  # (results of older runs lack it)
                 add(
                     "load",
                     f"first-load peak RSS / file, {name} ({_ran(x)})",
