@@ -225,14 +225,7 @@ class GGUFFile:
         ``gguf.quants``: by the native kernel where the kernels are loaded, else by
         ``engine/dequant.py``'s torch ops."""
         info = self.tensors[name]
-        if not ops.available(torch.device("cpu")):
-            w = dequant.dequantize(self.blocks(name), info.type_id).view(info.shape)
-            w = w if rows is None else w.index_select(0, rows)
-            return w if out is None else out.copy_(w)
-        if out is None:
-            out = torch.empty(info.shape, dtype=torch.float32)
-        torch.ops.chatpage.dequantize_gguf(self.blocks(name), info.type_id, out, rows)
-        return out
+        return _dequantize(self.blocks(name), info.type_id, info.shape, out, rows)
 
     def release(self, name: str) -> None:
         """Let the kernel take back the pages of tensor ``name`` read so far (they count in the
@@ -251,8 +244,24 @@ class GGUFFile:
         info = self.tensors[name]
         per_row = info.shape[1] // TENSOR_TYPES[info.type_id][1]
         blocks = self.blocks(name)[start * per_row : stop * per_row]
-        if not ops.available(torch.device("cpu")):
-            return dequant.dequantize(blocks, info.type_id).view(stop - start, info.shape[1])
-        out = torch.empty(stop - start, info.shape[1], dtype=torch.float32)
-        torch.ops.chatpage.dequantize_gguf(blocks, info.type_id, out, None)
-        return out
+        return _dequantize(blocks, info.type_id, (stop - start, info.shape[1]))
+
+
+def _dequantize(
+    blocks: torch.Tensor,
+    type_id: int,
+    shape: tuple[int, ...],
+    out: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``blocks`` of ``type_id`` as fp32 of ``shape`` (into ``out`` when given; row i from row
+    ``rows[i]`` when given): by the native kernel where the kernels are loaded, else by
+    ``engine/dequant.py``'s torch ops."""
+    if not ops.available(torch.device("cpu")):
+        w = dequant.dequantize(blocks, type_id).view(shape)
+        w = w if rows is None else w.index_select(0, rows)
+        return w if out is None else out.copy_(w)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.float32)
+    torch.ops.chatpage.dequantize_gguf(blocks, type_id, out, rows)
+    return out

@@ -181,7 +181,7 @@ def _gguf_tokenizer(gguf: Path, directory: Path, say: Callable[[str], None]) -> 
             os.replace(f, directory / f.name)  # tokenizer_config.json last: it marks them whole
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return read_plain(directory) or _read_tokenizer(directory)
+    return _read_tokenizer(directory)
 
 
 def _convert_gguf_tokenizer(gguf: Path, out: Path) -> None:
