@@ -111,3 +111,19 @@ def test_personas_lists_shipped_and_reports_broken(capsys, tmp_path, monkeypatch
     captured = capsys.readouterr()
     assert "assistant" in captured.out and "coder" in captured.out
     assert "bad.yaml" in captured.err and "system_prompt" in captured.err
+
+
+@pytest.mark.parametrize("command", [["ask", "q"], ["serve"], ["config"]])
+def test_a_global_option_before_a_command_stands(command):
+    """`chatpage --model X ask ...` runs X (the command's own --model, unset, used to put None
+    over it); given after the command too, the later one wins."""
+    from chatpage.cli.main import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["--model", "a.gguf", "--threads", "3", *command])
+    assert (args.model, args.threads) == ("a.gguf", 3)
+    if command[0] != "config":
+        args = parser.parse_args(
+            ["--model", "a.gguf", command[0], "--model", "b.gguf", *command[1:]]
+        )
+        assert args.model == "b.gguf"

@@ -75,7 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.register(sub)
     history_cli.register(sub)
     config_cli.register(sub)
+    _keep_global_values(parser, sub)
     return parser
+
+
+def _keep_global_values(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) -> None:
+    """A command's own copy of a global option (``ask --model``, ``serve --threads``...) takes
+    no default: unset after the command, the value given before it stands (argparse would
+    otherwise put the command's default None over ``chatpage --model X ask``'s X)."""
+    globals_ = {a.dest for a in parser._actions}
+    for command in sub.choices.values():
+        for action in command._actions:
+            if action.dest in globals_ and action.dest != "help":
+                action.default = argparse.SUPPRESS
 
 
 def main(argv: list[str] | None = None) -> int:
