@@ -45,8 +45,8 @@ def _describe(key: str, settings: Settings) -> str:
 
 
 def _model_kind(model: str | None) -> str:
-    """" (a base model: ...)" for a model without a chat template of its own (read from its
-    files, not loaded); "" otherwise."""
+    """The note " (a base model: ...)" for a model without a chat template of its own (read
+    from its files, not loaded); "" otherwise."""
     from chatpage.engine.loader import has_chat_template  # imports torch
 
     if has_chat_template(model) is not False:
