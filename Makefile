@@ -23,7 +23,7 @@ run: setup
 	$(BIN)/chatpage
 
 test: setup
-	$(BIN)/python -m chatpage.engine.ops --build
+	$(BIN)/python -m chatpage.engine.model.ops --build
 	./scripts/check_cuda.sh
 	$(BIN)/python -m pytest -q --durations=15 -m "not peers" tests
 

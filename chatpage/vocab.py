@@ -55,7 +55,7 @@ class Role(enum.StrEnum):
 
 
 WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
-"""The storage formats of the matmul weights (``engine/weights.py`` implements them)."""
+"""The storage formats of the matmul weights (``engine/model/weights.py`` implements them)."""
 DEFAULT_WEIGHTS = "int4"
 """The app's weight format: the fastest whose quality holds (`chatpage bench single` / `bench
 quality`); the engine's own default stays fp32, the exact reference."""

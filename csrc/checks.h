@@ -1,6 +1,6 @@
 // Argument checks shared by the CPU and CUDA implementations of the chatpage ops.
 //
-// They mirror what the torch reference (chatpage/engine/attention.py) accepts, so that a bad call
+// They mirror what the torch reference (chatpage/engine/model/attention.py) accepts, so that a bad call
 // fails with a readable message instead of reading out of bounds.
 #pragma once
 
@@ -142,7 +142,7 @@ inline void check_block_ids(const int64_t* pairs, int64_t n, int64_t src_blocks,
   }
 }
 
-// The fused decode-step ops (reference: chatpage/engine/fused.py); each backend checks the device.
+// The fused decode-step ops (reference: chatpage/engine/model/fused.py); each backend checks the device.
 inline void check_rows(const at::Tensor& t, int64_t rows, int64_t cols, const char* what) {
   TORCH_CHECK(t.dim() >= 2 && t.size(0) == rows && t.numel() == rows * cols,
               "chatpage: ", what, " must hold ", rows, " rows of ", cols, " values, got ", t.sizes());

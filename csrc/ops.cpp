@@ -1,7 +1,7 @@
 // The chatpage op library: one schema registration for every backend, plus the CPU kernels.
 // The CUDA kernels register themselves in csrc/cuda/torch_binding.cpp when CUDA is built.
 //
-// Python calls them as torch.ops.chatpage.<op> (see chatpage/engine/attention.py, whose reference_*
+// Python calls them as torch.ops.chatpage.<op> (see chatpage/engine/model/attention.py, whose reference_*
 // functions are the specification).
 #include "cpu/ops_cpu.h"
 
@@ -17,7 +17,7 @@ TORCH_LIBRARY(chatpage, m) {
       "int window=0) -> ()");
   m.def("copy_blocks(Tensor(a!)[] caches, Tensor src_to_dst) -> ()");
   m.def("swap_blocks(Tensor src, Tensor(a!) dst, Tensor mapping) -> ()");
-  // The decode step's fused small ops (chatpage/engine/fused.py is their reference).
+  // The decode step's fused small ops (chatpage/engine/model/fused.py is their reference).
   m.def(
       "add_rms_norm(Tensor(a!) hidden, Tensor? delta, Tensor weight, float eps, "
       "Tensor(b!) out) -> ()");
@@ -25,7 +25,7 @@ TORCH_LIBRARY(chatpage, m) {
       "rope_qkv(Tensor qkv, Tensor positions, Tensor cos, Tensor sin, Tensor(a!) q, "
       "Tensor(b!) k, Tensor(c!) v) -> ()");
   m.def("silu_mul(Tensor gate_up, Tensor(a!) out) -> ()");
-  // Few-row matmuls x @ W.T against fp32, bf16, int8 and int4 weights (chatpage/engine/gemv.py is
+  // Few-row matmuls x @ W.T against fp32, bf16, int8 and int4 weights (chatpage/engine/model/gemv.py is
   // their reference; int4's optional levels: the matrix's 16 levels, int8, else q - 8); CPU only.
   m.def("gemv_fp32(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("gemv_bf16(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
@@ -58,15 +58,15 @@ TORCH_LIBRARY(chatpage, m) {
   m.def("gemm_q8_int4_packed(Tensor x, Tensor pack, Tensor? levels, Tensor? bias) -> Tensor");
   // Per row of fp32 logits: the greedy pick (temperature 0) or a draw from the whole vocabulary
   // at its temperature with its uniform, and the row's logsumexp; a pick of -1 for a row that is
-  // not finite (chatpage/engine/sampler.py's torch code is the reference). CPU only.
+  // not finite (chatpage/engine/sample/sampler.py's torch code is the reference). CPU only.
   m.def("sample_rows(Tensor logits, Tensor temperatures, Tensor uniforms) -> (Tensor, Tensor)");
   // A GGUF tensor's blocks of ggml type type_id dequantized into out (fp32, blocks' values in
-  // order, or row i from the file's row row_order[i]; chatpage/engine/dequant.py is the
+  // order, or row i from the file's row row_order[i]; chatpage/engine/load/dequant.py is the
   // reference). CPU only.
   m.def(
       "dequantize_gguf(Tensor blocks, int type_id, Tensor(a!) out, Tensor? row_order=None) "
       "-> ()");
-  // fp32 weights packed as int4 (the GEMV's layout) and int8 (chatpage/engine/weights.py's
+  // fp32 weights packed as int4 (the GEMV's layout) and int8 (chatpage/engine/model/weights.py's
   // quantize_int4 + gemv.pack_int4 and quantize_int8 are the references). CPU only.
   m.def("quantize_int4(Tensor w, Tensor(a!) q4, Tensor(b!) scales, Tensor(c!) zeros) -> ()");
   m.def("quantize_int8(Tensor w, Tensor(a!) q, Tensor(b!) scales) -> ()");

@@ -34,7 +34,7 @@ stage() {  # stage NAME LIMIT_S COMMAND...: its output in $work/NAME.log, its st
   echo "gpu_check: $name rc=$(cat "$work/$name.rc") in $(cat "$work/$name.s") s" >&2
 }
 
-stage build 300 "$py" -m chatpage.engine.ops --build
+stage build 300 "$py" -m chatpage.engine.model.ops --build
 stage tests 200 "$py" -m pytest -q -p no:cacheprovider tests/gpu --junitxml="$work/junit.xml"
 stage kernel 90 "$py" -c "import sys; from chatpage.bench import kernel; sys.exit(kernel.main(sys.argv[1:]))" \
   --device cuda --json --repeats 20

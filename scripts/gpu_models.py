@@ -15,7 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from model_dirs import offline_tokenizer_dir, tiny_model_dir  # noqa: E402
 
-from chatpage.engine.loader import ModelLoadError, load_model  # noqa: E402
+from chatpage.engine.load.loader import ModelLoadError, load_model  # noqa: E402
 
 # SmolLM2-135M-Instruct's shape (the default model), untied
 DEFAULT_SHAPE = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

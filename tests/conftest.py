@@ -14,7 +14,7 @@ from helpers import hf_model_dir
 from model_dirs import tiny_model_dir
 
 from chatpage.config.paths import cache_dir
-from chatpage.engine.loader import default_model_path, gguf_cache_dir, packed_weights_path
+from chatpage.engine.load.loader import default_model_path, gguf_cache_dir, packed_weights_path
 
 
 @pytest.fixture(scope="session", autouse=True)

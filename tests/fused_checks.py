@@ -1,12 +1,12 @@
-"""Checks of the fused decode-step ops against their torch reference (chatpage/engine/fused.py),
-shared by the CPU tests (tests/test_fused.py) and the CUDA tests (tests/gpu/test_cuda_fused.py):
+"""Checks of the fused decode-step ops against their torch reference (chatpage/engine/model/fused.py),
+shared by the CPU tests (tests/kernels/test_fused.py) and the CUDA tests (tests/gpu/test_cuda_fused.py):
 each runs the reference and ``native`` on the same inputs placed on ``device``."""
 
 from __future__ import annotations
 
 import torch
 
-from chatpage.engine import fused
+from chatpage.engine.model import fused
 
 BF16, F32 = torch.bfloat16, torch.float32
 

@@ -1,5 +1,5 @@
-"""The tiled GEMMs (csrc/cpu/gemm.cpp) against their torch references (chatpage/engine/gemv.py),
-and the q8 GEMMs (csrc/cpu/gemm_q8.cpp) against theirs, shared by tests/test_gemm.py's in-process
+"""The tiled GEMMs (csrc/cpu/gemm.cpp) against their torch references (chatpage/engine/model/gemv.py),
+and the q8 GEMMs (csrc/cpu/gemm_q8.cpp) against theirs, shared by tests/kernels/test_gemm.py's in-process
 tests (this machine's build) and its AVX2 build and its AVX-512 build without AMX, which run this
 file as a script in a process of their own (a second kernel library cannot be loaded beside the
 first): ``python tests/gemm_checks.py CACHE_DIR BUILD`` builds with ``ops.TEST_BUILDS[BUILD]``,

@@ -1,5 +1,5 @@
-"""The few-row matmuls (csrc/cpu/gemv.cpp) against their torch references (chatpage/engine/gemv.py),
-shared by tests/test_gemv.py's in-process tests (this machine's build) and its AVX2 build, which
+"""The few-row matmuls (csrc/cpu/gemv.cpp) against their torch references (chatpage/engine/model/gemv.py),
+shared by tests/kernels/test_gemv.py's in-process tests (this machine's build) and its AVX2 build, which
 runs this file as a script in a process of its own (a second kernel library cannot be loaded
 beside the first): ``python tests/gemv_checks.py CACHE_DIR avx2`` builds with ``ops.AVX2_CFLAGS``,
 runs every case and prints how many passed."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from chatpage.engine import gemv, ops
+from chatpage.engine.model import gemv, ops
 
 BF16, F32 = torch.bfloat16, torch.float32
 # rows: one row, a full tile (AVX-512: 4, AVX2: 2), partial tiles and several tiles; outputs:

@@ -297,7 +297,7 @@ def hf_model_dir(gguf: Path, root: Path) -> Path:
 
     from safetensors.torch import save_file
 
-    from chatpage.engine.loader import gguf_cache_dir, load_model
+    from chatpage.engine.load.loader import gguf_cache_dir, load_model
 
     out = root / f"{gguf_cache_dir(gguf).name}-hf"
     if (out / "model.safetensors").is_file():

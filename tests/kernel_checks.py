@@ -1,6 +1,6 @@
-"""Kernel checks shared by tests/test_kernels.py (CPU) and tests/gpu/test_cuda_kernels.py (CUDA):
+"""Kernel checks shared by tests/kernels/test_kernels.py (CPU) and tests/gpu/test_cuda_kernels.py (CUDA):
 each ``check_*`` runs a native kernel on a device and compares it with the torch reference in
-engine/attention.py. ``python tests/kernel_checks.py CACHE_DIR avx2`` runs the sliding-window cases
+engine/model/attention.py. ``python tests/kernel_checks.py CACHE_DIR avx2`` runs the sliding-window cases
 on an AVX2 build of the kernels (``ops.AVX2_CFLAGS``, in a process of its own: a second kernel
 library cannot be loaded beside the first) and prints how many passed."""
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from chatpage.bench.kernel import make_paged_batch
-from chatpage.engine import attention, ops
+from chatpage.engine.model import attention, ops
 
 # a spread of lengths: 1 token, partial first block, exact multiples, >1000, odd sizes
 LENGTHS = [1, 7, 16, 33, 250, 1037]

@@ -1,5 +1,5 @@
 """torch.ops.chatpage.sample_rows (csrc/cpu/sample.cpp) against the sampler's torch code
-(chatpage/engine/sampler.py), shared by tests/test_sample_rows.py's in-process tests (this
+(chatpage/engine/sample/sampler.py), shared by tests/kernels/test_sample_rows.py's in-process tests (this
 machine's build) and its AVX2 build, which runs this file as a script in a process of its own:
 ``python tests/sample_checks.py CACHE_DIR BUILD`` prints how many checks passed."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from chatpage.engine import ops
+from chatpage.engine.model import ops
 
 NEG = float("-inf")
 

@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
-from chatpage.engine import EngineConfig, LLMEngine, ops
+from chatpage.engine import EngineConfig, LLMEngine
 from chatpage.engine.device import DeviceError, probe_cuda, resolve_device
-from chatpage.engine.kv_cache import bytes_per_block
-from chatpage.engine.loader import LoadedModel, load_model
+from chatpage.engine.load.loader import LoadedModel, load_model
+from chatpage.engine.model import ops
+from chatpage.engine.model.kv_cache import bytes_per_block
 
 
 def say(message: str) -> None:
@@ -71,7 +72,7 @@ def device(p: argparse.ArgumentParser, args: argparse.Namespace) -> str:
 
 
 def weight_formats(value: str) -> list[str]:
-    """argparse type of ``--weights``: comma-separated weight formats (engine/weights.py)."""
+    """argparse type of ``--weights``: comma-separated weight formats (engine/model/weights.py)."""
     from chatpage.vocab import WEIGHT_FORMATS
 
     formats = [f.strip() for f in value.split(",") if f.strip()]

@@ -21,7 +21,7 @@ import torch
 
 from chatpage.bench import common
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
-from chatpage.engine.loader import LoadedModel
+from chatpage.engine.load.loader import LoadedModel
 
 BATCHES = (1, 32, 128)
 PROMPT_TOKENS = 128

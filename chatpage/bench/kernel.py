@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from chatpage.bench import common
-from chatpage.engine import attention, ops
+from chatpage.engine.model import attention, ops
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 DECODE_BATCHES = (1, 8, 32)

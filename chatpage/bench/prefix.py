@@ -23,7 +23,7 @@ from chatpage.bench import common, plots
 from chatpage.bench.workloads import chat_sessions
 from chatpage.chat.conversation import Conversation
 from chatpage.engine import EngineConfig, SamplingParams
-from chatpage.engine.chat_template import render_prompt, system_prefix
+from chatpage.engine.text.chat_template import render_prompt, system_prefix
 
 DEFAULT_SCALE = 1.0
 SESSIONS = 16

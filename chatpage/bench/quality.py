@@ -1,6 +1,6 @@
 """`chatpage bench quality`: what each weight format costs in quality, against fp32.
 
-For every format (``engine/weights.py``): the perplexity of the model on a fixed English text
+For every format (``engine/model/weights.py``): the perplexity of the model on a fixed English text
 shipped in the repo (``bench/data/quality.txt``, ~1,000 tokens, scored in one pass), its relative
 change against fp32, and greedy agreement over 256 tokens: fp32 writes a greedy continuation of a
 fixed chat prompt (EOS ignored); ``greedy_agreement`` is the fraction of those positions where the
@@ -14,11 +14,11 @@ perplexity is also given against it: goal <= +1% for the file's own precision (:
 default model and its re-quantizations by llama.cpp (``bench/requant.py``, made on first use).
 
 Each format of a GGUF is measured as the app loads it (its pack). The loader reads every GGUF
-tensor type dequantized bit-exactly to fp32 (``engine/dequant.py``), then re-encoded in the weight
+tensor type dequantized bit-exactly to fp32 (``engine/load/dequant.py``), then re-encoded in the weight
 format asked for (int4: groups of 32 with a bf16 scale and zero, the lm_head in int8; int8:
 per-row scales; bf16; fp32), except that int4 keeps a Q4_0, Q4_1, IQ4_NL or IQ4_XS matrix's own
 blocks (their nibbles, the IQ4 types' table of levels, scales rounded to bf16:
-``engine/gguf_int4.py``). The app's default is int4 whatever the
+``engine/load/gguf_int4.py``). The app's default is int4 whatever the
 file holds.
 """
 
@@ -32,9 +32,9 @@ import torch.nn.functional as F
 
 from chatpage.bench import common, llamacpp, requant
 from chatpage.engine import LLMEngine, SamplingParams
-from chatpage.engine.chat_template import render_prompt
-from chatpage.engine.loader import LoadedModel, load_model
-from chatpage.engine.models.llama import AttentionMetadata
+from chatpage.engine.load.loader import LoadedModel, load_model
+from chatpage.engine.model.llama import AttentionMetadata
+from chatpage.engine.text.chat_template import render_prompt
 from chatpage.vocab import WEIGHT_FORMATS
 
 TEXT = Path(__file__).resolve().parent / "data" / "quality.txt"
@@ -123,7 +123,7 @@ def evaluate(eng: LLMEngine, text_ids: list[int], prompt: list[int], reference: 
 
 def matrix_types(gguf: Path) -> dict[str, int]:
     """Bytes of the file's weight matrices (2-D tensors) by tensor type, largest first."""
-    from chatpage.engine.gguf_file import GGUFFile
+    from chatpage.engine.load.gguf_file import GGUFFile
 
     out: dict[str, int] = {}
     for t in GGUFFile(gguf).tensors.values():

@@ -679,7 +679,7 @@ def _machine() -> str:
             cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    from chatpage.engine import ops
+    from chatpage.engine.model import ops
 
     return (
         f"{cpu} ({ops.vector_isa()} kernels), {os.cpu_count()} cores, torch {torch.__version__}, "

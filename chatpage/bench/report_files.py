@@ -22,7 +22,7 @@ def _load_rows(r: dict) -> list[tuple[str, int, dict]]:
 
 def _ran(x: dict) -> str:
     """What a load row's pack really runs: the form of most of its matrix bytes (``int4+levels``:
-    int4 with a table of levels of its own; ``engine/weights.py``'s matrix_formats), else the
+    int4 with a table of levels of its own; ``engine/model/weights.py``'s matrix_formats), else the
     format it asked for."""
     return next(iter(x.get("matrix_formats") or {}), x["weights"])
 

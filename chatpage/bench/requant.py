@@ -4,7 +4,7 @@ model's weights (`SHAPES`). Made once, kept under the
 cache's ``test-models/`` (never in git); each call returns the cached file when it is there.
 
 The source of every re-quantized file is an F16 GGUF written here from the default file's tensors
-(dequantized by ``engine/gguf_file.py``) with gguf-py's writer, every metadata key of the original
+(dequantized by ``engine/load/gguf_file.py``) with gguf-py's writer, every metadata key of the original
 copied (architecture keys, tokenizer, chat template; ``general.file_type`` set to F16), so
 llama.cpp's own quantizer (``llama_model_quantize`` of llama-cpp-python) starts from 16 bits, as
 from a converted checkpoint. IQ4_NL needs no importance matrix in llama.cpp (only the 1-2-bit IQ
@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from chatpage.config.paths import cache_dir
-from chatpage.engine.gguf_file import GGUFFile
-from chatpage.engine.loader import DEFAULT_NAME, default_model_path
+from chatpage.engine.load.gguf_file import GGUFFile
+from chatpage.engine.load.loader import DEFAULT_NAME, default_model_path
 from chatpage.vocab import UserError
 
 # The files issue 21 asks for, by llama.cpp's name of the file type (its ``LLAMA_FTYPE_MOSTLY_*``)

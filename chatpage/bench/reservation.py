@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from chatpage.bench.workloads import BenchRequest
-from chatpage.engine.scheduler import Scheduler, SchedulerOutput
+from chatpage.engine.core.scheduler import Scheduler, SchedulerOutput
 
 POLICIES = ("max", "pow2", "oracle")
 

@@ -1,6 +1,6 @@
 """`chatpage bench single`: one chat at batch 1, in every weight format, against llama.cpp.
 
-For each format (``engine/weights.py``): time to the first token of a ``--prompt-tokens`` prompt,
+For each format (``engine/model/weights.py``): time to the first token of a ``--prompt-tokens`` prompt,
 then the median decode step over ``--new-tokens`` greedy tokens (EOS ignored), the bytes of
 weights one step reads, and that step against the weight-read floor (those bytes at the memory
 read rate a plain reduction reaches with the run's threads) and against its matmuls alone.

@@ -29,8 +29,8 @@ import torch
 from chatpage.bench import common, soak_serve
 from chatpage.engine import LLMEngine, SamplingParams
 from chatpage.engine.accumulator import OutputAccumulator
-from chatpage.engine.loader import LoadedModel
-from chatpage.engine.sequence import GroupStatus
+from chatpage.engine.core.sequence import GroupStatus
+from chatpage.engine.load.loader import LoadedModel
 
 MODES = ("recompute", "swap", "auto")
 POOLS = {"recompute": 12, "swap": 16, "auto": 24}  # blocks of 16 tokens

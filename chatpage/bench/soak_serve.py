@@ -20,7 +20,7 @@ import httpx
 
 from chatpage.engine import EngineConfig
 from chatpage.engine.client import LocalEngineClient
-from chatpage.engine.loader import LoadedModel
+from chatpage.engine.load.loader import LoadedModel
 from chatpage.engine.sampling_params import MAX_LOGPROB_ENTRIES
 from chatpage.vocab import MAX_LOGPROBS
 

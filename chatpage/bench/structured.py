@@ -14,9 +14,9 @@ import json
 
 from chatpage.bench import common
 from chatpage.engine import SamplingParams
-from chatpage.engine.chat_template import render_prompt
-from chatpage.engine.loader import load_model
+from chatpage.engine.load.loader import load_model
 from chatpage.engine.sampling_params import GrammarKind, Structured
+from chatpage.engine.text.chat_template import render_prompt
 from chatpage.vocab import DEFAULT_WEIGHTS, WEIGHT_FORMATS
 
 ROWS = (1, 32)

@@ -35,7 +35,7 @@ import torch
 from chatpage.bench import common, plots
 from chatpage.bench.workloads import SHAREGPT, BenchRequest, describe, make_trace
 from chatpage.engine import SamplingParams
-from chatpage.engine.loader import default_model_path
+from chatpage.engine.load.loader import default_model_path
 
 T = TypeVar("T")
 
@@ -92,7 +92,7 @@ def decode_step_ms(eng, concurrency: int, prompt_len: int, new_tokens: int) -> f
 # -- roofline ----------------------------------------------------------------------------------
 def gemm_step_s(model, batch: int, repeats: int = 5) -> float:
     """Median time of one step's matmuls alone at ``batch`` rows: the model's own weights through
-    the model's own matmuls in its weight format (``chatpage.engine.weights.Linear``)."""
+    the model's own matmuls in its weight format (``chatpage.engine.model.weights.Linear``)."""
     linears = [f for layer in model.layers for f in (layer.qkv, layer.o, layer.gate_up, layer.down)]
     linears.append(model.lm_head)
     inputs = {

@@ -205,7 +205,7 @@ def _engine_alone(
     import torch
 
     from chatpage.engine import LLMEngine
-    from chatpage.engine.chat_template import render_prompt
+    from chatpage.engine.text.chat_template import render_prompt
 
     torch.set_num_threads(config.threads)
     engine = LLMEngine.from_pretrained(model, config, progress=lambda _m: None)

@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from chatpage.engine.block_manager import BlockManager, Demand
 from chatpage.engine.config import EngineConfig
-from chatpage.engine.kv_groups import kv_groups
-from chatpage.engine.sequence import Sequence
+from chatpage.engine.core.block_manager import BlockManager, Demand
+from chatpage.engine.core.kv_groups import kv_groups
+from chatpage.engine.core.sequence import Sequence
 from chatpage.vocab import DEFAULT_BLOCK_SIZE
 
 

@@ -20,7 +20,7 @@ from math import ceil
 from typing import Any
 
 from chatpage.chat.session import Entry
-from chatpage.engine.chat_template import TokenCounter
+from chatpage.engine.text.chat_template import TokenCounter
 
 CHARS_PER_TOKEN_CAUTIOUS = 3
 """Fewer characters per token than most text has, so an estimate errs on the large side."""

@@ -16,9 +16,9 @@ from typing import Any, Protocol
 from chatpage.chat.mcp import McpServers, McpTool
 from chatpage.chat.session import ChatSession, ToolRun, ToolStep
 from chatpage.config.personas import Persona
-from chatpage.engine.grammar import grammar_text
 from chatpage.engine.sampling_params import GrammarKind, Structured
-from chatpage.engine.tool_calls import forced_tools
+from chatpage.engine.text.grammar import grammar_text
+from chatpage.engine.text.tool_calls import forced_tools
 from chatpage.vocab import UserError
 
 MAX_CALLS = 8

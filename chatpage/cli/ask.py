@@ -29,7 +29,7 @@ def cmd_ask(args) -> int:
     import torch
 
     from chatpage.engine import LLMEngine
-    from chatpage.engine.chat_template import render_prompt
+    from chatpage.engine.text.chat_template import render_prompt
 
     settings = settings_or_warn(args)
     personas, errors = load_personas()

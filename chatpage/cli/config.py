@@ -47,7 +47,7 @@ def _describe(key: str, settings: Settings) -> str:
 def _model_kind(model: str | None) -> str:
     """The note " (a base model: ...)" for a model without a chat template of its own (read
     from its files, not loaded); "" otherwise."""
-    from chatpage.engine.loader import has_chat_template  # imports torch
+    from chatpage.engine.load.loader import has_chat_template  # imports torch
 
     if has_chat_template(model) is not False:
         return ""

@@ -18,16 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from chatpage.config.errorlog import log_error
-from chatpage.engine.chat_template import (
-    ReplyIds,
-    TokenCounter,
-    continue_prompt,
-    render_prompt,
-    system_prefix,
-    with_special_tokens,
-)
 from chatpage.engine.config import EngineConfig
-from chatpage.engine.grammar import COMPILE_TIMEOUT_S, too_slow
 from chatpage.engine.outputs import (
     EngineStats,
     OutputDelta,
@@ -38,14 +29,23 @@ from chatpage.engine.outputs import (
     final_update,
 )
 from chatpage.engine.protocol import EngineClient, UpdateCallback
-from chatpage.engine.reasoning import thinking_switch
 from chatpage.engine.sampling_params import GrammarKind, SamplingParams, Structured
-from chatpage.engine.tool_calls import forced_tools, tool_format
+from chatpage.engine.text.chat_template import (
+    ReplyIds,
+    TokenCounter,
+    continue_prompt,
+    render_prompt,
+    system_prefix,
+    with_special_tokens,
+)
+from chatpage.engine.text.grammar import COMPILE_TIMEOUT_S, too_slow
+from chatpage.engine.text.reasoning import thinking_switch
+from chatpage.engine.text.tool_calls import forced_tools, tool_format
 from chatpage.vocab import FinishReason
 
 if TYPE_CHECKING:  # torch and the model code load on the engine thread (see _run), so that
     from chatpage.engine.llm_engine import LLMEngine  # the app paints before they are imported
-    from chatpage.engine.tokenizer import TextTokenizer
+    from chatpage.engine.text.tokenizer import TextTokenizer
 
 Render = Callable[["TextTokenizer", list[dict[str, str]]], list[int]]
 """How chat messages become a prompt's token ids (`render_prompt`, `continue_prompt`)."""
@@ -280,8 +280,8 @@ class LocalEngineClient:
     def _run(self) -> None:
         import torch  # the slow imports (~2 s): here, not before the app's first frame
 
-        from chatpage.engine import ops
         from chatpage.engine.llm_engine import LLMEngine
+        from chatpage.engine.model import ops
 
         torch.set_num_threads(self.config.threads)  # this thread's own count (the UI has its own)
         try:

@@ -54,7 +54,7 @@ class EngineConfig:
     ``preemption_mode`` "auto" recomputes single-sequence groups and swaps groups of several;
     groups of several swap in every mode while there is swap space.
     ``weight_dtype`` is the storage of the matmul weights ("fp32", "bf16", "int8", "int4"; see
-    ``engine/weights.py``); fp32 here, the exact reference (the app's default is in settings).
+    ``engine/model/weights.py``); fp32 here, the exact reference (the app's default is in settings).
     ``dtype`` names the torch dtype of activations and the KV cache (:attr:`torch_dtype`).
     ``num_threads`` is torch's thread count on the thread that steps the engine (None: every core).
     ``device`` is "cpu" here (the exact reference; the app's default, "auto", is in settings),

@@ -11,28 +11,28 @@ from dataclasses import replace
 import torch
 
 from chatpage.config.errorlog import log_error
-from chatpage.engine import ops
 from chatpage.engine.accumulator import OutputAccumulator
-from chatpage.engine.block_manager import BlockManager
 from chatpage.engine.config import EngineConfig, PreemptionMode
-from chatpage.engine.constraints import LogitConstraints
-from chatpage.engine.detokenizer import IncrementalDetokenizer
+from chatpage.engine.core.block_manager import BlockManager
+from chatpage.engine.core.request_update import closing_update, request_update
+from chatpage.engine.core.scheduler import Sample, SamplerOutput, ScheduledSeq, Scheduler
+from chatpage.engine.core.sequence import GroupStatus, Sequence, SequenceGroup
+from chatpage.engine.core.stop import StopCheck
 from chatpage.engine.device import EnginePlan, kv_pool_bytes, plan_engine, probe_cuda
-from chatpage.engine.grammar import Grammars
-from chatpage.engine.kv_cache import KVCache, bytes_per_block
-from chatpage.engine.loader import PLAIN_TURN_STOPS, LoadedModel, load_model, stderr_progress
-from chatpage.engine.model_config import ModelShape
-from chatpage.engine.model_runner import ModelRunner, profile_step
-from chatpage.engine.models.llama import LlamaModel
+from chatpage.engine.load.loader import PLAIN_TURN_STOPS, LoadedModel, load_model, stderr_progress
+from chatpage.engine.model import ops
+from chatpage.engine.model.kv_cache import KVCache, bytes_per_block
+from chatpage.engine.model.llama import LlamaModel
+from chatpage.engine.model.model_config import ModelShape
+from chatpage.engine.model.model_runner import ModelRunner, profile_step
 from chatpage.engine.outputs import EngineStats, RequestOutput, RequestUpdate, TokenRate
-from chatpage.engine.reasoning import reasoning_format
-from chatpage.engine.request_update import closing_update, request_update
-from chatpage.engine.sampler import make_generator, sample
+from chatpage.engine.sample.constraints import LogitConstraints
+from chatpage.engine.sample.sampler import make_generator, sample
 from chatpage.engine.sampling_params import MAX_LOGPROB_ENTRIES, SamplingParams
-from chatpage.engine.scheduler import Sample, SamplerOutput, ScheduledSeq, Scheduler
-from chatpage.engine.sequence import GroupStatus, Sequence, SequenceGroup
-from chatpage.engine.stop import StopCheck
-from chatpage.engine.tool_calls import tool_format
+from chatpage.engine.text.detokenizer import IncrementalDetokenizer
+from chatpage.engine.text.grammar import Grammars
+from chatpage.engine.text.reasoning import reasoning_format
+from chatpage.engine.text.tool_calls import tool_format
 from chatpage.vocab import FinishReason, UserError
 
 

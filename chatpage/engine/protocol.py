@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from chatpage.engine.chat_template import ReplyIds as ReplyIds
-from chatpage.engine.chat_template import TokenCounter as TokenCounter
 from chatpage.engine.outputs import RequestUpdate
 from chatpage.engine.sampling_params import SamplingParams
+from chatpage.engine.text.chat_template import ReplyIds as ReplyIds
+from chatpage.engine.text.chat_template import TokenCounter as TokenCounter
 
 UpdateCallback = Callable[[RequestUpdate], None]
 """Called with each update of a request, on the client's thread."""

@@ -31,7 +31,7 @@ class GrammarKind(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class Structured:
     """A grammar every output of a request must follow (constrained decoding): ``kind`` and
-    its ``spec`` text. Equal specs share one compiled grammar (`chatpage.engine.grammar`)."""
+    its ``spec`` text. Equal specs share one compiled grammar (`chatpage.engine.text.grammar`)."""
 
     kind: GrammarKind
     spec: str = ""

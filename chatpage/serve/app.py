@@ -28,10 +28,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chatpage.config.personas import Persona
 from chatpage.engine.client import LocalEngineClient
-from chatpage.engine.grammar import COMPILE_TIMEOUT_S, too_slow
 from chatpage.engine.outputs import OutputDelta
 from chatpage.engine.sampling_params import GrammarKind, Structured
-from chatpage.engine.tool_calls import ToolFormat
+from chatpage.engine.text.grammar import COMPILE_TIMEOUT_S, too_slow
+from chatpage.engine.text.tool_calls import ToolFormat
 
 if TYPE_CHECKING:
     from chatpage.engine.llm_engine import LLMEngine

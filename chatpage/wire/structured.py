@@ -2,7 +2,7 @@
 (``text``, ``json_object``, ``json_schema``) and vLLM's ``structured_outputs`` (``json``,
 ``regex``, ``choice``, ``grammar``, ``json_object``). A schema that is not one, or a spec longer
 than `MAX_SPEC_CHARS`, is a 400 naming the field and what is wrong; whether a spec compiles is
-the grammar threads' to say (`chatpage.engine.grammar`; `chatpage serve` answers its 400 naming
+the grammar threads' to say (`chatpage.engine.text.grammar`; `chatpage serve` answers its 400 naming
 the field of `structured_field`). `write_structured` is the client's side (JSON as OpenAI's
 response_format, the rest as vLLM's structured_outputs).
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from chatpage.engine.grammar import MAX_SPEC_CHARS
 from chatpage.engine.sampling_params import GrammarKind, Structured
+from chatpage.engine.text.grammar import MAX_SPEC_CHARS
 from chatpage.wire.errors import ApiError, bad_value
 
 VLLM_KEYS = {

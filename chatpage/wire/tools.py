@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from chatpage.engine.tool_calls import forced_tools
+from chatpage.engine.text.tool_calls import forced_tools
 from chatpage.wire.errors import ApiError, bad_value
 from chatpage.wire.structured import check_schema, check_size
 

@@ -1,4 +1,4 @@
-// Paged attention on the CPU (see the kernel contract in chatpage/engine/attention.py).
+// Paged attention on the CPU (see the kernel contract in chatpage/engine/model/attention.py).
 //
 // Work is cut into items: a tile of consecutive query rows of one sequence (one row for a decode
 // step, up to 16 for prefill) against a range of that sequence's key blocks. An item walks its

@@ -7,7 +7,7 @@
 // costs 2-4 us of interpreter and dispatcher work around a kernel that often runs for less; on the
 // default model's 30 layers that was about 1 ms of a 6 ms int4 step. Here the loop is C++ and the
 // kernels are plain function calls. Its specification is LlamaModel._python_layers
-// (chatpage/engine/models/llama.py): the same kernels in the same order, so the same bits.
+// (chatpage/engine/model/llama.py): the same kernels in the same order, so the same bits.
 //
 // Weights come flat: for layer i, linear j (qkv, o, gate_up, down) has `parts` tensors from index
 // (4 i + j) * parts: one fp32 or bf16 weight, an int8 weight and its scales, an int4 weight with
@@ -15,7 +15,7 @@
 // int4 matrices of their own levels; an empty tensor for one without), and bias 4 i + j;
 // windows[i] is layer i's sliding window (0: full attention). From gemm_rows rows on (0: never)
 // the matmuls take the GEMMs instead of the GEMVs, as the Python loop's Linear does when its
-// GEMM starts right after its GEMV (engine/weights.py's _by_rows): gemm_bf16, and for int8 and
+// GEMM starts right after its GEMV (engine/model/weights.py's _by_rows): gemm_bf16, and for int8 and
 // int4 the q8 GEMMs (q8) or gemm_int8 / gemm_int4. Then any step runs here, prefill included.
 // With packed, every matrix is a q8 pack (gemm_q8.cpp) in 2 parts, the pack and int8's row
 // scales or int4's levels (an empty tensor for none), and takes every row count.

@@ -1,7 +1,7 @@
 // ggml's tensor types (GGUF blocks) dequantized to fp32, straight into the caller's tensor.
 //
-// chatpage/engine/dequant.py is the reference: the same steps in the same order, so the values are
-// bit-identical with it and with gguf-py's gguf.quants (tests/test_dequant.py). Each block is read
+// chatpage/engine/load/dequant.py is the reference: the same steps in the same order, so the values are
+// bit-identical with it and with gguf-py's gguf.quants (tests/engine/test_dequant.py). Each block is read
 // once and its values written once, over torch's threads: the torch reference makes a temporary
 // tensor per step, which is what a fp32 start of a GGUF spent its seconds on.
 #include <ATen/Parallel.h>
@@ -178,7 +178,7 @@ struct Type {
   int64_t values, bytes;
 };
 
-// ggml type id -> its block's decoder (chatpage/engine/gguf_file.py's TENSOR_TYPES)
+// ggml type id -> its block's decoder (chatpage/engine/load/gguf_file.py's TENSOR_TYPES)
 bool type_of(int64_t id, Type* t) {
   switch (id) {
     case 0: *t = {f32, 1, 4}; return true;

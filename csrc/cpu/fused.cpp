@@ -3,7 +3,7 @@
 // At batch 1 each of these is a few hundred floats; what costs is launching ~10 torch ops per
 // layer for them (allocation, dispatch, dtype casts), not the arithmetic. Each kernel does one pass
 // over its rows, reads bf16 or fp32 and writes bf16 or fp32, and accumulates in fp32. The torch
-// reference they must match is chatpage/engine/fused.py.
+// reference they must match is chatpage/engine/model/fused.py.
 #include "checks.h"
 #include "cpu/ops_cpu.h"
 #include "cpu/vec.h"

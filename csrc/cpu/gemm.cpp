@@ -2,7 +2,7 @@
 // int4 weights: y [M, N] = x [M, K] @ W.T, in fp32.
 //
 // Past a few rows a matmul is bound by multiply-adds, not by reading the weights, and torch's
-// quantized CPU kernels fall far behind a plain fp32 GEMM there (chatpage/engine/weights.py has
+// quantized CPU kernels fall far behind a plain fp32 GEMM there (chatpage/engine/model/weights.py has
 // the numbers). Here each task takes a block of R weight rows, decodes it once into fp32 in a
 // buffer that stays in L1 (R K floats: 14 KB for K = 576 at R = 6), and runs every activation row
 // against it, T rows at a time: a T x R tile of dot products over K in registers, T + R vector
@@ -12,7 +12,7 @@
 // so that a chunk of the block and of a tile stay in L1 together. Blocks of weight rows are
 // split among threads with at::parallel_for.
 //
-// The layouts are the GEMVs' (csrc/cpu/gemv.cpp; chatpage/engine/gemv.py's reference_* functions
+// The layouts are the GEMVs' (csrc/cpu/gemv.cpp; chatpage/engine/model/gemv.py's reference_* functions
 // are the specification of both): bf16 [N, K]; int8 [N, K] with one bf16 scale per row, applied
 // to the finished sums; int4 q [N, K/2] uint8 in groups of 32 inputs (byte j holds input j in its
 // low nibble, j + 16 in its high one), w = (q - 8) * scale + zero, or levels[q] * scale + zero for

@@ -2,7 +2,7 @@
 // blocks of 32 inputs, and the products summed in integers by AVX-512 VNNI (vpdpbusd: 64 u8 x s8
 // products into 16 int32 sums per instruction, about 4x the multiply-adds per second of fp32 FMAs
 // on a Zen 4 core). llama.cpp's way (its Q8 activation blocks) on the weights as the GEMVs store
-// them; chatpage/engine/gemv.py's quantize_q8 and reference_q8_int4 / reference_q8_int8 are the
+// them; chatpage/engine/model/gemv.py's quantize_q8 and reference_q8_int4 / reference_q8_int8 are the
 // specification: the kernel sums in another order, nothing else differs.
 //
 // The activations: each block of 32 inputs of a row becomes 32 int8 levels qa = round(x * 127 /
@@ -20,7 +20,7 @@
 // threads with at::parallel_for.
 //
 // The layout is made once at load where it can be (a q8 pack: every task's layout one after
-// another, for a matrix of whole 32-row tasks; engine/weights.py's q8_packs): laying out 32 rows
+// another, for a matrix of whole 32-row tasks; engine/model/weights.py's q8_packs): laying out 32 rows
 // per call (transposes, the scales' conversion) cost the default model's 30 layers about 11 ms of
 // a step at any row count on 1 thread, more than the whole product at 1-4 rows. With packs the
 // q8 GEMM is the fastest kernel there at every row count, batch 1 included (int4, 1 thread, the

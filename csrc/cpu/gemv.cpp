@@ -3,14 +3,14 @@
 //
 // At batch-1 decode a matmul reads every weight once for a handful of multiply-adds, so it runs at
 // the memory's read rate or slower; torch's quantized CPU kernels and MKL's few-row fp32 paths
-// fall well short of it (chatpage/engine/weights.py has the numbers). Here a dense matmul of one
+// fall well short of it (chatpage/engine/model/weights.py has the numbers). Here a dense matmul of one
 // activation row reads the weights row after row, one sequential stream; otherwise each task
 // streams four (int4: eight) weight rows at a time, decodes a chunk of them once into registers
 // and reuses it for up to four (int4: two) activation rows, with the activations in L1. More
 // activation rows are handled in tiles against the same weight rows, which are by then in L1
 // too. Rows are split among threads with at::parallel_for.
 //
-// The int4 layout (packed by chatpage/engine/gemv.py, whose reference_* functions are the
+// The int4 layout (packed by chatpage/engine/model/gemv.py, whose reference_* functions are the
 // specification): q [N, K/2] uint8 where byte j of a group of 32 inputs holds input j in its low
 // nibble and input j + 16 in its high nibble, w = (q - 8) * scale + zero with scales and zeros
 // [N, K/32] bf16, or w = levels[q] * scale + zero for a matrix with a table of 16 int8 levels of

@@ -1,9 +1,9 @@
-// fp32 weights quantized into the packed formats of chatpage/engine/weights.py, in one pass.
+// fp32 weights quantized into the packed formats of chatpage/engine/model/weights.py, in one pass.
 //
 // quantize_int4: weights.quantize_int4 followed by gemv.pack_int4 (the GEMV's nibble layout);
 // quantize_int8: weights.quantize_int8. The same float steps in the same order as those torch
 // references (bf16 rounding to nearest even, rounding half to even, no fused multiply-adds), so the
-// packed bytes are identical (tests/test_quantize_native.py). The references make a temporary
+// packed bytes are identical (tests/kernels/test_quantize_native.py). The references make a temporary
 // tensor per step over the whole matrix, which was most of a GGUF's first packing.
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>

@@ -1,4 +1,4 @@
-// A step's picks and log-normalizers in one pass per row (chatpage/engine/sampler.py's torch
+// A step's picks and log-normalizers in one pass per row (chatpage/engine/sample/sampler.py's torch
 // code is the specification: its greedy argmax, its logsumexp, and its draw of a row with neither
 // top-k nor top-p from the whole vocabulary by the inverse of the cumulative weights).
 //

@@ -1,6 +1,6 @@
 // The decode step's small per-layer ops for CUDA: residual add + RMSNorm, RoPE + QKV split, SwiGLU.
 //
-// The same ops as csrc/cpu/fused.cpp, with chatpage/engine/fused.py as their reference: each reads
+// The same ops as csrc/cpu/fused.cpp, with chatpage/engine/model/fused.py as their reference: each reads
 // fp32, fp16 or bf16, accumulates in fp32 and writes its output dtype, in one kernel launch where
 // torch would launch several. Rows are contiguous; one CTA per row (a decode step has few rows).
 #include "cuda/device_math.cuh"

@@ -52,7 +52,7 @@ int copy_blocks(const int64_t* cache_ptrs, const int64_t* block_bytes, int num_c
 int swap_blocks(const void* src, void* dst, int64_t block_bytes, const int64_t* host_pairs,
                 int num_pairs, bool dst_is_host, void* stream);
 
-// The decode step's fused ops (chatpage/engine/fused.py is their reference); every tensor is
+// The decode step's fused ops (chatpage/engine/model/fused.py is their reference); every tensor is
 // contiguous and on the device. add_rms_norm: hidden [rows, n] fp32, += delta (when not null),
 // then out [rows, n] = weight * rmsnorm(hidden). rope_qkv: qkv [rows, (q_heads + 2 kv_heads) *
 // head_dim] into fp32 q [rows, q_heads, head_dim], k and v [rows, kv_heads, head_dim], q and k

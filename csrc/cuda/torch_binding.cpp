@@ -28,7 +28,7 @@ void check(int code) { TORCH_CHECK(code == 0, "chatpage CUDA: ", error_string(co
 
 void* current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
-// While a CUDA graph is captured (chatpage/engine/cuda_graphs.py) nothing may copy to the host:
+// While a CUDA graph is captured (chatpage/engine/model/cuda_graphs.py) nothing may copy to the host:
 // the index checks, which read block tables and slots back, are skipped (the engine's own block
 // manager wrote those indices; a replay runs no host code at all).
 bool capturing() {

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from model_dirs import offline_tokenizer_dir, tiny_model_dir  # noqa: E402
 
-from chatpage.engine.loader import ModelLoadError, load_model  # noqa: E402
+from chatpage.engine.load.loader import ModelLoadError, load_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

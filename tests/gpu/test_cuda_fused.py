@@ -18,7 +18,7 @@ from fused_checks import (  # noqa: E402
     check_silu_mul,
 )
 
-from chatpage.engine import fused  # noqa: E402
+from chatpage.engine.model import fused  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -11,7 +11,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import kernel_checks as cases  # noqa: E402
 
-from chatpage.engine import attention, ops  # noqa: E402
+from chatpage.engine.model import attention, ops  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -11,12 +11,12 @@ import torch
 
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
 from chatpage.engine.accumulator import OutputAccumulator
-from chatpage.engine.dequant import IQ4_LEVELS
 from chatpage.engine.device import plan_engine, probe_cuda, resolve_device
-from chatpage.engine.gemv import reference_int4
-from chatpage.engine.loader import load_model
-from chatpage.engine.stream import StreamedState
-from chatpage.engine.weights import cuda_linear, pack_int4, quantize_int4
+from chatpage.engine.load.dequant import IQ4_LEVELS
+from chatpage.engine.load.loader import load_model
+from chatpage.engine.load.stream import StreamedState
+from chatpage.engine.model.gemv import reference_int4
+from chatpage.engine.model.weights import cuda_linear, pack_int4, quantize_int4
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -1,0 +1,301 @@
+"""FCFS iteration-level scheduler with token/sequence budgets and all-or-nothing preemption.
+
+Every step: running groups (oldest first) get their next token or prefill chunk; when blocks run
+out, the most recently arrived group is preempted as a whole (recompute or swap). Swapped groups
+come back before waiting ones are admitted. After the forward pass, ``update_from_output`` takes
+the sampler's picks: it appends them, forks n samples and beams, runs the stop check, and finishes
+and frees what ended.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from chatpage.engine.config import EngineConfig, PreemptionMode
+from chatpage.engine.core.beam import BeamCandidates, BeamSearch
+from chatpage.engine.core.block_manager import BlockCopies, BlockManager, Demand
+from chatpage.engine.core.sequence import GroupStatus, Sequence, SequenceGroup
+from chatpage.engine.core.stop import StopCheck
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledSeq:
+    """``num_new_tokens`` of ``seq`` to compute this step. ``samples``: the chunk reaches the
+    end of the sequence, so its last position needs logits and a token is picked from them
+    (the one place that decides which rows the runner returns and the sampler sees)."""
+
+    group: SequenceGroup
+    seq: Sequence
+    num_new_tokens: int
+    samples: bool
+
+
+@dataclass
+class SchedulerOutput:
+    """Everything one step runs: the scheduled chunks, the groups preempted for them, and the
+    block copies the KV cache makes before the forward pass, in this order: swap-outs (device
+    to CPU), swap-ins (CPU to device), copy-on-write (device to device)."""
+
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[SequenceGroup] = field(default_factory=list)
+    swap_out: BlockCopies = field(default_factory=list)
+    swap_in: BlockCopies = field(default_factory=list)
+    copies: BlockCopies = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """The token picked for ``seq`` of a plain or n-sample ``group``, its log-probability and
+    (when the request asks) the step's most likely tokens. ``fork``: the token starts n-sample
+    output ``fork`` on a new sequence forked from ``seq`` (the prefill's one row samples all
+    n), drawn with ``generator``, which the fork keeps."""
+
+    group: SequenceGroup
+    seq: Sequence
+    token: int
+    logprob: float
+    top: dict[int, float] | None
+    fork: int | None = None
+    generator: torch.Generator | None = None
+
+
+@dataclass
+class SamplerOutput:
+    """What the sampler picked from one step's logits: plain and n-sample tokens, in row order,
+    and each beam group's candidates."""
+
+    samples: list[Sample] = field(default_factory=list)
+    beams: list[BeamCandidates] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens generated this step (every sequence of every request)."""
+        return len(self.samples) + sum(len(b.seqs) for b in self.beams)
+
+
+class Scheduler:
+    """Owns the waiting / running / swapped queues, and every sequence's life in them: what runs
+    each step, and what the step's picks do to it (append, fork, stop, finish, free)."""
+
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, stop: StopCheck) -> None:
+        self.config = config
+        self.bm = block_manager
+        self.stop = stop
+        self.beam = BeamSearch(block_manager, stop)
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: list[SequenceGroup] = []  # sorted by arrival time
+        self.swapped: deque[SequenceGroup] = deque()
+        self.preemptions = {PreemptionMode.RECOMPUTE: 0, PreemptionMode.SWAP: 0}
+        # keep a few blocks free when admitting new work, so running groups can grow a little
+        self.watermark = max(1, block_manager.pool.num_blocks // 100)
+
+    # -- queues ----------------------------------------------------------------------------------
+    def add(self, group: SequenceGroup) -> None:
+        self.waiting.append(group)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def remove(self, group: SequenceGroup) -> None:
+        """Take a group out of whichever queue holds it and free its blocks."""
+        for queue in (self.waiting, self.swapped):
+            if group in queue:
+                queue.remove(group)
+        if group in self.running:
+            self.running.remove(group)
+        for seq in group.seqs:
+            self.bm.free(seq)
+
+    def _insert_running(self, group: SequenceGroup) -> None:
+        group.status = GroupStatus.RUNNING
+        keys = [g.arrival_time for g in self.running]
+        self.running.insert(bisect.bisect_right(keys, group.arrival_time), group)
+
+    # -- demands ---------------------------------------------------------------------------------
+    def _demands(self, group: SequenceGroup, budget: int, alone: bool) -> list[Demand]:
+        """What each live sequence of ``group`` computes this step within ``budget`` tokens.
+
+        A waiting group has no blocks yet: its prefix hits are looked up here, once, and the
+        allocation starts from them. A single sequence may prefill in chunks; a group of several
+        moves together (all of its sequences or none), so beams and samples stay in step.
+        ``alone`` lets the first group of an empty step exceed the budget rather than stall.
+        """
+        new = group.status is GroupStatus.WAITING
+        demands = []
+        for seq in group.live_seqs:
+            computed = self.bm.get_computed_blocks(seq) if new else None
+            start = seq.num_computed_tokens if computed is None else computed.num_tokens
+            demands.append(Demand(seq, len(seq) - start, computed))
+        if len(demands) == 1:
+            k = min(demands[0].num_new_tokens, budget)
+            return [replace(demands[0], num_new_tokens=k)] if k > 0 else []
+        total = sum(d.num_new_tokens for d in demands)
+        return demands if total <= budget or alone else []
+
+    # -- preemption ------------------------------------------------------------------------------
+    def _mode(self, group: SequenceGroup) -> PreemptionMode:
+        """How to preempt ``group``, if the CPU pool has room for a swap (else ``_preempt``
+        recomputes). Groups of several sequences always swap, whatever the mode: recomputed,
+        each sequence would prefill its own copy of the shared blocks, which may never fit
+        again."""
+        mode = PreemptionMode(self.config.preemption_mode)
+        several = len(group.live_seqs) > 1
+        if mode is PreemptionMode.AUTO or several:
+            mode = PreemptionMode.SWAP if several else PreemptionMode.RECOMPUTE
+        return mode
+
+    def _preempt(self, group: SequenceGroup, out: SchedulerOutput) -> None:
+        self.running.remove(group)
+        mode = self._mode(group)
+        pairs = self.bm.swap_out(group.live_seqs) if mode is PreemptionMode.SWAP else None
+        if pairs is None:
+            mode = PreemptionMode.RECOMPUTE  # no CPU space left: dropping the KV is the only way
+            self._recompute(group)
+        else:
+            out.swap_out += pairs
+            group.status = GroupStatus.SWAPPED
+            self.swapped.append(group)
+        self.preemptions[mode] += 1
+        out.preempted.append(group)
+
+    def _recompute(self, group: SequenceGroup) -> None:
+        """Drop the group's KV and put it at the head of the waiting queue."""
+        for seq in group.live_seqs:
+            self.bm.reset(seq)
+        group.status = GroupStatus.WAITING
+        self.waiting.appendleft(group)
+
+    # -- the step --------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        seq_budget = self.config.max_num_seqs
+
+        def take(group: SequenceGroup, demands: list[Demand], copies: BlockCopies) -> None:
+            """Schedule ``demands``, whose blocks are allocated (with these copies)."""
+            nonlocal budget, seq_budget
+            out.copies += copies
+            if not group.started:
+                group.prefix_hit_tokens += sum(
+                    d.computed.num_tokens for d in demands if d.computed is not None
+                )
+            for d in demands:
+                ends = d.seq.num_computed_tokens + d.num_new_tokens == len(d.seq)
+                out.scheduled.append(ScheduledSeq(group, d.seq, d.num_new_tokens, ends))
+                budget -= d.num_new_tokens
+            seq_budget -= len(demands)
+            group.started = True
+
+        # 1. running groups, oldest first; preempt the newest when blocks run out
+        i = 0
+        while i < len(self.running):
+            group = self.running[i]
+            demands = self._demands(group, budget, alone=not out.scheduled)
+            if not demands or len(demands) > seq_budget:
+                i += 1
+                continue
+            while (copies := self.bm.allocate_slots(demands)) is None:
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is group:
+                    break
+            else:
+                take(group, demands, copies)
+                i += 1
+
+        # 2. swapped groups come back first, in order, if nothing was preempted this step; their
+        # prefill resumes in chunks like any other. With nothing else on the device, the
+        # watermark is waived, and a group that still cannot come back (pins took its room) is
+        # recomputed instead: step 3 runs it, or fails it if it can never fit.
+        while self.swapped and not out.preempted:
+            group = self.swapped[0]
+            seqs = group.live_seqs
+            if len(seqs) > seq_budget:
+                break
+            idle = not self.running and not out.scheduled
+            pairs = self.bm.swap_in(seqs, reserve=0 if idle else self.watermark)
+            if pairs is None:
+                if not idle:
+                    break
+                self.swapped.popleft()
+                self._recompute(group)
+                continue
+            self.swapped.popleft()
+            out.swap_in += pairs
+            demands = self._demands(group, budget, alone=not out.scheduled)
+            copies = self.bm.allocate_slots(demands) if demands else []
+            if idle and copies is None:
+                self._recompute(group)  # alone on the device and still no room to step
+                continue
+            self._insert_running(group)
+            if not demands or copies is None:
+                break  # swapped back; it steps when there is room
+            take(group, demands, copies)
+
+        # 3. waiting groups, strictly first come first served
+        while self.waiting and not self.swapped and not out.preempted:
+            group = self.waiting[0]
+            demands = self._demands(group, budget, alone=not out.scheduled)
+            if not demands or len(demands) > seq_budget:
+                break
+            reserve = self.watermark if self.running else 0
+            copies = self.bm.allocate_slots(demands, reserve=reserve)
+            if copies is None:
+                break
+            self.waiting.popleft()
+            take(group, demands, copies)
+            self._insert_running(group)
+        return out
+
+    # -- after the step ----------------------------------------------------------------------------
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, sampler_output: SamplerOutput
+    ) -> list[SequenceGroup]:
+        """The step ran ``scheduler_output``: advance each chunk's computed tokens (indexing the
+        blocks they filled), append the sampler's picks (forking n samples; beams through their
+        beam step), stop what ended, free finished sequences (pinning a persona prefix first) and
+        finish groups with no live sequence. Returns the groups that moved, in the order of the
+        sampler's picks."""
+        for item in scheduler_output.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+            self.bm.commit(item.seq)
+        targets: list[tuple[Sample, Sequence]] = []
+        for sample in sampler_output.samples:  # forks first: they copy the parent as it was
+            seq = sample.seq
+            if sample.fork is not None:
+                seq = sample.group.fork(sample.seq, sample.fork)
+                seq.generator = sample.generator
+                self.bm.fork(sample.seq, seq)
+            targets.append((sample, seq))
+        touched: dict[str, SequenceGroup] = {}
+        for sample, seq in targets:
+            group = sample.group
+            seq.append(sample.token, sample.logprob, sample.top)
+            seq.finish_reason = self.stop(group.params, seq)
+            touched[group.request_id] = group
+        for picks in sampler_output.beams:
+            self.beam.step(picks)
+            touched[picks.group.request_id] = picks.group
+        now = time.monotonic()
+        for group in touched.values():
+            if group.first_token_time is None:
+                group.first_token_time = now
+            for seq in group.seqs:
+                if seq.finished and seq.seq_id in self.bm.tables:
+                    if group.pin_prefix:
+                        self.bm.pin(seq, group.request_id)
+                    self.bm.free(seq)
+            if not group.live_seqs:  # (a beam step may have dropped every sequence)
+                group.status = GroupStatus.FINISHED
+                group.finish_time = now
+                self.running.remove(group)
+        return list(touched.values())

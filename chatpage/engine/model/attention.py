@@ -1,0 +1,234 @@
+"""Paged attention: the torch reference (the specification) and the single dispatch point.
+
+Kernel contract (see DESIGN.md):
+
+* K/V cache per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
+* ``write_kv``: token ``t`` is stored at slot ``slot_mapping[t]`` (``block * block_size + offset``);
+  a negative slot means "do not store".
+* ``paged_attention``: ``query`` holds the flat tokens of every sequence of the batch,
+  ``[T, Hq, D]``; sequence ``s`` owns rows ``query_start_loc[s]:query_start_loc[s+1]``, which are
+  the *last* ``q_len`` of its ``seq_lens[s]`` tokens. Each query attends causally to every earlier
+  key of its own sequence through ``block_tables[s]``. GQA: query head ``h`` reads KV head
+  ``h // (Hq // Hkv)``. Prefill, prefill over a cached prefix and decode are all this one op.
+  ``window`` > 0 (a sliding-window layer): the query at position ``p`` attends to the keys at
+  positions ``j`` with ``p - window < j <= p`` only, and no block whose positions all lie before
+  every query's window is read: a sequence's table entries before the block holding position
+  ``first_query_position - window + 1`` may hold any value (their blocks may have been freed).
+  ``softcap`` > 0 (Gemma 2): every score ``s`` becomes ``tanh(s / softcap) * softcap`` before the
+  mask and the softmax; the kernels do not have it, so such calls run the reference.
+* ``copy_blocks``: for copy-on-write, ``dst`` blocks become copies of ``src`` blocks in every cache.
+* ``swap_blocks``: block ``src`` of one pool is copied to block ``dst`` of another (device <-> CPU).
+
+The ``reference_*`` functions are the specification the native kernels are tested against. The
+public functions dispatch to the csrc extension when it is loaded (engine/model/ops.py) and fall back to
+the reference otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from chatpage.engine.model import ops
+
+# ---------------------------------------------------------------------------------------------
+# torch reference
+# ---------------------------------------------------------------------------------------------
+
+
+def reference_write_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Store ``key``/``value`` ``[T, Hkv, D]`` into the caches at ``slot_mapping`` ``[T]``."""
+    num_blocks, block_size = k_cache.shape[0], k_cache.shape[1]
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep].long()
+    k_flat = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
+    v_flat = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
+    k_flat.index_copy_(0, slots, key[keep].to(k_cache.dtype))
+    v_flat.index_copy_(0, slots, value[keep].to(v_cache.dtype))
+
+
+def _gather(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
+    """Contiguous ``[length, Hkv, D]`` view of one sequence's keys or values."""
+    blocks = cache.index_select(0, table)  # [nb, bs, Hkv, D]
+    return blocks.flatten(0, 1)[:length]
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale: float, softcap: float) -> Tensor:
+    """Softmax attention of ``q`` [..., Hq, Lq, D] over ``k``/``v`` [..., Hkv, L, D] where ``mask``
+    (broadcast to the scores) is true, the scores soft-capped when ``softcap`` > 0."""
+    if softcap <= 0:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    group = q.shape[-3] // k.shape[-3]
+    k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    scores = torch.tanh(q @ k.transpose(-1, -2) * scale / softcap) * softcap
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ v
+
+
+def first_block(first_query_position: int, window: int, block_size: int) -> int:
+    """The first block a sequence's attention reads: the one holding the earliest key in the
+    window of its first query (block 0 without a window)."""
+    return max(0, first_query_position - window + 1) // block_size if window > 0 else 0
+
+
+def reference_paged_attention(
+    out: torch.Tensor,
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+) -> None:
+    """Write attention of ``query`` ``[T, Hq, D]`` over the paged caches into ``out`` (``window``
+    and ``softcap``: see the module docstring).
+
+    Decode rows (one query per sequence) are batched into one SDPA over a padded gather;
+    sequences with several queries (prefill, chunked prefill over a cached prefix) run one by one.
+    """
+    block_size = k_cache.shape[1]
+    device = query.device
+    starts = query_start_loc.cpu().tolist()
+    lens = seq_lens.cpu().tolist()
+    q_lens = [starts[i + 1] - starts[i] for i in range(len(lens))]
+    decode = [i for i, q in enumerate(q_lens) if q == 1]
+    others = [i for i, q in enumerate(q_lens) if q > 1]
+
+    if decode:
+        idx = torch.tensor(decode, dtype=torch.long, device=device)
+        ctx = seq_lens[idx].long()
+        max_len = int(ctx.max())
+        nb = (max_len + block_size - 1) // block_size
+        tables = block_tables[idx, :nb].long()
+        if window > 0:  # entries before each row's window are never read (any value there)
+            first_blocks = (ctx - window).clamp(min=0) // block_size
+            cols = torch.arange(nb, device=device).unsqueeze(0)
+            tables = torch.where(cols < first_blocks.unsqueeze(1), 0, tables)
+        # [B, nb, bs, Hkv, D] -> [B, Hkv, L, D]
+        k = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2).to(query.dtype)
+        v = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2).to(query.dtype)
+        rows = query_start_loc[idx].long()
+        q = query[rows].unsqueeze(2)  # [B, Hq, 1, D]
+        key_pos = torch.arange(max_len, device=device).unsqueeze(0)
+        mask = key_pos < ctx.unsqueeze(1)  # [B, L]
+        if window > 0:
+            mask &= key_pos >= (ctx - window).unsqueeze(1)
+        o = _attend(q, k, v, mask[:, None, None, :], scale, softcap)
+        out[rows] = o.squeeze(2).to(out.dtype)
+
+    for i in others:
+        q_len, length = q_lens[i], lens[i]
+        nb = (length + block_size - 1) // block_size
+        lo = first_block(length - q_len, window, block_size)
+        table = block_tables[i, lo:nb].long()
+        first = lo * block_size  # the position of the first key gathered
+        k = _gather(k_cache, table, length - first).transpose(0, 1).to(query.dtype)  # [Hkv, L, D]
+        v = _gather(v_cache, table, length - first).transpose(0, 1).to(query.dtype)
+        q = query[starts[i] : starts[i + 1]].transpose(0, 1)  # [Hq, q_len, D]
+        # query j sits at absolute position length - q_len + j and sees keys 0..that position
+        q_pos = torch.arange(length - q_len, length, device=device).unsqueeze(1)
+        key_pos = torch.arange(first, length, device=device).unsqueeze(0)
+        mask = key_pos <= q_pos  # [q_len, L]
+        if window > 0:
+            mask &= key_pos > q_pos - window
+        o = _attend(q, k, v, mask, scale, softcap)
+        out[starts[i] : starts[i + 1]] = o.transpose(0, 1).to(out.dtype)
+
+
+def reference_copy_blocks(caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
+    """``src_to_dst`` ``[N, 2]``: block ``dst`` becomes a copy of block ``src`` in every cache."""
+    if src_to_dst.numel() == 0:
+        return
+    src = src_to_dst[:, 0].long().to(caches[0].device)
+    dst = src_to_dst[:, 1].long().to(caches[0].device)
+    for cache in caches:
+        cache.index_copy_(0, dst, cache.index_select(0, src))
+
+
+def reference_swap_blocks(src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor) -> None:
+    """``mapping`` ``[N, 2]``: block ``mapping[i, 0]`` of ``src`` goes to ``mapping[i, 1]`` of ``dst``."""
+    if mapping.numel() == 0:
+        return
+    src_idx = mapping[:, 0].long().to(src.device)
+    dst_idx = mapping[:, 1].long().to(dst.device)
+    dst.index_copy_(0, dst_idx, src.index_select(0, src_idx).to(dst.device))
+
+
+# ---------------------------------------------------------------------------------------------
+# dispatch: native kernels when the extension is loaded, the reference otherwise
+# ---------------------------------------------------------------------------------------------
+
+
+def write_kv(
+    key: Tensor, value: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor
+) -> None:
+    """Store new keys/values into the paged caches (native op when available)."""
+    if ops.available(k_cache.device):
+        torch.ops.chatpage.write_kv(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        reference_write_kv(key, value, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(
+    out: Tensor,
+    query: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    query_start_loc: Tensor,
+    scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
+) -> None:
+    """Attention over the paged caches for a mixed prefill/decode batch (see module docstring)."""
+    if softcap > 0:
+        reference_paged_attention(
+            out,
+            query,
+            k_cache,
+            v_cache,
+            block_tables,
+            seq_lens,
+            query_start_loc,
+            scale,
+            window,
+            softcap,
+        )
+    elif ops.available(query.device):
+        torch.ops.chatpage.paged_attention(
+            out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window
+        )
+    else:
+        reference_paged_attention(
+            out, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, window
+        )
+
+
+def copy_blocks(caches: list[torch.Tensor], src_to_dst: torch.Tensor) -> None:
+    """Copy-on-write: duplicate blocks within each cache."""
+    if src_to_dst.numel() == 0:
+        return
+    if ops.available(caches[0].device):
+        torch.ops.chatpage.copy_blocks(caches, src_to_dst)
+    else:
+        reference_copy_blocks(caches, src_to_dst)
+
+
+def swap_blocks(src: torch.Tensor, dst: torch.Tensor, mapping: torch.Tensor) -> None:
+    """Move blocks between the device pool and the CPU swap pool."""
+    if mapping.numel() == 0:
+        return
+    if ops.available(src.device) and ops.available(dst.device):
+        torch.ops.chatpage.swap_blocks(src, dst, mapping)
+    else:
+        reference_swap_blocks(src, dst, mapping)

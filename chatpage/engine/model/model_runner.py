@@ -1,0 +1,174 @@
+"""Turns a scheduled batch into tensors (positions, slot mapping, block tables), runs the model.
+
+On CUDA a batch of decode rows replays a captured CUDA graph of the step
+(`chatpage.engine.model.cuda_graphs`) when it fits one; everything else runs eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from chatpage.engine.config import EngineConfig
+from chatpage.engine.core.scheduler import ScheduledSeq
+from chatpage.engine.device import GpuMemory, measure_memory
+from chatpage.engine.model.cuda_graphs import (
+    Capture,
+    DecodeGraphs,
+    GraphPlan,
+    StaticInputs,
+    cuda_capture,
+)
+from chatpage.engine.model.kv_cache import KVCache
+from chatpage.engine.model.llama import AttentionMetadata, LlamaModel
+
+DEFAULT_GRAPH_BATCH = 128
+"""The largest decode batch replayed through a CUDA graph (larger ones run eagerly)."""
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaModel,
+        kv: KVCache,
+        tables: list[dict[int, list[int]]],
+        block_size: int,
+        warnings: list[str] | None = None,
+        graphs: bool = True,
+    ) -> None:
+        self.model = model
+        self.kv = kv
+        self.tables = tables[0]  # the block manager's tables, read-only here
+        self.group_tables = tables[
+            1:
+        ]  # those of KV groups 1, 2, ... (``engine/core/kv_groups.py``)
+        self.block_size = block_size
+        self.warnings: list[str] = [] if warnings is None else warnings  # (the engine's list)
+        self.graphs: DecodeGraphs | None = None
+        if model.device.type == "cuda" and graphs and not self.group_tables:
+            self.use_graphs(cuda_capture)
+
+    def use_graphs(self, capture: Capture) -> None:
+        """Replay decode steps through graphs made by ``capture`` (CUDA: `cuda_capture`; a test
+        may run the same bookkeeping on the CPU with a capture that replays eagerly)."""
+        max_blocks = -(-self.model.max_positions // self.block_size)
+        plan = GraphPlan(DEFAULT_GRAPH_BATCH, max_blocks, self.block_size, self.model.device)
+        self.graphs = DecodeGraphs(plan, self._graph_forward, self.warnings.append, capture)
+
+    def _graph_forward(self, inputs: StaticInputs) -> torch.Tensor:
+        meta = AttentionMetadata(
+            slot_mapping=inputs.slot_mapping,
+            block_tables=inputs.block_tables,
+            seq_lens=inputs.seq_lens,
+            query_start_loc=inputs.query_start_loc,
+        )
+        return self.model.forward(
+            inputs.input_ids, inputs.positions, meta, self.kv.k, self.kv.v, inputs.logit_rows
+        )
+
+    def _replay(self, batch: list[ScheduledSeq]) -> torch.Tensor | None:
+        """The logits of ``batch`` through a CUDA graph, or None (not all decode rows, or no
+        graph fits it)."""
+        if self.graphs is None or not all(i.num_new_tokens == 1 and i.samples for i in batch):
+            return None
+        seqs = [item.seq for item in batch]
+        return self.graphs.run(
+            [s.token_ids[s.num_computed_tokens] for s in seqs],
+            [s.num_computed_tokens for s in seqs],
+            [self.tables[s.seq_id] for s in seqs],
+            key=(self.kv.k[0].data_ptr(), self.kv.v[0].data_ptr()),
+        )
+
+    @torch.inference_mode()
+    def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+        """Run one step; logits [R, V] for the entries of ``batch`` whose ``samples`` is true."""
+        replayed = self._replay(batch)
+        if replayed is not None:
+            return replayed
+        bs = self.block_size
+        ids: list[int] = []
+        positions: list[int] = []
+        starts = [0]
+        lens: list[int] = []
+        tables: list[list[int]] = []
+        logit_rows: list[int] = []
+        for item in batch:
+            seq, k = item.seq, item.num_new_tokens
+            c = seq.num_computed_tokens
+            ids += seq.token_ids[c : c + k]
+            positions += range(c, c + k)
+            starts.append(starts[-1] + k)
+            lens.append(c + k)
+            tables.append(self.tables[seq.seq_id])
+            if item.samples:
+                logit_rows.append(starts[-1] - 1)
+        pos = torch.tensor(positions, dtype=torch.int64)
+        q_lens = torch.tensor([b - a for a, b in zip(starts, starts[1:], strict=False)])
+        owner = torch.repeat_interleave(torch.arange(len(batch)), q_lens)
+        block, offset = pos // bs, pos % bs
+
+        def group(tables: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+            """One KV group's slot mapping and padded block tables."""
+            width = max(len(t) for t in tables)
+            padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+            return padded[owner, block].long() * bs + offset, padded
+
+        slot_mapping, block_tables = group(tables)
+        others = [group([g[item.seq.seq_id] for item in batch]) for g in self.group_tables]
+        meta = AttentionMetadata(
+            slot_mapping=slot_mapping,
+            block_tables=block_tables,
+            seq_lens=torch.tensor(lens, dtype=torch.int32),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32),
+            group_slots=tuple(s for s, _ in others),
+            group_tables=tuple(t for _, t in others),
+        )
+        device = self.model.device
+        if device.type != "cpu":
+            meta = meta.to(device)
+            pos = pos.to(device)
+        return self.model.forward(
+            torch.tensor(ids, dtype=torch.int64, device=device),
+            pos,
+            meta,
+            self.kv.k,
+            self.kv.v,
+            torch.tensor(logit_rows, dtype=torch.int64, device=device),
+        )
+
+
+@torch.inference_mode()
+def profile_step(
+    model: LlamaModel, config: EngineConfig, max_model_len: int, kv_dtype: torch.dtype
+) -> GpuMemory:
+    """The GPU's memory around the largest step the scheduler can make: one prompt of
+    ``max_num_batched_tokens`` tokens with logits (and their log-softmax, as the sampler takes)
+    for up to ``max_num_seqs`` rows, run on a scratch cache just large enough; what it allocated
+    above the weights is the activation peak the KV pool must leave room for."""
+    device = model.device
+    bs = config.block_size
+    tokens = max(1, min(config.max_num_batched_tokens, max_model_len - 1))
+    blocks = -(-tokens // bs)
+    shape = (blocks, bs, model.num_kv_heads, model.head_dim)
+    k = [torch.zeros(shape, dtype=kv_dtype, device=device) for _ in range(model.num_layers)]
+    v = [torch.zeros(shape, dtype=kv_dtype, device=device) for _ in range(model.num_layers)]
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    meta = AttentionMetadata(
+        slot_mapping=torch.arange(tokens, dtype=torch.int64, device=device),
+        block_tables=torch.arange(blocks, dtype=torch.int32, device=device).unsqueeze(0),
+        seq_lens=torch.tensor([tokens], dtype=torch.int32, device=device),
+        query_start_loc=torch.tensor([0, tokens], dtype=torch.int32, device=device),
+    )
+    rows = torch.arange(tokens - min(tokens, config.max_num_seqs), tokens, device=device)
+    logits = model.forward(
+        torch.zeros(tokens, dtype=torch.int64, device=device),
+        torch.arange(tokens, device=device),
+        meta,
+        k,
+        v,
+        rows,
+    )
+    torch.log_softmax(logits, dim=-1)
+    del logits, k, v, meta
+    return measure_memory(str(device), before)

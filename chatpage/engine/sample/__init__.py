@@ -1,0 +1,1 @@
+"""Sampling: per-row constraints (logit bias, grammar masks) and the sampler."""

@@ -1,0 +1,129 @@
+"""`chatpage ask` and `chatpage personas` end to end (tiny model; the real one in one case)."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+
+from chatpage.cli.main import main
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def no_stdin(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", _Tty(""))
+
+
+def test_ask_streams_the_default_models_answer(no_stdin, capsys):
+    assert main(["ask", "What is the capital of France?", "--max-tokens", "16"]) == 0
+    assert "Paris" in capsys.readouterr().out
+
+
+def test_ask_reads_piped_context(monkeypatch, capsys, tiny_llama_dir):
+    from chatpage.engine.text import chat_template as conversation
+
+    seen = {}
+
+    original = conversation.render_prompt
+
+    def spy(tokenizer, messages, add_generation_prompt=True):
+        seen["messages"] = messages
+        return original(tokenizer, messages, add_generation_prompt)
+
+    monkeypatch.setattr(conversation, "render_prompt", spy)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("def f(x):\n    return x * 2\n"))
+    assert main(["ask", "review this", "--model", str(tiny_llama_dir), "--max-tokens", "4"]) == 0
+    user = seen["messages"][-1]["content"]
+    assert user.startswith("def f(x):") and user.endswith("review this")
+
+
+@pytest.mark.parametrize("flag,label", [("--n", "sample"), ("--beam", "beam")])
+def test_ask_prints_alternatives_with_scores(flag, label, no_stdin, capsys, tiny_llama_dir):
+    args = [
+        "ask",
+        "hello",
+        "--model",
+        str(tiny_llama_dir),
+        "--max-tokens",
+        "5",
+        flag,
+        "3",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "1",
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert [line.split(" (")[0] for line in out.splitlines() if line.startswith("---")] == [
+        f"--- {label} 1",
+        f"--- {label} 2",
+        f"--- {label} 3",
+    ]
+    assert "logprob" in out
+
+
+@pytest.mark.parametrize(
+    "extreme", [["--temperature", "1e-40"], ["--temperature", "0.8", "--top-p", "1e-300"]]
+)
+def test_ask_with_extreme_sampling_values_answers_as_their_limit(
+    extreme, no_stdin, capsys, tiny_llama_dir
+):
+    """A temperature too small to divide by is greedy; a top-p below float32's range keeps the
+    top token (issue 20, item 1): the greedy answer, no traceback."""
+    base = ["ask", "hello", "--model", str(tiny_llama_dir), "--max-tokens", "5"]
+    assert main([*base, "--temperature", "0"]) == 0
+    greedy = capsys.readouterr().out
+    assert main([*base, *extreme]) == 0
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err and "error" not in captured.err
+    assert captured.out == greedy
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--temperature", "-1"], "SamplingParams.temperature must be a number >= 0"),
+        (["--model", "/no/such/model"], "model path not found: /no/such/model"),
+        (["--persona", "nobody"], "no persona named 'nobody'"),
+        (["--kv-cache", "64KiB"], "raise the KV cache size"),
+    ],
+)
+def test_ask_bad_input_is_one_clear_line(args, message, no_stdin, capsys, tiny_llama_dir):
+    if "--model" not in args:
+        args = args + ["--model", str(tiny_llama_dir)]
+    assert main(["ask", "hi", *args]) == 2
+    errors = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+    assert len(errors) == 1 and message in errors[0]
+
+
+def test_personas_lists_shipped_and_reports_broken(capsys, tmp_path, monkeypatch):
+    broken = tmp_path / "config" / "chatpage" / "personas"
+    broken.mkdir(parents=True)
+    (broken / "bad.yaml").write_text("name: bad\ndescription: x\n")
+    assert main(["personas"]) == 1
+    captured = capsys.readouterr()
+    assert "assistant" in captured.out and "coder" in captured.out
+    assert "bad.yaml" in captured.err and "system_prompt" in captured.err
+
+
+@pytest.mark.parametrize("command", [["ask", "q"], ["serve"], ["config"]])
+def test_a_global_option_before_a_command_stands(command):
+    """`chatpage --model X ask ...` runs X (the command's own --model, unset, used to put None
+    over it); given after the command too, the later one wins."""
+    from chatpage.cli.main import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["--model", "a.gguf", "--threads", "3", *command])
+    assert (args.model, args.threads) == ("a.gguf", 3)
+    if command[0] != "config":
+        args = parser.parse_args(
+            ["--model", "a.gguf", command[0], "--model", "b.gguf", *command[1:]]
+        )
+        assert args.model == "b.gguf"
