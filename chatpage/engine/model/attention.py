@@ -1,23 +1,8 @@
 """Paged attention: the torch reference (the specification) and the single dispatch point.
 
-Kernel contract (see DESIGN.md):
-
-* K/V cache per layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``.
-* ``write_kv``: token ``t`` is stored at slot ``slot_mapping[t]`` (``block * block_size + offset``);
-  a negative slot means "do not store".
-* ``paged_attention``: ``query`` holds the flat tokens of every sequence of the batch,
-  ``[T, Hq, D]``; sequence ``s`` owns rows ``query_start_loc[s]:query_start_loc[s+1]``, which are
-  the *last* ``q_len`` of its ``seq_lens[s]`` tokens. Each query attends causally to every earlier
-  key of its own sequence through ``block_tables[s]``. GQA: query head ``h`` reads KV head
-  ``h // (Hq // Hkv)``. Prefill, prefill over a cached prefix and decode are all this one op.
-  ``window`` > 0 (a sliding-window layer): the query at position ``p`` attends to the keys at
-  positions ``j`` with ``p - window < j <= p`` only, and no block whose positions all lie before
-  every query's window is read: a sequence's table entries before the block holding position
-  ``first_query_position - window + 1`` may hold any value (their blocks may have been freed).
-  ``softcap`` > 0 (Gemma 2): every score ``s`` becomes ``tanh(s / softcap) * softcap`` before the
-  mask and the softmax; the kernels do not have it, so such calls run the reference.
-* ``copy_blocks``: for copy-on-write, ``dst`` blocks become copies of ``src`` blocks in every cache.
-* ``swap_blocks``: block ``src`` of one pool is copied to block ``dst`` of another (device <-> CPU).
+Kernel contract: docs/kernels.md ("Paged attention"): the cache layout, ``write_kv``,
+``paged_attention`` (prefill, prefill over a cached prefix and decode as one op, GQA, sliding
+windows, softcap), ``copy_blocks`` and ``swap_blocks``.
 
 The ``reference_*`` functions are the specification the native kernels are tested against. The
 public functions dispatch to the csrc extension when it is loaded (engine/model/ops.py) and fall back to

@@ -7,128 +7,13 @@ one QKV and one gate+up matrix per layer), then each matmul weight is stored in 
 (:func:`pack_state`). The packed state is a flat ``dict[str, Tensor]`` that safetensors can cache
 and that :func:`make_linear` turns back into callables, so a cached start reads it as it is.
 
-Every format has a torch path (bf16 ``F.linear`` with AVX-512 BF16, ``aten._weight_int8pack_mm``,
-``aten._weight_int4pack_mm_for_cpu``, fp32 ``F.linear``), and with the native kernels loaded
-(``chatpage.engine.model.ops``) a matmul of at most ``GEMV_ROWS[format]`` rows (a decode step's) runs
-through the GEMVs of ``csrc/cpu/gemv.cpp`` instead (reference: ``engine/model/gemv.py``). Measured on
-this kind of 2-core AVX-512 EPYC at the default model's shapes, 1 thread, all layers (weights from
-memory, not cache): torch's int8/int4 kernels read 12-14 GB/s and MKL's fp32 one-row path ~15-20
-GB/s (the W @ x.T workaround below), against ~27-34 GB/s for a plain reduction; the GEMVs read fp32
-25-31 GB/s (layers 14-16 ms against torch's 21-28), bf16 19-23 GB/s (every matmul of a step,
-lm_head included, 11.5-14.4 ms against torch's 24-35 at one row, 11.7-18.6 against 22-34 at four),
-int8 20-28 GB/s (3.8-4.3 ms against 8.3), int4 14-16 GB/s (0.8-0.9 of torch's time in the same run:
-its bf16 dot products are compute-bound, ~24 GB/s on one large matrix; an int8-activation VNNI
-variant, llama.cpp's way, was no faster here). The cut-overs in ``GEMV_ROWS`` are where torch's
-path catches up (fp32 beyond 16 rows; int8 is level with torch from 4 to 16 rows, bf16 at 8; int4
-from 2). The step's matmuls in ``chatpage bench single`` (lm_head included), side by side with the
-torch paths in the same minutes on a busy machine: fp32 19-28 ms against 42, int8 6-7 against 12,
-int4 4.5-6.8 against 7.7 (docs/benchmarks.md has the current figures).
-
-Past a few rows a matmul is bound by multiply-adds, and torch's quantized and bf16 kernels fall
-behind fp32 sgemm there (all layers, 1 thread, ms at 8 / 32 / 64 rows: sgemm 40 / 69-79 / 107,
-int4pack 25.5 / 101 / 222, int8pack 27 / 107 / 257, bf16 36-42 / 98-120 / 190-200). From
-``GEMM_ROWS[format]`` rows on the native kernels run the tiled GEMMs of ``csrc/cpu/gemm.cpp``
-(weights decoded once per call, fp32 FMAs). Measured in one process, kernels alternating, min /
-median of 7 repeats, 1 thread, process time, on a busy machine (ms, all 30 layers):
-
-====  =========  ==========  ==========  =========  =========  ==========  =========  =========
-rows  sgemm      int4pack    int4 GEMM   int8pack   int8 GEMV  int8 GEMM   bf16       bf16 GEMM
-====  =========  ==========  ==========  =========  =========  ==========  =========  =========
-2     19 / 24    9.8 / 11    14 / 19     10 / 12    7.3 / 9.2  12 / 14     20 / 26    21 / 23
-8     46 / 53    28 / 30     27 / 35     31 / 33    26 / 30    24 / 28     50 / 51    31 / 34
-16    51 / 60    52 / 55     35 / 48     55 / 65    44 / 46    32 / 36     63 / 80    37 / 56
-32    92 / 97    120 / 123   89 / 98     128 / 139             87 / 90     120 / 132  93 / 100
-64    142 / 146  231 / 241   153 / 180   262 / 264             150 / 174   215 / 222  166 / 181
-====  =========  ==========  ==========  =========  =========  ==========  =========  =========
-
-So the GEMMs beat torch's quantized and bf16 paths from 8-16 rows on (1.5-1.7x at 64) and are
-level with sgemm at 32 rows and 5-20% behind it at 64 (earlier runs: 0.8-1.1x of sgemm's time; on
-the 3072x576 gate_up matrix alone at 64 rows 54-57 GMAC/s against sgemm's 49-61): their FMAs
-run at MKL's rate, not past it, so the goal of beating sgemm at 32-64 rows is not met by fp32
-FMAs. At 2 threads (wall) the shared 2-core machine gave only 32-row minima worth quoting: int4
-and int8 GEMM 47 ms against sgemm 65 and int4pack 75. An int8-activation VNNI kernel (vpdpbusd:
-4.3x the multiply-adds per second of fp32 FMAs on this core, measured; vdpbf16ps only 0.5x, which
-is why bf16 loses here) is the way past sgemm.
-
-Those figures are AVX-512's before the q8 GEMMs below, which replaced both on such a CPU
-(``GEMV_ROWS``/``GEMM_ROWS`` are picked by ``ops.vector_isa()``). On a
-2-core AVX2+FMA EPYC (no AVX-512: the kernels run vec.h's eight lanes, the GEMVs in tiles of 4
-activation rows by 2 weight rows), same step, 1 thread, process time, min of 5 on a loaded
-machine (ms, the 30 layers without the lm_head; 24-64 rows from an earlier run, the GEMVs there
-still in 2 x 4 tiles):
-
-====  ===========  ==================  ==================  ==================
-rows  fp32 GEMV /  bf16 GEMV / torch   int8 GEMV /         int4 GEMV /
-      sgemm        / GEMM              int8pack / GEMM     int4pack / GEMM
-====  ===========  ==================  ==================  ==================
-1     33 / 38      22 / 31 / 38        15 / 29 / 19        15 / 19 / 28
-2     47 / 81      31 / 57 / 36        24 / 31 / 24        17 / 19 / 27
-4     53 / 76      46 / 106 / 56       27 / 42 / 35        28 / 35 / 50
-8     71 / 82      67 / 194 / 70       35 / 69 / 57        53 / 72 / 73
-12    95 / 104     74 / 285 / 67       51 / 93 / 74        80 / 107 / 81
-16    104 / 105    90 / 375 / 124      91 / 117 / 116      108 / 147 / 112
-24    145 / 132    164 / 604 / 150     149 / 205 / 146     169 / 190 / 147
-32    - / 142      - / 796 / 186       - / 249 / 183       - / 218 / 184
-64    - / 273      - / 1416 / 314      - / 468 / 297       - / 499 / 328
-====  ===========  ==================  ==================  ==================
-
-Without AVX-512 torch's bf16 path has no bf16 dot product and its int4/int8 kernels lose to the
-GEMVs at every row count, so there the GEMVs run up to 16 rows (bf16: 8) and the GEMMs beyond.
-
-With AMX (``vector_isa() == "amx"``: a Xeon with AMX-BF16 tiles, which torch's oneDNN bf16
-path uses too) the GEMMs multiply in tiles (``csrc/cpu/gemm.cpp``: weights decoded to bf16 as
-the tiles' A operand, activations packed in VNNI pairs as B), so their time hardly grows with
-the rows: the decode of the weights is most of it. Same step, 1 thread, process time, min of 5
-(ms, the 30 layers without the lm_head, each kernel over its own copy of the weights, side by
-side in one process):
-
-====  ==============================  ==============================  ==============================
-rows  bf16 GEMV / torch / GEMM        int8 GEMV / int8pack / GEMM     int4 GEMV / int4pack / GEMM
-====  ==============================  ==============================  ==============================
-1     19.6 / 29.1 / 25.3              10.2 / 17.5 / 19.3              5.6 / 7.0 / 16.7
-2     23.1 / 32.9 / 25.0              11.7 / 18.9 / 19.7              8.9 / 8.9 / 17.1
-4     24.9 / 31.7 / 25.3              12.6 / 23.1 / 19.9              16.2 / 11.6 / 16.8
-6     28.5 / 31.2 / 27.7              16.3 / 34.8 / 19.7              24.3 / 19.4 / 17.4
-8     32.2 / 32.0 / 27.0              19.4 / 37.8 / 20.4              32.1 / 22.4 / 18.5
-12    43.3 / 34.7 / 27.7              27.7 / 48.8 / 21.3              44.2 / 32.4 / 17.9
-16    50.9 / 32.7 / 26.2              36.3 / 57.4 / 21.1              58.2 / 42.4 / 18.0
-32    88.9 / 37.4 / 28.8              72.0 / 98.0 / 24.3              114.3 / 80.7 / 20.1
-64    153.4 / 44.1 / 35.7             132.5 / 178.0 / 30.2            227.6 / 155.4 / 26.0
-128   287.5 / 53.9 / 48.2             258.9 / 336.0 / 40.7            449.9 / 305.9 / 37.1
-====  ==============================  ==============================  ==============================
-
-So there int4 takes the GEMV up to 2 rows, torch's int4pack for 3-4 and the GEMM from 5; int8
-the GEMV up to 8 rows and the GEMM beyond (torch's int8pack wins nowhere); bf16 the GEMV up to 4
-rows and the GEMM beyond (torch's oneDNN path, also on AMX, is 10-25% behind it).
-
-On an AVX-512 CPU without AMX (a 2-core Zen 4 EPYC: ``vector_isa() == "avx512"``) int4 and int8
-take the q8 GEMMs of ``csrc/cpu/gemm_q8.cpp``: the activations quantized to int8 in blocks of 32
-(llama.cpp's Q8 blocks; int8 matrices in two passes, the second quantizing what the first left
-over), the dot products summed in int32 by VNNI, which does 4x the multiply-adds of fp32 FMAs per
-cycle there. On the default model int4's perplexity moves from +0.2% to +0.7% over fp32 (``bench
-quality``), int8's stays at +1.0% (docs/benchmarks.md). A matrix of whole 32-row tasks (every
-matrix of the common models) is laid out for them once at load, a q8 pack (:func:`q8_packs`; the
-unpacked tensors are dropped, but for a tied lm_head's int8 rows, which the embedding reads), and
-then the packed q8 GEMM takes every row count; a matrix of other sizes lays its tasks out on every
-call (about 11 ms of the 30 layers a step on 1 thread), so it takes the GEMV up to 4 rows (int8:
-5) and the q8 GEMM beyond. Same step, 1 thread, process time, min of 5, each layer over its own
-weights (ms; the 30 layers, and the int8 lm_head alone; GEMV / q8 laid out per call / packed):
-
-====  ====================  ====================  ===================
-rows  int4                  int8                  lm_head
-====  ====================  ====================  ===================
-1     5.0 / 9.7 / 3.3       7.7 / 13.3 / 8.5      1.5 / 2.4 / 1.2
-4     12.1 / 11.5 / 4.7     13.3 / 16.6 / 11.1    3.2 / 3.8 / 2.4
-8     22.8 / 15.4 / 9.2     26.1 / 21.6 / 16.8    6.5 / 5.0 / 3.8
-16    - / 21.9 / 15.7       - / 31.1 / 26.6       - / 7.8 / 6.9
-32    - / 32.6 / 27.4       - / 49.8 / 44.2       - / 12.2 / 11.0
-64    - / 54.6 / 49.7       - / 86.0 / 81.7       - / 21.3 / 20.3
-====  ====================  ====================  ===================
-
-Only the int8 layers at one row are slower packed than by their GEMV (two passes of activations;
-the default format is int4). Against the fp32-FMA GEMM and torch's int4pack at 64 rows (weights
-hot in the cache, one copy for all layers): int4 GEMM 203, int4pack 170, q8 53; torch's quantized
-kernels run nowhere there.
+Every format has a torch path (bf16 ``F.linear``, ``aten._weight_int8pack_mm``,
+``aten._weight_int4pack_mm_for_cpu``, fp32 ``F.linear``); with the native kernels loaded
+(``chatpage.engine.model.ops``) a matmul of at most ``GEMV_ROWS[format]`` rows runs through the
+GEMVs of ``csrc/cpu/gemv.cpp`` (reference: ``engine/model/gemv.py``) and one of at least
+``GEMM_ROWS[format]`` rows through the GEMMs (``csrc/cpu/gemm.cpp``, the q8 GEMMs of
+``csrc/cpu/gemm_q8.cpp`` where VNNI has them). The cut-overs are per vector ISA
+(``ops.vector_isa()``) and come from the measurements in docs/kernels.md ("Matmuls").
 
 The quantized torch paths take bf16 activations (with fp32 ones they are 10-20x slower), so a
 quantized model's matmul inputs are bf16 while the residual stream, norms, RoPE, attention and
@@ -137,7 +22,7 @@ the KV cache keep the engine dtype; the GEMVs take either.
 int4 is stored in the GEMV's layout, whose nibbles line up with consecutive activations and which
 the GEMM reads too; :func:`make_linear` derives what a machine runs from it at load: torch's
 int4pack by torch's own conversion (with AMX for 3-4 rows; everything without the native kernels)
-or a q8 pack (above), so the packed cache holds the nibbles once (a GGUF's pack stays near the
+or a q8 pack (:func:`q8_packs`), so the packed cache holds the nibbles once (a GGUF's pack stays near the
 file's size). Only the GEMV's layout counts in :func:`step_bytes` (a q8 pack has the same bytes).
 A matrix with a table of 16 levels of its own (``<name>.levels``: a GGUF's IQ4_NL / IQ4_XS) has no
 torch int4pack form: it runs through the native kernels only (the GEMV up to the GEMM's rows),
