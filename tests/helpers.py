@@ -18,7 +18,8 @@ from pathlib import Path
 from textual.command import CommandList, CommandPalette
 
 from chatpage.chat.chats import Chats
-from chatpage.chat.session import ChatSession, Entry
+from chatpage.chat.entry import Entry
+from chatpage.chat.session import ChatSession
 from chatpage.config.mcp import McpServerConfig
 from chatpage.config.personas import Persona
 from chatpage.config.settings import Settings

@@ -11,29 +11,29 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from chatpage.chat.changes import (
+    AttachmentsChanged,
+    Cleared,
+    Closed,
+    EntriesRestored,
+    EntryAdded,
+    EntryRemoved,
+    EntryUpdated,
+    PathChanged,
+    SettingsChanged,
+    TitleChanged,
+)
+from chatpage.chat.entry import Attachment, Entry, ReplyStats
 from chatpage.chat.mcp import McpServers
 from chatpage.chat.requests import ChatError, Requests, compare_labels
 from chatpage.chat.sampling import SETTING_BY_FIELD, AltKind, AltMode, SamplingSettings
 from chatpage.chat.session import (
     MAX_ALTERNATIVES,
     MIN_ALTERNATIVES,
-    Attachment,
-    AttachmentsChanged,
     ChatSession,
-    Cleared,
-    Closed,
     Deletion,
-    EntriesRestored,
-    Entry,
-    EntryAdded,
-    EntryRemoved,
-    EntryUpdated,
     Generation,
     Observer,
-    PathChanged,
-    ReplyStats,
-    SettingsChanged,
-    TitleChanged,
 )
 from chatpage.chat.tree import below
 from chatpage.config.personas import Persona

@@ -9,7 +9,8 @@ import os
 import stat
 from pathlib import Path
 
-from chatpage.chat.session import MAX_ALTERNATIVES, MIN_ALTERNATIVES, Attachment
+from chatpage.chat.entry import Attachment
+from chatpage.chat.session import MAX_ALTERNATIVES, MIN_ALTERNATIVES
 from chatpage.vocab import UserError
 
 MAX_ATTACHMENT_BYTES = 1 << 20

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from math import ceil
 from typing import Any
 
-from chatpage.chat.session import Entry
+from chatpage.chat.entry import Entry
 from chatpage.engine.text.chat_template import TokenCounter
 
 CHARS_PER_TOKEN_CAUTIOUS = 3

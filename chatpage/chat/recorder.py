@@ -32,25 +32,21 @@ from collections.abc import Callable
 from dataclasses import asdict, fields, replace
 from typing import Any
 
-from chatpage.chat.sampling import SamplingSettings
-from chatpage.chat.session import (
-    Attachment,
+from chatpage.chat.changes import (
     Change,
-    ChatSession,
     Cleared,
     Closed,
     EntriesRestored,
-    Entry,
     EntryAdded,
     EntryRemoved,
     EntryUpdated,
     PathChanged,
-    ReplyStats,
     SettingsChanged,
     TitleChanged,
-    ToolRun,
-    ToolStep,
 )
+from chatpage.chat.entry import Attachment, Entry, ReplyStats, ToolRun, ToolStep
+from chatpage.chat.sampling import SamplingSettings
+from chatpage.chat.session import ChatSession
 from chatpage.chat.tree import below
 from chatpage.config.errorlog import log_error
 from chatpage.config.personas import Persona, find_persona

@@ -7,14 +7,9 @@ say what changed. A /continue'd reply adds the new text and tokens to what it ha
 
 from __future__ import annotations
 
-from chatpage.chat.session import (
-    CandidateUpdated,
-    ChatSession,
-    Entry,
-    EntryUpdated,
-    Generation,
-    ReplyStats,
-)
+from chatpage.chat.changes import CandidateUpdated, EntryUpdated
+from chatpage.chat.entry import Entry, ReplyStats
+from chatpage.chat.session import ChatSession, Generation
 from chatpage.engine.outputs import CompletionOutput, OutputDelta, RequestOutput, RequestUpdate
 from chatpage.vocab import FinishReason, MessageStatus
 

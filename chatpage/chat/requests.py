@@ -16,26 +16,22 @@ from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from typing import Any
 
+from chatpage.chat.changes import (
+    BusyChanged,
+    ContextChanged,
+    EntryAdded,
+    EntryUpdated,
+    GenerationChanged,
+    PathChanged,
+    SettingsChanged,
+    ToolAsked,
+)
 from chatpage.chat.context import Fit, bound_result, fit, result_room
+from chatpage.chat.entry import Entry, ReplyStats, ToolRun
 from chatpage.chat.mcp import McpServers, ServerState
 from chatpage.chat.replies import apply_candidate, apply_reply
 from chatpage.chat.sampling import AltMode, SamplingSettings, setting_name
-from chatpage.chat.session import (
-    BusyChanged,
-    Candidate,
-    ChatSession,
-    ContextChanged,
-    Entry,
-    EntryAdded,
-    EntryUpdated,
-    Generation,
-    GenerationChanged,
-    PathChanged,
-    ReplyStats,
-    SettingsChanged,
-    ToolAsked,
-    ToolRun,
-)
+from chatpage.chat.session import Candidate, ChatSession, Generation
 from chatpage.chat.tool_turns import (
     MAX_CALLS,
     allow_always,

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from chatpage.chat.entry import ToolRun, ToolStep
 from chatpage.chat.mcp import McpServers, McpTool
-from chatpage.chat.session import ChatSession, ToolRun, ToolStep
+from chatpage.chat.session import ChatSession
 from chatpage.config.personas import Persona
 from chatpage.engine.sampling_params import GrammarKind, Structured
 from chatpage.engine.text.grammar import grammar_text

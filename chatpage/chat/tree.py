@@ -11,51 +11,8 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from chatpage.chat.session import Entry
-
-
-@dataclass(eq=False)
-class Fork:
-    """The versions of one turn (oldest first) and which of them is current (-1: none is
-    on show, while alternatives for the turn are being chosen)."""
-
-    versions: list[Entry] = field(default_factory=list)
-    current: int = 0
-
-    def chosen(self) -> Entry | None:
-        return self.versions[self.current] if self.versions and self.current >= 0 else None
-
-    def index(self, entry: Entry) -> int:
-        """Where `entry` itself is among the versions (by identity: two versions with the
-        same text are still two versions)."""
-        for i, version in enumerate(self.versions):
-            if version is entry:
-                return i
-        raise ValueError("the message is not a version of this turn")
-
-    def place(self, entry: Entry) -> Place:
-        """Where `entry` stands among the versions."""
-        return Place(self.index(entry) + 1, len(self.versions))
-
-
-@dataclass(frozen=True)
-class Place:
-    """Where a message stands among its versions: `number` of `count` (1-based), what the
-    transcript shows as ``◀ 2/3 ▶`` when count > 1."""
-
-    number: int
-    count: int
-
-    @property
-    def forked(self) -> bool:
-        return self.count > 1
-
-    def label(self) -> str:
-        return f"◀ {self.number}/{self.count} ▶"
+from chatpage.chat.entry import Entry, Fork
 
 
 class Transcript:

@@ -25,18 +25,18 @@ from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import ContentSwitcher, Footer, Static, TextArea
 
-from chatpage.chat.chats import Chats
-from chatpage.chat.session import (
+from chatpage.chat.changes import (
     AttachmentsChanged,
     BusyChanged,
     Change,
-    ChatSession,
-    Entry,
     GenerationChanged,
     SettingsChanged,
     TitleChanged,
     ToolAsked,
 )
+from chatpage.chat.chats import Chats
+from chatpage.chat.entry import Entry
+from chatpage.chat.session import ChatSession
 from chatpage.config.personas import Persona
 from chatpage.store import SessionRow
 from chatpage.ui.actions import message as message_actions

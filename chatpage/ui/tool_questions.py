@@ -14,7 +14,8 @@ from textual import events
 from textual.screen import Screen
 
 from chatpage.chat.chats import Chats
-from chatpage.chat.session import ChatSession, ToolRun
+from chatpage.chat.entry import ToolRun
+from chatpage.chat.session import ChatSession
 from chatpage.chat.tool_turns import asked_tool
 from chatpage.ui.history import Say
 from chatpage.ui.screens.tool_approval import ToolApproval, tool_label

@@ -8,20 +8,19 @@ import dataclasses
 import pytest
 from helpers import PERSONA, FakeClient, done, event, stopped
 
-from chatpage.chat.chats import ChatError, Chats
-from chatpage.chat.context import MESSAGE_OVERHEAD, fit
-from chatpage.chat.sampling import AltMode
-from chatpage.chat.session import (
+from chatpage.chat.changes import (
     BusyChanged,
-    ChatSession,
     ContextChanged,
-    Entry,
     EntryAdded,
     EntryRemoved,
     EntryUpdated,
-    ReplyStats,
     TitleChanged,
 )
+from chatpage.chat.chats import ChatError, Chats
+from chatpage.chat.context import MESSAGE_OVERHEAD, fit
+from chatpage.chat.entry import Entry, ReplyStats
+from chatpage.chat.sampling import AltMode
+from chatpage.chat.session import ChatSession
 from chatpage.engine.client import FinishReason
 from chatpage.engine.outputs import final_update
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from helpers import PERSONA, FakeClient
 
+from chatpage.chat.changes import Change, SettingsChanged
 from chatpage.chat.chats import ChatError, Chats
 from chatpage.chat.sampling import AltMode, SamplingSettings
-from chatpage.chat.session import Change, SettingsChanged
 from chatpage.config.personas import Persona
 
 CODER = Persona("coder", "writes code", "You write code.", temperature=0.2, max_tokens=64, seed=3)

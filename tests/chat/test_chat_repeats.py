@@ -12,9 +12,9 @@ import pytest
 from helpers import facts, settle
 
 from chatpage.chat.chats import Chats
+from chatpage.chat.entry import Entry, Place
 from chatpage.chat.recorder import Recorder, restore
-from chatpage.chat.session import ChatSession, Entry
-from chatpage.chat.tree import Place
+from chatpage.chat.session import ChatSession
 from chatpage.config.personas import Persona
 from chatpage.engine.client import EngineConfig, LocalEngineClient
 from chatpage.engine.text.chat_template import continue_prompt, render_prompt

@@ -9,7 +9,8 @@ from typing import Literal, Protocol, TypeVar
 from textual.screen import Screen
 
 from chatpage.chat.chats import Chats
-from chatpage.chat.session import ChatSession, Entry
+from chatpage.chat.entry import Entry
+from chatpage.chat.session import ChatSession
 from chatpage.config.personas import Persona
 from chatpage.ui.history import SavedChats, Say
 

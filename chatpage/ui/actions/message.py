@@ -6,7 +6,8 @@ Each acts only while the message is still on show in the chat on show.
 
 from __future__ import annotations
 
-from chatpage.chat.session import ChatSession, Entry
+from chatpage.chat.entry import Entry
+from chatpage.chat.session import ChatSession
 from chatpage.ui.actions.action import Controls
 from chatpage.ui.screens.code_picker import CodeBlockPicker
 from chatpage.ui.screens.confirm import Confirm

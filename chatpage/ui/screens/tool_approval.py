@@ -21,8 +21,8 @@ from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widgets import Static
 
+from chatpage.chat.entry import ToolRun
 from chatpage.chat.mcp import McpTool
-from chatpage.chat.session import ToolRun
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.prompt_input import is_chord
 

@@ -27,7 +27,7 @@ from textual.message import Message
 from textual.widgets import Static
 from textual.widgets.markdown import MarkdownFence
 
-from chatpage.chat.session import Entry, ReplyStats
+from chatpage.chat.entry import Entry, ReplyStats
 from chatpage.engine.client import OutputDelta
 from chatpage.ui.text import clean, code_blocks
 from chatpage.ui.widgets.streaming_markdown import StreamingMarkdown

@@ -5,23 +5,23 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.containers import Vertical
 
-from chatpage.chat.session import (
+from chatpage.chat.changes import (
     AttachmentsChanged,
     CandidateUpdated,
     Change,
-    ChatSession,
     Cleared,
     Closed,
     ContextChanged,
     EntriesRestored,
     EntryAdded,
     EntryRemoved,
-    EntryStatus,
     EntryUpdated,
     GenerationChanged,
     PathChanged,
     TitleChanged,
 )
+from chatpage.chat.entry import EntryStatus
+from chatpage.chat.session import ChatSession
 from chatpage.ui.widgets.session_header import SessionHeader
 from chatpage.ui.widgets.transcript import Transcript
 

@@ -11,7 +11,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from chatpage.chat.session import Candidate, Entry
+from chatpage.chat.entry import Entry
+from chatpage.chat.session import Candidate
 from chatpage.ui.text import clean
 
 

@@ -9,7 +9,7 @@ from textual import events
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from chatpage.chat.session import ToolRun
+from chatpage.chat.entry import ToolRun
 from chatpage.ui.text import clean
 
 STATE_NOTES = {

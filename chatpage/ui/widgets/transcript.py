@@ -19,7 +19,8 @@ from textual.containers import VerticalScroll
 from textual.widget import AwaitMount
 from textual.widgets import Static
 
-from chatpage.chat.session import ChatSession, Entry
+from chatpage.chat.entry import Entry
+from chatpage.chat.session import ChatSession
 from chatpage.engine.client import OutputDelta
 from chatpage.ui.text import clean
 from chatpage.ui.widgets.alternatives import AlternativesView
