@@ -19,7 +19,7 @@ from chatpage.ui.actions.action import Action
 from chatpage.ui.actions.table import ACTIONS
 from chatpage.ui.widgets.alternatives import AlternativesView
 from chatpage.ui.widgets.message import MessageView
-from chatpage.ui.widgets.transcript import Transcript
+from chatpage.ui.widgets.transcript import TranscriptView
 
 
 def binding(action: Action) -> Binding:
@@ -41,7 +41,7 @@ CHAT_BINDINGS: list[BindingType] = [binding(a) for a in ACTIONS if a.key and not
 def all_bindings() -> list[Binding]:
     """Every binding with an id, wherever it lives (for the keymap and the help): the
     actions', then the keys of the widgets that have them while they have focus."""
-    widgets = [*AlternativesView.BINDINGS, *Transcript.BINDINGS, *MessageView.BINDINGS]
+    widgets = [*AlternativesView.BINDINGS, *TranscriptView.BINDINGS, *MessageView.BINDINGS]
     return [
         *(binding(a) for a in ACTIONS if a.key),
         *(b for b in widgets if isinstance(b, Binding) and b.id),

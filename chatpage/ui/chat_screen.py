@@ -443,7 +443,7 @@ class ChatScreen(Screen[None]):
 
     # -- the messages -----------------------------------------------------------------------------
     def toggle_thinking(self) -> bool:
-        """Open or fold a reply's thinking in the chat on show (see `Transcript`)."""
+        """Open or fold a reply's thinking in the chat on show (see `TranscriptView`)."""
         if self.current is None:
             return False
         return self.session_view(self.current).transcript.toggle_thinking()

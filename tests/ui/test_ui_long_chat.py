@@ -9,7 +9,7 @@ from helpers import offline_app, wait_for
 
 from chatpage.store import Store
 from chatpage.ui.widgets.message import MessageView
-from chatpage.ui.widgets.transcript import BATCH, Transcript
+from chatpage.ui.widgets.transcript import BATCH, TranscriptView
 
 SIZE = (120, 40)
 LONG = 3000
@@ -25,13 +25,13 @@ def long_chat(store: Store, title: str, count: int) -> int:
     return chat
 
 
-def shown(transcript: Transcript) -> list[int]:
+def shown(transcript: TranscriptView) -> list[int]:
     """The indices (in the chat) of the messages mounted, top first."""
     index = {id(e): i for i, e in enumerate(transcript.session.entries)}
     return [index[id(v.entry)] for v in transcript.query(MessageView)]
 
 
-def laid_out(transcript: Transcript) -> bool:
+def laid_out(transcript: TranscriptView) -> bool:
     """The messages mounted are laid out, and the view placed among them (it follows the end
     once they overflow it)."""
     return transcript.max_scroll_y > 0 and transcript.is_anchored and not transcript.placing

@@ -23,7 +23,7 @@ from chatpage.chat.changes import (
 from chatpage.chat.entry import EntryStatus
 from chatpage.chat.session import ChatSession
 from chatpage.ui.widgets.session_header import SessionHeader
-from chatpage.ui.widgets.transcript import Transcript
+from chatpage.ui.widgets.transcript import TranscriptView
 
 
 class SessionView(Vertical):
@@ -34,7 +34,7 @@ class SessionView(Vertical):
         super().__init__(id=f"session-{session.id}", classes="session-view")
         self.session = session
         self.header = SessionHeader(session, classes="session-header")
-        self.transcript = Transcript(session, classes="transcript")
+        self.transcript = TranscriptView(session, classes="transcript")
 
     def compose(self) -> ComposeResult:
         yield self.header

@@ -1,4 +1,5 @@
-"""Transcript: a session's messages, then its alternatives while they are on show.
+"""TranscriptView: the messages on show of a session's `Transcript`, then its alternatives
+while they are on show.
 
 It follows the stream (anchored to the bottom) unless the user scrolls up. The anchor is set only
 once the messages overflow the view, so a short chat reads from the top. With the focus in it,
@@ -31,8 +32,8 @@ BATCH = 20
 """Messages mounted at a time: the latest when a chat opens, then earlier ones as needed."""
 
 
-class Transcript(VerticalScroll):
-    """Message views for a session's entries."""
+class TranscriptView(VerticalScroll):
+    """Message views for the entries on show of a session's `Transcript`."""
 
     BINDINGS = [
         Binding("j", "focus_step(1)", "Next message", show=False, id="transcript_next"),
