@@ -17,7 +17,8 @@ from datetime import datetime
 from pathlib import Path
 
 from chatpage.chat.chats import Chats
-from chatpage.chat.recorder import Recorder, load_session, restore
+from chatpage.chat.recorder import Recorder
+from chatpage.chat.saved import load_session, restore
 from chatpage.chat.session import ChatSession
 from chatpage.config.paths import data_dir
 from chatpage.config.personas import Persona

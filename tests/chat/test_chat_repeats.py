@@ -13,7 +13,8 @@ from helpers import facts, settle
 
 from chatpage.chat.chats import Chats
 from chatpage.chat.entry import Entry, Place
-from chatpage.chat.recorder import Recorder, restore
+from chatpage.chat.recorder import Recorder
+from chatpage.chat.saved import restore
 from chatpage.chat.session import ChatSession
 from chatpage.config.personas import Persona
 from chatpage.engine.client import EngineConfig, LocalEngineClient

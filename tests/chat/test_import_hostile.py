@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import offline_app, wait_for
 
-from chatpage.chat.recorder import load_session, restore
+from chatpage.chat.saved import load_session, restore
 from chatpage.cli import history as history_cli
 from chatpage.config.paths import data_dir
 from chatpage.config.personas import Persona

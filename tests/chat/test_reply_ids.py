@@ -11,7 +11,7 @@ import pytest
 from helpers import settle
 
 from chatpage.chat.chats import Chats
-from chatpage.chat.recorder import entry_from, reply_metadata
+from chatpage.chat.saved import entry_from, reply_metadata
 from chatpage.config.personas import Persona
 from chatpage.engine.client import EngineConfig, LocalEngineClient
 from chatpage.engine.text.chat_template import continue_prompt, render_prompt, render_text

@@ -33,7 +33,7 @@ from helpers import (
 )
 from textual.widgets import Input
 
-from chatpage.chat.recorder import restore
+from chatpage.chat.saved import restore
 from chatpage.config.paths import data_dir
 from chatpage.config.personas import Persona
 from chatpage.config.settings import config_path, load_settings

@@ -10,8 +10,9 @@ from helpers import PERSONA, FakeClient, done, event, facts, stopped
 from chatpage.chat import recorder as persistence
 from chatpage.chat.chats import Chats
 from chatpage.chat.entry import Attachment
-from chatpage.chat.recorder import Recorder, restore
+from chatpage.chat.recorder import Recorder
 from chatpage.chat.sampling import AltMode
+from chatpage.chat.saved import restore
 from chatpage.config.personas import Persona
 from chatpage.engine.client import FinishReason
 from chatpage.store import Store

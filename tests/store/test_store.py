@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chatpage.chat.entry import Entry, ToolRun, ToolStep
-from chatpage.chat.recorder import reply_metadata
+from chatpage.chat.saved import reply_metadata
 from chatpage.store import DB_NAME, SNIPPET_MARKS, NotFound, Store, make_title
 from chatpage.store import schema as store_schema
 from chatpage.store.io import export_session, import_json
