@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from chatpage.bench import common
+from chatpage.bench.reporting import Section, reader, table
 from chatpage.engine.model import attention, ops
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
@@ -283,6 +284,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=30, help="timed calls per measurement (max)")
     args = parser.parse_args(argv)
     return common.emit(run(device=common.device(parser, args), repeats=args.repeats), args.json)
+
+
+# -- the report ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CaseFigures:
+    kind: str
+    batch: int
+    context: int
+    paged_ms: float
+    contiguous_sdpa_ms: float
+    gather_sdpa_ms: float
+
+
+@dataclass(frozen=True)
+class KernelResult:
+    """What the report reads of a run's JSON (its goals stay in the JSON: no report rows)."""
+
+    kernels: str
+    cases: list[CaseFigures]
+
+
+def figures(r: KernelResult) -> list[str]:
+    rows = [
+        [c.kind, c.batch, c.context, c.paged_ms, c.contiguous_sdpa_ms, c.gather_sdpa_ms]
+        for c in r.cases
+    ]
+    header = ["kind", "batch", "context", "paged (ms)", "contiguous SDPA (ms)"]
+    return [
+        f"Kernels: {r.kernels}.",
+        "",
+        table([*header, "gather + SDPA (ms)"], rows),
+    ]
+
+
+SECTION = Section(reader(KernelResult), lambda r: [], figures, own_args=True)
 
 
 if __name__ == "__main__":

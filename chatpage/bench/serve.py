@@ -23,11 +23,13 @@ The KV budget is small on purpose so memory is the bottleneck, as in the paper.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from chatpage.bench import common, plots
+from chatpage.bench.reporting import Goal, Section, fmt, reader, table
 from chatpage.bench.reservation import ReservationScheduler
 from chatpage.bench.workloads import (
     SHAPES,
@@ -43,6 +45,7 @@ DEFAULT_SCALE = 0.2
 REQUESTS_AT_SCALE_1 = 60  # 12 requests at the default scale
 RATE_FRACTIONS = (0.5, 1.0, 2.0, 3.0)
 LATENCY_FACTOR = 2.0
+GOAL_RATE_RATIO = 2.0  # chatpage's sustainable rate over Oracle's (the paper's 2-4x)
 
 
 def _engine(loaded, blocks: int, oracle: bool, reservations: dict[str, int]):
@@ -149,7 +152,7 @@ def _api(args, loaded) -> int:
     return common.emit(common.round_floats(result), args.json)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = common.parser("serve", "Poisson arrivals: chatpage vs Oracle reservations", DEFAULT_SCALE)
     p.add_argument("--workload", choices=sorted(SHAPES), default="sharegpt")
     p.add_argument(
@@ -194,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="with --api: every request decodes this many tokens (default: the trace's lengths)",
     )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     args = common.parse(p, argv)
     if args.concurrency < 1:
         p.error(f"--concurrency must be >= 1, got {args.concurrency}")
@@ -266,8 +274,113 @@ def main(argv: list[str] | None = None) -> int:
         "sustainable_rate_oracle": found["oracle"][0],
         "sustainable_rate_oracle_how": found["oracle"][1],
         "rate_ratio": found["chatpage"][0] / found["oracle"][0] if found["oracle"][0] else None,
-        "goal_rate_ratio": 2.0,
+        "goal_rate_ratio": GOAL_RATE_RATIO,
     }
     if args.plot:
         result["plot"] = plots.serve(result, args.plot)
     return common.emit(common.round_floats(result), args.json)
+
+
+# -- the report ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RatePoint:
+    """One system at one request rate."""
+
+    rate: float
+    system: str
+    normalized_latency_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    tpot_p50_s: float
+    tpot_p99_s: float
+    mean_batch: float
+    preemptions: int
+
+
+@dataclass(frozen=True)
+class ServeResult:
+    """What the report reads of a run's JSON."""
+
+    requests: int
+    workload: str
+    scale: float
+    kv_blocks: int
+    latency_bound_s: float
+    rates: list[RatePoint]
+    capacity_chatpage_req_s: float
+    capacity_oracle_req_s: float
+    capacity_ratio: float
+    sustainable_rate_chatpage: float
+    sustainable_rate_chatpage_how: str
+    sustainable_rate_oracle: float
+    sustainable_rate_oracle_how: str
+    rate_ratio: float | None
+
+
+def goals(s: ServeResult) -> list[Goal]:
+    r = s.rate_ratio
+    return [
+        Goal(
+            "serve",
+            "sustainable rate chatpage / Oracle",
+            r,
+            f">= {GOAL_RATE_RATIO:g}",
+            r is not None and r >= GOAL_RATE_RATIO and s.sustainable_rate_oracle_how != "at least",
+            _why(s),
+        )
+    ]
+
+
+def _why(s: ServeResult) -> str:
+    top = max(x.rate for x in s.rates)
+    at = {r.system: r for r in s.rates if r.rate == top}
+    c, o = at["chatpage"], at["oracle"]
+    text = (
+        f"with {s.kv_blocks} KV blocks chatpage batches more at the highest rate "
+        f"({c.mean_batch:.1f} vs {o.mean_batch:.1f}) and starts requests sooner "
+        f"(TTFT p50 {c.ttft_p50_s:.2f} vs {o.ttft_p50_s:.2f} s), but on this CPU a "
+        f"step's time grows with every sequence in it (matmuls are compute-bound from ~4 "
+        f"rows), so TPOT rises with the batch ({c.tpot_p50_s * 1e3:.0f} vs "
+        f"{o.tpot_p50_s * 1e3:.0f} ms) and recompute preemptions "
+        f"({c.preemptions}) cost steps; saturated capacities differ by "
+        f"{s.capacity_ratio:.2f}x. On a GPU a decode step costs about the same for 2 or "
+        "20 sequences, which is what turns the paper's larger batches into 2-4x the rate"
+    )
+    if "at least" in (s.sustainable_rate_oracle_how, s.sustainable_rate_chatpage_how):
+        text += (
+            "; a system stayed under the bound at every swept rate, so its rate is a lower bound"
+        )
+    return text
+
+
+def figures(r: ServeResult) -> list[str]:
+    rows = [
+        [
+            x.rate,
+            x.system,
+            x.normalized_latency_s,
+            x.ttft_p50_s,
+            x.ttft_p99_s,
+            x.tpot_p50_s,
+            x.tpot_p99_s,
+            x.mean_batch,
+        ]
+        for x in r.rates
+    ]
+    header = ["rate (req/s)", "system", "normalized latency (s/tok)", "TTFT p50", "TTFT p99"]
+    return [
+        f"{r.requests} {r.workload}-shaped requests per rate at scale {r.scale}, "
+        f"{r.kv_blocks} KV blocks, latency bound {r.latency_bound_s:.3f} s/token.",
+        "",
+        table([*header, "TPOT p50", "TPOT p99", "mean batch"], rows),
+        "",
+        f"Saturated capacity (whole trace at once): chatpage "
+        f"{r.capacity_chatpage_req_s:.3f} req/s, Oracle {r.capacity_oracle_req_s:.3f} "
+        f"req/s. Sustainable rate: chatpage {r.sustainable_rate_chatpage:.3f} "
+        f"({r.sustainable_rate_chatpage_how}), Oracle "
+        f"{r.sustainable_rate_oracle:.3f} ({r.sustainable_rate_oracle_how}); "
+        f"ratio **{fmt(r.rate_ratio)}x**.",
+    ]
+
+
+SECTION = Section(reader(ServeResult), goals, figures, plotted=True)

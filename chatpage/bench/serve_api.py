@@ -42,11 +42,13 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar, cast
 
 import torch
 
 from chatpage.bench import common
+from chatpage.bench.reporting import Goal, Section, reader, table
 from chatpage.bench.workloads import BenchRequest
 from chatpage.engine import EngineConfig, SamplingParams
 from chatpage.engine.client import LocalEngineClient, RequestUpdate, UpdateCallback
@@ -247,3 +249,95 @@ def run(model: str | None, trace: list[BenchRequest], kv_cache_bytes: int) -> di
         **figures,
         "goal_api_overhead_ms": GOAL_OVERHEAD_MS,
     }
+
+
+# -- the report ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunFigures:
+    """One of the two runs (in-process, over HTTP)."""
+
+    rate: float
+    ttft_p50: float
+    ttft_p99: float
+    tpot_p50: float
+    wall_s: float
+    engine_thread_cpu_s: float
+
+
+@dataclass(frozen=True)
+class HttpFigures(RunFigures):
+    api_latency_p50_ms: float
+    api_latency_p99_ms: float
+    streamed_tokens: int
+
+
+@dataclass(frozen=True)
+class ServeApiResult:
+    """What the report reads of a run's JSON; its goal as the run recorded it."""
+
+    concurrency: int
+    workload: str
+    mean_input: float
+    mean_output: float
+    clock: str
+    in_process: RunFigures
+    api: HttpFigures
+    api_overhead_ms: float
+    server_thread_ms: float
+    client_ms: float
+    wall_added_ms: float
+    goal_api_overhead_ms: float
+
+
+def goals(a: ServeApiResult) -> list[Goal]:
+    v, goal = a.api_overhead_ms, a.goal_api_overhead_ms
+    what = f"serve overhead per streamed token at {a.concurrency} streams, ms"
+    return [Goal("serve_api", what, v, f"<= {goal:g}", v <= goal, _why(a))]
+
+
+def _why(a: ServeApiResult) -> str:
+    local, api = a.in_process, a.api
+    return (
+        f"{api.streamed_tokens} tokens streamed at once to {a.concurrency} httpx clients "
+        f"of the real server ({a.mean_output:.0f} each), against the same requests read "
+        f"in-process from the same engine, by {a.clock} time of everything but the engine's "
+        f"steps and the reader: the server's loop thread spent {a.server_thread_ms:.3f} ms a "
+        f"token, the client {a.client_ms:.3f} (not counted); the steps, left out, took "
+        f"{local.engine_thread_cpu_s:.1f} s of CPU in-process and "
+        f"{api.engine_thread_cpu_s:.1f} s over HTTP (two runs' steps drift by ~10% on this "
+        "shared machine, more than the goal)"
+        f"; wall clock, the makespan grew by {a.wall_added_ms:.2f} ms a token (TPOT p50 "
+        f"{api.tpot_p50 * 1e3:.0f} against {local.tpot_p50 * 1e3:.0f} ms) and a token "
+        f"reached its client {api.api_latency_p50_ms:.1f} ms after the engine emitted it "
+        f"(p99 {api.api_latency_p99_ms:.1f})"
+    )
+
+
+def figures(r: ServeApiResult) -> list[str]:
+    rows = [
+        [label, x.rate, x.ttft_p50, x.ttft_p99, 1e3 * x.tpot_p50, x.wall_s]
+        for label, x in (("in-process", r.in_process), ("HTTP", r.api))
+    ]
+    header = ["run", "rate (req/s)", "TTFT p50 (s)", "TTFT p99 (s)", "TPOT p50 (ms)", "wall (s)"]
+    return [
+        f"{r.concurrency} {r.workload}-shaped requests at once (mean input "
+        f"{r.mean_input}, {r.mean_output} output tokens each), streamed through "
+        "`chatpage serve` to httpx clients, and read in-process from the same engine.",
+        "",
+        table(header, rows),
+        "",
+        f"Per streamed token: serving adds **{r.api_overhead_ms:.3f} ms** "
+        f"({r.clock} clock), the server's loop thread {r.server_thread_ms:.3f} ms, "
+        f"the client {r.client_ms:.3f} ms; emitted to received p50 "
+        f"{r.api.api_latency_p50_ms:.1f} ms, p99 {r.api.api_latency_p99_ms:.1f} ms.",
+    ]
+
+
+# the issue's 64 streams, all decoding together from start to end
+SECTION = Section(
+    reader(ServeApiResult),
+    goals,
+    figures,
+    args=("--concurrency", "64", "--output-tokens", "32"),
+    command=("serve", "--api"),
+)

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from chatpage.bench import common, soak_serve
+from chatpage.bench.reporting import Goal, Section, reader, table
 from chatpage.engine import LLMEngine, SamplingParams
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.core.sequence import GroupStatus
@@ -300,3 +301,64 @@ def main(argv: list[str] | None = None) -> int:
     common.say(f"soaking {args.requests} requests in modes {', '.join(MODES)}")
     result = run(tiny_model(loaded.tokenizer, args.seed), args.requests, args.seed)
     return common.emit(result, args.json)
+
+
+# -- the report ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SoakResult:
+    """What the report reads of a run's JSON."""
+
+    requests: int
+    steps: int
+    seconds: float
+    finished: int
+    aborted: int
+    rejected: int
+    errored: int
+    extreme: int
+    hung: int
+    leaked_blocks: int
+    failed_by_others: int
+    greedy_checked: int
+    greedy_mismatches: int
+    preemptions: dict[str, dict[str, int]]
+
+
+# each a count that must be 0 (the goal's figure: the result's field)
+ZERO_GOALS = (
+    ("failed_by_others", "requests failed by another request's values"),
+    ("hung", "requests that never ended"),
+    ("leaked_blocks", "KV blocks left allocated after the soak"),
+    ("greedy_mismatches", "greedy outputs unlike the same request run alone"),
+)
+
+
+def goals(k: SoakResult) -> list[Goal]:
+    why = (
+        f"{k.requests} requests under preemption (swap, recompute, auto), "
+        f"{k.aborted} cancelled midway, {k.rejected} refused, {k.extreme} with "
+        "extreme sampling values; the others must not notice"
+    )
+    rows = []
+    for key, what in ZERO_GOALS:
+        count = getattr(k, key)
+        rows.append(Goal("soak", what, count, "0", count == 0, why))
+        why = "the same run"
+    return rows
+
+
+def figures(r: SoakResult) -> list[str]:
+    k = r.preemptions
+    rows = [[mode, k[mode]["swap"], k[mode]["recompute"]] for mode in k]
+    return [
+        f"{r.requests} requests in {r.steps} engine steps ({r.seconds:.1f} s): "
+        f"{r.finished} finished, {r.aborted} cancelled, {r.rejected} refused, "
+        f"{r.errored} errored ({r.extreme} had extreme sampling values), "
+        f"{r.hung} hung, {r.leaked_blocks} blocks leaked; "
+        f"{r.greedy_mismatches} of {r.greedy_checked} greedy outputs differed.",
+        "",
+        table(["preemption mode", "swap preemptions", "recompute preemptions"], rows),
+    ]
+
+
+SECTION = Section(reader(SoakResult), goals, figures)

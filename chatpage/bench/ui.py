@@ -23,11 +23,16 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from chatpage.bench.reporting import Goal, Section, at_least, at_most, reader
 from chatpage.vocab import WEIGHT_FORMATS
 
 STORY = "Write a long story about a lighthouse keeper."
 STREAM_WINDOW_S = 4.0  # streaming with no input, before the keys
+GOAL_TUI_VS_ENGINE_ALONE = 0.9  # one chat's tok/s in the TUI over the engine's alone
+GOAL_MODEL_READY_S = 3.0  # a cached start, from process start to the engine ready
 
 
 def _since_process_start() -> float:
@@ -45,8 +50,6 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 async def _measure(args) -> dict:
-    from textual import events
-
     from chatpage.config.settings import load_settings
     from chatpage.engine.client import LocalEngineClient
     from chatpage.engine.config import EngineConfig
@@ -78,13 +81,7 @@ async def _measure(args) -> dict:
         if args.startup_only:
             return start
 
-        personas = app.personas
-        for i in range(args.sessions - 1):
-            await app.chat.open_session(personas[i % len(personas)])
-        for session in list(app.chats.sessions):
-            app.chat.current = session
-            await app.chat.submit_prompt(f"/max {args.max_tokens}")
-            await app.chat.submit_prompt(STORY)
+        await _open_sessions(app, args.sessions, args.max_tokens)
         prompt = app.chat.prompt
         prompt.focus()
         await pilot.pause()
@@ -92,23 +89,7 @@ async def _measure(args) -> dict:
         if not isinstance(client, LocalEngineClient) or client.engine is None:
             raise SystemExit("chatpage: error: bench ui measures the local engine")
         engine = client.engine
-        # measure while every session decodes (persona pins and prompts prefilled first: on one
-        # thread the nine personas' pins alone take seconds of prefill)
-        while True:
-            stats = client.stats()
-            if stats is not None and engine.num_generated:
-                if (
-                    stats.num_running >= args.sessions
-                    and not stats.num_waiting
-                    and engine.num_generated >= 2 * args.sessions
-                ):
-                    break
-                if not stats.num_running + stats.num_waiting:
-                    raise SystemExit(
-                        "chatpage: error: the replies ended before the measurement "
-                        "began; raise --max-tokens"
-                    )
-            await asyncio.sleep(0.1)
+        await _until_all_decode(client, args.sessions)
         current = app.chat.current
         if current is None:
             raise SystemExit("chatpage: error: no chat is on show")
@@ -119,33 +100,10 @@ async def _measure(args) -> dict:
         def shown() -> int:  # the current reply's tokens so far (one session: the only reply)
             return reply.stats.tokens if reply.stats is not None else 0
 
-        generated0, t_start = engine.num_generated, time.perf_counter()
-        stream_span = [shown(), 0]
-        ui_cpu0 = time.thread_time()  # this thread is the app's: what it costs the engine
-        await asyncio.sleep(STREAM_WINDOW_S)
-        window = time.perf_counter() - t_start
-        stream_tok_s = (engine.num_generated - generated0) / window
-        stream_span[1] = shown()
-        ui_cpu_share = (time.thread_time() - ui_cpu0) / window
+        stream_tok_s, stream_span, ui_cpu_share = await _stream_window(engine, shown)
         generated0, t_start = engine.num_generated, time.perf_counter()
         typing_span = [shown(), 0]
-        latencies = []
-        for i in range(args.keys):
-            before = prompt.text
-            refreshed = asyncio.Event()
-            t = time.perf_counter()
-            prompt.post_message(events.Key("x", "x"))
-            while prompt.text == before:  # 1 ms polls: do not starve the engine thread
-                await asyncio.sleep(0.001)
-            app.call_after_refresh(refreshed.set)
-            await refreshed.wait()
-            latencies.append((time.perf_counter() - t) * 1e3)
-            if i % 10 == 9:
-                print(f"{i + 1}/{args.keys} keys", file=sys.stderr)
-            stats = client.stats()
-            if stats is not None and stats.num_running < args.sessions:  # a reply ended: stop
-                break
-            await asyncio.sleep(0.1)
+        latencies = await _time_keys(app, client, args.keys, args.sessions)
         elapsed = time.perf_counter() - t_start
         tok_s = (engine.num_generated - generated0) / elapsed
         typing_span[1] = shown()
@@ -180,12 +138,84 @@ async def _measure(args) -> dict:
                 **_ratio(
                     "tui_typing_vs_engine_alone", tok_s, alone.get("engine_alone_typing_tok_s")
                 ),
-                "goal_tui_vs_engine_alone": 0.9,
+                "goal_tui_vs_engine_alone": GOAL_TUI_VS_ENGINE_ALONE,
             }
             if alone
             else {}
         ),
     }
+
+
+async def _open_sessions(app, sessions: int, max_tokens: int) -> None:
+    """Open ``sessions`` chats in all (the personas in turn) and ask each for the story."""
+    personas = app.personas
+    for i in range(sessions - 1):
+        await app.chat.open_session(personas[i % len(personas)])
+    for session in list(app.chats.sessions):
+        app.chat.current = session
+        await app.chat.submit_prompt(f"/max {max_tokens}")
+        await app.chat.submit_prompt(STORY)
+
+
+async def _until_all_decode(client, sessions: int) -> None:
+    """Wait until every session decodes: persona pins and prompts are prefilled first (on one
+    thread the nine personas' pins alone take seconds of prefill), and are not measured."""
+    engine = client.engine
+    while True:
+        stats = client.stats()
+        if stats is not None and engine.num_generated:
+            if (
+                stats.num_running >= sessions
+                and not stats.num_waiting
+                and engine.num_generated >= 2 * sessions
+            ):
+                return
+            if not stats.num_running + stats.num_waiting:
+                raise SystemExit(
+                    "chatpage: error: the replies ended before the measurement "
+                    "began; raise --max-tokens"
+                )
+        await asyncio.sleep(0.1)
+
+
+async def _stream_window(engine, shown: Callable[[], int]) -> tuple[float, list[int], float]:
+    """Stream with no input for :data:`STREAM_WINDOW_S`: the engine's tok/s, the span of the
+    reply's tokens it covered, and the share of the window this (the app's) thread was on a CPU:
+    what the UI costs the engine."""
+    generated0, t_start = engine.num_generated, time.perf_counter()
+    span = [shown(), 0]
+    ui_cpu0 = time.thread_time()
+    await asyncio.sleep(STREAM_WINDOW_S)
+    window = time.perf_counter() - t_start
+    tok_s = (engine.num_generated - generated0) / window
+    span[1] = shown()
+    return tok_s, span, (time.thread_time() - ui_cpu0) / window
+
+
+async def _time_keys(app, client, keys: int, sessions: int) -> list[float]:
+    """Type ``keys`` keys into the prompt, 0.1 s apart, while the replies stream: each one's
+    milliseconds from posting to the screen refreshed with it (until a reply ends)."""
+    from textual import events
+
+    prompt = app.chat.prompt
+    latencies = []
+    for i in range(keys):
+        before = prompt.text
+        refreshed = asyncio.Event()
+        t = time.perf_counter()
+        prompt.post_message(events.Key("x", "x"))
+        while prompt.text == before:  # 1 ms polls: do not starve the engine thread
+            await asyncio.sleep(0.001)
+        app.call_after_refresh(refreshed.set)
+        await refreshed.wait()
+        latencies.append((time.perf_counter() - t) * 1e3)
+        if i % 10 == 9:
+            print(f"{i + 1}/{keys} keys", file=sys.stderr)
+        stats = client.stats()
+        if stats is not None and stats.num_running < sessions:  # a reply ended: stop
+            break
+        await asyncio.sleep(0.1)
+    return latencies
 
 
 def _ratio(name: str, tui: float, alone: float | None) -> dict:
@@ -265,6 +295,69 @@ def main(argv: list[str] | None = None) -> int:
     from chatpage.bench import common  # after measuring: its imports must not shift start-up
 
     return common.emit(result, args.json)
+
+
+# -- the report ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class UiResult:
+    """What the report reads of a run's JSON; the one-chat figures where one chat ran."""
+
+    weights: str
+    threads: int
+    first_paint_s: float
+    model_ready_s: float
+    keystroke_p50_ms: float | None = None
+    keystroke_p99_ms: float | None = None
+    tui_tok_s: float | None = None
+    tui_typing_tok_s: float | None = None
+    engine_alone_tok_s: float | None = None
+    tui_vs_engine_alone: float | None = None
+    tui_typing_vs_engine_alone: float | None = None
+
+
+def goals(u: UiResult) -> list[Goal]:
+    ratio = u.tui_vs_engine_alone
+    if u.tui_tok_s is None or ratio is None:
+        return []
+    return [
+        at_least(
+            "ui",
+            "one chat: tok/s in the TUI / engine alone",
+            ratio,
+            GOAL_TUI_VS_ENGINE_ALONE,
+            f"{u.tui_tok_s:.1f} tok/s streamed in the TUI (redrawing at most 10 times a second "
+            f"per pane, no input) against {u.engine_alone_tok_s:.1f} for the same request with "
+            f"no UI, {u.threads} engine thread(s); while keys are typed and timed: "
+            f"{u.tui_typing_tok_s:.1f} tok/s ({u.tui_typing_vs_engine_alone:.2f})",
+        ),
+        at_most(
+            "ui",
+            "cached start to model ready",
+            u.model_ready_s,
+            GOAL_MODEL_READY_S,
+            f"from process start (interpreter, imports, Textual's first "
+            f"paint at {u.first_paint_s:.2f} s) to the engine ready, {u.weights} weights "
+            "read from the packed cache",
+            unit=" s",
+        ),
+    ]
+
+
+def figures(r: UiResult) -> list[str]:
+    return [
+        f"One chat in the TUI ({r.weights} weights, {r.threads} engine thread(s)): "
+        f"{r.tui_tok_s:.1f} tok/s streaming, {r.tui_typing_tok_s:.1f} while typing, "
+        f"{r.engine_alone_tok_s:.1f} with no UI (**{r.tui_vs_engine_alone:.2f}**, "
+        f"{r.tui_typing_vs_engine_alone:.2f} typing); keystroke to screen p50 "
+        f"{r.keystroke_p50_ms:.1f} ms, p99 {r.keystroke_p99_ms:.1f} ms; first paint "
+        f"{r.first_paint_s:.2f} s, model ready {r.model_ready_s:.2f} s."
+    ]
+
+
+# one chat, long enough to outlast the keys
+SECTION = Section(
+    reader(UiResult), goals, figures, args=("--sessions", "1", "--max-tokens", "1500")
+)
 
 
 if __name__ == "__main__":

@@ -193,15 +193,14 @@ def test_report_renders_single_and_quality(tmp_path):
             "result": quality_r,
         },
     }
-    goals = {g["goal"]: g for g in report.goals({k: v["result"] for k, v in runs.items()})}
-    assert goals["decode tok/s at batch 1 (int4)"]["met"] is True
-    assert goals["int4 / llama.cpp decode tok/s, same run"]["met"] is False
+    goals = {g.goal: g for g in report.goals({k: v["result"] for k, v in runs.items()})}
+    assert goals["decode tok/s at batch 1 (int4)"].met is True
+    assert goals["int4 / llama.cpp decode tok/s, same run"].met is False
     assert (
-        "llama.cpp without its AMX kernels"
-        in goals["int4 / llama.cpp decode tok/s, same run"]["why"]
+        "llama.cpp without its AMX kernels" in goals["int4 / llama.cpp decode tok/s, same run"].why
     )
-    assert goals["fp32 batch-1 step / weight-read floor"]["met"] is False
-    assert goals["int4 perplexity vs fp32"]["met"] is False
+    assert goals["fp32 batch-1 step / weight-read floor"].met is False
+    assert goals["int4 perplexity vs fp32"].met is False
     text = report.render(runs, tmp_path / "b.md", "test machine", 150.0, "--threads 1")
     assert "| int4 | 100.0 | 10.00 | 7.00 |" in text
     assert "| llama.cpp (GGUF) | 125.0 |" in text
@@ -242,6 +241,12 @@ def test_report_judges_the_best_and_the_default_format_of_throughput():
     ]
     throughput_r = {
         "benchmark": "throughput",
+        "requests": 48,
+        "scale": 0.25,
+        "threads": 1,
+        "mean_input": 120.0,
+        "chatpage_tok_s": 100.0,
+        "hf_candidates": [{"batch": 48, "seconds": 150.0, "tok_s": 25.0}],
         "ratio": 4.0,
         "chatpage_mean_batch": 16.0,
         "hf_tok_s": 25.0,
@@ -252,8 +257,8 @@ def test_report_judges_the_best_and_the_default_format_of_throughput():
         "best_weights": "bf16",
         "best_ratio": 12.0,
     }
-    goals = {g["goal"]: g for g in report.goals({"throughput": throughput_r})}
-    assert goals["chatpage (bf16) / transformers (fp32) useful tok/s"]["met"] is True
+    goals = {g.goal: g for g in report.goals({"throughput": throughput_r})}
+    assert goals["chatpage (bf16) / transformers (fp32) useful tok/s"].met is True
     default = goals["chatpage (int4, the default) / transformers (fp32) useful tok/s"]
-    assert default["value"] == 10.0 and default["target"] == ">= 12"
-    assert default["met"] is False and "250.0 tok/s" in default["why"]
+    assert default.value == 10.0 and default.target == ">= 12"
+    assert default.met is False and "250.0 tok/s" in default.why

@@ -1,5 +1,6 @@
-"""docs/benchmarks.md's sections of the model-file benchmarks (``bench/report_files.py``): load's
-per-file table and goals, windows, quality against llama.cpp, all read back by ``--only``."""
+"""docs/benchmarks.md's sections of the model-file benchmarks (``bench/load.py``, ``windows.py``,
+``quality.py``): load's per-file table and goals, windows, quality against llama.cpp, all read
+back by ``--only``."""
 
 from __future__ import annotations
 
@@ -78,17 +79,17 @@ def _runs() -> dict:
 
 
 def test_load_windows_and_llamacpp_goals_are_judged_per_file():
-    goals = {g["goal"]: g for g in report.goals({k: v["result"] for k, v in _runs().items()})}
+    goals = {g.goal: g for g in report.goals({k: v["result"] for k, v in _runs().items()})}
     # the seconds are judged on the file of the goals' size only
     assert "first load s, default model (int4)" not in goals
-    assert goals["first load s, big.Q4_K_M.gguf (int4)"]["met"] is False
-    assert goals["cached load s, big.Q4_K_M.gguf (int4)"]["met"] is True
-    assert goals["cache / file, default model (int4)"]["met"] is True
-    assert goals["cache / file, big.Q4_K_M.gguf (int4)"]["met"] is False  # 1.5x
-    assert goals["first-load peak RSS, default model (int4), MB"]["met"] is True
-    assert goals["first-load peak RSS, big.Q4_K_M.gguf (int4), MB"]["met"] is False
-    assert goals["KV layer-blocks, Gemma 3 shape / full attention, 8192-token chat"]["met"]
-    assert goals["int4 perplexity vs llama.cpp, m.Q4_0.gguf"]["met"] is False
+    assert goals["first load s, big.Q4_K_M.gguf (int4)"].met is False
+    assert goals["cached load s, big.Q4_K_M.gguf (int4)"].met is True
+    assert goals["cache / file, default model (int4)"].met is True
+    assert goals["cache / file, big.Q4_K_M.gguf (int4)"].met is False  # 1.5x
+    assert goals["first-load peak RSS, default model (int4), MB"].met is True
+    assert goals["first-load peak RSS, big.Q4_K_M.gguf (int4), MB"].met is False
+    assert goals["KV layer-blocks, Gemma 3 shape / full attention, 8192-token chat"].met
+    assert goals["int4 perplexity vs llama.cpp, m.Q4_0.gguf"].met is False
 
 
 def test_the_sections_render_and_read_back(tmp_path):
@@ -113,7 +114,7 @@ def test_a_load_row_names_what_its_pack_really_runs(tmp_path):
     forms = {"int4+levels": 60e6, "int8": 30e6}
     runs["load"]["result"]["files"][0]["results"][0]["matrix_formats"] = forms
     goals = report.goals({k: v["result"] for k, v in runs.items()})
-    names = {g["goal"] for g in goals}
+    names = {g.goal for g in goals}
     assert "cache / file, big.Q4_K_M.gguf (int4+levels)" in names
     assert "cache / file, default model (int4)" in names  # a row without the field: as asked
     text = report.render(runs, tmp_path / "b.md", "test machine", 27.0)

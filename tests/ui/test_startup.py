@@ -69,8 +69,8 @@ def test_bench_startup_times_real_starts_of_every_format_asked(tiny_llama_dir, c
         assert len(x["starts_s"]) == 2 and x["slowest_model_ready_s"] == max(x["starts_s"])
         assert 0 < x["first_paint_s"] < x["model_ready_s"] <= x["slowest_model_ready_s"]
     runs = {"startup": {"command": "chatpage bench startup --json", "seconds": 20.0, "result": r}}
-    goals = {g["goal"]: g for g in report.goals({"startup": r})}
-    assert goals["cached start to model ready, int8"]["value"] == r["results"][1]["model_ready_s"]
+    goals = {g.goal: g for g in report.goals({"startup": r})}
+    assert goals["cached start to model ready, int8"].value == r["results"][1]["model_ready_s"]
     assert "| int8 |" in report.render(runs, tmp_path / "b.md", "test machine", 20.0, "")
 
 
