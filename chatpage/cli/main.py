@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from chatpage.cli import ask, bench, serve
+from chatpage.cli import ask, bench, pull, serve
 from chatpage.cli import config as config_cli
 from chatpage.cli import history as history_cli
 from chatpage.cli.common import (
@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.register(sub)
     history_cli.register(sub)
     config_cli.register(sub)
+    pull.register(sub)
     _keep_global_values(parser, sub)
     return parser
 

@@ -287,11 +287,17 @@ def load_model(
         name = DEFAULT_NAME
     else:
         source = Path(model).expanduser()
-        if not source.exists():
-            raise ModelLoadError(
-                f"model path not found: {source}; pass a Hugging Face model directory or a .gguf file"
-            )
         name = source.stem if source.is_file() else source.name
+        if not source.exists():
+            from chatpage.hub.cache import find_pulled  # huggingface_hub: only for a REPO[:QUANT]
+
+            pulled = find_pulled(str(model))
+            if pulled is None:
+                raise ModelLoadError(
+                    f"model path not found: {source}; pass a Hugging Face model directory, a "
+                    ".gguf file or a model pulled (`chatpage pull REPO[:QUANT]`)"
+                )
+            source, name = pulled.path, str(pulled.ref)
 
     check_format(weights)
     state: MutableMapping[str, torch.Tensor]
