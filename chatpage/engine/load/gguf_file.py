@@ -239,13 +239,16 @@ class GGUFFile:
         if stop > start:
             self._map.madvise(mmap.MADV_DONTNEED, start, stop - start)
 
-    def dequantize_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+    def dequantize_rows(
+        self, name: str, start: int, stop: int, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Rows ``start:stop`` of the 2-D tensor ``name`` as fp32 (each row's blocks are
-        contiguous in the file: only those are read)."""
+        contiguous in the file: only those are read), into ``out`` (contiguous, of their shape)
+        when given."""
         info = self.tensors[name]
         per_row = info.shape[1] // TENSOR_TYPES[info.type_id][1]
         blocks = self.blocks(name)[start * per_row : stop * per_row]
-        return _dequantize(blocks, info.type_id, (stop - start, info.shape[1]))
+        return _dequantize(blocks, info.type_id, (stop - start, info.shape[1]), out)
 
 
 def _dequantize(

@@ -31,6 +31,8 @@ dequantized where they are not loaded or on CUDA.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import sys
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any, Protocol
@@ -176,7 +178,8 @@ class TensorSource(Protocol):
 
     def row_chunks(self, name: str, rows: int) -> tuple[int, Iterator[torch.Tensor]] | None:
         """Tensor ``name``'s row count and its fp32 rows, ``rows`` at a time, where the source
-        can read it so (a GGUF's embedding and lm_head: never whole in fp32); else None."""
+        can read it so (a GGUF's embedding and lm_head: never whole in fp32); else None. A chunk
+        may be overwritten by the next one: use it before reading on."""
         ...
 
 
@@ -378,8 +381,31 @@ def pack_source(
         if kept is None and weights != "fp32" and name in ROW_TABLES and len(parts) == 1:
             kept = _pack_rows(name, source, parts[0], weights, tied, dtype)
         out.update(kept or pack_tensor(name, source.load_fused(parts), weights, tied, dtype))
+        trim_heap()
     out["format." + weights] = torch.zeros(0)
     return out
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``; None where the C library has none (musl, macOS)."""
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+def trim_heap() -> None:
+    """Hand the heap's free pages back to the system (glibc's ``malloc_trim``).
+
+    Packing frees an fp32 copy of each tensor between the packed ones it keeps; glibc keeps such
+    holes (and the free top of the heap, below its raised trim threshold) resident, so without
+    this the Gemma-3-270M-shaped Q4_K_M's first load peaked at 851 MB of RSS instead of 670 (a
+    trim after each of its ~250 tensors costs ~70 ms in all)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 ROW_TABLES = ("embed.weight", "lm_head.weight")
