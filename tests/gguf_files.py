@@ -116,3 +116,16 @@ def write_gguf(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def gguf_py_quantized(qtype: str = "Q8_0") -> Path:
+    """The default model with its matrices quantized by gguf-py's numpy quantizer to ``qtype``
+    (from the original file's values), kept in the bench's cache of test models: what the tests
+    have where llama-cpp-python's quantizer is not installed (``make test``)."""
+    from chatpage.bench import requant
+    from chatpage.engine.load.loader import DEFAULT_NAME, default_model_path
+
+    dst = requant.models_dir() / f"{DEFAULT_NAME}.gguf-py-{qtype}.gguf"
+    if dst.is_file():
+        return dst
+    return requant.copy_as(default_model_path(), dst, Q[qtype])

@@ -9,8 +9,8 @@ copied (architecture keys, tokenizer, chat template; ``general.file_type`` set t
 llama.cpp's own quantizer (``llama_model_quantize`` of llama-cpp-python) starts from 16 bits, as
 from a converted checkpoint. IQ4_NL needs no importance matrix in llama.cpp (only the 1-2-bit IQ
 types do), so none is used for any type. Where llama-cpp-python is not installed (``make test``),
-:func:`gguf_py_quantized` writes such a copy with gguf-py's numpy quantizer (Q4_0, Q4_1, Q5_0,
-Q5_1, Q8_0) instead, straight from the original's values.
+the tests make such copies with gguf-py's numpy quantizer instead (``tests/gguf_files.py``:
+``gguf_py_quantized``) through :func:`copy_as`.
 """
 
 from __future__ import annotations
@@ -185,17 +185,6 @@ def f16_source(src: Path | None = None) -> Path:
 
 def _stem(src: Path) -> str:
     return DEFAULT_NAME if src == default_model_path() else src.stem
-
-
-def gguf_py_quantized(qtype: str = "Q8_0") -> Path:
-    """The default model with its matrices quantized by gguf-py's numpy quantizer to ``qtype``
-    (from the original file's values), for machines without llama-cpp-python."""
-    import gguf
-
-    dst = models_dir() / f"{DEFAULT_NAME}.gguf-py-{qtype}.gguf"
-    if dst.is_file():
-        return dst
-    return copy_as(default_model_path(), dst, gguf.GGMLQuantizationType[qtype])
 
 
 def llamacpp_quantize(src: Path, dst: Path, file_type: str, threads: int = 1) -> Path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gguf
 import numpy as np
 import pytest
+from gguf_files import gguf_py_quantized
 
 from chatpage.bench import quality, requant
 from chatpage.engine.load.gguf_file import GGUFFile
@@ -20,7 +21,7 @@ TOKENS = 256
 
 @pytest.fixture(scope="module")
 def q8_file():
-    return requant.gguf_py_quantized("Q8_0")
+    return gguf_py_quantized("Q8_0")
 
 
 def test_a_requantized_copy_is_the_original_in_q8_0_blocks(q8_file):

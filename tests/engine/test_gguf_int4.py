@@ -9,9 +9,9 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf_files import write_gguf
+from gguf_files import gguf_py_quantized, write_gguf
 
-from chatpage.bench import common, quality, requant
+from chatpage.bench import common, quality
 from chatpage.engine.load.gguf_file import GGUFFile
 from chatpage.engine.load.gguf_int4 import int4_of, is_int4, levels_of
 from chatpage.engine.load.gguf_model import GGUFSource, gguf_config
@@ -145,7 +145,7 @@ def test_an_iq4_nl_model_runs_in_int4_as_in_fp32(tmp_path):
 def test_the_engine_on_a_q4_0_copy_scores_as_in_fp32():
     """Our int4 on a Q4_0 copy of the default model is within 1% of our fp32 on the same file
     (re-quantizing its dequantized values cost +18% against llama.cpp on llama.cpp's Q4_0 file)."""
-    loaded = load_model(requant.gguf_py_quantized("Q4_0"), progress=lambda _m: None)
+    loaded = load_model(gguf_py_quantized("Q4_0"), progress=lambda _m: None)
     ids = quality.quality_ids(loaded)[:128]
     ppl = {}
     for fmt in ("fp32", "int4"):
