@@ -10,8 +10,13 @@ utils/_http.py), for repos of real files held in memory.
 - 404s with the Hub's ``X-Error-Code`` (``RepoNotFound``, ``EntryNotFound``).
 
 Faults, set per file: ``cut[path] = n`` sends the headers of the whole file, then ``n`` bytes,
-then closes the connection (once); ``corrupt.add(path)`` serves the bytes with one flipped.
+then closes the connection (once); ``corrupt.add(path)`` serves the bytes with one flipped;
+``pace[path] = s`` sleeps ``s`` seconds after every ``CHUNK`` bytes (a slow network).
 ``requests`` records ``(method, path, Range header)`` of every request.
+
+`serve_hub` starts one and points huggingface_hub at it, as ``HF_ENDPOINT`` and
+``HF_HUB_CACHE`` do when it is imported, with its download chunk (10 MB) made ``CHUNK``: these
+small files then come in many chunks, as a model does.
 """
 
 from __future__ import annotations
@@ -19,11 +24,28 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 LFS_SUFFIXES = (".gguf", ".safetensors", ".bin", ".onnx")
+CHUNK = 4096
+
+
+def serve_hub(monkeypatch, cache: Path) -> Hub:
+    """A started `Hub` that huggingface_hub uses, its cache at ``cache`` (stop it at the end)."""
+    from huggingface_hub import constants
+
+    hub = Hub().start()
+    template = hub.url + "/{repo_id}/resolve/{revision}/{filename}"
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", template)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", CHUNK)
+    return hub
 
 
 def git_blob_id(data: bytes) -> str:
@@ -52,6 +74,7 @@ class Hub:
     repos: dict[str, Repo] = field(default_factory=dict)
     cut: dict[str, int] = field(default_factory=dict)
     corrupt: set[str] = field(default_factory=set)
+    pace: dict[str, float] = field(default_factory=dict)
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     url: str = ""
     server: ThreadingHTTPServer | None = None
@@ -72,7 +95,7 @@ class Hub:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
         return self
 
     def stop(self) -> None:
@@ -136,7 +159,14 @@ class Hub:
         if not body:
             return
         cut = self.cut.pop(name, None)
-        h.wfile.write(data[start : cut if cut is not None else None])
+        body_bytes = data[start : cut if cut is not None else None]
+        step = CHUNK if name in self.pace else max(len(body_bytes), 1)
+        try:
+            for at in range(0, len(body_bytes), step):
+                h.wfile.write(body_bytes[at : at + step])
+                time.sleep(self.pace.get(name, 0.0))
+        except (BrokenPipeError, ConnectionResetError):  # the client stopped (a cancel)
+            return
         if cut is not None:
             h.wfile.flush()
             h.close_connection = True

@@ -12,12 +12,11 @@ import argparse
 import shlex
 import sys
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from chatpage.cli.common import one_line, print_table
 from chatpage.config.settings import format_size
-from chatpage.hub.refs import HubError, quant_of
+from chatpage.hub.refs import HubError
 
 if TYPE_CHECKING:
     from chatpage.hub.pull import Plan, Progress
@@ -59,6 +58,7 @@ def _fail(message: str, code: int = 1) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    from chatpage.hub.cache import run_name
     from chatpage.hub.pull import plan_pull, run_pull
 
     try:
@@ -80,7 +80,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
             "note: this model is split in parts; chatpage reads one .gguf file: join them with "
             "llama.cpp's `llama-gguf-split --merge FIRST-PART OUT.gguf`"
         )
-    print(f"run it: {PROG} --model {shlex.quote(_run_name(plan.ref.repo, path))}")
+    print(f"run it: {PROG} --model {shlex.quote(run_name(plan.ref.repo, path))}")
     return 0
 
 
@@ -159,14 +159,3 @@ def cmd_models_rm(args: argparse.Namespace) -> int:
     for model in gone:
         print(f"removed {model.ref} ({format_size(model.size)})")
     return 0
-
-
-def _run_name(repo: str, path: Path) -> str:
-    """What ``--model`` takes for the model pulled to ``path``: ``REPO[:QUANT]`` where that
-    names it, else the path."""
-    from chatpage.hub.cache import find_pulled
-
-    quant = quant_of(path.name) if path.suffix == ".gguf" else None
-    name = f"{repo}:{quant}" if quant else repo
-    pulled = find_pulled(name)
-    return name if pulled is not None and pulled.path == path else str(path)

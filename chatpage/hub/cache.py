@@ -23,6 +23,7 @@ from chatpage.hub.refs import (
     hf_files,
     is_hf_model,
     parse_ref,
+    quant_of,
 )
 
 
@@ -66,6 +67,15 @@ def find_pulled(text: str) -> PulledModel | None:
             if model.ref.quant == quant and (quant or model.path.is_dir()):
                 return model
     return models[0] if models and ref.quant is None else None
+
+
+def run_name(repo: str, path: Path) -> str:
+    """What ``--model`` (and the TUI's /model) takes for the model of ``repo`` pulled to
+    ``path``: ``REPO[:QUANT]`` where that names it, else the path."""
+    quant = quant_of(path.name) if path.suffix == ".gguf" else None
+    name = f"{repo}:{quant}" if quant else repo
+    pulled = find_pulled(name)
+    return name if pulled is not None and pulled.path == path else str(path)
 
 
 def remove_pulled(text: str) -> list[PulledModel]:

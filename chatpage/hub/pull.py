@@ -37,7 +37,14 @@ from huggingface_hub.file_download import http_get, repo_folder_name
 from huggingface_hub.utils._headers import build_hf_headers  # public, lazily re-exported by utils
 
 from chatpage.config.settings import format_size
-from chatpage.hub.refs import HubError, ModelRef, choose_files, parse_ref
+from chatpage.hub.refs import (
+    HubError,
+    ModelRef,
+    PullCancelled,
+    choose_files,
+    parse_ref,
+    quant_of,
+)
 
 HASH_CHUNK = 1 << 20
 
@@ -91,10 +98,6 @@ class Progress:
     total: int
 
 
-class PullCancelled(HubError):
-    """The pull was cancelled; what it fetched stays for the next pull to resume."""
-
-
 def hub_cache() -> Path:
     """huggingface_hub's cache (``HF_HUB_CACHE``, else ``HF_HOME``/hub), as it reads it."""
     return Path(constants.HF_HUB_CACHE)
@@ -125,8 +128,9 @@ def plan_pull(text: str) -> Plan:
     partial = sum(
         _size(storage / "blobs" / f"{f.blob}.incomplete") for f in files if f.name not in cached
     )
+    picked = files[0].name
     return Plan(
-        ModelRef(info.id, ref.quant),
+        ModelRef(info.id, quant_of(picked) if picked.endswith(".gguf") else None),
         info.sha or "",
         files,
         cached,

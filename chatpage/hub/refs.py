@@ -42,6 +42,10 @@ class HubError(UserError):
     """A pull, listing or removal that cannot go on; the message is one line saying why."""
 
 
+class PullCancelled(HubError):
+    """The pull was cancelled; what it fetched stays for the next pull to resume."""
+
+
 @dataclass(frozen=True)
 class ModelRef:
     """A Hub model as typed: ``owner/name`` and, for a GGUF repo, the quant (None: the default)."""

@@ -13,16 +13,14 @@ from pathlib import Path
 
 import pytest
 from gguf_files import Q, write_gguf
-from hub_server import Hub, Repo
+from hub_server import CHUNK, Hub, Repo, serve_hub
 from huggingface_hub import constants
 
 from chatpage.cli.main import main
 from chatpage.engine.load.loader import load_model
 from chatpage.hub.cache import find_pulled, partial_downloads, pulled_models, remove_pulled
-from chatpage.hub.pull import PullCancelled, plan_pull, run_pull
-from chatpage.hub.refs import HubError, parse_ref, quant_of
-
-CHUNK = 4096
+from chatpage.hub.pull import plan_pull, run_pull
+from chatpage.hub.refs import HubError, PullCancelled, parse_ref, quant_of
 
 
 @pytest.fixture(scope="module")
@@ -37,19 +35,8 @@ def ggufs(tmp_path_factory) -> dict[str, bytes]:
 
 @pytest.fixture
 def hub(tmp_path, monkeypatch, ggufs, tiny_llama_dir):
-    """The Hub on localhost, and huggingface_hub pointed at it with its cache in ``tmp_path``
-    (what HF_ENDPOINT and HF_HUB_CACHE set when huggingface_hub is imported); its download
-    chunk (10 MB) made 4 KB, so that these small files come in many chunks as a model does."""
-    hub = Hub().start()
-    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
-    monkeypatch.setattr(
-        constants,
-        "HUGGINGFACE_CO_URL_TEMPLATE",
-        hub.url + "/{repo_id}/resolve/{revision}/{filename}",
-    )
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", CHUNK)
+    """The Hub on localhost serving the test repos; huggingface_hub's cache in ``tmp_path``."""
+    hub = serve_hub(monkeypatch, tmp_path / "hf-cache")
     half = len(ggufs["Q4_K_M"]) // 2
     hf_files = {p.name: p.read_bytes() for p in tiny_llama_dir.iterdir() if p.is_file()}
     hub.repos = {
@@ -236,7 +223,9 @@ def test_what_cannot_be_pulled_says_why_in_one_line(hub, monkeypatch):
     usage = namedtuple("usage", "total used free")
     with monkeypatch.context() as full:
         full.setattr(shutil, "disk_usage", lambda _: usage(10**6, 10**6 - 1000, 1000))
-        with pytest.raises(HubError, match=r"test/tiny-GGUF needs .* but only 1000 B is free at"):
+        with pytest.raises(
+            HubError, match=r"^test/tiny-GGUF:Q4_K_M needs .* but only 1000 B is free at"
+        ):
             run_pull(plan_pull("test/tiny-GGUF"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(
@@ -257,7 +246,7 @@ def test_pull_models_and_rm_commands(hub, capsys):
     assert main(["pull", "test/tiny-GGUF"]) == 0
     assert main(["pull", "test/tiny-GGUF:Q8_0"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("test/tiny-GGUF (1 file, ") and " to fetch; " in out[0]
+    assert out[0].startswith("test/tiny-GGUF:Q4_K_M (1 file, ") and " to fetch; " in out[0]
     assert out[-1] == "run it: chatpage --model test/tiny-GGUF:Q8_0"
     assert "run it: chatpage --model test/tiny-GGUF:Q4_K_M" in out
     assert main(["models"]) == 0

@@ -1,23 +1,54 @@
 """ModelPicker: the model to switch to: the default model, the configured one, the configured
 backend (an OpenAI-compatible server), the local models found (loaded before, in ``models_dirs``,
-in the cache: `chatpage.config.models`), or a local model directory, .gguf file or server URL
-typed (with a folder's directories and .gguf files listed)."""
+in the cache: `chatpage.config.models`; pulled from Hugging Face: `chatpage.hub`), or a local
+model directory, .gguf file or server URL typed (with a folder's directories and .gguf files
+listed); or a model to pull from Hugging Face (``OWNER/NAME[:QUANT]`` typed), or the pull
+running to cancel."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.text import Text
 from textual.widgets import Input
 from textual.widgets.option_list import Option
 
-from chatpage.config.models import FoundModel
+from chatpage.config.models import FoundModel, find_models
+from chatpage.config.settings import format_size
+from chatpage.hub.refs import parse_ref
 from chatpage.ui.completion import path_completions
 from chatpage.ui.screens.list_dialog import ListDialog
 from chatpage.ui.text import clean
 
 DEFAULT_ID = "\x00default"
 """The option id of the default model (not a path anyone can type)."""
+PULL_ID = "\x00pull"
+"""The option that starts typing a Hugging Face model to pull (``hf.co/``...)."""
+PULL_REF = "\x00pull:"
+"""The prefix of the option that pulls the ``REPO[:QUANT]`` after it."""
+CANCEL_PULL_ID = "\x00cancel-pull"
+HUB_PREFIX = "hf.co/"
+PULLED_ORIGIN = "Hugging Face"
+
+
+@dataclass(frozen=True)
+class PullChoice:
+    """What the picker asks of a pull: fetch ``ref`` (``REPO[:QUANT]``), or (None) cancel the
+    pull running."""
+
+    ref: str | None
+
+
+def offered_models(models_dirs: Iterable[str] = ()) -> list[FoundModel]:
+    """The local models to offer (`find_models`), then the models pulled from Hugging Face, each
+    by the ``REPO[:QUANT]`` that /model and ``--model`` take (reads the disk: off the UI thread)."""
+    from chatpage.hub.cache import pulled_models  # huggingface_hub: not at the app's start
+
+    return find_models(models_dirs) + [
+        FoundModel(str(m.ref), f"{PULLED_ORIGIN} · {format_size(m.size)}") for m in pulled_models()
+    ]
 
 
 def is_backend_url(target: str) -> bool:
@@ -31,6 +62,12 @@ def model_problem(target: str) -> str | None:
     if is_backend_url(target):
         return None
     path = Path(target).expanduser()
+    if not path.exists() and parse_ref(target) is not None:
+        from chatpage.hub.cache import find_pulled
+
+        if find_pulled(target) is not None:
+            return None
+        return f"{target}: not pulled yet; type it in /model to pull it from Hugging Face"
     if not path.exists():
         return f"{target}: no such file or folder"
     if path.is_dir():
@@ -44,8 +81,9 @@ def model_problem(target: str) -> str | None:
     return None if path.suffix == ".gguf" else f"{target}: not a .gguf file or a model folder"
 
 
-class ModelPicker(ListDialog[str]):
-    """Dismisses with the model path picked ("" for the default model), or None on escape."""
+class ModelPicker(ListDialog[str | PullChoice]):
+    """Dismisses with the model path picked ("" for the default model), a `PullChoice`, or None
+    on escape. ``pulling``: the model being pulled, if one is (the picker offers to cancel it)."""
 
     def __init__(
         self,
@@ -53,6 +91,7 @@ class ModelPicker(ListDialog[str]):
         configured: str | None,
         backend: str | None = None,
         found: list[FoundModel] | None = None,
+        pulling: str | None = None,
     ) -> None:
         super().__init__(
             "Switch model: chats stay, replies come from the new model",
@@ -63,11 +102,15 @@ class ModelPicker(ListDialog[str]):
         self.configured = configured
         self.backend = backend
         self.found = found or []
+        self.pulling = pulling
 
     def options(self, text: str) -> list[Option]:
         text = text.strip()
         options = []
         if not text:
+            if self.pulling:
+                label = Text(f"cancel the pull of {clean(self.pulling)}", style="bold")
+                options.append(Option(label, id=CANCEL_PULL_ID))
             options.append(
                 Option(self._label("the default model", self.current is None), id=DEFAULT_ID)
             )
@@ -91,7 +134,13 @@ class ModelPicker(ListDialog[str]):
                     label = self._label(model.path, self.current == model.path)
                     label.append(f"  {clean(model.origin)}", style="dim")
                     options.append(Option(label, id=model.path))
+            label = Text("pull from Hugging Face…", style="bold")
+            label.append("  OWNER/NAME[:QUANT]; the quant of a GGUF repo: Q4_K_M by default")
+            options.append(Option(label, id=PULL_ID))
             return options
+        ref = parse_ref(text)
+        if ref is not None and not Path(text).expanduser().exists():
+            return self._hub_options(str(ref))
         if model_problem(text) is None:
             options.append(Option(self._label(text, text == self.current), id=text))
         for path in path_completions(text):
@@ -99,13 +148,34 @@ class ModelPicker(ListDialog[str]):
                 options.append(Option(Text(clean(path)), id=path))
         return options
 
-    def result(self, option_id: str) -> str | None:
+    def _hub_options(self, ref: str) -> list[Option]:
+        """For a typed ``REPO[:QUANT]``: the models pulled that it starts, then pulling it."""
+        options = [
+            Option(self._label(m.path, self.current == m.path).append("  pulled", "dim"), m.path)
+            for m in self.found
+            if m.origin.startswith(PULLED_ORIGIN) and m.path.lower().startswith(ref.lower())
+        ]
+        label = Text(f"pull {ref} from Hugging Face", style="bold")
+        options.append(Option(label, id=PULL_REF + ref))
+        return options
+
+    def result(self, option_id: str) -> str | PullChoice | None:
+        if option_id == CANCEL_PULL_ID:
+            return PullChoice(None)
+        if option_id.startswith(PULL_REF):
+            return PullChoice(option_id.removeprefix(PULL_REF))
         return "" if option_id == DEFAULT_ID else option_id
 
     def empty_note(self, text: str) -> str:
-        return model_problem(text.strip()) or "nothing matches"
+        text = text.strip()
+        if text.startswith(HUB_PREFIX):
+            return "type a Hugging Face model: OWNER/NAME[:QUANT]"
+        return model_problem(text) or "nothing matches"
 
     def _pick(self, option_id: str | None) -> None:
+        if option_id == PULL_ID:
+            self.query_one("#dialog-input", Input).value = HUB_PREFIX
+            return
         if option_id is not None and option_id.endswith("/") and model_problem(option_id):
             self.query_one("#dialog-input", Input).value = option_id  # a folder: look inside it
             return
