@@ -23,7 +23,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from chatpage.bench.workloads import BenchRequest
-from chatpage.engine.core.scheduler import Scheduler, SchedulerOutput
+from chatpage.engine.core.scheduler import Scheduler
+from chatpage.engine.core.step import SchedulerOutput
 
 POLICIES = ("max", "pow2", "oracle")
 

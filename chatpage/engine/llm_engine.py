@@ -15,7 +15,7 @@ from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.config import EngineConfig, PreemptionMode
 from chatpage.engine.core.block_manager import BlockManager
 from chatpage.engine.core.request_update import closing_update, request_update
-from chatpage.engine.core.scheduler import Sample, SamplerOutput, ScheduledSeq, Scheduler
+from chatpage.engine.core.scheduler import Scheduler
 from chatpage.engine.core.sequence import GroupStatus, Sequence, SequenceGroup
 from chatpage.engine.core.stop import StopCheck
 from chatpage.engine.device import EnginePlan, kv_pool_bytes, plan_engine, probe_cuda
@@ -27,7 +27,8 @@ from chatpage.engine.model.model_config import ModelShape
 from chatpage.engine.model.model_runner import ModelRunner, profile_step
 from chatpage.engine.outputs import EngineStats, RequestOutput, RequestUpdate, TokenRate
 from chatpage.engine.sample.constraints import LogitConstraints
-from chatpage.engine.sample.sampler import make_generator, sample
+from chatpage.engine.sample.sampler import make_generator
+from chatpage.engine.sample.step_sampler import Sampler
 from chatpage.engine.sampling_params import MAX_LOGPROB_ENTRIES, SamplingParams
 from chatpage.engine.text.detokenizer import IncrementalDetokenizer
 from chatpage.engine.text.grammar import Grammars
@@ -139,6 +140,7 @@ class LLMEngine:
         )
         self.grammars = Grammars(self.tokenizer, self.model.vocab_size, self.tokenizer.eos_token_id)
         self.constraints = LogitConstraints()
+        self.sampler = Sampler(self.constraints, self.device)
         template = getattr(self.tokenizer, "chat_template", None)
         self.reasoning = reasoning_format(template)  # its thinking markers, if it thinks
         self.tool_format = tool_format(template)  # how it writes tool calls
@@ -328,19 +330,13 @@ class LLMEngine:
         if not sched.scheduled:
             return self._fail_unschedulable(bool(sched.preempted))
         logits = self.runner.execute(sched.scheduled)
-        picks, failed = self._sample([item for item in sched.scheduled if item.samples], logits)
-        touched = self.scheduler.update_from_output(sched, picks)
+        picks = self.sampler(sched.sampling, logits)
+        result = self.scheduler.update_from_output(sched, picks)
         self.rate.add(time.monotonic(), picks.num_tokens)
-        moved = {g.request_id for g in touched}
-        # a prompt chunk that picks no token yet still says how far the prefill is
-        prefilling = {
-            item.group.request_id: item.group
-            for item in sched.scheduled
-            if not item.samples and item.group.request_id not in moved
-        }
-        return [
-            self._update(g) for g in (*touched, *prefilling.values()) if g.request_id not in failed
-        ] + [self._fail_request(rid, e) for rid, e in failed.items()]
+        return [self._update(g) for g in result.moved] + [
+            self._fail_request(rid, e, "sampled" if rid in picks.failed else "updated")
+            for rid, e in result.failed.items()
+        ]
 
     def _fail_unschedulable(self, preempted: bool) -> list[RequestUpdate]:
         """Nothing could run with the device otherwise empty: the head of the queue needs more
@@ -357,73 +353,13 @@ class LLMEngine:
         )
         return [] if failed is None else [failed]
 
-    def _sample(
-        self, sampling: list[ScheduledSeq], logits: torch.Tensor
-    ) -> tuple[SamplerOutput, dict[str, Exception]]:
-        """Pick the step's tokens from ``logits`` (row i: ``sampling[i]``): plain and n-sample
-        rows in one sampler call, beam groups' candidates through their beam search. Also
-        returns the requests whose rows could not be sampled, with why: they get no pick (the
-        others move on without them)."""
-        failed: dict[str, Exception] = {}
-        constrained = [
-            (row, item.group.params, item.seq.matcher)
-            for row, item in enumerate(sampling)
-            if item.seq.matcher is not None or item.group.params.logit_bias
-        ]
-        if constrained:  # logit biases and grammar masks first; a row that fails them fails
-            for row, error in self.constraints.apply(logits, constrained).items():
-                failed.setdefault(sampling[row].group.request_id, error)  # its request alone
-        by_group: dict[str, list[tuple[Sequence, int]]] = {}
-        groups: dict[str, SequenceGroup] = {}
-        for row, item in enumerate(sampling):
-            by_group.setdefault(item.group.request_id, []).append((item.seq, row))
-            groups[item.group.request_id] = item.group
-        targets: list[tuple[SequenceGroup, Sequence, int, int | None, torch.Generator | None]] = []
-        out = SamplerOutput()
-        for rid, seq_rows in by_group.items():
-            group = groups[rid]
-            if rid in failed:
-                continue
-            if group.params.use_beam_search:
-                try:
-                    out.beams.append(self.scheduler.beam.propose(group, seq_rows, logits))
-                except Exception as e:  # this request's beams cannot be scored: it fails alone
-                    failed[rid] = e
-                continue
-            targets += [(group, seq, row, None, seq.generator) for seq, row in seq_rows]
-            if group.params.n > 1 and not group.forked:
-                # one prefill, then n samples from its logits, each for its own fork
-                seq, row = seq_rows[0]
-                targets += [
-                    (group, seq, row, i, make_generator(group.params.seed, i, self.device))
-                    for i in range(1, group.params.n)
-                ]
-        if targets:
-            rows = [row for _, _, row, _, _ in targets]
-            # the usual case, one row per sequence in order, needs no copy of the logits
-            same = rows == list(range(logits.shape[0]))
-            tokens, logprobs, tops, errors = sample(
-                logits if same else logits[torch.tensor(rows, device=logits.device)],
-                [g.params for g, _, _, _, _ in targets],
-                [gen for _, _, _, _, gen in targets],
-            )
-            for row, error in errors.items():
-                failed.setdefault(targets[row][0].request_id, error)
-            out.samples = [
-                Sample(group, seq, tok, lp, top, fork, gen if fork is not None else None)
-                for (group, seq, _, fork, gen), tok, lp, top in zip(
-                    targets, tokens, logprobs, tops, strict=True
-                )
-                if group.request_id not in failed
-            ]
-        return out, failed
-
-    def _fail_request(self, request_id: str, error: Exception) -> RequestUpdate:
-        """End a request whose rows could not be sampled, with why (the traceback goes to the
-        error log)."""
-        why = f"{type(error).__name__}: {log_error(error, f'sampling {request_id}')}"
+    def _fail_request(self, request_id: str, error: Exception, stage: str) -> RequestUpdate:
+        """End a request that failed in the step (its rows could not be ``stage`` "sampled", or
+        its picks "updated"), with why (the traceback goes to the error log)."""
+        doing = "sampling" if stage == "sampled" else "updating"
+        why = f"{type(error).__name__}: {log_error(error, f'{doing} {request_id}')}"
         update = self.abort(
-            request_id, FinishReason.ERROR, f"{request_id} could not be sampled: {why}"
+            request_id, FinishReason.ERROR, f"{request_id} could not be {stage}: {why}"
         )
         assert update is not None  # (it ran this step)
         return update
@@ -432,7 +368,7 @@ class LLMEngine:
     def _update(self, group: SequenceGroup) -> RequestUpdate:
         if group.status is GroupStatus.FINISHED:
             self.groups.pop(group.request_id, None)
-        return request_update(group, self.scheduler.beam.score)
+        return request_update(group)
 
     def tokens_per_s(self) -> float:
         """Generated tokens per second over the last few seconds."""

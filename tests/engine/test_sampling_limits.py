@@ -30,6 +30,15 @@ def engine(tiny_llama_dir) -> LLMEngine:
     )
 
 
+BATCH = {
+    "greedy": SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+    "sampled": SamplingParams(temperature=0.9, seed=1, max_tokens=8, ignore_eos=True),
+    "n": SamplingParams(n=2, temperature=0.9, seed=2, max_tokens=8, ignore_eos=True),
+    "beam": SamplingParams(beam_width=2, max_tokens=6),
+}
+"""A batch of every kind of request, beside which one that fails must leave them as they were."""
+
+
 def _run(engine: LLMEngine, params: dict[str, SamplingParams]) -> dict[str, RequestOutput]:
     """Every request of ``params`` (by name) in one batch, to the end."""
     ids = {engine.add_request(PROMPT, p): name for name, p in params.items()}
@@ -96,12 +105,7 @@ def test_a_row_that_cannot_be_sampled_fails_its_own_request_only(engine, monkeyp
                     logits[row] = float("nan")
         return failed
 
-    others = {
-        "greedy": SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
-        "sampled": SamplingParams(temperature=0.9, seed=1, max_tokens=8, ignore_eos=True),
-        "n": SamplingParams(n=2, temperature=0.9, seed=2, max_tokens=8, ignore_eos=True),
-        "beam": SamplingParams(beam_width=2, max_tokens=6),
-    }
+    others = BATCH
     expected = _run(engine, others)
     monkeypatch.setattr(engine.constraints, "apply", nan_for_seed_13)
     # a logit bias puts the row through the constraints
@@ -117,6 +121,32 @@ def test_a_row_that_cannot_be_sampled_fails_its_own_request_only(engine, monkeyp
             "or element < 0"
         ), name
         assert all(c.finish_reason is FinishReason.ERROR for c in done[name].outputs)
+    for name in others:
+        assert done[name].error is None, name
+        got = [(c.token_ids, c.finish_reason) for c in done[name].outputs]
+        assert got == [(c.token_ids, c.finish_reason) for c in expected[name].outputs], name
+
+
+def test_a_request_whose_update_raises_fails_alone(engine, monkeypatch):
+    """A request whose picks cannot be taken in (here: its stop check raises, for one seed)
+    ends with that error, its blocks freed; the batch's other requests come out exactly as they
+    do without it (the step itself does not fail)."""
+    others = BATCH
+    expected = _run(engine, others)
+    real = engine.scheduler.stop
+
+    def broken_for_seed_13(params, seq):
+        if params.seed == 13 and seq.num_output_tokens == 2:
+            raise RuntimeError("the stop check broke")
+        return real(params, seq)
+
+    monkeypatch.setattr(engine.scheduler, "stop", broken_for_seed_13)
+    bad = {"bad": SamplingParams(n=2, temperature=0.9, seed=13, max_tokens=8)}
+    done = _run(engine, {**bad, **others})
+    assert done["bad"].error == (
+        f"{done['bad'].request_id} could not be updated: RuntimeError: the stop check broke"
+    )
+    assert all(c.finish_reason is FinishReason.ERROR for c in done["bad"].outputs)
     for name in others:
         assert done[name].error is None, name
         got = [(c.token_ids, c.finish_reason) for c in done[name].outputs]

@@ -8,8 +8,9 @@ import torch
 
 from chatpage.engine.config import EngineConfig
 from chatpage.engine.core.block_manager import BlockManager
-from chatpage.engine.core.scheduler import Sample, SamplerOutput, Scheduler, SchedulerOutput
+from chatpage.engine.core.scheduler import Scheduler
 from chatpage.engine.core.sequence import GroupStatus, Sequence, SequenceGroup
+from chatpage.engine.core.step import Sample, SamplerOutput, SchedulerOutput
 from chatpage.engine.core.stop import StopCheck
 from chatpage.engine.sampling_params import SamplingParams
 
@@ -130,7 +131,7 @@ def test_update_appends_the_picks_and_finishes_and_frees_what_ended():
             [Sample(a, a.seqs[0], EOS, -0.5, None), Sample(b, b.seqs[0], 6, -0.25, {6: -0.25})]
         ),
     )
-    assert moved == [a, b]
+    assert moved.moved == [a, b] and not moved.failed
     assert a.seqs[0].finish_reason.value == "stop" and b.seqs[0].finish_reason.value == "length"
     assert b.seqs[0].logprobs == [0.0, -0.25] and b.seqs[0].top_logprobs == [{6: -0.25}]
     assert a.status is b.status is GroupStatus.FINISHED and not sched.running
@@ -167,3 +168,24 @@ def test_a_finished_persona_prefix_is_pinned_before_its_blocks_are_freed():
     _step(sched)
     assert group.status is GroupStatus.FINISHED and not sched.bm.tables
     assert sched.bm.pool.num_pinned == 2  # the prompt's two full blocks
+
+
+class _BrokenMatcher:
+    def advance(self, token: int) -> None:
+        raise RuntimeError("the grammar broke")
+
+
+def test_a_group_whose_update_raises_fails_alone():
+    sched = _scheduler(8)
+    a = _group(sched, "a", 20, 1.0)
+    b = _group(sched, "b", 20, 2.0)
+    a.seqs[0].matcher = _BrokenMatcher()  # type: ignore[assignment]
+    out = sched.schedule()
+    result = sched.update_from_output(
+        out, SamplerOutput([Sample(a, a.seqs[0], 5, 0.0, None), Sample(b, b.seqs[0], 6, 0.0, None)])
+    )
+    assert result.moved == [b] and list(result.failed) == ["a"]
+    assert str(result.failed["a"]) == "the grammar broke"
+    assert b.seqs[0].output_ids == [6] and b.status is GroupStatus.RUNNING
+    sched.remove(a)  # (the engine ends a failed request)
+    assert not sched.bm.audit() and list(sched.bm.tables) == [b.seqs[0].seq_id]

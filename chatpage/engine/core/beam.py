@@ -1,33 +1,34 @@
-"""Beam search over the paged cache: propose a step's candidates, keep the best, fork and free
+"""Beam search over the paged cache: choose the best of the sampler's proposals, fork and free
 beams to match (a part of the scheduler's update)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
-import torch
 
 from chatpage.engine.core.block_manager import BlockManager
 from chatpage.engine.core.sequence import BeamHypothesis, Sequence, SequenceGroup
+from chatpage.engine.core.step import BeamCandidates
 from chatpage.engine.core.stop import StopCheck
-from chatpage.engine.sample.sampler import beam_candidates, top_logprobs
 from chatpage.vocab import FinishReason
 
-
-@dataclass(frozen=True, slots=True)
-class BeamCandidates:
-    """A beam group's picks of one step: the best continuations over its live beams ``seqs``
-    as (beam index, token, new cumulative log-probability), best first, and each beam's most
-    likely tokens for a request that asks (per beam, as vLLM)."""
-
-    group: SequenceGroup
-    seqs: tuple[Sequence, ...]
-    candidates: tuple[tuple[int, int, float], ...]
-    tops: tuple[dict[int, float] | None, ...]
-
-
 _EXP_MAX = math.log(1.7e308)  # math.exp overflows past this
+
+
+def score(group: SequenceGroup, cumulative: float, length: int) -> float:
+    """The length-penalized score of a beam, ``cumulative / length ** length_penalty``
+    (-inf or -0.0 where that leaves the float range). Beams are ranked by `rank`."""
+    r = rank(group, cumulative, length)
+    if r == math.inf:
+        return 0.0
+    return -math.exp(-r) if r > -_EXP_MAX else -math.inf
+
+
+def rank(group: SequenceGroup, cumulative: float, length: int) -> float:
+    """The score's order in log space, higher is better: ``-log(-score)``, which no length
+    penalty overflows or divides by zero (+inf for a beam of log-probability 0)."""
+    if cumulative >= 0:
+        return math.inf
+    return group.params.length_penalty * math.log(max(length, 1)) - math.log(-cumulative)
 
 
 class BeamSearch:
@@ -36,38 +37,6 @@ class BeamSearch:
     def __init__(self, bm: BlockManager, stop: StopCheck) -> None:
         self.bm = bm
         self.stop = stop
-
-    def score(self, group: SequenceGroup, cumulative: float, length: int) -> float:
-        """The length-penalized score of a beam, ``cumulative / length ** length_penalty``
-        (-inf or -0.0 where that leaves the float range). Beams are ranked by `rank`."""
-        rank = self.rank(group, cumulative, length)
-        if rank == math.inf:
-            return 0.0
-        return -math.exp(-rank) if rank > -_EXP_MAX else -math.inf
-
-    def rank(self, group: SequenceGroup, cumulative: float, length: int) -> float:
-        """The score's order in log space, higher is better: ``-log(-score)``, which no length
-        penalty overflows or divides by zero (+inf for a beam of log-probability 0)."""
-        if cumulative >= 0:
-            return math.inf
-        return group.params.length_penalty * math.log(max(length, 1)) - math.log(-cumulative)
-
-    def propose(
-        self, group: SequenceGroup, seq_rows: list[tuple[Sequence, int]], logits: torch.Tensor
-    ) -> BeamCandidates:
-        """The ``2 * beam_width`` best continuations of the beams, from their rows of ``logits``
-        (twice the width: the ones that end go aside as hypotheses)."""
-        p = group.params
-        seqs = tuple(s for s, _ in seq_rows)
-        rows = torch.tensor([r for _, r in seq_rows], device=logits.device)
-        logprobs = torch.log_softmax(logits[rows], dim=-1)
-        tops = (
-            top_logprobs(logprobs, list(range(len(seqs))), [p.top_logprobs] * len(seqs))
-            if p.top_logprobs
-            else [None] * len(seqs)
-        )
-        found = beam_candidates(logprobs, [s.cumulative_logprob for s in seqs], 2 * p.beam_width)
-        return BeamCandidates(group, seqs, tuple(found), tuple(tops))
 
     def step(self, picks: BeamCandidates) -> None:
         """Keep the best ``beam_width`` continuations; fork and free beams to match.
@@ -81,10 +50,10 @@ class BeamSearch:
         k = p.beam_width
         length = seqs[0].num_output_tokens + 1
         chosen: list[tuple[Sequence, int, float, dict[int, float] | None]] = []
-        for rank, (b, tok, cum) in enumerate(picks.candidates):
+        for place, (b, tok, cum) in enumerate(picks.candidates):
             parent = seqs[b]
             if self.stop.ends_on(p, tok):
-                if rank < k:
+                if place < k:
                     self._add_hypothesis(
                         group, parent, length, FinishReason.STOP, (tok, cum, tops[b])
                     )
@@ -123,7 +92,7 @@ class BeamSearch:
                 self._add_hypothesis(group, s, length, FinishReason.LENGTH)
             done = True
         elif live and len(group.beam_hypotheses) >= k:
-            best_live = max(self.rank(group, s.cumulative_logprob, length) for s in live)
+            best_live = max(rank(group, s.cumulative_logprob, length) for s in live)
             done = self._rank_of(group, group.beam_hypotheses[-1]) >= best_live
         else:
             done = not live
@@ -155,11 +124,11 @@ class BeamSearch:
         hyps = group.beam_hypotheses
         hyps.append(
             BeamHypothesis(
-                ids, cum, self.score(group, cum, length), seq.detok.text, reason, logprobs, tops
+                ids, cum, score(group, cum, length), seq.detok.text, reason, logprobs, tops
             )
         )
         hyps.sort(key=lambda h: -self._rank_of(group, h))
         del hyps[group.params.beam_width :]
 
     def _rank_of(self, group: SequenceGroup, hyp: BeamHypothesis) -> float:
-        return self.rank(group, hyp.cumulative_logprob, len(hyp.token_ids))
+        return rank(group, hyp.cumulative_logprob, len(hyp.token_ids))

@@ -9,9 +9,9 @@ finished search answers with its hypotheses, best first, rewriting every output 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
+from chatpage.engine.core.beam import score
 from chatpage.engine.core.sequence import GroupStatus, Sequence, SequenceGroup
 from chatpage.engine.outputs import (
     OutputDelta,
@@ -23,11 +23,8 @@ from chatpage.engine.outputs import (
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.vocab import FinishReason
 
-BeamScore = Callable[[SequenceGroup, float, int], float]
-"""(group, cumulative logprob, length) -> the length-penalized beam score."""
 
-
-def request_update(group: SequenceGroup, beam_score: BeamScore) -> RequestUpdate:
+def request_update(group: SequenceGroup) -> RequestUpdate:
     """The outputs of ``group`` that changed since its previous update."""
     finished = group.status is GroupStatus.FINISHED
     if not group.params.use_beam_search:
@@ -65,7 +62,7 @@ def request_update(group: SequenceGroup, beam_score: BeamScore) -> RequestUpdate
             s.top_logprobs,
             group.params,
             s.cumulative_logprob,
-            beam_score(group, s.cumulative_logprob, s.num_output_tokens),
+            score(group, s.cumulative_logprob, s.num_output_tokens),
             None,
         )
         for s in live

@@ -12,74 +12,22 @@ from __future__ import annotations
 import bisect
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
-
-import torch
+from dataclasses import replace
 
 from chatpage.engine.config import EngineConfig, PreemptionMode
-from chatpage.engine.core.beam import BeamCandidates, BeamSearch
-from chatpage.engine.core.block_manager import BlockCopies, BlockManager, Demand
+from chatpage.engine.core.beam import BeamSearch
+from chatpage.engine.core.block_manager import BlockManager, Demand
 from chatpage.engine.core.sequence import GroupStatus, Sequence, SequenceGroup
+from chatpage.engine.core.step import (
+    BeamCandidates,
+    BlockCopies,
+    Sample,
+    SamplerOutput,
+    ScheduledSeq,
+    SchedulerOutput,
+    StepResult,
+)
 from chatpage.engine.core.stop import StopCheck
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledSeq:
-    """``num_new_tokens`` of ``seq`` to compute this step. ``samples``: the chunk reaches the
-    end of the sequence, so its last position needs logits and a token is picked from them
-    (the one place that decides which rows the runner returns and the sampler sees)."""
-
-    group: SequenceGroup
-    seq: Sequence
-    num_new_tokens: int
-    samples: bool
-
-
-@dataclass
-class SchedulerOutput:
-    """Everything one step runs: the scheduled chunks, the groups preempted for them, and the
-    block copies the KV cache makes before the forward pass, in this order: swap-outs (device
-    to CPU), swap-ins (CPU to device), copy-on-write (device to device)."""
-
-    scheduled: list[ScheduledSeq] = field(default_factory=list)
-    preempted: list[SequenceGroup] = field(default_factory=list)
-    swap_out: BlockCopies = field(default_factory=list)
-    swap_in: BlockCopies = field(default_factory=list)
-    copies: BlockCopies = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled)
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """The token picked for ``seq`` of a plain or n-sample ``group``, its log-probability and
-    (when the request asks) the step's most likely tokens. ``fork``: the token starts n-sample
-    output ``fork`` on a new sequence forked from ``seq`` (the prefill's one row samples all
-    n), drawn with ``generator``, which the fork keeps."""
-
-    group: SequenceGroup
-    seq: Sequence
-    token: int
-    logprob: float
-    top: dict[int, float] | None
-    fork: int | None = None
-    generator: torch.Generator | None = None
-
-
-@dataclass
-class SamplerOutput:
-    """What the sampler picked from one step's logits: plain and n-sample tokens, in row order,
-    and each beam group's candidates."""
-
-    samples: list[Sample] = field(default_factory=list)
-    beams: list[BeamCandidates] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        """Tokens generated this step (every sequence of every request)."""
-        return len(self.samples) + sum(len(b.seqs) for b in self.beams)
 
 
 class Scheduler:
@@ -259,43 +207,65 @@ class Scheduler:
     # -- after the step ----------------------------------------------------------------------------
     def update_from_output(
         self, scheduler_output: SchedulerOutput, sampler_output: SamplerOutput
-    ) -> list[SequenceGroup]:
+    ) -> StepResult:
         """The step ran ``scheduler_output``: advance each chunk's computed tokens (indexing the
-        blocks they filled), append the sampler's picks (forking n samples; beams through their
-        beam step), stop what ended, free finished sequences (pinning a persona prefix first) and
-        finish groups with no live sequence. Returns the groups that moved, in the order of the
-        sampler's picks."""
+        blocks they filled), then update each group from the sampler's picks (`_update`).
+        Returns the groups that moved, in the order of the sampler's picks and then those that
+        only advanced a prompt chunk, and the requests that failed: in the sampler, or in their
+        own update (a request whose update raises fails alone, as a row the sampler cannot
+        draw; the engine ends it, which frees its blocks)."""
         for item in scheduler_output.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.bm.commit(item.seq)
+        result = StepResult(failed=dict(sampler_output.failed))
+        picks: dict[str, tuple[SequenceGroup, list[Sample], BeamCandidates | None]] = {}
+        for sample in sampler_output.samples:
+            picks.setdefault(sample.group.request_id, (sample.group, [], None))[1].append(sample)
+        for proposals in sampler_output.beams:
+            picks[proposals.group.request_id] = (proposals.group, [], proposals)
+        for rid, (group, samples, beams) in picks.items():
+            try:
+                self._update(group, samples, beams)
+            except Exception as e:
+                result.failed[rid] = e
+            else:
+                result.moved.append(group)
+        # a prompt chunk that picks no token yet still says how far the prefill is
+        seen = {*picks, *result.failed}
+        for item in scheduler_output.scheduled:
+            if not item.samples and item.group.request_id not in seen:
+                seen.add(item.group.request_id)
+                result.moved.append(item.group)
+        return result
+
+    def _update(
+        self, group: SequenceGroup, samples: list[Sample], beams: BeamCandidates | None
+    ) -> None:
+        """Append ``group``'s picks (forking n samples; beams through their beam step), stop
+        what ended, free its finished sequences (pinning a persona prefix first) and finish it
+        when no sequence is left live."""
         targets: list[tuple[Sample, Sequence]] = []
-        for sample in sampler_output.samples:  # forks first: they copy the parent as it was
+        for sample in samples:  # forks first: they copy the parent as it was
             seq = sample.seq
             if sample.fork is not None:
-                seq = sample.group.fork(sample.seq, sample.fork)
+                seq = group.fork(sample.seq, sample.fork)
                 seq.generator = sample.generator
                 self.bm.fork(sample.seq, seq)
             targets.append((sample, seq))
-        touched: dict[str, SequenceGroup] = {}
         for sample, seq in targets:
-            group = sample.group
             seq.append(sample.token, sample.logprob, sample.top)
             seq.finish_reason = self.stop(group.params, seq)
-            touched[group.request_id] = group
-        for picks in sampler_output.beams:
-            self.beam.step(picks)
-            touched[picks.group.request_id] = picks.group
+        if beams is not None:
+            self.beam.step(beams)
         now = time.monotonic()
-        for group in touched.values():
-            if group.first_token_time is None:
-                group.first_token_time = now
-            for seq in group.seqs:
-                if seq.finished and seq.seq_id in self.bm.tables:
-                    if group.pin_prefix:
-                        self.bm.pin(seq, group.request_id)
-                    self.bm.free(seq)
-            if not group.live_seqs:  # (a beam step may have dropped every sequence)
-                group.status = GroupStatus.FINISHED
-                group.finish_time = now
-                self.running.remove(group)
-        return list(touched.values())
+        if group.first_token_time is None:
+            group.first_token_time = now
+        for seq in group.seqs:
+            if seq.finished and seq.seq_id in self.bm.tables:
+                if group.pin_prefix:
+                    self.bm.pin(seq, group.request_id)
+                self.bm.free(seq)
+        if not group.live_seqs:  # (a beam step may have dropped every sequence)
+            group.status = GroupStatus.FINISHED
+            group.finish_time = now
+            self.running.remove(group)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from chatpage.engine.config import EngineConfig
-from chatpage.engine.core.scheduler import ScheduledSeq
+from chatpage.engine.core.step import ScheduledSeq
 from chatpage.engine.device import GpuMemory, measure_memory
 from chatpage.engine.model.cuda_graphs import (
     Capture,
