@@ -3,14 +3,9 @@ from the prefix cache up to the fork, and /continue goes on from the reply's own
 
 from __future__ import annotations
 
-import queue
-
-import pytest
 from helpers import settle
 
-from chatpage.chat.chats import Chats
 from chatpage.config.personas import Persona
-from chatpage.engine.client import EngineConfig, LocalEngineClient
 from chatpage.engine.text.chat_template import continue_prompt, render_prompt
 
 PERSONA = Persona(
@@ -20,17 +15,6 @@ PERSONA = Persona(
     temperature=0.0,
     max_tokens=12,
 )
-
-
-@pytest.fixture(scope="module")
-def rig(tiny_llama_dir):
-    client = LocalEngineClient(str(tiny_llama_dir), EngineConfig(kv_cache_bytes=8 << 20))
-    client.start()
-    assert client.wait_ready(120), client.error
-    events: queue.Queue = queue.Queue()
-    chats = Chats(client, events.put)
-    yield chats, client, events
-    client.close()
 
 
 def new_prompt_tokens(prompt: list[int], before: list[int]) -> int:

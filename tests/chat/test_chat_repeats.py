@@ -17,22 +17,13 @@ from chatpage.chat.recorder import Recorder
 from chatpage.chat.saved import restore
 from chatpage.chat.session import ChatSession
 from chatpage.config.personas import Persona
-from chatpage.engine.client import EngineConfig, LocalEngineClient
+from chatpage.engine.client import LocalEngineClient
 from chatpage.engine.text.chat_template import continue_prompt, render_prompt
 from chatpage.store import NewMessage, Store
 
 PERSONA = Persona(
     "tiny", "a test persona", "You are tiny. Answer briefly.", temperature=0.0, max_tokens=4
 )
-
-
-@pytest.fixture(scope="module")
-def client(tiny_llama_dir):
-    client = LocalEngineClient(str(tiny_llama_dir), EngineConfig(kv_cache_bytes=8 << 20))
-    client.start()
-    assert client.wait_ready(120), client.error
-    yield client
-    client.close()
 
 
 class Rig:
@@ -82,8 +73,8 @@ def ids(entries: list[Entry]) -> list[int | None]:
 
 
 @pytest.fixture
-def rig(client, tmp_path):
-    rig = Rig(client, tmp_path / "chats.db")
+def rig(tiny_client, tmp_path):
+    rig = Rig(tiny_client, tmp_path / "chats.db")
     yield rig
     rig.store.close()
     assert rig.problems == []

@@ -4,16 +4,12 @@ sequences that tokenizing their text again would split differently)."""
 
 from __future__ import annotations
 
-import queue
 from dataclasses import replace
 
-import pytest
 from helpers import settle
 
-from chatpage.chat.chats import Chats
 from chatpage.chat.saved import entry_from, reply_metadata
 from chatpage.config.personas import Persona
-from chatpage.engine.client import EngineConfig, LocalEngineClient
 from chatpage.engine.text.chat_template import continue_prompt, render_prompt, render_text
 
 PERSONA = Persona(
@@ -23,17 +19,6 @@ PERSONA = Persona(
     temperature=1.0,
     max_tokens=40,
 )
-
-
-@pytest.fixture(scope="module")
-def rig(tiny_llama_dir):
-    client = LocalEngineClient(str(tiny_llama_dir), EngineConfig(kv_cache_bytes=8 << 20))
-    client.start()
-    assert client.wait_ready(120), client.error
-    events: queue.Queue = queue.Queue()
-    chats = Chats(client, events.put)
-    yield chats, client, events
-    client.close()
 
 
 def shared(a: list[int], b: list[int]) -> int:

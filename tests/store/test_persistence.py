@@ -25,6 +25,7 @@ from helpers import (
     idle,
     make_app,
     offline_app,
+    offline_run,
     opened,
     palette_offers,
     ready,
@@ -250,9 +251,7 @@ async def test_unwritable_data_dir_runs_without_saving(tmp_path, monkeypatch):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a regular file")
     monkeypatch.setenv("XDG_DATA_HOME", str(blocker))
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         app.client.error = None  # pretend the model loaded: submits go nowhere
         app.client.submit = lambda messages, params, on_event, **_how: "fake-1"
         notice = next(n for n in app.notices if "without saving" in n)

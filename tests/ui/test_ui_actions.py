@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import fake_submits, offline_app, opened, wait_for
+from helpers import fake_submits, offline_run, opened, wait_for
 
 from chatpage.ui import palette
 from chatpage.ui.actions.action import Action, Controls
@@ -242,9 +242,7 @@ async def test_every_key_slash_command_and_palette_entry_runs_its_handler(tmp_pa
     for name, action in list(BY_SLASH.items()):
         monkeypatch.setitem(BY_SLASH, name, recorded[action.id])
     monkeypatch.setattr(palette, "ACTIONS", tuple(recorded.values()))
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         fake_submits(app)
         await app.chat.submit_prompt("hello")  # streaming: the stop key is live
         assert app.chat.current.streaming
@@ -266,9 +264,7 @@ async def test_every_key_slash_command_and_palette_entry_runs_its_handler(tmp_pa
 
 
 async def test_help_by_key_and_by_slash_shows_the_table(tmp_path):
-    app = offline_app(tmp_path, bindings={"regenerate": "f6"})
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE, bindings={"regenerate": "f6"}) as (app, pilot):
         for ask in ("key", "slash"):
             if ask == "key":
                 await pilot.press("f1")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from helpers import fake_submits, offline_app, wait_for
+from helpers import fake_submits, offline_run, wait_for
 
 from chatpage.config.errorlog import log_path
 from chatpage.ui.actions.action import Action, Controls
@@ -30,9 +30,7 @@ def _logged() -> str:
 
 
 async def test_a_user_error_shows_its_message_and_is_not_logged(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         before = _logged()  # (the load failure is logged)
         await app.chat.submit_prompt("/temp hot")
         assert app.notices[-1] == "error: temperature must be a number >= 0 (0 = greedy), got 'hot'"
@@ -50,9 +48,7 @@ async def test_a_bug_in_a_handler_is_an_internal_error_with_its_traceback_logged
     monkeypatch.setitem(
         BY_ID, "sampling_settings", _broken(BY_ID["sampling_settings"], RuntimeError("lost state"))
     )
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         await app.chat.submit_prompt("/title my chat")
         assert app.notices[-1] == (
             f"error: internal error while running /title (ValueError); "
@@ -80,9 +76,7 @@ async def test_a_bug_in_a_handler_is_an_internal_error_with_its_traceback_logged
 
 
 async def test_a_bug_while_sending_keeps_the_draft(tmp_path, monkeypatch):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
 
         def send(session, text):
             raise KeyError("no such entry")

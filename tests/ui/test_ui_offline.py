@@ -13,6 +13,7 @@ from helpers import (
     fake_submits,
     hold_model_load,
     offline_app,
+    offline_run,
     opened,
     palette_offers,
     reply_update,
@@ -46,9 +47,7 @@ def submit(app, text: str) -> None:
 
 
 async def test_markup_and_control_characters_render_literally(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         submitted = fake_submits(app)
         session = app.chat.current
         submit(app, USER_TEXT)
