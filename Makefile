@@ -1,10 +1,11 @@
-# chatpage: `make run` starts the app, `make test` runs the suite; both bring .venv/ up to date first.
+# chatpage: `make run` starts the app, `make test` runs the suite (`make test-fast`: the quick loop);
+# all bring .venv/ up to date first.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-peers lint bench bench-peers clean
+.PHONY: setup run test test-fast test-peers lint fix bench bench-peers clean
 
 setup: $(STAMP)
 
@@ -27,6 +28,13 @@ test: setup
 	./scripts/check_cuda.sh
 	$(BIN)/python -m pytest -q --durations=15 -m "not peers" tests
 
+# The quick loop (about a minute on 2 cores): every room (engine, kernels, chat, ui, serve, store),
+# without what is slow by construction, marked slow: builds of the kernels for another ISA, the
+# real default model, the app in a pseudo-terminal, tests that start processes of their own.
+test-fast: setup
+	$(BIN)/python -m chatpage.engine.model.ops --build
+	$(BIN)/python -m pytest -q --durations=5 -m "not slow and not peers" tests
+
 # The tests marked peers: chatpage --backend against llama-server, and bench single beside
 # llama.cpp (llama-cpp-python[server], built from source the first time, about 7 min). `make test`
 # leaves them out (-m "not peers"), so it skips nothing outside tests/gpu.
@@ -41,6 +49,11 @@ lint: setup
 	$(BIN)/ruff format --check chatpage tests
 	$(BIN)/lint-imports
 	$(BIN)/mypy
+
+# What ruff can fix by itself: its lint fixes, then the formatting `make lint` checks.
+fix: setup
+	$(BIN)/ruff check --fix chatpage tests
+	$(BIN)/ruff format chatpage tests
 
 # All benchmarks on the default model (about 45 min on a busy 2-core machine); writes docs/benchmarks.md and
 # docs/bench-*.png. One benchmark: `.venv/bin/chatpage bench NAME --json` (see docs/benchmarks.md).

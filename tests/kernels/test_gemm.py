@@ -65,11 +65,13 @@ def test_the_q8_gemm_is_close_to_the_exact_product():
     assert ((approx - exact).norm() / exact.norm()).item() < 0.01
 
 
+@pytest.mark.slow  # the kernels built for another ISA, run in a process of their own
 def test_the_avx2_build_matches_the_reference():
     """The same checks against a build without AVX-512 (vec.h's eight-lane paths; no q8 GEMMs)."""
     assert run_other_build("gemm_checks.py")[-2:] == [str(len(CASES)), "passed"]
 
 
+@pytest.mark.slow  # the kernels built for another ISA, run in a process of their own
 def test_the_build_without_amx_matches_the_reference():
     """The same checks against a build without AMX (an AVX-512 machine's fp32-FMA GEMMs and its
     q8 GEMMs, which take this machine's own build on a CPU without AMX)."""

@@ -38,6 +38,7 @@ def test_the_gemvs_match_the_reference(case):
     check_op("gemv", *case)
 
 
+@pytest.mark.slow  # the kernels built for another ISA, run in a process of their own
 def test_the_avx2_build_matches_the_reference():
     """The same checks against a build without AVX-512 (vec.h's eight-lane paths)."""
     assert run_other_build("gemv_checks.py")[-2:] == [str(len(CASES)), "passed"]

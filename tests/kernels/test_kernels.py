@@ -150,6 +150,7 @@ def test_the_reference_window_is_the_last_window_keys():
             torch.testing.assert_close(out[row], w @ v[list(keys)])
 
 
+@pytest.mark.slow  # the kernels built for another ISA, run in a process of their own
 def test_the_avx2_build_matches_the_reference_with_windows():
     """The window cases against a build without AVX-512 (vec.h's eight-lane paths)."""
     assert run_other_build("kernel_checks.py")[-2:] == [str(len(WINDOW_CASES)), "passed"]
@@ -248,6 +249,7 @@ print(messages[-1])
 """
 
 
+@pytest.mark.slow  # a (failing) build of the kernels in a process of its own
 def test_build_error_falls_back_with_one_line(tmp_path):
     # in a fresh process: this one already holds the real library
     csrc = tmp_path / "csrc"

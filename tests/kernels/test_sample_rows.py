@@ -23,6 +23,7 @@ def test_sample_rows_matches_the_torch_code(check):
     check()
 
 
+@pytest.mark.slow  # the kernels built for another ISA, run in a process of their own
 def test_the_avx2_build_matches_too():
     assert run_other_build("sample_checks.py")[-2:] == [str(len(CHECKS)), "passed"]
 
