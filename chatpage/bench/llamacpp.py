@@ -200,6 +200,19 @@ def run(gguf: Path | None, trace: list[BenchRequest], chatpage_tok_s: float) -> 
     }
 
 
+def text_ids(gguf: Path, text: str) -> tuple[list[int], bool]:
+    """llama.cpp's ids of ``text`` on ``gguf``'s vocabulary, with the special tokens the file asks
+    for around a text, and whether they start with its BOS (``tokenizer.ggml.add_bos_token``)."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
+    try:
+        ids = list(llm.tokenize(text.encode("utf-8"), add_bos=True, special=False))
+        return ids, bool(ids) and ids[0] == llm.token_bos()
+    finally:
+        llm.close()
+
+
 def perplexity(gguf: Path, ids: list[int]) -> float:
     """llama.cpp's perplexity of ``ids[1:]`` given the tokens before each, on ``gguf`` (one context
     holding them all, every position's logits kept: ``logits_all``), with the run's threads."""

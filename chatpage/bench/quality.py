@@ -11,7 +11,10 @@ Where llama-cpp-python is installed and the model is a GGUF, llama.cpp's perplex
 file and the same token ids (``logits_all``) is measured in the same run, and each format's
 perplexity is also given against it: goal <= +1% for the file's own precision (:func:`own_format`).
 ``--files`` does that comparison (perplexity only) for more GGUF files: ``requant`` names the
-default model and its re-quantizations by llama.cpp (``bench/requant.py``, made on first use).
+default model and its re-quantizations by llama.cpp (``bench/requant.py``, made on first use),
+``bos`` the default model with a tokenizer that adds a BOS. Each comparison says whether our ids
+of the text start with a BOS (``bos_added``), whether llama.cpp's own tokenization of it does and
+whether that gives our ids.
 
 Each format of a GGUF is measured as the app loads it (its pack). The loader reads every GGUF
 tensor type dequantized bit-exactly to fp32 (``engine/load/dequant.py``), then re-encoded in the weight
@@ -156,6 +159,7 @@ def against_llamacpp(gguf: Path, ids: list[int], perplexities: dict[str, float])
     """llama.cpp's perplexity on ``gguf`` and ``ids`` beside ours (format -> perplexity)."""
     common.say(f"quality: llama.cpp on {gguf.name}")
     theirs = llamacpp.perplexity(gguf, ids)
+    their_ids, their_bos = llamacpp.text_ids(gguf, TEXT.read_text(encoding="utf-8"))
     types = matrix_types(gguf)
     own = own_format(types)
     delta = {f: p / theirs - 1 for f, p in perplexities.items()}
@@ -163,6 +167,10 @@ def against_llamacpp(gguf: Path, ids: list[int], perplexities: dict[str, float])
         "file": gguf.name,
         "file_bytes": gguf.stat().st_size,
         "matrix_types": types,
+        # llama.cpp's own tokenization of the text: its BOS, and whether it is ours id for id
+        # (the perplexities are both of ours)
+        "llamacpp_bos_added": their_bos,
+        "same_ids_as_llamacpp": their_ids == ids,
         "llamacpp_perplexity": theirs,
         "perplexity": perplexities,
         "delta_vs_llamacpp": delta,

@@ -333,11 +333,38 @@ def shaped(which: str, file_type: str = "Q4_K_M", threads: int = 1) -> Path:
         f16.unlink(missing_ok=True)
 
 
+def with_bos() -> Path:
+    """The default model whose tokenizer asks for a BOS before a text
+    (``tokenizer.ggml.add_bos_token``; the default's says no), its tensors copied as they are:
+    ``bench quality`` compares it with llama.cpp, which adds the BOS where a file asks."""
+    import gguf
+
+    dst = models_dir() / f"{DEFAULT_NAME}.add-bos.gguf"
+    if dst.is_file():
+        return dst
+    gf = GGUFFile(default_model_path())
+    fields = {
+        **source_fields(gf.path),
+        **_file_type(gf.metadata["general.file_type"]),
+        "tokenizer.ggml.add_bos_token": (True, gguf.GGUFValueType.BOOL, None),
+    }
+
+    def blocks(name: str) -> Callable[[], np.ndarray]:
+        return lambda: gf.blocks(name).numpy()
+
+    tensors: list[Tensor] = [
+        (name, info.shape, gguf.GGMLQuantizationType(info.type_id), blocks(name))
+        for name, info in gf.tensors.items()
+    ]
+    return write_gguf(dst, gf.metadata["general.architecture"], fields, tensors)
+
+
 NAMES_HELP = (
     "paths, or requant (the default model and its re-quantizations by llama.cpp: "
     + ", ".join(LLAMACPP_TYPES)
     + "), or qwen05 / gemma270 (Qwen2.5-0.5B's / Gemma 3 270M's sizes, the default model's "
-    "weights tiled into them, as llama.cpp's Q4_K_M); made on first use"
+    "weights tiled into them, as llama.cpp's Q4_K_M), or bos (the default model with a "
+    "tokenizer that adds a BOS); made on first use"
 )
 
 
@@ -349,6 +376,8 @@ def named_files(value: str) -> list[Path]:
             out += [default_model_path(), *map(llamacpp_quantized, LLAMACPP_TYPES)]
         elif part in SHAPES:
             out.append(shaped(part))
+        elif part == "bos":
+            out.append(with_bos())
         else:
             out.append(Path(part).expanduser())
     return out

@@ -72,3 +72,35 @@ def test_llamacpps_own_q8_0_file_scores_within_1pct_of_llamacpp():
     assert row["own_format"] == "int8" and row["matrix_types"].keys() == {"Q8_0"}
     assert abs(row["delta_vs_llamacpp"]["fp32"]) <= 0.01, row
     assert row["met"], row
+
+
+def test_the_bos_copy_is_the_default_model_with_a_tokenizer_that_adds_a_bos():
+    """``requant.with_bos``: every tensor's blocks and every key as the original's but
+    ``tokenizer.ggml.add_bos_token``; our tokenizer of it puts the BOS before the quality text,
+    and ``bench quality`` says so (the default model's puts none)."""
+    path = requant.with_bos()
+    ours, original = GGUFFile(path), GGUFFile(default_model_path())
+    assert ours.metadata.pop("tokenizer.ggml.add_bos_token") is True
+    assert original.metadata.pop("tokenizer.ggml.add_bos_token") is False
+    assert ours.metadata == original.metadata
+    assert list(ours.tensors) == list(original.tensors)
+    for name in ours.tensors:
+        assert np.array_equal(ours.blocks(name).numpy(), original.blocks(name).numpy()), name
+
+    def text_ids(model):
+        loaded = load_model(model, progress=lambda _m: None)
+        ids = quality.quality_ids(loaded)
+        return ids, quality.bos_added(loaded, ids)
+
+    (with_bos, added), (plain, plain_added) = text_ids(path), text_ids(None)
+    assert added and not plain_added and with_bos[1:] == plain
+
+
+@pytest.mark.peers
+def test_with_a_bos_on_both_sides_the_perplexity_is_llamacpps():
+    """On a file whose tokenizer asks for a BOS, llama.cpp's own ids of the quality text are ours
+    (its BOS first) and our perplexity on them is within 1% of llama.cpp's."""
+    row = quality.compare_file(requant.with_bos(), ["int4"])
+    assert row["bos_added"] and row["llamacpp_bos_added"] and row["same_ids_as_llamacpp"], row
+    assert abs(row["delta_vs_llamacpp"]["fp32"]) <= 0.01, row
+    assert row["met"], row
