@@ -13,12 +13,9 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 from textual.command import CommandList, CommandPalette
-from textual.pilot import Pilot
 
 from chatpage.chat.chats import Chats
 from chatpage.chat.entry import Entry
@@ -117,18 +114,6 @@ async def wait_for(pilot, condition, what: str, timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await pilot.pause(0.05)
-
-
-@asynccontextmanager
-async def offline_run(
-    tmp_path: Path, size: tuple[int, int], **settings
-) -> AsyncIterator[tuple[ChatApp, Pilot]]:
-    """(app, pilot): `offline_app` running at ``size``, once its load has failed (the opening of
-    the tests that need no model: what they do then meets an app at rest)."""
-    app = offline_app(tmp_path, **settings)
-    async with app.run_test(size=size) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
-        yield app, pilot
 
 
 async def opened(pilot, screen_type) -> None:
@@ -287,7 +272,7 @@ def settle(chats: Chats, events: queue.Queue, session: ChatSession) -> None:
     while session.streaming:
         assert time.monotonic() < deadline, "the reply did not finish"
         try:
-            chats.apply(events.get(timeout=1))
+            chats.requests.apply(events.get(timeout=1))
         except queue.Empty:
             continue
 

@@ -25,8 +25,14 @@ from chatpage.chat.changes import (
 )
 from chatpage.chat.entry import Attachment, Entry, ReplyStats
 from chatpage.chat.mcp import McpServers
-from chatpage.chat.requests import ChatError, Requests, compare_labels
-from chatpage.chat.sampling import SETTING_BY_FIELD, AltKind, AltMode, SamplingSettings
+from chatpage.chat.requests import ChatError, Requests
+from chatpage.chat.sampling import (
+    SETTING_BY_FIELD,
+    AltKind,
+    AltMode,
+    SamplingSettings,
+    compare_labels,
+)
 from chatpage.chat.session import (
     MAX_ALTERNATIVES,
     MIN_ALTERNATIVES,
@@ -53,9 +59,9 @@ CONTINUABLE = (MessageStatus.DONE, MessageStatus.STOPPED, MessageStatus.INTERRUP
 __all__ = ["ChatError", "Chats"]
 
 
-class Chats(Requests):
-    """The open sessions, in sidebar order. `notify` gets one-line notices (a turn that had
-    to leave old messages out to fit the context)."""
+class Chats:
+    """The open sessions, in sidebar order, and their `requests` to the engine. `notify` gets
+    one-line notices (a turn that had to leave old messages out to fit the context)."""
 
     def __init__(
         self,
@@ -64,7 +70,7 @@ class Chats(Requests):
         notify: Callable[[str], None] = lambda _line: None,
         tools: McpServers | None = None,
     ) -> None:
-        super().__init__(client, deliver, notify, tools)
+        self.requests = Requests(client, deliver, notify, tools)
         self.sessions: list[ChatSession] = []
         self.observers: list[Observer] = []
         """Given to every session opened or adopted from now on (e.g. a store that saves them)."""
@@ -88,7 +94,7 @@ class Chats(Requests):
             raise ValueError(f"session id {session.id} is already open")
         self._next_id = max(self._next_id, session.id + 1)
         session.observers.extend(o for o in self.observers if o not in session.observers)
-        session.context_tokens = self.client.max_model_len
+        session.context_tokens = self.requests.client.max_model_len
         self.sessions.append(session)
         return session
 
@@ -96,12 +102,12 @@ class Chats(Requests):
         """The model loaded: every session learns the size of its context window, and which
         of its messages the next turn will leave out (greyed) to fit it."""
         for session in self.sessions:
-            self._fit(session, None, notice=False)
+            self.requests.fit(session, None, notice=False)
 
     def close(self, session: ChatSession) -> None:
         """Stop what the session is generating (a reply in progress ends "stopped") and
         forget it; observers hear `Closed` last."""
-        self._drop_generation(session)
+        self.requests.drop(session)
         self.sessions.remove(session)
         session.changed(Closed())
 
@@ -112,7 +118,7 @@ class Chats(Requests):
     def send(self, session: ChatSession, text: str) -> None:
         """Add the user's message (with the pending attachments) and ask for the reply. While
         an earlier message is being edited (`edit`), the message is a new version of it."""
-        self._check_idle(session)
+        self.requests.check_idle(session)
         text = text.strip()
         if not text and not session.attachments:
             raise ChatError("the message is empty: type something first")
@@ -131,21 +137,21 @@ class Chats(Requests):
         if session.title == "New chat":
             session.title = make_title(text or entry.attachments[0].name, TITLE_WIDTH)
             session.changed(TitleChanged())
-        self._ask(session, entry)
+        self.requests.ask(session, entry)
 
     def regenerate(self, session: ChatSession, reply: Entry | None = None) -> None:
         """Ask again for `reply` (default: the last one on show): the new reply is another
         version of it, shown in its place; the old one and what followed it stay."""
         if session.choosing and not session.streaming:
-            self._drop_generation(session)
-        self._check_idle(session)
+            self.requests.drop(session)
+        self.requests.check_idle(session)
         tip = session.transcript.tip()
         if reply is None and tip is not None and tip.role == "assistant":
             reply = tip
         question = reply.parent if reply is not None else tip
         if question is None or question.role != "user":
             raise ChatError("there is no message to answer yet")
-        self._ask(session, question)
+        self.requests.ask(session, question)
 
     def edit(self, session: ChatSession, message: Entry | None = None) -> str:
         """Start rewriting one of the user's messages (default: the last one on show); returns
@@ -155,8 +161,8 @@ class Chats(Requests):
             message = session.last("user")
         if message is None or message.role != "user":
             raise ChatError("there is no message of yours to edit")
-        self.stop(session)
-        self._drop_generation(session)
+        self.requests.stop(session)
+        self.requests.drop(session)
         session.editing = message
         session.attachments = list(message.attachments) + session.attachments
         session.changed(AttachmentsChanged())
@@ -174,7 +180,7 @@ class Chats(Requests):
 
     def continue_reply(self, session: ChatSession) -> None:
         """Let the last reply on show (finished, stopped or cut off) go on from where it ended."""
-        self._check_idle(session)
+        self.requests.check_idle(session)
         reply = session.transcript.tip()
         if (
             reply is None
@@ -186,9 +192,9 @@ class Chats(Requests):
                 "there is no reply to continue: /continue extends the last reply "
                 "once it has stopped or finished"
             )
-        self._fit(session, reply)
+        self.requests.fit(session, reply)
         before = reply.stats if reply.stats is not None else ReplyStats()
-        rid = self._submit(session, reply, session.sampling.params(), continue_reply=True)
+        rid = self.requests.submit(session, reply, session.sampling.params(), continue_reply=True)
         reply.status = MessageStatus.STREAMING
         reply.stats = replace(before)
         session.changed(EntryUpdated(reply))
@@ -202,23 +208,22 @@ class Chats(Requests):
             base_reasoning=reply.reasoning,
             base_ids=reply.token_ids,
         )
-        self._by_request[rid] = session
-        self._start(session, gen)
+        self.requests.start(session, gen)
 
     def switch(self, session: ChatSession, message: Entry, step: int) -> Entry:
         """Show the version `step` away from `message` (-1: the previous, 1: the next) and
         return it; each version keeps what followed it."""
-        self._check_idle(session)
+        self.requests.check_idle(session)
         shown = session.transcript.switch(message, step)
         if shown is not message:
             session.changed(PathChanged())
-            self._fit(session, None, notice=False)  # another branch: its own length
+            self.requests.fit(session, None, notice=False)  # another branch: its own length
         return shown
 
     def delete(self, session: ChatSession, message: Entry) -> None:
         """Remove `message` and everything after it (on every branch); another version of
         its turn, if any, takes its place."""
-        self._check_idle(session)
+        self.requests.check_idle(session)
         if session.editing is not None and session.editing in below(message):
             session.editing = None
         fork = session.transcript.fork_of(message)
@@ -229,7 +234,7 @@ class Chats(Requests):
     def undo_delete(self, session: ChatSession) -> Entry:
         """Bring back the message deleted last (with what followed it) where it was; returns
         it. Its rows are written again."""
-        self._check_idle(session)
+        self.requests.check_idle(session)
         if not session.deleted:
             raise ChatError("there is no deleted message to bring back")
         deletion = session.deleted.pop()
@@ -237,12 +242,12 @@ class Chats(Requests):
         for entry in below(deletion.entry):
             entry.store_id = None  # its rows were deleted: saved anew
         session.changed(EntriesRestored(deletion.entry))
-        self._fit(session, None, notice=False)
+        self.requests.fit(session, None, notice=False)
         return deletion.entry
 
     def clear(self, session: ChatSession) -> None:
-        self.stop(session)
-        self._drop_generation(session)
+        self.requests.stop(session)
+        self.requests.drop(session)
         session.editing = None
         session.deleted.clear()
         session.transcript.clear()
@@ -259,12 +264,12 @@ class Chats(Requests):
         word = arg.strip().lower()
         if word not in ("on", "off"):
             raise ChatError(f"/think takes on or off, got {arg!r}")
-        if not self.client.ready:
+        if not self.requests.client.ready:
             raise ChatError("the model is not ready yet: /think needs its chat template")
-        switch = self.client.thinking_switch
+        switch = self.requests.client.thinking_switch
         if switch is None:
             raise ChatError(
-                f"{self.client.model_name} has no thinking switch in its chat template (no "
+                f"{self.requests.client.model_name} has no thinking switch in its chat template (no "
                 "enable_thinking; over --backend the server's template is not seen): /think "
                 "cannot turn its thinking on or off"
             )
@@ -310,7 +315,7 @@ class Chats(Requests):
         every chat that starts with it and never evicted."""
         if system_prompt not in self.pinned:
             self.pinned.add(system_prompt)
-            self.client.pin_system_prompt(system_prompt)
+            self.requests.client.pin_system_prompt(system_prompt)
 
     def set_system_prompt(self, session: ChatSession, text: str) -> int:
         """Give ``session`` its own system prompt (its persona otherwise unchanged); returns

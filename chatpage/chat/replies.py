@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from chatpage.chat.changes import CandidateUpdated, EntryUpdated
 from chatpage.chat.entry import Entry, ReplyStats
-from chatpage.chat.session import ChatSession, Generation
+from chatpage.chat.session import Candidate, ChatSession, Generation
 from chatpage.engine.outputs import CompletionOutput, OutputDelta, RequestOutput, RequestUpdate
 from chatpage.vocab import FinishReason, MessageStatus
 
@@ -109,3 +109,26 @@ def apply_candidate(
         elif output is None:
             continue
         session.changed(CandidateUpdated(i, delta))
+
+
+def _candidate_status(cand: Candidate) -> MessageStatus:
+    if cand.error is not None or cand.finish_reason is FinishReason.ERROR:
+        return MessageStatus.ERROR
+    if cand.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+        return MessageStatus.DONE
+    return MessageStatus.STOPPED
+
+
+def candidate_entry(cand: Candidate, token_source: str | None) -> Entry:
+    """The reply an alternative becomes once one is kept."""
+    return Entry(
+        "assistant",
+        cand.text,
+        status=_candidate_status(cand),
+        stats=cand.stats,
+        label=cand.label,
+        token_ids=cand.token_ids,
+        token_source=token_source,
+        reasoning=cand.reasoning,
+        reasoning_tokens=cand.reasoning_tokens,
+    )

@@ -83,3 +83,11 @@ class AltMode:
 def setting_name(field: str) -> str:
     """How the user names a setting (its slash command: ``temp`` for temperature)."""
     return SETTING_BY_FIELD[field].slash or field
+
+
+def compare_labels(sampling: SamplingSettings, name: str, values: list[str]) -> list[str]:
+    """The pane titles of a comparison of setting ``name`` (``temp=0.2``); ValueError names
+    a value that is not allowed."""
+    return [
+        f"{setting_name(name)}={getattr(sampling.with_value(name, raw), name)}" for raw in values
+    ]

@@ -22,7 +22,7 @@ from textual.screen import Screen
 from chatpage.chat.chats import Chats
 from chatpage.chat.mcp import McpServers
 from chatpage.chat.recorder import SAVE_INTERVAL_S
-from chatpage.config.models import remember_model
+from chatpage.config.models import find_models, remember_model
 from chatpage.config.paths import data_dir
 from chatpage.config.personas import Persona, default_persona, find_persona, load_personas
 from chatpage.config.settings import Settings
@@ -41,14 +41,7 @@ from chatpage.ui.chat_screen import ChatScreen
 from chatpage.ui.history import SavedChats
 from chatpage.ui.messages import EngineEvents, EngineStatus, Inbox
 from chatpage.ui.palette import palette_commands
-from chatpage.ui.pulling import ModelPulls
-from chatpage.ui.screens.model_picker import (
-    ModelPicker,
-    PullChoice,
-    is_backend_url,
-    model_problem,
-    offered_models,
-)
+from chatpage.ui.screens.model_picker import ModelPicker, is_backend_url, model_problem
 from chatpage.ui.terminal import read_keys_as_meant
 from chatpage.ui.text import clean
 from chatpage.ui.theme import CHATPAGE_THEME
@@ -112,8 +105,6 @@ class ChatApp(App[None]):
         self._loading: EngineClient[EngineStats | RemoteStats] | None = None
         """A model being switched to, loading beside the one in use (see `switch_model`)."""
         self._announced: EngineClient[EngineStats | RemoteStats] | None = None
-        self.pulls = ModelPulls(self, lambda: self.chat.gauge, self.say, self.switch_model)
-        """A model being pulled from Hugging Face (the picker starts and cancels it)."""
         """The client whose readiness was last shown (see `_model_ready`)."""
         self.tools = McpServers(
             self.settings.mcp_servers,
@@ -177,7 +168,6 @@ class ChatApp(App[None]):
             if self.chat.current is not None:  # the chat on show keeps its unsent text too
                 self.chat.current.draft = self.chat.prompt.text
             self.saved.stop()
-        self.pulls.cancel()  # what it fetched stays, for the next pull to resume
         await self.tools.close()  # stdio servers' processes end with the app
         await asyncio.to_thread(self.client.close)  # joins the engine thread: not on the loop
         if self._loading is not None:
@@ -290,7 +280,7 @@ class ChatApp(App[None]):
         self._gathering.discard(inbox)
         updates = inbox.take()
         if client is self.client:  # (a model switched away from says nothing more)
-            self.chats.apply_all(updates)
+            self.chats.requests.apply_all(updates)
 
     def on_engine_status(self, message: EngineStatus) -> None:
         gauge = self.chat.gauge
@@ -334,15 +324,11 @@ class ChatApp(App[None]):
     async def action_switch_model(self) -> None:
         """The model picker; the model picked replaces the one in use."""
         in_use = getattr(self.client, "url", None) or self.client.model
-        found = await asyncio.to_thread(offered_models, self.settings.models_dirs)
+        found = await asyncio.to_thread(find_models, self.settings.models_dirs)
         target = await self.push_screen_wait(
-            ModelPicker(in_use, self.settings.model, self.settings.backend, found, self.pulls.ref)
+            ModelPicker(in_use, self.settings.model, self.settings.backend, found)
         )
-        if isinstance(target, PullChoice) and target.ref:
-            self.pulls.start(target.ref)
-        elif isinstance(target, PullChoice):
-            self.pulls.cancel()
-        elif target is not None:
+        if target is not None:
             self.switch_model(target)
 
     def on_chat_screen_model_wanted(self, message: ChatScreen.ModelWanted) -> None:
@@ -390,13 +376,13 @@ class ChatApp(App[None]):
             await asyncio.to_thread(new.close)
             return
         for session in self.chats.sessions:
-            self.chats.stop(session)
+            self.chats.requests.stop(session)
         deadline = time.monotonic() + STOP_WAIT_S
         while any(s.streaming for s in self.chats.sessions) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         old = self.client
-        self.client = self.chats.client = new
-        self.chats.deliver = self._delivery(new)
+        self.client = self.chats.requests.client = new
+        self.chats.requests.deliver = self._delivery(new)
         self.chat.gauge.stats = None
         for prompt in self.chats.pinned:
             new.pin_system_prompt(prompt)

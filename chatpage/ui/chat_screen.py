@@ -428,7 +428,7 @@ class ChatScreen(Screen[None]):
             return
         session, now = self.current, time.monotonic()
         if session is not None and session.streaming:
-            self.chats.stop(session)
+            self.chats.requests.stop(session)
             self.say("stopped the reply; ctrl+c again quits")
         elif now - self._interrupted_at < QUIT_AGAIN_S:
             self.quit()
@@ -500,7 +500,7 @@ class ChatScreen(Screen[None]):
         if session is None:
             return
         try:
-            self.chats.keep(session, message.number)
+            self.chats.requests.keep(session, message.number)
         except Exception as err:
             report(err, "keeping an alternative", self.say)
             return

@@ -63,7 +63,7 @@ class ToolQuestions:
 
         def answered(answer: str | None) -> None:
             self.dialog = None
-            self.chats.answer_tool(session, run, answer or "n")
+            self.chats.requests.tool_loop.answer(session, run, answer or "n")
             self.changed()
             self.ask()
 

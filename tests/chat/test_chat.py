@@ -35,7 +35,7 @@ def chat_with(client: FakeClient, *turns: str) -> tuple[Chats, ChatSession]:
     session = chats.open(PERSONA)
     for question in turns:
         chats.send(session, question)
-        chats.apply(done(f"r{len(client.submitted)}", f"re: {question}"))
+        chats.requests.apply(done(f"r{len(client.submitted)}", f"re: {question}"))
     return chats, session
 
 
@@ -55,9 +55,9 @@ def test_chats_turns_stop_keep_and_observer_hook():
     assert params.max_tokens == 8 and params.temperature == 0.5
     with pytest.raises(ChatError, match="still streaming"):
         chats.send(session, "again")
-    chats.apply(event("r1", "Hel"))
-    assert chats.stop(session) and client.cancelled == ["r1"]
-    chats.apply(stopped("r1"))
+    chats.requests.apply(event("r1", "Hel"))
+    assert chats.requests.stop(session) and client.cancelled == ["r1"]
+    chats.requests.apply(stopped("r1"))
     reply = session.entries[-1]
     assert (reply.content, reply.status, reply.stats.tokens) == ("Hel", "stopped", 3)
     assert not session.streaming
@@ -68,11 +68,13 @@ def test_chats_turns_stop_keep_and_observer_hook():
     assert client.submitted[-1][1].n == 3 and session.alt_mode.kind == "off"
     assert texts(session) == ["hi there"]  # no version of the reply on show while choosing
     for i in range(3):
-        chats.apply(event("r2", f"alt {i}", index=i, reason=FinishReason.LENGTH, finished=i == 2))
+        chats.requests.apply(
+            event("r2", f"alt {i}", index=i, reason=FinishReason.LENGTH, finished=i == 2)
+        )
     assert session.choosing and not session.streaming
     with pytest.raises(ChatError, match="keep one of the alternatives first"):
         chats.send(session, "next")
-    kept = chats.keep(session, 2)
+    kept = chats.requests.keep(session, 2)
     assert (kept.content, kept.label, kept.status) == ("alt 1", "sample 2", "done")
     assert session.generation is None and session.entries[-1] is kept
     # the stopped reply and the unkept samples stay as versions of the reply
@@ -88,7 +90,7 @@ def test_regenerating_an_earlier_reply_forks_and_keeps_what_followed():
     chats.regenerate(session, first_reply)
     assert client.submitted[-1][0][-1] == {"role": "user", "content": "one"}  # sent up to it
     assert len(client.submitted[-1][0]) == 2
-    chats.apply(done("r4", "re: one, again"))
+    chats.requests.apply(done("r4", "re: one, again"))
     assert texts(session) == ["one", "re: one, again"]
     place = session.entries[1].place()
     assert (place.number, place.count, place.forked) == (2, 2, True)
@@ -117,7 +119,7 @@ def test_editing_an_earlier_message_forks_at_it():
     assert session.editing is None
     assert client.submitted[-1][0][1:] == [{"role": "user", "content": "one, rephrased"}]
     assert session.entries[0].place().label() == "◀ 2/2 ▶"
-    chats.apply(done("r3", "re: rephrased"))
+    chats.requests.apply(done("r3", "re: rephrased"))
     chats.switch(session, session.entries[0], -1)
     assert texts(session) == ["one", "re: one", "two", "re: two"]
     with pytest.raises(ChatError, match="no message of yours"):
@@ -131,18 +133,18 @@ def test_continue_extends_a_stopped_reply_from_its_text():
     with pytest.raises(ChatError, match="no reply to continue"):
         chats.continue_reply(session)
     chats.send(session, "tell a story")
-    chats.apply(event("r1", "Once upon"))
-    chats.stop(session)
-    chats.apply(stopped("r1"))
+    chats.requests.apply(event("r1", "Once upon"))
+    chats.requests.stop(session)
+    chats.requests.apply(stopped("r1"))
     reply = session.entries[-1]
     chats.continue_reply(session)
     messages, _, _ = client.submitted[-1]
     assert client.continued == [False, True]
     assert messages[-1] == {"role": "assistant", "content": "Once upon"}
     assert reply.status == "streaming" and session.streaming
-    chats.apply(event("r2", " a time"))
+    chats.requests.apply(event("r2", " a time"))
     assert reply.content == "Once upon a time" and reply.stats.tokens == 9 + 7
-    chats.apply(done("r2", "."))
+    chats.requests.apply(done("r2", "."))
     assert (reply.content, reply.status) == ("Once upon a time.", "done")
     assert session.entries[-1] is reply and len(session.entries) == 2  # extended, not added
 
@@ -151,7 +153,7 @@ def test_deleting_a_message_removes_what_followed_and_shows_another_version():
     client = FakeClient()
     chats, session = chat_with(client, "one", "two")
     chats.regenerate(session, session.entries[1])
-    chats.apply(done("r3", "re: one (b)"))
+    chats.requests.apply(done("r3", "re: one (b)"))
     seen = []
     session.observers.append(lambda s, change: seen.append(change))
     gone = session.entries[1]
@@ -172,10 +174,10 @@ def test_chats_compare_shapes_the_next_reply_offers_versions_and_reports_errors(
     assert [c.label for c in session.generation.candidates] == ["temp=0.4", "temp=0.9"]
     assert session.alt_mode.kind == "off"  # once
     for rid in ("r1", "r2"):
-        chats.apply(event(rid, "x", finished=True, reason=FinishReason.STOP))
-    chats.keep(session, 1)
+        chats.requests.apply(event(rid, "x", finished=True, reason=FinishReason.STOP))
+    chats.requests.keep(session, 1)
     chats.send(session, "q")
-    chats.apply(event("r3", "a", finished=True, reason=FinishReason.STOP))
+    chats.requests.apply(event("r3", "a", finished=True, reason=FinishReason.STOP))
     chats.compare(session, "temperature", ["0.2", "0.8", "1.2"])
     assert len(client.submitted) == 3  # nothing asked yet: ctrl+r asks the last again
     chats.regenerate(session)
@@ -184,7 +186,7 @@ def test_chats_compare_shapes_the_next_reply_offers_versions_and_reports_errors(
     assert [c.label for c in session.generation.candidates] == ["temp=0.2", "temp=0.8", "temp=1.2"]
     assert session.entries[-1].role == "user"  # the old reply gives way to the comparison
     for rid in ("r4", "r5", "r6"):
-        chats.apply(
+        chats.requests.apply(
             final_update(rid, FinishReason.ERROR, error="the prompt is 2000 tokens but ...")
         )
     assert session.generation is None
@@ -204,7 +206,7 @@ def test_the_meter_follows_the_reply_on_show():
     assert session.context_tokens == 1024
     assert session.used_tokens == 20 + len("re: one")  # its prompt and its tokens
     chats.send(session, "two")
-    chats.apply(event("r2", "abc", prompt_tokens=40))
+    chats.requests.apply(event("r2", "abc", prompt_tokens=40))
     assert session.used_tokens == 43  # live while it streams
 
 
@@ -216,7 +218,7 @@ def test_overflow_drops_the_oldest_turns_but_keeps_them():
     long = "x" * 150  # about 50 tokens each, counted cautiously
     for n in range(4):
         chats.send(session, f"{n} {long}")
-        chats.apply(done(f"r{n + 1}", "ok"))
+        chats.requests.apply(done(f"r{n + 1}", "ok"))
     sent = client.submitted[-1][0]
     assert sent[0] == {"role": "system", "content": "You are p."}  # the system prompt stays
     assert sent[-1]["content"].startswith("3 ")  # the question being answered stays
@@ -230,7 +232,7 @@ def test_overflow_drops_the_oldest_turns_but_keeps_them():
 
     chats.edit(session, session.entries[0])  # a short branch at the top: nothing left out
     chats.send(session, "short")
-    chats.apply(done("r5", "ok"))
+    chats.requests.apply(done("r5", "ok"))
     assert not any(e.dropped for e in session.entries)
     notices.clear()
     chats.switch(session, session.entries[0], -1)  # back to the long one: greyed again, quietly
@@ -272,7 +274,7 @@ def test_a_batch_of_updates_is_applied_in_order_each_adding_its_delta():
     chats.send(alts, "two")
     changes = []
     plain.observers.append(lambda s, change: changes.append(change))
-    chats.apply_all(
+    chats.requests.apply_all(
         [
             event("r1", "a"),
             event("r2", "x", index=0),
@@ -286,7 +288,7 @@ def test_a_batch_of_updates_is_applied_in_order_each_adding_its_delta():
     assert plain.entries[-1].content == "abc" and plain.entries[-1].stats.tokens == 3
     assert [c.text for c in alts.generation.candidates] == ["xz", "y"]
     # an output's end is applied even when more updates of its request follow in the batch
-    chats.apply_all(
+    chats.requests.apply_all(
         [
             event("r2", "z", index=0, reason=FinishReason.STOP),
             event("r2", "y", index=1, reason=FinishReason.LENGTH, finished=True),
@@ -307,16 +309,16 @@ def test_outputs_ending_in_the_same_step_end_together_in_the_final_update():
     session = chats.open(PERSONA)
     chats.set_alt_mode(session, AltMode("samples", 3))
     chats.send(session, "three please")
-    chats.apply_all(
+    chats.requests.apply_all(
         [event("r1", "a", index=0), event("r1", "b", index=1), event("r1", "c", index=2)]
     )
-    chats.apply(event("r1", "a", index=0, reason=FinishReason.STOP))
+    chats.requests.apply(event("r1", "a", index=0, reason=FinishReason.STOP))
     assert session.streaming  # two outputs are still going
     ends = [
         event("r1", t, index=i, reason=r)
         for i, t, r in ((1, "b", FinishReason.LENGTH), (2, "c", FinishReason.STOP))
     ]
-    chats.apply(
+    chats.requests.apply(
         dataclasses.replace(ends[0], outputs=ends[0].outputs + ends[1].outputs, finished=True)
     )
     assert [(c.text, c.stats.tokens, c.finish_reason) for c in session.generation.candidates] == [

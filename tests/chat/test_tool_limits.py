@@ -54,7 +54,7 @@ async def test_a_result_larger_than_the_context_is_cut_to_fit_shown_saved_and_an
 
         await wait_for(pilot, asked, "the call asked for", 90)
         run = session.entries[-1].steps[0].runs[0]
-        app.chats.answer_tool(session, run, "y")
+        app.chats.requests.tool_loop.answer(session, run, "y")
         await wait_for(pilot, lambda: not session.streaming, "the answer after the result", 90)
         whole = len("\n".join(f"line {i}: the quick brown fox" for i in range(20000)))
         assert run.state == "done"

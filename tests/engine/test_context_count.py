@@ -34,7 +34,7 @@ def chat_with_paste(tokenizer, context: int, max_tokens: int):
         ("Can you read a long text?", "Yes: paste it."),
     ):
         chats.send(session, question)
-        chats.apply(done(f"r{len(client.submitted)}", answer))
+        chats.requests.apply(done(f"r{len(client.submitted)}", answer))
     return client, chats, session
 
 
@@ -81,7 +81,7 @@ def test_counts_are_kept_with_the_message(tokenizer):
     chats.send(session, "more")
     assert first.token_count is kept  # not counted again
     first.content = "Hi, who are you, really?"
-    chats._fit(session, None)
+    chats.requests.fit(session, None)
     assert first.token_count is not kept and first.token_count[2] != kept[2]
 
 
@@ -110,7 +110,7 @@ async def test_the_header_counts_the_reply_as_it_streams(tmp_path, tiny_llama_di
         )
         stats = session.entries[-1].stats
         assert stats.prompt_tokens == len(prompt)
-        app.chats.stop(session)
+        app.chats.requests.stop(session)
         await wait_for(pilot, lambda: not session.streaming, "the stop")
         await wait_for(
             pilot,

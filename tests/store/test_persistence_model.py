@@ -67,20 +67,20 @@ def test_a_turn_is_saved_as_it_streams(rig):
     ]
 
     clock.now += 1.0
-    chats.apply(event("r1", "It"))  # too soon after the last write: kept for later
+    chats.requests.apply(event("r1", "It"))  # too soon after the last write: kept for later
     assert saved(store, chat)[-1] == ("assistant", "", "streaming")
     clock.now += 1.5
-    chats.apply(event("r1", " splits"))  # 2.5 s since the last write
+    chats.requests.apply(event("r1", " splits"))  # 2.5 s since the last write
     assert saved(store, chat)[-1] == ("assistant", "It splits", "streaming")
     clock.now += 0.5
-    chats.apply(event("r1", " the cache"))
+    chats.requests.apply(event("r1", " the cache"))
     recorder.flush()  # not due yet
     assert saved(store, chat)[-1][1] == "It splits"
     clock.now += 1.6
     recorder.flush()  # the app's timer: due now, though no event came
     assert saved(store, chat)[-1] == ("assistant", "It splits the cache", "streaming")
 
-    chats.apply(event("r1", " into blocks.", finished=True, reason=FinishReason.STOP))
+    chats.requests.apply(event("r1", " into blocks.", finished=True, reason=FinishReason.STOP))
     (reply,) = [m for m in store.messages(chat) if m.role == "assistant"]
     assert (reply.content, reply.status) == ("It splits the cache into blocks.", "done")
     assert reply.metadata == {
@@ -93,9 +93,9 @@ def test_a_turn_is_saved_as_it_streams(rig):
     assert session.entries[-1].store_id == reply.id
 
     chats.send(session, "And then?")
-    chats.apply(event("r2", "Then"))
-    assert chats.stop(session)
-    chats.apply(stopped("r2"))
+    chats.requests.apply(event("r2", "Then"))
+    assert chats.requests.stop(session)
+    chats.requests.apply(stopped("r2"))
     assert saved(store, chat)[-1] == ("assistant", "Then", "stopped")
     assert problems == []
 
@@ -106,7 +106,7 @@ def test_title_settings_attachments_and_restore(rig):
     chats.attach(session, Attachment("notes.txt", "line one\nline two"))
     chats.send(session, "")  # an attachment alone is a message
     assert session.title == "notes.txt"
-    chats.apply(event("r1", "Read it.", finished=True, reason=FinishReason.STOP))
+    chats.requests.apply(event("r1", "Read it.", finished=True, reason=FinishReason.STOP))
     chats.rename(session, "My notes")
     chats.set_setting(session, "temperature", "0.9")
     chats.set_setting(session, "seed", "7")
@@ -206,12 +206,14 @@ def test_alternatives_are_saved_as_versions_of_the_reply(rig):
     chats, _client, store, _recorder, _clock, _problems = rig
     session = chats.open(PERSONA)
     chats.send(session, "Write a haiku")
-    chats.apply(done("r1", "first"))
+    chats.requests.apply(done("r1", "first"))
     chats.set_alt_mode(session, AltMode("samples", 3))
     chats.regenerate(session)
     for i in range(3):
-        chats.apply(event("r2", f"alt {i}", index=i, reason=FinishReason.LENGTH, finished=i == 2))
-    kept = chats.keep(session, 2)
+        chats.requests.apply(
+            event("r2", f"alt {i}", index=i, reason=FinishReason.LENGTH, finished=i == 2)
+        )
+    kept = chats.requests.keep(session, 2)
     rows = store.messages(session.store_id)
     question = rows[0].id
     assert [(m.content, m.parent_id, m.kept, m.metadata.get("label")) for m in rows[1:]] == [
@@ -244,16 +246,16 @@ def test_forks_switches_and_continues_are_saved_and_restored(rig):
     session = chats.open(PERSONA)
     for n, question in enumerate(("one", "two"), 1):
         chats.send(session, question)
-        chats.apply(done(f"r{n}", f"re: {question}"))
+        chats.requests.apply(done(f"r{n}", f"re: {question}"))
     chats.edit(session, session.entries[0])
     chats.send(session, "one, again")
-    chats.apply(done("r3", "re: again"))
+    chats.requests.apply(done("r3", "re: again"))
     chats.regenerate(session)
-    chats.apply(event("r4", "third"))
-    chats.stop(session)
-    chats.apply(stopped("r4"))
+    chats.requests.apply(event("r4", "third"))
+    chats.requests.stop(session)
+    chats.requests.apply(stopped("r4"))
     chats.continue_reply(session)
-    chats.apply(done("r5", " try"))
+    chats.requests.apply(done("r5", " try"))
     assert saved(store, session.store_id) == [
         ("user", "one, again", "done"),
         ("assistant", "third try", "done"),
@@ -287,11 +289,11 @@ def test_clear_close_finish_and_delete(rig):
     chats, _client, store, recorder, clock, _problems = rig
     session = chats.open(PERSONA)
     chats.send(session, "one")
-    chats.apply(done("r1", "reply one"))
+    chats.requests.apply(done("r1", "reply one"))
     chats.regenerate(session)
     assert saved(store, session.store_id)[-1] == ("assistant", "", "streaming")
     clock.now += 5
-    chats.apply(event("r2", "again"))
+    chats.requests.apply(event("r2", "again"))
     chats.close(session)  # closing stops the reply; the chat stays saved, marked closed
     assert saved(store, session.store_id)[-1] == ("assistant", "again", "stopped")
     assert store.get_session(session.store_id).closed
@@ -300,7 +302,7 @@ def test_clear_close_finish_and_delete(rig):
     other = chats.open(PERSONA)
     chats.send(other, "cut off by quitting")
     clock.now += 0.5
-    chats.apply(event("r3", "half"))
+    chats.requests.apply(event("r3", "half"))
     recorder.finish()
     assert saved(store, other.store_id)[-1] == ("assistant", "half", "interrupted")
 
@@ -319,7 +321,7 @@ def test_a_crash_leaves_streaming_replies_interrupted(rig, monkeypatch):
     session = chats.open(PERSONA)
     chats.send(session, "q")
     monkeypatch.setattr(persistence, "SAVE_INTERVAL_S", 0.0)
-    chats.apply(event("r1", "partial answer"))
+    chats.requests.apply(event("r1", "partial answer"))
     # no finish(): the process died here
     (back,), _ = restore(store, [PERSONA], PERSONA, 1)
     assert [(e.content, e.status) for e in back.entries] == [

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import stat
 
-from helpers import fake_submits, offline_app, offline_run, opened, reply_update, stopped, wait_for
+from helpers import fake_submits, offline_app, opened, reply_update, stopped, wait_for
 from textual import events
 from textual.widgets.markdown import MarkdownFence
 
@@ -32,7 +32,7 @@ async def reply(pilot, app, text: str = REPLY) -> None:
     submitted = fake_submits(app)
     session = app.chat.current
     await app.chat.submit_prompt("a question")
-    app.chats.deliver(reply_update(f"fake-{len(submitted)}", text, True))
+    app.chats.requests.deliver(reply_update(f"fake-{len(submitted)}", text, True))
     await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
 
 
@@ -56,7 +56,9 @@ async def type_text(pilot, app, text: str) -> None:
 
 
 async def test_editing_keys_win_while_the_box_has_text(tmp_path):
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         first = app.chat.current
         await app.chat.submit_prompt("/new")
         await opened(pilot, PersonaPicker)
@@ -78,7 +80,9 @@ async def test_editing_keys_win_while_the_box_has_text(tmp_path):
 
 
 async def test_drafts_survive_switching_closing_and_restarts(tmp_path):
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         await reply(pilot, app)
         first = app.chat.current
         await app.chat.submit_prompt("/new coder")
@@ -114,7 +118,9 @@ async def test_drafts_survive_switching_closing_and_restarts(tmp_path):
 async def test_code_block_click_copies_but_a_drag_selection_does_not(tmp_path, monkeypatch):
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         await reply(pilot, app)
         view = app.chat.session_view(app.chat.current).query(MessageView).last()
         await wait_for(pilot, lambda: view.query(MarkdownFence), "the code block")
@@ -145,7 +151,9 @@ async def test_copy_uses_the_system_clipboard_where_there_is_one(tmp_path, monke
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
     monkeypatch.setenv("DISPLAY", ":0")
     assert system_tool() == [str(tool), "-selection", "clipboard"]
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         await reply(pilot, app)
         await pilot.press("alt+c")
         await wait_for(pilot, lambda: any("system clipboard" in n for n in app.notices), "the copy")
@@ -161,7 +169,9 @@ TWO_BLOCKS = "First:\n\n```\nalpha()\n```\n\nThen:\n\n```sh\nbeta --now\n```\n"
 async def test_keyboard_navigation_copy_code_and_edit_messages(tmp_path, monkeypatch):
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         session = app.chat.current
         await reply(pilot, app, "no code here")
         await reply(pilot, app, TWO_BLOCKS)
@@ -203,7 +213,9 @@ async def test_keyboard_navigation_copy_code_and_edit_messages(tmp_path, monkeyp
 
 
 async def test_regenerate_and_delete_a_focused_message(tmp_path):
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         session = app.chat.current
         await reply(pilot, app, "first answer")
         await reply(pilot, app, "second answer")
@@ -215,7 +227,7 @@ async def test_regenerate_and_delete_a_focused_message(tmp_path):
         await pilot.press("k", "r")  # the first reply, asked again: a fork there
         await wait_for(pilot, lambda: submitted, "the new request")
         assert [m["content"] for m in submitted[0][1:]] == ["a question"]
-        app.chats.deliver(reply_update("fake-1", "another first answer", True))
+        app.chats.requests.deliver(reply_update("fake-1", "another first answer", True))
         await wait_for(
             pilot,
             lambda: (
@@ -251,7 +263,9 @@ async def test_regenerate_and_delete_a_focused_message(tmp_path):
 
 
 async def test_a_draft_in_a_chat_with_no_messages_survives_a_restart(tmp_path):
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         empty = app.chat.current
         await type_text(pilot, app, "an unsent first thought")
         await pilot.press("ctrl+n")
@@ -295,7 +309,9 @@ SLASH_EDIT = [("slash", "/"), ("e", "e"), ("d", "d"), ("i", "i"), ("t", "t"), ("
 
 
 async def test_typing_on_a_focused_message_goes_to_the_message_box(tmp_path):
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         session = app.chat.current
         await reply(pilot, app, "first answer")
         await reply(pilot, app, "second answer")
@@ -329,7 +345,9 @@ async def test_typing_on_a_focused_message_goes_to_the_message_box(tmp_path):
 
 
 async def test_delete_asks_with_cancel_first_and_can_be_undone(tmp_path):
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         session = app.chat.current
         await reply(pilot, app, "first answer")
         await reply(pilot, app, "second answer")
@@ -375,12 +393,14 @@ async def test_delete_asks_with_cancel_first_and_can_be_undone(tmp_path):
 
 
 async def test_switching_versions_keeps_the_focus_on_the_message(tmp_path):
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         session = app.chat.current
         await reply(pilot, app, "first answer")
         submitted = fake_submits(app)
         await app.chat.perform(BY_ID["regenerate"])
-        app.chats.deliver(reply_update(f"fake-{len(submitted)}", "second answer", True))
+        app.chats.requests.deliver(reply_update(f"fake-{len(submitted)}", "second answer", True))
         await wait_for(
             pilot,
             lambda: (
@@ -390,7 +410,7 @@ async def test_switching_versions_keeps_the_focus_on_the_message(tmp_path):
             "the other version",
         )
         await app.chat.submit_prompt("next question")
-        app.chats.deliver(reply_update(f"fake-{len(submitted)}", "third", True))
+        app.chats.requests.deliver(reply_update(f"fake-{len(submitted)}", "third", True))
         await wait_for(pilot, lambda: session.entries[-1].status == "done", "the third reply")
         app.chat.prompt.focus()
         await pilot.press("alt+up", "k", "k", "left_square_bracket")
@@ -417,25 +437,29 @@ async def test_switching_versions_keeps_the_focus_on_the_message(tmp_path):
 
 
 async def test_ctrl_c_stops_the_reply_first_and_quits_when_pressed_again(tmp_path):
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         session = app.chat.current
         fake_submits(app)
         cancelled: list[str] = []
         app.client.cancel = cancelled.append
         await app.chat.submit_prompt("a long answer, please")
-        app.chats.deliver(reply_update("fake-1", "once upon", False))
+        app.chats.requests.deliver(reply_update("fake-1", "once upon", False))
         await wait_for(pilot, lambda: session.entries[-1].content == "once upon", "the stream")
         await pilot.press("ctrl+c")
         assert cancelled == ["fake-1"] and app.is_running
         assert app.notices[-1] == "information: stopped the reply; ctrl+c again quits"
-        app.chats.deliver(stopped("fake-1"))
+        app.chats.requests.deliver(stopped("fake-1"))
         await wait_for(pilot, lambda: session.entries[-1].status == "stopped", "the stop")
         await pilot.press("ctrl+c")
         await wait_for(pilot, lambda: not app.is_running, "the quit")
 
 
 async def test_a_pending_edit_shows_and_escape_cancels_it(tmp_path):
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         session = app.chat.current
         await reply(pilot, app, "first answer")
         info = app.chat.query_one("#prompt-info")
@@ -466,12 +490,14 @@ def samples_update(rid: str, texts: list[str]) -> RequestUpdate:
 
 
 async def test_a_fast_keep_command_typed_on_the_panes_and_the_version_count(tmp_path):
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         session = app.chat.current
         fake_submits(app)
         await app.chat.submit_prompt("/samples 2")
         await app.chat.submit_prompt("two ways?")
-        app.chats.deliver(samples_update("fake-1", ["one way", "another way"]))
+        app.chats.requests.deliver(samples_update("fake-1", ["one way", "another way"]))
         await wait_for(
             pilot,
             lambda: isinstance(app.focused, AlternativesView) and not session.streaming,
@@ -501,7 +527,9 @@ async def test_a_fast_keep_command_typed_on_the_panes_and_the_version_count(tmp_
 async def test_the_draft_is_saved_as_it_changes(tmp_path):
     """What a crash would find in the store: the draft as it was a moment ago, deleted text
     included (not the draft of the last switch)."""
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         await reply(pilot, app)
         chat = app.chat.current.store_id
         store = app.saved.store
@@ -512,11 +540,13 @@ async def test_the_draft_is_saved_as_it_changes(tmp_path):
 
 
 async def test_a_long_prefill_shows_its_progress(tmp_path):
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         session = app.chat.current
         fake_submits(app)
         await app.chat.submit_prompt("a long paste")
-        app.chats.deliver(
+        app.chats.requests.deliver(
             RequestUpdate("fake-1", (), Usage(prompt_tokens=6000, prefilled_tokens=2048))
         )
         view = app.chat.session_view(session).query(MessageView).last()
@@ -527,7 +557,7 @@ async def test_a_long_prefill_shows_its_progress(tmp_path):
             lambda: "reading the prompt: 2,048 / 6,000 tokens" in str(foot.render()),
             "the prefill progress",
         )
-        app.chats.deliver(reply_update("fake-1", "done reading", True))
+        app.chats.requests.deliver(reply_update("fake-1", "done reading", True))
         await wait_for(
             pilot,
             lambda: "reading" not in str(foot.render()) and "7 tokens" in str(foot.render()),

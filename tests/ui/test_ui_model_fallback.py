@@ -56,7 +56,7 @@ async def test_a_failed_switch_leaves_the_old_model_serving(tmp_path, tiny_llama
                 n for n in app.notices if n.startswith(f"error: could not switch to {target}")
             )
             assert why in notice and notice.endswith(f"{old.model_name} is still serving")
-            assert app.client is old and app.chats.client is old and old.ready
+            assert app.client is old and app.chats.requests.client is old and old.ready
             assert "restart" not in notice
             await send(pilot, "/max 3")
             await send(pilot, f"still there after {target.name}?")

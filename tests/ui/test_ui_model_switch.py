@@ -61,7 +61,9 @@ async def test_switch_model_keeps_the_chats_and_pins_again(
         await send(pilot, f"/model {default_model_dir}")
         await wait_for(pilot, lambda: app.client is not old_client, "the new client")
         assert session.entries[-1].status == "stopped"  # the reply in progress stopped
-        assert app.chats.client is app.client and app.client.model == str(default_model_dir)
+        assert app.chats.requests.client is app.client and app.client.model == str(
+            default_model_dir
+        )
         await wait_for(pilot, lambda: app.client.ready, "the new model", timeout=120)
         await ready(pilot, app)  # the personas' prompts are pinned on the new model
         gauge = app.chat.query_one(BlockGauge)

@@ -2,7 +2,7 @@
 
 The engine is pointed at a model path that does not exist (it fails at once), and where a reply is
 needed the client's submit is replaced so the test can feed RequestUpdates through the same handler
-the engine thread uses (`chats.deliver`, the app's inbox).
+the engine thread uses (`chats.requests.deliver`, the app's inbox).
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from helpers import (
     fake_submits,
     hold_model_load,
     offline_app,
-    offline_run,
     opened,
     palette_offers,
     reply_update,
@@ -47,7 +46,9 @@ def submit(app, text: str) -> None:
 
 
 async def test_markup_and_control_characters_render_literally(tmp_path):
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
+    app = offline_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         submitted = fake_submits(app)
         session = app.chat.current
         submit(app, USER_TEXT)
@@ -55,8 +56,8 @@ async def test_markup_and_control_characters_render_literally(tmp_path):
         assert submitted[0][-1] == {"role": "user", "content": USER_TEXT}  # sent verbatim
 
         half = MODEL_TEXT[:40]
-        app.chats.deliver(reply_update("fake-1", half, False))
-        app.chats.deliver(reply_update("fake-1", MODEL_TEXT[40:], True))
+        app.chats.requests.deliver(reply_update("fake-1", half, False))
+        app.chats.requests.deliver(reply_update("fake-1", MODEL_TEXT[40:], True))
         await wait_for(pilot, lambda: session.entries[-1].status == "done", "the reply")
 
         user_view, reply_view = app.chat.session_view(session).query(MessageView)

@@ -125,6 +125,6 @@ async def show_tools(c: Controls, arg: str | None) -> None:
     """The MCP servers, their state and their tools."""
 
     async def show() -> None:
-        await c.ask(ToolsList(tools_text(c.chats.tools, c.current)))
+        await c.ask(ToolsList(tools_text(c.chats.requests.tool_loop.servers, c.current)))
 
     c.dialog(show)

@@ -104,7 +104,7 @@ def _say_next(c: Controls, session: ChatSession) -> None:
 async def keep(c: Controls, session: ChatSession, arg: str | None) -> None:
     if not arg or not arg.isdigit():
         raise UserError(f"use /keep N with N the pane's number, got {arg or ''!r}")
-    c.chats.keep(session, int(arg))
+    c.chats.requests.keep(session, int(arg))
 
 
 # -- system prompt and persona ------------------------------------------------------------------

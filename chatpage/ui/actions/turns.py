@@ -13,7 +13,7 @@ from chatpage.ui.text import code_blocks
 
 @on_chat
 async def stop(c: Controls, session: ChatSession, arg: str | None) -> None:
-    c.chats.stop(session)
+    c.chats.requests.stop(session)
 
 
 @on_chat
@@ -46,7 +46,7 @@ async def continue_reply(c: Controls, session: ChatSession, arg: str | None) -> 
 @on_chat
 async def attach(c: Controls, session: ChatSession, arg: str | None) -> None:
     attachment = await asyncio.to_thread(  # a slow disk must not hold up the UI
-        read_attachment, arg or "", c.chats.client.max_model_len or None
+        read_attachment, arg or "", c.chats.requests.client.max_model_len or None
     )
     c.chats.attach(session, attachment)
     c.say(f"attached {attachment.name} to your next message")
