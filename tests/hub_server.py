@@ -10,7 +10,8 @@ utils/_http.py), for repos of real files held in memory.
 - 404s with the Hub's ``X-Error-Code`` (``RepoNotFound``, ``EntryNotFound``).
 
 Faults, set per file: ``cut[path] = n`` sends the headers of the whole file, then ``n`` bytes,
-then closes the connection (once); ``corrupt.add(path)`` serves the bytes with one flipped;
+then closes the connection (once; with ``down_after_cut`` the server then stops, as a network
+that went away); ``corrupt.add(path)`` serves the bytes with one flipped;
 ``pace[path] = s`` sleeps ``s`` seconds after every ``CHUNK`` bytes (a slow network).
 ``requests`` records ``(method, path, Range header)`` of every request.
 
@@ -75,6 +76,7 @@ class Hub:
     cut: dict[str, int] = field(default_factory=dict)
     corrupt: set[str] = field(default_factory=set)
     pace: dict[str, float] = field(default_factory=dict)
+    down_after_cut: bool = False
     requests: list[tuple[str, str, str | None]] = field(default_factory=list)
     url: str = ""
     server: ThreadingHTTPServer | None = None
@@ -171,6 +173,8 @@ class Hub:
             h.wfile.flush()
             h.close_connection = True
             h.connection.close()
+            if self.down_after_cut:
+                threading.Timer(0.3, self.stop).start()  # once the client has read the cut
 
     def error(
         self, h: BaseHTTPRequestHandler, status: int, code: str, message: str, commit: str = ""

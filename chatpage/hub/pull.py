@@ -180,7 +180,7 @@ def _fetch_blob(plan: Plan, f: RemoteFile, meter: Any) -> None:
     resume = _size(partial)
     url = hf_hub_url(plan.ref.repo, f.name, revision=plan.commit)
     try:
-        with hub_errors(plan.ref), partial.open("ab") as out:
+        with hub_errors(plan.ref), partial.open("ab", buffering=0) as out:  # on disk at once
             try:
                 http_get(
                     url,

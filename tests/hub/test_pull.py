@@ -3,7 +3,9 @@ against a Hub on localhost (tests/hub_server.py) serving repos of real model fil
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pty
 import shutil
 import subprocess
 import sys
@@ -202,6 +204,50 @@ def test_an_interrupted_pull_resumes_where_it_stopped(hub, ggufs, capsys):
     ranges = [r for m, p, r in hub.requests if m == "GET" and p.endswith("q8_0.gguf")]
     assert ranges == [None, "bytes=8192-", "bytes=8192-"]  # cut, resumed and cancelled; resumed
     assert partial_downloads() == {}
+
+
+def test_a_network_gone_mid_pull_keeps_what_was_fetched(hub):
+    hub.cut["tiny-q8_0.gguf"] = 2 * CHUNK
+    hub.down_after_cut = True  # huggingface_hub tries 5 times, a second apart, then gives up
+    with pytest.raises(
+        HubError,
+        match=rf"^the connection to {hub.url} failed \(.*\): tiny-q8_0.gguf stopped at 8 KiB of "
+        r"759.7 KiB; pull again to resume$",
+    ):
+        run_pull(plan_pull("test/tiny-GGUF:Q8_0"))
+    assert pulled_models() == [] and partial_downloads() == {"test/tiny-GGUF": 2 * CHUNK}
+
+
+def test_a_full_disk_keeps_what_was_fetched(hub):
+    plan = plan_pull("test/tiny-GGUF")
+    (f,) = plan.files
+    partial = plan.storage / "blobs" / f"{f.blob}.incomplete"
+    partial.parent.mkdir(parents=True)
+    partial.symlink_to("/dev/full")  # every write fails with ENOSPC, as on a full disk
+    with pytest.raises(
+        HubError,
+        match=r"^the disk is full \(.*hf-cache\): tiny-Q4_K_M.gguf stopped at 0 B of 406.9 KiB; "
+        r"free some space and pull again to resume$",
+    ):
+        run_pull(plan)
+    assert pulled_models() == []
+    partial.unlink()
+    assert run_pull(plan_pull("test/tiny-GGUF")).is_file()
+
+
+def test_the_progress_bar_on_a_terminal(hub, monkeypatch):
+    master, slave = pty.openpty()
+    with os.fdopen(slave, "w") as terminal:
+        monkeypatch.setattr(sys, "stderr", terminal)
+        assert main(["pull", "test/tiny-GGUF"]) == 0
+    drawn = b""
+    os.set_blocking(master, False)
+    with contextlib.suppress(OSError):
+        while chunk := os.read(master, 1 << 16):
+            drawn += chunk
+    os.close(master)
+    *_, last = drawn.decode().rstrip("\r\n").split("\r")
+    assert last.startswith(f"[{'#' * 30}] 100% 406.9 KiB of 406.9 KiB ")
 
 
 def test_a_corrupt_download_is_deleted(hub):
