@@ -4,6 +4,7 @@ against a Hub on localhost (tests/hub_server.py) serving repos of real model fil
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pty
 import shutil
@@ -150,7 +151,7 @@ def test_pull_a_gguf_then_run_it_by_name(hub, ggufs):
     assert loaded.name == "test/tiny-GGUF:Q4_K_M" and loaded.gguf == path
 
 
-def test_pull_a_safetensors_model(hub, tiny_llama_dir):
+def test_pull_a_safetensors_model_then_ask_it(hub, tiny_llama_dir, monkeypatch, capsys):
     path = run_pull(plan_pull("test/tiny-hf"))
     assert path.is_dir() and model_files(path) == model_files(tiny_llama_dir)
     assert (path / "model.safetensors").read_bytes() == (
@@ -161,6 +162,10 @@ def test_pull_a_safetensors_model(hub, tiny_llama_dir):
     assert str(model.ref) == "test/tiny-hf" and model.path == path
     loaded = load_model("test/tiny-hf", progress=lambda _: None)
     assert loaded.name == "test/tiny-hf" and loaded.directory == path
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(), encoding="utf-8"))
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True)  # nothing piped in
+    assert main(["--model", "test/tiny-hf", "ask", "hello?", "--max-tokens", "4"]) == 0
+    assert capsys.readouterr().out.strip()  # an answer, from the model pulled
 
 
 def test_a_split_gguf_is_fetched_whole(hub, ggufs):

@@ -14,7 +14,13 @@ from textual.widgets import Input, OptionList
 from chatpage.config.settings import format_size
 from chatpage.hub.cache import partial_downloads
 from chatpage.hub.pull import plan_pull, run_pull
-from chatpage.ui.screens.model_picker import CANCEL_PULL_ID, PULL_ID, PULL_REF, ModelPicker
+from chatpage.ui.screens.model_picker import (
+    CANCEL_PULL_ID,
+    PULL_ID,
+    PULL_REF,
+    ModelPicker,
+    model_problem,
+)
 
 SIZE = (140, 44)
 
@@ -99,3 +105,19 @@ async def test_pull_from_the_picker_then_switch(tmp_path, monkeypatch, tiny_llam
             assert app.client.model_name == "test/tiny-GGUF:Q8_0"
     finally:
         hub.stop()
+
+
+def test_slash_model_takes_a_model_pulled_by_name(tmp_path, monkeypatch):
+    hub = serve_hub(monkeypatch, tmp_path / "hf-cache")
+    hub.repos["test/tiny-GGUF"] = Repo(
+        {"tiny-Q8_0.gguf": write_gguf(tmp_path / "q8.gguf").read_bytes()}
+    )
+    assert model_problem("test/tiny-GGUF:Q8_0") == (
+        "test/tiny-GGUF:Q8_0: not pulled yet; type it in /model to pull it from Hugging Face"
+    )
+    run_pull(plan_pull("test/tiny-GGUF"))
+    hub.stop()  # what is pulled is found offline
+    assert model_problem("test/tiny-GGUF:Q8_0") is None and model_problem("test/tiny-gguf") is None
+    assert model_problem("test/tiny-GGUF:Q4_K_M").endswith(
+        "not pulled yet; type it in /model to pull it from Hugging Face"
+    )
