@@ -320,6 +320,7 @@ def test_pull_models_and_rm_commands(hub, capsys):
     ]
 
 
+@pytest.mark.slow  # two chatpage processes of its own
 def test_the_command_reads_hf_endpoint_and_hf_hub_cache(hub, tmp_path):
     env = {
         **os.environ,
