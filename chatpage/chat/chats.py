@@ -18,12 +18,11 @@ from chatpage.chat.changes import (
     EntriesRestored,
     EntryAdded,
     EntryRemoved,
-    EntryUpdated,
     PathChanged,
     SettingsChanged,
     TitleChanged,
 )
-from chatpage.chat.entry import Attachment, Entry, ReplyStats
+from chatpage.chat.entry import Attachment, Entry
 from chatpage.chat.mcp import McpServers
 from chatpage.chat.requests import ChatError, Requests
 from chatpage.chat.sampling import (
@@ -38,7 +37,6 @@ from chatpage.chat.session import (
     MIN_ALTERNATIVES,
     ChatSession,
     Deletion,
-    Generation,
     Observer,
 )
 from chatpage.chat.tree import below
@@ -192,23 +190,7 @@ class Chats:
                 "there is no reply to continue: /continue extends the last reply "
                 "once it has stopped or finished"
             )
-        self.requests.fit(session, reply)
-        before = reply.stats if reply.stats is not None else ReplyStats()
-        rid = self.requests.submit(session, reply, session.sampling.params(), continue_reply=True)
-        reply.status = MessageStatus.STREAMING
-        reply.stats = replace(before)
-        session.changed(EntryUpdated(reply))
-        gen = Generation(
-            "reply",
-            [rid],
-            entry=reply,
-            parent=reply.parent,
-            continued=before,
-            base_text=reply.content,
-            base_reasoning=reply.reasoning,
-            base_ids=reply.token_ids,
-        )
-        self.requests.start(session, gen)
+        self.requests.continue_reply(session, reply)
 
     def switch(self, session: ChatSession, message: Entry, step: int) -> Entry:
         """Show the version `step` away from `message` (-1: the previous, 1: the next) and
@@ -264,15 +246,7 @@ class Chats:
         word = arg.strip().lower()
         if word not in ("on", "off"):
             raise ChatError(f"/think takes on or off, got {arg!r}")
-        if not self.requests.client.ready:
-            raise ChatError("the model is not ready yet: /think needs its chat template")
-        switch = self.requests.client.thinking_switch
-        if switch is None:
-            raise ChatError(
-                f"{self.requests.client.model_name} has no thinking switch in its chat template (no "
-                "enable_thinking; over --backend the server's template is not seen): /think "
-                "cannot turn its thinking on or off"
-            )
+        switch = self.requests.thinking_switch()
         session.thinking = word == "on"
         session.changed(SettingsChanged())
         return f"thinking {word} for this chat (the chat template's {switch})"

@@ -11,6 +11,7 @@ Before anything is sent, `fit` leaves the oldest turns out if the chat outgrew t
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from chatpage.chat.changes import (
@@ -23,15 +24,13 @@ from chatpage.chat.changes import (
     SettingsChanged,
 )
 from chatpage.chat.context import Fit, fit
-from chatpage.chat.entry import Entry
+from chatpage.chat.entry import Entry, ReplyStats
 from chatpage.chat.mcp import McpServers
 from chatpage.chat.replies import apply_candidate, apply_reply, candidate_entry
 from chatpage.chat.sampling import AltMode, compare_labels
 from chatpage.chat.session import Candidate, ChatSession, Generation
 from chatpage.chat.tool_loop import ToolLoop
-from chatpage.chat.tool_turns import (
-    functions,
-)
+from chatpage.chat.tool_turns import functions
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.outputs import RequestUpdate
 from chatpage.engine.protocol import EngineClient, UpdateCallback
@@ -238,6 +237,40 @@ class Requests:
         session.alt_mode = AltMode(k=mode.k)  # one reply only: back to single replies
         session.changed(SettingsChanged())
         self._offer(session, gen)
+
+    def continue_reply(self, session: ChatSession, reply: Entry) -> None:
+        """Let ``reply`` (the last on show, checked by `Chats.continue_reply`) go on from where
+        it ended: its text, thinking and stats so far are kept and added to."""
+        self.fit(session, reply)
+        before = reply.stats if reply.stats is not None else ReplyStats()
+        rid = self.submit(session, reply, session.sampling.params(), continue_reply=True)
+        reply.status = MessageStatus.STREAMING
+        reply.stats = replace(before)
+        session.changed(EntryUpdated(reply))
+        gen = Generation(
+            "reply",
+            [rid],
+            entry=reply,
+            parent=reply.parent,
+            continued=before,
+            base_text=reply.content,
+            base_reasoning=reply.reasoning,
+            base_ids=reply.token_ids,
+        )
+        self.start(session, gen)
+
+    def thinking_switch(self) -> str:
+        """The switch of the model's chat template that /think sets (ChatError: none)."""
+        if not self.client.ready:
+            raise ChatError("the model is not ready yet: /think needs its chat template")
+        switch = self.client.thinking_switch
+        if switch is None:
+            raise ChatError(
+                f"{self.client.model_name} has no thinking switch in its chat template (no "
+                "enable_thinking; over --backend the server's template is not seen): /think "
+                "cannot turn its thinking on or off"
+            )
+        return switch
 
     def _compare(self, session: ChatSession, question: Entry, mode: AltMode) -> None:
         """The reply to ``question`` once per value of ``mode``'s setting, side by side."""
