@@ -121,3 +121,10 @@ def test_slash_model_takes_a_model_pulled_by_name(tmp_path, monkeypatch):
     assert model_problem("test/tiny-GGUF:Q4_K_M").endswith(
         "not pulled yet; type it in /model to pull it from Hugging Face"
     )
+
+
+def test_a_relative_path_still_completes_beside_the_pull(tmp_path, monkeypatch):
+    (tmp_path / "models" / "tiny").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    ids = [o.id for o in ModelPicker(None, None).options("models/ti")]
+    assert ids == ["models/tiny/", PULL_REF + "models/ti"]

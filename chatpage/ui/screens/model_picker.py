@@ -139,14 +139,13 @@ class ModelPicker(ListDialog[str | PullChoice]):
             options.append(Option(label, id=PULL_ID))
             return options
         ref = parse_ref(text)
-        if ref is not None and not Path(text).expanduser().exists():
-            return self._hub_options(str(ref))
-        if model_problem(text) is None:
+        hub = ref is not None and not Path(text).expanduser().exists()
+        if not hub and model_problem(text) is None:
             options.append(Option(self._label(text, text == self.current), id=text))
-        for path in path_completions(text):
+        for path in path_completions(text):  # a relative path looks like OWNER/NAME too
             if path != text and (path.endswith("/") or path.endswith(".gguf")):
                 options.append(Option(Text(clean(path)), id=path))
-        return options
+        return options + (self._hub_options(str(ref)) if hub else [])
 
     def _hub_options(self, ref: str) -> list[Option]:
         """For a typed ``REPO[:QUANT]``: the models pulled that it starts, then pulling it."""
