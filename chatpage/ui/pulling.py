@@ -14,10 +14,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from textual.app import App
-from textual.notifications import SeverityLevel
 
 from chatpage.config.settings import format_size
-from chatpage.hub.refs import HubError, PullCancelled
+from chatpage.hub.refs import PullCancelled
+from chatpage.ui.errors import report
+from chatpage.ui.history import Say
 from chatpage.ui.widgets.block_gauge import BlockGauge
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ class ModelPulls:
         self,
         app: App[Any],
         gauge: Callable[[], BlockGauge],
-        say: Callable[[str, SeverityLevel], None],
+        say: Say,
         switch: Callable[[str], None],
     ) -> None:
         self.app = app
@@ -54,9 +55,9 @@ class ModelPulls:
             self.say(f"{self.ref} is still being pulled; cancel it in /model first", "warning")
             return
         self.ref = text
-        self._cancel = threading.Event()
+        cancel = self._cancel = threading.Event()
         self.say(f"asking the Hub for {text}…", "information")
-        self.app.run_worker(lambda: self._run(text, self._cancel), thread=True, group="pull")
+        self.app.run_worker(lambda: self._run(text, cancel), thread=True, group="pull")
 
     def cancel(self) -> None:
         """Stop the pull at its next chunk (what it fetched stays, to resume)."""
@@ -71,7 +72,7 @@ class ModelPulls:
             plan = plan_pull(text)
             self.app.call_from_thread(self._planned, plan)
             name = run_name(plan.ref.repo, run_pull(plan, self._progress, cancel))
-        except HubError as e:
+        except Exception as e:  # a HubError's line, or a bug's notice: the app runs on
             self.app.call_from_thread(self._ended, None, e)
             return
         self.app.call_from_thread(self._ended, name, None)
@@ -100,15 +101,17 @@ class ModelPulls:
         )
         gauge.status = self._line
 
-    def _ended(self, name: str | None, error: HubError | None) -> None:
+    def _ended(self, name: str | None, error: Exception | None) -> None:
         """The pull is over: ``name`` (what /model takes for it) fetched, or ``error``."""
         gauge = self.gauge()
         if self._line and gauge.status == self._line:
             gauge.status = self._base
         self._line = self._base = ""
         ref, self.ref = self.ref or "", None
-        if error is not None:
-            self.say(str(error), "warning" if isinstance(error, PullCancelled) else "error")
+        if isinstance(error, PullCancelled):
+            self.say(str(error), "warning")
+        elif error is not None:
+            report(error, f"pulling {ref}", self.say)
         elif name is not None:
             self.say(f"pulled {ref}", "information")
             self.switch(name)

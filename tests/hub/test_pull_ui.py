@@ -89,6 +89,19 @@ async def test_pull_from_the_picker_then_switch(tmp_path, monkeypatch, tiny_llam
 
             await send(pilot, "/model")
             await opened(pilot, ModelPicker)
+            await pilot.press(*"test/nope", "enter")
+            await wait_for(
+                pilot,
+                lambda: (
+                    f"error: test/nope: no such model on {hub.url} (a private one needs "
+                    "HF_TOKEN)" in app.notices
+                ),
+                "the one line of a repo that is not there",
+            )
+            assert app.pulls.ref is None
+
+            await send(pilot, "/model")
+            await opened(pilot, ModelPicker)
             await pilot.press(*"test/tiny-GGUF:F16", "enter")
             await wait_for(pilot, lambda: app.pulls.ref == "test/tiny-GGUF:F16", "the F16 pull")
             await wait_for(pilot, lambda: partial_downloads() != {}, "the first chunks")
