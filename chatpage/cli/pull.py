@@ -153,9 +153,11 @@ def cmd_models_rm(args: argparse.Namespace) -> int:
     from chatpage.hub.cache import remove_pulled
 
     try:
-        gone = remove_pulled(args.model)
+        gone, partial = remove_pulled(args.model)
     except HubError as e:
         return _fail(str(e))
     for model in gone:
         print(f"removed {model.ref} ({format_size(model.size)})")
+    if partial:
+        print(f"removed {format_size(partial)} of interrupted pulls")
     return 0

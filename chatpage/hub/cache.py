@@ -11,7 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from huggingface_hub import CachedRepoInfo, CachedRevisionInfo, scan_cache_dir
+from huggingface_hub import (
+    CachedIncompleteFileInfo,
+    CachedRepoInfo,
+    CachedRevisionInfo,
+    scan_cache_dir,
+)
 from huggingface_hub.errors import CacheNotFound
 
 from chatpage.hub.pull import hub_cache
@@ -78,10 +83,11 @@ def run_name(repo: str, path: Path) -> str:
     return name if pulled is not None and pulled.path == path else str(path)
 
 
-def remove_pulled(text: str) -> list[PulledModel]:
-    """Delete the cached model ``text`` names, or every model of the repo when ``text`` names
-    no quant; the models removed. A repo left with no model goes whole (huggingface_hub's own
-    delete); otherwise the model's files, and their blobs unless another snapshot links them."""
+def remove_pulled(text: str) -> tuple[list[PulledModel], int]:
+    """Delete the cached model ``text`` names, or every model of the repo and its interrupted
+    pulls when ``text`` names no quant; the models removed, and the bytes of interrupted pulls.
+    A repo left with no model goes whole (huggingface_hub's own delete); otherwise the model's
+    files, and their blobs unless another snapshot links them."""
     ref = parse_ref(text)
     if ref is None:
         raise HubError(f"{text!r} is not a Hugging Face model: use OWNER/NAME[:QUANT]")
@@ -91,13 +97,29 @@ def remove_pulled(text: str) -> list[PulledModel]:
         for m in repo_models
         if ref.quant is None or (m.ref.quant or "").lower() == ref.quant.lower()
     ]
-    if not gone:
+    partial = [
+        f
+        for repo, files in _partial_files().items()
+        if ref.quant is None and repo.lower() == ref.repo.lower()
+        for f in files
+    ]
+    if not gone and not partial:
         raise HubError(f"{ref} is not among the models pulled (see `chatpage models`)")
+    freed = sum(f.size_on_disk for f in partial)
+    for f in partial:
+        f.file_path.unlink(missing_ok=True)
+    _remove(gone, repo_models)
+    return gone, freed
+
+
+def _remove(gone: list[PulledModel], repo_models: list[PulledModel]) -> None:
+    if not gone:
+        return
     if len(gone) == len(repo_models):
         repo = next(r for r in _model_repos() if r.repo_id == gone[0].ref.repo)
         hashes = (r.commit_hash for r in repo.revisions)
         scan_cache_dir(hub_cache()).delete_revisions(*hashes).execute()
-        return gone
+        return
     kept = {f.resolve() for m in repo_models if m not in gone for f in m.files}
     for model in gone:
         for pointer in model.files:
@@ -105,21 +127,25 @@ def remove_pulled(text: str) -> list[PulledModel]:
             pointer.unlink()
             if blob not in kept:
                 blob.unlink(missing_ok=True)
-    return gone
 
 
 def partial_downloads() -> dict[str, int]:
     """The bytes of interrupted pulls kept for the next pull to resume, by repo."""
+    return {repo: sum(f.size_on_disk for f in files) for repo, files in _partial_files().items()}
+
+
+def _partial_files() -> dict[str, list[CachedIncompleteFileInfo]]:
+    """The ``blobs/*.incomplete`` files of model repos, by repo id."""
     try:
         info = scan_cache_dir(hub_cache())
     except CacheNotFound:
         return {}
-    partial: dict[str, int] = {}
+    partial: dict[str, list[CachedIncompleteFileInfo]] = {}
     for f in info.incomplete_files:
         folder = f.file_path.parent.parent.name
         if folder.startswith("models--"):
             repo = folder.removeprefix("models--").replace("--", "/", 1)
-            partial[repo] = partial.get(repo, 0) + f.size_on_disk
+            partial.setdefault(repo, []).append(f)
     return partial
 
 

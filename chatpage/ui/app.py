@@ -30,7 +30,9 @@ from chatpage.engine.client import (
     EngineClient,
     EngineConfig,
     EngineStats,
+    EngineStatus,
     LocalEngineClient,
+    StatusKind,
     UpdateCallback,
 )
 from chatpage.remote.stats import RemoteStats
@@ -39,7 +41,7 @@ from chatpage.ui.actions.table import BY_ID
 from chatpage.ui.bindings import APP_BINDINGS, all_bindings
 from chatpage.ui.chat_screen import ChatScreen
 from chatpage.ui.history import SavedChats
-from chatpage.ui.messages import EngineEvents, EngineStatus, Inbox
+from chatpage.ui.messages import ClientStatus, EngineEvents, Inbox
 from chatpage.ui.palette import palette_commands
 from chatpage.ui.screens.model_picker import ModelPicker, is_backend_url, model_problem
 from chatpage.ui.terminal import read_keys_as_meant
@@ -252,10 +254,10 @@ class ChatApp(App[None]):
         return inbox.put
 
     def _start(self, client: EngineClient[object]) -> None:
-        """Start ``client``; its status lines come to this app, tagged with it."""
+        """Start ``client``; its statuses come to this app, tagged with it."""
 
-        def status(text: str) -> None:
-            self.post_message(EngineStatus(text, client))
+        def status(status: EngineStatus) -> None:
+            self.post_message(ClientStatus(status, client))
 
         client.start(status)
 
@@ -282,27 +284,28 @@ class ChatApp(App[None]):
         if client is self.client:  # (a model switched away from says nothing more)
             self.chats.requests.apply_all(updates)
 
-    def on_engine_status(self, message: EngineStatus) -> None:
+    def on_client_status(self, message: ClientStatus) -> None:
         gauge = self.chat.gauge
-        text = message.text
+        status = message.status
         if message.client is self._loading:  # a model being switched to (see _swap_client)
-            if not text.startswith(("error", "engine error", "ready")):
+            if status.kind not in (StatusKind.ERROR, StatusKind.READY):
                 gauge.status = (
                     f"{self.client.model_name} · ready · loading "
-                    f"{message.client.model or 'the default model'}: {text}…"
+                    f"{message.client.model or 'the default model'}: {status}…"
                 )
             return
         if message.client is not self.client:
             return
-        if text == "ready":
-            self._model_ready(self.client)
-        elif text.startswith("warning: "):
-            self.say(text.removeprefix("warning: "), "warning", timeout=15)
-        elif text.startswith(("error", "engine error")):
-            gauge.status = text
-            self.say(text, "error", timeout=20)
-        else:
-            gauge.status = f"{text}…"
+        match status.kind:
+            case StatusKind.READY:
+                self._model_ready(self.client)
+            case StatusKind.WARNING:
+                self.say(status.text, "warning", timeout=15)
+            case StatusKind.ERROR:
+                gauge.status = str(status)
+                self.say(str(status), "error", timeout=20)
+            case StatusKind.PROGRESS:
+                gauge.status = f"{status}…"
 
     def _model_ready(self, client: EngineClient[EngineStats | RemoteStats]) -> None:
         """``client`` (the one in use) is ready: said once, however its "ready" arrives."""

@@ -211,7 +211,7 @@ def test_an_interrupted_pull_resumes_where_it_stopped(hub, ggufs, capsys):
     assert partial_downloads() == {}
 
 
-def test_a_network_gone_mid_pull_keeps_what_was_fetched(hub):
+def test_a_network_gone_mid_pull_keeps_what_was_fetched(hub, capsys):
     hub.cut["tiny-q8_0.gguf"] = 2 * CHUNK
     hub.down_after_cut = True  # huggingface_hub tries 5 times, a second apart, then gives up
     with pytest.raises(
@@ -221,6 +221,9 @@ def test_a_network_gone_mid_pull_keeps_what_was_fetched(hub):
     ):
         run_pull(plan_pull("test/tiny-GGUF:Q8_0"))
     assert pulled_models() == [] and partial_downloads() == {"test/tiny-GGUF": 2 * CHUNK}
+    assert main(["models", "rm", "test/tiny-gguf"]) == 0  # what was kept can be dropped
+    assert capsys.readouterr().out == "removed 8 KiB of interrupted pulls\n"
+    assert partial_downloads() == {}
 
 
 def test_a_full_disk_keeps_what_was_fetched(hub):
