@@ -24,6 +24,7 @@ from chatpage.config.mcp import McpServerConfig
 from chatpage.config.personas import Persona
 from chatpage.config.settings import Settings
 from chatpage.engine.client import (
+    ChatRequest,
     EngineConfig,
     FinishReason,
     OutputDelta,
@@ -81,8 +82,8 @@ def fake_submits(app: ChatApp) -> list[list[dict[str, str]]]:
     (the request ids are ``fake-1``, ``fake-2``...; feed replies with `reply_update`)."""
     submitted: list[list[dict[str, str]]] = []
     app.client.error = None
-    app.client.submit = lambda messages, params, on_update, **_how: (
-        submitted.append(messages) or f"fake-{len(submitted)}"
+    app.client.submit = lambda request, on_update: (
+        submitted.append(request.messages) or f"fake-{len(submitted)}"
     )
     return submitted
 
@@ -215,11 +216,9 @@ class FakeClient:
         self.continued: list[bool] = []
         self.cancelled: list[str] = []
 
-    def submit(
-        self, messages, params, on_update, *, continue_reply: bool = False, reply_ids=None, **_how
-    ) -> str:
-        self.submitted.append((messages, params, on_update))
-        self.continued.append(continue_reply)
+    def submit(self, request: ChatRequest, on_update) -> str:
+        self.submitted.append((request.messages, request.params, on_update))
+        self.continued.append(request.continue_reply)
         return f"r{len(self.submitted)}"
 
     def cancel(self, rid: str) -> None:

@@ -33,7 +33,7 @@ from chatpage.chat.tool_loop import ToolLoop
 from chatpage.chat.tool_turns import functions
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.outputs import RequestUpdate
-from chatpage.engine.protocol import EngineClient, UpdateCallback
+from chatpage.engine.protocol import ChatRequest, EngineClient, UpdateCallback
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.vocab import MessageStatus, UserError
 
@@ -186,16 +186,16 @@ class Requests:
                 f"{self.client.model_name} has no thinking switch in its chat template: "
                 "/think no longer applies to this chat"
             )
-        rid = self.client.submit(
+        request = ChatRequest(
             session.for_model(upto=upto),
             params,
-            self.deliver,
             continue_reply=continue_reply,
             reply_ids=session.reply_ids(self.client.model_name, upto),
-            thinking=session.thinking,
             tools=tools,
             tool_choice=tool_choice,
+            thinking=session.thinking,
         )
+        rid = self.client.submit(request, self.deliver)
         self._by_request[rid] = session  # where its updates go
         return rid
 

@@ -18,6 +18,7 @@ from chatpage.config.personas import default_persona, find_persona, load_persona
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.config import EngineConfig
 from chatpage.engine.outputs import RequestOutput, RequestUpdate
+from chatpage.engine.protocol import ChatRequest
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.vocab import SAMPLING_RULES
 
@@ -118,7 +119,7 @@ def _ask_remote(settings, messages, params) -> int:
     client.start()
     try:
         if not client.wait_ready(timeout=CONNECT_S):
-            reason = client.error or client.status.split(";")[0]  # not retrying any more
+            reason = client.error or client.status.text.split(";")[0]  # not retrying any more
             if reason.startswith("connecting"):  # the probe got no answer yet
                 reason = f"{client.url} did not answer within {CONNECT_S:g} s"
             print(f"chatpage: error: {reason}", file=sys.stderr)
@@ -126,7 +127,7 @@ def _ask_remote(settings, messages, params) -> int:
         for note in client.warnings:
             print(f"chatpage: note: {note}", file=sys.stderr)
         updates: queue.SimpleQueue[RequestUpdate] = queue.SimpleQueue()
-        client.submit(messages, params, updates.put)
+        client.submit(ChatRequest(messages, params), updates.put)
         outputs = OutputAccumulator()
         final = None
         while final is None:

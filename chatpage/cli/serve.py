@@ -26,7 +26,7 @@ def cmd_serve(args) -> int:
             file=sys.stderr,
         )
         return 2
-    from chatpage.engine.client import LocalEngineClient
+    from chatpage.engine.client import EngineStatus, LocalEngineClient, StatusKind
 
     try:
         given = {"max_body_bytes": args.max_body, "body_timeout_s": args.body_timeout}
@@ -43,20 +43,10 @@ def cmd_serve(args) -> int:
         print(f"chatpage: warning: {err}", file=sys.stderr)
     client = LocalEngineClient(settings.model, EngineConfig.for_settings(settings, args.threads))
 
-    def status(msg: str) -> None:
-        print(f"chatpage serve: {msg}", file=sys.stderr, flush=True)
-        engine = client.engine
-        if msg == "ready" and engine is not None:  # how its tool calls and thinking are read
-            thinking = (
-                f"{engine.reasoning.open}...{engine.reasoning.close} as reasoning_content"
-                if engine.reasoning
-                else "none (the chat template declares no markers)"
-            )
-            print(
-                f"chatpage serve: {engine.tool_format.describe()}; thinking: {thinking}",
-                file=sys.stderr,
-                flush=True,
-            )
+    def status(line: EngineStatus) -> None:
+        print(f"chatpage serve: {line}", file=sys.stderr, flush=True)
+        if line.kind is StatusKind.READY:  # how its tool calls and thinking are read
+            print(f"chatpage serve: {client.reading()}", file=sys.stderr, flush=True)
 
     client.start(status)
     for prompt in dict.fromkeys(p.system_prompt for p in personas):

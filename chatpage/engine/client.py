@@ -1,9 +1,10 @@
 """LocalEngineClient: the paged engine on a thread of this process, behind `EngineClient`.
 
 The engine runs on its own thread: it loads the model, then steps whenever there is work.
-Everything here is callable from any thread and never waits on a step. Requests are chat
-messages (or raw prompts); each engine step's `RequestUpdate` for a request goes to the callback
-given at submit, called on the engine thread (`chatpage.engine.protocol` says how to take it).
+Everything here is callable from any thread and never waits on a step. Requests are
+`ChatRequest`s (or raw prompts); each engine step's `RequestUpdate` for a request goes to the
+callback given at submit, called on the engine thread (`chatpage.engine.protocol` says how to
+take it). The threads hand each other typed commands (`Command`), never tuples.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from chatpage.config.errorlog import log_error
 from chatpage.engine.config import EngineConfig
@@ -28,7 +31,16 @@ from chatpage.engine.outputs import (
     Usage,
     final_update,
 )
-from chatpage.engine.protocol import EngineClient, UpdateCallback
+from chatpage.engine.protocol import (
+    READY,
+    STARTING,
+    ChatRequest,
+    EngineClient,
+    EngineStatus,
+    StatusCallback,
+    StatusKind,
+    UpdateCallback,
+)
 from chatpage.engine.sampling_params import GrammarKind, SamplingParams, Structured
 from chatpage.engine.text.chat_template import (
     ReplyIds,
@@ -47,24 +59,21 @@ if TYPE_CHECKING:  # torch and the model code load on the engine thread (see _ru
     from chatpage.engine.llm_engine import LLMEngine  # the app paints before they are imported
     from chatpage.engine.text.tokenizer import TextTokenizer
 
-Render = Callable[["TextTokenizer", list[dict[str, str]]], list[int]]
+Render = Callable[["TextTokenizer", list[dict[str, Any]]], list[int]]
 """How chat messages become a prompt's token ids (`render_prompt`, `continue_prompt`)."""
-Command = tuple[Any, ...]
-"""What the tokenizer thread is asked: ``("submit", id, prompt, params, on_update, t0, render,
-tools, add_special_tokens)``, ``("cancel", id)`` or ``("pin", system_prompt)``; it hands the
-engine thread the same with token ids for the prompt (and, for a submit, whether it is a chat
-reply instead of ``render``, whether it offers tools instead of ``tools``, and no
-``add_special_tokens``), or ``("failed", command, why)``."""
 
 __all__ = [
+    "ChatRequest",
     "EngineClient",
     "EngineConfig",
     "EngineStats",
+    "EngineStatus",
     "FinishReason",
     "LocalEngineClient",
     "OutputDelta",
     "RequestUpdate",
     "SamplingParams",
+    "StatusKind",
     "ToolCall",
     "ToolCallDelta",
     "UpdateCallback",
@@ -78,6 +87,105 @@ PARKED_POLL_S = 0.1
 CHARS_PER_TOKEN = 32
 """More characters than any one token of a usual vocabulary spells: a prompt of more than this
 many times the context window's tokens cannot fit, and is refused before it is tokenized."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """What crosses the client's threads, one frozen dataclass per kind (read with ``match``):
+    callers -> the tokenizer thread (`ToTokenizer`), the tokenizer thread -> the engine thread
+    (`ToEngine`, prompts as token ids); `Wake` ends a thread's wait at close."""
+
+    kind: ClassVar[str]
+    """The command's name in an error line."""
+
+
+@dataclass(frozen=True)
+class Request(Command):
+    """What every request's command carries: its id, and who is told, since when."""
+
+    rid: str
+    params: SamplingParams
+    on_update: UpdateCallback
+    t0: float
+
+
+@dataclass(frozen=True)
+class SubmitChat(Request):
+    """A chat reply as asked for: the messages, how to ``render`` them, the ``tools`` offered
+    (the reply is read for calls); ``add_special_tokens``: the rendered ids get those the
+    tokenizer puts around a text."""
+
+    kind: ClassVar[str] = "submit"
+    messages: list[dict[str, Any]]
+    render: Render
+    tools: list[dict[str, Any]] | None
+    add_special_tokens: bool
+
+
+@dataclass(frozen=True)
+class SubmitPrompt(Request):
+    """A completion of a raw prompt (text, or token ids), as asked for."""
+
+    kind: ClassVar[str] = "submit"
+    prompt: str | list[int]
+    add_special_tokens: bool
+
+
+@dataclass(frozen=True)
+class Tokenized(Request):
+    """A request as the engine takes it: the prompt's ids, whether it is a chat reply, and
+    whether its answer is read for tool calls."""
+
+    kind: ClassVar[str] = "submit"
+    ids: list[int]
+    chat: bool
+    tool_calls: bool
+
+
+@dataclass(frozen=True)
+class Cancel(Command):
+    """Stop a request (queued after its submit: it never overtakes it)."""
+
+    kind: ClassVar[str] = "cancel"
+    rid: str
+
+
+@dataclass(frozen=True)
+class Pin(Command):
+    """Prefill a persona's system prompt and pin it (`LocalEngineClient.pin_system_prompt`)."""
+
+    kind: ClassVar[str] = "pin"
+    system_prompt: str
+
+
+@dataclass(frozen=True)
+class PinIds(Command):
+    """A persona's system prompt as the prefix ids every chat with it starts with."""
+
+    kind: ClassVar[str] = "pin"
+    ids: list[int]
+
+
+@dataclass(frozen=True)
+class Failed(Command):
+    """A command the tokenizer thread could not prepare, and why."""
+
+    kind: ClassVar[str] = "failed"
+    command: SubmitChat | SubmitPrompt | Pin
+    why: str
+
+
+@dataclass(frozen=True)
+class Wake(Command):
+    """Nothing to do: a blocked ``get`` returns, and the thread sees it is stopping."""
+
+    kind: ClassVar[str] = "wake"
+
+
+ToTokenizer = SubmitChat | SubmitPrompt | Cancel | Pin | Wake
+"""What callers queue for the tokenizer thread."""
+ToEngine = Tokenized | Cancel | PinIds | Failed | Wake
+"""What the tokenizer thread (and a failed callback) queues for the engine thread."""
 
 
 def _render_chat(
@@ -129,8 +237,8 @@ class LocalEngineClient:
     def __init__(self, model: str | None = None, config: EngineConfig | None = None) -> None:
         self.model = model
         self.config = config or EngineConfig()
-        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()  # callers -> tokenizer
-        self._work: queue.SimpleQueue[Command] = queue.SimpleQueue()  # tokenized -> engine thread
+        self._commands: queue.SimpleQueue[ToTokenizer] = queue.SimpleQueue()  # callers ->
+        self._work: queue.SimpleQueue[ToEngine] = queue.SimpleQueue()  # tokenized -> engine
         self._thread: threading.Thread | None = None
         self._tokenizer_thread: threading.Thread | None = None
         self._ready = threading.Event()
@@ -138,23 +246,24 @@ class LocalEngineClient:
         self._stats: EngineStats | None = None
         self._callbacks: dict[str, tuple[UpdateCallback, float]] = {}
         # submits whose grammar is still compiling (on a grammar thread): command, since when
-        self._parked: dict[str, tuple[Command, float]] = {}
+        self._parked: dict[str, tuple[Tokenized, float]] = {}
         self._next_id = 0
         self._id_lock = threading.Lock()
         self.engine: LLMEngine | None = None
         self.error: str | None = None
-        self.status = "starting"
+        self.status = STARTING
         self.model_name = "model"
         self.max_model_len = 0
+        self.vocab_size = 0
         self.warnings: list[str] = []
         self.counter: TokenCounter | None = None
         self.thinking_switch: str | None = None
         self.load_seconds: float | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    def start(self, on_status: Callable[[str], None] | None = None) -> None:
-        """Load the model on the engine thread; ``on_status`` gets one-line progress messages."""
-        self._on_status = on_status or (lambda _msg: None)
+    def start(self, on_status: StatusCallback | None = None) -> None:
+        """Load the model on the engine thread; ``on_status`` gets each status."""
+        self._on_status = on_status or (lambda _status: None)
         self._thread = threading.Thread(target=self._run, name="chatpage-engine", daemon=True)
         self._thread.start()
 
@@ -168,45 +277,41 @@ class LocalEngineClient:
 
     def close(self) -> None:
         self._stopping = True
-        self._commands.put(("wake",))
-        self._work.put(("wake",))
+        self._commands.put(Wake())
+        self._work.put(Wake())
         for thread in (self._thread, self._tokenizer_thread):
             if thread is not None:
                 thread.join(timeout=5)
 
     # -- requests (see `EngineClient`) ---------------------------------------------------------------
-    def submit(
-        self,
-        messages: list[dict[str, Any]],
-        params: SamplingParams,
-        on_update: UpdateCallback,
-        *,
-        continue_reply: bool = False,
-        tools: list[dict[str, Any]] | None = None,
-        reply_ids: ReplyIds | None = None,
-        tool_choice: str = "auto",
-        thinking: bool | None = None,
-        add_special_tokens: bool = False,
-    ) -> str:
-        template = continue_prompt if continue_reply else render_prompt
-        forced = forced_tools(tools or [], tool_choice)
-        grammar = self._tool_grammar(forced) if forced else None
-        if grammar is not None:
+    def submit(self, request: ChatRequest, on_update: UpdateCallback) -> str:
+        template = continue_prompt if request.continue_reply else render_prompt
+        params, tools = request.params, request.tools
+        forced = forced_tools(tools or [], request.tool_choice)
+        if forced and self.engine is not None:  # (before the load: no grammar, as it was)
+            grammar = self.tool_grammar(forced, True)
             params = dataclasses.replace(
                 params, structured=Structured(GrammarKind.GRAMMAR, grammar)
             )
-        switch = self.thinking_switch if thinking is not None else None
-        if thinking is not None and switch is None:
+        switch = self.thinking_switch if request.thinking is not None else None
+        if request.thinking is not None and switch is None:
             raise ValueError("this model's chat template has no thinking switch")
-        variables = {switch: thinking} if switch is not None else {}
-        return self._submit(
-            messages,
-            params,
-            on_update,
-            functools.partial(_render_chat, template, reply_ids, tools, variables),
-            tools=tools,
-            add_special_tokens=add_special_tokens,
+        variables = {switch: request.thinking} if switch is not None else {}
+        render = functools.partial(_render_chat, template, request.reply_ids, tools, variables)
+        rid = self._new_id()
+        self._commands.put(
+            SubmitChat(
+                rid,
+                params,
+                on_update,
+                time.monotonic(),
+                request.messages,
+                render,
+                tools,
+                request.add_special_tokens,
+            )
         )
+        return rid
 
     def submit_prompt(
         self,
@@ -215,67 +320,72 @@ class LocalEngineClient:
         on_update: UpdateCallback,
         add_special_tokens: bool = True,
     ) -> str:
-        return self._submit(prompt, params, on_update, None, add_special_tokens=add_special_tokens)
-
-    def _submit(
-        self,
-        prompt: list[dict[str, str]] | str | list[int],
-        params: SamplingParams,
-        on_update: UpdateCallback,
-        render: Render | None,
-        tools: list[dict[str, Any]] | None = None,
-        add_special_tokens: bool = False,
-    ) -> str:
-        """Queue a request; ``render`` turns chat messages into token ids (None: a raw prompt);
-        ``tools``: the function tools the prompt offers (the reply is read for calls);
-        ``add_special_tokens``: the prompt's ids get those the tokenizer puts around a text."""
-        with self._id_lock:
-            rid = f"chat-{self._next_id}"
-            self._next_id += 1
+        rid = self._new_id()
         self._commands.put(
-            (
-                "submit",
-                rid,
-                prompt,
-                params,
-                on_update,
-                time.monotonic(),
-                render,
-                tools,
-                add_special_tokens,
-            )
+            SubmitPrompt(rid, params, on_update, time.monotonic(), prompt, add_special_tokens)
         )
         return rid
 
-    def cancel(self, request_id: str) -> None:
-        self._commands.put(("cancel", request_id))
+    def _new_id(self) -> str:
+        with self._id_lock:
+            rid = f"chat-{self._next_id}"
+            self._next_id += 1
+        return rid
 
-    def _tool_grammar(self, tools: list[dict[str, Any]]) -> str | None:
-        """The grammar of a reply that calls some of ``tools`` in the model's own format (its
-        `tool_format`; its special tokens by id); None before the model is loaded."""
+    def cancel(self, request_id: str) -> None:
+        self._commands.put(Cancel(request_id))
+
+    def pin_system_prompt(self, system_prompt: str) -> None:
+        """Prefill a persona's system prompt once and pin its blocks for every session to share."""
+        self._commands.put(Pin(system_prompt))
+
+    # -- the loaded model, for serve (see `ServingClient`; asked only once ready) ----------------
+    def _loaded(self) -> LLMEngine:
         engine = self.engine
         if engine is None:
-            return None
+            raise RuntimeError("the engine was asked for before the model loaded")
+        return engine
+
+    def token_text(self, token_id: int) -> str:
+        return self._loaded().tokenizer.decode([token_id])
+
+    def tool_grammar(self, tools: list[dict[str, Any]], parallel: bool) -> str:
+        engine = self._loaded()
         tokenizer = engine.tokenizer
 
         def token_id(text: str) -> int | None:
             ids = tokenizer.encode(text, add_special_tokens=False)
             return ids[0] if len(ids) == 1 else None
 
-        return engine.tool_format.grammar(tools, True, token_id)
+        return engine.tool_format.grammar(tools, parallel, token_id)
 
-    def pin_system_prompt(self, system_prompt: str) -> None:
-        """Prefill a persona's system prompt once and pin its blocks for every session to share."""
-        self._commands.put(("pin", system_prompt))
+    def compile_grammar(self, spec: Structured) -> Future[Any]:
+        return self._loaded().grammars.compile(spec)
+
+    def reading(self) -> str:
+        """How the model's tool calls and thinking are read from its replies (`chatpage serve`
+        says so once ready)."""
+        engine = self._loaded()
+        markers = engine.reasoning
+        thinking = (
+            f"{markers.open}...{markers.close} as reasoning_content"
+            if markers
+            else "none (the chat template declares no markers)"
+        )
+        return f"{engine.tool_format.describe()}; thinking: {thinking}"
 
     def stats(self) -> EngineStats | None:
         """The latest snapshot (taken after every engine step); None until the model is ready."""
         return self._stats
 
     # -- the engine thread -------------------------------------------------------------------------
-    def _status(self, msg: str) -> None:
-        self.status = msg
-        self._on_status(msg)
+    def _status(self, status: EngineStatus) -> None:
+        self.status = status
+        self._on_status(status)
+
+    def _progress(self, text: str) -> None:
+        """A load's or a kernel build's progress line (`LLMEngine.from_pretrained`, `ops`)."""
+        self._status(EngineStatus(StatusKind.PROGRESS, text))
 
     def _run(self) -> None:
         import torch  # the slow imports (~2 s): here, not before the app's first frame
@@ -286,13 +396,13 @@ class LocalEngineClient:
         torch.set_num_threads(self.config.threads)  # this thread's own count (the UI has its own)
         try:
             t0 = time.perf_counter()
-            engine = LLMEngine.from_pretrained(self.model, self.config, progress=self._status)
+            engine = LLMEngine.from_pretrained(self.model, self.config, progress=self._progress)
             # build (first run) or load the native kernels now, not in the first reply
-            ops.set_notify(self._status)
+            ops.set_notify(self._progress)
             ops.available(engine.device)
         except Exception as e:  # reported to the UI, which keeps running
             self.error = log_error(e, f"loading the model {self.model or '(default)'}")
-            self._status(f"error: {self.error}")
+            self._status(EngineStatus(StatusKind.ERROR, self.error))
             self._ready.set()
             self._answer_with_errors(self._commands, "the model did not load")
             return
@@ -300,6 +410,7 @@ class LocalEngineClient:
         self.engine = engine
         self.model_name = engine.model_name
         self.max_model_len = engine.max_model_len
+        self.vocab_size = engine.model.vocab_size
         self.warnings = engine.warnings
         self.thinking_switch = thinking_switch(getattr(engine.tokenizer, "chat_template", None))
         try:
@@ -312,7 +423,7 @@ class LocalEngineClient:
         )
         self._tokenizer_thread.start()
         self._ready.set()
-        self._status("ready")
+        self._status(READY)
         reported = len(self.warnings)  # the load's warnings: shown by the UI at "ready"
         while not self._stopping:
             self._drain(engine, block=not engine.has_unfinished())
@@ -330,7 +441,7 @@ class LocalEngineClient:
                 self._dispatch(update)
             self._stats = engine.stats()
             while len(self.warnings) > reported:  # raised while stepping (e.g. CUDA graphs off)
-                self._status(f"warning: {self.warnings[reported]}")
+                self._status(EngineStatus(StatusKind.WARNING, self.warnings[reported]))
                 reported += 1
 
     def _step_failed(self, engine: LLMEngine, error: Exception) -> bool:
@@ -349,7 +460,7 @@ class LocalEngineClient:
         problems = engine.bm.audit()
         if problems:
             self.error = f"{why}; the KV cache no longer adds up ({problems[0]})"
-        self._status(f"engine error: {self.error or why}")
+        self._status(EngineStatus(StatusKind.ERROR, f"the engine failed: {self.error or why}"))
         return not problems
 
     def _drain(self, engine: LLMEngine, block: bool) -> None:
@@ -377,26 +488,35 @@ class LocalEngineClient:
         cancel never overtakes its submit)."""
         while not self._stopping:
             cmd = self._commands.get()
-            kind = cmd[0]
             try:
-                if kind == "submit":
-                    _, rid, prompt, params, on_update, t0, render, tools, special = cmd
-                    self._check_length(prompt, tools)
-                    if render is not None:
-                        ids = render(engine.tokenizer, prompt)
-                        if special:
-                            ids = with_special_tokens(engine.tokenizer, ids)
-                    elif isinstance(prompt, str):
-                        ids = engine.tokenizer.encode(prompt, add_special_tokens=special)
-                    else:
-                        ids = list(prompt)
-                    chat = render is not None
-                    cmd = ("submit", rid, ids, params, on_update, t0, chat, bool(tools))
-                elif kind == "pin":
-                    cmd = ("pin", system_prefix(engine.tokenizer, cmd[1]))
+                self._work.put(self._prepare(engine, cmd))
             except Exception as e:  # bad input or a template error: this command fails alone
-                cmd = ("failed", cmd, log_error(e, f"engine command {kind}"))
-            self._work.put(cmd)
+                assert not isinstance(cmd, Cancel | Wake)  # (those pass as they are)
+                self._work.put(Failed(cmd, log_error(e, f"engine command {cmd.kind}")))
+
+    def _prepare(self, engine: LLMEngine, cmd: ToTokenizer) -> ToEngine:
+        """``cmd`` as the engine thread takes it: a prompt as its token ids."""
+        match cmd:
+            case SubmitChat(messages=messages, tools=tools):
+                self._check_length(messages, tools)
+                ids = cmd.render(engine.tokenizer, messages)
+                if cmd.add_special_tokens:
+                    ids = with_special_tokens(engine.tokenizer, ids)
+                return self._tokenized(cmd, ids, True, bool(tools))
+            case SubmitPrompt(prompt=str(text)):
+                self._check_length(text)
+                ids = engine.tokenizer.encode(text, add_special_tokens=cmd.add_special_tokens)
+                return self._tokenized(cmd, ids, False, False)
+            case SubmitPrompt(prompt=ids):
+                return self._tokenized(cmd, list(ids), False, False)
+            case Pin(system_prompt):
+                return PinIds(system_prefix(engine.tokenizer, system_prompt))
+            case Cancel() | Wake():
+                return cmd
+
+    @staticmethod
+    def _tokenized(cmd: Request, ids: list[int], chat: bool, tool_calls: bool) -> Tokenized:
+        return Tokenized(cmd.rid, cmd.params, cmd.on_update, cmd.t0, ids, chat, tool_calls)
 
     def _check_length(
         self,
@@ -415,38 +535,39 @@ class LocalEngineClient:
                 f"context window of {self.max_model_len} tokens (max_model_len) holds; {fix}"
             )
 
-    def _handle(self, engine: LLMEngine, cmd: Command) -> None:
+    def _handle(self, engine: LLMEngine, cmd: ToEngine) -> None:
         """Run one command; a failure is reported (on its request, or as a status line for a pin)
         and the thread keeps serving."""
-        kind = cmd[0]
         try:
-            if kind == "submit":
-                _, rid, ids, params, on_update, t0, chat, tool_calls = cmd
-                self._callbacks[rid] = (on_update, t0)
-                spec = params.structured
-                if spec is not None and not engine.grammars.compile(spec).done():
-                    self._parked[rid] = (cmd, time.monotonic())  # the engine steps on
-                    return
-                engine.add_request(
-                    ids,
-                    params,
-                    request_id=rid,
-                    split_thinking=chat,
-                    tool_calls=tool_calls,
-                    chat=chat,
-                )
-            elif kind == "cancel":
-                update = engine.abort(cmd[1])
-                if update is not None:
-                    self._dispatch(update)
-                elif self._parked.pop(cmd[1], None) is not None:
-                    self._end(cmd[1], FinishReason.ABORT)
-            elif kind == "pin":
-                engine.pin_prefix(cmd[1])
-            elif kind == "failed":  # (on the tokenizer thread)
-                self._failed(cmd[1], cmd[2])
+            match cmd:
+                case Tokenized(rid=rid, params=params):
+                    self._callbacks[rid] = (cmd.on_update, cmd.t0)
+                    spec = params.structured
+                    if spec is not None and not engine.grammars.compile(spec).done():
+                        self._parked[rid] = (cmd, time.monotonic())  # the engine steps on
+                        return
+                    engine.add_request(
+                        cmd.ids,
+                        params,
+                        request_id=rid,
+                        split_thinking=cmd.chat,
+                        tool_calls=cmd.tool_calls,
+                        chat=cmd.chat,
+                    )
+                case Cancel(rid):
+                    update = engine.abort(rid)
+                    if update is not None:
+                        self._dispatch(update)
+                    elif self._parked.pop(rid, None) is not None:
+                        self._end(rid, FinishReason.ABORT)
+                case PinIds(ids):
+                    engine.pin_prefix(ids)
+                case Failed(command, why):  # (on the tokenizer thread)
+                    self._failed(command, why)
+                case Wake():
+                    pass
         except Exception as e:  # a request that cannot run: this command fails, not the thread
-            self._failed(cmd, log_error(e, f"engine command {kind}"))
+            self._failed(cmd, log_error(e, f"engine command {cmd.kind}"))
         self._stats = engine.stats()
 
     def _unpark(self, engine: LLMEngine) -> None:
@@ -454,7 +575,8 @@ class LocalEngineClient:
         add_request says why); fail those that waited `COMPILE_TIMEOUT_S`."""
         now = time.monotonic()
         for rid, (cmd, since) in list(self._parked.items()):
-            spec = cmd[3].structured
+            spec = cmd.params.structured
+            assert spec is not None  # (parked for it)
             if engine.grammars.compile(spec).done():
                 del self._parked[rid]
                 self._handle(engine, cmd)
@@ -464,25 +586,24 @@ class LocalEngineClient:
 
     def _failed(self, cmd: Command, why: str) -> None:
         """Report a command that failed: on its request, or as a status line for a pin."""
-        kind = cmd[0]
-        if kind == "submit":
-            _, rid, _prompt, _params, on_update, t0 = cmd[:6]
-            self._callbacks[rid] = (on_update, t0)
-            self._fail(rid, why)
+        if isinstance(cmd, Request):
+            self._callbacks[cmd.rid] = (cmd.on_update, cmd.t0)
+            self._fail(cmd.rid, why)
         else:
-            self._status(f"error: {kind} failed: {why}")
+            self._status(EngineStatus(StatusKind.ERROR, f"{cmd.kind} failed: {why}"))
 
-    def _answer_with_errors(self, commands: queue.SimpleQueue[Command], why: str) -> None:
+    def _answer_with_errors(
+        self, commands: queue.SimpleQueue[ToTokenizer] | queue.SimpleQueue[ToEngine], why: str
+    ) -> None:
         """No model (or a broken engine): every submit from ``commands``, queued or later, gets
         a final error update, ``why`` and `error`."""
         while not self._stopping:
             cmd = commands.get()
-            if cmd[0] == "failed":
-                cmd = cmd[1]
-            if cmd[0] == "submit":
-                _, rid, _prompt, _params, on_update, t0 = cmd[:6]
-                self._callbacks[rid] = (on_update, t0)
-                self._fail(rid, f"{why}: {self.error}")
+            if isinstance(cmd, Failed):
+                cmd = cmd.command
+            if isinstance(cmd, Request):
+                self._callbacks[cmd.rid] = (cmd.on_update, cmd.t0)
+                self._fail(cmd.rid, f"{why}: {self.error}")
 
     def _fail(self, rid: str, why: str) -> None:
         """A request the engine does not hold: its one update ends it with ``why``."""
@@ -507,4 +628,4 @@ class LocalEngineClient:
         except Exception as e:  # the consumer's bug: logged, its request stopped, the thread on
             log_error(e, f"the update callback of request {update.request_id}")
             if self._callbacks.pop(update.request_id, None) is not None:
-                self._work.put(("cancel", update.request_id))
+                self._work.put(Cancel(update.request_id))

@@ -14,12 +14,22 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from chatpage.config.settings import DEFAULT_BACKEND_TIMEOUT_S
-from chatpage.engine.protocol import ReplyIds, TokenCounter, UpdateCallback
+from chatpage.engine.protocol import (
+    READY,
+    STARTING,
+    ChatRequest,
+    EngineStatus,
+    StatusCallback,
+    StatusKind,
+    TokenCounter,
+    UpdateCallback,
+)
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.remote.backend import Backend, BackendError, BackendNotReady, probe
 from chatpage.remote.requests import RemoteReply, RequestFailed, run_request, split_samples
@@ -31,6 +41,26 @@ API_KEY_ENV = "CHATPAGE_API_KEY"
 POLL_S = 1.0
 RETRY_S = 2.0
 CONNECT_TIMEOUT_S = 10.0
+
+Payload = list[dict[str, Any]] | str | list[int]
+"""A request's messages (a chat, or a reply to continue), or a completion's prompt."""
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A request as submitted, held until the server is reachable (then begun as it is)."""
+
+    rid: str
+    kind: str  # chat, continue, completion (`request_body`)
+    payload: Payload
+    params: SamplingParams
+    on_update: UpdateCallback
+    t_submit: float
+    tools: ToolRequest | None
+
+    def reply(self) -> RemoteReply:
+        """Where this request's choices go (its updates, to its callback)."""
+        return RemoteReply(self.rid, self.on_update, self.t_submit)
 
 
 class RemoteEngineClient:
@@ -53,9 +83,8 @@ class RemoteEngineClient:
         key = api_key if api_key is not None else os.environ.get(API_KEY_ENV)
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.backend: Backend | None = None
-        self.engine = None  # no local engine: nothing here reads the model's tokenizer
         self.error: str | None = None
-        self.status = "starting"
+        self.status = STARTING
         self.model_name = "model"
         self.max_model_len = 0
         self.warnings: list[str] = []
@@ -67,20 +96,20 @@ class RemoteEngineClient:
         self._ready = threading.Event()
         self._reachable = False
         self._http: httpx.AsyncClient | None = None
-        self._tasks: dict[str, asyncio.Task] = {}
-        self._pending: list[tuple] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._pending: list[Submitted] = []
         self._pins: list[str] = []
         self._ids = itertools.count()
         self._id_lock = threading.Lock()
         self._stats: RemoteStats | None = None
         self._note: str | None = None
         self._poller = Poller()
-        self._on_status: Callable[[str], None] = lambda _msg: None
+        self._on_status: StatusCallback = lambda _status: None
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    def start(self, on_status: Callable[[str], None] | None = None) -> None:
-        """Connect on the client's thread; ``on_status`` gets one-line progress messages."""
-        self._on_status = on_status or (lambda _msg: None)
+    def start(self, on_status: StatusCallback | None = None) -> None:
+        """Connect on the client's thread; ``on_status`` gets each status."""
+        self._on_status = on_status or (lambda _status: None)
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="chatpage-remote", daemon=True
         )
@@ -105,33 +134,27 @@ class RemoteEngineClient:
         self._loop.close()
 
     # -- requests ----------------------------------------------------------------------------------
-    def submit(
-        self,
-        messages: list[dict[str, str]],
-        params: SamplingParams,
-        on_update: UpdateCallback,
-        *,
-        continue_reply: bool = False,
-        reply_ids: ReplyIds | None = None,
-        tools: list[dict[str, Any]] | None = None,
-        tool_choice: str = "auto",
-        thinking: bool | None = None,
-    ) -> str:
-        """Queue a chat reply for ``messages`` (held until the server is reachable);
-        ``continue_reply``: the last message, a reply, goes on instead of a new one starting.
-        ``reply_ids`` are not used: the server renders the prompt itself. ``tools`` go in the
-        request with ``tool_choice`` (the server offers them, and constrains a forced call
-        itself; its streamed calls come back as tool-call deltas).
-        ``thinking`` other than None is refused (ValueError): the server's template cannot be
-        seen from here (`thinking_switch` is None)."""
-        if thinking is not None:
+    def submit(self, request: ChatRequest, on_update: UpdateCallback) -> str:
+        """Queue a chat reply (held until the server is reachable). ``reply_ids`` are not
+        used: the server renders the prompt itself. ``tools`` go in the request with
+        ``tool_choice`` (the server offers them, and constrains a forced call itself; its
+        streamed calls come back as tool-call deltas). ``thinking`` other than None and
+        ``add_special_tokens`` are refused (ValueError): the server's template cannot be seen
+        from here (`thinking_switch` is None), nor its rendered prompt changed."""
+        if request.thinking is not None:
             raise ValueError(
                 "over --backend the server renders the prompt: chatpage cannot switch its "
                 "model's thinking"
             )
-        kind = "continue" if continue_reply else "chat"
-        offer = ToolRequest(tools, tool_choice) if tools else None
-        return self._submit(kind, messages, params, on_update, offer)
+        if request.add_special_tokens:
+            raise ValueError(
+                "over --backend the server renders the prompt: chatpage cannot add special "
+                "tokens to it"
+            )
+        kind = "continue" if request.continue_reply else "chat"
+        tools = request.tools
+        offer = ToolRequest(tools, request.tool_choice) if tools else None
+        return self._submit(kind, request.messages, request.params, on_update, offer)
 
     def submit_prompt(
         self, prompt: str | list[int], params: SamplingParams, on_update: UpdateCallback
@@ -153,20 +176,21 @@ class RemoteEngineClient:
         return self._stats
 
     # -- on the client's loop ----------------------------------------------------------------------
-    def _call(self, fn, *args) -> None:
+    def _call(self, fn: Callable[..., object], *args: object) -> None:
         self._loop.call_soon_threadsafe(fn, *args)
 
     def _submit(
         self,
         kind: str,
-        payload,
+        payload: Payload,
         params: SamplingParams,
         on_update: UpdateCallback,
         tools: ToolRequest | None = None,
     ) -> str:
         with self._id_lock:
             rid = f"remote-{next(self._ids)}"
-        self._call(self._begin, rid, kind, payload, params, on_update, time.monotonic(), tools)
+        submitted = Submitted(rid, kind, payload, params, on_update, time.monotonic(), tools)
+        self._call(self._begin, submitted)
         return rid
 
     @property
@@ -182,9 +206,13 @@ class RemoteEngineClient:
             raise RuntimeError(f"{self.url} has not been probed yet")
         return self.backend
 
-    def _status(self, msg: str) -> None:
-        self.status = msg
-        self._on_status(msg)
+    def _status(self, status: EngineStatus) -> None:
+        self.status = status
+        self._on_status(status)
+
+    def _progress(self, text: str) -> None:
+        """A step of connecting (or of reconnecting to a server lost)."""
+        self._status(EngineStatus(StatusKind.PROGRESS, text))
 
     def _connect(self) -> None:
         self._http = httpx.AsyncClient(
@@ -196,7 +224,7 @@ class RemoteEngineClient:
 
     async def _probe_and_poll(self) -> None:
         t0 = time.perf_counter()
-        self._status(f"connecting to {self.url}")
+        self._progress(f"connecting to {self.url}")
         while self.backend is None:
             try:
                 backend = await probe(self.http, self.url, self.model)
@@ -204,13 +232,13 @@ class RemoteEngineClient:
                 self._give_up(str(e))
                 return
             except httpx.TransportError as e:
-                self._status(
+                self._progress(
                     f"cannot reach {self.url} ({self._reason(e)}); retrying every {RETRY_S:.0f} s"
                 )
                 await asyncio.sleep(RETRY_S)
                 continue
             except BackendNotReady as e:
-                self._status(f"{e}; retrying every {RETRY_S:.0f} s")
+                self._progress(f"{e}; retrying every {RETRY_S:.0f} s")
                 await asyncio.sleep(RETRY_S)
                 continue
             except Exception as e:  # an answer the probe cannot read: say so, never hang
@@ -226,9 +254,9 @@ class RemoteEngineClient:
         self._reachable = True
         await self._poll_once()
         self._ready.set()
-        self._status("ready")
-        for args in self._pending:
-            self._begin(*args)
+        self._status(READY)
+        for submitted in self._pending:
+            self._begin(submitted)
         self._pending.clear()
         for prompt in self._pins:
             self._pin(prompt)
@@ -239,10 +267,10 @@ class RemoteEngineClient:
     def _give_up(self, error: str) -> None:
         """The server cannot be used: say why, and fail the replies waiting for it."""
         self.error = error
-        self._status(f"error: {error}")
+        self._status(EngineStatus(StatusKind.ERROR, error))
         self._ready.set()
-        for rid, _kind, _payload, _params, on_update, t_submit, _tools in self._pending:
-            RemoteReply(rid, on_update, t_submit).fail(error)
+        for submitted in self._pending:
+            submitted.reply().fail(error)
         self._pending.clear()
 
     async def _poll_once(self) -> None:
@@ -267,31 +295,24 @@ class RemoteEngineClient:
         except httpx.HTTPError as e:
             if self._reachable:
                 self._reachable = False
-                self._status(f"lost {self.url} ({self._reason(e)}); retrying every {POLL_S:.0f} s")
+                self._progress(
+                    f"lost {self.url} ({self._reason(e)}); retrying every {POLL_S:.0f} s"
+                )
             self._stats = RemoteStats(label, False, notes=notes)
             return
         self._stats = self._poller.stats(label, text, time.monotonic(), engine, notes)
         if not self._reachable:
             self._reachable = True
-            self._status("ready")
+            self._status(READY)
 
-    def _begin(
-        self,
-        rid: str,
-        kind: str,
-        payload,
-        params: SamplingParams,
-        on_update: UpdateCallback,
-        t_submit: float,
-        tools: ToolRequest | None = None,
-    ) -> None:
+    def _begin(self, submitted: Submitted) -> None:
         if self.backend is None:
             if self.error is not None:
-                RemoteReply(rid, on_update, t_submit).fail(self.error)
+                submitted.reply().fail(self.error)
             else:
-                self._pending.append((rid, kind, payload, params, on_update, t_submit, tools))
+                self._pending.append(submitted)
             return
-        reply = RemoteReply(rid, on_update, t_submit)
+        reply, params, rid = submitted.reply(), submitted.params, submitted.rid
         parts = split_samples(self.backend, params)
         if len(parts) > 1:
             seeds = ", ".join(str(p.seed) for p in parts)
@@ -299,7 +320,9 @@ class RemoteEngineClient:
                 f"n={params.n} sent as {len(parts)} requests (seeds {seeds}): "
                 f"{self.backend.label} answers one sample per request"
             )
-        task = self._loop.create_task(self._run(reply, kind, payload, parts, tools))
+        task = self._loop.create_task(
+            self._run(reply, submitted.kind, submitted.payload, parts, submitted.tools)
+        )
         self._tasks[rid] = task
         task.add_done_callback(lambda _t: self._tasks.pop(rid, None))
 
@@ -307,7 +330,7 @@ class RemoteEngineClient:
         self,
         reply: RemoteReply,
         kind: str,
-        payload,
+        payload: Payload,
         parts: list[SamplingParams],
         tools: ToolRequest | None,
     ) -> None:
@@ -347,10 +370,10 @@ class RemoteEngineClient:
         if task is not None:
             task.cancel()
             return
-        for i, args in enumerate(self._pending):
-            if args[0] == rid:
+        for i, submitted in enumerate(self._pending):
+            if submitted.rid == rid:
                 del self._pending[i]
-                RemoteReply(rid, args[4], args[5]).finish(FinishReason.ABORT)
+                submitted.reply().finish(FinishReason.ABORT)
                 return
 
     def _pin(self, prompt: str) -> None:
@@ -364,7 +387,7 @@ class RemoteEngineClient:
             }
             self._loop.create_task(self._warm(body))
 
-    async def _warm(self, body: dict) -> None:
+    async def _warm(self, body: dict[str, Any]) -> None:
         try:
             await self.http.post("/v1/chat/completions", json=body)
         except httpx.HTTPError:  # only a warm-up: the poller reports an unreachable server

@@ -1,4 +1,4 @@
-"""The Starlette app of `chatpage serve`: routes over one `LocalEngineClient`.
+"""The Starlette app of `chatpage serve`: routes over one `ServingClient` (the local engine's).
 
 ``/v1/*`` needs the API key when one is set; ``/health`` and ``/metrics`` never do (as in vLLM).
 A server with no key answers every route only under its own names (`HostGuard`: DNS rebinding).
@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import asdict, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -27,14 +27,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from chatpage.config.personas import Persona
-from chatpage.engine.client import LocalEngineClient
 from chatpage.engine.outputs import OutputDelta
+from chatpage.engine.protocol import ServingClient
 from chatpage.engine.sampling_params import GrammarKind, Structured
 from chatpage.engine.text.grammar import COMPILE_TIMEOUT_S, too_slow
-from chatpage.engine.text.tool_calls import ToolFormat
-
-if TYPE_CHECKING:
-    from chatpage.engine.llm_engine import LLMEngine
 from chatpage.serve import metrics
 from chatpage.serve.bridge import EventPump, RequestStream
 from chatpage.serve.limits import ServeLimits, check_keyless, read_json
@@ -57,7 +53,7 @@ class ServeState:
 
     def __init__(
         self,
-        client: LocalEngineClient,
+        client: ServingClient,
         api_key: str | None,
         personas: list[Persona],
         host: str = "127.0.0.1",
@@ -115,27 +111,6 @@ class ServeState:
                 raise ApiError(503, f"the model did not load: {self.client.error}")
             raise ApiError(503, f"the model is still loading ({self.client.status})")
 
-    @property
-    def engine(self) -> LLMEngine:
-        """The loaded engine (asked for only while serving requests, so after the load)."""
-        engine = self.client.engine
-        if engine is None:
-            raise RuntimeError("the engine was asked for before the model loaded")
-        return engine
-
-    def token_text(self, token_id: int) -> str:
-        return self.engine.tokenizer.decode([token_id])
-
-    @property
-    def tool_format(self) -> ToolFormat:
-        """How the model writes tool calls (from its chat template)."""
-        return self.engine.tool_format
-
-    def special_token(self, text: str) -> int | None:
-        """The id of ``text`` when it is one token of the vocabulary."""
-        ids = self.engine.tokenizer.encode(text, add_special_tokens=False)
-        return ids[0] if len(ids) == 1 else None
-
     async def compile_grammar(self, api: ApiRequest, body: dict[str, Any]) -> None:
         """The request's grammar compiled (on the engine's grammar threads, never this loop),
         before it is submitted: the engine thread then never waits for it. A 400 naming the
@@ -144,7 +119,7 @@ class ServeState:
         if spec is None:
             return
         where = "tools" if api.tools.forced else structured_field(body)
-        future = self.engine.grammars.compile(spec)
+        future = self.client.compile_grammar(spec)
         waited = asyncio.wrap_future(future)
         waited.add_done_callback(lambda f: f.cancelled() or f.exception())  # (read: no warning)
         try:
@@ -164,7 +139,7 @@ class ServeState:
         the tools into the prompt and reads the calls back)."""
         tools = api.tools
         if tools.offered and tools.forced:
-            grammar = self.tool_format.grammar(tools.forced, tools.parallel, self.special_token)
+            grammar = self.client.tool_grammar(tools.forced, tools.parallel)
             api.params = replace(api.params, structured=Structured(GrammarKind.GRAMMAR, grammar))
 
 
@@ -188,7 +163,8 @@ class HostGuard:
 
 
 def _state(request: Request) -> ServeState:
-    return request.app.state.serve
+    state: ServeState = request.app.state.serve
+    return state
 
 
 def _error(e: ApiError) -> JSONResponse:
@@ -221,7 +197,7 @@ async def _prepare(request: Request, kind: str) -> tuple[ApiRequest, str]:
     state.check(request)
     body = await read_json(request, state.limits)
     model, persona = state.resolve(body.get("model") if isinstance(body, dict) else None)
-    vocab = state.engine.model.vocab_size
+    vocab = state.client.vocab_size
     # off the loop: a request's JSON schemas are checked in Python (bounded, but not instant)
     api = await asyncio.to_thread(
         parse_request, body, kind, persona.sampling() if persona else None, vocab
@@ -248,7 +224,7 @@ async def generate(request: Request, kind: str) -> Response:
         state.client, api, state.pump, api.tools.tools if api.tools.offered else None
     )
     rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
-    writer = ChunkWriter(api, rid, model, int(time.time()), state.token_text)
+    writer = ChunkWriter(api, rid, model, int(time.time()), state.client.token_text)
     try:
         finished, first = await _until_disconnect(request, stream.first())
     except ApiError as e:
@@ -331,7 +307,7 @@ async def health(request: Request) -> Response:
     client = _state(request).client
     if client.ready:
         return Response(status_code=200)
-    text = f"the model did not load: {client.error}" if client.error else client.status
+    text = f"the model did not load: {client.error}" if client.error else str(client.status)
     return JSONResponse({"status": text}, status_code=503)
 
 
@@ -368,7 +344,7 @@ async def prometheus(request: Request) -> Response:
 
 
 def build_app(
-    client: LocalEngineClient,
+    client: ServingClient,
     api_key: str | None = None,
     personas: list[Persona] | None = None,
     host: str = "127.0.0.1",

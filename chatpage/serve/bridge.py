@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from chatpage.engine.accumulator import OutputAccumulator
-from chatpage.engine.client import LocalEngineClient
 from chatpage.engine.outputs import CompletionOutput, OutputDelta, RequestUpdate, Usage
+from chatpage.engine.protocol import ChatRequest, ServingClient
 from chatpage.wire.errors import ApiError
 from chatpage.wire.requests import ApiRequest
 
@@ -27,11 +27,11 @@ class EventPump:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._pending: deque[tuple[asyncio.Queue, RequestUpdate]] = deque()
+        self._pending: deque[tuple[asyncio.Queue[RequestUpdate], RequestUpdate]] = deque()
         self._lock = threading.Lock()
         self._scheduled = False
 
-    def post(self, queue: asyncio.Queue, update: RequestUpdate) -> None:
+    def post(self, queue: asyncio.Queue[RequestUpdate], update: RequestUpdate) -> None:
         """From any thread: ``update`` goes into ``queue`` on the loop soon."""
         with self._lock:
             self._pending.append((queue, update))
@@ -55,7 +55,7 @@ class RequestStream:
 
     def __init__(
         self,
-        client: LocalEngineClient,
+        client: ServingClient,
         request: ApiRequest,
         pump: EventPump,
         tools: list[dict[str, Any]] | None = None,
@@ -73,14 +73,14 @@ class RequestStream:
             pump.post(self._queue, update)
 
         if request.kind == "chat":
-            self.request_id = client.submit(
+            chat = ChatRequest(
                 request.messages,
                 request.params,
-                on_update,
                 continue_reply=request.continue_final_message,
                 tools=tools,
                 add_special_tokens=request.add_special_tokens,
             )
+            self.request_id = client.submit(chat, on_update)
         else:
             self.request_id = client.submit_prompt(
                 request.prompt, request.params, on_update, request.add_special_tokens

@@ -137,7 +137,7 @@ def migrate(conn: sqlite3.Connection) -> int:
     old = None
     while True:
         with transaction(conn):
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            version: int = conn.execute("PRAGMA user_version").fetchone()[0]
             old = version if old is None else old
             if version > SCHEMA_VERSION:
                 raise NewerSchemaError(

@@ -276,7 +276,8 @@ class Store(MessageTree):
         ).fetchone()
         if row is None:
             raise NotFound(f"no chat with id {session_id}")
-        return row["draft"]
+        draft: str = row["draft"]
+        return draft
 
     def search(self, term: str, limit: int = 50) -> list[SearchHit]:
         """Messages containing every word of `term` (the last word may be a prefix), best

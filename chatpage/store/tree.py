@@ -60,7 +60,8 @@ class MessageTree:
         self._conn.execute("UPDATE sessions SET updated_at = ? WHERE id = ?", (when, session_id))
 
     def _row(self, message_id: int) -> sqlite3.Row:
-        row = self._conn.execute("SELECT * FROM messages WHERE id = ?", (message_id,)).fetchone()
+        query = "SELECT * FROM messages WHERE id = ?"
+        row: sqlite3.Row | None = self._conn.execute(query, (message_id,)).fetchone()
         if row is None:
             raise NotFound(f"no message with id {message_id}")
         return row
@@ -234,7 +235,7 @@ class MessageTree:
         """Delete every message of a chat (the chat itself stays); returns how many."""
         with transaction(self._conn) as conn:
             self._require_session(session_id)
-            count = conn.execute(
+            count: int = conn.execute(
                 "SELECT COUNT(*) FROM messages WHERE session_id = ?", (session_id,)
             ).fetchone()[0]
             conn.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from textual.message import Message
 
-from chatpage.engine.client import EngineClient, RequestUpdate
+from chatpage.engine.client import EngineClient, EngineStatus, RequestUpdate
 
 
 class Inbox:
@@ -54,8 +54,8 @@ class EngineEvents(Message):
 
 
 @dataclass
-class EngineStatus(Message):
-    """A progress line from ``client``'s engine thread (loading, kernels, ready, error)."""
+class ClientStatus(Message):
+    """A status from ``client``'s engine thread (loading, kernels, ready, a warning, an error)."""
 
-    text: str
+    status: EngineStatus
     client: EngineClient[object]

@@ -11,7 +11,7 @@ import time
 from chatpage.config import errorlog
 from chatpage.engine import EngineConfig, SamplingParams
 from chatpage.engine.accumulator import OutputAccumulator
-from chatpage.engine.client import FinishReason, LocalEngineClient, RequestUpdate
+from chatpage.engine.client import ChatRequest, FinishReason, LocalEngineClient, RequestUpdate
 from chatpage.engine.outputs import RequestOutput
 
 BLOCK_BYTES = 16 * 2 * 2 * 2 * 64 * 4  # the tiny Llama: 2 layers, 2 KV heads of 64, fp32
@@ -39,7 +39,7 @@ class _Reply:
 
 def _ask(client: LocalEngineClient, messages: list[dict[str, str]]) -> RequestOutput:
     reply = _Reply()
-    client.submit(messages, SamplingParams(temperature=0, max_tokens=3), reply)
+    client.submit(ChatRequest(messages, SamplingParams(temperature=0, max_tokens=3)), reply)
     assert reply.done.wait(20), "no final update: the engine thread stopped serving"
     return reply.out
 
@@ -47,7 +47,7 @@ def _ask(client: LocalEngineClient, messages: list[dict[str, str]]) -> RequestOu
 def _client(model_dir, blocks: int) -> LocalEngineClient:
     client = LocalEngineClient(str(model_dir), EngineConfig(kv_cache_bytes=blocks * BLOCK_BYTES))
     statuses: list[str] = []
-    client.start(statuses.append)
+    client.start(lambda status: statuses.append(str(status)))  # each line as shown
     assert client.wait_ready(120), client.error
     client.statuses = statuses
     return client
@@ -114,8 +114,10 @@ def test_a_cancel_and_a_refused_request_each_end_with_one_explicit_final_update(
     try:
         reply = _Reply()
         rid = client.submit(
-            [{"role": "user", "content": "hi"}],
-            SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=200),
+            ChatRequest(
+                [{"role": "user", "content": "hi"}],
+                SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=200),
+            ),
             reply,
         )
         while not reply.updates:
@@ -130,7 +132,10 @@ def test_a_cancel_and_a_refused_request_each_end_with_one_explicit_final_update(
 
         refused = _Reply()
         client.submit(
-            [{"role": "user", "content": "word " * 5000}], SamplingParams(max_tokens=3), refused
+            ChatRequest(
+                [{"role": "user", "content": "word " * 5000}], SamplingParams(max_tokens=3)
+            ),
+            refused,
         )
         assert refused.done.wait(20)
         (final,) = refused.updates
@@ -169,7 +174,9 @@ def test_a_failed_step_ends_pins_like_requests_and_the_idle_engine_thread_blocks
         broken.set()
         client.pin_system_prompt("You are terse.")
         reply = _Reply()
-        client.submit([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=3), reply)
+        client.submit(
+            ChatRequest([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=3)), reply
+        )
         assert reply.done.wait(20)
         assert reply.out.error == "RuntimeError: device lost"
         assert reply.out.outputs[0].finish_reason is FinishReason.ERROR
@@ -183,7 +190,8 @@ def test_a_failed_step_ends_pins_like_requests_and_the_idle_engine_thread_blocks
         time.sleep(1.0)
         assert _cpu_seconds(client._thread) - before < 0.05  # blocked on its queue
         assert any(
-            s.startswith("engine error: RuntimeError: device lost") for s in client.statuses
+            s.startswith("error: the engine failed: RuntimeError: device lost")
+            for s in client.statuses
         ), client.statuses
         broken.clear()
         assert client.error is None  # a failed step is not a broken engine
@@ -203,8 +211,9 @@ def test_a_raising_update_callback_is_logged_and_stops_only_its_request(tiny_lla
 
     try:
         rid = client.submit(
-            [{"role": "user", "content": "hi"}],
-            SamplingParams(max_tokens=200, ignore_eos=True),
+            ChatRequest(
+                [{"role": "user", "content": "hi"}], SamplingParams(max_tokens=200, ignore_eos=True)
+            ),
             broken,
         )
         last = _ask(client, [{"role": "user", "content": "hi"}])
@@ -244,8 +253,10 @@ def test_prompts_and_system_prompts_are_tokenized_off_the_engine_thread(tiny_lla
         threads.clear()
         huge = _Reply()
         client.submit(
-            [{"role": "user", "content": "x" * (32 * client.max_model_len + 1)}],
-            SamplingParams(max_tokens=2),
+            ChatRequest(
+                [{"role": "user", "content": "x" * (32 * client.max_model_len + 1)}],
+                SamplingParams(max_tokens=2),
+            ),
             huge,
         )
         assert huge.done.wait(20)
@@ -290,7 +301,7 @@ def test_tool_descriptions_and_call_arguments_count_before_anything_is_tokenized
             (history, None, "characters, far more"),
         ):
             reply = _Reply()
-            client.submit(messages, SamplingParams(max_tokens=2), reply, tools=tools)
+            client.submit(ChatRequest(messages, SamplingParams(max_tokens=2), tools=tools), reply)
             assert reply.done.wait(20)
             error = reply.out.error
             assert error.startswith("the prompt is ") and said in error and "\n" not in error

@@ -14,7 +14,7 @@ import pytest
 from chatpage.engine import EngineConfig, SamplingParams
 from chatpage.engine import client as client_module
 from chatpage.engine.accumulator import OutputAccumulator
-from chatpage.engine.client import FinishReason, LocalEngineClient, RequestUpdate
+from chatpage.engine.client import ChatRequest, FinishReason, LocalEngineClient, RequestUpdate
 from chatpage.engine.outputs import RequestOutput
 from chatpage.engine.sampling_params import GrammarKind, Structured
 from chatpage.engine.text import grammar
@@ -62,7 +62,9 @@ def client(tiny_llama_dir):
 
 def _submit(client: LocalEngineClient, **params) -> tuple[str, _Reply]:
     reply = _Reply()
-    rid = client.submit(ASK, SamplingParams(temperature=0, max_tokens=4, **params), reply)
+    rid = client.submit(
+        ChatRequest(ASK, SamplingParams(temperature=0, max_tokens=4, **params)), reply
+    )
     return rid, reply
 
 

@@ -16,7 +16,7 @@ from serve_helpers import free_port, llama_server, running_server
 from chatpage.cli.main import main
 from chatpage.config.settings import Settings, load_settings
 from chatpage.engine.accumulator import OutputAccumulator
-from chatpage.engine.client import FinishReason, RequestUpdate
+from chatpage.engine.client import ChatRequest, FinishReason, RequestUpdate, StatusKind
 from chatpage.engine.outputs import RequestOutput
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.remote.backend import Backend
@@ -50,7 +50,7 @@ def collect(
 ) -> tuple[list[RequestUpdate], RequestOutput]:
     """Every update of one reply, and the outputs they fold into."""
     updates: queue.SimpleQueue = queue.SimpleQueue()
-    client.submit(messages, params, updates.put, **how)
+    client.submit(ChatRequest(messages, params, **how), updates.put)
     return drain(updates, timeout)
 
 
@@ -123,7 +123,9 @@ def test_logprobs_pass_through_by_token_id(client, tiny_llama_dir):
 
 def test_cancel_closes_the_stream_and_frees_the_server_blocks(client, url):
     events: queue.SimpleQueue = queue.SimpleQueue()
-    rid = client.submit(HI, SamplingParams(max_tokens=900, ignore_eos=True), events.put)
+    rid = client.submit(
+        ChatRequest(HI, SamplingParams(max_tokens=900, ignore_eos=True)), events.put
+    )
     while events.get(timeout=30).usage.completion_tokens < 3:
         pass
     client.cancel(rid)
@@ -161,7 +163,7 @@ def test_a_server_without_the_api_is_an_error_not_a_retry(url):
     client.start()
     try:
         assert not client.wait_ready(10)
-        assert "answered 404" in client.error and client.status.startswith("error:")
+        assert "answered 404" in client.error and client.status.kind is StatusKind.ERROR
         final = collect(client, HI, SamplingParams(max_tokens=2))[1]
         assert final.outputs[0].finish_reason is FinishReason.ERROR
         assert final.error == client.error
@@ -186,12 +188,12 @@ def test_unreachable_server_is_retried_and_held_requests_then_run(tiny_llama_dir
     client.start()
     try:
         deadline = time.monotonic() + 10
-        while not client.status.startswith("cannot reach"):
+        while not client.status.text.startswith("cannot reach"):
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert not client.ready and client.error is None
         events: queue.SimpleQueue = queue.SimpleQueue()
-        client.submit(HI, SamplingParams(max_tokens=3), events.put)  # held, not lost
+        client.submit(ChatRequest(HI, SamplingParams(max_tokens=3)), events.put)  # held, not lost
         with running_server(tiny_llama_dir, tmp_path, port=port):
             (output,) = drain(events)[1].outputs
             assert client.ready and output.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)

@@ -23,7 +23,7 @@ from serve_helpers import REPO, connected
 
 from chatpage.config.settings import Settings, load_settings
 from chatpage.engine.accumulator import OutputAccumulator
-from chatpage.engine.client import FinishReason
+from chatpage.engine.client import ChatRequest, FinishReason
 from chatpage.engine.outputs import RequestOutput
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.remote.client import RemoteEngineClient
@@ -150,7 +150,7 @@ def rogue(chat: str, context: object = 2048, metrics: str | None = None) -> Iter
 def reply(client: RemoteEngineClient) -> RequestOutput:
     """The outputs of one reply, once it ended (in time, or the test fails)."""
     updates: queue.SimpleQueue = queue.SimpleQueue()
-    client.submit(HI, SamplingParams(max_tokens=8), updates.put)
+    client.submit(ChatRequest(HI, SamplingParams(max_tokens=8)), updates.put)
     outputs = OutputAccumulator()
     while not (out := outputs.add(updates.get(timeout=20))).finished:
         pass

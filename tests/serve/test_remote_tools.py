@@ -19,6 +19,7 @@ from serve_helpers import connected, running_server
 
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.outputs import RequestOutput, RequestUpdate
+from chatpage.engine.protocol import ChatRequest
 from chatpage.engine.sampling_params import GrammarKind, SamplingParams, Structured
 from chatpage.remote.client import RemoteEngineClient
 from chatpage.vocab import FinishReason
@@ -43,7 +44,7 @@ def collect(
     client: RemoteEngineClient, params: SamplingParams, **how
 ) -> tuple[list[RequestUpdate], RequestOutput]:
     updates: queue.SimpleQueue = queue.SimpleQueue()
-    client.submit(ASK, params, updates.put, **how)
+    client.submit(ChatRequest(ASK, params, **how), updates.put)
     got: list[RequestUpdate] = []
     fold = OutputAccumulator()
     while not got or not got[-1].finished:

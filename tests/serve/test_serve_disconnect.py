@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from chatpage.engine.client import LocalEngineClient, RequestUpdate
+from chatpage.engine.client import ChatRequest, LocalEngineClient, RequestUpdate, UpdateCallback
 from chatpage.engine.config import EngineConfig
 from chatpage.serve import build_app
 from chatpage.serve.threaded import serving
@@ -29,16 +29,30 @@ class RecordingClient(LocalEngineClient):
         super().__init__(*args, **kw)
         self.updates: dict[str, list[RequestUpdate]] = {}
 
-    def _submit(self, prompt, params, on_update, render, **options) -> str:
-        seen: list[RequestUpdate] = []
-
-        def record(update: RequestUpdate) -> None:
-            seen.append(update)
-            on_update(update)
-
-        rid = super()._submit(prompt, params, record, render, **options)
+    def submit(self, request: ChatRequest, on_update: UpdateCallback) -> str:
+        seen, record = _recorder(on_update)
+        rid = super().submit(request, record)
         self.updates[rid] = seen
         return rid
+
+    def submit_prompt(
+        self, prompt, params, on_update: UpdateCallback, add_special_tokens=True
+    ) -> str:
+        seen, record = _recorder(on_update)
+        rid = super().submit_prompt(prompt, params, record, add_special_tokens)
+        self.updates[rid] = seen
+        return rid
+
+
+def _recorder(on_update: UpdateCallback) -> tuple[list[RequestUpdate], UpdateCallback]:
+    """A list of every update, and the callback that adds to it before ``on_update``."""
+    seen: list[RequestUpdate] = []
+
+    def record(update: RequestUpdate) -> None:
+        seen.append(update)
+        on_update(update)
+
+    return seen, record
 
 
 @pytest.fixture(scope="module")

@@ -253,7 +253,7 @@ async def test_unwritable_data_dir_runs_without_saving(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_DATA_HOME", str(blocker))
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         app.client.error = None  # pretend the model loaded: submits go nowhere
-        app.client.submit = lambda messages, params, on_event, **_how: "fake-1"
+        app.client.submit = lambda request, on_update: "fake-1"
         notice = next(n for n in app.notices if "without saving" in n)
         assert notice.startswith("warning:") and str(blocker) in notice
         assert not app.store.persistent

@@ -22,7 +22,8 @@ from textual.widgets import Input
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence
 
 from chatpage.config.paths import config_dir
-from chatpage.ui.messages import EngineStatus
+from chatpage.engine.client import EngineStatus, StatusKind
+from chatpage.ui.messages import ClientStatus
 from chatpage.ui.screens.help import HelpScreen
 from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.screens.sampling_settings import SamplingSettingsScreen
@@ -247,7 +248,8 @@ async def test_an_engine_warning_while_stepping_is_a_notice_and_not_the_status(t
     async with app.run_test(size=SIZE) as pilot:
         gauge = app.chat.query_one(BlockGauge)
         await wait_for(pilot, lambda: "model path not found" in gauge.status, "the load error")
-        app.post_message(EngineStatus("warning: CUDA graphs are off ([red]x[/])", app.client))
+        warning = EngineStatus(StatusKind.WARNING, "CUDA graphs are off ([red]x[/])")
+        app.post_message(ClientStatus(warning, app.client))
         await wait_for(pilot, lambda: "CUDA graphs are off" in app.notices[-1], "the notice")
         assert app.notices[-1] == "warning: CUDA graphs are off ([red]x[/])"
         assert "model path not found" in gauge.status  # the status line keeps what it said
