@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from chatpage.bench.reporting import Goal, Section, at_most, reader, table
 from chatpage.engine.config import EngineConfig
-from chatpage.engine.core.block_manager import BlockManager, Demand
+from chatpage.engine.core.block_manager import BlockManager
+from chatpage.engine.core.block_table import Demand
 from chatpage.engine.core.kv_groups import kv_groups
 from chatpage.engine.core.sequence import Sequence
 from chatpage.vocab import DEFAULT_BLOCK_SIZE

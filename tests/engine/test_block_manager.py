@@ -18,16 +18,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from chatpage.engine.core.block_manager import (
-    BlockCopies,
-    BlockManager,
-    BlockPool,
-    ComputedBlocks,
-    Demand,
-    chain_hash,
-    cpu_entry,
-)
+from chatpage.engine.core.block_manager import BlockManager
+from chatpage.engine.core.block_pool import BlockPool, chain_hash, cpu_entry
+from chatpage.engine.core.block_table import ComputedBlocks, Demand
 from chatpage.engine.core.sequence import Sequence
+from chatpage.engine.core.step import BlockCopies
 
 BS = 4
 NUM_BLOCKS = 12
@@ -521,7 +516,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for handle in list(self.pins):
             self.bm.unpin(handle)
         bm = self.bm
-        assert not bm.tables and not bm._hashes and not bm._registered and not bm._swapped
+        assert not bm.tables and not bm._records  # one record a sequence: every one dropped
         for pool in (bm.pool, bm.cpu_pool):
             assert pool.num_used == 0 and pool.num_shared == 0 and pool.num_pinned == 0
             assert not any(pool.ref) and not any(pool.pin_count)
@@ -932,11 +927,11 @@ class SlidingGroupsMachine(RuleBasedStateMachine):
         for fam in self._in("running", "swapped"):
             for seq in fam.seqs:
                 for g, w in enumerate(WINDOWS):
-                    held = self.bm.held(g, seq.seq_id)
+                    held = self.bm.record(seq.seq_id).held(g)
                     if w:
                         assert len(held) <= -(-w // BS) + 1
                     else:
-                        assert self.bm.skipped(g, seq.seq_id) == 0
+                        assert self.bm.record(seq.seq_id).skipped[g] == 0
 
     @invariant()
     def the_window_reads_back(self) -> None:

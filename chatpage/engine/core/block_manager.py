@@ -1,74 +1,29 @@
 """Per-sequence block tables over a device BlockPool and a CPU swap pool (BlockManager).
 
 BlockManager maps each sequence's logical blocks to physical ones (chatpage/engine/core/block_pool.py):
-allocation from one prefix-cache lookup, append, fork, copy-on-write, free, swap, pin.
+allocation from one prefix-cache lookup, append, fork, copy-on-write, free, swap, pin. It keeps
+one record per sequence (`SeqBlocks`, ``engine/core/block_table.py``) and asks each KV group's
+policy (``engine/core/kv_policy.py``: full attention, sliding window) what differs by attention
+type.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable
-from dataclasses import dataclass
 
-from chatpage.engine.core.block_pool import BlockPool, chain_hash, cpu_entry
+from chatpage.engine.core.block_pool import BlockPool, cpu_entry, extend_hashes
+from chatpage.engine.core.block_table import (
+    NULL_BLOCK,
+    ComputedBlocks,
+    Demand,
+    GroupTables,
+    SeqBlocks,
+    group_key,
+)
+from chatpage.engine.core.kv_policy import kv_policy, longest_common_hit, num_blocks
 from chatpage.engine.core.sequence import Sequence
-
-__all__ = [
-    "BlockCopies",
-    "BlockManager",
-    "BlockPool",
-    "ComputedBlocks",
-    "Demand",
-    "NULL_BLOCK",
-    "group_key",
-    "chain_hash",
-    "cpu_entry",
-]
-
-
-@dataclass(frozen=True, slots=True)
-class ComputedBlocks:
-    """A sequence's prefix-cache hits (``BlockManager.get_computed_blocks``): the first
-    ``num_tokens`` tokens are computed. ``blocks``: group 0's hit blocks, ``others``: those of
-    groups 1, 2, ...; a sliding group's hold only the last blocks the window needs (its table
-    starts with as many released entries as are missing)."""
-
-    blocks: tuple[int, ...] = ()
-    num_tokens: int = 0
-    others: tuple[tuple[int, ...], ...] = ()
-
-    def hits(self, group: int) -> tuple[int, ...]:
-        return self.blocks if group == 0 else self.others[group - 1]
-
-
-@dataclass(frozen=True, slots=True)
-class Demand:
-    """Room for ``num_new_tokens`` more tokens of ``seq``. ``computed``: the prefix hits a
-    sequence without blocks starts from; None for one that has its blocks."""
-
-    seq: Sequence
-    num_new_tokens: int
-    computed: ComputedBlocks | None = None
-
-    @property
-    def num_computed_tokens(self) -> int:
-        """Where the new tokens start."""
-        return self.seq.num_computed_tokens if self.computed is None else self.computed.num_tokens
-
-
-BlockCopies = list[tuple[int, int]]
-"""Block copies the KV cache makes before a forward pass, (source, destination) each."""
-
-
-NULL_BLOCK = 0
-"""What a released entry of a sliding group's table holds: a valid id the attention never reads
-(every position in it is outside the window), so the table stays a plain tensor row."""
-
-
-def group_key(group: int, block_hash: bytes) -> bytes:
-    """The prefix-index key of group ``group``'s block for ``block_hash``: each group's layers
-    keep their K/V in blocks of their own, so a hit is looked up per group."""
-    return block_hash if group == 0 else block_hash + group.to_bytes(2, "little")
+from chatpage.engine.core.step import BlockCopies
 
 
 class BlockManager:
@@ -78,11 +33,11 @@ class BlockManager:
     CPU blocks, as ``cpu_entry(c)`` (negative). Blocks another holder still references stay on
     the device while a group is swapped out.
 
-    ``windows``: one KV group per entry (``engine/core/kv_groups.py``), each with a table per
-    sequence in ``group_tables`` (``tables`` is group 0's); 0 = full attention. A sliding
-    group's blocks whose positions all left the window (of a query at the next position) are
-    released as the sequence advances: its table's first ``skipped(group, seq)`` entries are
-    ``NULL_BLOCK``, no reference. Every group allocates from the one pool.
+    ``windows``: one KV group per entry (``engine/core/kv_groups.py``), 0 = full attention,
+    each with its `KVPolicy` and a table per sequence (read as ``group_tables``; ``tables`` is
+    group 0's). A sliding group's blocks whose positions all left the window (of a query at the
+    next position) are released as the sequence advances. Every group allocates from the one
+    pool.
     """
 
     def __init__(
@@ -96,65 +51,29 @@ class BlockManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.windows = windows
+        self.policies = [kv_policy(block_size, w) for w in windows]
         self.pool = BlockPool(num_blocks)
         self.cpu_pool = BlockPool(num_cpu_blocks)
-        self.group_tables: list[dict[int, list[int]]] = [{} for _ in windows]
+        self._records: dict[int, SeqBlocks] = {}  # by sequence id: the sequences with blocks
+        self.group_tables = [GroupTables(self._records, g) for g in range(len(windows))]
         self.tables = self.group_tables[0]
-        self._skipped: list[dict[int, int]] = [{} for _ in windows]  # released leading entries
-        self._full_groups = [g for g, w in enumerate(windows) if not w]
-        self._sliding_groups = [g for g, w in enumerate(windows) if w]
-        self._hashes: dict[int, list[bytes]] = {}  # chain hashes of each sequence's full blocks
-        self._registered: dict[int, int] = {}  # how many leading blocks are indexed
-        self._swapped: set[int] = set()  # sequences swapped out (tables may hold CPU entries)
         self._pins: dict[Hashable, list[int]] = {}  # pin handle -> pinned blocks
         self.prefix_hit_tokens = 0
 
-    def skipped(self, group: int, seq_id: int) -> int:
-        """How many leading entries of the sequence's table in ``group`` are released."""
-        return self._skipped[group].get(seq_id, 0)
+    def holds(self, seq: Sequence) -> bool:
+        """Whether ``seq`` has blocks (on the device or swapped out)."""
+        return seq.seq_id in self._records
 
-    def held(self, group: int, seq_id: int) -> list[int]:
-        """The entries of the sequence's table in ``group`` that reference a block."""
-        return self.group_tables[group][seq_id][self.skipped(group, seq_id) :]
+    def record(self, seq_id: int) -> SeqBlocks:
+        """What the manager holds for sequence ``seq_id`` (read-only outside)."""
+        return self._records[seq_id]
 
-    def _window_start(self, group: int, num_tokens: int) -> int:
-        """The first block a query at position ``num_tokens`` reads in ``group``."""
-        w = self.windows[group]
-        return max(0, (num_tokens - w + 1) // self.block_size) if w else 0
-
-    # -- hashing ---------------------------------------------------------------------------------
+    # -- prefix cache ------------------------------------------------------------------------------
     def _block_hashes(self, seq: Sequence) -> list[bytes]:
-        hashes = self._hashes.setdefault(seq.seq_id, [])
-        bs = self.block_size
-        tokens = seq.token_ids
-        parent = hashes[-1] if hashes else None
-        for i in range(len(hashes), len(tokens) // bs):
-            parent = chain_hash(parent, tuple(tokens[i * bs : (i + 1) * bs]))
-            hashes.append(parent)
-        return hashes
+        return extend_hashes(seq.block_hashes, seq.token_ids, self.block_size)
 
     def _lookup(self, group: int, block_hash: bytes) -> int | None:
         return self.pool.lookup(group_key(group, block_hash))
-
-    def _full_hit(self, group: int, hashes: list[bytes], n: int) -> int:
-        """How many leading blocks of ``hashes[:n]`` group ``group`` has cached."""
-        for i in range(n):
-            if self._lookup(group, hashes[i]) is None:
-                return i
-        return n
-
-    def _sliding_hit(self, group: int, hashes: list[bytes], n: int) -> int:
-        """The longest hit of at most ``n`` blocks that sliding group ``group`` can serve: the
-        blocks in the window of its next query cached (vLLM's right-to-left scan)."""
-        right = n  # the hit the current run of cached blocks would end
-        if self._window_start(group, right * self.block_size) >= right:
-            return right  # (a window of one token needs no earlier block)
-        for i in range(n - 1, -1, -1):
-            if self._lookup(group, hashes[i]) is None:
-                right = i
-            elif i <= self._window_start(group, right * self.block_size):
-                return right
-        return 0
 
     def get_computed_blocks(self, seq: Sequence) -> ComputedBlocks:
         """The cached blocks matching the leading full blocks of ``seq``, a sequence without
@@ -163,28 +82,20 @@ class BlockManager:
         be served for. Looked up once per admission; ``allocate_slots`` takes them from this
         result."""
         if not self.enable_caching:
-            return ComputedBlocks(others=((),) * (len(self.windows) - 1))
+            return ComputedBlocks(others=((),) * (len(self.policies) - 1))
         hashes = self._block_hashes(seq)
-        n = min(len(hashes), (len(seq) - 1) // self.block_size)
-        for g in self._full_groups:  # a full group's hit holds for any shorter prefix too
-            n = self._full_hit(g, hashes, n)
-        while self._sliding_groups:  # a sliding group's may not: settle on one that all serve
-            m = n
-            for g in self._sliding_groups:
-                m = self._sliding_hit(g, hashes, m)
-            if m == n:
-                break
-            n = m
+        n = longest_common_hit(
+            self.policies,
+            lambda g, i: self._lookup(g, hashes[i]) is not None,
+            min(len(hashes), (len(seq) - 1) // self.block_size),
+        )
         hits = []
-        for g in range(len(self.windows)):
-            lo = self._window_start(g, n * self.block_size)
+        for g, policy in enumerate(self.policies):
+            lo = policy.window_start(n * self.block_size)
             hits.append(tuple(self._lookup(g, hashes[i]) for i in range(lo, n)))
         return ComputedBlocks(hits[0], n * self.block_size, tuple(hits[1:]))  # type: ignore[arg-type]
 
     # -- allocation --------------------------------------------------------------------------------
-    def _num_blocks(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
-
     def _shared_write(self, table: list[int], seq: Sequence) -> int | None:
         """Where in ``table`` (one of its groups') ``seq`` writes next, if another sequence
         shares that block (a copy-on-write is due)."""
@@ -195,16 +106,15 @@ class BlockManager:
         """Blocks ``demand`` takes from the free count, in every group: new ones, a
         copy-on-write of the shared block it writes into, and prefix hits waiting in the LRU
         (they stop being available)."""
-        total = self._num_blocks(demand.num_computed_tokens + demand.num_new_tokens)
+        total = num_blocks(demand.num_computed_tokens + demand.num_new_tokens, self.block_size)
         need = 0
         if demand.computed is not None:
-            have = self._num_blocks(demand.computed.num_tokens)  # (hits are whole blocks)
-            for g in range(len(self.windows)):
+            have = demand.computed.num_tokens // self.block_size  # (hits are whole blocks)
+            for g in range(len(self.policies)):
                 hits = demand.computed.hits(g)
                 need += total - have + sum(1 for b in hits if self.pool.is_evictable(b))
             return need
-        for tables in self.group_tables:
-            table = tables[demand.seq.seq_id]
+        for table in self._records[demand.seq.seq_id].tables:
             need += total - len(table) + (self._shared_write(table, demand.seq) is not None)
         return need
 
@@ -229,25 +139,24 @@ class BlockManager:
         return copies
 
     def _take_hits(self, seq: Sequence, computed: ComputedBlocks) -> None:
-        assert seq.seq_id not in self.tables, "prefix hits are for a sequence without blocks"
+        assert seq.seq_id not in self._records, "prefix hits are for a sequence without blocks"
         n = computed.num_tokens // self.block_size
-        for g, tables in enumerate(self.group_tables):
+        record = SeqBlocks([], [], registered=n)
+        for g in range(len(self.policies)):
             hits = computed.hits(g)
             for b in hits:
                 self.pool.incref(b)
-            tables[seq.seq_id] = [NULL_BLOCK] * (n - len(hits)) + list(hits)
-            if len(hits) < n:
-                self._skipped[g][seq.seq_id] = n - len(hits)
-        self._registered[seq.seq_id] = n
+            record.tables.append([NULL_BLOCK] * (n - len(hits)) + list(hits))
+            record.skipped.append(n - len(hits))
+        self._records[seq.seq_id] = record
         seq.num_computed_tokens = computed.num_tokens
         self.prefix_hit_tokens += computed.num_tokens
 
     def _extend(self, seq: Sequence, num_new_tokens: int, copies: BlockCopies) -> None:
         """Blocks for ``num_new_tokens`` more tokens of ``seq`` in every group, each one it
         writes private (a copy-on-write goes to ``copies``)."""
-        total = self._num_blocks(seq.num_computed_tokens + num_new_tokens)
-        for tables in self.group_tables:
-            table = tables[seq.seq_id]
+        total = num_blocks(seq.num_computed_tokens + num_new_tokens, self.block_size)
+        for table in self._records[seq.seq_id].tables:
             i = self._shared_write(table, seq)
             if i is not None:
                 fresh = self.pool.allocate()
@@ -262,71 +171,51 @@ class BlockManager:
         release the sliding groups' blocks that left their windows."""
         if self.enable_caching:
             self._register(seq)
-        for g in self._sliding_groups:
-            self._slide(g, seq)
+        record = self._records[seq.seq_id]
+        for g, policy in enumerate(self.policies):
+            self._slide(record, g, policy.window_start(seq.num_computed_tokens))
 
     def _register(self, seq: Sequence) -> None:
+        record = self._records[seq.seq_id]
         full = seq.num_computed_tokens // self.block_size
-        done = self._registered[seq.seq_id]
-        if full <= done:
+        if full <= record.registered:
             return
         hashes = self._block_hashes(seq)
-        for g, tables in enumerate(self.group_tables):
-            table = tables[seq.seq_id]
-            for i in range(done, full):
+        for g, table in enumerate(record.tables):
+            for i in range(record.registered, full):
                 self.pool.register(table[i], group_key(g, hashes[i]))
-        self._registered[seq.seq_id] = full
+        record.registered = full
 
-    def _slide(self, group: int, seq: Sequence) -> None:
-        """Release the blocks of ``seq`` in sliding ``group`` that no later query reads (each
-        stays cached for prefix hits while the pool does not need it)."""
-        start = self._window_start(group, seq.num_computed_tokens)
-        skipped = self._skipped[group]
-        done = skipped.get(seq.seq_id, 0)
-        if start <= done:
+    def _slide(self, record: SeqBlocks, group: int, start: int) -> None:
+        """Release the blocks before ``start`` of ``record``'s table in ``group``, which no
+        later query reads (only a sliding window has any: each stays cached for prefix hits
+        while the pool does not need it)."""
+        if start <= record.skipped[group]:
             return
-        table = self.group_tables[group][seq.seq_id]
-        for i in range(done, start):
+        table = record.tables[group]
+        for i in range(record.skipped[group], start):
             self.pool.decref(table[i])
             table[i] = NULL_BLOCK
-        skipped[seq.seq_id] = start
+        record.skipped[group] = start
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """``child`` shares every block of ``parent`` (ref counts up)."""
-        for g, tables in enumerate(self.group_tables):
-            for b in self.held(g, parent.seq_id):
-                self._incref(b)
-            tables[child.seq_id] = list(tables[parent.seq_id])
-            if parent.seq_id in self._skipped[g]:
-                self._skipped[g][child.seq_id] = self._skipped[g][parent.seq_id]
-        self._hashes[child.seq_id] = list(self._hashes.get(parent.seq_id, ()))
-        self._registered[child.seq_id] = self._registered[parent.seq_id]
-        if parent.seq_id in self._swapped:
-            self._swapped.add(child.seq_id)
+        record = self._records[parent.seq_id]
+        for entry in record.references():
+            pool, block = self._pool_of(entry)
+            pool.incref(block)
+        self._records[child.seq_id] = record.copy()
 
     def free(self, seq: Sequence) -> None:
         """Release the sequence's blocks, tail first (so tails are evicted before heads)."""
-        self._hashes.pop(seq.seq_id, None)
-        self._registered.pop(seq.seq_id, None)
-        self._swapped.discard(seq.seq_id)
-        for tables, skipped in zip(self.group_tables, self._skipped, strict=True):
-            table = tables.pop(seq.seq_id, None)
-            if table is None:
-                return
-            for b in reversed(table[skipped.pop(seq.seq_id, 0) :]):
-                self._decref(b)
+        record = self._records.pop(seq.seq_id, None)
+        for entry in record.references() if record is not None else ():
+            pool, block = self._pool_of(entry)
+            pool.decref(block)
 
-    def _incref(self, entry: int) -> None:
-        if entry < 0:
-            self.cpu_pool.incref(cpu_entry(entry))
-        else:
-            self.pool.incref(entry)
-
-    def _decref(self, entry: int) -> None:
-        if entry < 0:
-            self.cpu_pool.decref(cpu_entry(entry))
-        else:
-            self.pool.decref(entry)
+    def _pool_of(self, entry: int) -> tuple[BlockPool, int]:
+        """The pool and the block a table entry names."""
+        return (self.cpu_pool, cpu_entry(entry)) if entry < 0 else (self.pool, entry)
 
     def reset(self, seq: Sequence) -> None:
         """Drop the sequence's KV (preemption by recompute): free blocks, nothing computed."""
@@ -336,27 +225,13 @@ class BlockManager:
     def peak_blocks(self, prompt_len: int, longest: int, width: int, chunk: int) -> int:
         """The most blocks a request of ``width`` sequences holds at once, growing from
         ``prompt_len`` to ``longest`` tokens in prefill chunks of at most ``chunk``: each
-        full-attention group every block, the samples sharing the prompt's full ones; each
-        sliding group a chunk and its window while it prefills, its window (and the block being
-        written) per sequence after."""
-        per_seq = self._num_blocks(longest)
-        need = 0
-        for w in self.windows:
-            if not w:
-                need += per_seq + (width - 1) * (per_seq - prompt_len // self.block_size)
-                continue
-            prefill = min(per_seq, self._num_blocks(w + chunk) + 1)
-            need += max(prefill, width * min(per_seq, self._num_blocks(w) + 2))
-        return need
+        group's policy says (`KVPolicy.peak_blocks`)."""
+        return sum(p.peak_blocks(prompt_len, longest, width, chunk) for p in self.policies)
 
     # -- swapping ----------------------------------------------------------------------------------
     def _group_refs(self, seqs: list[Sequence]) -> Counter[int]:
         """How often the group's tables name each entry (device ids and CPU entries)."""
-        refs: Counter[int] = Counter()
-        for g in range(len(self.windows)):
-            for s in seqs:
-                refs.update(self.held(g, s.seq_id))
-        return refs
+        return Counter(b for s in seqs for b in self._records[s.seq_id].references())
 
     def _leaving(self, seqs: list[Sequence]) -> Counter[int]:
         """Device blocks that only this group holds: the ones a swap-out moves."""
@@ -368,11 +243,11 @@ class BlockManager:
         """The prefix-index key of every indexed table entry of the group (full, committed
         blocks)."""
         hashes: dict[int, bytes] = {}
-        for g, tables in enumerate(self.group_tables):
+        for g in range(len(self.policies)):
             for s in seqs:
-                table, known = tables[s.seq_id], self._hashes.get(s.seq_id, [])
-                end = min(self._registered.get(s.seq_id, 0), len(known))
-                for i in range(self.skipped(g, s.seq_id), end):
+                record, known = self._records[s.seq_id], s.block_hashes
+                table, end = record.tables[g], min(record.registered, len(known))
+                for i in range(record.skipped[g], end):
                     hashes.setdefault(table[i], group_key(g, known[i]))
         return hashes
 
@@ -388,11 +263,14 @@ class BlockManager:
                     cached[entry] = block
         return cpu, cached
 
-    def _retable(self, seqs: list[Sequence], mapping: dict[int, int]) -> None:
-        for g, tables in enumerate(self.group_tables):
-            for s in seqs:
-                table, start = tables[s.seq_id], self.skipped(g, s.seq_id)
+    def _retable(self, seqs: list[Sequence], mapping: dict[int, int], swapped: bool) -> None:
+        """Rename the held entries of ``seqs`` by ``mapping``, which leaves them ``swapped``
+        out or not."""
+        for s in seqs:
+            record = self._records[s.seq_id]
+            for table, start in zip(record.tables, record.skipped, strict=True):
                 table[start:] = [mapping.get(b, b) for b in table[start:]]
+            record.swapped = swapped
 
     def swap_out(self, seqs: list[Sequence]) -> BlockCopies | None:
         """Move the blocks only this group holds to the CPU pool (each once, however many of
@@ -411,8 +289,7 @@ class BlockManager:
                 self.pool.decref(b)
             pairs.append((b, c))
             mapping[b] = cpu_entry(c)
-        self._retable(seqs, mapping)
-        self._swapped.update(s.seq_id for s in seqs)
+        self._retable(seqs, mapping, swapped=True)
         return pairs
 
     def swap_in(self, seqs: list[Sequence], reserve: int = 0) -> BlockCopies | None:
@@ -443,8 +320,7 @@ class BlockManager:
             for _ in range(cpu[entry]):
                 self.cpu_pool.decref(c)
             mapping[entry] = block
-        self._retable(seqs, mapping)
-        self._swapped.difference_update(s.seq_id for s in seqs)
+        self._retable(seqs, mapping, swapped=False)
         return pairs
 
     # -- pins --------------------------------------------------------------------------------------
@@ -452,10 +328,9 @@ class BlockManager:
         """Pin the sequence's full prompt blocks under ``handle`` (in a sliding group, those
         still held: the window a hit on the whole prompt needs); returns how many."""
         full = min(seq.prompt_len, seq.num_computed_tokens) // self.block_size
+        record = self._records[seq.seq_id]
         blocks = [
-            b
-            for g, tables in enumerate(self.group_tables)
-            for b in tables[seq.seq_id][self.skipped(g, seq.seq_id) : full]
+            b for t, start in zip(record.tables, record.skipped, strict=True) for b in t[start:full]
         ]
         for b in blocks:
             self.pool.pin(b)
@@ -472,15 +347,14 @@ class BlockManager:
         problems: list[str] = []
         dev: Counter[int] = Counter()
         cpu: Counter[int] = Counter()
-        for g, tables in enumerate(self.group_tables):
-            if set(tables) != set(self.tables):
-                problems.append(f"group {g} has tables for other sequences than group 0")
-            for sid in tables:
-                for b in self.held(g, sid):
-                    if b < 0:
-                        cpu[cpu_entry(b)] += 1
-                    else:
-                        dev[b] += 1
+        for sid, record in self._records.items():
+            if len(record.tables) != len(self.policies):
+                problems.append(f"sequence {sid} has tables for {len(record.tables)} groups")
+            for b in record.references():
+                if b < 0:
+                    cpu[cpu_entry(b)] += 1
+                else:
+                    dev[b] += 1
         for blocks in self._pins.values():
             dev.update(blocks)
         for name, pool, refs in (("device", self.pool, dev), ("cpu", self.cpu_pool, cpu)):
@@ -505,9 +379,4 @@ class BlockManager:
     @property
     def num_logical_blocks(self) -> int:
         """Table entries that reference a block, of sequences on the device, in every group."""
-        return sum(
-            len(t) - self.skipped(g, sid)
-            for g, tables in enumerate(self.group_tables)
-            for sid, t in tables.items()
-            if sid not in self._swapped
-        )
+        return sum(len(r.references()) for r in self._records.values() if not r.swapped)

@@ -16,6 +16,16 @@ def chain_hash(parent: bytes | None, tokens: tuple[int, ...]) -> bytes:
     return hashlib.sha256((parent or b"") + array("q", tokens).tobytes()).digest()
 
 
+def extend_hashes(hashes: list[bytes], token_ids: list[int], block_size: int) -> list[bytes]:
+    """Extend ``hashes``, the chain hashes of a token sequence's leading full blocks, to every
+    full block of ``token_ids`` (it grows: each block is hashed once); returns it."""
+    parent = hashes[-1] if hashes else None
+    for i in range(len(hashes), len(token_ids) // block_size):
+        parent = chain_hash(parent, tuple(token_ids[i * block_size : (i + 1) * block_size]))
+        hashes.append(parent)
+    return hashes
+
+
 def cpu_entry(block: int) -> int:
     """How a block-table entry names CPU block ``block`` (negative; device ids are >= 0)."""
     return -1 - block

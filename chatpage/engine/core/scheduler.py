@@ -16,7 +16,8 @@ from dataclasses import replace
 
 from chatpage.engine.config import EngineConfig, PreemptionMode
 from chatpage.engine.core.beam import BeamSearch
-from chatpage.engine.core.block_manager import BlockManager, Demand
+from chatpage.engine.core.block_manager import BlockManager
+from chatpage.engine.core.block_table import Demand
 from chatpage.engine.core.sequence import GroupStatus, Sequence, SequenceGroup
 from chatpage.engine.core.step import (
     BeamCandidates,
@@ -261,7 +262,7 @@ class Scheduler:
         if group.first_token_time is None:
             group.first_token_time = now
         for seq in group.seqs:
-            if seq.finished and seq.seq_id in self.bm.tables:
+            if seq.finished and self.bm.holds(seq):
                 if group.pin_prefix:
                     self.bm.pin(seq, group.request_id)
                 self.bm.free(seq)

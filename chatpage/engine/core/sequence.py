@@ -56,6 +56,8 @@ class Sequence:
         self.matcher: GrammarMatcher | None = None  # its place in the request's grammar
         self.thinking: ThinkSplitter | None = None  # splits its text into thinking and answer
         self.tools: ToolCallParser | None = None  # reads the answer's tool calls
+        # the chain hashes of its full blocks, extended by the block manager as they fill
+        self.block_hashes: list[bytes] = []
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -95,6 +97,7 @@ class Sequence:
         child.logprobs = list(self.logprobs)
         child.top_logprobs = list(self.top_logprobs)
         child.num_reported = self.num_reported
+        child.block_hashes = list(self.block_hashes)
         child.matcher = self.matcher.fork() if self.matcher is not None else None
         child.thinking = self.thinking.copy() if self.thinking is not None else None
         child.tools = self.tools.copy() if self.tools is not None else None

@@ -6,6 +6,9 @@ On CUDA a batch of decode rows replays a captured CUDA graph of the step
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+
 import torch
 
 from chatpage.engine.config import EngineConfig
@@ -30,17 +33,16 @@ class ModelRunner:
         self,
         model: LlamaModel,
         kv: KVCache,
-        tables: list[dict[int, list[int]]],
+        tables: Seq[Mapping[int, list[int]]],
         block_size: int,
         warnings: list[str] | None = None,
         graphs: bool = True,
     ) -> None:
         self.model = model
         self.kv = kv
-        self.tables = tables[0]  # the block manager's tables, read-only here
-        self.group_tables = tables[
-            1:
-        ]  # those of KV groups 1, 2, ... (``engine/core/kv_groups.py``)
+        # the block manager's tables of KV group 0, then of groups 1, 2, ...
+        # (``engine/core/kv_groups.py``), by sequence id; read-only here
+        self.tables, *self.group_tables = tables
         self.block_size = block_size
         self.warnings: list[str] = [] if warnings is None else warnings  # (the engine's list)
         self.graphs: DecodeGraphs | None = None
