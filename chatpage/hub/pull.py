@@ -207,6 +207,9 @@ def _fetch_blob(plan: Plan, f: RemoteFile, meter: Any) -> None:
         raise HubError(
             f"{f.name} stopped at {_stopped(partial, f)} ({_reason(e)}); pull again to resume"
         ) from None
+    finally:
+        if f.size and partial.is_file() and _size(partial) == 0:
+            partial.unlink()  # nothing came: no interrupted pull to list or resume
     if _digest(partial, f) != f.blob:
         partial.unlink()
         raise HubError(

@@ -187,6 +187,12 @@ def test_a_dropped_connection_resumes(hub, ggufs):
 
 
 def test_an_interrupted_pull_resumes_where_it_stopped(hub, ggufs, capsys):
+    cancelled = threading.Event()
+    cancelled.set()
+    with pytest.raises(PullCancelled):  # cancelled before a byte came: nothing is kept
+        run_pull(plan_pull("test/tiny-GGUF:Q8_0"), cancel=cancelled)
+    assert partial_downloads() == {}
+    hub.requests.clear()
     hub.cut["tiny-q8_0.gguf"] = 2 * CHUNK
     cancel = threading.Event()
     chunks = []
