@@ -381,7 +381,7 @@ def pack_source(
         if kept is None and weights != "fp32" and name in ROW_TABLES and len(parts) == 1:
             kept = _pack_rows(name, source, parts[0], weights, tied, dtype)
         out.update(kept or pack_tensor(name, source.load_fused(parts), weights, tied, dtype))
-        trim_heap()
+        _trim_heap()
     out["format." + weights] = torch.zeros(0)
     return out
 
@@ -396,7 +396,7 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return trim
 
 
-def trim_heap() -> None:
+def _trim_heap() -> None:
     """Hand the heap's free pages back to the system (glibc's ``malloc_trim``).
 
     Packing frees an fp32 copy of each tensor between the packed ones it keeps; glibc keeps such
