@@ -22,7 +22,7 @@ from textual.screen import Screen
 from chatpage.chat.chats import Chats
 from chatpage.chat.mcp import McpServers
 from chatpage.chat.recorder import SAVE_INTERVAL_S
-from chatpage.config.models import find_models, remember_model
+from chatpage.config.models import remember_model
 from chatpage.config.paths import data_dir
 from chatpage.config.personas import Persona, default_persona, find_persona, load_personas
 from chatpage.config.settings import Settings
@@ -43,7 +43,14 @@ from chatpage.ui.chat_screen import ChatScreen
 from chatpage.ui.history import SavedChats
 from chatpage.ui.messages import ClientStatus, EngineEvents, Inbox
 from chatpage.ui.palette import palette_commands
-from chatpage.ui.screens.model_picker import ModelPicker, is_backend_url, model_problem
+from chatpage.ui.pulling import ModelPulls
+from chatpage.ui.screens.model_picker import (
+    ModelPicker,
+    PullChoice,
+    is_backend_url,
+    model_problem,
+    offered_models,
+)
 from chatpage.ui.terminal import read_keys_as_meant
 from chatpage.ui.text import clean
 from chatpage.ui.theme import CHATPAGE_THEME
@@ -107,6 +114,8 @@ class ChatApp(App[None]):
         self._loading: EngineClient[EngineStats | RemoteStats] | None = None
         """A model being switched to, loading beside the one in use (see `switch_model`)."""
         self._announced: EngineClient[EngineStats | RemoteStats] | None = None
+        self.pulls = ModelPulls(self, lambda: self.chat.gauge, self.say, self.switch_model)
+        """A model being pulled from Hugging Face (the picker starts and cancels it)."""
         """The client whose readiness was last shown (see `_model_ready`)."""
         self.tools = McpServers(
             self.settings.mcp_servers,
@@ -170,6 +179,7 @@ class ChatApp(App[None]):
             if self.chat.current is not None:  # the chat on show keeps its unsent text too
                 self.chat.current.draft = self.chat.prompt.text
             self.saved.stop()
+        self.pulls.cancel()  # what it fetched stays, for the next pull to resume
         await self.tools.close()  # stdio servers' processes end with the app
         await asyncio.to_thread(self.client.close)  # joins the engine thread: not on the loop
         if self._loading is not None:
@@ -327,11 +337,15 @@ class ChatApp(App[None]):
     async def action_switch_model(self) -> None:
         """The model picker; the model picked replaces the one in use."""
         in_use = getattr(self.client, "url", None) or self.client.model
-        found = await asyncio.to_thread(find_models, self.settings.models_dirs)
+        found = await asyncio.to_thread(offered_models, self.settings.models_dirs)
         target = await self.push_screen_wait(
-            ModelPicker(in_use, self.settings.model, self.settings.backend, found)
+            ModelPicker(in_use, self.settings.model, self.settings.backend, found, self.pulls.ref)
         )
-        if target is not None:
+        if isinstance(target, PullChoice) and target.ref:
+            self.pulls.start(target.ref)
+        elif isinstance(target, PullChoice):
+            self.pulls.cancel()
+        elif target is not None:
             self.switch_model(target)
 
     def on_chat_screen_model_wanted(self, message: ChatScreen.ModelWanted) -> None:
