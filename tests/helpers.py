@@ -13,9 +13,12 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from textual.command import CommandList, CommandPalette
+from textual.pilot import Pilot
 
 from chatpage.chat.chats import Chats
 from chatpage.chat.entry import Entry
@@ -31,7 +34,7 @@ from chatpage.engine.client import (
     RequestUpdate,
     Usage,
 )
-from chatpage.engine.outputs import final_update
+from chatpage.engine.outputs import EngineStats, final_update
 from chatpage.ui.app import ChatApp
 
 PROMPT_BODY = (
@@ -108,6 +111,49 @@ def reply_update(rid: str, text: str, finished: bool) -> RequestUpdate:
     )
 
 
+def samples_update(rid: str, texts: list[str]) -> RequestUpdate:
+    """The last update of a samples request: one finished output per text."""
+    return RequestUpdate(
+        rid,
+        tuple(
+            OutputDelta(
+                i, text, finish_reason=FinishReason.STOP, cumulative_logprob=-2.0, num_tokens=3
+            )
+            for i, text in enumerate(texts)
+        ),
+        Usage(prompt_tokens=20, cached_tokens=0, completion_tokens=3 * len(texts)),
+        finished=True,
+        ttft_s=0.05,
+        elapsed_s=0.3,
+    )
+
+
+def engine_stats() -> EngineStats:
+    """A busy pool's stats, every segment of the gauge in use (what the engine would report)."""
+    return EngineStats(
+        num_blocks=64,
+        block_size=16,
+        bytes_per_block=4096,
+        blocks_used=10,
+        blocks_shared=2,
+        blocks_private=5,
+        blocks_cached=4,
+        blocks_pinned=3,
+        blocks_free=50,
+        num_cpu_blocks=8,
+        blocks_swapped=1,
+        num_running=2,
+        num_waiting=1,
+        num_swapped=0,
+        prefix_hit_tokens=32,
+        preemptions_recompute=0,
+        preemptions_swap=0,
+        evictions=0,
+        logical_blocks=12,
+        tokens_per_s=12.5,
+    )
+
+
 # -- waiting ---------------------------------------------------------------------------------------------
 async def wait_for(pilot, condition, what: str, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
@@ -115,6 +161,18 @@ async def wait_for(pilot, condition, what: str, timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await pilot.pause(0.05)
+
+
+@asynccontextmanager
+async def offline_run(
+    tmp_path: Path, size: tuple[int, int], **settings
+) -> AsyncIterator[tuple[ChatApp, Pilot]]:
+    """(app, pilot): `offline_app` running at ``size``, once its load has failed (the opening of
+    the tests that need no model: what they do then meets an app at rest)."""
+    app = offline_app(tmp_path, **settings)
+    async with app.run_test(size=size) as pilot:
+        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+        yield app, pilot
 
 
 async def opened(pilot, screen_type) -> None:

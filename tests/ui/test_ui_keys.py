@@ -8,11 +8,20 @@ from __future__ import annotations
 import os
 import stat
 
-from helpers import fake_submits, offline_app, opened, reply_update, stopped, wait_for
+from helpers import (
+    fake_submits,
+    offline_app,
+    offline_run,
+    opened,
+    reply_update,
+    samples_update,
+    stopped,
+    wait_for,
+)
 from textual import events
 from textual.widgets.markdown import MarkdownFence
 
-from chatpage.engine.client import FinishReason, OutputDelta, RequestUpdate, Usage
+from chatpage.engine.client import RequestUpdate, Usage
 from chatpage.store import Store
 from chatpage.ui.actions.table import BY_ID
 from chatpage.ui.clipboard import system_tool
@@ -56,9 +65,7 @@ async def type_text(pilot, app, text: str) -> None:
 
 
 async def test_editing_keys_win_while_the_box_has_text(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         first = app.chat.current
         await app.chat.submit_prompt("/new")
         await opened(pilot, PersonaPicker)
@@ -80,9 +87,7 @@ async def test_editing_keys_win_while_the_box_has_text(tmp_path):
 
 
 async def test_drafts_survive_switching_closing_and_restarts(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         await reply(pilot, app)
         first = app.chat.current
         await app.chat.submit_prompt("/new coder")
@@ -118,9 +123,7 @@ async def test_drafts_survive_switching_closing_and_restarts(tmp_path):
 async def test_code_block_click_copies_but_a_drag_selection_does_not(tmp_path, monkeypatch):
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         await reply(pilot, app)
         view = app.chat.session_view(app.chat.current).query(MessageView).last()
         await wait_for(pilot, lambda: view.query(MarkdownFence), "the code block")
@@ -151,9 +154,7 @@ async def test_copy_uses_the_system_clipboard_where_there_is_one(tmp_path, monke
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
     monkeypatch.setenv("DISPLAY", ":0")
     assert system_tool() == [str(tool), "-selection", "clipboard"]
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         await reply(pilot, app)
         await pilot.press("alt+c")
         await wait_for(pilot, lambda: any("system clipboard" in n for n in app.notices), "the copy")
@@ -169,9 +170,7 @@ TWO_BLOCKS = "First:\n\n```\nalpha()\n```\n\nThen:\n\n```sh\nbeta --now\n```\n"
 async def test_keyboard_navigation_copy_code_and_edit_messages(tmp_path, monkeypatch):
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
         await reply(pilot, app, "no code here")
         await reply(pilot, app, TWO_BLOCKS)
@@ -213,9 +212,7 @@ async def test_keyboard_navigation_copy_code_and_edit_messages(tmp_path, monkeyp
 
 
 async def test_regenerate_and_delete_a_focused_message(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
         await reply(pilot, app, "first answer")
         await reply(pilot, app, "second answer")
@@ -263,9 +260,7 @@ async def test_regenerate_and_delete_a_focused_message(tmp_path):
 
 
 async def test_a_draft_in_a_chat_with_no_messages_survives_a_restart(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         empty = app.chat.current
         await type_text(pilot, app, "an unsent first thought")
         await pilot.press("ctrl+n")
@@ -309,9 +304,7 @@ SLASH_EDIT = [("slash", "/"), ("e", "e"), ("d", "d"), ("i", "i"), ("t", "t"), ("
 
 
 async def test_typing_on_a_focused_message_goes_to_the_message_box(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
         await reply(pilot, app, "first answer")
         await reply(pilot, app, "second answer")
@@ -345,9 +338,7 @@ async def test_typing_on_a_focused_message_goes_to_the_message_box(tmp_path):
 
 
 async def test_delete_asks_with_cancel_first_and_can_be_undone(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
         await reply(pilot, app, "first answer")
         await reply(pilot, app, "second answer")
@@ -393,9 +384,7 @@ async def test_delete_asks_with_cancel_first_and_can_be_undone(tmp_path):
 
 
 async def test_switching_versions_keeps_the_focus_on_the_message(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
         await reply(pilot, app, "first answer")
         submitted = fake_submits(app)
@@ -437,9 +426,7 @@ async def test_switching_versions_keeps_the_focus_on_the_message(tmp_path):
 
 
 async def test_ctrl_c_stops_the_reply_first_and_quits_when_pressed_again(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
         fake_submits(app)
         cancelled: list[str] = []
@@ -457,9 +444,7 @@ async def test_ctrl_c_stops_the_reply_first_and_quits_when_pressed_again(tmp_pat
 
 
 async def test_a_pending_edit_shows_and_escape_cancels_it(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
         await reply(pilot, app, "first answer")
         info = app.chat.query_one("#prompt-info")
@@ -472,27 +457,8 @@ async def test_a_pending_edit_shows_and_escape_cancels_it(tmp_path):
         assert "editing" not in str(info.render())
 
 
-def samples_update(rid: str, texts: list[str]) -> RequestUpdate:
-    """The last update of a samples request: one finished output per text."""
-    return RequestUpdate(
-        rid,
-        tuple(
-            OutputDelta(
-                i, text, finish_reason=FinishReason.STOP, cumulative_logprob=-2.0, num_tokens=3
-            )
-            for i, text in enumerate(texts)
-        ),
-        Usage(prompt_tokens=20, cached_tokens=0, completion_tokens=3 * len(texts)),
-        finished=True,
-        ttft_s=0.05,
-        elapsed_s=0.3,
-    )
-
-
 async def test_a_fast_keep_command_typed_on_the_panes_and_the_version_count(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
         fake_submits(app)
         await app.chat.submit_prompt("/samples 2")
@@ -527,9 +493,7 @@ async def test_a_fast_keep_command_typed_on_the_panes_and_the_version_count(tmp_
 async def test_the_draft_is_saved_as_it_changes(tmp_path):
     """What a crash would find in the store: the draft as it was a moment ago, deleted text
     included (not the draft of the last switch)."""
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         await reply(pilot, app)
         chat = app.chat.current.store_id
         store = app.saved.store
@@ -540,9 +504,7 @@ async def test_the_draft_is_saved_as_it_changes(tmp_path):
 
 
 async def test_a_long_prefill_shows_its_progress(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
         fake_submits(app)
         await app.chat.submit_prompt("a long paste")

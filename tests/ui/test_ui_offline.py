@@ -10,9 +10,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from helpers import (
+    engine_stats,
     fake_submits,
     hold_model_load,
     offline_app,
+    offline_run,
     opened,
     palette_offers,
     reply_update,
@@ -47,9 +49,7 @@ def submit(app, text: str) -> None:
 
 
 async def test_markup_and_control_characters_render_literally(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         submitted = fake_submits(app)
         session = app.chat.current
         submit(app, USER_TEXT)
@@ -200,7 +200,7 @@ async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
 
         # the gauge flashes when the engine preempts
         gauge = app.chat.query_one(BlockGauge)
-        base = StatsFactory.make()
+        base = engine_stats()
         gauge.stats = base
         gauge.stats = replace(base, preemptions_recompute=1)
         assert gauge.has_class("-preempted")
@@ -212,35 +212,6 @@ async def test_default_theme_is_chatpage_and_unknown_theme_warns(tmp_path):
         await pilot.pause()
         assert app.theme == "chatpage"
         assert any("theme 'no-such-theme' does not exist" in n for n in app.notices)
-
-
-class StatsFactory:
-    @staticmethod
-    def make():
-        from chatpage.engine.outputs import EngineStats
-
-        return EngineStats(
-            num_blocks=64,
-            block_size=16,
-            bytes_per_block=4096,
-            blocks_used=10,
-            blocks_shared=2,
-            blocks_private=5,
-            blocks_cached=4,
-            blocks_pinned=3,
-            blocks_free=50,
-            num_cpu_blocks=8,
-            blocks_swapped=1,
-            num_running=2,
-            num_waiting=1,
-            num_swapped=0,
-            prefix_hit_tokens=32,
-            preemptions_recompute=0,
-            preemptions_swap=0,
-            evictions=0,
-            logical_blocks=12,
-            tokens_per_s=12.5,
-        )
 
 
 async def test_an_engine_warning_while_stepping_is_a_notice_and_not_the_status(tmp_path):

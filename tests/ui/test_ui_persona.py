@@ -11,6 +11,7 @@ from helpers import (
     idle,
     make_app,
     offline_app,
+    offline_run,
     opened,
     ready,
     reply_update,
@@ -70,9 +71,7 @@ async def test_system_prompt_shared_by_two_chats_is_pinned(tiny_llama_dir, perso
 
 
 async def test_switch_persona_and_save_as_persona_with_the_editor(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
         submitted = fake_submits(app)
         await app.chat.submit_prompt("hello")
@@ -133,9 +132,7 @@ async def test_switch_persona_and_save_as_persona_with_the_editor(tmp_path):
 
 
 async def test_a_system_prompt_set_with_system_survives_a_restart(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         empty = app.chat.current  # no message yet: /system alone saves the chat
         await send(pilot, f"/system {TERSE}")
         assert empty.store_id is not None
@@ -167,9 +164,7 @@ async def test_a_system_prompt_set_with_system_survives_a_restart(tmp_path):
 
 
 async def test_switching_persona_says_what_of_the_chat_s_own_it_replaced(tmp_path):
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
         await send(pilot, "/max 300")
         await send(pilot, "/system Answer in French.")
