@@ -4,6 +4,8 @@ says so and where the log is. Either way the app keeps running."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from chatpage.config.errorlog import log_error, log_path
 from chatpage.ui.history import Say
 from chatpage.vocab import UserError
@@ -23,3 +25,14 @@ def report(error: Exception, where: str, say: Say) -> None:
         "error",
         timeout=BUG_NOTICE_S,
     )
+
+
+async def guarded(run: Callable[[], Awaitable[None] | None], where: str, say: Say) -> None:
+    """Run ``run`` (awaiting what it returns, if anything); what it raises is reported, not
+    raised."""
+    try:
+        done = run()
+        if done is not None:
+            await done
+    except Exception as err:
+        report(err, where, say)

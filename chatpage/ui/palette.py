@@ -12,10 +12,10 @@ from textual.app import SystemCommand
 from chatpage.chat.chats import Chats
 from chatpage.chat.session import ChatSession
 from chatpage.config.personas import Persona
-from chatpage.store import SessionRow
 from chatpage.store.io import local_time
 from chatpage.ui.actions.action import Action
 from chatpage.ui.actions.table import ACTIONS
+from chatpage.ui.history import SavedChats
 from chatpage.ui.text import markup_literal
 
 
@@ -25,11 +25,11 @@ class PaletteHost(Protocol):
     chats: Chats
     personas: list[Persona]
     current: ChatSession | None
+    saved: SavedChats
 
     def act(self, action: Action, arg: str | None = None) -> Awaitable[None]: ...
     def open_session(self, persona: Persona) -> Any: ...
     def open_saved(self, store_id: int) -> Any: ...
-    def closed_chats(self) -> list[SessionRow]: ...
 
 
 def palette_commands(
@@ -56,7 +56,7 @@ def palette_commands(
             f"persona {markup_literal(open_chat.persona.name)}",
             lambda s=open_chat: setattr(host, "current", s),
         )
-    for row in host.closed_chats():
+    for row in host.saved.closed_chats():
         yield SystemCommand(
             f"Open saved chat: {markup_literal(row.title)}",
             f"{row.message_count} messages · {local_time(row.updated_at)} · "

@@ -19,9 +19,34 @@ Argument = Literal["", "persona", "path"]
 """What tab completes in a slash command's argument: nothing, a persona name, a file path."""
 
 
+class Box(Protocol):
+    """The message box, as a handler uses it."""
+
+    def put_back(self, text: str) -> None:
+        """Put ``text`` in the message box to be edited and sent again."""
+
+    def edit_draft(self) -> None:
+        """Edit the draft in the user's external editor."""
+
+
+class Column(Protocol):
+    """The messages of the chat on show, as a handler uses them."""
+
+    def focus_message(self, step: int) -> None:
+        """Move the focus through the messages on show; past the last: the message box."""
+
+    def focus_entry(self, entry: Entry) -> None:
+        """Focus the message of ``entry`` (in the chat on show)."""
+
+    def toggle_thinking(self) -> bool:
+        """Open or fold a reply's thinking (the focused one's, else the last that thought);
+        False when no reply on show has any."""
+
+
 class Controls(Protocol):
     """What a handler acts on: the open chats and the one on show, the saved chats, the
-    personas, and the chat screen's own parts (its dialogs, focus and message box)."""
+    personas, and the chat screen's own parts (its dialogs, the messages on show and the
+    message box)."""
 
     chats: Chats
     saved: SavedChats
@@ -38,34 +63,23 @@ class Controls(Protocol):
     def step(self, step: int) -> None: ...
     def reload_personas(self) -> None: ...
 
+    async def act(self, action: Action, arg: str | None = None) -> None:
+        """Run ``action`` as its key does (a problem is said, not raised)."""
+
     def dialog(self, flow: Callable[[], Awaitable[None]]) -> None:
         """Run ``flow`` as the one dialog flow (it may `ask`); a newer one replaces it."""
 
     async def ask(self, screen: Screen[T]) -> T | None:
         """Show the dialog ``screen`` and wait for its answer (only inside `dialog`)."""
 
-    def put_back(self, text: str) -> None:
-        """Put ``text`` in the message box to be edited and sent again."""
-
-    def edit_draft(self) -> None:
-        """Edit the draft in the user's external editor."""
-
-    def focus_message(self, step: int) -> None:
-        """Move the focus through the messages on show; past the last: the message box."""
-
-    def focus_entry(self, entry: Entry) -> None:
-        """Focus the message of ``entry`` (in the chat on show)."""
+    @property
+    def box(self) -> Box: ...
+    @property
+    def column(self) -> Column: ...
 
     def toggle_sidebar(self) -> None: ...
-    def toggle_thinking(self) -> bool:
-        """Open or fold a reply's thinking (the focused one's, else the last that thought);
-        False when no reply on show has any."""
-
     def copy_text(self, text: str, what: str) -> None:
         """Copy ``text`` to the clipboard and say where it went."""
-
-    def search(self, term: str = "") -> None:
-        """The search dialog over the saved chats."""
 
     def show_help(self) -> None: ...
     def switch_model(self, target: str | None) -> None:

@@ -32,7 +32,7 @@ def edit(c: Controls, entry: Entry) -> None:
         c, entry, "user", "only your own messages can be edited; ctrl+r asks for another reply"
     )
     if session is not None:
-        c.put_back(c.chats.edit(session, entry))
+        c.box.put_back(c.chats.edit(session, entry))
 
 
 def regenerate(c: Controls, entry: Entry) -> None:
@@ -76,7 +76,7 @@ def switch(c: Controls, entry: Entry, step: int) -> None:
     """Show another version of a turn (◀ ▶ at a fork)."""
     session = _on_show(c, entry)
     if session is not None:
-        c.focus_entry(c.chats.switch(session, entry, step))
+        c.column.focus_entry(c.chats.switch(session, entry, step))
 
 
 def copy_code(c: Controls, blocks: list[str]) -> None:

@@ -7,6 +7,7 @@ from chatpage.chat.session import ChatSession
 from chatpage.config.personas import Persona, find_persona
 from chatpage.ui.actions.action import Controls, Handler, on_chat
 from chatpage.ui.history import EXPORT_NAMES
+from chatpage.ui.screens.chat_search import ChatSearch
 from chatpage.ui.screens.confirm import Confirm
 from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.screens.tools_list import ToolsList, tools_text
@@ -81,7 +82,15 @@ def goto(number: int) -> Handler:
 
 
 async def search(c: Controls, arg: str | None) -> None:
-    c.search(arg or "")
+    """The search dialog over the saved chats (``arg``: the words to start with); the hit
+    picked opens its chat."""
+
+    async def find() -> None:
+        hit = await c.ask(ChatSearch(c.saved.store.search, arg or ""))
+        if hit is not None:
+            c.open_saved(hit.session_id)
+
+    c.dialog(find)
 
 
 @on_chat

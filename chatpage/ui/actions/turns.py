@@ -23,13 +23,13 @@ async def regenerate(c: Controls, session: ChatSession, arg: str | None) -> None
 
 @on_chat
 async def edit_last(c: Controls, session: ChatSession, arg: str | None) -> None:
-    c.put_back(c.chats.edit(session))
+    c.box.put_back(c.chats.edit(session))
 
 
 @on_chat
 async def cancel_edit(c: Controls, session: ChatSession, arg: str | None) -> None:
     c.chats.cancel_edit(session)
-    c.put_back("")
+    c.box.put_back("")
 
 
 @on_chat
@@ -85,7 +85,7 @@ def focus_step(step: int) -> Handler:
 
     @on_chat
     async def run(c: Controls, session: ChatSession, arg: str | None) -> None:
-        c.focus_message(step)
+        c.column.focus_message(step)
 
     return run
 
@@ -93,7 +93,7 @@ def focus_step(step: int) -> Handler:
 @on_chat
 async def toggle_thinking(c: Controls, session: ChatSession, arg: str | None) -> None:
     """Open or fold the thinking of the focused reply (else of the last reply that thought)."""
-    if not c.toggle_thinking():
+    if not c.column.toggle_thinking():
         c.say("no reply on show has thinking to show", "warning")
 
 
@@ -102,4 +102,4 @@ async def toggle_sidebar(c: Controls, arg: str | None) -> None:
 
 
 async def external_editor(c: Controls, arg: str | None) -> None:
-    c.edit_draft()
+    c.box.edit_draft()
