@@ -256,12 +256,10 @@ async def test_compare_settings_share_the_prompt(tiny_llama_dir, personas_dir):
         assert session.sampling.top_p == 0.5
 
 
-async def test_file_attachment_and_too_long_prompt(tiny_llama_dir, personas_dir, tmp_path):
+async def test_a_file_goes_with_the_next_message(tiny_llama_dir, personas_dir, tmp_path):
     app = make_app(tiny_llama_dir, personas_dir)
     notes = tmp_path / "notes.txt"
     notes.write_text("alpha beta gamma")
-    dense = tmp_path / "dense.txt"  # few characters per token: passes the rough estimate
-    dense.write_text("".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(1500)))
     async with app.run_test(size=SIZE) as pilot:
         session = app.chat.current
         await ready(pilot, app)
@@ -277,6 +275,16 @@ async def test_file_attachment_and_too_long_prompt(tiny_llama_dir, personas_dir,
         view = app.chat.session_view(session).query(MessageView).first()
         assert "notes.txt" in str(view.query_one(".message-attachments").render())
 
+
+async def test_a_file_past_the_context_window_is_the_engines_error(
+    tiny_llama_dir, personas_dir, tmp_path
+):
+    app = make_app(tiny_llama_dir, personas_dir)
+    dense = tmp_path / "dense.txt"  # few characters per token: passes the rough estimate
+    dense.write_text("".join(chr(0x4E00 + (i * 7919) % 20000) for i in range(1500)))
+    async with app.run_test(size=SIZE) as pilot:
+        session = app.chat.current
+        await ready(pilot, app)
         await send(pilot, f"/file {dense}")
         await send(pilot, "and this one")
         await wait_for(pilot, lambda: session.entries[-1].status == "error", "the engine's error")

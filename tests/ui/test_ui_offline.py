@@ -144,8 +144,11 @@ async def test_broken_persona_file_gives_a_notice_and_the_rest_load(tmp_path):
         assert app.chat.current.persona.name == "assistant"
 
 
-async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
-    app = offline_app(tmp_path, bindings={"new_session": "f5", "bogus_id": "f6"}, theme="nord")
+KEYMAP = {"new_session": "f5", "bogus_id": "f6"}
+
+
+async def test_a_keymap_and_a_theme_from_the_settings_apply(tmp_path):
+    app = offline_app(tmp_path, bindings=KEYMAP, theme="nord")
     async with app.run_test(size=SIZE) as pilot:
         assert app.theme == "nord"
         assert any("unknown id bogus_id" in n for n in app.notices)
@@ -153,9 +156,20 @@ async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
         await opened(pilot, PersonaPicker)
         await pilot.press(*"cod", "enter")
         await wait_for(pilot, lambda: app.chat.current.persona.name == "coder", "the coder chat")
-        session = app.chat.current
-        assert session.sampling.temperature == 0.2  # the persona's default
+        assert app.chat.current.sampling.temperature == 0.2  # the persona's default
 
+
+async def test_the_help_screen_lists_a_rebound_key(tmp_path):
+    app = offline_app(tmp_path, bindings=KEYMAP)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("f1")
+        await opened(pilot, HelpScreen)
+        assert ("f5", "new_session", "New chat") in app.screen.keys
+
+
+async def test_the_sampling_screen_refuses_a_bad_value_and_enter_saves(tmp_path):
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
+        session = app.chat.current
         await pilot.press("f2")
         await opened(pilot, SamplingSettingsScreen)
         temperature = app.screen.query_one("#set-temperature", Input)
@@ -176,11 +190,9 @@ async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
         header = str(app.chat.session_view(session).query_one(".session-header").render())
         assert "temp 0.3" in header and "seed 7" in header
 
-        await pilot.press("f1")
-        await opened(pilot, HelpScreen)
-        assert ("f5", "new_session", "New chat") in app.screen.keys
-        await pilot.press("escape")
 
+async def test_shift_enter_and_ctrl_j_start_a_new_line(tmp_path):
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         prompt = app.chat.query_one(PromptInput)
         prompt.focus()
         prompt.load_text("a")
@@ -188,6 +200,9 @@ async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
         await pilot.press("shift+enter", "b", "ctrl+j", "c")
         assert prompt.text == "a\nb\nc"
 
+
+async def test_the_palette_offers_the_chat_commands(tmp_path):
+    async with offline_run(tmp_path, SIZE) as (app, _pilot):
         commands = {c.title for c in app.get_system_commands(app.screen)}
         assert {
             "New chat",
@@ -198,7 +213,9 @@ async def test_keymap_theme_settings_screen_help_and_gauge(tmp_path):
             "New chat: coder",
         } <= commands
 
-        # the gauge flashes when the engine preempts
+
+async def test_the_gauge_flashes_when_the_engine_preempts(tmp_path):
+    async with offline_run(tmp_path, SIZE) as (app, _pilot):
         gauge = app.chat.query_one(BlockGauge)
         base = engine_stats()
         gauge.stats = base
