@@ -69,6 +69,7 @@ def server_stats(url: str) -> dict:
     return httpx.get(f"{url}/v1/chatpage/stats").json()
 
 
+@pytest.mark.slow  # a chatpage serve of its own (a subprocess)
 def test_probe_finds_chatpage_and_its_capabilities(client, url):
     backend = client.backend
     assert backend.name == "chatpage" and backend.model == "llama"
@@ -77,6 +78,7 @@ def test_probe_finds_chatpage_and_its_capabilities(client, url):
     assert client.warnings == []
 
 
+@pytest.mark.slow  # a chatpage serve of its own (a subprocess)
 def test_reply_streams_with_usage(client):
     updates, final = collect(
         client, HI, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -88,6 +90,7 @@ def test_reply_streams_with_usage(client):
     assert final.usage.prompt_tokens > 0 and final.ttft_s is not None
 
 
+@pytest.mark.slow  # a chatpage serve of its own (a subprocess)
 def test_samples_and_beams(client):
     _, out = collect(client, HI, SamplingParams(n=3, max_tokens=5, temperature=1.0, seed=4))
     texts = {c.index: c.text for c in out.outputs if c.finish_reason is not None}
@@ -97,6 +100,7 @@ def test_samples_and_beams(client):
     assert sorted(beams) == [0, 1] and beams[0] != beams[1]
 
 
+@pytest.mark.slow  # a chatpage serve of its own (a subprocess)
 def test_logprobs_pass_through_by_token_id(client, tiny_llama_dir):
     from transformers import AutoTokenizer
 
@@ -121,6 +125,7 @@ def test_logprobs_pass_through_by_token_id(client, tiny_llama_dir):
     assert plain.logprobs is None and plain.top_logprobs is None
 
 
+@pytest.mark.slow  # a chatpage serve of its own (a subprocess)
 def test_cancel_closes_the_stream_and_frees_the_server_blocks(client, url):
     events: queue.SimpleQueue = queue.SimpleQueue()
     rid = client.submit(
@@ -138,6 +143,7 @@ def test_cancel_closes_the_stream_and_frees_the_server_blocks(client, url):
     assert s["num_running"] == 0 and s["blocks_private"] == 0
 
 
+@pytest.mark.slow  # a chatpage serve of its own (a subprocess)
 def test_a_reply_continues_where_it_stopped(client):
     _, first = collect(client, HI, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
     _, final = collect(
@@ -151,6 +157,7 @@ def test_a_reply_continues_where_it_stopped(client):
     assert final.usage.prompt_tokens > first.usage.prompt_tokens
 
 
+@pytest.mark.slow  # a chatpage serve of its own (a subprocess)
 def test_http_errors_carry_the_servers_message(client):
     long = [{"role": "user", "content": "word " * 1200}]
     final = collect(client, long, SamplingParams(max_tokens=4))[1]
@@ -158,6 +165,7 @@ def test_http_errors_carry_the_servers_message(client):
     assert final.error.startswith("chatpage answered 400:") and "context window" in final.error
 
 
+@pytest.mark.slow  # a chatpage serve of its own (a subprocess)
 def test_a_server_without_the_api_is_an_error_not_a_retry(url):
     client = RemoteEngineClient(f"{url}/not-here")
     client.start()
@@ -171,6 +179,7 @@ def test_a_server_without_the_api_is_an_error_not_a_retry(url):
         client.close()
 
 
+@pytest.mark.slow  # a chatpage serve of its own (a subprocess)
 def test_stats_are_polled_from_metrics_and_the_pool(client, url):
     deadline = time.monotonic() + 10
     while (stats := client.stats()) is None or stats.engine is None:
@@ -262,6 +271,7 @@ def test_logprobs_named_by_text_keep_the_values_only():
     assert delta.token_ids == (7,) and delta.top_logprobs == ({7: -0.2, 9: -1.9},)
 
 
+@pytest.mark.slow  # a chatpage serve of its own (a subprocess)
 def test_poller_reads_vllm_sglang_and_llamacpp_names(url):
     text = httpx.get(f"{url}/metrics").text  # chatpage serve speaks vLLM's names
     stats = Poller().stats("chatpage", text, 0.0, None, ())
@@ -288,6 +298,7 @@ def test_backend_setting_and_flag(tmp_path):
     assert load_settings(path, {"backend": "https://h"})[0].backend == "https://h"
 
 
+@pytest.mark.slow  # a chatpage serve of its own (a subprocess)
 def test_ask_backend_answers_from_the_server(url, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))
     assert main(["ask", "--backend", url, "--max-tokens", "6", "hello"]) == 0
@@ -301,6 +312,7 @@ def test_ask_backend_answers_from_the_server(url, monkeypatch, capsys):
     assert f"cannot reach {dead}" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a chatpage serve of its own (a subprocess)
 async def test_tui_over_chatpage_serve_with_its_gauge(url):
     app = ChatApp(settings=Settings(), client=RemoteEngineClient(url))
 
@@ -354,6 +366,7 @@ def test_llama_server_as_a_backend(tmp_path):
             client.close()
 
 
+@pytest.mark.slow  # a chatpage serve of its own (a subprocess)
 async def test_tui_switches_from_the_local_model_to_a_backend(tiny_llama_dir, url):
     app = ChatApp(model=str(tiny_llama_dir), settings=Settings(backend=url))
     async with app.run_test(size=(150, 48)) as pilot:
@@ -361,7 +374,7 @@ async def test_tui_switches_from_the_local_model_to_a_backend(tiny_llama_dir, ur
         while not app.client.ready:
             assert time.monotonic() < deadline, "the local model"
             await pilot.pause(0.05)
-        app.switch_model(url)
+        app.models.switch(url)
         while not (isinstance(app.client, RemoteEngineClient) and app.client.ready):
             assert time.monotonic() < deadline, "the backend"
             await pilot.pause(0.05)

@@ -24,6 +24,8 @@ from chatpage.engine.sampling_params import GrammarKind, SamplingParams, Structu
 from chatpage.remote.client import RemoteEngineClient
 from chatpage.vocab import FinishReason
 
+pytestmark = pytest.mark.slow  # a chatpage serve of its own (a subprocess)
+
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 WEATHER = {
     "type": "function",

@@ -15,6 +15,8 @@ from chatpage.engine.client import LocalEngineClient
 from chatpage.serve import build_app
 from chatpage.serve.threaded import serving
 
+pytestmark = pytest.mark.slow  # a chatpage serve of its own (a subprocess)
+
 KEY = "test-key"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 HI = [{"role": "user", "content": "Say something."}]

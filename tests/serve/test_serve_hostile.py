@@ -19,6 +19,8 @@ from serve_helpers import running_server
 from chatpage.engine.sampling_params import MAX_LOGPROB_ENTRIES
 from chatpage.engine.text.grammar import MAX_SPEC_CHARS
 
+pytestmark = pytest.mark.slow  # a chatpage serve of its own (a subprocess)
+
 HI = [{"role": "user", "content": "Say something."}]
 VOCAB = 49152
 

@@ -18,6 +18,8 @@ from serve_helpers import running_server
 
 from chatpage.vocab import MAX_STOP_CHARS, MAX_STOP_STRINGS
 
+pytestmark = pytest.mark.slow  # a chatpage serve of its own (a subprocess)
+
 HI = [{"role": "user", "content": "Say something."}]
 LIMIT = 64 << 10
 

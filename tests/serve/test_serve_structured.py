@@ -13,6 +13,8 @@ import openai
 import pytest
 from serve_helpers import running_server
 
+pytestmark = pytest.mark.slow  # a chatpage serve of its own (a subprocess)
+
 SCHEMA = {
     "type": "object",
     "properties": {

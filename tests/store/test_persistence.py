@@ -351,6 +351,7 @@ def streaming_text(db: Path) -> str | None:
     return row[0] if row else None
 
 
+@pytest.mark.slow  # a chatpage process of its own, killed mid-reply
 def test_kill_9_mid_reply_loses_at_most_the_last_seconds(tiny_llama_dir, personas_dir, tmp_path):
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)

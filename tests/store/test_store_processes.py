@@ -16,10 +16,13 @@ from chatpage.store import DB_NAME, Store
 from chatpage.store import schema as store_schema
 from chatpage.store.schema import SCHEMA_VERSION
 
+pytestmark = pytest.mark.slow  # several processes on one database
+
 OPENER = """
 import json, sys, time
 from pathlib import Path
 from chatpage.store import Store
+
 time.sleep(max(0.0, float(sys.argv[2]) - time.time()))  # sleeping: spinning would starve
 with Store.open(Path(sys.argv[1])) as store:
     print(json.dumps({"persistent": store.persistent, "notice": store.notice,

@@ -14,6 +14,8 @@ from chatpage.store import Store
 from chatpage.ui.actions.table import ACTIONS
 from chatpage.ui.bindings import all_bindings
 
+pytestmark = pytest.mark.slow  # drives the app in a pseudo-terminal
+
 CHATS = 9
 REPLY = "answer {n}\n\n```\ncode {n}\n```"
 NOT_SENT = {"next_session": "ctrl+tab", "prev_session": "ctrl+shift+tab"}
