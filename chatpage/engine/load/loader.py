@@ -157,14 +157,13 @@ def _packed_state(
     return state
 
 
-def _gguf_tokenizer(gguf: Path, directory: Path, say: Callable[[str], None]) -> Any:
-    """The GGUF file's tokenizer: from the cached tokenizer.json, or built from the metadata by
-    transformers' GGUF converter (in a process of its own: transformers' import and the
-    conversion of a big vocabulary would otherwise stay in this one's memory for good) and
-    cached as the files AutoTokenizer writes."""
-    tokenizer = read_plain(directory)
-    if tokenizer is not None:
-        return tokenizer
+def _cache_gguf_tokenizer(gguf: Path, directory: Path, say: Callable[[str], None]) -> None:
+    """Cache the GGUF file's tokenizer in ``directory`` as the files AutoTokenizer writes, unless
+    they are there: built from the metadata by transformers' GGUF converter, in a process of its
+    own (transformers' import and the conversion of a big vocabulary would otherwise stay in this
+    one's memory for good)."""
+    if (directory / "tokenizer_config.json").is_file():  # written last: the files are whole
+        return
     say(f"Reading the tokenizer of {gguf.name} (first run only)")
     directory.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".partial-", dir=directory))
@@ -188,7 +187,6 @@ def _gguf_tokenizer(gguf: Path, directory: Path, say: Callable[[str], None]) -> 
             os.replace(f, directory / f.name)  # tokenizer_config.json last: it marks them whole
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return _read_tokenizer(directory)
 
 
 def _convert_gguf_tokenizer(gguf: Path, out: Path) -> None:
@@ -307,7 +305,7 @@ def load_model(
         gf, config = _open_gguf(source)
         directory = gguf_cache_dir(source)
         try:
-            tokenizer = _gguf_tokenizer(source, directory, say)
+            _cache_gguf_tokenizer(source, directory, say)
         except Exception as e:  # transformers raises many types for a vocabulary it cannot build
             raise ModelLoadError(
                 f"cannot build the tokenizer of {source}: {e}".splitlines()[0]
@@ -318,6 +316,7 @@ def load_model(
             state = read_state(config, gguf_source)
         else:
             state = _packed_state(directory, config, lambda: gguf_source, weights, say)
+        del gf, gguf_source  # (their metadata: the vocabulary's strings again)
     else:
         directory = source
         say(f"Loading {name}")
@@ -347,12 +346,14 @@ def load_model(
                 weights,
                 say,
             )
-        try:
-            tokenizer = _read_tokenizer(directory)
-        except Exception as e:
-            raise ModelLoadError(
-                f"cannot load the tokenizer from {directory}: {e}".splitlines()[0]
-            ) from e
+    # read once the weights are: a 262k-token vocabulary's tokenizer (~100 MB while read) is not
+    # held through a GGUF's packing
+    try:
+        tokenizer = _read_tokenizer(directory)
+    except Exception as e:
+        raise ModelLoadError(
+            f"cannot load the tokenizer from {directory}: {e}".splitlines()[0]
+        ) from e
     warnings: list[str] = []
     base_model = not getattr(tokenizer, "chat_template", None)
     if base_model:
