@@ -16,30 +16,24 @@ from chatpage.engine.config import EngineConfig, PreemptionMode
 from chatpage.engine.core.block_manager import BlockManager
 from chatpage.engine.core.request_update import closing_update, request_update
 from chatpage.engine.core.scheduler import Scheduler
-from chatpage.engine.core.sequence import GroupStatus, Sequence, SequenceGroup
+from chatpage.engine.core.sequence import GroupStatus, SequenceGroup
 from chatpage.engine.core.stop import StopCheck
-from chatpage.engine.device import EnginePlan, kv_pool_bytes, plan_engine, probe_cuda
-from chatpage.engine.load.loader import PLAIN_TURN_STOPS, LoadedModel, load_model, stderr_progress
+from chatpage.engine.device import EnginePlan, plan_engine, probe_cuda
+from chatpage.engine.load.loader import LoadedModel, load_model, stderr_progress
 from chatpage.engine.model import ops
 from chatpage.engine.model.kv_cache import KVCache, bytes_per_block
 from chatpage.engine.model.llama import LlamaModel
 from chatpage.engine.model.model_config import ModelShape
-from chatpage.engine.model.model_runner import ModelRunner, profile_step
+from chatpage.engine.model.model_runner import ModelRunner, kv_pool_blocks
 from chatpage.engine.outputs import EngineStats, RequestOutput, RequestUpdate, TokenRate
+from chatpage.engine.processor import Processor, RequestRefused
 from chatpage.engine.sample.constraints import LogitConstraints
-from chatpage.engine.sample.sampler import make_generator
 from chatpage.engine.sample.step_sampler import Sampler
-from chatpage.engine.sampling_params import MAX_LOGPROB_ENTRIES, SamplingParams
-from chatpage.engine.text.detokenizer import IncrementalDetokenizer
+from chatpage.engine.sampling_params import SamplingParams
 from chatpage.engine.text.grammar import Grammars
 from chatpage.engine.text.reasoning import reasoning_format
 from chatpage.engine.text.tool_calls import tool_format
-from chatpage.vocab import FinishReason, UserError
-
-
-class RequestRefused(UserError):
-    """A request the engine cannot run as asked (an empty prompt, one too long for the context
-    window, more sequences or KV blocks than there are); the message says what to change."""
+from chatpage.vocab import FinishReason
 
 
 class LLMEngine:
@@ -86,21 +80,9 @@ class LLMEngine:
             self.model.head_dim,
             kv_dtype,
         )
-        pool_bytes = config.kv_cache_bytes
-        if self.device.type == "cuda" and config.gpu_blocks:
-            pool_bytes = config.gpu_blocks * self.block_bytes
-        elif self.device.type == "cuda":
-            pool_bytes = kv_pool_bytes(
-                profile_step(self.model, config, self.max_model_len, kv_dtype),
-                config.gpu_memory_utilization,
-                self.block_bytes,
-            )
-        num_blocks = pool_bytes // self.block_bytes
-        if num_blocks < 1:
-            raise ValueError(
-                f"EngineConfig.kv_cache_bytes={config.kv_cache_bytes} holds no block "
-                f"(one block is {self.block_bytes} bytes); raise the KV cache size"
-            )
+        num_blocks = kv_pool_blocks(
+            self.model, config, self.max_model_len, kv_dtype, self.block_bytes
+        )
         num_cpu_blocks = config.swap_space_bytes // self.block_bytes
         freed = groups.windows if config.free_outside_window else (0,) * groups.num_groups
         self.bm = BlockManager(
@@ -144,6 +126,19 @@ class LLMEngine:
         template = getattr(self.tokenizer, "chat_template", None)
         self.reasoning = reasoning_format(template)  # its thinking markers, if it thinks
         self.tool_format = tool_format(template)  # how it writes tool calls
+        self.processor = Processor(
+            self.tokenizer,
+            self.grammars,
+            self.reasoning,
+            self.tool_format,
+            self.base_model,
+            self.model.vocab_size,
+            self.max_model_len,
+            config,
+            self.bm,
+            self.block_bytes,
+            self.device,
+        )
         self.groups: dict[str, SequenceGroup] = {}
         self._ids = itertools.count()
         self._pins = itertools.count()
@@ -200,88 +195,23 @@ class LLMEngine:
         answer. ``tool_calls``: the prompt offers tools (in `tool_format`'s way): the answer's
         calls come apart from its text, as `ToolCallDelta`s. ``chat``: the prompt is a chat's
         rendering; a base model's reply (the plain format) ends where it starts another turn."""
-        params = params or SamplingParams()
-        if chat and self.base_model:
-            params = replace(params, stop=[*params.stop, *PLAIN_TURN_STOPS])
-        ids = (
-            self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-            if isinstance(prompt, str)
-            else list(prompt)
+        ids, params = self.processor.prompt(
+            prompt, params or SamplingParams(), chat, add_special_tokens
         )
-        self._check_fits(ids, params)
         rid = request_id if request_id is not None else f"req-{next(self._ids)}"
         if rid in self.groups:
             raise RequestRefused(f"request id {rid!r} is already in use")
-        first = Sequence(
-            list(ids), len(ids), IncrementalDetokenizer(self.tokenizer, ids, params.stop)
-        )
-        if params.structured is not None:
-            first.matcher = self.grammars.matcher(params.structured)
-        thinking = (
-            self.reasoning.splitter(self.tokenizer.decode(ids[-8:]))
-            if split_thinking and self.reasoning is not None
-            else None
-        )
-        first.thinking = thinking.copy() if thinking is not None else None
-        tools = self.tool_format.stream() if tool_calls else None
-        first.tools = tools.copy() if tools is not None else None
-        if not params.use_beam_search:
-            first.generator = make_generator(params.seed, 0, self.device)
-        group = SequenceGroup(
+        group = self.processor.group(
             rid,
-            list(ids),
+            ids,
             params,
-            [first],
             pin_prefix=pin_prefix,
-            thinking=thinking,
-            tools=tools,
+            split_thinking=split_thinking,
+            tool_calls=tool_calls,
         )
         self.groups[rid] = group
         self.scheduler.add(group)
         return rid
-
-    def _check_fits(self, ids: list[int], params: SamplingParams) -> None:
-        if not ids:
-            raise RequestRefused("the prompt is empty: give at least one token")
-        vocab = self.model.vocab_size
-        if min(ids) < 0 or max(ids) >= vocab:
-            raise RequestRefused(
-                f"prompt token ids must be in [0, {vocab}), the model's vocabulary"
-            )
-        if params.logit_bias and max(params.logit_bias) >= vocab:
-            raise RequestRefused(
-                f"logit_bias names token {max(params.logit_bias)}, which is not in the "
-                f"model's vocabulary (ids 0 to {vocab - 1})"
-            )
-        n = len(ids)
-        if params.width > self.config.max_num_seqs:
-            raise RequestRefused(
-                f"the request runs {params.width} sequences at once (n or beam_width) but "
-                f"max_num_seqs={self.config.max_num_seqs}; lower n / beam_width or raise "
-                "max_num_seqs"
-            )
-        if n >= self.max_model_len:
-            raise RequestRefused(
-                f"the prompt is {n} tokens but the context window is {self.max_model_len} "
-                f"(max_model_len); shorten it by at least {n - self.max_model_len + 1} tokens"
-            )
-        longest = min(n + params.max_tokens, self.max_model_len)
-        entries = params.width * (longest - n) * (params.top_logprobs + 1)
-        if params.logprobs is not None and entries > MAX_LOGPROB_ENTRIES:
-            raise RequestRefused(
-                f"the request asks for up to {entries} log-probabilities (n {params.width} x "
-                f"max_tokens {longest - n} x (top_logprobs {params.top_logprobs} + 1)), more "
-                f"than the {MAX_LOGPROB_ENTRIES} one request may have; lower one of them"
-            )
-        need = self.bm.peak_blocks(n, longest, params.width, self.config.max_num_batched_tokens)
-        have = self.bm.pool.num_blocks - self.bm.pool.num_pinned
-        if need > have:
-            raise RequestRefused(
-                f"the request needs {need} KV blocks ({need * self.block_bytes / 2**20:.0f} MiB) "
-                f"at its longest but the KV cache holds {have} besides pinned prefixes "
-                f"({have * self.block_bytes / 2**20:.0f} MiB); raise the KV cache size "
-                "(--kv-cache / EngineConfig.kv_cache_bytes) or lower max_tokens"
-            )
 
     def abort(
         self, request_id: str, reason: FinishReason = FinishReason.ABORT, error: str | None = None
@@ -328,7 +258,12 @@ class LLMEngine:
         self.kv.swap_in(sched.swap_in)
         self.kv.copy(sched.copies)
         if not sched.scheduled:
-            return self._fail_unschedulable(bool(sched.preempted))
+            stuck = self.scheduler.stuck(sched)
+            if stuck is None:
+                return []
+            rid = stuck.request_id
+            why = f"request {rid} does not fit in the KV cache next to the pinned prefixes"
+            return [self._end(rid, f"{why}; raise the KV cache size or lower max_tokens")]
         logits = self.runner.execute(sched.scheduled)
         picks = self.sampler(sched.sampling, logits)
         result = self.scheduler.update_from_output(sched, picks)
@@ -338,30 +273,17 @@ class LLMEngine:
             for rid, e in result.failed.items()
         ]
 
-    def _fail_unschedulable(self, preempted: bool) -> list[RequestUpdate]:
-        """Nothing could run with the device otherwise empty: the head of the queue needs more
-        blocks than exist unpinned. (After a preemption, the next step tries again.)"""
-        sched = self.scheduler
-        if preempted or sched.running or sched.swapped or not sched.waiting:
-            return []
-        rid = self.scheduler.waiting[0].request_id
-        failed = self.abort(
-            rid,
-            FinishReason.ERROR,
-            f"request {rid} does not fit in the KV cache next to the pinned "
-            "prefixes; raise the KV cache size or lower max_tokens",
-        )
-        return [] if failed is None else [failed]
-
     def _fail_request(self, request_id: str, error: Exception, stage: str) -> RequestUpdate:
         """End a request that failed in the step (its rows could not be ``stage`` "sampled", or
         its picks "updated"), with why (the traceback goes to the error log)."""
         doing = "sampling" if stage == "sampled" else "updating"
         why = f"{type(error).__name__}: {log_error(error, f'{doing} {request_id}')}"
-        update = self.abort(
-            request_id, FinishReason.ERROR, f"{request_id} could not be {stage}: {why}"
-        )
-        assert update is not None  # (it ran this step)
+        return self._end(request_id, f"{request_id} could not be {stage}: {why}")
+
+    def _end(self, request_id: str, error: str) -> RequestUpdate:
+        """End a request of this step with ``error``: its final update."""
+        update = self.abort(request_id, FinishReason.ERROR, error)
+        assert update is not None  # (it is in the engine)
         return update
 
     # -- outputs and stats -------------------------------------------------------------------------

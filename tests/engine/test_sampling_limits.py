@@ -13,8 +13,8 @@ import torch
 
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
 from chatpage.engine.accumulator import OutputAccumulator
-from chatpage.engine.llm_engine import RequestRefused
 from chatpage.engine.outputs import RequestOutput
+from chatpage.engine.processor import RequestRefused
 from chatpage.engine.sampling_params import MAX_LOGPROB_ENTRIES, GrammarKind, Structured
 from chatpage.engine.text.grammar import GrammarMatcher
 from chatpage.vocab import FinishReason

@@ -205,6 +205,14 @@ class Scheduler:
             self._insert_running(group)
         return out
 
+    def stuck(self, out: SchedulerOutput) -> SequenceGroup | None:
+        """The head of the waiting queue when ``out`` runs nothing with the device otherwise
+        empty: it needs more blocks than exist unpinned, so it would wait forever. (None after
+        a preemption: the next step tries again.)"""
+        if out.scheduled or out.preempted or self.running or self.swapped or not self.waiting:
+            return None
+        return self.waiting[0]
+
     # -- after the step ----------------------------------------------------------------------------
     def update_from_output(
         self, scheduler_output: SchedulerOutput, sampler_output: SamplerOutput

@@ -13,7 +13,7 @@ import torch
 
 from chatpage.engine.config import EngineConfig
 from chatpage.engine.core.step import ScheduledSeq
-from chatpage.engine.device import GpuMemory, measure_memory
+from chatpage.engine.device import GpuMemory, kv_pool_bytes, measure_memory
 from chatpage.engine.model.cuda_graphs import (
     Capture,
     DecodeGraphs,
@@ -174,3 +174,32 @@ def profile_step(
     torch.log_softmax(logits, dim=-1)
     del logits, k, v, meta
     return measure_memory(str(device), before)
+
+
+def kv_pool_blocks(
+    model: LlamaModel,
+    config: EngineConfig,
+    max_model_len: int,
+    kv_dtype: torch.dtype,
+    block_bytes: int,
+) -> int:
+    """How many ``block_bytes`` blocks the device's KV pool holds: ``config.kv_cache_bytes``
+    of them on the CPU; on a GPU ``config.gpu_blocks``, or (unset) what
+    ``gpu_memory_utilization`` leaves beside the largest step (`profile_step`). Raises
+    ValueError for a pool that holds no block."""
+    pool_bytes = config.kv_cache_bytes
+    if model.device.type == "cuda" and config.gpu_blocks:
+        pool_bytes = config.gpu_blocks * block_bytes
+    elif model.device.type == "cuda":
+        pool_bytes = kv_pool_bytes(
+            profile_step(model, config, max_model_len, kv_dtype),
+            config.gpu_memory_utilization,
+            block_bytes,
+        )
+    num_blocks = pool_bytes // block_bytes
+    if num_blocks < 1:
+        raise ValueError(
+            f"EngineConfig.kv_cache_bytes={config.kv_cache_bytes} holds no block "
+            f"(one block is {block_bytes} bytes); raise the KV cache size"
+        )
+    return num_blocks
