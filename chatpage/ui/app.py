@@ -10,7 +10,6 @@ them to the sessions. Nothing here waits on the engine.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -22,7 +21,6 @@ from textual.screen import Screen
 from chatpage.chat.chats import Chats
 from chatpage.chat.mcp import McpServers
 from chatpage.chat.recorder import SAVE_INTERVAL_S
-from chatpage.config.models import remember_model
 from chatpage.config.paths import data_dir
 from chatpage.config.personas import Persona, default_persona, find_persona, load_personas
 from chatpage.config.settings import Settings
@@ -32,7 +30,6 @@ from chatpage.engine.client import (
     EngineStats,
     EngineStatus,
     LocalEngineClient,
-    StatusKind,
     UpdateCallback,
 )
 from chatpage.remote.stats import RemoteStats
@@ -42,15 +39,10 @@ from chatpage.ui.bindings import APP_BINDINGS, all_bindings
 from chatpage.ui.chat_screen import ChatScreen
 from chatpage.ui.history import SavedChats
 from chatpage.ui.messages import ClientStatus, EngineEvents, Inbox
+from chatpage.ui.model_switch import ModelSwitch
 from chatpage.ui.palette import palette_commands
 from chatpage.ui.pulling import ModelPulls
-from chatpage.ui.screens.model_picker import (
-    ModelPicker,
-    PullChoice,
-    is_backend_url,
-    model_problem,
-    offered_models,
-)
+from chatpage.ui.screens.model_picker import ModelPicker, PullChoice, offered_models
 from chatpage.ui.terminal import read_keys_as_meant
 from chatpage.ui.text import clean
 from chatpage.ui.theme import CHATPAGE_THEME
@@ -58,8 +50,6 @@ from chatpage.ui.theme import CHATPAGE_THEME
 STATS_INTERVAL_S = 1.0
 """How often the gauge reads the engine's stats (each repaint costs the app's thread, which shares
 the GIL with the engine's)."""
-STOP_WAIT_S = 10.0
-"""How long a model switch waits for the replies in progress to stop."""
 DRAIN_S = 0.05
 """How long a stream's updates gather before the app applies them (an output's last update is
 applied at once): a few tokens per wake-up of the app's thread instead of one."""
@@ -111,12 +101,9 @@ class ChatApp(App[None]):
             model if model is not None else self.settings.model, config
         )
         self._gathering: set[Inbox] = set()  # inboxes whose updates are taken on a timer
-        self._loading: EngineClient[EngineStats | RemoteStats] | None = None
-        """A model being switched to, loading beside the one in use (see `switch_model`)."""
-        self._announced: EngineClient[EngineStats | RemoteStats] | None = None
-        self.pulls = ModelPulls(self, lambda: self.chat.gauge, self.say, self.switch_model)
+        self.models = ModelSwitch(self, self._start, self._delivery)
+        self.pulls = ModelPulls(self, lambda: self.chat.gauge, self.say, self.models.switch)
         """A model being pulled from Hugging Face (the picker starts and cancels it)."""
-        """The client whose readiness was last shown (see `_model_ready`)."""
         self.tools = McpServers(
             self.settings.mcp_servers,
             lambda line: self.say(line, "error", timeout=15),
@@ -170,7 +157,7 @@ class ChatApp(App[None]):
                 f"not saving: {self.store.fault or 'chats are kept in memory only'}"
             )
         self._start(self.client)
-        self.set_interval(STATS_INTERVAL_S, self._poll_stats)
+        self.set_interval(STATS_INTERVAL_S, self.models.poll_stats)
         self.set_interval(SAVE_INTERVAL_S / 2, self.saved.recorder.flush)
         await self.chat.begin(self.saved)
 
@@ -182,8 +169,8 @@ class ChatApp(App[None]):
         self.pulls.cancel()  # what it fetched stays, for the next pull to resume
         await self.tools.close()  # stdio servers' processes end with the app
         await asyncio.to_thread(self.client.close)  # joins the engine thread: not on the loop
-        if self._loading is not None:
-            await asyncio.to_thread(self._loading.close)
+        if self.models.loading is not None:
+            await asyncio.to_thread(self.models.loading.close)
 
     # -- keys ----------------------------------------------------------------------------------------
     def _apply_keymap(self) -> None:
@@ -271,15 +258,6 @@ class ChatApp(App[None]):
 
         client.start(status)
 
-    def make_client(self, target: str | None) -> EngineClient[EngineStats | RemoteStats]:
-        """A new (not started) client for the model ``target`` (None: the default model; a URL:
-        an OpenAI-compatible server, through the remote client)."""
-        if target is not None and is_backend_url(target):
-            from chatpage.remote.client import RemoteEngineClient  # needs the serve extra
-
-            return RemoteEngineClient(target, timeout_s=self.settings.backend_timeout)
-        return LocalEngineClient(target, self.engine_config)
-
     def on_engine_events(self, message: EngineEvents) -> None:
         inbox, client = message.inbox, message.client
         if message.urgent:
@@ -295,43 +273,7 @@ class ChatApp(App[None]):
             self.chats.requests.apply_all(updates)
 
     def on_client_status(self, message: ClientStatus) -> None:
-        gauge = self.chat.gauge
-        status = message.status
-        if message.client is self._loading:  # a model being switched to (see _swap_client)
-            if status.kind not in (StatusKind.ERROR, StatusKind.READY):
-                gauge.status = (
-                    f"{self.client.model_name} · ready · loading "
-                    f"{message.client.model or 'the default model'}: {status}…"
-                )
-            return
-        if message.client is not self.client:
-            return
-        match status.kind:
-            case StatusKind.READY:
-                self._model_ready(self.client)
-            case StatusKind.WARNING:
-                self.say(status.text, "warning", timeout=15)
-            case StatusKind.ERROR:
-                gauge.status = str(status)
-                self.say(str(status), "error", timeout=20)
-            case StatusKind.PROGRESS:
-                gauge.status = f"{status}…"
-
-    def _model_ready(self, client: EngineClient[EngineStats | RemoteStats]) -> None:
-        """``client`` (the one in use) is ready: said once, however its "ready" arrives."""
-        if client is self._announced:
-            return
-        self._announced = client
-        self.chat.gauge.status = (
-            f"{client.model_name} · ready · context "
-            f"{client.max_model_len} tokens · {len(self.personas)} personas"
-        )
-        for warning in client.warnings:
-            self.say(warning, "warning")
-        if client.model and not is_backend_url(client.model):
-            remember_model(client.model)
-        self.chats.model_ready()
-        self._poll_stats()
+        self.models.status(message)
 
     @work(exclusive=True, group="dialog")
     async def action_switch_model(self) -> None:
@@ -346,71 +288,13 @@ class ChatApp(App[None]):
         elif isinstance(target, PullChoice):
             self.pulls.cancel()
         elif target is not None:
-            self.switch_model(target)
+            self.models.switch(target)
 
     def on_chat_screen_model_wanted(self, message: ChatScreen.ModelWanted) -> None:
         if message.target is None:
             self.action_switch_model()
         else:
-            self.switch_model(message.target)
-
-    def switch_model(self, target: str) -> None:
-        """Replace the model with ``target`` ("" for the default): it loads beside the one in
-        use, which keeps answering; once it is ready, replies in progress stop, the chats move
-        to it (their system prompts pinned on it) and the old engine is closed (off the UI
-        thread). If it fails to load, the model in use stays and a notice says why."""
-        problem = model_problem(target) if target else None
-        if problem:
-            self.say(problem, "error")
-        elif self._loading is not None:
-            self.say(
-                f"{self._loading.model or 'the default model'} is still loading; switch "
-                "again once it is ready (or it failed)",
-                "warning",
-            )
-        else:
-            self._swap_client(target)
-
-    @work(exclusive=True, group="model")
-    async def _swap_client(self, target: str) -> None:
-        name = target or "the default model"
-        new = self.make_client(target or None)
-        self._loading = new
-        self._start(new)
-        self.say(f"loading {name}; {self.client.model_name} answers until it is ready")
-        try:
-            await asyncio.to_thread(new.wait_ready)
-        finally:
-            self._loading = None
-        if not new.ready:
-            self.say(
-                f"could not switch to {name}: {new.error}; {self.client.model_name} is "
-                "still serving",
-                "error",
-                timeout=20,
-            )
-            self._poll_stats()
-            await asyncio.to_thread(new.close)
-            return
-        for session in self.chats.sessions:
-            self.chats.requests.stop(session)
-        deadline = time.monotonic() + STOP_WAIT_S
-        while any(s.streaming for s in self.chats.sessions) and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        old = self.client
-        self.client = self.chats.requests.client = new
-        self.chats.requests.deliver = self._delivery(new)
-        self.chat.gauge.stats = None
-        for prompt in self.chats.pinned:
-            new.pin_system_prompt(prompt)
-        self._model_ready(new)
-        self.say(f"switched to {name}; the chats stay")
-        await asyncio.to_thread(old.close)
-
-    def _poll_stats(self) -> None:
-        stats = self.client.stats()
-        if stats is not None:
-            self.chat.gauge.stats = stats
+            self.models.switch(message.target)
 
 
 def run_app(
