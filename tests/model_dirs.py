@@ -85,3 +85,12 @@ def offline_tokenizer_dir(root: Path) -> Path:
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     ).save_pretrained(out)
     return out
+
+
+def reference_model(model_dir: Path):
+    """transformers' model of ``model_dir`` in fp32, in eval mode: what the engine is checked
+    against."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

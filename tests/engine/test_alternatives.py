@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from model_dirs import reference_model
 
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
 from chatpage.engine.text.chat_template import render_prompt
@@ -18,12 +19,6 @@ def _engine(path, **config) -> LLMEngine:
     return LLMEngine.from_pretrained(
         str(path) if path else None, EngineConfig(**config), progress=lambda _m: None
     )
-
-
-def _hf(path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
 @torch.inference_mode()
@@ -84,11 +79,6 @@ def _assert_beams_equal(ours, ref):
 
 
 @pytest.fixture(scope="module")
-def tiny_hf(tiny_llama_dir):
-    return _hf(tiny_llama_dir)
-
-
-@pytest.fixture(scope="module")
 def tiny(tiny_llama_dir):
     return _engine(tiny_llama_dir)
 
@@ -120,7 +110,7 @@ def test_beam_search_with_stop_token_reached_tiny(width, tiny, tiny_hf):
 
 @pytest.fixture(scope="module")
 def smol(default_model_dir):
-    return _engine(None, kv_cache_bytes=256 << 20), _hf(default_model_dir)
+    return _engine(None, kv_cache_bytes=256 << 20), reference_model(default_model_dir)
 
 
 @pytest.mark.parametrize("width", [2, 3, 4, 5, 6])

@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+from model_dirs import reference_model
 
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
 from chatpage.engine.text.chat_template import render_prompt
@@ -21,12 +22,6 @@ PROMPT_LENS = [1, 2, 7, 15, 16, 17, 31, 33, 64, 100, 150, 211, 256, 300]
 def _prompts(seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, 49152) for _ in range(n)] for n in PROMPT_LENS]
-
-
-def _hf(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
 @torch.inference_mode()
@@ -68,7 +63,7 @@ def hf_reference(tiny_models):
     """transformers' greedy continuation of every prompt, per tiny model (computed once)."""
     refs = {}
     for kind, path in tiny_models.items():
-        hf = _hf(path)
+        hf = reference_model(path)
         refs[kind] = (hf, [_hf_greedy(hf, p, MAX_NEW) for p in _prompts()])
     return refs
 
@@ -163,7 +158,7 @@ def test_default_model_chats_match_transformers(default_model_dir):
     ]
     outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=16))
     assert outs[0].outputs[0].text.startswith("The capital of France is Paris")
-    hf = _hf(default_model_dir)
+    hf = reference_model(default_model_dir)
     for prompt, out in zip(prompts, outs, strict=True):
         _assert_same_or_near_tie(hf, prompt, out.outputs[0].token_ids, _hf_greedy(hf, prompt, 16))
     _assert_no_leak(engine)

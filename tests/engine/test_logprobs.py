@@ -21,13 +21,6 @@ def tiny(tiny_llama_dir):
     )
 
 
-@pytest.fixture(scope="module")
-def tiny_hf(tiny_llama_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
-
-
 @torch.inference_mode()
 def _reference(hf, c: CompletionOutput) -> torch.Tensor:
     """log_softmax of transformers' logits at each step that generated one of ``c``'s tokens."""

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from model_dirs import tiny_model_dir
+from model_dirs import reference_model, tiny_model_dir
 
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
 from chatpage.engine.load.loader import _read_config
@@ -83,8 +83,6 @@ def test_configs_that_need_interpreting_go_through_transformers(change, tiny_lla
 
 
 def test_scaled_rope_runs_and_matches_transformers(default_model_dir, tmp_path):
-    from transformers import AutoModelForCausalLM
-
     rope = {
         "rope_type": "llama3",
         "rope_theta": 10000.0,
@@ -100,7 +98,7 @@ def test_scaled_rope_runs_and_matches_transformers(default_model_dir, tmp_path):
         str(path), EngineConfig(kv_cache_bytes=16 << 20), progress=lambda _m: None
     )
     ours = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=6))[0]
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    hf = reference_model(path)
     ids = torch.tensor([prompt])
     with torch.inference_mode():
         theirs = hf.generate(
