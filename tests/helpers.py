@@ -36,6 +36,7 @@ from chatpage.engine.client import (
 )
 from chatpage.engine.outputs import EngineStats, final_update
 from chatpage.ui.app import ChatApp
+from chatpage.ui.widgets.alternatives import AlternativesView
 
 PROMPT_BODY = (
     "Answer in plain words. Keep every answer short and to the point. Never invent "
@@ -173,6 +174,21 @@ async def offline_run(
     async with app.run_test(size=size) as pilot:
         await wait_for(pilot, lambda: app.client.error is not None, "the load failure")
         yield app, pilot
+
+
+async def samples_on_show(pilot, app: ChatApp, question: str, texts: list[str]) -> None:
+    """Ask ``question`` for one sample per text (the submit faked), feed the samples back, and
+    wait until their panes have the focus."""
+    fake_submits(app)
+    session = app.chat.current
+    await app.chat.submit_prompt(f"/samples {len(texts)}")
+    await app.chat.submit_prompt(question)
+    app.chats.requests.deliver(samples_update("fake-1", texts))
+    await wait_for(
+        pilot,
+        lambda: isinstance(app.focused, AlternativesView) and not session.streaming,
+        "the panes",
+    )
 
 
 async def opened(pilot, screen_type) -> None:

@@ -12,11 +12,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helpers import engine_stats, fake_submits, offline_app, reply_update, samples_update, wait_for
+from helpers import (
+    engine_stats,
+    fake_submits,
+    offline_app,
+    reply_update,
+    samples_on_show,
+    wait_for,
+)
 from textual.pilot import Pilot
 
 from chatpage.ui.app import ChatApp
-from chatpage.ui.widgets.alternatives import AlternativesView
 from chatpage.ui.widgets.block_gauge import BlockGauge
 
 SIZE = (110, 34)
@@ -55,16 +61,7 @@ async def _one_reply(pilot: Pilot) -> None:
 
 async def _two_samples(pilot: Pilot) -> None:
     chat_app = await failed(pilot)
-    fake_submits(chat_app)
-    session = chat_app.chat.current
-    await chat_app.chat.submit_prompt("/samples 2")
-    await chat_app.chat.submit_prompt("Name a color.")
-    chat_app.chats.requests.deliver(samples_update("fake-1", ["Teal, **calm**.", "Red."]))
-    await wait_for(
-        pilot,
-        lambda: isinstance(chat_app.focused, AlternativesView) and not session.streaming,
-        "the panes",
-    )
+    await samples_on_show(pilot, chat_app, "Name a color.", ["Teal, **calm**.", "Red."])
     chat_app.clear_notifications()  # "next reply: 2 samples" (a toast: gone after a while)
 
 

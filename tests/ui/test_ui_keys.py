@@ -14,7 +14,7 @@ from helpers import (
     offline_run,
     opened,
     reply_update,
-    samples_update,
+    samples_on_show,
     stopped,
     wait_for,
 )
@@ -28,7 +28,6 @@ from chatpage.ui.clipboard import system_tool
 from chatpage.ui.screens.code_picker import CodeBlockPicker
 from chatpage.ui.screens.confirm import Confirm
 from chatpage.ui.screens.persona_picker import PersonaPicker
-from chatpage.ui.widgets.alternatives import AlternativesView
 from chatpage.ui.widgets.message import MessageView
 from chatpage.ui.widgets.session_list import SessionList
 
@@ -460,15 +459,7 @@ async def test_a_pending_edit_shows_and_escape_cancels_it(tmp_path):
 async def test_a_fast_keep_command_typed_on_the_panes_and_the_version_count(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
-        fake_submits(app)
-        await app.chat.submit_prompt("/samples 2")
-        await app.chat.submit_prompt("two ways?")
-        app.chats.requests.deliver(samples_update("fake-1", ["one way", "another way"]))
-        await wait_for(
-            pilot,
-            lambda: isinstance(app.focused, AlternativesView) and not session.streaming,
-            "the panes",
-        )
+        await samples_on_show(pilot, app, "two ways?", ["one way", "another way"])
         burst(
             app,
             [
