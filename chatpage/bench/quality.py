@@ -224,9 +224,10 @@ def run(args) -> dict:
         out["llamacpp_error"] = MISSING
         return out
     if loaded.gguf is not None:
-        out["llamacpp"] = against_llamacpp(
-            loaded.gguf, ids, {r["weights"]: r["perplexity"] for r in rows}
-        )
+        out["llamacpp"] = {
+            "bos_added": out["bos_added"],
+            **against_llamacpp(loaded.gguf, ids, {r["weights"]: r["perplexity"] for r in rows}),
+        }
     done = {loaded.gguf.resolve()} if loaded.gguf is not None else set()
     files = [f for f in requant.named_files(args.files) if f.resolve() not in done]
     out["files"] = [compare_file(f, formats) for f in files]
@@ -277,6 +278,20 @@ class FileVsLlamaCpp:
     own_format: str
     goal_delta_vs_llamacpp: float
     met: bool | None
+    # whether the text's ids start with a BOS, ours and in llama.cpp's own tokenization, and
+    # whether the two tokenizations agree (runs before issue 39 did not record them)
+    bos_added: bool | None = None
+    llamacpp_bos_added: bool | None = None
+    same_ids_as_llamacpp: bool | None = None
+
+    @property
+    def bos(self) -> str:
+        """``yes / yes``: whether our ids and llama.cpp's start with a BOS ("-" where not recorded)."""
+        if self.bos_added is None or self.llamacpp_bos_added is None:
+            return "-"
+        said = {True: "yes", False: "no"}
+        same = "" if self.same_ids_as_llamacpp else " (ids differ)"
+        return f"{said[self.bos_added]} / {said[self.llamacpp_bos_added]}{same}"
 
     @property
     def types(self) -> str:
@@ -366,6 +381,7 @@ def _llamacpp_figures(r: QualityResult) -> list[str]:
         [
             f.file,
             f.types,
+            f.bos,
             f.llamacpp_perplexity,
             *(100 * f.delta_vs_llamacpp[w] for w in formats),
             f.own_format,
@@ -384,6 +400,7 @@ def _llamacpp_figures(r: QualityResult) -> list[str]:
             [
                 "file",
                 "matrix bytes by type",
+                "BOS (ours / llama.cpp)",
                 "llama.cpp perplexity",
                 *(f"{w} vs llama.cpp (%)" for w in formats),
                 "own precision",

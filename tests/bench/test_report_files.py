@@ -100,7 +100,8 @@ def test_the_sections_render_and_read_back(tmp_path):
     )
     assert "| Gemma 3 shape, sliding blocks freed | 2840 | 0.213 |" in text
     assert (
-        "| m.Q4_0.gguf | Q4_0 67%, Q8_0 33% | 30.00 | -0.33 | 18.00 | int4 | **missed** |" in text
+        "| m.Q4_0.gguf | Q4_0 67%, Q8_0 33% | - | 30.00 | -0.33 | 18.00 | int4 | **missed** |"
+        in text
     )
     back, _ = report.read_back(text)
     assert set(back) == {"load", "windows", "quality"}
@@ -119,3 +120,17 @@ def test_a_load_row_names_what_its_pack_really_runs(tmp_path):
     assert "cache / file, default model (int4)" in names  # a row without the field: as asked
     text = report.render(runs, tmp_path / "b.md", "test machine", 27.0)
     assert "| big.Q4_K_M.gguf | 400.0 | int4+levels | 30.00 |" in text
+
+
+def test_a_files_bos_is_shown_beside_llamacpps(tmp_path):
+    """Whether our ids and llama.cpp's own tokenization start with a BOS, and whether the two
+    tokenizations agree, stand beside the perplexities they explain (issue 39)."""
+    runs = copy.deepcopy(_runs())
+    bos_file = dict(LLAMACPP, file="bos.gguf", bos_added=True, llamacpp_bos_added=True)
+    bos_file["same_ids_as_llamacpp"] = True
+    other = dict(LLAMACPP, file="differs.gguf", bos_added=False, llamacpp_bos_added=True)
+    other["same_ids_as_llamacpp"] = False
+    runs["quality"]["result"]["files"] = [bos_file, other]
+    text = report.render(runs, tmp_path / "b.md", "test machine", 27.0)
+    assert "| bos.gguf | Q4_0 67%, Q8_0 33% | yes / yes | 30.00 |" in text
+    assert "| differs.gguf | Q4_0 67%, Q8_0 33% | no / yes (ids differ) | 30.00 |" in text
