@@ -132,7 +132,10 @@ def saved_chat(store: Store, title: str, *texts: str, persona: str = "assistant"
     return chat
 
 
-async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
+@pytest.fixture
+def saved(tmp_path, monkeypatch) -> tuple[Path, int, int]:
+    """(work, paging, poems): two saved chats, "Paging notes" open with a reply cut by a crash
+    and "Poems [b]" closed; exports go to ``work``, the current directory."""
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -149,8 +152,19 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
             store, "Poems [b]", "Write a haiku about [bold]café[/bold] mornings", "Steam rises"
         )
         store.set_closed(poems, True)
-    app = offline_app(tmp_path)
-    async with app.run_test(size=SIZE) as pilot:
+    return work, paging, poems
+
+
+async def search_and_open(pilot, query: str) -> None:
+    """ctrl+f, type ``query``, enter: the first hit opens."""
+    await pilot.press("ctrl+f")
+    await opened(pilot, ChatSearch)
+    await pilot.press(*query, "enter")
+    await pilot.pause()
+
+
+async def test_open_chats_come_back_with_a_cut_reply_interrupted(tmp_path, saved):
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         await pilot.pause()
         assert [s.title for s in app.chats.sessions] == ["Paging notes"]  # closed: not reopened
         session = app.chat.current
@@ -164,7 +178,11 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
         last = app.chat.session_view(session).query(MessageView).last()
         assert "interrupted" in str(last.query_one(".message-speaker").render())
 
-        # export from the command palette
+
+async def test_a_chat_exports_as_markdown_and_as_json_never_overwriting(tmp_path, saved):
+    work, paging, _ = saved
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
+        await pilot.pause()
         await palette_offers(pilot, "as markdown")
         await pilot.press("enter")
         await wait_for(pilot, lambda: list(work.glob("*.md")), "the Markdown file")
@@ -182,7 +200,11 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
         await export_json.callback()  # a second export never overwrites the first
         assert len(list(work.glob("*.json"))) == 2
 
-        # search (ctrl+f): a closed chat opens again; the snippet shows brackets literally
+
+async def test_search_opens_a_closed_chat_and_shows_brackets_literally(tmp_path, saved):
+    _, _, poems = saved
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
+        await pilot.pause()
         await pilot.press("ctrl+f")
         await opened(pilot, ChatSearch)
         await pilot.press(*"cafe")
@@ -198,14 +220,23 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
         with Store.open() as store:
             assert not store.get_session(poems).closed
 
-        # search for an open chat switches to it
-        await pilot.press("ctrl+f")
-        await opened(pilot, ChatSearch)
-        await pilot.press(*"paged", "enter")
+
+async def test_search_for_an_open_chat_switches_to_it(tmp_path, saved):
+    _, _, poems = saved
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
         await pilot.pause()
+        session = app.chat.current
+        await search_and_open(pilot, "cafe")
+        assert app.chat.current.store_id == poems
+        await search_and_open(pilot, "paged")
         assert app.chat.current is session
 
-        # closing keeps the chat saved; the palette offers it again
+
+async def test_closing_keeps_the_chat_saved_and_the_palette_offers_it(tmp_path, saved):
+    _, _, poems = saved
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
+        await pilot.pause()
+        await search_and_open(pilot, "cafe")
         await pilot.press("alt+2", "ctrl+w")
         await pilot.pause()
         assert [s.title for s in app.chats.sessions] == ["Paging notes"]
@@ -214,7 +245,12 @@ async def test_export_search_close_reopen_and_delete(tmp_path, monkeypatch):
         with Store.open() as store:
             assert store.get_session(poems).closed
 
-        # "Delete chat" asks, then removes it from the store
+
+async def test_delete_asks_then_removes_the_chat_from_the_store(tmp_path, saved):
+    _, paging, poems = saved
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
+        await pilot.pause()
+        session = app.chat.current
         delete = next(c for c in app.get_system_commands(app.screen) if c.title == "Delete chat")
         await delete.callback()
         await pilot.pause()
