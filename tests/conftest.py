@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import hf_model_dir
+from helpers import alpha_and_beta, hf_model_dir
 from model_dirs import tiny_model_dir
 
 from chatpage.config.paths import cache_dir
@@ -46,6 +46,13 @@ def tiny_llama_dir(tmp_path_factory, default_model_dir) -> Path:
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory, default_model_dir) -> Path:
     return tiny_model_dir("qwen2", tmp_path_factory.mktemp("models"), default_model_dir)
+
+
+@pytest.fixture
+def personas_dir(tmp_path) -> Path:
+    """A personas folder with the "alpha" and "beta" test personas (the apps over the tiny
+    model start on alpha)."""
+    return alpha_and_beta(tmp_path)
 
 
 @pytest.fixture(autouse=True)

@@ -30,12 +30,6 @@ from chatpage.wire.requests import request_body
 HI = [{"role": "user", "content": "Say something."}]
 
 
-@pytest.fixture(scope="module")
-def url(tiny_llama_dir, tmp_path_factory):
-    with running_server(tiny_llama_dir, tmp_path_factory.mktemp("remote")) as url:
-        yield url
-
-
 @pytest.fixture
 def client(url):
     c = RemoteEngineClient(url)

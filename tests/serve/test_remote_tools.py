@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import jsonschema
 import pytest
-from serve_helpers import connected, running_server
+from serve_helpers import connected
 
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.outputs import RequestOutput, RequestUpdate
@@ -58,18 +58,12 @@ def collect(
 # -- a real chatpage serve ------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def chatpage_url(tiny_llama_dir, tmp_path_factory):
-    with running_server(tiny_llama_dir, tmp_path_factory.mktemp("remote-tools")) as url:
-        yield url
-
-
-def test_a_forced_tool_call_and_a_grammar_go_through_chatpage_serve(chatpage_url):
+def test_a_forced_tool_call_and_a_grammar_go_through_chatpage_serve(url):
     """A named tool_choice goes to the server, whose grammar makes even a random model call the
     tool; the server reads the call, streams it as deltas, and the remote client folds them
     back. A choice grammar goes through as vLLM's structured_outputs."""
     params = SamplingParams(max_tokens=60, temperature=0)
-    with connected(chatpage_url) as client:
+    with connected(url) as client:
         updates, out = collect(client, params, tools=[WEATHER], tool_choice="get_weather")
         choice = SamplingParams(
             max_tokens=8,

@@ -14,7 +14,6 @@ from contextlib import contextmanager
 
 import httpx
 import pytest
-from serve_helpers import running_server
 
 from chatpage.engine.sampling_params import MAX_LOGPROB_ENTRIES
 from chatpage.engine.text.grammar import MAX_SPEC_CHARS
@@ -23,12 +22,6 @@ pytestmark = pytest.mark.slow  # a chatpage serve of its own (a subprocess)
 
 HI = [{"role": "user", "content": "Say something."}]
 VOCAB = 49152
-
-
-@pytest.fixture(scope="module")
-def url(tiny_llama_dir, tmp_path_factory):
-    with running_server(tiny_llama_dir, tmp_path_factory.mktemp("serve")) as url:
-        yield url
 
 
 def _chat(url: str, **body) -> httpx.Response:

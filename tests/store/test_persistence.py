@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 from helpers import (
-    alpha_and_beta,
     facts,
     idle,
     make_app,
@@ -48,11 +47,6 @@ from chatpage.ui.widgets.message import MessageView
 from chatpage.ui.widgets.session_list import SessionList
 
 SIZE = (140, 44)
-
-
-@pytest.fixture
-def personas_dir(tmp_path) -> Path:
-    return alpha_and_beta(tmp_path)
 
 
 def sidebar_titles(app) -> list[str]:

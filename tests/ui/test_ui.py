@@ -6,11 +6,7 @@ prefix cache and the gauge's numbers, all read back from the engine's own stats.
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
 from helpers import (
-    alpha_and_beta,
     freed,
     hold_model_load,
     idle,
@@ -30,11 +26,6 @@ from chatpage.ui.widgets.prompt_input import PromptInput
 from chatpage.ui.widgets.session_list import SessionList
 
 SIZE = (150, 48)
-
-
-@pytest.fixture
-def personas_dir(tmp_path) -> Path:
-    return alpha_and_beta(tmp_path)
 
 
 async def test_two_personas_stream_switch_cache_and_gauge(

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pytest
-from helpers import alpha_and_beta, idle, opened, ready, send, wait_for
+from helpers import idle, opened, ready, send, wait_for
 
 from chatpage.config.settings import Settings
 from chatpage.engine.client import EngineConfig
@@ -19,11 +18,6 @@ SIZE = (140, 44)
 
 def engine_threads() -> int:
     return sum(t.name == "chatpage-engine" for t in threading.enumerate())
-
-
-@pytest.fixture
-def personas_dir(tmp_path) -> Path:
-    return alpha_and_beta(tmp_path)
 
 
 def test_model_problem_names_what_is_wrong(tmp_path, tiny_llama_dir):

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
 from helpers import (
-    alpha_and_beta,
     fake_submits,
     idle,
     make_app,
@@ -32,11 +28,6 @@ TERSE = (
     "You are terse. Answer in five words or fewer, never more, and never apologise. "
     "Prefer numbers to words. Skip greetings. "
 ) * 2
-
-
-@pytest.fixture
-def personas_dir(tmp_path) -> Path:
-    return alpha_and_beta(tmp_path)
 
 
 async def test_system_prompt_shared_by_two_chats_is_pinned(tiny_llama_dir, personas_dir):
