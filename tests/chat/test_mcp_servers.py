@@ -24,6 +24,8 @@ from helpers import alive, mute_server
 from chatpage.chat.mcp import McpServers, ServerState
 from chatpage.config.mcp import McpServerConfig
 
+pytestmark = pytest.mark.slow  # MCP servers in processes of their own
+
 SERVER = """
 import os, sys
 from mcp.server.mcpserver import MCPServer

@@ -10,9 +10,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import alive, make_app, mute_server, ready, send, wait_for, write_persona
 
 from chatpage.config.mcp import McpServerConfig
+
+pytestmark = pytest.mark.slow  # MCP servers in processes of their own
 
 SIZE = (140, 44)
 BIG = """

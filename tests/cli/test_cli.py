@@ -20,6 +20,7 @@ def no_stdin(monkeypatch):
     monkeypatch.setattr(sys, "stdin", _Tty(""))
 
 
+@pytest.mark.slow  # the real default model
 def test_ask_streams_the_default_models_answer(no_stdin, capsys):
     assert main(["ask", "What is the capital of France?", "--max-tokens", "16"]) == 0
     assert "Paris" in capsys.readouterr().out

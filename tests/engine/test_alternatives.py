@@ -114,6 +114,7 @@ def smol(default_model_dir):
 
 
 @pytest.mark.parametrize("width", [2, 3, 4, 5, 6])
+@pytest.mark.slow  # the real default model (the module's smol engine)
 def test_beam_search_equals_reference_default_model(width, smol):
     engine, hf = smol
     prompt = render_prompt(engine.tokenizer, [{"role": "user", "content": "What is 2+2?"}])

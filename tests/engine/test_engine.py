@@ -139,6 +139,7 @@ def test_prefix_caching_reuses_shared_prefixes(tiny_models, hf_reference):
     _assert_no_leak(engine)
 
 
+@pytest.mark.slow  # the real default model
 def test_default_model_chats_match_transformers(default_model_dir):
     questions = [
         "What is the capital of France?",

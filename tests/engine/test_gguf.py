@@ -156,6 +156,7 @@ def test_a_cached_gguf_start_reads_the_tokenizer_without_transformers(tmp_path):
         assert first.tokenizer.decode(theirs.encode(text)) == theirs.decode(theirs.encode(text))
 
 
+@pytest.mark.slow  # the real default model, loaded and packed
 def test_the_default_models_int4_pack_is_near_the_files_size():
     """No fp32 copy on disk, and the int4 pack (the default format) within 1.3x the file."""
     path = default_model_path()

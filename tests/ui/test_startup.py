@@ -40,6 +40,7 @@ def test_the_engine_package_still_gives_its_names():
         _ = engine.Engine
 
 
+@pytest.mark.slow  # real starts of chatpage, each a process of its own
 def test_bench_startup_times_real_starts_of_every_format_asked(tiny_llama_dir, capsys, tmp_path):
     """`chatpage bench startup`: fresh processes of the headless app, each format in turn."""
     import json

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
+import pytest
 from helpers import PROMPT_BODY, make_app, opened, ready, send, wait_for
 
 from chatpage.config.mcp import McpServerConfig
@@ -79,6 +80,7 @@ async def answering(pilot, app) -> None:
     await wait_for(pilot, lambda: app.screen.answering, "the dialog to take answers")
 
 
+@pytest.mark.slow  # MCP servers in processes of their own
 async def test_a_call_is_asked_for_run_shown_fed_back_and_saved(tiny_llama_dir, tmp_path):
     configs, calls = servers(tmp_path)
     app = make_app(tiny_llama_dir, tool_persona(tmp_path / "personas", "add"), mcp_servers=configs)
@@ -114,6 +116,7 @@ async def test_a_call_is_asked_for_run_shown_fed_back_and_saved(tiny_llama_dir, 
         assert meta["tool_steps"][0]["calls"][0]["result"] == str(a + b)
 
 
+@pytest.mark.slow  # MCP servers in processes of their own
 async def test_a_denied_call_is_not_run_and_a_server_that_dies_is_reported(
     tiny_llama_dir, tmp_path
 ):
@@ -165,6 +168,7 @@ def sidebar_line(app, session) -> str:
     return str(app.chat.query_one(SessionList).get_option(str(session.id)).prompt)
 
 
+@pytest.mark.slow  # MCP servers in processes of their own
 async def test_a_call_in_another_chat_never_takes_the_typing(tiny_llama_dir, tmp_path, monkeypatch):
     """A call in a chat that is not on show marks it and says so; typing in the chat on show
     stays there (no dialog: before, "okay" answered "always"). Going to the chat asks; keys
@@ -202,6 +206,7 @@ async def test_a_call_in_another_chat_never_takes_the_typing(tiny_llama_dir, tmp
         assert not sidebar_line(app, first).startswith("?")
 
 
+@pytest.mark.slow  # MCP servers in processes of their own
 async def test_always_is_for_one_server_and_one_persona(tiny_llama_dir, tmp_path):
     """ "Always" holds for calc's add in this chat; after /persona to a persona whose server
     calc2 has a tool of the same name, its call is asked for, naming its server."""
