@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import shutil
 import threading
@@ -261,8 +262,13 @@ def _digest(path: Path, f: RemoteFile) -> str:
 
 @contextmanager
 def hub_errors(ref: ModelRef) -> Iterator[None]:
-    """huggingface_hub's and the network's errors as one line each (`HubError`)."""
+    """huggingface_hub's and the network's errors as one line each (`HubError`); its own
+    retry warnings stay unsaid meanwhile (written to stderr, they would stand above the one line in
+    a terminal and over the TUI's screen)."""
     endpoint = constants.ENDPOINT
+    hub_log = logging.getLogger("huggingface_hub")
+    level = hub_log.level
+    hub_log.setLevel(logging.ERROR)
     try:
         yield
     except GatedRepoError:
@@ -282,6 +288,8 @@ def hub_errors(ref: ModelRef) -> Iterator[None]:
         raise HubError(f"{endpoint} answered {status} for {ref.repo}; try again later") from None
     except httpx2.TransportError as e:
         raise HubError(f"cannot reach {endpoint}: {_reason(e)}") from None
+    finally:
+        hub_log.setLevel(level)
 
 
 def _reason(error: BaseException) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import pty
 import shutil
@@ -220,12 +221,19 @@ def test_an_interrupted_pull_resumes_where_it_stopped(hub, ggufs, capsys):
 def test_a_network_gone_mid_pull_keeps_what_was_fetched(hub, capsys):
     hub.cut["tiny-q8_0.gguf"] = 2 * CHUNK
     hub.down_after_cut = True  # huggingface_hub tries 5 times, a second apart, then gives up
+    said: list[logging.LogRecord] = []
+    hub_log = logging.getLogger("huggingface_hub")
+    listener = logging.Handler()
+    listener.emit = said.append  # type: ignore[method-assign]
+    hub_log.addHandler(listener)
     with pytest.raises(
         HubError,
         match=rf"^the connection to {hub.url} failed \(.*\): tiny-q8_0.gguf stopped at 8 KiB of "
         r"759.7 KiB; pull again to resume$",
     ):
         run_pull(plan_pull("test/tiny-GGUF:Q8_0"))
+    hub_log.removeHandler(listener)
+    assert said == []  # its retries unsaid: the one line above is all a user sees
     assert pulled_models() == [] and partial_downloads() == {"test/tiny-GGUF": 2 * CHUNK}
     assert main(["models", "rm", "test/tiny-gguf"]) == 0  # what was kept can be dropped
     assert capsys.readouterr().out == "removed 8 KiB of interrupted pulls\n"
