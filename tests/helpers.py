@@ -191,6 +191,18 @@ async def samples_on_show(pilot, app: ChatApp, question: str, texts: list[str]) 
     )
 
 
+@asynccontextmanager
+async def tiny_run(
+    model_dir: Path, personas_dir: Path | None, size: tuple[int, int], **settings
+) -> AsyncIterator[tuple[ChatApp, Pilot]]:
+    """(app, pilot): `make_app` running at ``size``, once its engine is ready and the personas'
+    prompts are pinned (the opening of the tests over the tiny model)."""
+    app = make_app(model_dir, personas_dir, **settings)
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot, app)
+        yield app, pilot
+
+
 async def opened(pilot, screen_type) -> None:
     """Wait until a dialog of ``screen_type`` is on top, mounted, its widget focused if it has
     one (so the keys pressed next reach it: dialogs open in workers), and drawn."""

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import alive, make_app, mute_server, ready, send, wait_for, write_persona
+from helpers import alive, make_app, mute_server, ready, send, tiny_run, wait_for, write_persona
 
 from chatpage.config.mcp import McpServerConfig
 
@@ -45,9 +45,7 @@ async def test_a_result_larger_than_the_context_is_cut_to_fit_shown_saved_and_an
     script.write_text(BIG)
     configs = {"big": McpServerConfig("big", sys.executable, (str(script),))}
     personas = persona(tmp_path / "personas", "big", "dump")
-    app = make_app(tiny_llama_dir, personas, mcp_servers=configs)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
+    async with tiny_run(tiny_llama_dir, personas, SIZE, mcp_servers=configs) as (app, pilot):
         await send(pilot, "what does the log say?")
         session = app.chat.current
 
@@ -95,9 +93,8 @@ async def test_a_server_that_never_answers_fails_at_its_deadline_and_the_chat_go
 async def test_quit_while_a_server_starts_ends_its_process(tiny_llama_dir, tmp_path):
     config, pid_file = mute_server(tmp_path)
     personas = persona(tmp_path / "personas", "mute", "auto")
-    app = make_app(tiny_llama_dir, personas, mcp_servers={"mute": config})
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
+    servers = {"mute": config}
+    async with tiny_run(tiny_llama_dir, personas, SIZE, mcp_servers=servers) as (app, pilot):
         await send(pilot, "hello")
         await wait_for(pilot, lambda: pid_file.exists() and pid_file.read_text(), "its pid", 60)
         pid = int(pid_file.read_text())

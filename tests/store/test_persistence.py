@@ -29,6 +29,7 @@ from helpers import (
     palette_offers,
     ready,
     send,
+    tiny_run,
     wait_for,
 )
 from textual.widgets import Input
@@ -58,9 +59,7 @@ def sidebar_titles(app) -> list[str]:
 
 
 async def test_chats_come_back_after_a_restart_and_continue(tiny_llama_dir, personas_dir):
-    app = make_app(tiny_llama_dir, personas_dir)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
         first = app.chat.current
         await send(pilot, "What is paged attention?")
         await wait_for(pilot, lambda: idle(app), "the first reply")

@@ -6,16 +6,7 @@ prefix cache and the gauge's numbers, all read back from the engine's own stats.
 
 from __future__ import annotations
 
-from helpers import (
-    freed,
-    hold_model_load,
-    idle,
-    make_app,
-    opened,
-    ready,
-    send,
-    wait_for,
-)
+from helpers import freed, hold_model_load, idle, make_app, opened, ready, send, tiny_run, wait_for
 
 from chatpage.ui.app import STATS_INTERVAL_S
 from chatpage.ui.screens.persona_picker import PersonaPicker
@@ -105,9 +96,7 @@ async def test_a_tiny_temperature_in_one_chat_is_greedy_and_ends_no_other_reply(
 ):
     """`/temp 1e-40` once overflowed the sampler and the step's error ended every chat's reply
     (issue 20, item 1): now it is greedy, and the other chat's reply streams on."""
-    app = make_app(tiny_llama_dir, personas_dir)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
         first = app.chat.current
         for line in ("/max 200", "/temp 1", "/seed 1", "a long sampled reply"):
             await send(pilot, line)

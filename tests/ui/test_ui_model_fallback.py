@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers import alpha_and_beta, idle, make_app, opened, ready, send, wait_for
+from helpers import alpha_and_beta, idle, opened, send, tiny_run, wait_for
 from textual.widgets import OptionList
 
 from chatpage.config.models import find_models, recent_models, remember_model
@@ -37,9 +37,7 @@ async def test_a_failed_switch_leaves_the_old_model_serving(tmp_path, tiny_llama
         json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
     )
     alien = write_gguf(tmp_path / "alien.gguf", "mamba")
-    app = make_app(tiny_llama_dir, alpha_and_beta(tmp_path))
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
+    async with tiny_run(tiny_llama_dir, alpha_and_beta(tmp_path), SIZE) as (app, pilot):
         old = app.client
         session = app.chat.current
         for target, why in ((broken, "unsupported architecture"), (alien, "")):
@@ -77,9 +75,9 @@ async def test_the_picker_lists_the_models_it_finds(tmp_path, tiny_llama_dir):
     config.write_text(f"models_dirs: [{models}]\n")
     settings, warnings = load_settings(config)
     assert warnings == [] and settings.models_dirs == (str(models),)
-    app = make_app(tiny_llama_dir, alpha_and_beta(tmp_path), models_dirs=settings.models_dirs)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
+    async with tiny_run(
+        tiny_llama_dir, alpha_and_beta(tmp_path), SIZE, models_dirs=settings.models_dirs
+    ) as (app, pilot):
         await wait_for(
             pilot,
             lambda: recent_models() == [str(tiny_llama_dir.resolve())],

@@ -5,13 +5,12 @@ from __future__ import annotations
 from helpers import (
     fake_submits,
     idle,
-    make_app,
     offline_app,
     offline_run,
     opened,
-    ready,
     reply_update,
     send,
+    tiny_run,
     wait_for,
 )
 from textual.widgets import Input, TextArea
@@ -31,9 +30,7 @@ TERSE = (
 
 
 async def test_system_prompt_shared_by_two_chats_is_pinned(tiny_llama_dir, personas_dir):
-    app = make_app(tiny_llama_dir, personas_dir)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
         first = app.chat.current
         pinned = app.client.stats().blocks_pinned
         await send(pilot, f"/system {TERSE}")

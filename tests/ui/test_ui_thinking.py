@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shutil
 
-from helpers import FakeClient, make_app, ready, send, wait_for, write_persona
+from helpers import FakeClient, make_app, ready, send, tiny_run, wait_for, write_persona
 from textual.widgets import Static
 
 from chatpage.chat.chats import Chats
@@ -68,9 +68,7 @@ async def test_thinking_folds_opens_survives_a_restart_and_is_not_sent_back(
     tiny_llama_dir, tmp_path
 ):
     model, personas = _thinking_setup(tiny_llama_dir, tmp_path)
-    app = make_app(model, personas)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
+    async with tiny_run(model, personas, SIZE) as (app, pilot):
         reply = await _reply(pilot, app, "Think about it.")
         assert reply.reasoning and 0 < reply.reasoning_tokens <= reply.stats.tokens
         fold = _fold(app)
@@ -108,9 +106,7 @@ async def test_thinking_folds_opens_survives_a_restart_and_is_not_sent_back(
 async def test_think_says_when_the_template_has_no_switch(tiny_llama_dir, tmp_path):
     personas = tmp_path / "personas"
     write_persona(personas, "alpha")
-    app = make_app(tiny_llama_dir, personas)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
+    async with tiny_run(tiny_llama_dir, personas, SIZE) as (app, pilot):
         await send(pilot, "/think on")
         assert "has no thinking switch in its chat template" in app.notices[-1]
         assert app.chat.current.thinking is None
@@ -133,9 +129,7 @@ async def test_each_alternative_shows_its_thinking_folded_and_the_kept_one_keeps
     tiny_llama_dir, tmp_path
 ):
     model, personas = _thinking_setup(tiny_llama_dir, tmp_path)
-    app = make_app(model, personas)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
+    async with tiny_run(model, personas, SIZE) as (app, pilot):
         session = app.chat.current
         await send(pilot, "/samples 2")
         await send(pilot, "Think of two answers.")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from helpers import PROMPT_BODY, make_app, opened, ready, send, wait_for
+from helpers import PROMPT_BODY, make_app, opened, ready, send, tiny_run, wait_for
 
 from chatpage.config.mcp import McpServerConfig
 from chatpage.ui.screens.tool_approval import ToolApproval
@@ -174,9 +174,7 @@ async def test_a_call_in_another_chat_never_takes_the_typing(tiny_llama_dir, tmp
     stays there (no dialog: before, "okay" answered "always"). Going to the chat asks; keys
     typed as the dialog opens go on to the message box; "always" takes a second key."""
     personas, configs = two_calcs(tmp_path)
-    app = make_app(tiny_llama_dir, personas, mcp_servers=configs)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
+    async with tiny_run(tiny_llama_dir, personas, SIZE, mcp_servers=configs) as (app, pilot):
         first = app.chat.current
         await send(pilot, "what is 1 + 2?")
         second = await app.chat.open_session(first.persona)
@@ -262,9 +260,7 @@ async def test_a_persona_response_format_makes_every_reply_follow_its_schema(
         "name: alpha\ndescription: answers in JSON\ntemperature: 1.0\nmax_tokens: 60\n"
         f"response_format: answer.json\nsystem_prompt: You answer in JSON. {PROMPT_BODY}\n"
     )
-    app = make_app(tiny_llama_dir, personas)
-    async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot, app)
+    async with tiny_run(tiny_llama_dir, personas, SIZE) as (app, pilot):
         session = app.chat.current
         for question in ("is it raining?", "and tomorrow?"):
             await send(pilot, question)
