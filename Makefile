@@ -28,7 +28,7 @@ test: setup
 	./scripts/check_cuda.sh
 	$(BIN)/python -m pytest -q --durations=15 -m "not peers" tests
 
-# The quick loop (about a minute on 2 cores): every room (engine, kernels, chat, ui, serve, store),
+# The quick loop (about 6 min on 2 cores): every room (engine, kernels, chat, ui, serve, store),
 # without what is slow by construction, marked slow: builds of the kernels for another ISA, the
 # real default model, the app in a pseudo-terminal, tests that start processes of their own.
 test-fast: setup
