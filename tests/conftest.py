@@ -22,7 +22,11 @@ def _no_packed_leftovers(tmp_path_factory):
     """Weights the tests pack for their temporary models are cached like a user's (under the
     cache's models/, keyed by the model's path): at the end, remove the packs (and a GGUF's
     tokenizer) of the models this session wrote (other sessions' and the user's stay)."""
+    tokenizers = cache_dir() / "tokenizers"  # a GGUF's tokenizer, cached by its vocabulary
+    before = set(tokenizers.iterdir()) if tokenizers.is_dir() else set()
     yield
+    for made in set(tokenizers.iterdir()) - before if tokenizers.is_dir() else ():
+        shutil.rmtree(made, ignore_errors=True)
     for gguf in tmp_path_factory.getbasetemp().rglob("*.gguf"):  # the tests' own GGUF files
         shutil.rmtree(gguf_cache_dir(gguf), ignore_errors=True)
     for config in tmp_path_factory.getbasetemp().rglob("config.json"):

@@ -64,10 +64,12 @@ def write_gguf(
     seed: int = 0,
     extra: dict[str, tuple[np.ndarray, Q]] | None = None,
     types: dict[str, Q] | None = None,
+    add_bos: bool | None = None,
 ) -> Path:
     """A one-layer random model of ``arch`` with every matmul weight in ``qtype`` (those named
     in ``types``, e.g. ``blk.0.ffn_down``, in theirs) and a small byte-level vocabulary (the 256
-    byte symbols, one merge and two special tokens)."""
+    byte symbols, one merge and two special tokens); ``add_bos`` written as the converter writes
+    ``tokenizer.ggml.add_bos_token`` where given."""
     rng = np.random.default_rng(seed)
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
@@ -87,6 +89,8 @@ def write_gguf(
     w.add_token_merges([" ".join(MERGED)])
     w.add_bos_token_id(len(tokens) - 2)
     w.add_eos_token_id(len(tokens) - 1)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
     w.add_chat_template(
         "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
     )

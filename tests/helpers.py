@@ -383,7 +383,8 @@ def hf_model_dir(gguf: Path, root: Path) -> Path:
 
     from safetensors.torch import save_file
 
-    from chatpage.engine.load.loader import gguf_cache_dir, load_model
+    from chatpage.engine.load.gguf_file import GGUFFile
+    from chatpage.engine.load.loader import gguf_cache_dir, gguf_tokenizer_dir, load_model
 
     out = root / f"{gguf_cache_dir(gguf).name}-hf"
     if (out / "model.safetensors").is_file():
@@ -403,7 +404,7 @@ def hf_model_dir(gguf: Path, root: Path) -> Path:
         k: v for k, v in loaded.state.items() if k != "lm_head.weight" or not c.tie_word_embeddings
     }
     save_file(state, tmp / "model.safetensors")
-    for f in loaded.directory.iterdir():
+    for f in gguf_tokenizer_dir(GGUFFile(gguf)).iterdir():
         if f.is_file():
             shutil.copy(f, tmp / f.name)
     try:

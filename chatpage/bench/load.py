@@ -120,8 +120,12 @@ def measure(model: str | None, weights: str) -> dict[str, Any]:
         cache = Path(tmp)
         first = _load(model, weights, cache)
         cached = _load(model, weights, cache)
-        models = cache / "chatpage" / "models"
-        cache_bytes = _bytes(models) if models.is_dir() else 0
+        # the packs (models/) and a GGUF's tokenizer (tokenizers/): what a first load left
+        cache_bytes = sum(
+            _bytes(d)
+            for d in (cache / "chatpage" / "models", cache / "chatpage" / "tokenizers")
+            if d.is_dir()
+        )
     size = source_bytes(model)
     largest = largest_tensor_bytes(model)
     bound = None if largest is None else cache_bytes + 4 * largest + RSS_SLACK

@@ -19,8 +19,10 @@ from chatpage.engine.load.loader import (
     ModelLoadError,
     default_model_path,
     gguf_cache_dir,
+    gguf_tokenizer_dir,
     load_model,
 )
+from chatpage.engine.model import ops
 from chatpage.engine.model.weights import PACKED_LAYOUT, quantize_int8
 
 
@@ -135,7 +137,7 @@ def test_a_cached_gguf_start_reads_the_tokenizer_without_transformers(tmp_path):
     process reads tokenizer.json and the pack only."""
     path = write_gguf(tmp_path / "tiny.gguf")
     first = load_model(path, progress=lambda _m: None, weights="int4")
-    cached = gguf_cache_dir(path)
+    cached = gguf_tokenizer_dir(GGUFFile(path))
     assert json.loads((cached / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
     probe = (
         "import sys; from chatpage.engine.load.loader import load_model; "
@@ -191,3 +193,28 @@ def test_big_tables_are_packed_by_rows_as_whole(tmp_path, monkeypatch, weights):
     for key in whole:
         assert torch.equal(by_rows[key], whole[key]), key
     assert source.row_chunks("model.layers.0.self_attn.q_proj.weight", 100) is None  # reordered
+
+
+def test_one_vocabulary_is_converted_once_for_all_its_files(tmp_path, monkeypatch):
+    """The tokenizer is cached by what builds it, not by the file: another quantization of the
+    same model (same tokenizer metadata) reads it without a conversion; a file whose tokenizer
+    metadata differs (its BOS flag) gets its own."""
+    monkeypatch.setenv(ops.ENV_CACHE, str(ops.cache_root()))  # the kernels stay where they are
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # no conversion of earlier tests
+    said: list[str] = []
+    a = write_gguf(tmp_path / "m.Q8_0.gguf", Q.Q8_0)
+    b = write_gguf(tmp_path / "m.Q4_0.gguf", Q.Q4_0, seed=1)
+    c = write_gguf(tmp_path / "m.bos.gguf", Q.Q8_0, add_bos=True)
+    load_model(a, progress=said.append, weights="int8")
+    assert any("Reading the tokenizer" in s for s in said)
+    said.clear()
+    loaded = load_model(b, progress=said.append, weights="int8")
+    assert not any("Reading the tokenizer" in s for s in said)
+    assert gguf_tokenizer_dir(GGUFFile(a)) == gguf_tokenizer_dir(GGUFFile(b))
+    assert gguf_tokenizer_dir(GGUFFile(c)) != gguf_tokenizer_dir(GGUFFile(a))
+    with_bos = load_model(c, progress=said.append, weights="int8")
+    assert any("Reading the tokenizer" in s for s in said)
+    assert with_bos.tokenizer.encode("hi") == [
+        with_bos.tokenizer.bos_token_id,
+        *loaded.tokenizer.encode("hi"),
+    ]

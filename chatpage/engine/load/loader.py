@@ -14,6 +14,7 @@ read without transformers. An HF directory is read as it is, packed and cached t
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -113,6 +114,19 @@ def gguf_cache_dir(gguf: Path) -> Path:
     """The cache folder of a GGUF file's tokenizer and packs (``-gguf``: read directly; the
     folders without it hold the fp32 copies of earlier versions)."""
     return cache_dir() / "models" / f"{gguf.stem}-{_cache_key(gguf, [gguf])}-gguf"
+
+
+def gguf_tokenizer_dir(gf: GGUFFile) -> Path:
+    """The cache folder of a GGUF file's tokenizer, keyed by what builds it (the file's
+    ``tokenizer.*`` metadata, its architecture, which picks the converter, and transformers'
+    version, whose converter writes it), not by the file: the quantizations of one model, and
+    the many small files of one vocabulary, convert it once."""
+    h = hashlib.sha256(importlib.metadata.version("transformers").encode())
+    for key in sorted(gf.metadata):
+        if key.startswith("tokenizer.") or key == "general.architecture":
+            h.update(f"\0{key}\0".encode())
+            h.update(json.dumps(gf.metadata[key], ensure_ascii=False, default=repr).encode())
+    return cache_dir() / "tokenizers" / h.hexdigest()[:16]
 
 
 def packed_weights_path(directory: Path, weights: str) -> Path:
@@ -304,8 +318,9 @@ def load_model(
             raise ModelLoadError(f"{source} is not a .gguf file or a model directory")
         gf, config = _open_gguf(source)
         directory = gguf_cache_dir(source)
+        tokenizer_dir = gguf_tokenizer_dir(gf)
         try:
-            _cache_gguf_tokenizer(source, directory, say)
+            _cache_gguf_tokenizer(source, tokenizer_dir, say)
         except Exception as e:  # transformers raises many types for a vocabulary it cannot build
             raise ModelLoadError(
                 f"cannot build the tokenizer of {source}: {e}".splitlines()[0]
@@ -318,7 +333,7 @@ def load_model(
             state = _packed_state(directory, config, lambda: gguf_source, weights, say)
         del gf, gguf_source  # (their metadata: the vocabulary's strings again)
     else:
-        directory = source
+        directory = tokenizer_dir = source
         say(f"Loading {name}")
         config = _read_config(directory)
         streamed = None
@@ -349,10 +364,10 @@ def load_model(
     # read once the weights are: a 262k-token vocabulary's tokenizer (~100 MB while read) is not
     # held through a GGUF's packing
     try:
-        tokenizer = _read_tokenizer(directory)
+        tokenizer = _read_tokenizer(tokenizer_dir)
     except Exception as e:
         raise ModelLoadError(
-            f"cannot load the tokenizer from {directory}: {e}".splitlines()[0]
+            f"cannot load the tokenizer from {tokenizer_dir}: {e}".splitlines()[0]
         ) from e
     warnings: list[str] = []
     base_model = not getattr(tokenizer, "chat_template", None)
