@@ -97,6 +97,7 @@ def test_simulate_budget_limits_the_batch():
         simulate(trace, "max", 16, max_len=32)
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 def test_reservation_scheduler_admits_only_what_fits(tiny_llama_dir):
     from chatpage.bench import common
     from chatpage.engine import SamplingParams
@@ -128,6 +129,7 @@ def test_sustainable_rate_interpolates():
 
 
 # -- the commands on the tiny model -----------------------------------------------------------------
+@pytest.mark.slow  # runs a benchmark end to end
 def test_throughput_json(tiny_llama_dir, capsys):
     r = _run(
         throughput,
@@ -335,6 +337,7 @@ def test_report_renders_goals(tmp_path):
 
 
 # -- --json and text ------------------------------------------------------------------------------
+@pytest.mark.slow  # runs a benchmark end to end
 def test_soak_bench_reports_every_request_ended(capsys):
     from chatpage.bench import soak
 
@@ -343,6 +346,7 @@ def test_soak_bench_reports_every_request_ended(capsys):
     assert r["requests"] == 40 and r["hung"] == 0 and r["leaked_blocks"] == 0
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 def test_without_json_a_bench_prints_readable_text(capsys):
     from chatpage.bench import soak
 
@@ -352,6 +356,7 @@ def test_without_json_a_bench_prints_readable_text(capsys):
     assert "preemptions:\n  recompute:\n    swap: " in out
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 def test_kernel_bench_takes_json(capsys):
     from chatpage.bench import kernel
 

@@ -26,6 +26,7 @@ SERVER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 def test_a_server_and_its_workers_are_gone_after_the_run(tmp_path: Path) -> None:
     port = peers.free_port()
     server = peers.Server(
@@ -39,6 +40,7 @@ def test_a_server_and_its_workers_are_gone_after_the_run(tmp_path: Path) -> None
         httpx.get(f"{live.url}/v1/models", timeout=1)
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 def test_a_server_that_dies_at_start_is_an_error(tmp_path: Path) -> None:
     server = peers.Server(
         "broken", [sys.executable, "-c", "raise SystemExit(3)"], {}, tmp_path / "broken.log"

@@ -29,6 +29,7 @@ def _run(module, argv, capsys) -> dict:
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 def test_single_json(tiny_llama_dir, capsys):
     r = _run(
         single,
@@ -100,6 +101,7 @@ def test_single_refuses_an_unknown_format(capsys):
     assert "unknown weight format(s) int3" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 def test_quality_json(tiny_qwen2_dir, capsys):
     r = _run(
         quality,
@@ -207,6 +209,7 @@ def test_report_renders_single_and_quality(tmp_path):
     assert "| int4 | 26.00 | 8.33 | 0.9 | 12 | 95.00 |" in text
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 def test_single_and_quality_print_readable_text_without_json(tiny_llama_dir, capsys):
     model = ["--model", str(tiny_llama_dir), "--threads", "1"]
     assert (

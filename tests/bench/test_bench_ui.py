@@ -11,6 +11,7 @@ from chatpage.bench import ui
 from chatpage.engine import LLMEngine
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 def test_one_chat_against_the_engine_alone_with_the_same_sampling(
     tiny_llama_dir, capsys, monkeypatch
 ):
@@ -67,6 +68,7 @@ def test_one_chat_against_the_engine_alone_with_the_same_sampling(
     assert (last.temperature, last.top_p, last.ignore_eos, last.max_tokens) == (0.7, 0.9, True, 600)
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 def test_replies_that_end_before_the_window_are_an_error_not_a_hang(tiny_llama_dir):
     with pytest.raises(SystemExit, match="replies ended before the measurement began"):
         ui.main(

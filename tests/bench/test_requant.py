@@ -74,6 +74,7 @@ def test_llamacpps_own_q8_0_file_scores_within_1pct_of_llamacpp():
     assert row["met"], row
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 def test_the_bos_copy_is_the_default_model_with_a_tokenizer_that_adds_a_bos():
     """``requant.with_bos``: every tensor's blocks and every key as the original's but
     ``tokenizer.ggml.add_bos_token``; our tokenizer of it puts the BOS before the quality text,

@@ -4,11 +4,13 @@ consistency is audited after every step."""
 
 from __future__ import annotations
 
+import pytest
 from transformers import AutoTokenizer
 
 from chatpage.bench import soak, soak_serve
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 def test_every_request_ends_and_no_block_leaks(default_model_dir):
     loaded = soak.tiny_model(AutoTokenizer.from_pretrained(default_model_dir))
     result = soak.run(loaded, requests=2100, seed=0)
@@ -32,6 +34,7 @@ def test_every_request_ends_and_no_block_leaks(default_model_dir):
     assert serve["hostile_not_refused"] == 0 and serve["failed_by_others"] == 0, serve
 
 
+@pytest.mark.slow  # runs a benchmark end to end
 def test_hostile_requests_through_serve_are_refused_and_fail_no_other(default_model_dir):
     """Huge and odd logit_bias keys, a schema too big to compile soon, n x max_tokens x
     top_logprobs past its cap and a foreign Host, among ordinary requests (issue 40)."""

@@ -379,6 +379,7 @@ def _write_gguf(
     w.close()
 
 
+@pytest.mark.slow  # transformers' reference beside ours
 @pytest.mark.parametrize("kind", list(GGUF_ARCH))
 def test_gguf_files_run_as_transformers_does(kind, tokenizer_dir, tmp_path):
     import random

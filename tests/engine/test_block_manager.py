@@ -528,6 +528,9 @@ class NoCachingMachine(BlockManagerMachine):
 
 
 TestBlockManagerStateful = BlockManagerMachine.TestCase
+TestBlockManagerStateful = pytest.mark.slow(
+    TestBlockManagerStateful
+)  # a hypothesis state machine of many steps
 TestBlockManagerStateful.settings = settings(
     max_examples=150, stateful_step_count=50, deadline=None
 )
@@ -957,6 +960,9 @@ class SlidingGroupsMachine(RuleBasedStateMachine):
 
 
 TestSlidingGroupsStateful = SlidingGroupsMachine.TestCase
+TestSlidingGroupsStateful = pytest.mark.slow(
+    TestSlidingGroupsStateful
+)  # a hypothesis state machine of many steps
 TestSlidingGroupsStateful.settings = settings(
     max_examples=100, stateful_step_count=40, deadline=None
 )

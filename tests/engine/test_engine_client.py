@@ -8,6 +8,8 @@ import shutil
 import threading
 import time
 
+import pytest
+
 from chatpage.config import errorlog
 from chatpage.engine import EngineConfig, SamplingParams
 from chatpage.engine.accumulator import OutputAccumulator
@@ -154,6 +156,7 @@ def _cpu_seconds(thread: threading.Thread) -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
+@pytest.mark.slow  # waits out a client's deadline
 def test_a_failed_step_ends_pins_like_requests_and_the_idle_engine_thread_blocks(tiny_llama_dir):
     """A step that raises (here the real runner, made to fail while `broken` is set) ends every
     request and every pin in the engine with the error; nothing is left to step, so the engine

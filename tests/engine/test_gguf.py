@@ -32,6 +32,7 @@ def test_the_type_table_is_ggmls():
     }
 
 
+@pytest.mark.slow  # loads and packs model files in processes of their own
 def test_the_header_reads_as_gguf_py_reads_it(tmp_path):
     """Our struct reader against GGUFReader on a real file: every key, value and tensor."""
     path = default_model_path()
@@ -107,6 +108,7 @@ def _refusal(path: Path) -> list[str]:
     return done.stdout.strip().splitlines()
 
 
+@pytest.mark.slow  # loads and packs model files in processes of their own
 def test_an_unsupported_architecture_is_refused_before_any_heavy_work(tmp_path):
     """One line naming the architecture; no transformers import, nothing dequantized or cached."""
     path = write_gguf(tmp_path / "falcon.gguf", Q.Q8_0, arch="falcon")
@@ -117,6 +119,7 @@ def test_an_unsupported_architecture_is_refused_before_any_heavy_work(tmp_path):
     assert imported == "False" and not gguf_cache_dir(path).exists()
 
 
+@pytest.mark.slow  # loads and packs model files in processes of their own
 def test_an_unknown_tensor_type_is_refused_by_name(tmp_path):
     blocks = np.zeros((4, 66), dtype=np.uint8)  # IQ2_XXS: 256 values in 66 bytes
     path = write_gguf(tmp_path / "iq2.gguf", extra={"blk.0.extra.weight": (blocks, Q.IQ2_XXS)})
@@ -132,6 +135,7 @@ def test_a_file_that_is_no_gguf_is_one_line(tmp_path):
         load_model(path, progress=lambda _m: None)
 
 
+@pytest.mark.slow  # loads and packs model files in processes of their own
 def test_a_cached_gguf_start_reads_the_tokenizer_without_transformers(tmp_path):
     """The first load builds the tokenizer (transformers' GGUF converter) and caches it; a second
     process reads tokenizer.json and the pack only."""
@@ -195,6 +199,7 @@ def test_big_tables_are_packed_by_rows_as_whole(tmp_path, monkeypatch, weights):
     assert source.row_chunks("model.layers.0.self_attn.q_proj.weight", 100) is None  # reordered
 
 
+@pytest.mark.slow  # loads and packs model files in processes of their own
 def test_one_vocabulary_is_converted_once_for_all_its_files(tmp_path, monkeypatch):
     """The tokenizer is cached by what builds it, not by the file: another quantization of the
     same model (same tokenizer metadata) reads it without a conversion; a file whose tokenizer

@@ -142,6 +142,7 @@ def test_an_iq4_nl_model_runs_in_int4_as_in_fp32(tmp_path):
     assert error["int4"] < error["int8"]
 
 
+@pytest.mark.slow  # loads a model file in every format
 def test_the_engine_on_a_q4_0_copy_scores_as_in_fp32():
     """Our int4 on a Q4_0 copy of the default model is within 1% of our fp32 on the same file
     (re-quantizing its dequantized values cost +18% against llama.cpp on llama.cpp's Q4_0 file)."""

@@ -119,6 +119,7 @@ print(sorted(m for m in sys.modules if m.startswith("transformers")))
 """
 
 
+@pytest.mark.slow  # imports transformers in a process of its own
 def test_a_cached_default_start_imports_no_transformers(default_model_dir):
     done = subprocess.run(
         [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300

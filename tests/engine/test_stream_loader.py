@@ -126,6 +126,7 @@ def _big_checkpoint(root: Path, tokenizer_dir: Path) -> Path:
     return root
 
 
+@pytest.mark.slow  # streams a checkpoint in a process of its own
 def test_the_host_peak_stays_well_below_the_fp32_checkpoint(tmp_path, default_model_dir):
     model_dir = _big_checkpoint(tmp_path / "big", default_model_dir)
     fp32_bytes = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))

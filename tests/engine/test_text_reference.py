@@ -143,6 +143,7 @@ def test_hf_folder_answers_text_as_transformers(kind, bos_tokenizer_dir, tmp_pat
         assert doubled == len(chat) + 1
 
 
+@pytest.mark.slow  # transformers' reference beside ours
 @pytest.mark.parametrize("kind", list(GGUF_ARCH))
 def test_base_gguf_answers_text_as_transformers(kind, tmp_path):
     """A base model's file (no chat template) whose tokenizer metadata asks for the BOS: text

@@ -152,6 +152,7 @@ def test_pull_a_gguf_then_run_it_by_name(hub, ggufs):
     assert loaded.name == "test/tiny-GGUF:Q4_K_M" and loaded.gguf == path
 
 
+@pytest.mark.slow  # pulls through a real Hub server
 def test_pull_a_safetensors_model_then_ask_it(hub, tiny_llama_dir, monkeypatch, capsys):
     path = run_pull(plan_pull("test/tiny-hf"))
     assert path.is_dir() and model_files(path) == model_files(tiny_llama_dir)
@@ -179,6 +180,7 @@ def test_a_split_gguf_is_fetched_whole(hub, ggufs):
     assert model.path == path and len(model.files) == 2
 
 
+@pytest.mark.slow  # pulls through a real Hub server
 def test_a_dropped_connection_resumes(hub, ggufs):
     hub.cut["tiny-q8_0.gguf"] = 2 * CHUNK  # the first answer stops two chunks in
     path = run_pull(plan_pull("test/tiny-GGUF:Q8_0"))
@@ -187,6 +189,7 @@ def test_a_dropped_connection_resumes(hub, ggufs):
     assert [r for _, r in gets] == [None, f"bytes={2 * CHUNK}-"]
 
 
+@pytest.mark.slow  # pulls through a real Hub server
 def test_an_interrupted_pull_resumes_where_it_stopped(hub, ggufs, capsys):
     cancelled = threading.Event()
     cancelled.set()
@@ -218,6 +221,7 @@ def test_an_interrupted_pull_resumes_where_it_stopped(hub, ggufs, capsys):
     assert partial_downloads() == {}
 
 
+@pytest.mark.slow  # pulls through a real Hub server
 def test_a_network_gone_mid_pull_keeps_what_was_fetched(hub, capsys):
     hub.cut["tiny-q8_0.gguf"] = 2 * CHUNK
     hub.down_after_cut = True  # huggingface_hub tries 5 times, a second apart, then gives up

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from gguf_files import Q, write_gguf
 from helpers import alpha_and_beta, idle, make_app, opened, ready, send, wait_for
 from hub_server import Repo, serve_hub
@@ -36,6 +37,7 @@ async def pick(pilot, option_id: str) -> None:
     await pilot.press("enter")
 
 
+@pytest.mark.slow  # pulls through a real Hub server
 async def test_pull_from_the_picker_then_switch(tmp_path, monkeypatch, tiny_llama_dir):
     hub = serve_hub(monkeypatch, tmp_path / "hf-cache")
     files = {

@@ -185,6 +185,7 @@ def test_stats_are_polled_from_metrics_and_the_pool(client, url):
     assert 0 < stats.kv_usage <= 1 and stats.num_running is not None
 
 
+@pytest.mark.slow  # waits out a server's retries and deadlines
 def test_unreachable_server_is_retried_and_held_requests_then_run(tiny_llama_dir, tmp_path):
     port = free_port()
     client = RemoteEngineClient(f"http://127.0.0.1:{port}")

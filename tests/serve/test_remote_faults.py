@@ -157,6 +157,7 @@ def reply(client: RemoteEngineClient) -> RequestOutput:
     return out
 
 
+@pytest.mark.slow  # waits out a server's retries and deadlines
 @pytest.mark.parametrize("mode", ["stall", "silent", "keepalive"])
 def test_a_silent_server_fails_the_reply_after_the_idle_deadline(mode):
     with rogue(mode) as server, connected(server.url, IDLE_S) as client:
@@ -206,6 +207,7 @@ def ask(url: str, home: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # waits out a server's retries and deadlines
 def test_ask_backend_exits_non_zero_on_a_stalled_or_cut_stream(tmp_path):
     (tmp_path / "config" / "chatpage").mkdir(parents=True)
     (tmp_path / "config" / "chatpage" / "config.yaml").write_text("backend_timeout: 1\n")

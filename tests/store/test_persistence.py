@@ -58,6 +58,7 @@ def sidebar_titles(app) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # drives the app over the store, restarted
 async def test_chats_come_back_after_a_restart_and_continue(tiny_llama_dir, personas_dir):
     async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
         first = app.chat.current
@@ -172,6 +173,7 @@ async def test_open_chats_come_back_with_a_cut_reply_interrupted(tmp_path, saved
         assert "interrupted" in str(last.query_one(".message-speaker").render())
 
 
+@pytest.mark.slow  # drives the app over the store, restarted
 async def test_a_chat_exports_as_markdown_and_as_json_never_overwriting(tmp_path, saved):
     work, paging, _ = saved
     async with offline_run(tmp_path, SIZE) as (app, pilot):
@@ -194,6 +196,7 @@ async def test_a_chat_exports_as_markdown_and_as_json_never_overwriting(tmp_path
         assert len(list(work.glob("*.json"))) == 2
 
 
+@pytest.mark.slow  # drives the app over the store, restarted
 async def test_search_opens_a_closed_chat_and_shows_brackets_literally(tmp_path, saved):
     _, _, poems = saved
     async with offline_run(tmp_path, SIZE) as (app, pilot):
@@ -214,6 +217,7 @@ async def test_search_opens_a_closed_chat_and_shows_brackets_literally(tmp_path,
             assert not store.get_session(poems).closed
 
 
+@pytest.mark.slow  # drives the app over the store, restarted
 async def test_search_for_an_open_chat_switches_to_it(tmp_path, saved):
     _, _, poems = saved
     async with offline_run(tmp_path, SIZE) as (app, pilot):
@@ -225,6 +229,7 @@ async def test_search_for_an_open_chat_switches_to_it(tmp_path, saved):
         assert app.chat.current is session
 
 
+@pytest.mark.slow  # drives the app over the store, restarted
 async def test_closing_keeps_the_chat_saved_and_the_palette_offers_it(tmp_path, saved):
     _, _, poems = saved
     async with offline_run(tmp_path, SIZE) as (app, pilot):
@@ -239,6 +244,7 @@ async def test_closing_keeps_the_chat_saved_and_the_palette_offers_it(tmp_path, 
             assert store.get_session(poems).closed
 
 
+@pytest.mark.slow  # drives the app over the store, restarted
 async def test_delete_asks_then_removes_the_chat_from_the_store(tmp_path, saved):
     _, paging, poems = saved
     async with offline_run(tmp_path, SIZE) as (app, pilot):

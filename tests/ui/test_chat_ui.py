@@ -4,6 +4,7 @@ turns instead of failing, and the header shows used / context tokens."""
 
 from __future__ import annotations
 
+import pytest
 from helpers import alpha_and_beta, idle, make_app, ready, send, wait_for
 
 from chatpage.config.settings import Settings
@@ -22,6 +23,7 @@ def versions_label(view: MessageView) -> str:
     return str(view.query_one(".message-versions").render())
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_regenerate_forks_and_the_arrows_switch_versions(tiny_llama_dir, tmp_path):
     app = make_app(tiny_llama_dir, alpha_and_beta(tmp_path))
     async with app.run_test(size=SIZE) as pilot:
@@ -80,6 +82,7 @@ async def test_continue_extends_the_reply_in_place(tiny_llama_dir, tmp_path):
         assert reply.stats.prefix_hit_tokens > 0  # its prompt came from the cache
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_a_long_chat_drops_its_oldest_turns_and_the_meter_shows_it(tiny_llama_dir, tmp_path):
     app = ChatApp(
         model=str(tiny_llama_dir),

@@ -75,6 +75,7 @@ def test_bench_startup_times_real_starts_of_every_format_asked(tiny_llama_dir, c
     assert "| int8 |" in report.render(runs, tmp_path / "b.md", "test machine", 20.0, "")
 
 
+@pytest.mark.slow  # drives the app over an engine
 def test_a_failed_start_is_one_line(tmp_path, capsys):
     from chatpage.bench import startup
 

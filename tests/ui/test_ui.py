@@ -6,6 +6,7 @@ prefix cache and the gauge's numbers, all read back from the engine's own stats.
 
 from __future__ import annotations
 
+import pytest
 from helpers import freed, hold_model_load, idle, make_app, opened, ready, send, tiny_run, wait_for
 
 from chatpage.ui.app import STATS_INTERVAL_S
@@ -19,6 +20,7 @@ from chatpage.ui.widgets.session_list import SessionList
 SIZE = (150, 48)
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_two_personas_stream_switch_cache_and_gauge(
     tiny_llama_dir, personas_dir, monkeypatch
 ):
@@ -113,6 +115,7 @@ async def test_a_tiny_temperature_in_one_chat_is_greedy_and_ends_no_other_reply(
         assert app.client.error is None
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_stop_regenerate_edit_and_history(tiny_llama_dir, personas_dir):
     app = make_app(tiny_llama_dir, personas_dir)
     async with app.run_test(size=SIZE) as pilot:
@@ -163,6 +166,7 @@ async def test_stop_regenerate_edit_and_history(tiny_llama_dir, personas_dir):
         await wait_for(pilot, lambda: idle(app), "the reply")
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_samples_beam_and_keep(tiny_llama_dir, personas_dir):
     app = make_app(tiny_llama_dir, personas_dir)
     async with app.run_test(size=SIZE) as pilot:
@@ -205,6 +209,7 @@ async def test_samples_beam_and_keep(tiny_llama_dir, personas_dir):
         assert freed(app)
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_compare_settings_share_the_prompt(tiny_llama_dir, personas_dir):
     app = make_app(tiny_llama_dir, personas_dir)
     async with app.run_test(size=SIZE) as pilot:

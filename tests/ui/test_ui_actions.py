@@ -234,6 +234,7 @@ def recording(calls: list[tuple[str, str | None]], action: Action) -> Action:
     return replace(action, run=run)
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_every_key_slash_command_and_palette_entry_runs_its_handler(tmp_path, monkeypatch):
     calls: list[tuple[str, str | None]] = []
     recorded = {a.id: recording(calls, a) for a in ACTIONS}
@@ -263,6 +264,7 @@ async def test_every_key_slash_command_and_palette_entry_runs_its_handler(tmp_pa
                 assert calls[-1:] == [(action.id, entry.arg)], entry.title
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_help_by_key_and_by_slash_shows_the_table(tmp_path):
     async with offline_run(tmp_path, SIZE, bindings={"regenerate": "f6"}) as (app, pilot):
         for ask in ("key", "slash"):

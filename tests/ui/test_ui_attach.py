@@ -7,6 +7,7 @@ import os
 import threading
 from pathlib import Path
 
+import pytest
 from helpers import offline_app, send, wait_for
 
 from chatpage.chat.commands import MAX_ATTACHMENT_BYTES
@@ -35,6 +36,7 @@ def feed_if_opened(fifo: Path, opened: list[bool], stop: threading.Event) -> thr
     return thread
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_file_takes_regular_files_only_and_the_app_goes_on(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # short paths to type
     fifo = Path("pipe")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import stat
 
+import pytest
 from helpers import (
     fake_submits,
     offline_app,
@@ -63,6 +64,7 @@ async def type_text(pilot, app, text: str) -> None:
     await pilot.press(*text)
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_editing_keys_win_while_the_box_has_text(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         first = app.chat.current
@@ -85,6 +87,7 @@ async def test_editing_keys_win_while_the_box_has_text(tmp_path):
         assert app.chats.sessions == [first]
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_drafts_survive_switching_closing_and_restarts(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         await reply(pilot, app)
@@ -166,6 +169,7 @@ async def test_copy_uses_the_system_clipboard_where_there_is_one(tmp_path, monke
 TWO_BLOCKS = "First:\n\n```\nalpha()\n```\n\nThen:\n\n```sh\nbeta --now\n```\n"
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_keyboard_navigation_copy_code_and_edit_messages(tmp_path, monkeypatch):
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
@@ -210,6 +214,7 @@ async def test_keyboard_navigation_copy_code_and_edit_messages(tmp_path, monkeyp
         assert app.focused is app.chat.prompt
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_regenerate_and_delete_a_focused_message(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
@@ -258,6 +263,7 @@ async def test_regenerate_and_delete_a_focused_message(tmp_path):
         assert not session.entries[1].place().forked
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_a_draft_in_a_chat_with_no_messages_survives_a_restart(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         empty = app.chat.current
@@ -302,6 +308,7 @@ def burst(app, keys: list[tuple[str, str]]) -> None:
 SLASH_EDIT = [("slash", "/"), ("e", "e"), ("d", "d"), ("i", "i"), ("t", "t"), ("enter", "\r")]
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_typing_on_a_focused_message_goes_to_the_message_box(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
@@ -336,6 +343,7 @@ async def test_typing_on_a_focused_message_goes_to_the_message_box(tmp_path):
         assert not isinstance(app.screen, Confirm) and app.focused is prompt
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_delete_asks_with_cancel_first_and_can_be_undone(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
@@ -382,6 +390,7 @@ async def test_delete_asks_with_cancel_first_and_can_be_undone(tmp_path):
         ]
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_switching_versions_keeps_the_focus_on_the_message(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
@@ -481,6 +490,7 @@ async def test_a_fast_keep_command_typed_on_the_panes_and_the_version_count(tmp_
         )
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_the_draft_is_saved_as_it_changes(tmp_path):
     """What a crash would find in the store: the draft as it was a moment ago, deleted text
     included (not the draft of the last switch)."""

@@ -5,6 +5,7 @@ mounted when the chat opened (5,000 took minutes)."""
 
 from __future__ import annotations
 
+import pytest
 from helpers import offline_app, wait_for
 
 from chatpage.store import Store
@@ -37,6 +38,7 @@ def laid_out(transcript: TranscriptView) -> bool:
     return transcript.max_scroll_y > 0 and transcript.is_anchored and not transcript.placing
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_a_long_chat_mounts_its_latest_messages_then_earlier_ones_going_up(tmp_path):
     with Store.open() as store:
         long_chat(store, "short", 4)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from helpers import (
     engine_stats,
     fake_submits,
@@ -48,6 +49,7 @@ def submit(app, text: str) -> None:
     prompt.post_message(PromptInput.Submitted(text))
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_markup_and_control_characters_render_literally(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         submitted = fake_submits(app)

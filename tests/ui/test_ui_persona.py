@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from helpers import (
     fake_submits,
     idle,
@@ -58,6 +59,7 @@ async def test_system_prompt_shared_by_two_chats_is_pinned(tiny_llama_dir, perso
         assert second.for_model()[0] == {"role": "system", "content": TERSE.strip()}
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_switch_persona_and_save_as_persona_with_the_editor(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
@@ -119,6 +121,7 @@ async def test_switch_persona_and_save_as_persona_with_the_editor(tmp_path):
         assert again.chat.current.persona.system_prompt == "You are my coder.\nBe brief."
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_a_system_prompt_set_with_system_survives_a_restart(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         empty = app.chat.current  # no message yet: /system alone saves the chat

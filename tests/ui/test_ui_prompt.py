@@ -32,6 +32,7 @@ def test_edit_text_runs_the_editor_on_the_draft(tmp_path):
     assert not list(tmp_path.glob("chatpage-draft-*"))
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_ctrl_e_edits_the_draft_in_the_editor(tmp_path, monkeypatch):
     monkeypatch.setenv("EDITOR", script(tmp_path, "ed", "printf ' (edited)' >> \"$1\""))
     monkeypatch.delenv("VISUAL", raising=False)
@@ -78,6 +79,7 @@ def test_completions_of_commands_personas_and_paths(tmp_path, monkeypatch):
     assert path_completions(f"{tmp_path}/notes/") == []
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_tab_completes_in_the_message_box(tmp_path, monkeypatch):
     (tmp_path / "report.txt").write_text("x")
     monkeypatch.chdir(tmp_path)

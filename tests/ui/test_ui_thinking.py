@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 
+import pytest
 from helpers import FakeClient, make_app, ready, send, tiny_run, wait_for, write_persona
 from textual.widgets import Static
 
@@ -64,6 +65,7 @@ async def _reply(pilot, app, text: str):
     return session.entries[-1]
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_thinking_folds_opens_survives_a_restart_and_is_not_sent_back(
     tiny_llama_dir, tmp_path
 ):
@@ -125,6 +127,7 @@ def test_a_think_choice_is_dropped_with_a_notice_for_a_model_without_the_switch(
     assert len(client.submitted) == 1  # the reply was still asked for
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_each_alternative_shows_its_thinking_folded_and_the_kept_one_keeps_it(
     tiny_llama_dir, tmp_path
 ):

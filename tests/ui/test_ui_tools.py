@@ -248,6 +248,7 @@ ANSWER = {
 }
 
 
+@pytest.mark.slow  # drives the app over an engine
 async def test_a_persona_response_format_makes_every_reply_follow_its_schema(
     tiny_llama_dir, tmp_path
 ):
