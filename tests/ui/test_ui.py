@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 from helpers import freed, hold_model_load, idle, make_app, opened, ready, send, tiny_run, wait_for
 
+from chatpage.chat.entry import Entry
+from chatpage.chat.session import ChatSession
 from chatpage.ui.app import STATS_INTERVAL_S
 from chatpage.ui.screens.persona_picker import PersonaPicker
 from chatpage.ui.widgets.alternatives import AlternativesView, AltPane
@@ -20,8 +22,34 @@ from chatpage.ui.widgets.session_list import SessionList
 SIZE = (150, 48)
 
 
+async def answered(pilot, app, question: str = "tell me a long story") -> ChatSession:
+    """The current chat once ``question`` is sent in it and its reply is done."""
+    session = app.chat.current
+    await send(pilot, question)
+    await wait_for(pilot, lambda: idle(app), "the reply")
+    return session
+
+
+async def alpha_again(pilot, app) -> ChatSession:
+    """A new chat with alpha, answered: its prompt starts with alpha's pinned prefix."""
+    await send(pilot, "/new alpha")
+    return await answered(pilot, app, "what is in the cache?")
+
+
+async def beta_streaming(pilot, app) -> tuple[ChatSession, ChatSession]:
+    """(the first chat, alpha's; a second chat with beta, its reply streaming)."""
+    first = app.chat.current
+    await send(pilot, "/new beta")
+    second = app.chat.current
+    await send(pilot, "/max 50")
+    await send(pilot, "/seed 1")
+    await send(pilot, "/temp 1")  # sampled: a greedy reply of the random model may end early
+    await send(pilot, "hello beta")
+    return first, second
+
+
 @pytest.mark.slow  # drives the app over an engine
-async def test_two_personas_stream_switch_cache_and_gauge(
+async def test_a_message_sent_while_the_model_loads_is_answered_once_it_is_ready(
     tiny_llama_dir, personas_dir, monkeypatch
 ):
     release = hold_model_load(monkeypatch)
@@ -36,7 +64,11 @@ async def test_two_personas_stream_switch_cache_and_gauge(
         await wait_for(pilot, lambda: first.entries[-1].status == "done", "the early reply")
         assert first.entries[-1].stats.tokens > 0
 
-        # a second session with the other persona, through the picker
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_a_new_chat_takes_the_persona_picked(tiny_llama_dir, personas_dir):
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
+        first = app.chat.current
         await pilot.press("ctrl+n")
         await opened(pilot, PersonaPicker)
         await pilot.press(*"bet", "enter")
@@ -47,12 +79,12 @@ async def test_two_personas_stream_switch_cache_and_gauge(
         )
         second = app.chat.current
         assert second.persona.name == "beta"
-        await ready(pilot, app)
 
-        await send(pilot, "/max 50")
-        await send(pilot, "/seed 1")
-        await send(pilot, "/temp 1")  # sampled: a greedy reply of the random model may end early
-        await send(pilot, "hello beta")
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_a_reply_streams_on_while_another_chat_is_on_show(tiny_llama_dir, personas_dir):
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
+        first, second = await beta_streaming(pilot, app)
         assert second.streaming
         assert "●" in str(app.chat.query_one(SessionList).get_option(str(second.id)).prompt)
         streaming_at_switch = []
@@ -68,19 +100,26 @@ async def test_two_personas_stream_switch_cache_and_gauge(
             assert reply.role == "assistant" and reply.status == "done"
             assert reply.stats.tokens > 0 and reply.stats.ttft_s is not None
 
-        # a third session with alpha starts from its pinned persona prefix
-        await send(pilot, "/new alpha")
-        third = app.chat.current
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_a_new_chat_with_a_persona_starts_from_its_pinned_prefix(
+    tiny_llama_dir, personas_dir
+):
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
+        first = app.chat.current
+        third = await alpha_again(pilot, app)
         assert third.persona.name == "alpha" and third is not first
-        await send(pilot, "what is in the cache?")
-        await wait_for(pilot, lambda: idle(app), "the third reply")
         stats = third.entries[-1].stats
         assert stats.prefix_hit_tokens > 0
         header = str(app.chat.session_view(third).query_one(".session-header").render())
         assert f"{stats.prefix_hit_tokens} of {stats.prompt_tokens} prompt tokens" in header
 
-        # the gauge shows exactly the engine's numbers (after its next poll)
-        await pilot.pause(STATS_INTERVAL_S + 0.4)
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_the_gauge_shows_the_engines_own_numbers(tiny_llama_dir, personas_dir):
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
+        await alpha_again(pilot, app)
+        await pilot.pause(STATS_INTERVAL_S + 0.4)  # the gauge's next poll
         gauge = app.chat.query_one(BlockGauge)
         assert gauge.stats == app.client.stats()
         assert gauge.stats.blocks_pinned > 0
@@ -88,7 +127,12 @@ async def test_two_personas_stream_switch_cache_and_gauge(
         assert gauge.segments == segments(app.client.stats())
         assert f"{gauge.stats.blocks_used}/{gauge.stats.num_blocks} blocks" in gauge.render().plain
 
-        # close the current session
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_ctrl_w_closes_the_chat_on_show(tiny_llama_dir, personas_dir):
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
+        await send(pilot, "/new beta")
+        third = await alpha_again(pilot, app)
         await pilot.press("ctrl+w")
         assert third not in app.chats.sessions and len(app.chats.sessions) == 2
 
@@ -115,24 +159,32 @@ async def test_a_tiny_temperature_in_one_chat_is_greedy_and_ends_no_other_reply(
         assert app.client.error is None
 
 
+async def stopped_story(pilot, app) -> tuple[ChatSession, Entry]:
+    """(the current chat, its reply to a long story stopped by escape after a few tokens)."""
+    session = app.chat.current
+    await send(pilot, "/max 400")
+    await send(pilot, "tell me a long story")
+    await wait_for(pilot, lambda: session.entries[-1].stats.tokens >= 3, "some tokens")
+    await pilot.press("escape")
+    await wait_for(pilot, lambda: not session.streaming, "the stop")
+    return session, session.entries[-1]
+
+
 @pytest.mark.slow  # drives the app over an engine
-async def test_stop_regenerate_edit_and_history(tiny_llama_dir, personas_dir):
-    app = make_app(tiny_llama_dir, personas_dir)
-    async with app.run_test(size=SIZE) as pilot:
-        session = app.chat.current
-        await ready(pilot, app)
-        await send(pilot, "/max 400")
-        await send(pilot, "tell me a long story")
-        await wait_for(pilot, lambda: session.entries[-1].stats.tokens >= 3, "some tokens")
-        await pilot.press("escape")
-        await wait_for(pilot, lambda: not session.streaming, "the stop")
-        reply = session.entries[-1]
+async def test_escape_stops_the_reply_and_frees_its_blocks(tiny_llama_dir, personas_dir):
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
+        session, reply = await stopped_story(pilot, app)
         assert reply.status == "stopped" and reply.content
         assert 3 <= reply.stats.tokens < 400
         view = app.chat.session_view(session).query(MessageView).last()
         assert "stopped" in str(view.query_one(".message-speaker").render())
         await wait_for(pilot, lambda: freed(app), "the blocks to be freed")
 
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_ctrl_r_asks_again_as_another_version(tiny_llama_dir, personas_dir):
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
+        session, reply = await stopped_story(pilot, app)
         await send(pilot, "/max 5")
         await pilot.press("ctrl+r")
         assert session.entries[-1] is not reply
@@ -141,23 +193,43 @@ async def test_stop_regenerate_edit_and_history(tiny_llama_dir, personas_dir):
         assert session.entries[-1].status == "done"
         assert session.entries[0].replies.versions == [reply, session.entries[-1]]  # a fork
 
-        # copy the reply (OSC 52 through App.copy_to_clipboard)
-        await pilot.press("alt+c")
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_alt_c_copies_the_last_reply(tiny_llama_dir, personas_dir):
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
+        session = await answered(pilot, app)
+        await pilot.press("alt+c")  # OSC 52 through App.copy_to_clipboard
         assert app.clipboard == session.entries[-1].content
 
-        # edit the last message: it goes back to the input; sending it will fork there
-        await pilot.press("alt+e")
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_alt_e_puts_the_last_message_back_in_the_box(tiny_llama_dir, personas_dir):
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
+        session = await answered(pilot, app)
+        await pilot.press("alt+e")  # sending it will fork there
         prompt = app.chat.query_one(PromptInput)
         assert prompt.text == "tell me a long story" and session.editing is session.entries[0]
-        prompt.load_text("")
-        await pilot.press("up")  # earlier prompts come back
+
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_up_and_down_walk_the_earlier_prompts(tiny_llama_dir, personas_dir):
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
+        await answered(pilot, app)
+        await send(pilot, "/max 5")
+        prompt = app.chat.query_one(PromptInput)
+        await pilot.press("up")
         assert prompt.text == "/max 5"
         await pilot.press("up")
         assert prompt.text == "tell me a long story"
         await pilot.press("down", "down")
         assert prompt.text == ""
 
-        # ctrl+j adds a newline, enter sends both lines as one message
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_ctrl_j_adds_a_line_and_enter_sends_both(tiny_llama_dir, personas_dir):
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
+        session = app.chat.current
+        prompt = app.chat.query_one(PromptInput)
         prompt.load_text("line one")
         prompt.move_cursor(prompt.document.end)
         await pilot.press("ctrl+j", *"two", "enter")
@@ -166,24 +238,37 @@ async def test_stop_regenerate_edit_and_history(tiny_llama_dir, personas_dir):
         await wait_for(pilot, lambda: idle(app), "the reply")
 
 
+async def three_samples(pilot, app) -> ChatSession:
+    """The current chat, set to `/samples 3`, once its three samples of a reply are done, their
+    panes on show."""
+    session = app.chat.current
+    await send(pilot, "give me options")
+    view = app.chat.session_view(session)
+    await wait_for(pilot, lambda: len(view.query(AltPane)) == 3, "three panes")
+    await wait_for(pilot, lambda: not session.streaming, "three samples")
+    return session
+
+
 @pytest.mark.slow  # drives the app over an engine
-async def test_samples_beam_and_keep(tiny_llama_dir, personas_dir):
-    app = make_app(tiny_llama_dir, personas_dir)
-    async with app.run_test(size=SIZE) as pilot:
+async def test_samples_show_side_by_side_with_their_logprobs(tiny_llama_dir, personas_dir):
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
         session = app.chat.current
-        await ready(pilot, app)
         await send(pilot, "/samples 3")
         assert session.alt_mode.kind == "samples" and session.alt_mode.k == 3
-        await send(pilot, "give me options")
-        view = app.chat.session_view(session)
-        await wait_for(pilot, lambda: len(view.query(AltPane)) == 3, "three panes")
-        panes = view.query(AltPane)
+        await three_samples(pilot, app)
         assert isinstance(app.focused, AlternativesView)
-        await wait_for(pilot, lambda: not session.streaming, "three samples")
-        texts = [c.text for c in session.generation.candidates]
         assert all(c.stats.tokens > 0 for c in session.generation.candidates)
         await pilot.pause(0.3)
+        panes = app.chat.session_view(session).query(AltPane)
         assert "logprob" in str(panes[1].query_one(".alt-title").render())
+
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_a_sample_kept_by_its_number_is_the_reply(tiny_llama_dir, personas_dir):
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
+        await send(pilot, "/samples 3")
+        session = await three_samples(pilot, app)
+        texts = [c.text for c in session.generation.candidates]
         await pilot.press("2")
         await pilot.pause()
         assert session.generation is None
@@ -194,8 +279,14 @@ async def test_samples_beam_and_keep(tiny_llama_dir, personas_dir):
         assert isinstance(app.focused, PromptInput)
         assert session.alt_mode.kind == "off"  # one reply only
 
-        # beam search over the same question, via ctrl+a (off -> samples -> beam) and ctrl+r
-        await pilot.press("ctrl+a", "ctrl+a")
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_beams_asked_again_show_their_scores_and_a_click_keeps_one(
+    tiny_llama_dir, personas_dir
+):
+    async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
+        session = await answered(pilot, app)
+        await pilot.press("ctrl+a", "ctrl+a")  # off -> samples -> beam
         assert session.alt_mode.kind == "beam"
         await pilot.press("ctrl+r")
         await wait_for(pilot, lambda: session.choosing and not session.streaming, "the beams")
