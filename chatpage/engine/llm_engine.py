@@ -21,10 +21,10 @@ from chatpage.engine.core.stop import StopCheck
 from chatpage.engine.device import EnginePlan, plan_engine, probe_cuda
 from chatpage.engine.load.loader import LoadedModel, load_model, stderr_progress
 from chatpage.engine.model import ops
-from chatpage.engine.model.kv_cache import KVCache, bytes_per_block
+from chatpage.engine.model.kv_cache import KVCache
 from chatpage.engine.model.llama import LlamaModel
 from chatpage.engine.model.model_config import ModelShape
-from chatpage.engine.model.model_runner import ModelRunner, kv_pool_blocks
+from chatpage.engine.model.model_runner import ModelRunner, size_kv
 from chatpage.engine.outputs import EngineStats, RequestOutput, RequestUpdate, TokenRate
 from chatpage.engine.processor import Processor, RequestRefused
 from chatpage.engine.sample.constraints import LogitConstraints
@@ -72,43 +72,27 @@ class LLMEngine:
             # (the rotary tables for the GPU's profile step; all it can reach once sized below)
             positions=min(self.max_model_len, config.max_num_batched_tokens),
         )
-        groups = self.model.kv_groups
-        self.block_bytes = bytes_per_block(
-            groups.page_layers,
-            config.block_size,
-            self.model.num_kv_heads,
-            self.model.head_dim,
-            kv_dtype,
-        )
-        num_blocks = kv_pool_blocks(
-            self.model, config, self.max_model_len, kv_dtype, self.block_bytes
-        )
-        num_cpu_blocks = config.swap_space_bytes // self.block_bytes
-        freed = groups.windows if config.free_outside_window else (0,) * groups.num_groups
+        kv = size_kv(self.model, config, self.max_model_len, kv_dtype)
+        self.block_bytes, self.max_model_len = kv.block_bytes, kv.max_model_len
+        self.warnings += [kv.note] if kv.note else []
+        self.model.set_positions(kv.positions)
         self.bm = BlockManager(
-            num_blocks, num_cpu_blocks, config.block_size, config.enable_prefix_caching, freed
+            kv.num_blocks,
+            kv.num_cpu_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            kv.freed,
         )
-        if 0 in freed:  # a sequence holds every block of such a group: it never passes the pool
-            self.model.set_positions(min(self.max_model_len, num_blocks * config.block_size))
-        else:  # every layer slides and frees: the rotary tables are kept within the pool's size
-            fits = num_blocks * self.block_bytes // (2 * self.model.head_dim * dtype.itemsize)
-            if fits < self.max_model_len:
-                self.warnings.append(
-                    f"the context is {fits} tokens, not the model's {self.max_model_len}: "
-                    "longer rotary tables would outweigh the KV cache (--kv-cache raises it)"
-                )
-                self.max_model_len = fits
-            self.model.set_positions(self.max_model_len)
         self.kv = KVCache(
             self.model.num_layers,
-            num_blocks,
-            num_cpu_blocks,
+            kv.num_blocks,
+            kv.num_cpu_blocks,
             config.block_size,
             self.model.num_kv_heads,
             self.model.head_dim,
             kv_dtype,
             plan.device,
-            groups.layer_slot,
+            self.model.kv_groups.layer_slot,
         )
         self.stop = StopCheck(self._eos_ids(hf), self.max_model_len)
         self.scheduler = Scheduler(config, self.bm, self.stop)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 import torch
 
@@ -21,7 +22,7 @@ from chatpage.engine.model.cuda_graphs import (
     StaticInputs,
     cuda_capture,
 )
-from chatpage.engine.model.kv_cache import KVCache
+from chatpage.engine.model.kv_cache import KVCache, bytes_per_block
 from chatpage.engine.model.llama import AttentionMetadata, LlamaModel
 
 DEFAULT_GRAPH_BATCH = 128
@@ -203,3 +204,51 @@ def kv_pool_blocks(
             f"(one block is {block_bytes} bytes); raise the KV cache size"
         )
     return num_blocks
+
+
+@dataclass(frozen=True)
+class KVSizing:
+    """The paged KV pool an engine runs with, and the context that pool allows."""
+
+    block_bytes: int  # one block of every layer that pages, K and V
+    num_blocks: int  # the device's pool
+    num_cpu_blocks: int  # the swap pool
+    freed: tuple[int, ...]  # per KV group: its window where blocks outside it are freed, else 0
+    max_model_len: int  # the model's, or less where the rotary tables would outweigh the pool
+    positions: int  # how far the rotary tables must reach
+    note: str | None  # why the context is shorter than the model's
+
+
+def size_kv(
+    model: LlamaModel, config: EngineConfig, max_model_len: int, kv_dtype: torch.dtype
+) -> KVSizing:
+    """Size the pools for ``model`` under ``config`` (`kv_pool_blocks`), and how far positions
+    reach: a group that keeps every block caps them by the pool; where every layer slides and
+    frees, the pool does not bound a sequence, so the rotary tables are kept within its size."""
+    groups = model.kv_groups
+    block_bytes = bytes_per_block(
+        groups.page_layers, config.block_size, model.num_kv_heads, model.head_dim, kv_dtype
+    )
+    num_blocks = kv_pool_blocks(model, config, max_model_len, kv_dtype, block_bytes)
+    freed = groups.windows if config.free_outside_window else (0,) * groups.num_groups
+    note = None
+    if 0 in freed:  # a sequence holds every block of such a group: it never passes the pool
+        positions = min(max_model_len, num_blocks * config.block_size)
+    else:
+        fits = num_blocks * block_bytes // (2 * model.head_dim * model.dtype.itemsize)
+        if fits < max_model_len:
+            note = (
+                f"the context is {fits} tokens, not the model's {max_model_len}: "
+                "longer rotary tables would outweigh the KV cache (--kv-cache raises it)"
+            )
+            max_model_len = fits
+        positions = max_model_len
+    return KVSizing(
+        block_bytes,
+        num_blocks,
+        config.swap_space_bytes // block_bytes,
+        freed,
+        max_model_len,
+        positions,
+        note,
+    )
