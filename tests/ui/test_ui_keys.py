@@ -22,6 +22,7 @@ from helpers import (
 from textual import events
 from textual.widgets.markdown import MarkdownFence
 
+from chatpage.chat.session import ChatSession
 from chatpage.engine.client import RequestUpdate, Usage
 from chatpage.store import Store
 from chatpage.ui.actions.table import BY_ID
@@ -59,6 +60,13 @@ async def drag(pilot, widget, start: tuple[int, int], end: tuple[int, int]) -> N
         await pilot.pause()
 
 
+@pytest.fixture
+def no_display(monkeypatch) -> None:
+    """No X or Wayland display: a copy goes to the terminal (OSC 52), read from app.clipboard."""
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+
+
 async def type_text(pilot, app, text: str) -> None:
     app.chat.prompt.focus()
     await pilot.press(*text)
@@ -88,13 +96,37 @@ async def test_editing_keys_win_while_the_box_has_text(tmp_path):
 
 
 @pytest.mark.slow  # drives the app over an engine
-async def test_drafts_survive_switching_closing_and_restarts(tmp_path):
+async def two_chats(pilot, app) -> tuple[ChatSession, ChatSession]:
+    """(the first chat, a second with coder): each answered, the second on show."""
+    await reply(pilot, app)
+    first = app.chat.current
+    await app.chat.submit_prompt("/new coder")
+    second = app.chat.current
+    await reply(pilot, app)
+    return first, second
+
+
+async def two_drafts(pilot, app) -> tuple[ChatSession, ChatSession]:
+    """`two_chats` with a draft typed in each: "first draft" in the first, on show."""
+    first, second = await two_chats(pilot, app)
+    await type_text(pilot, app, "second draft")
+    await pilot.press("alt+1")
+    await type_text(pilot, app, "first draft")
+    return first, second
+
+
+async def quit_with_drafts(tmp_path) -> ChatSession:
+    """The first of `two_drafts`, once the app has quit with the second chat on show."""
     async with offline_run(tmp_path, SIZE) as (app, pilot):
-        await reply(pilot, app)
-        first = app.chat.current
-        await app.chat.submit_prompt("/new coder")
-        second = app.chat.current
-        await reply(pilot, app)
+        first, _ = await two_drafts(pilot, app)
+        await pilot.press("alt+2")
+    return first
+
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_each_chat_keeps_its_own_draft(tmp_path):
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
+        first, _ = await two_chats(pilot, app)
         await type_text(pilot, app, "second draft")
         await pilot.press("alt+1")
         assert app.chat.current is first and app.chat.prompt.text == ""
@@ -104,16 +136,28 @@ async def test_drafts_survive_switching_closing_and_restarts(tmp_path):
         await pilot.press("alt+1")
         assert app.chat.prompt.text == "first draft"
 
-        # closing with a draft: from the sidebar (the box has text, so ctrl+w edits there)
-        app.chat.query_one(SessionList).focus()
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_a_chat_closed_from_the_sidebar_keeps_its_draft(tmp_path):
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
+        first, second = await two_drafts(pilot, app)
+        app.chat.query_one(SessionList).focus()  # the box has text, so ctrl+w edits there
         await pilot.press("ctrl+w")
         assert app.chats.sessions == [second] and app.chat.prompt.text == "second draft"
         assert app.chat.open_saved(first.store_id).draft == "first draft"
         assert app.chat.prompt.text == "first draft"
-        await pilot.press("alt+2")
+
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_drafts_are_saved_when_the_app_quits(tmp_path):
+    first = await quit_with_drafts(tmp_path)
     with Store.open() as store:
         assert store.draft(first.store_id) == "first draft"
 
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_drafts_come_back_in_their_chats_after_a_restart(tmp_path):
+    first = await quit_with_drafts(tmp_path)
     again = offline_app(tmp_path)
     async with again.run_test(size=SIZE) as pilot:
         await pilot.pause()
@@ -122,9 +166,7 @@ async def test_drafts_survive_switching_closing_and_restarts(tmp_path):
         assert again.chat.prompt.text == by_title[again.chat.current.store_id].draft
 
 
-async def test_code_block_click_copies_but_a_drag_selection_does_not(tmp_path, monkeypatch):
-    monkeypatch.delenv("DISPLAY", raising=False)
-    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+async def test_code_block_click_copies_but_a_drag_selection_does_not(tmp_path, no_display):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         await reply(pilot, app)
         view = app.chat.session_view(app.chat.current).query(MessageView).last()
@@ -170,16 +212,20 @@ TWO_BLOCKS = "First:\n\n```\nalpha()\n```\n\nThen:\n\n```sh\nbeta --now\n```\n"
 
 
 @pytest.mark.slow  # drives the app over an engine
-async def test_keyboard_navigation_copy_code_and_edit_messages(tmp_path, monkeypatch):
-    monkeypatch.delenv("DISPLAY", raising=False)
-    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+async def answered_twice(pilot, app, first: str, second: str) -> list[MessageView]:
+    """The views of the current chat's four messages: "a question" answered ``first``, then
+    ``second``."""
+    await reply(pilot, app, first)
+    await reply(pilot, app, second)
+    return list(app.chat.session_view(app.chat.current).query(MessageView))
+
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_alt_arrows_and_j_k_move_between_messages(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
-        await reply(pilot, app, "no code here")
-        await reply(pilot, app, TWO_BLOCKS)
-        views = list(app.chat.session_view(session).query(MessageView))
+        views = await answered_twice(pilot, app, "no code here", TWO_BLOCKS)
         assert [v.entry for v in views] == session.entries
-
         app.chat.prompt.focus()
         await pilot.press("alt+up")
         assert app.focused is views[3]
@@ -189,59 +235,121 @@ async def test_keyboard_navigation_copy_code_and_edit_messages(tmp_path, monkeyp
         assert app.focused is views[2]
         await pilot.press("alt+down", "j")  # j at the last message stays there
         assert app.focused is views[3]
-
-        await pilot.press("c")
-        assert app.clipboard == TWO_BLOCKS
-        await pilot.press("b")  # two blocks: pick one
-        await opened(pilot, CodeBlockPicker)
-        await pilot.press("down", "enter")
-        await wait_for(pilot, lambda: app.clipboard == "beta --now", "the second block")
         await pilot.press("alt+up")
         assert app.focused is views[2]
-        await pilot.press("k", "b")
-        assert "this message has no code block" in app.notices[-1]
-        await pilot.press("e")  # a reply is not edited
-        assert "only your own messages can be edited" in app.notices[-1]
-
-        await pilot.press("k", "e")  # an earlier message: back in the box, nothing dropped
-        assert app.focused is app.chat.prompt and app.chat.prompt.text == "a question"
-        assert len(session.entries) == 4 and session.editing is session.entries[0]
-        app.chat.prompt.load_text("")
-        await pilot.press("alt+up", "k", "e")  # the last one: sending it will fork there
-        assert app.chat.prompt.text == "a question" and len(session.entries) == 4
-        assert session.editing is session.entries[2]
-        await pilot.press("alt+up", "alt+down")  # past the last: the box
+        await pilot.press("alt+down", "alt+down")  # past the last: the box
         assert app.focused is app.chat.prompt
 
 
 @pytest.mark.slow  # drives the app over an engine
-async def test_regenerate_and_delete_a_focused_message(tmp_path):
+async def test_c_copies_the_focused_message(tmp_path, no_display):
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
+        await answered_twice(pilot, app, "no code here", TWO_BLOCKS)
+        app.chat.prompt.focus()
+        await pilot.press("alt+up", "c")
+        assert app.clipboard == TWO_BLOCKS
+
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_b_on_two_code_blocks_copies_the_one_picked(tmp_path, no_display):
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
+        await answered_twice(pilot, app, "no code here", TWO_BLOCKS)
+        app.chat.prompt.focus()
+        await pilot.press("alt+up", "b")  # two blocks: pick one
+        await opened(pilot, CodeBlockPicker)
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: app.clipboard == "beta --now", "the second block")
+
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_b_on_a_message_with_no_code_says_so(tmp_path):
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
+        await answered_twice(pilot, app, "no code here", TWO_BLOCKS)
+        app.chat.prompt.focus()
+        await pilot.press("alt+up", "k", "k", "b")
+        assert "this message has no code block" in app.notices[-1]
+
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_e_on_a_reply_says_only_your_own_messages_are_edited(tmp_path):
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
+        await answered_twice(pilot, app, "no code here", TWO_BLOCKS)
+        app.chat.prompt.focus()
+        await pilot.press("alt+up", "k", "k", "e")
+        assert "only your own messages can be edited" in app.notices[-1]
+
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_e_on_an_earlier_message_puts_it_in_the_box_dropping_nothing(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
-        await reply(pilot, app, "first answer")
-        await reply(pilot, app, "second answer")
+        await answered_twice(pilot, app, "no code here", TWO_BLOCKS)
         app.chat.prompt.focus()
-        await pilot.press("alt+up", "k", "r")  # a question: only replies are asked again
+        await pilot.press("alt+up", "k", "k", "k", "e")
+        assert app.focused is app.chat.prompt and app.chat.prompt.text == "a question"
+        assert len(session.entries) == 4 and session.editing is session.entries[0]
+
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_e_on_the_last_message_edits_it_to_fork_there(tmp_path):
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
+        session = app.chat.current
+        await answered_twice(pilot, app, "no code here", TWO_BLOCKS)
+        app.chat.prompt.focus()
+        await pilot.press("alt+up", "k", "e")  # sending it will fork there
+        assert app.chat.prompt.text == "a question" and len(session.entries) == 4
+        assert session.editing is session.entries[2]
+
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_r_on_a_question_says_only_replies_are_asked_again(tmp_path):
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
+        await answered_twice(pilot, app, "first answer", "second answer")
+        app.chat.prompt.focus()
+        await pilot.press("alt+up", "k", "r")
         assert "r asks again for a reply" in app.notices[-1]
 
-        submitted = fake_submits(app)
-        await pilot.press("k", "r")  # the first reply, asked again: a fork there
-        await wait_for(pilot, lambda: submitted, "the new request")
+
+@pytest.mark.slow  # drives the app over an engine
+async def forked_first_reply(pilot, app) -> list[list[dict[str, str]]]:
+    """After `answered_twice`: r on the first reply, its new version "another first answer"
+    done (a fork there); what was submitted for it."""
+    session = app.chat.current
+    app.chat.prompt.focus()
+    submitted = fake_submits(app)
+    await pilot.press("alt+up", "k", "k", "r")
+    await wait_for(pilot, lambda: submitted, "the new request")
+    app.chats.requests.deliver(reply_update("fake-1", "another first answer", True))
+    await wait_for(
+        pilot,
+        lambda: (
+            session.entries[-1].content == "another first answer"
+            and session.entries[-1].status == "done"
+        ),
+        "the other version",
+    )
+    return submitted
+
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_r_on_an_earlier_reply_asks_again_as_a_fork_there(tmp_path):
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
+        session = app.chat.current
+        await answered_twice(pilot, app, "first answer", "second answer")
+        submitted = await forked_first_reply(pilot, app)
         assert [m["content"] for m in submitted[0][1:]] == ["a question"]
-        app.chats.requests.deliver(reply_update("fake-1", "another first answer", True))
-        await wait_for(
-            pilot,
-            lambda: (
-                session.entries[-1].content == "another first answer"
-                and session.entries[-1].status == "done"
-            ),
-            "the other version",
-        )
         assert [e.content for e in session.entries] == ["a question", "another first answer"]
         assert session.entries[1].place().forked
 
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_d_asks_before_deleting_and_escape_keeps_the_message(tmp_path):
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
+        session = app.chat.current
+        await answered_twice(pilot, app, "first answer", "second answer")
+        await forked_first_reply(pilot, app)
         app.chat.prompt.focus()
-        await pilot.press("alt+up", "d")  # delete it: the other version comes back
+        await pilot.press("alt+up", "d")
         await opened(pilot, Confirm)
         assert app.screen.question == "Delete this reply?"
         assert app.screen.detail == (
@@ -250,7 +358,16 @@ async def test_regenerate_and_delete_a_focused_message(tmp_path):
         await pilot.press("escape")
         await pilot.pause()
         assert len(session.entries) == 2 and isinstance(app.focused, MessageView)
-        await pilot.press("d")  # the focus came back to the reply
+
+
+@pytest.mark.slow  # drives the app over an engine
+async def test_deleting_a_version_brings_the_other_back(tmp_path):
+    async with offline_run(tmp_path, SIZE) as (app, pilot):
+        session = app.chat.current
+        await answered_twice(pilot, app, "first answer", "second answer")
+        await forked_first_reply(pilot, app)
+        app.chat.prompt.focus()
+        await pilot.press("alt+up", "d")
         await opened(pilot, Confirm)
         await pilot.press("y")
         await wait_for(pilot, lambda: len(session.entries) == 4, "the deletion")
