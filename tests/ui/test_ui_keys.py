@@ -67,6 +67,15 @@ def no_display(monkeypatch) -> None:
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
 
 
+async def other_version_done(pilot, session: ChatSession, text: str) -> None:
+    """Wait until the chat's last reply is the version ``text``, done."""
+    await wait_for(
+        pilot,
+        lambda: session.entries[-1].content == text and session.entries[-1].status == "done",
+        "the other version",
+    )
+
+
 async def type_text(pilot, app, text: str) -> None:
     app.chat.prompt.focus()
     await pilot.press(*text)
@@ -320,14 +329,7 @@ async def forked_first_reply(pilot, app) -> list[list[dict[str, str]]]:
     await pilot.press("alt+up", "k", "k", "r")
     await wait_for(pilot, lambda: submitted, "the new request")
     app.chats.requests.deliver(reply_update("fake-1", "another first answer", True))
-    await wait_for(
-        pilot,
-        lambda: (
-            session.entries[-1].content == "another first answer"
-            and session.entries[-1].status == "done"
-        ),
-        "the other version",
-    )
+    await other_version_done(pilot, session, "another first answer")
     return submitted
 
 
@@ -515,14 +517,7 @@ async def test_switching_versions_keeps_the_focus_on_the_message(tmp_path):
         submitted = fake_submits(app)
         await app.chat.perform(BY_ID["regenerate"])
         app.chats.requests.deliver(reply_update(f"fake-{len(submitted)}", "second answer", True))
-        await wait_for(
-            pilot,
-            lambda: (
-                session.entries[-1].content == "second answer"
-                and session.entries[-1].status == "done"
-            ),
-            "the other version",
-        )
+        await other_version_done(pilot, session, "second answer")
         await app.chat.submit_prompt("next question")
         app.chats.requests.deliver(reply_update(f"fake-{len(submitted)}", "third", True))
         await wait_for(pilot, lambda: session.entries[-1].status == "done", "the third reply")
