@@ -223,9 +223,10 @@ TWO_BLOCKS = "First:\n\n```\nalpha()\n```\n\nThen:\n\n```sh\nbeta --now\n```\n"
 @pytest.mark.slow  # drives the app over an engine
 async def answered_twice(pilot, app, first: str, second: str) -> list[MessageView]:
     """The views of the current chat's four messages: "a question" answered ``first``, then
-    ``second``."""
+    ``second``; the message box focused."""
     await reply(pilot, app, first)
     await reply(pilot, app, second)
+    app.chat.prompt.focus()
     return list(app.chat.session_view(app.chat.current).query(MessageView))
 
 
@@ -235,7 +236,6 @@ async def test_alt_arrows_and_j_k_move_between_messages(tmp_path):
         session = app.chat.current
         views = await answered_twice(pilot, app, "no code here", TWO_BLOCKS)
         assert [v.entry for v in views] == session.entries
-        app.chat.prompt.focus()
         await pilot.press("alt+up")
         assert app.focused is views[3]
         await pilot.press("k", "k")
@@ -254,7 +254,6 @@ async def test_alt_arrows_and_j_k_move_between_messages(tmp_path):
 async def test_c_copies_the_focused_message(tmp_path, no_display):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         await answered_twice(pilot, app, "no code here", TWO_BLOCKS)
-        app.chat.prompt.focus()
         await pilot.press("alt+up", "c")
         assert app.clipboard == TWO_BLOCKS
 
@@ -263,7 +262,6 @@ async def test_c_copies_the_focused_message(tmp_path, no_display):
 async def test_b_on_two_code_blocks_copies_the_one_picked(tmp_path, no_display):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         await answered_twice(pilot, app, "no code here", TWO_BLOCKS)
-        app.chat.prompt.focus()
         await pilot.press("alt+up", "b")  # two blocks: pick one
         await opened(pilot, CodeBlockPicker)
         await pilot.press("down", "enter")
@@ -271,21 +269,15 @@ async def test_b_on_two_code_blocks_copies_the_one_picked(tmp_path, no_display):
 
 
 @pytest.mark.slow  # drives the app over an engine
-async def test_b_on_a_message_with_no_code_says_so(tmp_path):
+@pytest.mark.parametrize(
+    ("key", "notice"),
+    [("b", "this message has no code block"), ("e", "only your own messages can be edited")],
+)
+async def test_a_key_that_does_not_fit_the_reply_says_why(tmp_path, key, notice):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         await answered_twice(pilot, app, "no code here", TWO_BLOCKS)
-        app.chat.prompt.focus()
-        await pilot.press("alt+up", "k", "k", "b")
-        assert "this message has no code block" in app.notices[-1]
-
-
-@pytest.mark.slow  # drives the app over an engine
-async def test_e_on_a_reply_says_only_your_own_messages_are_edited(tmp_path):
-    async with offline_run(tmp_path, SIZE) as (app, pilot):
-        await answered_twice(pilot, app, "no code here", TWO_BLOCKS)
-        app.chat.prompt.focus()
-        await pilot.press("alt+up", "k", "k", "e")
-        assert "only your own messages can be edited" in app.notices[-1]
+        await pilot.press("alt+up", "k", "k", key)
+        assert notice in app.notices[-1]
 
 
 @pytest.mark.slow  # drives the app over an engine
@@ -293,7 +285,6 @@ async def test_e_on_an_earlier_message_puts_it_in_the_box_dropping_nothing(tmp_p
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
         await answered_twice(pilot, app, "no code here", TWO_BLOCKS)
-        app.chat.prompt.focus()
         await pilot.press("alt+up", "k", "k", "k", "e")
         assert app.focused is app.chat.prompt and app.chat.prompt.text == "a question"
         assert len(session.entries) == 4 and session.editing is session.entries[0]
@@ -304,7 +295,6 @@ async def test_e_on_the_last_message_edits_it_to_fork_there(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
         await answered_twice(pilot, app, "no code here", TWO_BLOCKS)
-        app.chat.prompt.focus()
         await pilot.press("alt+up", "k", "e")  # sending it will fork there
         assert app.chat.prompt.text == "a question" and len(session.entries) == 4
         assert session.editing is session.entries[2]
@@ -314,17 +304,16 @@ async def test_e_on_the_last_message_edits_it_to_fork_there(tmp_path):
 async def test_r_on_a_question_says_only_replies_are_asked_again(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         await answered_twice(pilot, app, "first answer", "second answer")
-        app.chat.prompt.focus()
         await pilot.press("alt+up", "k", "r")
         assert "r asks again for a reply" in app.notices[-1]
 
 
 @pytest.mark.slow  # drives the app over an engine
 async def forked_first_reply(pilot, app) -> list[list[dict[str, str]]]:
-    """After `answered_twice`: r on the first reply, its new version "another first answer"
-    done (a fork there); what was submitted for it."""
+    """`answered_twice` ("first answer", "second answer"), then r on the first reply: its new
+    version "another first answer" done (a fork there); what was submitted for it."""
     session = app.chat.current
-    app.chat.prompt.focus()
+    await answered_twice(pilot, app, "first answer", "second answer")
     submitted = fake_submits(app)
     await pilot.press("alt+up", "k", "k", "r")
     await wait_for(pilot, lambda: submitted, "the new request")
@@ -337,22 +326,25 @@ async def forked_first_reply(pilot, app) -> list[list[dict[str, str]]]:
 async def test_r_on_an_earlier_reply_asks_again_as_a_fork_there(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
-        await answered_twice(pilot, app, "first answer", "second answer")
         submitted = await forked_first_reply(pilot, app)
         assert [m["content"] for m in submitted[0][1:]] == ["a question"]
         assert [e.content for e in session.entries] == ["a question", "another first answer"]
         assert session.entries[1].place().forked
 
 
+async def delete_asked(pilot, app) -> None:
+    """`forked_first_reply`, then d on that reply: its Confirm dialog on show."""
+    await forked_first_reply(pilot, app)
+    app.chat.prompt.focus()
+    await pilot.press("alt+up", "d")
+    await opened(pilot, Confirm)
+
+
 @pytest.mark.slow  # drives the app over an engine
 async def test_d_asks_before_deleting_and_escape_keeps_the_message(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
-        await answered_twice(pilot, app, "first answer", "second answer")
-        await forked_first_reply(pilot, app)
-        app.chat.prompt.focus()
-        await pilot.press("alt+up", "d")
-        await opened(pilot, Confirm)
+        await delete_asked(pilot, app)
         assert app.screen.question == "Delete this reply?"
         assert app.screen.detail == (
             "It is the last message. ctrl+z or /undo brings it back until the chat closes."
@@ -366,11 +358,7 @@ async def test_d_asks_before_deleting_and_escape_keeps_the_message(tmp_path):
 async def test_deleting_a_version_brings_the_other_back(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current
-        await answered_twice(pilot, app, "first answer", "second answer")
-        await forked_first_reply(pilot, app)
-        app.chat.prompt.focus()
-        await pilot.press("alt+up", "d")
-        await opened(pilot, Confirm)
+        await delete_asked(pilot, app)
         await pilot.press("y")
         await wait_for(pilot, lambda: len(session.entries) == 4, "the deletion")
         assert [e.content for e in session.entries] == [
