@@ -65,16 +65,18 @@ def write_gguf(
     extra: dict[str, tuple[np.ndarray, Q]] | None = None,
     types: dict[str, Q] | None = None,
     add_bos: bool | None = None,
+    split_max_tensors: int = 0,
 ) -> Path:
     """A one-layer random model of ``arch`` with every matmul weight in ``qtype`` (those named
     in ``types``, e.g. ``blk.0.ffn_down``, in theirs) and a small byte-level vocabulary (the 256
     byte symbols, one merge and two special tokens); ``add_bos`` written as the converter writes
-    ``tokenizer.ggml.add_bos_token`` where given."""
+    ``tokenizer.ggml.add_bos_token`` where given; ``split_max_tensors``: split in parts of that
+    many tensors as llama.cpp's gguf-split does (the first part's path is returned)."""
     rng = np.random.default_rng(seed)
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     tokens = [*bytes_to_unicode().values(), MERGED, *SPECIALS]
-    w = gguf.GGUFWriter(str(path), arch)
+    w = gguf.GGUFWriter(str(path), arch, split_max_tensors=split_max_tensors)
     w.add_block_count(1)
     w.add_context_length(256)
     w.add_embedding_length(HIDDEN)
@@ -119,7 +121,8 @@ def write_gguf(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    parts = sorted(path.parent.glob(f"{path.stem}-00001-of-*.gguf"))
+    return parts[0] if split_max_tensors and parts else path
 
 
 def gguf_py_quantized(qtype: str = "Q8_0") -> Path:

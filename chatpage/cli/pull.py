@@ -75,11 +75,6 @@ def cmd_pull(args: argparse.Namespace) -> int:
         print(f"{PROG}: pull interrupted; run it again to resume", file=sys.stderr)
         return 130
     print(f"pulled {plan.ref.repo} to {path}")
-    if "-of-" in path.name:
-        print(
-            "note: this model is split in parts; chatpage reads one .gguf file: join them with "
-            "llama.cpp's `llama-gguf-split --merge FIRST-PART OUT.gguf`"
-        )
     print(f"run it: {PROG} --model {shlex.quote(run_name(plan.ref.repo, path))}")
     return 0
 

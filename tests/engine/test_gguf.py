@@ -14,7 +14,7 @@ import pytest
 import torch
 from gguf_files import ALL_TYPES, FFN, HEADS, HIDDEN, Q, gguf, write_gguf
 
-from chatpage.engine.load.gguf_file import TENSOR_TYPES, GGUFFile
+from chatpage.engine.load.gguf_file import TENSOR_TYPES, GGUFError, GGUFFile
 from chatpage.engine.load.loader import (
     ModelLoadError,
     default_model_path,
@@ -223,3 +223,26 @@ def test_one_vocabulary_is_converted_once_for_all_its_files(tmp_path, monkeypatc
         with_bos.tokenizer.bos_token_id,
         *loaded.tokenizer.encode("hi"),
     ]
+
+
+def test_a_split_model_loads_from_its_first_part_as_the_whole_file_does(tmp_path):
+    """A model split by gguf-split (NAME-00001-of-0000N.gguf, ...) runs from its first part: its
+    tensors are those of the same model in one file; a part missing or foreign is one line."""
+    whole = write_gguf(tmp_path / "whole.gguf", Q.Q8_0)
+    first = write_gguf(tmp_path / "m.gguf", Q.Q8_0, split_max_tensors=4)
+    assert first.name == "m-00001-of-00004.gguf"
+    split, one = GGUFFile(first), GGUFFile(whole)
+    assert len(split.parts) == 4 and split.tensors.keys() == one.tensors.keys()
+    for name in one.tensors:
+        assert torch.equal(split.dequantize(name), one.dequantize(name))
+    a = load_model(first, progress=lambda _m: None, weights="int8")
+    b = load_model(whole, progress=lambda _m: None, weights="int8")
+    assert a.state.keys() == b.state.keys()
+    assert all(torch.equal(a.state[k], b.state[k]) for k in a.state)
+    last = first.with_name("m-00004-of-00004.gguf")
+    last.rename(tmp_path / "aside.gguf")
+    with pytest.raises(ModelLoadError, match=r"part 4 of 4 is missing \(m-00004-of-00004.gguf\)$"):
+        load_model(first, progress=lambda _m: None)
+    (tmp_path / "aside.gguf").rename(last)
+    with pytest.raises(GGUFError, match="open a split model by its first part"):
+        GGUFFile(first.with_name("m-00002-of-00004.gguf"))

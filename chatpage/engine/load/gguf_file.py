@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import re
 import struct
 import warnings
 from dataclasses import dataclass
@@ -68,6 +69,24 @@ TENSOR_TYPES: dict[int, tuple[str, int, int]] = {
 }
 
 
+# a model split by llama.cpp's gguf-split: NAME-00001-of-00003.gguf, NAME-00002-of-00003.gguf, ...
+SPLIT_NAME = re.compile(r"(.+)-(\d{5})-of-(\d{5})\.gguf")
+MAX_PARTS = 9999
+
+
+def model_files(path: Path) -> list[Path]:
+    """The files of the model whose (first) file is ``path``: itself, or for
+    ``NAME-00001-of-0000N.gguf`` its N parts, by name (whether they exist or not)."""
+    named = SPLIT_NAME.fullmatch(path.name)
+    if named is None:
+        return [path]
+    count, width = int(named[3]), len(named[2])
+    return [
+        path.with_name(f"{named[1]}-{part:0{width}d}-of-{named[3]}.gguf")
+        for part in range(1, count + 1)
+    ]
+
+
 class GGUFError(ValueError):
     """The file is not a GGUF chatpage can read; the message says why in one line."""
 
@@ -81,6 +100,7 @@ class TensorInfo:
     type_id: int
     offset: int  # from the start of the file
     nbytes: int
+    part: int = 0  # which file of a split model holds it (0: the first, or the only one)
 
     @property
     def type_name(self) -> str:
@@ -145,24 +165,61 @@ class GGUFFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self._maps: list[mmap.mmap] = []  # one read-only map per file (a split model has several)
+        self.metadata, self.tensors = self._open(path, 0)
+        self.parts = [path]
+        count = self.metadata.get("split.count", 1)
+        if count != 1:
+            self._open_parts(count)
+
+    def _open(self, path: Path, part: int) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
+        """Map file ``part`` of the model and read its header."""
         try:
             with path.open("rb") as f:
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                self._maps.append(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
         except (OSError, ValueError) as e:
             raise GGUFError(f"cannot read {path}: {e}") from None
         try:
-            self.metadata, self.tensors = self._read_header()
+            return self._read_header(path, part)
         except (struct.error, UnicodeDecodeError, IndexError) as e:
             raise GGUFError(f"{path} is not a readable GGUF file (truncated header: {e})") from None
 
-    def _read_header(self) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
-        c = _Cursor(self._map, self.path)
-        if self._map[:4] != MAGIC:
-            raise GGUFError(f"{self.path} is not a GGUF file (no GGUF magic at its start)")
+    def _open_parts(self, count: object) -> None:
+        """The other files of a model split by llama.cpp's gguf-split (``NAME-00001-of-00003.gguf``
+        and its siblings, in one folder): their tensors join the first file's table."""
+        named = SPLIT_NAME.fullmatch(self.path.name)
+        if type(count) is not int or not 1 < count <= MAX_PARTS or named is None:
+            raise GGUFError(
+                f"{self.path}: split.count is {count!r}; a split model is opened by its first "
+                "part, named NAME-00001-of-0000N.gguf"
+            )
+        if int(named[2]) != 1 or int(named[3]) != count:
+            raise GGUFError(f"{self.path}: open a split model by its first part (-00001-of-)")
+        for part, path in enumerate(model_files(self.path)[1:], start=1):
+            if not path.is_file():
+                raise GGUFError(f"{self.path}: part {part + 1} of {count} is missing ({path.name})")
+            metadata, tensors = self._open(path, part)
+            if metadata.get("split.no") != part or metadata.get("split.count") != count:
+                raise GGUFError(f"{path} is not part {part + 1} of {self.path.name}'s {count}")
+            if tensors.keys() & self.tensors.keys():
+                raise GGUFError(f"{path} repeats a tensor of an earlier part")
+            self.tensors.update(tensors)
+            self.parts.append(path)
+        want = self.metadata.get("split.tensors.count", len(self.tensors))
+        if want != len(self.tensors):
+            raise GGUFError(
+                f"{self.path}: its parts hold {len(self.tensors)} tensors, not the {want} it names"
+            )
+
+    def _read_header(self, path: Path, part: int) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
+        buf = self._maps[part]
+        c = _Cursor(buf, path)
+        if buf[:4] != MAGIC:
+            raise GGUFError(f"{path} is not a GGUF file (no GGUF magic at its start)")
         c.pos = 4
         version = c.scalar("<I")
         if version not in VERSIONS:
-            raise GGUFError(f"{self.path}: GGUF version {version} is not supported (2 or 3 are)")
+            raise GGUFError(f"{path}: GGUF version {version} is not supported (2 or 3 are)")
         # a tensor's entry takes 24 bytes at least (name length, dims, type, offset), a
         # key's 13 (key length, type, a one-byte value)
         n_tensors = c.count("the tensor count", 24)
@@ -177,33 +234,35 @@ class GGUFFile:
             n_dims = c.scalar("<I")
             if not 1 <= n_dims <= MAX_DIMS:
                 raise GGUFError(
-                    f"{self.path}: tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS} are)"
+                    f"{path}: tensor {name!r} has {n_dims} dimensions (1 to {MAX_DIMS} are)"
                 )
             dims = [c.scalar("<Q") for _ in range(n_dims)]
             raw.append((name, tuple(reversed(dims)), c.scalar("<I"), c.scalar("<Q")))
         align = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
         if type(align) is not int or align < 1 or align & (align - 1):
             shown = align if type(align) is int else f"a {type(align).__name__}"
-            raise GGUFError(f"{self.path}: general.alignment must be a power of two, not {shown}")
+            raise GGUFError(f"{path}: general.alignment must be a power of two, not {shown}")
         start = (c.pos + align - 1) // align * align
         tensors = {}
         for name, shape, type_id, offset in raw:
             if type_id not in TENSOR_TYPES:
                 known = ", ".join(t[0] for t in TENSOR_TYPES.values())
                 raise GGUFError(
-                    f"{self.path}: tensor {name!r} has ggml type {type_id}, which "
+                    f"{path}: tensor {name!r} has ggml type {type_id}, which "
                     f"chatpage cannot read (it reads {known})"
                 )
             _, block, block_bytes = TENSOR_TYPES[type_id]
             count = math.prod(shape)  # (Python's integers: no overflow)
             if shape[-1] % block:
                 raise GGUFError(
-                    f"{self.path}: tensor {name!r} rows of {shape[-1]} values do not "
+                    f"{path}: tensor {name!r} rows of {shape[-1]} values do not "
                     f"split into {TENSOR_TYPES[type_id][0]} blocks of {block}"
                 )
-            info = TensorInfo(name, shape, type_id, start + offset, count // block * block_bytes)
-            if info.offset + info.nbytes > len(self._map):
-                raise GGUFError(f"{self.path} is truncated (tensor {name!r} ends past the file)")
+            info = TensorInfo(
+                name, shape, type_id, start + offset, count // block * block_bytes, part
+            )
+            if info.offset + info.nbytes > len(buf):
+                raise GGUFError(f"{path} is truncated (tensor {name!r} ends past the file)")
             tensors[name] = info
         return metadata, tensors
 
@@ -214,7 +273,7 @@ class GGUFFile:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             data = torch.frombuffer(
-                self._map, dtype=torch.uint8, count=info.nbytes, offset=info.offset
+                self._maps[info.part], dtype=torch.uint8, count=info.nbytes, offset=info.offset
             )
         return data.view(-1, TENSOR_TYPES[info.type_id][2])
 
@@ -237,7 +296,7 @@ class GGUFFile:
         start = -(-info.offset // page) * page  # whole pages inside the tensor only
         stop = (info.offset + info.nbytes) // page * page
         if stop > start:
-            self._map.madvise(mmap.MADV_DONTNEED, start, stop - start)
+            self._maps[info.part].madvise(mmap.MADV_DONTNEED, start, stop - start)
 
     def dequantize_rows(
         self, name: str, start: int, stop: int, out: torch.Tensor | None = None

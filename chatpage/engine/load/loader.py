@@ -32,7 +32,7 @@ import torch
 
 from chatpage.config.paths import cache_dir
 from chatpage.engine.config import check_format
-from chatpage.engine.load.gguf_file import GGUFError, GGUFFile
+from chatpage.engine.load.gguf_file import GGUFError, GGUFFile, model_files
 from chatpage.engine.load.gguf_model import GGUFSource, gguf_config
 from chatpage.engine.load.stream import streamed_checkpoint
 from chatpage.engine.model.llama import SUPPORTED_MODEL_TYPES
@@ -113,7 +113,8 @@ def _cache_key(path: Path, files: list[Path]) -> str:
 def gguf_cache_dir(gguf: Path) -> Path:
     """The cache folder of a GGUF file's tokenizer and packs (``-gguf``: read directly; the
     folders without it hold the fp32 copies of earlier versions)."""
-    return cache_dir() / "models" / f"{gguf.stem}-{_cache_key(gguf, [gguf])}-gguf"
+    files = [f for f in model_files(gguf) if f.is_file()]  # (a split model: all its parts)
+    return cache_dir() / "models" / f"{gguf.stem}-{_cache_key(gguf, files)}-gguf"
 
 
 def gguf_tokenizer_dir(gf: GGUFFile) -> Path:
