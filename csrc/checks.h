@@ -22,6 +22,15 @@ struct AttentionShape {
   int64_t max_blocks;    // columns of block_tables
 };
 
+// An int8 cache's row (one token's one KV head) is head_dim int8 values, then their fp16 scale
+// (chatpage/engine/model/attention.py's quantize_kv): this many bytes past the values.
+constexpr int64_t kInt8ScaleBytes = 2;
+
+// The head_dim a cache holds: its last dim, less an int8 cache's scale bytes.
+inline int64_t cache_head_dim(const at::Tensor& cache) {
+  return cache.size(3) - (cache.scalar_type() == at::kChar ? kInt8ScaleBytes : 0);
+}
+
 inline void check_cache_pair(const at::Tensor& k_cache, const at::Tensor& v_cache) {
   TORCH_CHECK(k_cache.dim() == 4, "chatpage: k_cache must be [num_blocks, block_size, kv_heads, head_dim]");
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "chatpage: k_cache and v_cache shapes differ");
@@ -45,7 +54,7 @@ inline AttentionShape check_attention_args(const at::Tensor& out, const at::Tens
   s.num_blocks = k_cache.size(0);
   s.block_size = k_cache.size(1);
   s.num_kv_heads = k_cache.size(2);
-  TORCH_CHECK(k_cache.size(3) == s.head_dim, "chatpage: query and cache head_dim differ");
+  TORCH_CHECK(cache_head_dim(k_cache) == s.head_dim, "chatpage: query and cache head_dim differ");
   TORCH_CHECK(s.num_kv_heads > 0 && s.num_q_heads % s.num_kv_heads == 0,
               "chatpage: q_heads must be a multiple of kv_heads");
   TORCH_CHECK(block_tables.dim() == 2, "chatpage: block_tables must be [seqs, max_blocks]");
@@ -75,7 +84,7 @@ inline void check_write_kv_args(const at::Tensor& key, const at::Tensor& value,
                                 const at::Tensor& slot_mapping) {
   check_cache_pair(k_cache, v_cache);
   TORCH_CHECK(key.dim() == 3 && key.sizes() == value.sizes(), "chatpage: key/value must be [tokens, kv_heads, head_dim]");
-  TORCH_CHECK(key.size(1) == k_cache.size(2) && key.size(2) == k_cache.size(3),
+  TORCH_CHECK(key.size(1) == k_cache.size(2) && key.size(2) == cache_head_dim(k_cache),
               "chatpage: key/value heads or head_dim do not match the cache");
   TORCH_CHECK(slot_mapping.dim() == 1 && slot_mapping.size(0) == key.size(0),
               "chatpage: slot_mapping must have one entry per token");

@@ -1,7 +1,7 @@
 """Kernel checks shared by tests/kernels/test_kernels.py (CPU) and tests/gpu/test_cuda_kernels.py (CUDA):
 each ``check_*`` runs a native kernel on a device and compares it with the torch reference in
-engine/model/attention.py. ``python tests/kernel_checks.py CACHE_DIR avx2`` runs the sliding-window cases
-on an AVX2 build of the kernels (``ops.AVX2_CFLAGS``, in a process of its own: a second kernel
+engine/model/attention.py. ``python tests/kernel_checks.py CACHE_DIR avx2`` runs the sliding-window and
+int8-cache cases on an AVX2 build of the kernels (``ops.AVX2_CFLAGS``, in a process of its own: a second kernel
 library cannot be loaded beside the first) and prints how many passed."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from chatpage.bench.kernel import make_paged_batch
-from chatpage.engine.model import attention, ops
+from chatpage.engine.model import attention, kv_cache, ops
 
 # a spread of lengths: 1 token, partial first block, exact multiples, >1000, odd sizes
 LENGTHS = [1, 7, 16, 33, 250, 1037]
@@ -38,10 +38,28 @@ WINDOW_CASES = [
 ]
 
 
+# int8 caches (attention.quantize_kv's rows): decode rows, prefill tiles over a cached prefix,
+# windows, GQA groups of 1 to 4, the head dims of the fixed-size paths and a runtime one (40: the
+# eight-lane path only), blocks of 8 to 32 tokens
+INT8_CASES = [
+    (LENGTHS, [1] * 6, 0, {}),
+    (MIXED_LENS, MIXED_Q_LENS, 0, {"num_kv_heads": 3, "num_q_heads": 9}),
+    (MIXED_LENS, MIXED_Q_LENS, 37, {"num_kv_heads": 3, "num_q_heads": 12}),
+    (LENGTHS, [1] * 6, 1, {"block_size": 8}),
+    (MIXED_LENS, MIXED_Q_LENS, 5, {"block_size": 32, "num_kv_heads": 1, "num_q_heads": 4}),
+    ([3001, 2500], [1, 7], 0, {"head_dim": 128, "num_kv_heads": 2, "num_q_heads": 8}),
+    ([300, 41], [30, 41], 50, {"head_dim": 40, "num_kv_heads": 1, "num_q_heads": 2}),
+    ([260, 17], [1, 17], 0, {"head_dim": 256, "num_kv_heads": 1, "num_q_heads": 1}),
+]
+
+
 def tolerance(dtype: torch.dtype) -> dict:
-    """assert_close tolerances: tight for fp32, about two ulps of the format otherwise."""
+    """assert_close tolerances: tight for fp32 and an int8 cache (the same values, the scale taken
+    out of the sums: summation order apart), about two ulps of the format otherwise."""
     if dtype == torch.float32:
         return {"atol": 1e-5, "rtol": 1e-5}
+    if dtype == torch.int8:
+        return {"atol": 1e-4, "rtol": 1e-4}
     if dtype == torch.float16:
         return {"atol": 2e-3, "rtol": 2e-3}
     return {"atol": 2e-2, "rtol": 2e-2}
@@ -128,6 +146,15 @@ def check_window_cases(device) -> int:
     return len(WINDOW_CASES)
 
 
+def check_int8_cases(device) -> int:
+    """Every case of :data:`INT8_CASES` on ``device``; returns how many ran."""
+    for i, (seq_lens, q_lens, window, shape) in enumerate(INT8_CASES):
+        check_paged_attention(
+            device, seq_lens, q_lens, window=window, seed=100 + i, dtype=torch.int8, **shape
+        )
+    return len(INT8_CASES)
+
+
 def check_bad_indices_raise(device) -> None:
     """Block ids outside the pool, a seq_len shorter than its queries and slots beyond the cache
     raise (the kernels would read or write out of bounds)."""
@@ -147,7 +174,8 @@ def check_bad_indices_raise(device) -> None:
 
 
 def check_write_kv(device, dtype=torch.float32, key_dtype=None) -> None:
-    """write_kv stores exactly what the reference stores; slot -1 is skipped."""
+    """write_kv stores exactly what the reference stores (an int8 cache: the same bytes); slot -1
+    is skipped."""
     gen = torch.Generator().manual_seed(1)
     num_blocks, block_size, heads, dim = 6, 16, 3, 64
     fused = torch.randn(20, 2 * heads + 1, dim, generator=gen)  # key/value as views of one tensor
@@ -156,8 +184,9 @@ def check_write_kv(device, dtype=torch.float32, key_dtype=None) -> None:
         key, value = key.to(key_dtype), value.to(key_dtype)
     slots = torch.randperm(num_blocks * block_size, generator=gen)[:20]
     slots[[3, 11]] = -1
+    row = kv_cache.row_size(dim, dtype)
     caches = [
-        torch.randn(num_blocks, block_size, heads, dim, generator=gen).to(dtype) for _ in range(2)
+        torch.randn(num_blocks, block_size, heads, row, generator=gen).to(dtype) for _ in range(2)
     ]
     ref = [c.clone() for c in caches]
     attention.reference_write_kv(key, value, ref[0], ref[1], slots)
@@ -220,7 +249,7 @@ def main(cache_dir: Path, build: str) -> None:
     loader = ops.KernelLoader(cache_dir=cache_dir, cflags=ops.TEST_BUILDS[build])
     assert loader.load(), loader.status()
     _OWN_BUILD.append(loader)
-    print(f"{check_window_cases('cpu')} passed")
+    print(f"{check_window_cases('cpu') + check_int8_cases('cpu')} passed")
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ def make_paged_batch(
     pad_blocks: int = 2,
     seed: int = 0,
 ) -> PagedBatch:
-    """Random caches and queries; sequence ``s`` has ``seq_lens[s]`` tokens, the last ``q_lens[s]``
+    """Random caches (of ``dtype``; int8: ``attention.quantize_kv``'s rows) and queries; sequence ``s`` has ``seq_lens[s]`` tokens, the last ``q_lens[s]``
     of them queries. Blocks are dealt from a shuffled pool (with ``spare_blocks`` unused ones), and
     each table row is padded with ``pad_blocks`` or more ``-1`` entries."""
     gen = torch.Generator().manual_seed(seed)
@@ -108,9 +108,10 @@ def make_paged_batch(
         tables[s, :n] = torch.tensor(pool[used : used + n], dtype=torch.int32)
         used += n
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=gen).to(dtype)
-    v_cache = torch.randn(shape, generator=gen).to(dtype)
-    query = torch.randn(sum(q_lens), num_q_heads, head_dim, generator=gen).to(dtype)
+    k_cache = attention.stored(torch.randn(shape, generator=gen), dtype)
+    v_cache = attention.stored(torch.randn(shape, generator=gen), dtype)
+    q_dtype = torch.float32 if dtype == torch.int8 else dtype  # (an int8 cache's queries: fp32)
+    query = torch.randn(sum(q_lens), num_q_heads, head_dim, generator=gen).to(q_dtype)
     starts = [0]
     for q in q_lens:
         starts.append(starts[-1] + q)

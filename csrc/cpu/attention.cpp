@@ -21,6 +21,12 @@
 // widens the keys to fp32 once per KV head into a per-thread buffer, which every query head of
 // the group and every row of the tile then reads from L1. run_tile widens both.
 //
+// An int8 cache (rows of head_dim int8 values and their fp16 scale, attention.py's quantize_kv)
+// is read as a half-precision one is, the scale taken out of the sums: a key's score is its row's
+// scale times q . k over the int8 values, and a value row's weight p times its scale; run_item
+// reads a block head's scales into two small arrays first. Where keys or values are widened into
+// a buffer (AVX2's keys, run_tile), the rows are scaled as they are widened.
+//
 // A sliding window (window > 0: the query at position p sees keys p - window < j <= p) starts each
 // item at the block of its first row's earliest key; no block before it is read.
 #include "checks.h"
@@ -32,6 +38,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -50,6 +57,7 @@ constexpr int64_t kMinPieceCost = 128;  // query-row x key pairs below which a s
 struct Geometry {
   int block_size, kv_heads, q_heads, group, head_dim;
   int state_stride;  // floats per (row, q head) state: acc[head_dim], running max, running sum
+  int64_t head_stride;  // cache elements from one KV head's row of a token to the next's
   int64_t block_stride, token_stride;  // cache elements per block / per token
   const float* query;
   int64_t q_row_stride, q_head_stride;
@@ -161,7 +169,7 @@ inline float block_scores(const float* q, const float* k, int64_t ts, int n, int
 // 1 thread on a Zen 4: 58 -> 48.5 ms). s: H rows of kMaxBlockSize; bmax[j]: head j's largest.
 template <int H, int NC, typename KV>
 inline void group_scores(const float* q, int d, const KV* k, int64_t ts, int n, int room,
-                         int nc_rt, float* s, float* bmax) {
+                         int nc_rt, const float* kscale, float* s, float* bmax) {
   using L = Lanes16;
   using V = L::V;
   constexpr int W = 16;
@@ -198,6 +206,7 @@ inline void group_scores(const float* q, int d, const KV* k, int64_t ts, int n, 
       for (int j = 0; j < H; ++j) sc[j] = tail_scores<L>(q + j * d, kt, ts, n - t, nc);
     }
     for (int j = 0; j < H; ++j) {
+      if constexpr (std::is_same_v<KV, int8_t>) sc[j] = L::mul(sc[j], L::load(kscale + t));
       if (t + W > n) sc[j] = L::keep_first(sc[j], n - t, kNegInf);
       L::store(s + j * kMaxBlockSize + t, sc[j]);
       vmax[j] = L::max(vmax[j], sc[j]);
@@ -235,13 +244,13 @@ inline float block_softmax(float* st, int d, int n, float* s, float bmax) {
 
 // P x V of H query heads of one KV head over a block: acc_j = acc_j * alpha_j + sum_t p_j[t] v_t,
 // with st[j] head j's state, p row j of kMaxBlockSize weights, v the first value row read (rows
-// ts elements apart, as the cache holds them). Each value row is loaded (and a half-precision one
+// ts elements apart, as the cache holds them; an int8 row's weight times its scale, vscale[t]). Each value row is loaded (and a half-precision one
 // widened) once for the H heads, CG vectors of it at a time, instead of being widened into a
 // buffer first (that took a quarter of a bf16 decode; 64 rows x 320 keys, 30 layers, 1 thread
 // on a Zen 4: 71 -> 58 ms; a 32-row decode step of the default model 43 -> 38.5 ms).
 template <typename L, int H, int CG, typename KV>
 inline void group_pv(float* const* st, const float* alpha, const KV* v, int64_t ts, int n, int nc,
-                     const float* p) {
+                     const float* p, const float* vscale) {
   using V = typename L::V;
   constexpr int W = L::kWidth;
   for (int c0 = 0; c0 < nc; c0 += CG) {
@@ -253,8 +262,9 @@ inline void group_pv(float* const* st, const float* alpha, const KV* v, int64_t 
     for (int t = 0; t < n; ++t) {
       V row[CG];
       for (int i = 0; i < CG; ++i) row[i] = L::load(v + t * ts + W * (c0 + i));
+      const float vs = std::is_same_v<KV, int8_t> ? vscale[t] : 1.0f;
       for (int j = 0; j < H; ++j) {
-        const V pj = L::splat(p[j * kMaxBlockSize + t]);
+        const V pj = L::splat(p[j * kMaxBlockSize + t] * vs);
         for (int i = 0; i < CG; ++i) acc[j][i] = L::fma(pj, row[i], acc[j][i]);
       }
     }
@@ -264,32 +274,52 @@ inline void group_pv(float* const* st, const float* alpha, const KV* v, int64_t 
   }
 }
 
+// The fp16 scale after the d int8 values of an int8 cache row.
+inline float row_scale(const int8_t* row, int d) {
+  c10::Half h;
+  std::memcpy(&h, row + d, sizeof(h));
+  return static_cast<float>(h);
+}
+
+// The scales of n rows of an int8 cache (rows `ts` apart) into dst.
+inline void row_scales(const int8_t* rows, int64_t ts, int n, int d, float* dst) {
+  for (int t = 0; t < n; ++t) dst[t] = row_scale(rows + t * ts, d);
+}
+
 // The first n rows of one head of a block (rows `ts` apart) as fp32 rows of d (W * NC when NC is
-// not 0), packed in dst.
+// not 0), packed in dst (an int8 row times its scale).
 template <typename L, int NC, typename KV>
 inline void widen_rows(const KV* src, int64_t ts, int n, int d_rt, float* dst) {
   constexpr int W = L::kWidth;
   const int d = NC ? W * NC : d_rt;
   for (int t = 0; t < n; ++t) {
-    for (int c = 0; c < d; c += W) L::store(dst + t * d + c, L::load(src + t * ts + c));
+    if constexpr (std::is_same_v<KV, int8_t>) {
+      const auto scale = L::splat(row_scale(src + t * ts, d));
+      for (int c = 0; c < d; c += W)
+        L::store(dst + t * d + c, L::mul(L::load(src + t * ts + c), scale));
+    } else {
+      for (int c = 0; c < d; c += W) L::store(dst + t * d + c, L::load(src + t * ts + c));
+    }
   }
 }
 
-// KV head kvh's first `used` rows of a block's keys or values as fp32 rows: where they lie in an
-// fp32 cache, else widened into buf.
+// KV head kvh's first `used` rows of a block's keys or values (heads hs elements apart) as fp32
+// rows: where they lie in an fp32 cache, else widened into buf.
 template <typename L, int NC, typename KV>
-inline const float* head_rows(const KV* block, int kvh, int d, int64_t ts, int used, float* buf) {
+inline const float* head_rows(const KV* block, int kvh, int d, int64_t hs, int64_t ts, int used,
+                              float* buf) {
   if constexpr (std::is_same_v<KV, float>) {
-    return block + kvh * d;
+    return block + kvh * hs;
   } else {
-    widen_rows<L, NC>(block + kvh * d, ts, used, d, buf);
+    widen_rows<L, NC>(block + kvh * hs, ts, used, d, buf);
     return buf;
   }
 }
 
-// One item. A half-precision block's keys are widened to fp32 once per KV head (into kbuf) and
-// then read by every query head of the group and every row of the tile; an fp32 cache is read
-// where it lies. Values are read where they lie, by group_pv.
+// One item. A half-precision or int8 block's keys are widened to fp32 once per KV head (into
+// kbuf) and then read by every query head of the group and every row of the tile, or with
+// AVX-512 read in place by group_scores; an fp32 cache is read where it lies. Values are read
+// where they lie, by group_pv.
 template <typename L, typename KV, int NC>
 void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const WorkItem& w,
               float* state, float* qbuf, float* kbuf) {
@@ -307,8 +337,12 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
     }
   }
   alignas(64) float s[kHeadsAtOnce * kMaxBlockSize];
+  // an int8 block head's key and value scales (room for a vector read past the block's last)
+  constexpr bool kInt8 = std::is_same_v<KV, int8_t>;
+  alignas(64) float kscale[kInt8 ? kMaxBlockSize + 16 : 1] = {};
+  alignas(64) float vscale[kInt8 ? kMaxBlockSize + 16 : 1] = {};
   const int bs = g.block_size;
-  const int64_t ts = g.token_stride;
+  const int64_t ts = g.token_stride, hs = g.head_stride;
   const int64_t rs = kDirect ? ts : d;  // floats between the keys the scores read
   // a half-precision cache's keys read in place by group_scores (AVX-512), else widened
   constexpr bool kFuseKeys = CHATPAGE_AVX512 && L::kWidth == 16 && !kDirect;
@@ -347,8 +381,8 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
       // 30 layers, bf16 cache, 1 thread on a Zen 4: 72 -> 66 ms)
       if (kvh + 1 < g.kv_heads) {
         for (int t = 0; t < used; ++t) {
-          const char* kr = reinterpret_cast<const char*>(kb + (kvh + 1) * d + t * ts);
-          const char* vr = reinterpret_cast<const char*>(vb + (kvh + 1) * d + t * ts);
+          const char* kr = reinterpret_cast<const char*>(kb + (kvh + 1) * hs + t * ts);
+          const char* vr = reinterpret_cast<const char*>(vb + (kvh + 1) * hs + t * ts);
           for (int64_t off = 0; off < d * static_cast<int64_t>(sizeof(KV)); off += 64) {
             __builtin_prefetch(kr + off, 0, 3);
             __builtin_prefetch(vr + off, 0, 3);
@@ -356,7 +390,11 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
         }
       }
       // keys widened into kbuf where group_scores does not read them in place
-      const float* kh = kFuseKeys ? nullptr : head_rows<L, NC>(kb, kvh, d, ts, used, kbuf);
+      const float* kh = kFuseKeys ? nullptr : head_rows<L, NC>(kb, kvh, d, hs, ts, used, kbuf);
+      if constexpr (kInt8) {
+        if (kFuseKeys) row_scales(kb + kvh * hs, ts, used, d, kscale);
+        row_scales(vb + kvh * hs, ts, used, d, vscale);
+      }
       for (int r = 0; r < w.rows; ++r) {
         const int64_t pos = w.first_pos + r;
         const int64_t visible = pos + 1 - tok0;
@@ -365,7 +403,7 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
         if (visible <= 0 || lo >= bs) continue;
         const int n = static_cast<int>(std::min<int64_t>(bs, visible) - lo);
         const int room = bs - static_cast<int>(lo);  // tokens of the block from the first one read
-        const KV* vr = vb + kvh * d + lo * ts;
+        const KV* vr = vb + kvh * hs + lo * ts;
         for (int j0 = 0; j0 < g.group; j0 += kHeadsAtOnce) {
           const int heads = std::min(kHeadsAtOnce, g.group - j0);
           const int i0 = r * hq_n + kvh * g.group + j0;
@@ -374,11 +412,12 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
           float* st[kHeadsAtOnce];
 #if CHATPAGE_AVX512
           if constexpr (kFuseKeys) {
-            const KV* kr = kb + kvh * d + lo * ts;
+            const KV* kr = kb + kvh * hs + lo * ts;
+            const float* ksc = kInt8 ? kscale + lo : nullptr;
             switch (heads) {
-              case 1: group_scores<1, NC>(q0, d, kr, ts, n, room, nc, s, bmax); break;
-              case 2: group_scores<2, NC>(q0, d, kr, ts, n, room, nc, s, bmax); break;
-              default: group_scores<3, NC>(q0, d, kr, ts, n, room, nc, s, bmax); break;
+              case 1: group_scores<1, NC>(q0, d, kr, ts, n, room, nc, ksc, s, bmax); break;
+              case 2: group_scores<2, NC>(q0, d, kr, ts, n, room, nc, ksc, s, bmax); break;
+              default: group_scores<3, NC>(q0, d, kr, ts, n, room, nc, ksc, s, bmax); break;
             }
           } else
 #endif
@@ -392,10 +431,11 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
             st[j] = state + (i0 + j) * sd;
             alpha[j] = block_softmax<L>(st[j], d, n, s + j * kMaxBlockSize, bmax[j]);
           }
+          const float* vsc = kInt8 ? vscale + lo : nullptr;
           switch (heads) {
-            case 1: group_pv<L, 1, kChunks>(st, alpha, vr, ts, n, nc, s); break;
-            case 2: group_pv<L, 2, kChunks>(st, alpha, vr, ts, n, nc, s); break;
-            default: group_pv<L, 3, kChunks>(st, alpha, vr, ts, n, nc, s); break;
+            case 1: group_pv<L, 1, kChunks>(st, alpha, vr, ts, n, nc, s, vsc); break;
+            case 2: group_pv<L, 2, kChunks>(st, alpha, vr, ts, n, nc, s, vsc); break;
+            default: group_pv<L, 3, kChunks>(st, alpha, vr, ts, n, nc, s, vsc); break;
           }
         }
       }
@@ -472,8 +512,8 @@ void run_tile(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
       }
     }
     for (int kvh = 0; kvh < g.kv_heads; ++kvh) {
-      const float* kh = head_rows<L, NC>(kb, kvh, d, ts, used, kbuf);
-      const float* vh = head_rows<L, NC>(vb, kvh, d, ts, used, vbuf);
+      const float* kh = head_rows<L, NC>(kb, kvh, d, g.head_stride, ts, used, kbuf);
+      const float* vh = head_rows<L, NC>(vb, kvh, d, g.head_stride, ts, used, vbuf);
       for (int lg = 0; lg < lane_groups; ++lg) {
         float* qt = ws + (int64_t{kvh} * lane_groups + lg) * lg_floats;
         float* ot = qt + int64_t{d} * W;
@@ -756,7 +796,8 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
   g.group = g.q_heads / g.kv_heads;
   g.head_dim = static_cast<int>(shape.head_dim);
   g.state_stride = g.head_dim + 16;  // keeps each state 64-byte aligned
-  g.token_stride = shape.num_kv_heads * shape.head_dim;
+  g.head_stride = k_cache.size(3);
+  g.token_stride = shape.num_kv_heads * g.head_stride;
   g.block_stride = shape.block_size * g.token_stride;
   g.query = q.data_ptr<float>();
   g.q_row_stride = q.stride(0);
@@ -779,6 +820,7 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
     case at::kFloat: run_dtype<float>(g, plan, k_cache, v_cache, part, threads); break;
     case at::kBFloat16: run_dtype<c10::BFloat16>(g, plan, k_cache, v_cache, part, threads); break;
     case at::kHalf: run_dtype<c10::Half>(g, plan, k_cache, v_cache, part, threads); break;
+    case at::kChar: run_dtype<int8_t>(g, plan, k_cache, v_cache, part, threads); break;
     default: TORCH_CHECK(false, "chatpage: unsupported cache dtype ", k_cache.scalar_type());
   }
   if (!direct) out.copy_(out_f);

@@ -1,12 +1,15 @@
 // KV-cache maintenance on the CPU: write_kv, copy_blocks, swap_blocks.
 //
-// All three are row copies of contiguous memory; they run in parallel only when there are enough
-// bytes to make waking the thread pool worth it.
+// All three are row copies of contiguous memory (write_kv into an int8 cache quantizes each row
+// on the way: attention.py's quantize_kv); they run in parallel only when there are enough bytes
+// to make waking the thread pool worth it.
 #include "checks.h"
 #include "cpu/ops_cpu.h"
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace chatpage::cpu {
@@ -19,6 +22,46 @@ int64_t grain_for(int64_t item_bytes) {
   return std::max<int64_t>(1, (kParallelBytes / 4) / std::max<int64_t>(item_bytes, 1));
 }
 
+// One row of d values as an int8 cache row: round(x / scale) for scale = max |x| / 127 rounded
+// to fp16 (0 for a row of zeros), the scale's two bytes after the values. Divides, as the
+// reference does, so that both give the same bytes.
+void quantize_row(const float* x, int64_t d, int8_t* dst) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < d; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const c10::Half half(amax / 127.0f);
+  const float scale = static_cast<float>(half);
+  for (int64_t i = 0; i < d; ++i) {
+    const float q = scale > 0.0f ? std::nearbyint(x[i] / scale) : 0.0f;
+    dst[i] = static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
+  }
+  std::memcpy(dst + d, &half, sizeof(half));
+}
+
+void write_kv_int8(const at::Tensor& key, const at::Tensor& value, const at::Tensor& k_cache,
+                   const at::Tensor& v_cache, const int64_t* slot) {
+  const int64_t tokens = key.size(0), heads = key.size(1), dim = key.size(2);
+  const int64_t row = k_cache.size(3);
+  auto prepare = [](const at::Tensor& t) {
+    const at::Tensor r = t.scalar_type() == at::kFloat ? t : t.to(at::kFloat);
+    return r.stride(2) == 1 ? r : r.contiguous();
+  };
+  const at::Tensor k = prepare(key), v = prepare(value);
+  auto* kc = k_cache.data_ptr<int8_t>();
+  auto* vc = v_cache.data_ptr<int8_t>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  at::parallel_for(0, tokens, grain_for(8 * heads * dim), [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      if (slot[t] < 0) continue;
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t off = (slot[t] * heads + h) * row;
+        quantize_row(kp + t * k.stride(0) + h * k.stride(1), dim, kc + off);
+        quantize_row(vp + t * v.stride(0) + h * v.stride(1), dim, vc + off);
+      }
+    }
+  });
+}
+
 at::Tensor host_pairs(const at::Tensor& pairs) { return pairs.to(at::kCPU).to(at::kLong).contiguous(); }
 
 }  // namespace
@@ -28,6 +71,10 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, const at::Tensor& 
   check_write_kv_args(key, value, k_cache, v_cache, slot_mapping);
   const int64_t tokens = key.size(0);
   if (tokens == 0) return;
+  check_slots(slot_mapping, k_cache);
+  const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  if (k_cache.scalar_type() == at::kChar) return write_kv_int8(key, value, k_cache, v_cache, slot);
   const int64_t heads = key.size(1), dim = key.size(2);
   // Same dtype as the cache and unit stride along head_dim, so that one head is one memcpy.
   auto prepare = [&](const at::Tensor& t) {
@@ -35,9 +82,6 @@ void write_kv(const at::Tensor& key, const at::Tensor& value, const at::Tensor& 
     return r.stride(2) == 1 ? r : r.contiguous();
   };
   const at::Tensor k = prepare(key), v = prepare(value);
-  check_slots(slot_mapping, k_cache);
-  const at::Tensor slots = slot_mapping.to(at::kLong).contiguous();
-  const int64_t* slot = slots.data_ptr<int64_t>();
   const int64_t elem = k_cache.element_size();
   const int64_t head_bytes = dim * elem, row = heads * dim;
   auto* kc = static_cast<char*>(k_cache.data_ptr());

@@ -12,10 +12,12 @@ import sys
 import pytest
 import torch
 from kernel_checks import (
+    INT8_CASES,
     LENGTHS,
     WINDOW_CASES,
     check_bad_indices_raise,
     check_copy_blocks,
+    check_int8_cases,
     check_paged_attention,
     check_swap_blocks,
     check_window_cases,
@@ -151,9 +153,30 @@ def test_the_reference_window_is_the_last_window_keys():
 
 
 @pytest.mark.slow  # the kernels built for another ISA, run in a process of their own
-def test_the_avx2_build_matches_the_reference_with_windows():
-    """The window cases against a build without AVX-512 (vec.h's eight-lane paths)."""
-    assert run_other_build("kernel_checks.py")[-2:] == [str(len(WINDOW_CASES)), "passed"]
+def test_the_avx2_build_matches_the_reference_with_windows_and_int8():
+    """The window and int8 cases against a build without AVX-512 (vec.h's eight-lane paths)."""
+    cases = len(WINDOW_CASES) + len(INT8_CASES)
+    assert run_other_build("kernel_checks.py")[-2:] == [str(cases), "passed"]
+
+
+def test_int8_caches_match_the_reference():
+    """Decode, prefill tiles and windows over int8 rows (values and scale) as the reference
+    dequantizes them."""
+    assert check_int8_cases(DEVICE) == len(INT8_CASES)
+
+
+def test_int8_rows_keep_the_values_within_half_a_step():
+    """quantize_kv: each value comes back within half its row's step (max |x| / 127), a row of
+    zeros as zeros, and the row's largest value exactly up to the fp16 scale."""
+    x = torch.randn(50, 3, 64, generator=torch.Generator().manual_seed(5)) * 4
+    x[7, 1] = 0
+    rows = attention.quantize_kv(x)
+    assert rows.dtype == torch.int8 and rows.shape == (50, 3, 64 + attention.INT8_SCALE_BYTES)
+    back = attention.dequantize_kv(rows, torch.float32)
+    step = x.abs().amax(dim=-1, keepdim=True) / 127
+    assert ((back - x).abs() <= step * 0.502 + 1e-6).all()
+    assert torch.equal(back[7, 1], torch.zeros(64))
+    assert rows[..., :64].abs().amax(dim=-1)[x.abs().amax(dim=-1) > 0].eq(127).all()
 
 
 def test_bad_indices_are_errors_not_crashes():
@@ -165,21 +188,24 @@ def test_bad_indices_are_errors_not_crashes():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
 def test_write_kv(dtype):
     check_write_kv(DEVICE, dtype)
 
 
-def test_write_kv_converts_dtype():
-    check_write_kv(DEVICE, torch.bfloat16, key_dtype=torch.float32)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int8])
+def test_write_kv_converts_dtype(dtype):
+    check_write_kv(
+        DEVICE, dtype, key_dtype=torch.float32 if dtype != torch.int8 else torch.bfloat16
+    )
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
 def test_copy_blocks(dtype):
     check_copy_blocks(DEVICE, dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
 def test_swap_blocks(dtype):
     check_swap_blocks(DEVICE, DEVICE, dtype)
 

@@ -18,6 +18,48 @@ from torch import Tensor
 from chatpage.engine.model import ops
 
 # ---------------------------------------------------------------------------------------------
+# the int8 cache layout
+# ---------------------------------------------------------------------------------------------
+
+INT8_SCALE_BYTES = 2
+"""An int8 cache row (one token's one KV head) is its ``head_dim`` values, then their scale as
+fp16 (2 bytes): ``[num_blocks, block_size, num_kv_heads, head_dim + 2]`` int8, the value
+``q * scale`` with ``scale = max |x| / 127`` of the row (docs/kernels.md, "The int8 KV cache")."""
+
+
+def cache_head_dim(cache: Tensor) -> int:
+    """The head_dim a cache holds: its last dim, less the scale's bytes for an int8 cache."""
+    extra = INT8_SCALE_BYTES if cache.dtype == torch.int8 else 0
+    return cache.shape[-1] - extra
+
+
+def quantize_kv(x: Tensor) -> Tensor:
+    """Rows ``[..., D]`` as int8 cache rows ``[..., D + 2]``: ``round(x / scale)`` with the
+    row's scale ``max |x| / 127`` rounded to fp16 first (a row of zeros: scale 0, values 0)."""
+    x = x.float()
+    scale = (x.abs().amax(dim=-1, keepdim=True) / 127).to(torch.float16)
+    s = scale.float()
+    q = torch.where(s > 0, x / s, 0.0).round().clamp(-127, 127).to(torch.int8)
+    return torch.cat([q, scale.view(torch.int8)], dim=-1)
+
+
+def dequantize_kv(rows: Tensor, dtype: torch.dtype) -> Tensor:
+    """int8 cache rows ``[..., D + 2]`` as ``[..., D]`` values of ``dtype``."""
+    scale = rows[..., -INT8_SCALE_BYTES:].contiguous().view(torch.float16).float()
+    return (rows[..., :-INT8_SCALE_BYTES].float() * scale).to(dtype)
+
+
+def _read(rows: Tensor, dtype: torch.dtype) -> Tensor:
+    """Cache rows as values of ``dtype`` (an int8 cache's dequantized)."""
+    return dequantize_kv(rows, dtype) if rows.dtype == torch.int8 else rows.to(dtype)
+
+
+def stored(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """Rows ``[..., D]`` as a cache of ``dtype`` stores them."""
+    return quantize_kv(x) if dtype == torch.int8 else x.to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------
 # torch reference
 # ---------------------------------------------------------------------------------------------
 
@@ -29,14 +71,15 @@ def reference_write_kv(
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
 ) -> None:
-    """Store ``key``/``value`` ``[T, Hkv, D]`` into the caches at ``slot_mapping`` ``[T]``."""
+    """Store ``key``/``value`` ``[T, Hkv, D]`` into the caches at ``slot_mapping`` ``[T]`` (an
+    int8 cache: quantized, ``quantize_kv``)."""
     num_blocks, block_size = k_cache.shape[0], k_cache.shape[1]
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     k_flat = k_cache.view(num_blocks * block_size, *k_cache.shape[2:])
     v_flat = v_cache.view(num_blocks * block_size, *v_cache.shape[2:])
-    k_flat.index_copy_(0, slots, key[keep].to(k_cache.dtype))
-    v_flat.index_copy_(0, slots, value[keep].to(v_cache.dtype))
+    k_flat.index_copy_(0, slots, stored(key[keep], k_cache.dtype))
+    v_flat.index_copy_(0, slots, stored(value[keep], v_cache.dtype))
 
 
 def _gather(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
@@ -99,8 +142,8 @@ def reference_paged_attention(
             cols = torch.arange(nb, device=device).unsqueeze(0)
             tables = torch.where(cols < first_blocks.unsqueeze(1), 0, tables)
         # [B, nb, bs, Hkv, D] -> [B, Hkv, L, D]
-        k = k_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2).to(query.dtype)
-        v = v_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2).to(query.dtype)
+        k = _read(k_cache[tables].flatten(1, 2)[:, :max_len], query.dtype).transpose(1, 2)
+        v = _read(v_cache[tables].flatten(1, 2)[:, :max_len], query.dtype).transpose(1, 2)
         rows = query_start_loc[idx].long()
         q = query[rows].unsqueeze(2)  # [B, Hq, 1, D]
         key_pos = torch.arange(max_len, device=device).unsqueeze(0)
@@ -116,8 +159,10 @@ def reference_paged_attention(
         lo = first_block(length - q_len, window, block_size)
         table = block_tables[i, lo:nb].long()
         first = lo * block_size  # the position of the first key gathered
-        k = _gather(k_cache, table, length - first).transpose(0, 1).to(query.dtype)  # [Hkv, L, D]
-        v = _gather(v_cache, table, length - first).transpose(0, 1).to(query.dtype)
+        k = _read(_gather(k_cache, table, length - first), query.dtype).transpose(
+            0, 1
+        )  # [Hkv, L, D]
+        v = _read(_gather(v_cache, table, length - first), query.dtype).transpose(0, 1)
         q = query[starts[i] : starts[i + 1]].transpose(0, 1)  # [Hq, q_len, D]
         # query j sits at absolute position length - q_len + j and sees keys 0..that position
         q_pos = torch.arange(length - q_len, length, device=device).unsqueeze(1)

@@ -8,10 +8,17 @@ stream waits for them before the next forward reads or overwrites the blocks.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from chatpage.engine.model import attention
+
+
+def row_size(head_dim: int, dtype: torch.dtype) -> int:
+    """The elements of one token's one KV head in a cache of ``dtype``: ``head_dim``, and an int8
+    cache's scale after them (``attention.INT8_SCALE_BYTES``)."""
+    return head_dim + (attention.INT8_SCALE_BYTES if dtype == torch.int8 else 0)
 
 
 def bytes_per_block(
@@ -19,11 +26,34 @@ def bytes_per_block(
 ) -> int:
     """K and V of one block across ``num_layers`` layers (a KV group's page)."""
     elem = torch.empty((), dtype=dtype).element_size()
-    return 2 * num_layers * block_size * num_kv_heads * head_dim * elem
+    return 2 * num_layers * block_size * num_kv_heads * row_size(head_dim, dtype) * elem
+
+
+@dataclass(frozen=True)
+class KVFormat:
+    """What a block's KV bytes are: blocks of one format mean the same tokens the same way, of
+    two formats never (a prefix namespace includes it). ``dtype``: the cache's torch dtype name
+    ("int8": rows of ``head_dim`` int8 values and an fp16 scale, ``attention.INT8_SCALE_BYTES``);
+    ``layers``: the pools a block spans."""
+
+    dtype: str
+    block_size: int
+    layers: int
+    num_kv_heads: int
+    head_dim: int
+    layout: int = 1  # bumped when a dtype's bytes change meaning
+
+    def describe(self) -> str:
+        """One line of every field, for a digest."""
+        return (
+            f"kv {self.dtype} layout {self.layout} block {self.block_size} layers {self.layers} "
+            f"heads {self.num_kv_heads} dim {self.head_dim}"
+        )
 
 
 class KVCache:
-    """Per-layer K/V pools ``[num_blocks, block_size, num_kv_heads, head_dim]`` plus swap space.
+    """Per-layer K/V pools ``[num_blocks, block_size, num_kv_heads, head_dim]`` plus swap space
+    (an int8 pool's rows hold their scale too: ``row_size``).
 
     ``layer_slot[l]``: the pool layer ``l`` keeps its K/V in (``engine/core/kv_groups.py``): a block is
     one page of as many layers as there are slots, in whichever KV group holds it; layers of
@@ -44,8 +74,12 @@ class KVCache:
     ) -> None:
         slots = range(num_layers) if layer_slot is None else layer_slot
         num_slots = max(slots) + 1
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        cpu_shape = (num_cpu_blocks, block_size, num_kv_heads, head_dim)
+        row = row_size(head_dim, dtype)
+        shape = (num_blocks, block_size, num_kv_heads, row)
+        cpu_shape = (num_cpu_blocks, block_size, num_kv_heads, row)
+        self.format = KVFormat(
+            str(dtype).removeprefix("torch."), block_size, num_slots, num_kv_heads, head_dim
+        )
         # zeros: padded reads of never-written slots must stay finite (masked out, times zero)
         self.slot_k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_slots)]
         self.slot_v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_slots)]
@@ -60,6 +94,15 @@ class KVCache:
         ]
         self._side = torch.cuda.Stream(torch.device(device)) if cuda else None
 
+    def block_tensors(self) -> list[torch.Tensor]:
+        """Every device tensor that holds a block's KV, the block index its dim 0 (what
+        copy-on-write and swaps carry)."""
+        return self.slot_k + self.slot_v
+
+    def cpu_block_tensors(self) -> list[torch.Tensor]:
+        """The swap pool's tensors, in ``block_tensors``' order."""
+        return self.cpu_k + self.cpu_v
+
     @staticmethod
     def _pairs(pairs: list[tuple[int, int]]) -> torch.Tensor:
         return torch.tensor(pairs, dtype=torch.int64).view(-1, 2)
@@ -67,7 +110,7 @@ class KVCache:
     def copy(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write: block dst becomes a copy of block src in every layer."""
         if pairs:
-            attention.copy_blocks(self.slot_k + self.slot_v, self._pairs(pairs))
+            attention.copy_blocks(self.block_tensors(), self._pairs(pairs))
 
     def _on_side_stream(self, copies: Callable[[], None]) -> None:
         """Run ``copies`` on the swap stream (a GPU pool), ordered after and before the step's
@@ -95,8 +138,8 @@ class KVCache:
 
     def swap_out(self, pairs: list[tuple[int, int]]) -> None:
         """Device block src -> CPU block dst, in every layer."""
-        self._swap(self.slot_k + self.slot_v, self.cpu_k + self.cpu_v, pairs)
+        self._swap(self.block_tensors(), self.cpu_block_tensors(), pairs)
 
     def swap_in(self, pairs: list[tuple[int, int]]) -> None:
         """CPU block src -> device block dst, in every layer."""
-        self._swap(self.cpu_k + self.cpu_v, self.slot_k + self.slot_v, pairs)
+        self._swap(self.cpu_block_tensors(), self.block_tensors(), pairs)
