@@ -59,6 +59,10 @@ WEIGHT_FORMATS = ("fp32", "bf16", "int8", "int4")
 DEFAULT_WEIGHTS = "int4"
 """The app's weight format: the fastest whose quality holds (`chatpage bench single` / `bench
 quality`); the engine's own default stays fp32, the exact reference."""
+KV_CACHE_DTYPES = ("auto", "bf16", "int8")
+"""The KV cache's storage (``--kv-cache-dtype``, vLLM's flag): bf16, int8 (rows of int8 values
+and a scale, half the bytes: ``engine/model/attention.py``), or ``auto``, what the engine's plan
+picks (``engine/device.py``)."""
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")
 """The engine devices a user may name (N: a GPU's index); ``auto`` is the first CUDA GPU torch
 sees, else the CPU."""

@@ -14,7 +14,7 @@ from chatpage.config.settings import (
     parse_seconds,
     parse_size,
 )
-from chatpage.vocab import WEIGHT_FORMATS, check_device_name
+from chatpage.vocab import KV_CACHE_DTYPES, WEIGHT_FORMATS, check_device_name
 
 
 def size_arg(value: str) -> int:
@@ -83,12 +83,18 @@ def add_device_arg(parser: argparse.ArgumentParser, default: str | None = None) 
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """The engine flags of the TUI, `ask` and `serve`: --weights, --threads, --device and
-    --gpu-memory-utilization."""
+    """The engine flags of the TUI, `ask` and `serve`: --weights, --kv-cache-dtype, --threads,
+    --device and --gpu-memory-utilization."""
     parser.add_argument(
         "--weights",
         choices=WEIGHT_FORMATS,
         help="storage of the model's weights (default: int4, or config.yaml)",
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        help="storage of the KV cache: int8 holds twice the tokens of bf16 (default: auto, "
+        "what the engine measured best here, or config.yaml)",
     )
     add_device_arg(parser)
     parser.add_argument(
@@ -114,6 +120,7 @@ def load_with_overrides(args):
             "backend": getattr(args, "backend", None),
             "backend_timeout": getattr(args, "backend_timeout", None),
             "weights": getattr(args, "weights", None),
+            "kv_cache_dtype": getattr(args, "kv_cache_dtype", None),
             "device": getattr(args, "device", None),
             "gpu_memory_utilization": getattr(args, "gpu_memory_utilization", None),
         }

@@ -22,6 +22,7 @@ from chatpage.vocab import (
     DEFAULT_DEVICE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     DEFAULT_WEIGHTS,
+    KV_CACHE_DTYPES,
     WEIGHT_FORMATS,
     check_device_name,
 )
@@ -91,6 +92,7 @@ class Settings:
     kv_cache: int = 1 << 30  # 46k tokens of the default model (bf16 KV on the CPU)
     block_size: int = DEFAULT_BLOCK_SIZE
     weights: str = DEFAULT_WEIGHTS
+    kv_cache_dtype: str = "auto"  # auto | bf16 | int8 (engine/device.py's plan says what auto is)
     device: str = DEFAULT_DEVICE  # auto | cpu | cuda | cuda:N (engine/device.py resolves it)
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION  # of a GPU, for its KV pool
     default_persona: str = "assistant"
@@ -108,6 +110,7 @@ SETTING_KEYS = (
     "kv_cache",
     "block_size",
     "weights",
+    "kv_cache_dtype",
     "device",
     "gpu_memory_utilization",
     "default_persona",
@@ -183,6 +186,12 @@ def _weights(value: Any) -> str:
     return value
 
 
+def _kv_cache_dtype(value: Any) -> str:
+    if value not in KV_CACHE_DTYPES:
+        raise ValueError(" or ".join(KV_CACHE_DTYPES))
+    return value
+
+
 def _device(value: Any) -> str:
     try:
         return check_device_name(value)
@@ -233,6 +242,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "kv_cache": _kv_cache,
     "block_size": _block_size,
     "weights": _weights,
+    "kv_cache_dtype": _kv_cache_dtype,
     "device": _device,
     "gpu_memory_utilization": _utilization,
     "default_persona": _name,

@@ -11,6 +11,7 @@ from chatpage.vocab import (
     BLOCK_SIZES,
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
+    KV_CACHE_DTYPES,
     WEIGHT_FORMATS,
     check_device_name,
 )
@@ -55,7 +56,8 @@ class EngineConfig:
     groups of several swap in every mode while there is swap space.
     ``weight_dtype`` is the storage of the matmul weights ("fp32", "bf16", "int8", "int4"; see
     ``engine/model/weights.py``); fp32 here, the exact reference (the app's default is in settings).
-    ``dtype`` names the torch dtype of activations and the KV cache (:attr:`torch_dtype`).
+    ``dtype`` names the torch dtype of activations and the KV cache (:attr:`torch_dtype`);
+    ``kv_cache_dtype`` ("bf16", "int8") overrides the KV cache's.
     ``num_threads`` is torch's thread count on the thread that steps the engine (None: every core).
     ``device`` is "cpu" here (the exact reference; the app's default, "auto", is in settings),
     "auto", "cuda" or "cuda:N" (``engine/device.py`` resolves it when the engine starts). On a GPU
@@ -76,6 +78,7 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     weight_dtype: str = "fp32"
+    kv_cache_dtype: str = "auto"  # vocab.KV_CACHE_DTYPES: "auto" is the plan's (engine/device.py)
     num_threads: int | None = None
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     cuda_graphs: bool = True  # replay decode steps through CUDA graphs on a GPU (False: eager)
@@ -91,6 +94,7 @@ class EngineConfig:
             kv_cache_bytes=settings.kv_cache,
             block_size=settings.block_size,
             weight_dtype=settings.weights,
+            kv_cache_dtype=settings.kv_cache_dtype,
             num_threads=threads,
             device=settings.device,
             gpu_memory_utilization=settings.gpu_memory_utilization,
@@ -137,6 +141,11 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.dtype must be 'float32', 'bfloat16', 'float16' or "
                 f"'auto', got {self.dtype!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"EngineConfig.kv_cache_dtype must be {' or '.join(map(repr, KV_CACHE_DTYPES))}, "
+                f"got {self.kv_cache_dtype!r}"
             )
         try:
             check_format(self.weight_dtype)

