@@ -22,6 +22,7 @@ BENCHES = (
     "load",
     "gpu",
     "windows",
+    "kv",
 )
 
 

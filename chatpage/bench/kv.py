@@ -1,0 +1,108 @@
+"""`chatpage bench kv`: decode over an int8 KV cache against bf16, in one run.
+
+Two engines over the same weights (the app's int4 unless ``--weights``), one with a bf16 KV cache,
+one with int8 (``--kv-cache-dtype``), each given the same ``--context``-token random prompts
+(4,096 tokens at scale 1). For each batch of 1, 8 and 32 sequences both engines prefill their
+prompts, then decode steps are timed in turn (one bf16 step, one int8 step, ...), so that both see
+the same background load; a rate is the batch over the median step. Goal: int8 at least 1.25x
+bf16's decode tok/s at batch 1 and 8, never below 1.0x.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import torch
+
+from chatpage.bench import common
+from chatpage.engine import LLMEngine, SamplingParams
+from chatpage.engine.load.loader import load_model
+from chatpage.vocab import DEFAULT_WEIGHTS
+
+BATCHES = (1, 8, 32)
+CONTEXT = 4096
+STEPS = 12  # timed decode steps per engine and batch
+GOAL_SPEEDUP = 1.25  # at batch 1 and 8
+FLOOR = 1.0  # at every batch
+DTYPES = ("bf16", "int8")
+
+
+def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(batch)]
+
+
+def decoding(eng: LLMEngine, ids: list[list[int]]) -> None:
+    """Submit ``ids`` and step ``eng`` until every sequence has its prompt in the cache."""
+    params = SamplingParams(temperature=0, max_tokens=STEPS + 4, ignore_eos=True)
+    for prompt in ids:
+        eng.add_request(prompt, params)
+    while eng.scheduler.waiting or any(
+        s.num_computed_tokens < s.prompt_len for g in eng.scheduler.running for s in g.seqs
+    ):
+        eng.step()
+
+
+def step_ms(eng: LLMEngine) -> float:
+    t0 = common.now()
+    eng.step()
+    return (common.now() - t0) * 1e3
+
+
+def run_batch(engines: dict[str, LLMEngine], batch: int, context: int, seed: int) -> dict:
+    vocab = next(iter(engines.values())).model.vocab_size
+    ids = prompts(batch, context, vocab, seed)
+    for eng in engines.values():
+        decoding(eng, ids)
+        eng.step()  # the first decode step (warm)
+    times: dict[str, list[float]] = {d: [] for d in engines}
+    for _ in range(STEPS):
+        for dtype, eng in engines.items():
+            times[dtype].append(step_ms(eng))
+    for eng in engines.values():
+        common.drain(eng)
+    row: dict = {"batch": batch, "context": context}
+    for dtype, samples in times.items():
+        row[f"{dtype}_step_ms"] = statistics.median(samples)
+        row[f"{dtype}_tok_s"] = batch * 1e3 / statistics.median(samples)
+    row["speedup"] = row["int8_tok_s"] / row["bf16_tok_s"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = common.parser("kv", "decode tok/s over an int8 KV cache against bf16, one run", 1.0)
+    p.add_argument("--weights", default=DEFAULT_WEIGHTS, help="the weights' format (default int4)")
+    args = common.parse(p, argv)
+    context = max(64, round(CONTEXT * args.scale))
+    loaded = load_model(args.model, progress=common.say, weights=args.weights)
+    tokens = max(BATCHES) * (context + STEPS + 24)
+    engines = {}
+    for dtype in DTYPES:
+        per_token = common.block_bytes(loaded, 1, torch.int8 if dtype == "int8" else torch.bfloat16)
+        engines[dtype] = eng = common.engine(
+            loaded,
+            weight_dtype=args.weights,
+            kv_cache_dtype=dtype,
+            kv_cache_bytes=tokens * per_token,
+            max_num_seqs=max(BATCHES),
+            max_num_batched_tokens=2048,
+        )
+        common.say(f"{dtype}: {eng.kv.format.describe()}, {eng.block_bytes} bytes a block")
+    rows = []
+    for batch in BATCHES:
+        common.say(f"batch {batch}: {batch} prompts of {context} tokens, then decode")
+        rows.append(run_batch(engines, batch, context, args.seed + batch))
+        common.say(f"batch {batch}: int8 {rows[-1]['speedup']:.2f}x bf16")
+    by_batch = {r["batch"]: r["speedup"] for r in rows}
+    result = {
+        "benchmark": "kv",
+        **common.model_info(loaded),
+        "weights": args.weights,
+        "context": context,
+        "int8_calibration_kld": engines["int8"].int8_kv_loss.kld,
+        "rows": rows,
+        "goal_speedup": GOAL_SPEEDUP,
+        "met": all(by_batch[b] >= GOAL_SPEEDUP for b in (1, 8)) and min(by_batch.values()) >= FLOOR,
+    }
+    return common.emit(common.round_floats(result), args.json)
