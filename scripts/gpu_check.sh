@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU path, proven in one go on a CUDA machine (<= 8 min on one H100/H200), offline, from a
-# clone: builds the CUDA kernels, runs tests/gpu, then `bench kernel` and `bench gpu` (decode tok/s
+# clone: builds the CUDA kernels, runs tests/gpu, then `bench kernel`, `bench kv` (decode over an
+# int8 KV cache against bf16, 2k-token contexts) and `bench gpu` (decode tok/s
 # at batch 1/32/128 against transformers' generate, CUDA graphs on and off, greedy equivalence
 # with the CPU path on the tiny models and the default model), and writes ONE JSON (argument 1,
 # default gpu_check.json; also printed). Each stage has a time limit and reports its own failure;
@@ -38,6 +39,8 @@ stage build 300 "$py" -m chatpage.engine.model.ops --build
 stage tests 200 "$py" -m pytest -q -p no:cacheprovider tests/gpu --junitxml="$work/junit.xml"
 stage kernel 90 "$py" -c "import sys; from chatpage.bench import kernel; sys.exit(kernel.main(sys.argv[1:]))" \
   --device cuda --json --repeats 20
+stage kv 150 "$py" -c "import sys; from chatpage.bench import kv; sys.exit(kv.main(sys.argv[1:]))" \
+  --device cuda --json --scale 0.5
 stage models 120 "$py" scripts/gpu_models.py "$work/models" "${MODEL:-}"
 models=()
 while read -r dir; do models+=(--equivalence "$dir"); done <"$work/models.out"
@@ -76,7 +79,7 @@ if junit.is_file():
                           for c in suite.iter("testcase")
                           if c.find("failure") is not None or c.find("error") is not None])
 report["tests"] = tests
-for name in ("kernel", "e2e"):
+for name in ("kernel", "kv", "e2e"):
     entry, text = stage(name)
     try:
         entry["result"] = json.loads(text.splitlines()[-1])
@@ -84,7 +87,7 @@ for name in ("kernel", "e2e"):
         pass
     report[name] = entry
 report["passed"] = report["build"]["cuda_kernels"] and tests.get("failed", 1) == 0 \
-    and tests.get("passed", 0) > 0 and all(report[k]["rc"] == 0 for k in ("tests", "kernel", "e2e"))
+    and tests.get("passed", 0) > 0 and all(report[k]["rc"] == 0 for k in ("tests", "kernel", "kv", "e2e"))
 out.write_text(json.dumps(report, indent=1) + "\n")
 print(json.dumps(report))
 sys.exit(0 if report["passed"] else 1)

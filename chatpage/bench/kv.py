@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             weight_dtype=args.weights,
             kv_cache_dtype=dtype,
             kv_cache_bytes=tokens * per_token,
+            gpu_blocks=-(-tokens // 16),  # (on a GPU: the same pool, not a share of its memory)
             max_num_seqs=max(BATCHES),
             max_num_batched_tokens=2048,
         )

@@ -1,4 +1,5 @@
-// Paged attention for CUDA (fp32, fp16, bf16 caches; fp32 accumulation).
+// Paged attention for CUDA (fp32, fp16, bf16 and int8 caches; fp32 accumulation). An int8 row's
+// scale (after its values) multiplies its key's dot product and its value's weight.
 //
 // One thread block (CTA) per (query row, KV head, group of that head's query heads, context
 // partition). It walks its keys in chunks of kChunk: scores for the chunk go to shared memory
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <type_traits>
 
 namespace chatpage::cuda {
 namespace {
@@ -112,7 +114,8 @@ __global__ void __launch_bounds__(kThreads)
 
   const CT* k_cache = static_cast<const CT*>(p.k_cache);
   const CT* v_cache = static_cast<const CT*>(p.v_cache);
-  const int64_t tok_stride = static_cast<int64_t>(p.num_kv_heads) * D;
+  const int hs = D + (std::is_same_v<CT, int8_t> ? 2 : 0);  // elements of a head's row
+  const int64_t tok_stride = static_cast<int64_t>(p.num_kv_heads) * hs;
   const int64_t blk_stride = tok_stride * bs;
   const int32_t* table = p.block_tables + static_cast<int64_t>(s) * p.max_blocks;
   const int lane = tid % 32, warp = tid / 32;
@@ -131,10 +134,12 @@ __global__ void __launch_bounds__(kThreads)
       const int i = base + key_slot;
       const bool valid = i < n;
       float kreg[kMaxPerLane];
+      float kscale = 1.0f;
       if (valid) {
         const int t = c0 + i;
         const CT* kp = k_cache + blocks_s[t / bs - b_first] * blk_stride + (t % bs) * tok_stride +
-                       kvh * D;
+                       kvh * hs;
+        kscale = row_scale(kp, D);
 #pragma unroll
         for (int j = 0; j < kMaxPerLane; ++j) {
           const int d = lane8 + j * kLanesPerKey;
@@ -151,7 +156,7 @@ __global__ void __launch_bounds__(kThreads)
           }
         }
         for (int o = kLanesPerKey / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        if (valid && lane8 == 0) logits[g * kChunk + i] = dot;
+        if (valid && lane8 == 0) logits[g * kChunk + i] = dot * kscale;
       }
     }
     __syncthreads();
@@ -192,8 +197,8 @@ __global__ void __launch_bounds__(kThreads)
           for (int i = slice; i < n; i += slices) {
             const int t = c0 + i;
             const CT* vp = v_cache + blocks_s[t / bs - b_first] * blk_stride +
-                           (t % bs) * tok_stride + kvh * D;
-            a += pg[i] * to_float(vp[d]);
+                           (t % bs) * tok_stride + kvh * hs;
+            a += pg[i] * row_scale(vp, D) * to_float(vp[d]);
           }
           acc[k] = a;
         }
@@ -347,6 +352,7 @@ int paged_attention(const AttentionParams& p, const AttentionPlan& plan, void* s
     case DType::kFloat32: return launch<float, float>(p, plan, st);
     case DType::kFloat16: return launch_io<__half>(p, plan, st);
     case DType::kBFloat16: return launch_io<__nv_bfloat16>(p, plan, st);
+    case DType::kInt8: return launch<int8_t, float>(p, plan, st);
   }
   return cudaErrorInvalidValue;
 }

@@ -1,4 +1,5 @@
 // KV-cache maintenance for CUDA: write_kv, copy_blocks, swap_blocks.
+#include "cuda/device_math.cuh"
 #include "cuda/kernels.h"
 
 #include <cuda_runtime.h>
@@ -23,6 +24,35 @@ __global__ void write_kv_kernel(const E* key, const E* value, int64_t ks0, int64
     const int h = i / head_dim, d = i % head_dim;
     kd[i] = key[t * ks0 + h * ks1 + d];
     vd[i] = value[t * vs0 + h * vs1 + d];
+  }
+}
+
+// One CTA per token, one warp per head row at a time: fp32 rows quantized into an int8 cache
+// (attention.py's quantize_kv: scale = max |x| / 127 rounded to fp16, q = round(x / scale) with
+// an IEEE division, so the same bytes as the reference), the scale's two bytes after the values.
+__global__ void write_kv_int8_kernel(const float* key, const float* value, int64_t ks0,
+                                     int64_t ks1, int64_t vs0, int64_t vs1, int8_t* k_cache,
+                                     int8_t* v_cache, const int64_t* slot_mapping, int heads,
+                                     int head_dim) {
+  const int64_t t = blockIdx.x;
+  const int64_t slot = slot_mapping[t];
+  if (slot < 0) return;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, row = head_dim + 2;
+  for (int r = warp; r < 2 * heads; r += kThreads / 32) {
+    const int h = r % heads;
+    const bool is_v = r >= heads;
+    const float* x = is_v ? value + t * vs0 + h * vs1 : key + t * ks0 + h * ks1;
+    int8_t* dst = (is_v ? v_cache : k_cache) + (slot * heads + h) * row;
+    float amax = 0.0f;
+    for (int d = lane; d < head_dim; d += 32) amax = fmaxf(amax, fabsf(x[d]));
+    amax = warp_max(amax);
+    const __half half = __float2half_rn(amax / 127.0f);
+    const float scale = __half2float(half);
+    for (int d = lane; d < head_dim; d += 32) {
+      const float q = scale > 0.0f ? rintf(__fdiv_rn(x[d], scale)) : 0.0f;
+      dst[d] = static_cast<int8_t>(fminf(fmaxf(q, -127.0f), 127.0f));
+    }
+    if (lane == 0) *reinterpret_cast<__half*>(dst + head_dim) = half;
   }
 }
 
@@ -63,6 +93,13 @@ int write_kv(const void* key, const void* value, int64_t k_row_stride, int64_t k
              void* stream) {
   if (num_tokens == 0) return cudaSuccess;
   auto st = static_cast<cudaStream_t>(stream);
+  if (dtype == DType::kInt8) {
+    write_kv_int8_kernel<<<num_tokens, kThreads, 0, st>>>(
+        static_cast<const float*>(key), static_cast<const float*>(value), k_row_stride,
+        k_head_stride, v_row_stride, v_head_stride, static_cast<int8_t*>(k_cache),
+        static_cast<int8_t*>(v_cache), slot_mapping, heads, head_dim);
+    return cudaGetLastError();
+  }
   if (dtype == DType::kFloat32) {
     return launch_write_kv<uint32_t>(key, value, k_row_stride, k_head_stride, v_row_stride,
                                      v_head_stride, k_cache, v_cache, slot_mapping, num_tokens,

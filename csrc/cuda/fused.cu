@@ -23,6 +23,7 @@ int with_type(DType t, Fn&& fn) {
     case DType::kFloat32: return fn(float{});
     case DType::kFloat16: return fn(__half{});
     case DType::kBFloat16: return fn(__nv_bfloat16{});
+    case DType::kInt8: break;  // (the fused ops take no int8 tensors)
   }
   return cudaErrorInvalidValue;
 }

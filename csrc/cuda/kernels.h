@@ -8,14 +8,16 @@
 
 namespace chatpage::cuda {
 
-enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kInt8 = 3 };
 
 struct AttentionParams {
   void* out;  // [num_tokens, num_q_heads, head_dim] of io_dtype, unit stride along head_dim
   int64_t out_row_stride, out_head_stride;
   const void* query;  // same layout and dtype as out
   int64_t q_row_stride, q_head_stride;
-  const void* k_cache;  // [num_blocks, block_size, num_kv_heads, head_dim] of cache_dtype
+  // [num_blocks, block_size, num_kv_heads, head_dim] of cache_dtype; an int8 cache's rows are
+  // head_dim values then their fp16 scale (head_dim + 2 bytes: attention.py's quantize_kv)
+  const void* k_cache;
   const void* v_cache;
   const int32_t* block_tables;  // [num_seqs, max_blocks] contiguous
   const int32_t* seq_lens;      // [num_seqs]
@@ -23,7 +25,7 @@ struct AttentionParams {
   int num_tokens, num_seqs, num_q_heads, num_kv_heads, head_dim, block_size, max_blocks;
   float scale;
   int window;  // 0: every earlier key; else the query at position p sees keys p - window < j <= p
-  DType cache_dtype, io_dtype;  // io_dtype is cache_dtype or kFloat32
+  DType cache_dtype, io_dtype;  // io_dtype is cache_dtype or kFloat32 (always, for kInt8)
   float* workspace;             // plan.workspace_floats floats when the plan splits the context
 };
 
@@ -37,7 +39,8 @@ struct AttentionPlan {
 AttentionPlan plan_paged_attention(const AttentionParams& p, int device);
 int paged_attention(const AttentionParams& p, const AttentionPlan& plan, void* stream);
 
-// key/value: [num_tokens, heads, head_dim] of the cache dtype with unit stride along head_dim.
+// key/value: [num_tokens, heads, head_dim] of the cache dtype with unit stride along head_dim
+// (fp32 for an int8 cache, which they are quantized into row by row).
 int write_kv(const void* key, const void* value, int64_t k_row_stride, int64_t k_head_stride,
              int64_t v_row_stride, int64_t v_head_stride, void* k_cache, void* v_cache,
              const int64_t* slot_mapping, int num_tokens, int heads, int head_dim, DType dtype,

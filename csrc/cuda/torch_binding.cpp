@@ -19,6 +19,7 @@ DType dtype_of(at::ScalarType t) {
     case at::kFloat: return DType::kFloat32;
     case at::kHalf: return DType::kFloat16;
     case at::kBFloat16: return DType::kBFloat16;
+    case at::kChar: return DType::kInt8;
     default: break;
   }
   TORCH_CHECK(false, "chatpage: unsupported CUDA dtype ", t);
@@ -102,8 +103,10 @@ void write_kv_cuda(const at::Tensor& key, const at::Tensor& value, const at::Ten
               "chatpage: key, value and caches must be on the same CUDA device");
   if (!capturing()) check_slots(slot_mapping, k_cache);
   const c10::cuda::CUDAGuard guard(k_cache.device());
+  // an int8 cache is written from fp32 rows (quantized by the kernel)
+  const bool int8 = k_cache.scalar_type() == at::kChar;
   auto prepare = [&](const at::Tensor& t) {
-    at::Tensor r = t.to(k_cache.scalar_type());
+    at::Tensor r = t.to(int8 ? at::kFloat : k_cache.scalar_type());
     return r.stride(2) == 1 ? r : r.contiguous();
   };
   const at::Tensor k = prepare(key), v = prepare(value);

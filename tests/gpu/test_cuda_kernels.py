@@ -102,16 +102,32 @@ def test_half_cache_fp32_query(dtype):
     cases.check_paged_attention(DEVICE, [600, 20], [1, 20], dtype=dtype, query_dtype=torch.float32)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_int8_caches_match_the_reference():
+    assert cases.check_int8_cases(DEVICE) == len(cases.INT8_CASES)
+
+
+@pytest.mark.parametrize("query_dtype", [torch.float32, torch.bfloat16])
+def test_int8_cache_split_k_and_windows(query_dtype):
+    """Long contexts split across CTAs over an int8 cache, with and without a window, from fp32
+    and bf16 queries."""
+    int8 = {"dtype": torch.int8, "query_dtype": query_dtype}
+    cases.check_paged_attention(DEVICE, [9000], [1], **int8)
+    cases.check_paged_attention(DEVICE, [5000, 300], [7, 1], window=600, **int8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8])
 def test_write_kv(dtype):
     cases.check_write_kv(DEVICE, dtype)
 
 
-def test_write_kv_converts_dtype():
-    cases.check_write_kv(DEVICE, torch.bfloat16, key_dtype=torch.float32)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.int8])
+def test_write_kv_converts_dtype(dtype):
+    cases.check_write_kv(
+        DEVICE, dtype, key_dtype=torch.bfloat16 if dtype == torch.int8 else torch.float32
+    )
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int8])
 def test_copy_blocks(dtype):
     cases.check_copy_blocks(DEVICE, dtype)
 

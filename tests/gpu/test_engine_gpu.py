@@ -79,6 +79,21 @@ def test_bf16_engine_on_the_gpu(gpu_tiny_dir):
     assert [t[0] for t in with_graphs] == [t[0] for t in cpu]  # bf16: the first tokens agree
 
 
+def test_int8_kv_engine_on_the_gpu(gpu_tiny_dir):
+    """An int8 KV cache on the GPU: its pool holds int8 rows with their scales, decode steps
+    replay CUDA graphs over it, and greedy tokens are the CPU's int8 engine's (fp32 otherwise)."""
+    engine = _engine(gpu_tiny_dir, device="cuda", dtype="float32", kv_cache_dtype="int8")
+    assert engine.kv.k[0].dtype == torch.int8 and engine.kv.format.dtype == "int8"
+    assert engine.int8_kv_loss.acceptable
+    graphs = engine.runner.graphs
+    gpu = [o.outputs[0].token_ids for o in engine.generate(PROMPTS, GREEDY)]
+    assert graphs is not None and graphs.captured
+    del engine, graphs
+    _free()
+    cpu = _tokens(_engine(gpu_tiny_dir, device="cpu", kv_cache_dtype="int8"))
+    assert gpu == cpu
+
+
 def test_the_kv_pool_takes_the_share_of_the_gpu(gpu_tiny_dir):
     engine = _engine(gpu_tiny_dir, device="cuda", dtype="auto", weight_dtype="bf16")
     _, total = torch.cuda.mem_get_info()
