@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import random
 import statistics
+from dataclasses import dataclass
 
 import torch
 
 from chatpage.bench import common
+from chatpage.bench.reporting import Goal, Section, at_least, reader, table
 from chatpage.engine import LLMEngine, SamplingParams
 from chatpage.engine.load.loader import load_model
 from chatpage.vocab import DEFAULT_WEIGHTS
@@ -107,3 +109,66 @@ def main(argv: list[str] | None = None) -> int:
         "met": all(by_batch[b] >= GOAL_SPEEDUP for b in (1, 8)) and min(by_batch.values()) >= FLOOR,
     }
     return common.emit(common.round_floats(result), args.json)
+
+
+# -- the report ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KVRow:
+    batch: int
+    context: int
+    bf16_step_ms: float
+    bf16_tok_s: float
+    int8_step_ms: float
+    int8_tok_s: float
+    speedup: float
+
+
+@dataclass(frozen=True)
+class KVResult:
+    weights: str
+    context: int
+    int8_calibration_kld: float
+    rows: list[KVRow]
+    goal_speedup: float
+
+
+def goals(r: KVResult) -> list[Goal]:
+    why = (
+        f"{r.weights} weights, {r.context}-token contexts; bf16 {{bf16:.1f}} tok/s against int8 "
+        f"{{int8:.1f}} (the median of {STEPS} steps each, taken in turn)"
+    )
+    return [
+        at_least(
+            "kv",
+            f"int8 / bf16 KV decode tok/s, batch {row.batch}",
+            row.speedup,
+            r.goal_speedup if row.batch in (1, 8) else FLOOR,
+            why.format(bf16=row.bf16_tok_s, int8=row.int8_tok_s),
+        )
+        for row in r.rows
+    ]
+
+
+def figures(r: KVResult) -> list[str]:
+    rows = [
+        [x.batch, x.bf16_step_ms, x.bf16_tok_s, x.int8_step_ms, x.int8_tok_s, x.speedup]
+        for x in r.rows
+    ]
+    header = [
+        "batch",
+        "bf16 step (ms)",
+        "bf16 tok/s",
+        "int8 step (ms)",
+        "int8 tok/s",
+        "int8 / bf16",
+    ]
+    return [
+        f"Decode over {r.context}-token contexts, {r.weights} weights, a bf16 and an int8 KV cache "
+        f"in one run (the int8 engine's calibration: mean KLD {r.int8_calibration_kld:.4f} "
+        "against bf16 KV).",
+        "",
+        table(header, rows),
+    ]
+
+
+SECTION = Section(reader(KVResult), goals, figures)

@@ -11,6 +11,10 @@ One ShareGPT-shaped trace, one KV budget, the same FCFS iteration-level scheduli
 
 Utilization is averaged over iterations (steps). Reported as fractions, with each policy's mean and
 maximum batch.
+
+``kv_capacity``: what one GiB of KV cache holds for the model with a bf16 and with an int8 cache
+(``--kv-cache-dtype``), read off real engines' pools: the bytes of a block, the blocks, and the
+4k-token chats that fit at once (goal: int8 at least 1.9x bf16's).
 """
 
 from __future__ import annotations
@@ -28,6 +32,34 @@ DEFAULT_SCALE = 1.0
 REQUESTS_AT_SCALE_1 = 24
 MAX_SLABS = 3  # the default budget holds this many Max reservations
 GOAL_UTILIZATION = 0.97  # chatpage's KV memory holding token states, averaged over steps
+CAPACITY_BYTES = 1 << 30  # the KV budget the capacity figures are for
+CHAT_TOKENS = 4096
+GOAL_INT8_CAPACITY = 1.9  # int8's 4k-token chats in the budget against bf16's
+
+
+def kv_capacity(loaded, block_size: int) -> dict:
+    """Blocks and concurrent 4k-token chats in :data:`CAPACITY_BYTES` of bf16 and of int8 KV."""
+    out: dict = {"budget_bytes": CAPACITY_BYTES, "chat_tokens": CHAT_TOKENS}
+    for dtype in ("bf16", "int8"):
+        eng = common.engine(
+            loaded,
+            kv_cache_dtype=dtype,
+            kv_cache_bytes=CAPACITY_BYTES,
+            swap_space_bytes=0,
+            block_size=block_size,
+        )
+        stats = eng.stats()
+        per_chat = -(-CHAT_TOKENS // block_size)
+        out[dtype] = {
+            "bytes_per_block": stats.bytes_per_block,
+            "blocks": stats.num_blocks,
+            "chats": stats.num_blocks // per_chat,
+        }
+        del eng
+    out["int8_vs_bf16_chats"] = out["int8"]["chats"] / out["bf16"]["chats"]
+    out["goal"] = GOAL_INT8_CAPACITY
+    out["met"] = out["int8_vs_bf16_chats"] >= GOAL_INT8_CAPACITY
+    return out
 
 
 def run_chatpage(loaded, trace, blocks: int, block_size: int) -> dict:
@@ -127,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         result[f"{policy}_external_fragmentation"] = sim.external_share
         common.say(f"{policy}: utilization {sim.utilization:.3f}, mean batch {sim.mean_batch:.1f}")
     result["goal_chatpage_utilization"] = GOAL_UTILIZATION
+    common.say("KV capacity of 1 GiB, bf16 and int8")
+    result["kv_capacity"] = kv_capacity(loaded, args.block_size)
     if args.plot:
         result["plot"] = plots.memory(result, args.plot)
     return common.emit(common.round_floats(result), args.json)
@@ -155,6 +189,7 @@ class MemoryResult:
     oracle_utilization: float
     oracle_mean_batch: float
     oracle_max_batch: int
+    kv_capacity: dict | None = None  # runs before issue 44 did not measure it
 
 
 def goals(m: MemoryResult) -> list[Goal]:
@@ -166,7 +201,21 @@ def goals(m: MemoryResult) -> list[Goal]:
         f"generated (Oracle), rounding (Pow2) or the maximum length (Max)"
     )
     u = m.chatpage_utilization
-    return [at_least("memory", "chatpage KV utilization", u, GOAL_UTILIZATION, why)]
+    rows = [at_least("memory", "chatpage KV utilization", u, GOAL_UTILIZATION, why)]
+    if m.kv_capacity is not None:
+        c = m.kv_capacity
+        rows.append(
+            at_least(
+                "memory",
+                "4k-token chats in 1 GiB, int8 / bf16 KV",
+                c["int8_vs_bf16_chats"],
+                GOAL_INT8_CAPACITY,
+                f"{c['int8']['chats']} chats ({c['int8']['blocks']} blocks of "
+                f"{c['int8']['bytes_per_block']} bytes) against {c['bf16']['chats']} "
+                f"({c['bf16']['blocks']} of {c['bf16']['bytes_per_block']})",
+            )
+        )
+    return rows
 
 
 def figures(r: MemoryResult) -> list[str]:
@@ -184,12 +233,28 @@ def figures(r: MemoryResult) -> list[str]:
             ("chatpage", "chatpage"),
         )
     ]
+    capacity = []
+    if r.kv_capacity is not None:
+        c = r.kv_capacity
+        capacity = [
+            "",
+            f"What 1 GiB of KV cache holds (engines' pools; {c['chat_tokens']}-token chats):",
+            "",
+            table(
+                ["KV cache", "bytes a block", "blocks", "chats at once"],
+                [
+                    [d, c[d]["bytes_per_block"], c[d]["blocks"], c[d]["chats"]]
+                    for d in ("bf16", "int8")
+                ],
+            ),
+        ]
     return [
         f"{r.requests} ShareGPT-shaped requests at scale {r.scale} (mean input "
         f"{r.mean_input}, output {r.mean_output}), KV budget "
         f"{r.kv_budget_tokens} tokens, Max reserves {r.max_policy_len}.",
         "",
         table(["policy", "KV memory holding token states (%)", "mean batch", "max batch"], rows),
+        *capacity,
     ]
 
 

@@ -23,6 +23,10 @@ per-row scales; bf16; fp32), except that int4 keeps a Q4_0, Q4_1, IQ4_NL or IQ4_
 blocks (their nibbles, the IQ4 types' table of levels, scales rounded to bf16:
 ``engine/load/gguf_int4.py``). The app's default is int4 whatever the
 file holds.
+
+Each format's ``kv_int8`` is what an int8 KV cache costs it, the llama.cpp way: the text's
+logits over an int8 cache against a bf16 one (mean KL divergence, perplexity change, top-1
+agreement; goals: KLD <= 0.005 and perplexity within +0.5%).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from chatpage.bench import common, llamacpp, requant
 from chatpage.bench.reporting import Goal, Section, reader, table
 from chatpage.engine import LLMEngine, SamplingParams
 from chatpage.engine.load.loader import LoadedModel, load_model
+from chatpage.engine.model import kv_check
 from chatpage.engine.model.llama import AttentionMetadata
 from chatpage.engine.text.chat_template import render_prompt
 from chatpage.vocab import WEIGHT_FORMATS
@@ -109,8 +114,24 @@ def greedy(eng: LLMEngine, prompt: list[int], tokens: int) -> list[int]:
     return ids
 
 
+def kv_int8(eng: LLMEngine, text_ids: list[int]) -> dict:
+    """An int8 KV cache against bf16 KV on the text, ``eng``'s weights
+    (``engine/model/kv_check.py``): mean KL divergence, perplexities, top-1 agreement, and the
+    goals (mean KLD <= 0.005, perplexity within +0.5%)."""
+    loss = kv_check.int8_loss(eng.model, text_ids, eng.config.block_size, torch.bfloat16)
+    return {
+        "kld": loss.kld,
+        "bf16_kv_perplexity": loss.base_perplexity,
+        "perplexity": loss.perplexity,
+        "perplexity_delta": loss.perplexity_change,
+        "top1_agreement": loss.top1,
+        "met": loss.acceptable and loss.perplexity_change <= kv_check.MAX_PPL_CHANGE,
+    }
+
+
 def evaluate(eng: LLMEngine, text_ids: list[int], prompt: list[int], reference: list[int]) -> dict:
-    """Perplexity on the text and agreement with fp32's greedy ``reference`` after ``prompt``."""
+    """Perplexity on the text and agreement with fp32's greedy ``reference`` after ``prompt``;
+    what an int8 KV cache costs these weights (:func:`kv_int8`)."""
     ppl = perplexity(all_logits(eng, text_ids), text_ids)
     forced = all_logits(eng, prompt + reference)[len(prompt) - 1 : -1].argmax(-1)
     agreement = (forced == torch.tensor(reference)).float().mean().item()
@@ -123,6 +144,7 @@ def evaluate(eng: LLMEngine, text_ids: list[int], prompt: list[int], reference: 
         "greedy_agreement": agreement,
         "greedy_prefix_tokens": same,
         "weight_bytes": eng.model.weight_bytes,
+        "kv_int8": kv_int8(eng, text_ids),
     }
 
 
@@ -264,6 +286,7 @@ class FormatQuality:
     weight_bytes: int
     goal_perplexity_delta: float | None
     met: bool | None
+    kv_int8: dict | None = None  # int8 KV against bf16 KV (runs before issue 44 did not record it)
 
 
 @dataclass(frozen=True)
@@ -332,6 +355,20 @@ def goals(q: QualityResult) -> list[Goal]:
         )
         for r in q.formats
         if r.goal_perplexity_delta is not None
+    ]
+    rows += [
+        Goal(
+            "quality",
+            f"int8 KV vs bf16 KV, {r.weights} weights: mean KLD",
+            r.kv_int8["kld"],
+            f"<= {kv_check.MAX_KLD}",
+            r.kv_int8["met"],
+            f"perplexity {r.kv_int8['perplexity_delta']:+.2%} (goal <= "
+            f"+{kv_check.MAX_PPL_CHANGE:.1%}), top-1 agreement "
+            f"{r.kv_int8['top1_agreement']:.3f} on {q.text_tokens} tokens",
+        )
+        for r in q.formats
+        if r.kv_int8 is not None
     ]
     for f in q.compared:
         own = f.own_format

@@ -34,6 +34,7 @@ from typing import Any
 
 from chatpage.bench import (
     kernel,
+    kv,
     load,
     memory,
     peers,
@@ -65,6 +66,7 @@ REGISTRY: dict[str, Section[Any]] = {
     "throughput": throughput.SECTION,
     "memory": memory.SECTION,
     "windows": windows.SECTION,
+    "kv": kv.SECTION,
     "serve": serve.SECTION,
     "serve_api": serve_api.SECTION,
     "prefix": prefix.SECTION,

@@ -97,6 +97,18 @@ def test_the_plan_on_the_cpu_keeps_bf16_kv_for_quantized_weights():
     assert plan_engine("cpu", "bfloat16", "fp32", ONE_H100).kv_dtype == "bfloat16"
 
 
+def test_the_kv_cache_dtype_overrides_the_plans():
+    """--kv-cache-dtype: int8 and bf16 name the KV cache whatever dtype and weights say; auto
+    keeps the plan's (fp16 for bf16 on a GPU without bf16)."""
+    for device, report in (("cpu", CPU_TORCH), ("cuda", ONE_H100)):
+        for dtype in ("auto", "float32"):
+            assert plan_engine(device, dtype, "fp32", report, "int8").kv_dtype == "int8"
+            assert plan_engine(device, dtype, "int4", report, "bf16").kv_dtype == "bfloat16"
+    assert plan_engine("cpu", "auto", "fp32", CPU_TORCH, "auto").kv_dtype == "float32"
+    plan = plan_engine("cpu", "auto", "int4", CPU_TORCH, "int8")
+    assert (plan.dtype, plan.weights) == ("float32", "int4")  # only the cache changes
+
+
 def test_the_plan_on_a_gpu():
     # auto: an fp32 residual stream (the fused CUDA ops read it), bf16 KV cache and matmuls
     plan = plan_engine("auto", "auto", "fp32", ONE_H100)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 
-import pytest
 import torch
 
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
@@ -14,36 +13,6 @@ from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
 WINDOW = 20
 PROMPT_LENS = (70, 45, 33)
 MAX_NEW = 24
-
-
-@pytest.fixture(scope="module")
-def hybrid_dir(tmp_path_factory, default_model_dir):
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=49152,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=2,
-        tie_word_embeddings=False,
-        use_sliding_window=True,
-        sliding_window=WINDOW,
-        max_window_layers=1,  # layer 0 full attention, layer 1 sliding
-    )
-    model = Qwen2ForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight.normal_(0, 0.2)
-    out = tmp_path_factory.mktemp("models") / "hybrid"
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(default_model_dir).save_pretrained(out)
-    return out, model.eval()
 
 
 def _prompts() -> list[list[int]]:

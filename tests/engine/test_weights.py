@@ -187,6 +187,30 @@ def test_weights_setting_and_flags(tmp_path, capsys):
         assert bad[0] in capsys.readouterr().err
 
 
+def test_kv_cache_dtype_setting_and_flag(tmp_path, capsys):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("kv_cache_dtype: int8\n")
+    settings, warnings = load_settings(cfg)
+    assert settings.kv_cache_dtype == "int8" and not warnings
+    assert EngineConfig.for_settings(settings).kv_cache_dtype == "int8"
+    settings, _ = load_settings(cfg, overrides={"kv_cache_dtype": "bf16"})
+    assert (
+        settings.kv_cache_dtype == "bf16" and settings.sources["kv_cache_dtype"] == "command line"
+    )
+    cfg.write_text("kv_cache_dtype: fp4\n")
+    settings, warnings = load_settings(cfg)
+    assert settings.kv_cache_dtype == "auto"
+    assert any("kv_cache_dtype" in w and "auto or bf16 or int8" in w for w in warnings)
+    with pytest.raises(ValueError, match="kv_cache_dtype must be 'auto' or 'bf16' or 'int8'"):
+        EngineConfig(kv_cache_dtype="fp8")
+    for command in (["ask", "hi"], ["serve"], []):
+        args = build_parser().parse_args([*command, "--kv-cache-dtype", "int8"])
+        assert args.kv_cache_dtype == "int8"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["ask", "hi", "--kv-cache-dtype", "int4"])
+    assert "--kv-cache-dtype" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
 def test_prefill_chunks_without_logits(fmt, tiny_llama_dir):
     """Chunked prefill (steps whose rows need no logits) then decode, in a quantized format."""
