@@ -44,6 +44,25 @@ def test_ask_reads_piped_context(monkeypatch, capsys, tiny_llama_dir):
     assert user.startswith("def f(x):") and user.endswith("review this")
 
 
+def test_ask_runs_on_an_int8_kv_cache(monkeypatch, no_stdin, capsys, tiny_llama_dir):
+    """--kv-cache-dtype int8 reaches the engine: it measures int8 on the model, then answers."""
+    from chatpage.engine.model import kv_check
+
+    measured = []
+    original = kv_check.int8_loss
+
+    def spy(model, ids, block_size, base):
+        measured.append(original(model, ids, block_size, base))
+        return measured[-1]
+
+    monkeypatch.setattr(kv_check, "int8_loss", spy)
+    args = ["ask", "hello", "--model", str(tiny_llama_dir), "--max-tokens", "4"]
+    assert main([*args, "--kv-cache-dtype", "int8", "--temperature", "0"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() and "error" not in captured.err
+    assert len(measured) == 1 and measured[0].acceptable
+
+
 @pytest.mark.parametrize("flag,label", [("--n", "sample"), ("--beam", "beam")])
 def test_ask_prints_alternatives_with_scores(flag, label, no_stdin, capsys, tiny_llama_dir):
     args = [
