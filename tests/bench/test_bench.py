@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from chatpage.bench import memory, prefix, report, serve, sharing, structured, throughput
+from chatpage.bench import kv, memory, prefix, report, serve, sharing, structured, throughput
 from chatpage.bench.reservation import ReservationScheduler, reservation, simulate
 from chatpage.bench.serve import sustainable_rate
 from chatpage.bench.workloads import (
@@ -186,6 +186,28 @@ def test_memory_json(tiny_llama_dir, capsys):
     for key in ("chatpage", "max", "pow2", "oracle"):
         assert 0 < r[f"{key}_utilization"] <= 1
     assert r["max_utilization"] <= r["oracle_utilization"]
+    capacity = r["kv_capacity"]  # real engines' pools of 1 GiB
+    for dtype in ("bf16", "int8"):
+        blocks, block = capacity[dtype]["blocks"], capacity[dtype]["bytes_per_block"]
+        assert blocks == (1 << 30) // block and capacity[dtype]["chats"] == blocks // 256
+    assert capacity["int8_vs_bf16_chats"] >= 1.9 and capacity["met"]
+
+
+@pytest.mark.slow  # two engines decoding at three batch sizes
+def test_kv_json(tiny_llama_dir, capsys, tmp_path):
+    argv = ["--json", "--model", str(tiny_llama_dir), "--scale", "0.02", "--weights", "fp32"]
+    r = _run(kv, argv, capsys)
+    assert r["context"] == 82 and [row["batch"] for row in r["rows"]] == list(kv.BATCHES)
+    for row in r["rows"]:
+        assert row["int8_tok_s"] > 0 and row["bf16_tok_s"] > 0
+        assert row["speedup"] == pytest.approx(row["int8_tok_s"] / row["bf16_tok_s"], rel=1e-3)
+    text = report.render(
+        {"kv": {"command": "chatpage bench kv --json", "seconds": 1.0, "result": r}},
+        tmp_path / "b.md",
+        "test machine",
+        1.0,
+    )
+    assert "| kv | int8 / bf16 KV decode tok/s, batch 1 |" in text
 
 
 def test_serve_json(tiny_llama_dir, capsys):
