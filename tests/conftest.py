@@ -61,6 +61,8 @@ def personas_dir(tmp_path) -> Path:
 
 @pytest.fixture(autouse=True)
 def _private_dirs(tmp_path, monkeypatch):
-    """Every test gets its own data and config dirs; the cache (models, kernels) is shared."""
+    """Every test gets its own data and config dirs and KV disk tier; the cache (models,
+    kernels) is shared."""
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("CHATPAGE_KV_DIR", str(tmp_path / "kv"))  # (the disk tier's blocks)

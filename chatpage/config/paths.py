@@ -17,6 +17,13 @@ def cache_dir() -> Path:
     return _xdg("XDG_CACHE_HOME", ".cache")
 
 
+def kv_dir() -> Path:
+    """The disk tier of KV blocks (config.yaml's ``kv_disk`` bounds it): ``$CHATPAGE_KV_DIR``,
+    else ``cache_dir()/kv``."""
+    value = os.environ.get("CHATPAGE_KV_DIR")
+    return Path(value) if value else cache_dir() / "kv"
+
+
 def data_dir() -> Path:
     """The conversation database: ``$XDG_DATA_HOME/chatpage``."""
     return _xdg("XDG_DATA_HOME", ".local/share")

@@ -90,6 +90,7 @@ class Settings:
 
     model: str | None = None
     kv_cache: int = 1 << 30  # 46k tokens of the default model (bf16 KV on the CPU)
+    kv_disk: int = 4 << 30  # the disk tier of KV blocks kept across restarts (0: none)
     block_size: int = DEFAULT_BLOCK_SIZE
     weights: str = DEFAULT_WEIGHTS
     kv_cache_dtype: str = "auto"  # auto | bf16 | int8 (engine/device.py's plan says what auto is)
@@ -108,6 +109,7 @@ class Settings:
 SETTING_KEYS = (
     "model",
     "kv_cache",
+    "kv_disk",
     "block_size",
     "weights",
     "kv_cache_dtype",
@@ -170,6 +172,13 @@ def _kv_cache(value: Any) -> int:
     if size <= 0:
         raise ValueError("a size above zero")
     return size
+
+
+def _kv_disk(value: Any) -> int:
+    try:
+        return parse_size(value)
+    except ValueError:
+        raise ValueError(f"{_SIZE_HELP}; 0 turns the disk tier off") from None
 
 
 def _block_size(value: Any) -> int:
@@ -240,6 +249,7 @@ def _bindings(value: Any, warn: Callable[[str], None], origin: str) -> dict[str,
 _PARSERS: dict[str, Callable[[Any], Any]] = {
     "model": _model,
     "kv_cache": _kv_cache,
+    "kv_disk": _kv_disk,
     "block_size": _block_size,
     "weights": _weights,
     "kv_cache_dtype": _kv_cache_dtype,

@@ -443,6 +443,7 @@ class LocalEngineClient:
             while len(self.warnings) > reported:  # raised while stepping (e.g. CUDA graphs off)
                 self._status(EngineStatus(StatusKind.WARNING, self.warnings[reported]))
                 reported += 1
+        engine.close()  # (the disk tier's queued blocks written)
 
     def _step_failed(self, engine: LLMEngine, error: Exception) -> bool:
         """A step raised (one request's values fail that request alone, in the engine: this is

@@ -65,6 +65,9 @@ class EngineConfig:
     from the card's free memory: ``gpu_memory_utilization`` of it, less the weights and the
     activation peak of a forward of ``max_num_batched_tokens`` (``kv_cache_bytes`` is the CPU
     pool's budget only).
+    ``kv_disk_bytes`` bounds the disk tier under the prefix cache (``engine/core/kv_tiers.py``:
+    full blocks kept as files across processes, in ``kv_disk_dir``, None: the cache dir's kv/);
+    0, the engine's default, keeps no tier (the app's default is in settings).
     """
 
     block_size: int = DEFAULT_BLOCK_SIZE
@@ -86,6 +89,8 @@ class EngineConfig:
     # release a sliding-window layer's blocks once they leave the window (False: keep them all,
     # as full attention does; the output is the same, a check of the release)
     free_outside_window: bool = True
+    kv_disk_bytes: int = 0
+    kv_disk_dir: str | None = None
 
     @classmethod
     def for_settings(cls, settings: Settings, threads: int | None = None) -> EngineConfig:
@@ -99,6 +104,7 @@ class EngineConfig:
             device=settings.device,
             gpu_memory_utilization=settings.gpu_memory_utilization,
             dtype="auto",
+            kv_disk_bytes=settings.kv_disk,
         )
 
     @property
@@ -162,5 +168,7 @@ class EngineConfig:
                 "EngineConfig.gpu_memory_utilization must be in (0, 1], "
                 f"got {self.gpu_memory_utilization}"
             )
+        if self.kv_disk_bytes < 0:
+            raise ValueError(f"EngineConfig.kv_disk_bytes must be >= 0, got {self.kv_disk_bytes}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ValueError(f"EngineConfig.num_threads must be >= 1, got {self.num_threads}")

@@ -6,24 +6,34 @@ import itertools
 import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import replace
+from dataclasses import asdict, replace
+from pathlib import Path
 
 import torch
 
 from chatpage.config.errorlog import log_error
+from chatpage.config.paths import kv_dir
 from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.config import EngineConfig, PreemptionMode
 from chatpage.engine.core.block_manager import BlockManager
+from chatpage.engine.core.kv_tiers import DiskTier
 from chatpage.engine.core.request_update import closing_update, request_update
 from chatpage.engine.core.scheduler import Scheduler
 from chatpage.engine.core.sequence import GroupStatus, SequenceGroup
 from chatpage.engine.core.stop import StopCheck
 from chatpage.engine.device import EnginePlan, plan_engine, probe_cuda
-from chatpage.engine.load.loader import LoadedModel, ModelLoadError, load_model, stderr_progress
+from chatpage.engine.load.loader import (
+    LoadedModel,
+    ModelLoadError,
+    load_model,
+    stderr_progress,
+    weight_files,
+    weights_digest,
+)
 from chatpage.engine.model import kv_check, ops
 from chatpage.engine.model.kv_cache import KVCache
 from chatpage.engine.model.llama import LlamaModel
-from chatpage.engine.model.model_config import ModelShape
+from chatpage.engine.model.model_config import ModelShape, config_identity
 from chatpage.engine.model.model_runner import ModelRunner, size_kv
 from chatpage.engine.outputs import EngineStats, RequestOutput, RequestUpdate, TokenRate
 from chatpage.engine.processor import Processor, RequestRefused
@@ -78,13 +88,6 @@ class LLMEngine:
         self.model.set_positions(kv.positions)
         if kv_dtype == torch.int8:
             self._check_int8_kv(loaded, kv.positions)
-        self.bm = BlockManager(
-            kv.num_blocks,
-            kv.num_cpu_blocks,
-            config.block_size,
-            config.enable_prefix_caching,
-            kv.freed,
-        )
         self.kv = KVCache(
             self.model.num_layers,
             kv.num_blocks,
@@ -95,6 +98,15 @@ class LLMEngine:
             kv_dtype,
             plan.device,
             self.model.kv_groups.layer_slot,
+        )
+        self.tier = self._disk_tier(loaded)
+        self.bm = BlockManager(
+            kv.num_blocks,
+            kv.num_cpu_blocks,
+            config.block_size,
+            config.enable_prefix_caching,
+            kv.freed,
+            self.tier,
         )
         self.stop = StopCheck(self._eos_ids(hf), self.max_model_len)
         self.scheduler = Scheduler(config, self.bm, self.stop)
@@ -167,6 +179,33 @@ class LLMEngine:
                 f"{loaded.name}: an int8 KV cache loses too much on this model ({loss.describe()} "
                 "against bf16 KV); run it with --kv-cache-dtype bf16"
             )
+
+    def _disk_tier(self, loaded: LoadedModel) -> DiskTier | None:
+        """The disk tier under the prefix cache (``kv_disk_bytes``), in a namespace of all that
+        makes these KV bytes valid: the weights' content and format, how the engine computes
+        (dtypes, device), the KV format, the model config and its window layout. None when
+        off, without prefix caching, or for a model not read from files."""
+        config = self.config
+        files = weight_files(loaded)
+        if not (config.kv_disk_bytes and config.enable_prefix_caching and files):
+            return None
+        identity = {
+            "weights": weights_digest(files),
+            "format": self.plan.weights,
+            "dtype": self.plan.dtype,
+            "mm_dtype": self.plan.mm_dtype,
+            "device": self.device.type,
+            "kv": self.kv.format.describe(),
+            "model": config_identity(loaded.config),
+            "groups": asdict(self.model.kv_groups),
+        }
+        root = Path(config.kv_disk_dir) if config.kv_disk_dir else kv_dir()
+        return DiskTier(root, identity, self.kv.block_tensors(), config.kv_disk_bytes)
+
+    def close(self) -> None:
+        """Write what the disk tier has queued and stop its thread (a no-op without one)."""
+        if self.tier is not None:
+            self.tier.close()
 
     def _eos_ids(self, hf: ModelShape) -> frozenset[int]:
         ids = hf.eos_token_id

@@ -4,7 +4,9 @@ BlockManager maps each sequence's logical blocks to physical ones (chatpage/engi
 allocation from one prefix-cache lookup, append, fork, copy-on-write, free, swap, pin. It keeps
 one record per sequence (`SeqBlocks`, ``engine/core/block_table.py``) and asks each KV group's
 policy (``engine/core/kv_policy.py``: full attention, sliding window) what differs by attention
-type.
+type. With a disk tier (``engine/core/kv_tiers.py``) it is the next level down: every indexed
+block a sequence lets go of (freed, or slid out of its window) is saved there unless it already
+is, and a prompt's lookup reads the blocks the device lacks back from it into free blocks.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from chatpage.engine.core.block_table import (
     group_key,
 )
 from chatpage.engine.core.kv_policy import kv_policy, longest_common_hit, num_blocks
+from chatpage.engine.core.kv_tiers import DiskTier
 from chatpage.engine.core.sequence import Sequence
 from chatpage.engine.core.step import BlockCopies
 
@@ -47,6 +50,7 @@ class BlockManager:
         block_size: int,
         enable_caching: bool = True,
         windows: tuple[int, ...] = (0,),
+        tier: DiskTier | None = None,
     ) -> None:
         self.block_size = block_size
         self.enable_caching = enable_caching
@@ -59,6 +63,8 @@ class BlockManager:
         self.tables = self.group_tables[0]
         self._pins: dict[Hashable, list[int]] = {}  # pin handle -> pinned blocks
         self.prefix_hit_tokens = 0
+        self.tier = tier if enable_caching else None
+        self.tier_hit_tokens = 0  # of prefix_hit_tokens, read from the tier (group 0's blocks)
 
     def holds(self, seq: Sequence) -> bool:
         """Whether ``seq`` has blocks (on the device or swapped out)."""
@@ -84,16 +90,55 @@ class BlockManager:
         if not self.enable_caching:
             return ComputedBlocks(others=((),) * (len(self.policies) - 1))
         hashes = self._block_hashes(seq)
+        limit = min(len(hashes), (len(seq) - 1) // self.block_size)
+        loaded = self._bring_up(seq, hashes, limit) if self.tier is not None else 0
         n = longest_common_hit(
-            self.policies,
-            lambda g, i: self._lookup(g, hashes[i]) is not None,
-            min(len(hashes), (len(seq) - 1) // self.block_size),
+            self.policies, lambda g, i: self._lookup(g, hashes[i]) is not None, limit
         )
         hits = []
         for g, policy in enumerate(self.policies):
             lo = policy.window_start(n * self.block_size)
             hits.append(tuple(self._lookup(g, hashes[i]) for i in range(lo, n)))
-        return ComputedBlocks(hits[0], n * self.block_size, tuple(hits[1:]))  # type: ignore[arg-type]
+        from_tier = min(loaded, n) * self.block_size
+        return ComputedBlocks(hits[0], n * self.block_size, tuple(hits[1:]), from_tier)  # type: ignore[arg-type]
+
+    def _bring_up(self, seq: Sequence, hashes: list[bytes], limit: int) -> int:
+        """Read into free device blocks the blocks of ``seq``'s longest hit (of at most
+        ``limit`` blocks) that only the tier holds, each indexed and left cached (ref 0) for
+        the lookup to find; none when the pool lacks room for all of them. Returns how many of
+        group 0's blocks came from the tier."""
+        tier = self.tier
+        assert tier is not None
+        keys = [[group_key(g, h) for h in hashes[:limit]] for g in range(len(self.policies))]
+        n = longest_common_hit(
+            self.policies,
+            lambda g, i: self.pool.lookup(keys[g][i]) is not None or tier.has(keys[g][i]),
+            limit,
+        )
+        held: list[tuple[int, int]] = []  # (position, device block), pinned while reading
+        missing: list[tuple[int, int]] = []  # (group, position)
+        for g, policy in enumerate(self.policies):
+            for i in range(policy.window_start(n * self.block_size), n):
+                block = self.pool.lookup(keys[g][i])
+                if block is None:
+                    missing.append((g, i))
+                else:
+                    self.pool.incref(block)  # (so that reading the others cannot evict it)
+                    held.append((i, block))
+        loaded = 0
+        if len(missing) <= self.pool.num_free:
+            bs = self.block_size
+            for g, i in missing:
+                block = self.pool.allocate()
+                tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
+                if tier.load(block, keys[g][i], tokens):
+                    self.pool.register(block, keys[g][i])
+                    loaded += g == 0
+                held.append((i, block))
+        # tails first, as `free` does: the cache evicts them before the heads
+        for _, block in sorted(held, key=lambda h: -h[0]):
+            self.pool.decref(block)
+        return loaded
 
     # -- allocation --------------------------------------------------------------------------------
     def _shared_write(self, table: list[int], seq: Sequence) -> int | None:
@@ -151,6 +196,7 @@ class BlockManager:
         self._records[seq.seq_id] = record
         seq.num_computed_tokens = computed.num_tokens
         self.prefix_hit_tokens += computed.num_tokens
+        self.tier_hit_tokens += computed.from_tier
 
     def _extend(self, seq: Sequence, num_new_tokens: int, copies: BlockCopies) -> None:
         """Blocks for ``num_new_tokens`` more tokens of ``seq`` in every group, each one it
@@ -173,7 +219,7 @@ class BlockManager:
             self._register(seq)
         record = self._records[seq.seq_id]
         for g, policy in enumerate(self.policies):
-            self._slide(record, g, policy.window_start(seq.num_computed_tokens))
+            self._slide(seq, record, g, policy.window_start(seq.num_computed_tokens))
 
     def _register(self, seq: Sequence) -> None:
         record = self._records[seq.seq_id]
@@ -186,13 +232,14 @@ class BlockManager:
                 self.pool.register(table[i], group_key(g, hashes[i]))
         record.registered = full
 
-    def _slide(self, record: SeqBlocks, group: int, start: int) -> None:
-        """Release the blocks before ``start`` of ``record``'s table in ``group``, which no
+    def _slide(self, seq: Sequence, record: SeqBlocks, group: int, start: int) -> None:
+        """Release the blocks before ``start`` of ``seq``'s table in ``group``, which no
         later query reads (only a sliding window has any: each stays cached for prefix hits
-        while the pool does not need it)."""
+        while the pool does not need it, and goes down to the tier)."""
         if start <= record.skipped[group]:
             return
         table = record.tables[group]
+        self._save(seq, record, group, record.skipped[group], start)
         for i in range(record.skipped[group], start):
             self.pool.decref(table[i])
             table[i] = NULL_BLOCK
@@ -207,11 +254,27 @@ class BlockManager:
         self._records[child.seq_id] = record.copy()
 
     def free(self, seq: Sequence) -> None:
-        """Release the sequence's blocks, tail first (so tails are evicted before heads)."""
+        """Release the sequence's blocks, tail first (so tails are evicted before heads); its
+        indexed ones go down to the tier first."""
         record = self._records.pop(seq.seq_id, None)
-        for entry in record.references() if record is not None else ():
+        if record is None:
+            return
+        for g in range(len(self.policies)):
+            self._save(seq, record, g, record.skipped[g], len(record.tables[g]))
+        for entry in record.references():
             pool, block = self._pool_of(entry)
             pool.decref(block)
+
+    def _save(self, seq: Sequence, record: SeqBlocks, group: int, start: int, end: int) -> None:
+        """Queue the indexed device blocks ``start:end`` of ``seq``'s table in ``group`` for the
+        tier, those it does not hold yet (none without a tier)."""
+        if self.tier is None:
+            return
+        table, bs = record.tables[group], self.block_size
+        for i in range(start, min(end, record.registered, len(seq.block_hashes))):
+            key = group_key(group, seq.block_hashes[i])
+            if table[i] >= 0 and not self.tier.has(key):
+                self.tier.save(table[i], key, tuple(seq.token_ids[i * bs : (i + 1) * bs]))
 
     def _pool_of(self, entry: int) -> tuple[BlockPool, int]:
         """The pool and the block a table entry names."""
@@ -366,7 +429,7 @@ class BlockManager:
                 problems.append(f"{name} pool counts {pool.num_used} used blocks")
             if pool.num_free + pool.num_used != pool.num_blocks:
                 problems.append(f"{name} pool: free + used != {pool.num_blocks}")
-        return problems
+        return problems + (self.tier.audit() if self.tier is not None else [])
 
     @property
     def num_private_blocks(self) -> int:

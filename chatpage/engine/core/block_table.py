@@ -16,11 +16,13 @@ class ComputedBlocks:
     """A sequence's prefix-cache hits (``BlockManager.get_computed_blocks``): the first
     ``num_tokens`` tokens are computed. ``blocks``: group 0's hit blocks, ``others``: those of
     groups 1, 2, ...; a sliding group's hold only the last blocks the window needs (its table
-    starts with as many released entries as are missing)."""
+    starts with as many released entries as are missing). ``from_tier``: of ``num_tokens``,
+    those read back from the disk tier for this lookup (the rest were on the device)."""
 
     blocks: tuple[int, ...] = ()
     num_tokens: int = 0
     others: tuple[tuple[int, ...], ...] = ()
+    from_tier: int = 0
 
     def hits(self, group: int) -> tuple[int, ...]:
         return self.blocks if group == 0 else self.others[group - 1]

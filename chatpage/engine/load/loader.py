@@ -110,6 +110,42 @@ def _cache_key(path: Path, files: list[Path]) -> str:
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
+def weight_files(loaded: LoadedModel) -> list[Path]:
+    """The files ``loaded``'s weights were read from (every part of a split GGUF); none for a
+    model built in memory."""
+    if loaded.gguf is not None:
+        return [f for f in model_files(loaded.gguf) if f.is_file()]
+    if loaded.directory is None:
+        return []
+    files = sorted(loaded.directory.glob("*.safetensors"))
+    return files or sorted(loaded.directory.glob("pytorch_model*.bin"))
+
+
+def weights_digest(files: list[Path]) -> str:
+    """SHA-256 of the contents of ``files`` (a model's weights, in order): what names the
+    weights whatever their path or name. Hashed once per version of the files: the digest is
+    kept under the cache's digests/, keyed as the packed weights are (path, sizes, mtimes)."""
+    memo = cache_dir() / "digests" / _cache_key(files[0], files)
+    try:
+        known = memo.read_text().strip()
+        if len(known) == 64:
+            return known
+    except OSError:
+        pass
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 22):
+                h.update(chunk)
+    digest = h.hexdigest()
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".partial-", dir=memo.parent)
+    with os.fdopen(fd, "w") as out:
+        out.write(digest)
+    os.replace(tmp, memo)
+    return digest
+
+
 def gguf_cache_dir(gguf: Path) -> Path:
     """The cache folder of a GGUF file's tokenizer and packs (``-gguf``: read directly; the
     folders without it hold the fp32 copies of earlier versions)."""

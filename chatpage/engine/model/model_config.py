@@ -10,9 +10,9 @@ The engine reads configs by attribute, so either kind works everywhere.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 # Fields a config.json must state for the fast path; with these missing, transformers' defaults
 # (which differ by model type) decide, so AutoConfig reads the file.
@@ -186,3 +186,15 @@ def read_config(directory: Path, raw: dict[str, Any]) -> ModelShape:
 
     loaded: ModelShape = AutoConfig.from_pretrained(directory)
     return loaded
+
+
+def config_identity(config: ModelShape) -> dict[str, Any]:
+    """Every field of ``config`` that could shape the model's KV (layers, heads, head size,
+    RoPE, windows...), JSON-able: a :class:`ModelConfig`'s fields, or a transformers config's
+    dict without its bookkeeping (paths, versions)."""
+    fields = asdict(config) if is_dataclass(config) else dict(cast(Any, config).to_dict())
+    return {
+        k: v
+        for k, v in fields.items()
+        if not k.startswith("_") and k not in ("transformers_version", "name_or_path")
+    }

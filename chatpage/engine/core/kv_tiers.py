@@ -1,0 +1,383 @@
+"""The disk tier under the device's prefix cache: full KV blocks kept as files, so a prefix is
+computed once per install, not once per process.
+
+A block's file is ``root/<namespace>/<key hex>.kv``, where the key is its prefix-index key (the
+chained block hash, per KV group: ``engine/core/block_table.py`` ``group_key``) and the namespace
+a digest of everything that makes the bytes valid (`namespace_of`: the weights' content digest,
+their format, the KV format, the model config, the window layout, `TIER_VERSION`). A file holds a
+header (`HEADER`: magic, namespace, key length, token count, payload length, the payload's
+CRC-32), the key, the block's token ids (int64) and the payload: the block's bytes in each of the
+KV cache's block tensors, in their order. Reading checks every part against what is asked for:
+anything odd (another namespace, other tokens, a short or unreadable file) is a miss, never an
+error. Writes go to a temp file named after the writing process, then ``os.replace``: a process
+killed mid-write leaves a temp file (removed at the next start, once its process is gone), never
+a torn block. Two processes on one folder each keep their own index and tolerate the other's
+files appearing and vanishing.
+
+Writes run on the tier's own thread: `DiskTier.save` copies the block's bytes at once (the pool
+may hand the block out again in the next step) and queues them, so the engine's step never
+waits on a write. Reads (`DiskTier.load`) are synchronous, on the engine thread, when a prompt
+is admitted: a block is one file read from the page cache, far cheaper than recomputing it
+(docs/benchmarks.md, ``chatpage bench resume``). The folder's size is bounded by ``capacity``
+bytes over every namespace together: the least recently used files (by mtime; a read touches
+its file) go first, down to `LOW_WATER` of the bound so that the folder is not listed again at
+every write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import struct
+import threading
+import zlib
+from array import array
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TIER_VERSION = 1
+"""chatpage's version of the tier's file format (and of what the namespace digests)."""
+
+MAGIC = b"chatpKV\x01"
+HEADER = struct.Struct("<8s32sIIQI")  # magic, namespace, key length, tokens, payload bytes, crc
+SUFFIX = ".kv"
+TEMP = ".tmp"
+LOW_WATER = 0.9  # eviction frees down to this share of the bound
+MAX_PENDING = 256 << 20  # bytes of blocks queued for writing; more are dropped (a later miss)
+
+
+def namespace_of(identity: Mapping[str, Any]) -> bytes:
+    """The 32-byte digest of ``identity`` (JSON-able: what makes a block's KV bytes valid)."""
+    blob = json.dumps({"tier": TIER_VERSION, **identity}, sort_keys=True, default=repr)
+    return hashlib.sha256(blob.encode()).digest()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class TierUsage:
+    """What a tier folder holds: files and bytes, over every namespace."""
+
+    files: int
+    bytes: int
+    namespaces: int
+
+
+def _scan(root: Path) -> OrderedDict[Path, int]:
+    """Every block file under ``root``, least recently used first, with its size; temp files
+    left by processes that are gone are removed on the way. Files vanishing meanwhile (another
+    process evicting) are skipped."""
+    found: list[tuple[int, Path, int]] = []
+    try:
+        folders = [d for d in os.scandir(root) if d.is_dir(follow_symlinks=False)]
+    except OSError:
+        return OrderedDict()
+    for folder in folders:
+        try:
+            entries = list(os.scandir(folder.path))
+        except OSError:
+            continue
+        for entry in entries:
+            name = entry.name
+            try:
+                if name.endswith(SUFFIX):
+                    st = entry.stat(follow_symlinks=False)
+                    found.append((st.st_mtime_ns, Path(entry.path), st.st_size))
+                elif name.endswith(TEMP) and not _pid_alive(int(name.split(".")[-2])):
+                    os.unlink(entry.path)
+            except (OSError, ValueError):
+                continue
+    found.sort(key=lambda f: f[0])
+    return OrderedDict((path, size) for _, path, size in found)
+
+
+def tier_usage(root: Path) -> TierUsage:
+    """The files and bytes of the tier folder ``root`` (`chatpage cache` shows them)."""
+    files = _scan(root)
+    return TierUsage(len(files), sum(files.values()), len({p.parent for p in files}))
+
+
+def clear_tier(root: Path) -> int:
+    """Remove every block file under ``root``; returns the bytes freed."""
+    freed = 0
+    for path, size in _scan(root).items():
+        try:
+            path.unlink()
+            freed += size
+        except OSError:
+            continue
+    return freed
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    """The disk tier as the gauge and /metrics show it."""
+
+    blocks: int  # this namespace's blocks on disk (as this process last saw them)
+    bytes: int  # the folder's bytes, every namespace
+    capacity: int
+    hits: int  # blocks read back into the device pool
+    writes: int  # blocks written
+    dropped: int  # writes given up (the write queue full, or the disk refused)
+    misses: int  # files found but unreadable or not what was asked for
+    pending: int  # blocks queued for writing
+
+
+class DiskTier:
+    """Full KV blocks of one namespace under ``root``, within ``capacity`` bytes.
+
+    ``tensors``: the KV cache's per-block tensors (block index first, ``KVCache.block_tensors``);
+    block ``b``'s payload is ``t[b]``'s bytes for each, in order."""
+
+    def __init__(
+        self,
+        root: Path,
+        identity: Mapping[str, Any],
+        tensors: Sequence[torch.Tensor],
+        capacity: int,
+        max_pending: int = MAX_PENDING,
+    ) -> None:
+        self.root = root
+        self.namespace = namespace_of(identity)
+        self.folder = root / self.namespace.hex()[:32]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.capacity = capacity
+        self.max_pending = max_pending
+        self._tensors = list(tensors)
+        self._sizes = [t[0].numel() * t.element_size() for t in self._tensors]
+        self.block_bytes = sum(self._sizes)
+        self._lock = threading.Lock()
+        self._files: OrderedDict[Path, int] = OrderedDict()  # the root's, LRU first
+        self._keys: set[bytes] = set()  # this namespace's blocks on disk
+        self._used = 0
+        self._adopt(_scan(root))
+        self._pending: dict[bytes, tuple[tuple[int, ...], torch.Tensor]] = {}
+        self._pending_bytes = 0
+        self.hits = self.writes = self.dropped = self.misses = 0
+        self._queue: queue.Queue[bytes | None] = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name="chatpage-kv-disk")
+        self._writer.daemon = True
+        self._writer.start()
+
+    def _adopt(self, files: OrderedDict[Path, int]) -> None:
+        """Take ``files`` (a fresh `_scan`) as what the folder holds (call under the lock, or
+        before the writer starts)."""
+        self._files = files
+        self._used = sum(files.values())
+        self._keys = set()
+        for path in files:
+            if path.parent == self.folder:
+                try:
+                    self._keys.add(bytes.fromhex(path.stem))
+                except ValueError:
+                    continue
+
+    def _path(self, key: bytes) -> Path:
+        return self.folder / f"{key.hex()}{SUFFIX}"
+
+    # -- the engine thread's side ----------------------------------------------------------------
+    def has(self, key: bytes) -> bool:
+        """Whether block ``key`` is on disk (as last seen) or queued for writing."""
+        with self._lock:
+            return key in self._keys or key in self._pending
+
+    def save(self, block: int, key: bytes, tokens: tuple[int, ...]) -> None:
+        """Queue device block ``block`` (full, its ``tokens`` under ``key``) for writing: its bytes
+        are copied now, written on the tier's thread."""
+        payload = torch.cat([t[block].reshape(-1).view(torch.uint8) for t in self._tensors]).cpu()
+        with self._lock:
+            if key in self._keys or key in self._pending:
+                return
+            if self._pending_bytes + payload.numel() > self.max_pending:
+                self.dropped += 1
+                return
+            self._pending[key] = (tokens, payload)
+            self._pending_bytes += payload.numel()
+        self._queue.put(key)
+
+    def load(self, block: int, key: bytes, tokens: tuple[int, ...]) -> bool:
+        """Read block ``key`` into device block ``block``; False (nothing written to it) when
+        the tier does not hold it whole, for exactly ``tokens``."""
+        with self._lock:
+            pending = self._pending.get(key)
+        if pending is not None:
+            if pending[0] != tokens:
+                return False
+            payload = pending[1]
+        else:
+            path = self._path(key)
+            data = self._read(path, key, tokens)
+            if data is None:
+                with self._lock:
+                    self._keys.discard(key)
+                return False
+            payload = data
+            try:
+                os.utime(path)
+            except OSError:
+                pass
+            with self._lock:
+                if path in self._files:
+                    self._files.move_to_end(path)
+        offset = 0
+        for t, size in zip(self._tensors, self._sizes, strict=True):
+            t[block].view(-1).view(torch.uint8).copy_(payload[offset : offset + size])
+            offset += size
+        self.hits += 1
+        return True
+
+    def _read(self, path: Path, key: bytes, tokens: tuple[int, ...]) -> torch.Tensor | None:
+        """The payload of ``path`` if it is block ``key`` of this namespace for ``tokens``,
+        whole; else None (counted as a miss when the file was there)."""
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                token_bytes = array("q", tokens).tobytes()
+                if size != HEADER.size + len(key) + len(token_bytes) + self.block_bytes:
+                    raise ValueError("size")
+                data = bytearray(size)
+                if f.readinto(data) != size:
+                    raise ValueError("short read")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            self.misses += 1
+            return None
+        magic, namespace, key_len, num_tokens, payload_len, crc = HEADER.unpack_from(data)
+        start = HEADER.size + key_len + 8 * num_tokens
+        view = memoryview(data)
+        if (
+            magic != MAGIC
+            or namespace != self.namespace
+            or key_len != len(key)
+            or num_tokens != len(tokens)
+            or payload_len != self.block_bytes
+            or view[HEADER.size : HEADER.size + key_len] != key
+            or view[HEADER.size + key_len : start] != token_bytes
+            or zlib.crc32(view[start:]) != crc
+        ):
+            self.misses += 1
+            return None
+        return torch.frombuffer(data, dtype=torch.uint8, offset=start)
+
+    def flush(self) -> None:
+        """Wait until every queued block is written (or dropped)."""
+        self._queue.join()
+
+    def close(self) -> None:
+        """Write what is queued, then stop the tier's thread."""
+        if self._writer.is_alive():
+            self._queue.put(None)
+            self._writer.join()
+
+    def stats(self) -> TierStats:
+        with self._lock:
+            return TierStats(
+                len(self._keys),
+                self._used,
+                self.capacity,
+                self.hits,
+                self.writes,
+                self.dropped,
+                self.misses,
+                len(self._pending),
+            )
+
+    def audit(self) -> list[str]:
+        """Inconsistencies of the tier's books, if any: the bytes counted are the files', the
+        queue's are its blocks', and with nothing queued the folder is within its bound."""
+        problems = []
+        with self._lock:
+            if self._used != sum(self._files.values()):
+                problems.append(f"disk tier counts {self._used} bytes, its files hold another")
+            queued = sum(p.numel() for _, p in self._pending.values())
+            if queued != self._pending_bytes:
+                problems.append(f"disk tier queue counts {self._pending_bytes} bytes, not {queued}")
+            if not self._pending and self._used > self.capacity:
+                problems.append(f"disk tier holds {self._used} bytes over its {self.capacity}")
+        return problems
+
+    # -- the tier's thread -----------------------------------------------------------------------
+    def _write_loop(self) -> None:
+        while True:
+            key = self._queue.get()
+            try:
+                if key is None:
+                    return
+                self._write_one(key)
+            finally:
+                self._queue.task_done()
+
+    def _write_one(self, key: bytes) -> None:
+        with self._lock:
+            tokens, payload = self._pending[key]
+        path = self._path(key)
+        try:
+            size = self._write(path, key, tokens, payload)
+        except OSError:
+            size = None
+        with self._lock:
+            del self._pending[key]
+            self._pending_bytes -= payload.numel()
+            if size is None:
+                self.dropped += 1
+                return
+            self.writes += 1
+            self._keys.add(key)
+            self._used += size - self._files.pop(path, 0)
+            self._files[path] = size
+            over = self._used > self.capacity
+        if over:
+            self._evict()
+
+    def _write(self, path: Path, key: bytes, tokens: tuple[int, ...], payload: torch.Tensor) -> int:
+        """Write one block file atomically; returns its size."""
+        token_bytes = array("q", tokens).tobytes()
+        data = payload.numpy().tobytes()
+        head = HEADER.pack(
+            MAGIC, self.namespace, len(key), len(tokens), len(data), zlib.crc32(data)
+        )
+        temp = path.with_name(f".{path.stem}.{os.getpid()}{TEMP}")
+        try:
+            with open(temp, "wb") as f:
+                f.write(head)
+                f.write(key)
+                f.write(token_bytes)
+                f.write(data)
+            os.replace(temp, path)
+        except OSError:
+            temp.unlink(missing_ok=True)
+            raise
+        return len(head) + len(key) + len(token_bytes) + len(data)
+
+    def _evict(self) -> None:
+        """Bring the folder (every process's files) down to `LOW_WATER` of the bound, least
+        recently used first."""
+        files = _scan(self.root)  # (outside the lock: another process's files count too)
+        with self._lock:
+            self._adopt(files)
+            target = int(self.capacity * LOW_WATER)
+            while self._files and self._used > target:
+                path, size = self._files.popitem(last=False)
+                try:
+                    path.unlink()
+                except OSError:
+                    pass  # (gone already: another process evicted it)
+                self._used -= size
+                if path.parent == self.folder:
+                    self._keys.discard(bytes.fromhex(path.stem))
