@@ -91,7 +91,7 @@ class BlockManager:
             return ComputedBlocks(others=((),) * (len(self.policies) - 1))
         hashes = self._block_hashes(seq)
         limit = min(len(hashes), (len(seq) - 1) // self.block_size)
-        loaded = self._bring_up(seq, hashes, limit) if self.tier is not None else 0
+        on_device = self._bring_up(seq, hashes, limit) if self.tier is not None else None
         n = longest_common_hit(
             self.policies, lambda g, i: self._lookup(g, hashes[i]) is not None, limit
         )
@@ -99,14 +99,15 @@ class BlockManager:
         for g, policy in enumerate(self.policies):
             lo = policy.window_start(n * self.block_size)
             hits.append(tuple(self._lookup(g, hashes[i]) for i in range(lo, n)))
-        from_tier = min(loaded, n) * self.block_size
+        from_tier = 0 if on_device is None else max(0, n - on_device) * self.block_size
         return ComputedBlocks(hits[0], n * self.block_size, tuple(hits[1:]), from_tier)  # type: ignore[arg-type]
 
-    def _bring_up(self, seq: Sequence, hashes: list[bytes], limit: int) -> int:
+    def _bring_up(self, seq: Sequence, hashes: list[bytes], limit: int) -> int | None:
         """Read into free device blocks the blocks of ``seq``'s longest hit (of at most
         ``limit`` blocks) that only the tier holds, each indexed and left cached (ref 0) for
         the lookup to find; none when the pool lacks room for all of them. Returns how many of
-        group 0's blocks came from the tier."""
+        the hit's blocks in group 0 were on the device already (the rest of the hit is the
+        tier's), or None when nothing was read."""
         tier = self.tier
         assert tier is not None
         keys = [[group_key(g, h) for h in hashes[:limit]] for g in range(len(self.policies))]
@@ -117,6 +118,7 @@ class BlockManager:
         )
         held: list[tuple[int, int]] = []  # (position, device block), pinned while reading
         missing: list[tuple[int, int]] = []  # (group, position)
+        on_device = 0  # group 0's blocks of the hit that the device has
         for g, policy in enumerate(self.policies):
             for i in range(policy.window_start(n * self.block_size), n):
                 block = self.pool.lookup(keys[g][i])
@@ -125,7 +127,8 @@ class BlockManager:
                 else:
                     self.pool.incref(block)  # (so that reading the others cannot evict it)
                     held.append((i, block))
-        loaded = 0
+                    on_device += g == 0
+        loaded = False
         if len(missing) <= self.pool.num_free:
             bs = self.block_size
             for g, i in missing:
@@ -133,12 +136,12 @@ class BlockManager:
                 tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
                 if tier.load(block, keys[g][i], tokens):
                     self.pool.register(block, keys[g][i])
-                    loaded += g == 0
+                    loaded = True
                 held.append((i, block))
         # tails first, as `free` does: the cache evicts them before the heads
         for _, block in sorted(held, key=lambda h: -h[0]):
             self.pool.decref(block)
-        return loaded
+        return on_device if loaded else None
 
     # -- allocation --------------------------------------------------------------------------------
     def _shared_write(self, table: list[int], seq: Sequence) -> int | None:

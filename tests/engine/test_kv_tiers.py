@@ -1,0 +1,272 @@
+"""The disk tier under the prefix cache (engine/core/kv_tiers.py): a block written is read back
+exactly, anything odd in a file is a miss, the folder stays within its bound (least recently used
+first, over every process's files), a process killed mid-write leaves nothing a restart trips on;
+and an engine restarted over the tier answers as the cold engine did, token for token, in every
+architecture (sliding windows included), from disk hits and from mixes of device and disk hits."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from chatpage.engine.core.kv_tiers import DiskTier, TierUsage, clear_tier, tier_usage
+
+BLOCK = 4
+TOKENS = (5, 6, 7, 8)
+
+
+def _tensors(num_blocks: int = 6, dtype=torch.float32) -> list[torch.Tensor]:
+    """A pool's per-block tensors as a KV cache keeps them (block index first)."""
+    return [torch.zeros(num_blocks, BLOCK, 2, 8, dtype=dtype) for _ in range(3)]
+
+
+def _fill(tensors: list[torch.Tensor], block: int, value: float) -> None:
+    for i, t in enumerate(tensors):
+        t[block] = torch.arange(t[block].numel(), dtype=t.dtype).view(t[block].shape) + value + i
+
+
+def _tier(root: Path, tensors, capacity: int = 1 << 30, name: str = "a") -> DiskTier:
+    return DiskTier(root, {"model": name}, tensors, capacity)
+
+
+def _saved(tier: DiskTier, tensors, blocks: dict[bytes, int]) -> None:
+    """Save each ``key: block`` (block filled with its own values) and wait for the writes."""
+    for key, block in blocks.items():
+        _fill(tensors, block, 10.0 * block)
+        tier.save(block, key, TOKENS)
+    tier.flush()
+
+
+def _files(tier: DiskTier) -> list[Path]:
+    return sorted(tier.folder.glob("*.kv"))
+
+
+def test_a_block_comes_back_exactly(tmp_path):
+    tensors = _tensors(dtype=torch.bfloat16)
+    tier = _tier(tmp_path, tensors)
+    tier.save(1, b"k1", TOKENS)  # (read back from the write queue, before the file is there)
+    _fill(tensors, 1, 3.0)
+    tier.save(2, b"k2", TOKENS)
+    assert tier.load(4, b"k2", TOKENS)
+    tier.flush()
+    restarted = _tier(tmp_path, tensors)  # a new process: from the file
+    assert restarted.has(b"k2") and restarted.has(b"k1")
+    assert restarted.load(5, b"k2", TOKENS)
+    for t in tensors:
+        assert torch.equal(t[4], t[2]) and torch.equal(t[5], t[2])
+        assert not torch.equal(t[5], t[1])
+    assert restarted.stats().hits == 1 and tier.stats().writes == 2
+    assert tier.audit() == [] and restarted.audit() == []
+    tier.close()
+    restarted.close()
+
+
+def test_anything_odd_is_a_miss(tmp_path):
+    tensors = _tensors()
+    tier = _tier(tmp_path, tensors)
+    _saved(tier, tensors, {b"good": 1, b"short": 2, b"flipped": 3})
+    path = {p.stem: p for p in _files(tier)}
+    data = path[b"short".hex()].read_bytes()
+    path[b"short".hex()].write_bytes(data[: len(data) // 2])
+    flipped = bytearray(path[b"flipped".hex()].read_bytes())
+    flipped[-5] ^= 0xFF
+    path[b"flipped".hex()].write_bytes(flipped)
+    other = _tier(tmp_path, tensors, name="b")  # another model's namespace
+    (other.folder / path[b"good".hex()].name).write_bytes(path[b"good".hex()].read_bytes())
+    before = [t[0].clone() for t in tensors]
+    assert not tier.load(0, b"good", (5, 6, 7, 9))  # other tokens
+    assert not tier.load(0, b"short", TOKENS)
+    assert not tier.load(0, b"flipped", TOKENS)
+    assert not tier.load(0, b"absent", TOKENS)
+    assert not other.load(0, b"good", TOKENS)
+    path[b"good".hex()].unlink()  # another process evicted it
+    assert not tier.load(0, b"good", TOKENS) and not tier.has(b"good")
+    assert all(torch.equal(t[0], b) for t, b in zip(tensors, before, strict=True))
+    assert tier.stats().misses == 3 and other.stats().misses == 1
+    tier.close()
+    other.close()
+
+
+def test_the_folder_stays_within_its_bound_least_recently_used_first(tmp_path):
+    tensors = _tensors()
+    probe = _tier(tmp_path / "probe", tensors)
+    _saved(probe, tensors, {b"k0": 0})
+    file_bytes = _files(probe)[0].stat().st_size
+    probe.close()
+    tier = _tier(tmp_path, tensors, capacity=int(3.5 * file_bytes))
+    _saved(tier, tensors, {b"k0": 0, b"k1": 1, b"k2": 2})
+    time.sleep(0.01)
+    assert tier.load(5, b"k0", TOKENS)  # read: the most recently used now
+    _saved(tier, tensors, {b"k3": 3})  # 4 files > 3.5: down to 90% of the bound
+    assert not tier.has(b"k1")
+    assert all(tier.has(k) for k in (b"k0", b"k2", b"k3"))
+    # another process's files count too, and its evictions are tolerated
+    peer = _tier(tmp_path, tensors, capacity=int(3.5 * file_bytes), name="peer")
+    _saved(peer, tensors, {b"p0": 0, b"p1": 1})
+    usage = tier_usage(tmp_path)
+    assert usage.bytes <= 3.5 * file_bytes and usage.namespaces == 2
+    _saved(tier, tensors, {b"k4": 4})
+    assert tier_usage(tmp_path).bytes <= 3.5 * file_bytes
+    assert tier.audit() == [] and peer.audit() == []
+    held = tier_usage(tmp_path).bytes
+    assert clear_tier(tmp_path) == held > 0
+    assert tier_usage(tmp_path) == TierUsage(0, 0, 0)
+    tier.close()
+    peer.close()
+
+
+def test_a_full_write_queue_drops_blocks_instead_of_growing(tmp_path):
+    tensors = _tensors()
+    tier = DiskTier(tmp_path, {"model": "a"}, tensors, 1 << 30, max_pending=1)
+    tier.save(0, b"k0", TOKENS)
+    tier.flush()
+    stats = tier.stats()
+    assert (stats.dropped, stats.writes, tier.has(b"k0")) == (1, 0, False)
+    tier.close()
+
+
+WRITER = """
+import sys, torch
+from pathlib import Path
+from chatpage.engine.core.kv_tiers import DiskTier
+tensors = [torch.zeros(2, 256, 64, 64) for _ in range(4)]  # 16 MiB blocks: writes take a while
+tier = DiskTier(Path(sys.argv[1]), {"model": "a"}, tensors, 1 << 40)
+i = 0
+while True:
+    for t in tensors:
+        t[0].fill_(float(i))
+    tier.save(0, i.to_bytes(4, "little"), (i, i + 1))
+    tier.flush()
+    i += 1
+"""
+
+
+@pytest.mark.slow
+def test_a_process_killed_mid_write_leaves_a_folder_that_loads_cleanly(tmp_path):
+    root = tmp_path / "kv"
+    child = subprocess.Popen([sys.executable, "-c", WRITER, str(root)])
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            names = [p.name for p in root.glob("*/*")]
+            if sum(n.endswith(".kv") for n in names) >= 2 and any(
+                n.endswith(".tmp") for n in names
+            ):
+                break
+            time.sleep(0.002)
+        else:
+            pytest.fail("the writer never had a block in flight")
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait()
+    assert list(root.glob("*/*.tmp"))  # killed while writing one
+    tensors = [torch.zeros(2, 256, 64, 64) for _ in range(4)]
+    tier = DiskTier(root, {"model": "a"}, tensors, 1 << 40)  # the restart
+    assert not list(root.glob("*/*.tmp"))  # its writer is gone: removed
+    written = [int.from_bytes(bytes.fromhex(p.stem), "little") for p in _files(tier)]
+    assert len(written) >= 2
+    for i in written:
+        assert tier.load(1, i.to_bytes(4, "little"), (i, i + 1))
+        assert all(bool((t[1] == float(i)).all()) for t in tensors)
+    assert tier.audit() == []
+    tier.close()
+
+
+# -- an engine restarted over the tier -----------------------------------------------------------
+def _engine(path: Path, kv: Path, **config):
+    from chatpage.engine import EngineConfig, LLMEngine
+
+    return LLMEngine.from_pretrained(
+        str(path),
+        EngineConfig(
+            **{"block_size": 8, "kv_disk_bytes": 1 << 30, "kv_disk_dir": str(kv), **config}
+        ),
+        progress=lambda _m: None,
+    )
+
+
+def _greedy(engine, prompts: list[list[int]]) -> list[list[int]]:
+    from chatpage.engine import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in engine.generate(prompts, params)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kind", ["llama3", "qwen2.5", "qwen3", "mistral", "ministral", "gemma2", "gemma3", "phi3"]
+)
+def test_a_restarted_engine_answers_from_disk_as_the_cold_one(kind, tmp_path, tokenizer_dir):
+    """Turn 1 cold, turn 2 over its blocks (written as turn 1 ended); restarted, turn 1 comes
+    from disk alone, turn 2 from the device (turn 1's, just read) and disk (the rest); a third
+    engine with a pool of a few blocks reads both while evicting; each as the cold one."""
+    from test_architectures import _tiny_dir
+
+    path, hf = _tiny_dir(kind, tmp_path, tokenizer_dir)
+    rng = random.Random(7)
+    vocab = hf.config.vocab_size
+    turn1 = [rng.randrange(3, vocab) for _ in range(45)]
+    kv = tmp_path / "kv"
+    cold = _engine(path, kv)
+    first = _greedy(cold, [turn1])[0]
+    turn2 = turn1 + first + [rng.randrange(3, vocab) for _ in range(20)]
+    second = _greedy(cold, [turn2])[0]
+    cold.close()
+    assert cold.bm.tier_hit_tokens == 0 and cold.tier is not None
+    assert cold.tier.stats().writes >= len(turn2) // 8
+
+    warm = _engine(path, kv)
+    assert _greedy(warm, [turn1])[0] == first
+    assert warm.bm.tier_hit_tokens == 40  # every full block but the one holding the last token
+    on_disk = warm.bm.tier_hit_tokens
+    assert _greedy(warm, [turn2])[0] == second
+    assert warm.bm.tier_hit_tokens > on_disk  # turn 2's own blocks came from disk
+    assert warm.bm.audit() == []
+    warm.close()
+
+    m = warm.model
+    block_bytes = 2 * m.kv_groups.page_layers * 8 * m.num_kv_heads * m.head_dim * 4
+    small = _engine(path, kv, kv_cache_bytes=14 * m.kv_groups.num_groups * block_bytes)
+    assert _greedy(small, [turn2, turn1]) == [second, first]
+    assert small.bm.tier_hit_tokens > 0 and small.bm.audit() == []
+    small.close()
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    from model_dirs import offline_tokenizer_dir
+
+    return offline_tokenizer_dir(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.mark.slow
+def test_a_pinned_prefix_comes_from_disk_and_another_format_never_reads_it(
+    tiny_llama_dir, tmp_path
+):
+    kv = tmp_path / "kv"
+    prefix = list(range(3, 3 + 8 * 12 + 5))
+    cold = _engine(tiny_llama_dir, kv)
+    cold.pin_prefix(prefix)
+    _greedy(cold, [prefix + [9, 9]])  # (runs the pin with it)
+    cold.close()
+    assert cold.stats().blocks_pinned == 12
+    warm = _engine(tiny_llama_dir, kv)
+    warm.pin_prefix(prefix)
+    _greedy(warm, [prefix + [9, 9]])
+    assert warm.bm.tier_hit_tokens == 12 * 8  # every full block of the persona
+    assert warm.stats().blocks_pinned == 12
+    warm.close()
+    other = _engine(tiny_llama_dir, kv, block_size=16)  # another KV format: another namespace
+    other.pin_prefix(prefix)
+    _greedy(other, [prefix + [9, 9]])
+    assert other.bm.tier_hit_tokens == 0 and other.stats().blocks_pinned == 6
+    other.close()
+    assert tier_usage(kv).namespaces == 2
