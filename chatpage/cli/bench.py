@@ -23,6 +23,7 @@ BENCHES = (
     "gpu",
     "windows",
     "kv",
+    "resume",
 )
 
 

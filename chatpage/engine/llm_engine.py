@@ -275,11 +275,15 @@ class LLMEngine:
         """Prefill ``token_ids`` once and pin its full blocks (a persona's system prompt).
 
         Returns the request id; the blocks are pinned when that request finishes, and every later
-        prompt that starts with these tokens reuses them.
+        prompt that starts with these tokens reuses them. Where the prefix cache (the disk
+        tier's blocks included) holds them all, they are pinned at once, without a step.
         """
-        return self.add_request(
+        rid = self.add_request(
             token_ids, SamplingParams(max_tokens=1, temperature=0), pin_prefix=True
         )
+        if self.scheduler.pin_cached(self.groups[rid]):
+            del self.groups[rid]
+        return rid
 
     def unpin_prefix(self, request_id: str) -> None:
         """Release a prefix pinned by :meth:`pin_prefix` (or cancel the pin if it is not done)."""

@@ -41,7 +41,7 @@ def _saved(tier: DiskTier, tensors, blocks: dict[bytes, int]) -> None:
     """Save each ``key: block`` (block filled with its own values) and wait for the writes."""
     for key, block in blocks.items():
         _fill(tensors, block, 10.0 * block)
-        tier.save(block, key, TOKENS)
+        tier.save([(block, key, TOKENS)])
     tier.flush()
 
 
@@ -52,9 +52,9 @@ def _files(tier: DiskTier) -> list[Path]:
 def test_a_block_comes_back_exactly(tmp_path):
     tensors = _tensors(dtype=torch.bfloat16)
     tier = _tier(tmp_path, tensors)
-    tier.save(1, b"k1", TOKENS)  # (read back from the write queue, before the file is there)
+    tier.save([(1, b"k1", TOKENS)])  # (read back from the write queue, before the file is there)
     _fill(tensors, 1, 3.0)
-    tier.save(2, b"k2", TOKENS)
+    tier.save([(2, b"k2", TOKENS)])
     assert tier.load(4, b"k2", TOKENS)
     tier.flush()
     restarted = _tier(tmp_path, tensors)  # a new process: from the file
@@ -126,7 +126,7 @@ def test_the_folder_stays_within_its_bound_least_recently_used_first(tmp_path):
 def test_a_full_write_queue_drops_blocks_instead_of_growing(tmp_path):
     tensors = _tensors()
     tier = DiskTier(tmp_path, {"model": "a"}, tensors, 1 << 30, max_pending=1)
-    tier.save(0, b"k0", TOKENS)
+    tier.save([(0, b"k0", TOKENS)])
     tier.flush()
     stats = tier.stats()
     assert (stats.dropped, stats.writes, tier.has(b"k0")) == (1, 0, False)
@@ -143,7 +143,7 @@ i = 0
 while True:
     for t in tensors:
         t[0].fill_(float(i))
-    tier.save(0, i.to_bytes(4, "little"), (i, i + 1))
+    tier.save([(0, i.to_bytes(4, "little"), (i, i + 1))])
     tier.flush()
     i += 1
 """
@@ -260,9 +260,11 @@ def test_a_pinned_prefix_comes_from_disk_and_another_format_never_reads_it(
     assert cold.stats().blocks_pinned == 12
     warm = _engine(tiny_llama_dir, kv)
     warm.pin_prefix(prefix)
-    _greedy(warm, [prefix + [9, 9]])
+    assert not warm.has_unfinished()  # pinned at once, from disk: no prefill step
     assert warm.bm.tier_hit_tokens == 12 * 8  # every full block of the persona
     assert warm.stats().blocks_pinned == 12
+    _greedy(warm, [prefix + [9, 9]])
+    assert warm.stats().prefix_hit_tokens == 2 * 12 * 8 and warm.bm.audit() == []
     warm.close()
     other = _engine(tiny_llama_dir, kv, block_size=16)  # another KV format: another namespace
     other.pin_prefix(prefix)

@@ -274,10 +274,12 @@ class BlockManager:
         if self.tier is None:
             return
         table, bs = record.tables[group], self.block_size
+        blocks = []
         for i in range(start, min(end, record.registered, len(seq.block_hashes))):
             key = group_key(group, seq.block_hashes[i])
             if table[i] >= 0 and not self.tier.has(key):
-                self.tier.save(table[i], key, tuple(seq.token_ids[i * bs : (i + 1) * bs]))
+                blocks.append((table[i], key, tuple(seq.token_ids[i * bs : (i + 1) * bs])))
+        self.tier.save(blocks)
 
     def _pool_of(self, entry: int) -> tuple[BlockPool, int]:
         """The pool and the block a table entry names."""
@@ -402,6 +404,22 @@ class BlockManager:
             self.pool.pin(b)
         self._pins[handle] = blocks
         return len(blocks)
+
+    def pin_hits(self, seq: Sequence, computed: ComputedBlocks, handle: Hashable) -> bool:
+        """Pin ``seq``'s prompt under ``handle`` from its prefix hits alone (``computed``, its
+        `get_computed_blocks`: on the device, or read from the tier), without computing it:
+        only when they hold every full block a hit can (all but the block of its last token,
+        where that one is full). Returns whether it did; ``seq`` holds no blocks either way."""
+        whole = (len(seq) - 1) // self.block_size * self.block_size
+        if not computed.num_tokens or computed.num_tokens < whole:
+            return False
+        blocks = [b for g in range(len(self.policies)) for b in computed.hits(g)]
+        for b in blocks:
+            self.pool.pin(b)
+        self._pins[handle] = blocks
+        self.prefix_hit_tokens += computed.num_tokens
+        self.tier_hit_tokens += computed.from_tier
+        return True
 
     def unpin(self, handle: Hashable) -> None:
         for b in self._pins.pop(handle, []):

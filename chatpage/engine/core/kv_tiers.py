@@ -196,19 +196,30 @@ class DiskTier:
         with self._lock:
             return key in self._keys or key in self._pending
 
-    def save(self, block: int, key: bytes, tokens: tuple[int, ...]) -> None:
-        """Queue device block ``block`` (full, its ``tokens`` under ``key``) for writing: its bytes
-        are copied now, written on the tier's thread."""
-        payload = torch.cat([t[block].reshape(-1).view(torch.uint8) for t in self._tensors]).cpu()
+    def save(self, blocks: Sequence[tuple[int, bytes, tuple[int, ...]]]) -> None:
+        """Queue device blocks for writing, each ``(block, key, tokens)`` (full, its ``tokens``
+        under ``key``): their bytes are copied now (one gather per tensor), written on the
+        tier's thread. Blocks that would overfill the queue are dropped (a later miss)."""
+        if not blocks:
+            return
+        device = self._tensors[0].device
+        rows = torch.empty(len(blocks), self.block_bytes, dtype=torch.uint8, device=device)
+        for row, (block, _, _) in zip(rows, blocks, strict=True):
+            torch.cat([t[block].view(-1).view(torch.uint8) for t in self._tensors], out=row)
+        rows = rows.cpu()
+        queued = []
         with self._lock:
-            if key in self._keys or key in self._pending:
-                return
-            if self._pending_bytes + payload.numel() > self.max_pending:
-                self.dropped += 1
-                return
-            self._pending[key] = (tokens, payload)
-            self._pending_bytes += payload.numel()
-        self._queue.put(key)
+            for (_, key, tokens), payload in zip(blocks, rows, strict=True):
+                if key in self._keys or key in self._pending:
+                    continue
+                if self._pending_bytes + payload.numel() > self.max_pending:
+                    self.dropped += 1
+                    continue
+                self._pending[key] = (tokens, payload)
+                self._pending_bytes += payload.numel()
+                queued.append(key)
+        for key in queued:
+            self._queue.put(key)
 
     def load(self, block: int, key: bytes, tokens: tuple[int, ...]) -> bool:
         """Read block ``key`` into device block ``block``; False (nothing written to it) when

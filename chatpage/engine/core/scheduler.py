@@ -51,6 +51,20 @@ class Scheduler:
     def add(self, group: SequenceGroup) -> None:
         self.waiting.append(group)
 
+    def pin_cached(self, group: SequenceGroup) -> bool:
+        """Pin the persona prefix of ``group`` (waiting, not started) straight from the prefix
+        cache, device or tier, when that holds all of it (`BlockManager.pin_hits`): the group
+        is then finished without a step. Returns whether it was."""
+        seq = group.seqs[0]
+        computed = self.bm.get_computed_blocks(seq)
+        if not self.bm.pin_hits(seq, computed, group.request_id):
+            return False
+        self.waiting.remove(group)
+        group.prefix_hit_tokens = computed.num_tokens
+        group.status = GroupStatus.FINISHED
+        group.finish_time = time.monotonic()
+        return True
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)
 
