@@ -38,6 +38,7 @@ def update_stats(
     stats.tokens = output.num_tokens + (before.tokens if before else 0)
     stats.prompt_tokens = out.usage.prompt_tokens
     stats.prefix_hit_tokens = out.usage.cached_tokens
+    stats.disk_tokens = out.usage.disk_tokens
     stats.ttft_s = out.ttft_s
     stats.elapsed_s = out.elapsed_s
 

@@ -73,6 +73,7 @@ def cmd_ask(args) -> int:
         for update in engine.step():
             if update.request_id == rid:
                 final = _show(update, outputs, params.width)
+    engine.close()  # (the KV disk tier writes the prompt's blocks for the next run)
     described = []
     for c in final.outputs:
         score = f"score {c.score:.3f}, " if c.score is not None else ""

@@ -84,7 +84,7 @@ def add_device_arg(parser: argparse.ArgumentParser, default: str | None = None) 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """The engine flags of the TUI, `ask` and `serve`: --weights, --kv-cache-dtype, --threads,
-    --device and --gpu-memory-utilization."""
+    --device, --gpu-memory-utilization and --kv-disk."""
     parser.add_argument(
         "--weights",
         choices=WEIGHT_FORMATS,
@@ -105,6 +105,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "pool (default: 0.9, or config.yaml)",
     )
     parser.add_argument(
+        "--kv-disk",
+        type=size_arg,
+        metavar="SIZE",
+        help="bound of the KV disk tier, prompts prefilled once and kept across restarts "
+        "(default: 4GiB, or config.yaml; 0: off)",
+    )
+    parser.add_argument(
         "--threads",
         type=threads_arg,
         metavar="N",
@@ -117,6 +124,7 @@ def load_with_overrides(args):
         overrides={
             "model": getattr(args, "model", None),
             "kv_cache": getattr(args, "kv_cache", None),
+            "kv_disk": getattr(args, "kv_disk", None),
             "backend": getattr(args, "backend", None),
             "backend_timeout": getattr(args, "backend_timeout", None),
             "weights": getattr(args, "weights", None),

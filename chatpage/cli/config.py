@@ -35,6 +35,8 @@ def _describe(key: str, settings: Settings) -> str:
         return f"{value:g} s"
     if key == "kv_cache":
         return f"{format_size(value)} ({value} bytes)"
+    if key == "kv_disk":
+        return f"{format_size(value)} ({value} bytes)" if value else "0 (no KV disk tier)"
     if key == "bindings":
         return ", ".join(f"{k}={v}" for k, v in value.items()) or "(none)"
     if key == "mcp_servers":

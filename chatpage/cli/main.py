@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from chatpage.cli import ask, bench, pull, serve
+from chatpage.cli import ask, bench, cache, pull, serve
 from chatpage.cli import config as config_cli
 from chatpage.cli import history as history_cli
 from chatpage.cli.common import (
@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     history_cli.register(sub)
     config_cli.register(sub)
     pull.register(sub)
+    cache.register(sub)
     _keep_global_values(parser, sub)
     return parser
 

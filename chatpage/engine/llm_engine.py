@@ -366,7 +366,21 @@ class LLMEngine:
             tokens_per_s=self.tokens_per_s(),
             kernels=ops.status(),
             device=self.plan.device,
+            **self._disk_stats(),
         )
+
+    def _disk_stats(self) -> dict[str, int]:
+        """The disk tier's part of `stats` (none without a tier)."""
+        if self.tier is None:
+            return {}
+        tier = self.tier.stats()
+        return {
+            "disk_capacity": tier.capacity,
+            "disk_bytes": tier.bytes,
+            "disk_blocks": tier.blocks,
+            "disk_hit_tokens": self.bm.tier_hit_tokens,
+            "disk_writes": tier.writes,
+        }
 
     # -- offline use -------------------------------------------------------------------------------
     def generate(

@@ -102,6 +102,7 @@ class Usage:
     completion_tokens: int = 0  # over every output
     prefilled_tokens: int = 0  # prompt tokens in the cache so far (cached ones included): a
     # long prompt prefills in chunks, and an update comes after each
+    disk_tokens: int = 0  # of cached_tokens, those read from the disk tier
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +168,12 @@ class EngineStats:
     tokens_per_s: float
     kernels: str = "reference"
     device: str = "cpu"  # where the engine runs (and its KV pool lives): "cpu", "cuda:0", ...
+    # the disk tier under the pool (engine/core/kv_tiers.py; capacity 0: none)
+    disk_capacity: int = 0  # its bound in bytes, over every model's blocks
+    disk_bytes: int = 0  # what its folder holds
+    disk_blocks: int = 0  # this model's blocks in it
+    disk_hit_tokens: int = 0  # of prefix_hit_tokens, those read from it
+    disk_writes: int = 0  # blocks written
 
     @property
     def segments(self) -> dict[str, int]:

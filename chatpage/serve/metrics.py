@@ -108,6 +108,22 @@ class EngineCollector:
             "Prompt tokens served from the prefix cache",
             stats.prefix_hit_tokens,
         )
+        yield self._counter(
+            "chatpage:prefix_cache_hits_device",
+            "Prompt tokens served from blocks on the device",
+            stats.prefix_hit_tokens - stats.disk_hit_tokens,
+        )
+        yield self._counter(
+            "chatpage:prefix_cache_hits_disk",
+            "Prompt tokens served from blocks read from the KV disk tier",
+            stats.disk_hit_tokens,
+        )
+        yield self._counter(
+            "chatpage:kv_disk_writes", "Blocks written to the KV disk tier", stats.disk_writes
+        )
+        yield self._gauge(
+            "chatpage:kv_disk_bytes", "Bytes in the KV disk tier's folder", stats.disk_bytes
+        )
         values = {**stats.segments, "swapped": stats.blocks_swapped}
         for name, doc in BLOCK_GAUGES.items():
             yield self._gauge(f"chatpage:blocks_{name}", doc.capitalize(), values[name])

@@ -14,6 +14,7 @@ from chatpage.config.settings import (
     load_settings,
     parse_size,
 )
+from chatpage.engine.config import EngineConfig
 
 
 @pytest.mark.parametrize(
@@ -156,4 +157,22 @@ def test_models_dirs_is_a_list_of_folders(tmp_path):
         "config.yaml: models_dirs = 7 is not valid; expected a list of folders "
         "holding model folders or .gguf files, e.g. [~/models]; using the "
         "default value"
+    ]
+
+
+def test_kv_disk_bounds_the_disk_tier_and_zero_turns_it_off(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    assert load_settings(path)[0].kv_disk == 4 << 30
+    path.write_text("kv_disk: 0\n")
+    settings, warnings = load_settings(path, overrides={"kv_disk": None})
+    assert (settings.kv_disk, warnings) == (0, [])
+    assert EngineConfig.for_settings(settings).kv_disk_bytes == 0
+    settings, _ = load_settings(path, overrides={"kv_disk": "2G"})
+    assert settings.kv_disk == 2 << 30 and settings.sources["kv_disk"] == "command line"
+    path.write_text("kv_disk: lots\n")
+    settings, warnings = load_settings(path)
+    assert settings.kv_disk == 4 << 30
+    assert warnings == [
+        "config.yaml: kv_disk = 'lots' is not valid; expected a number of bytes, or a number "
+        "with K, M or G (also KiB/MiB/GiB, KB/MB/GB), e.g. 512MiB; 0 turns the disk tier off; using the default value"
     ]

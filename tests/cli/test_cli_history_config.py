@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from chatpage.cli import cache as cache_cli
 from chatpage.cli import config as config_cli
 from chatpage.cli import history as history_cli
 from chatpage.store import Store
@@ -28,6 +29,7 @@ def parser() -> argparse.ArgumentParser:
     sub = main.add_subparsers(dest="command")
     history_cli.register(sub)
     config_cli.register(sub)
+    cache_cli.register(sub)
     return main
 
 
@@ -168,3 +170,26 @@ def test_config_with_other_file_and_bad_override(tmp_path: Path, capsys) -> None
     assert captured.out.startswith(f"config file: {tmp_path / 'none.yaml'} (not found)")
     assert "command line: kv_cache = 'huge' is not valid" in captured.err
     assert "1 GiB" in captured.out
+
+
+def test_cache_shows_the_kv_disk_tier_and_clear_empties_it(xdg: Path, capsys) -> None:
+    import torch
+
+    from chatpage.config.paths import kv_dir
+    from chatpage.engine.core.kv_tiers import DiskTier
+
+    tensors = [torch.ones(2, 16, 2, 8)]
+    tier = DiskTier(kv_dir(), {"model": "m"}, tensors, 1 << 30)
+    tier.save([(0, b"a", tuple(range(16))), (1, b"b", tuple(range(16)))])
+    tier.close()
+    config = xdg / "config" / "chatpage" / "config.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text("kv_disk: 1G\n")
+    assert run("cache") == 0
+    out = capsys.readouterr().out
+    assert f"KV disk tier: {kv_dir()}" in out and "of kv_disk 1 GiB" in out
+    assert "2 blocks of 1 model/format namespace(s)" in out
+    assert run("cache", "clear") == 0
+    assert "removed 2.4 KiB of KV blocks" in capsys.readouterr().out
+    assert run("cache") == 0
+    assert "0 blocks of 0 model/format namespace(s)" in capsys.readouterr().out

@@ -349,6 +349,10 @@ def test_metrics_parse_with_vllm_names(api, url):
         "chatpage:blocks_private",
         "chatpage:blocks_cached",
         "chatpage:blocks_swapped",
+        "chatpage:prefix_cache_hits_device",
+        "chatpage:prefix_cache_hits_disk",
+        "chatpage:kv_disk_writes",
+        "chatpage:kv_disk_bytes",
     ):
         assert name in families, name
     value = {f.name: f.samples[0].value for f in families.values() if f.samples}

@@ -178,7 +178,13 @@ def _update(
 
 def _usage(group: SequenceGroup, completion_tokens: int) -> Usage:
     prefilled = min(group.prompt_len, max((s.num_computed_tokens for s in group.seqs), default=0))
-    return Usage(group.prompt_len, group.prefix_hit_tokens, completion_tokens, prefilled)
+    return Usage(
+        group.prompt_len,
+        group.prefix_hit_tokens,
+        completion_tokens,
+        prefilled,
+        group.disk_hit_tokens,
+    )
 
 
 def _times(group: SequenceGroup) -> tuple[float | None, float]:

@@ -151,6 +151,9 @@ class Scheduler:
                 group.prefix_hit_tokens += sum(
                     d.computed.num_tokens for d in demands if d.computed is not None
                 )
+                group.disk_hit_tokens += sum(
+                    d.computed.from_tier for d in demands if d.computed is not None
+                )
             for d in demands:
                 ends = d.seq.num_computed_tokens + d.num_new_tokens == len(d.seq)
                 out.scheduled.append(ScheduledSeq(group, d.seq, d.num_new_tokens, ends))

@@ -128,6 +128,7 @@ class SequenceGroup:
     arrival_time: float = field(default_factory=time.monotonic)
     status: GroupStatus = GroupStatus.WAITING
     prefix_hit_tokens: int = 0
+    disk_hit_tokens: int = 0  # of prefix_hit_tokens, those read from the disk tier
     first_token_time: float | None = None
     finish_time: float | None = None
     pin_prefix: bool = False  # a persona prefix: pin its full blocks when it finishes

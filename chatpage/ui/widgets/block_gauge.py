@@ -122,6 +122,12 @@ class BlockGauge(Widget):
             text.append(f" {name} {counts[name]}  ")
         text.append("│ swap ", self._style("swap"))
         text.append(f"{stats.blocks_swapped}/{stats.num_cpu_blocks} CPU blocks")
+        if stats.disk_capacity:
+            text.append(" │ disk ", self._style("label"))
+            text.append(
+                f"{stats.disk_blocks} blocks · {format_size(stats.disk_bytes)} of "
+                f"{format_size(stats.disk_capacity)} · hits {stats.disk_hit_tokens} tokens"
+            )
         rate = f"{stats.tokens_per_s:.1f} tok/s" if stats.num_running else "idle"  # not the last
         text.append(
             f"\n {rate} │ running {stats.num_running} · "

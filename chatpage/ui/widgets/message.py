@@ -45,8 +45,9 @@ STATUS_NOTES = {
 
 
 def stats_line(stats: ReplyStats | None) -> str:
-    """``24 tokens · 31.5 tok/s · first token 0.21 s · cache 16/40 prompt tokens``; while a long
-    prompt prefills, ``reading the prompt: 2,048 / 6,000 tokens``."""
+    """``24 tokens · 31.5 tok/s · first token 0.21 s · cache 16/40 prompt tokens`` (``, 16 from
+    disk`` where the KV disk tier gave them); while a long prompt prefills, ``reading the
+    prompt: 2,048 / 6,000 tokens``."""
     if stats is None:
         return ""
     if stats.prefilling:
@@ -57,7 +58,8 @@ def stats_line(stats: ReplyStats | None) -> str:
     if stats.ttft_s is not None:
         parts.append(f"first token {stats.ttft_s:.2f} s")
     if stats.prompt_tokens:
-        parts.append(f"cache {stats.prefix_hit_tokens}/{stats.prompt_tokens} prompt tokens")
+        disk = f", {stats.disk_tokens} from disk" if stats.disk_tokens else ""
+        parts.append(f"cache {stats.prefix_hit_tokens}/{stats.prompt_tokens} prompt tokens{disk}")
     return " · ".join(parts)
 
 
