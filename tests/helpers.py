@@ -301,6 +301,10 @@ class FakeClient:
         self.submitted: list[tuple[list, object, object]] = []
         self.continued: list[bool] = []
         self.cancelled: list[str] = []
+        self.pinned: list[tuple[str, list | None]] = []
+
+    def pin_system_prompt(self, system_prompt: str, tools=None) -> None:
+        self.pinned.append((system_prompt, tools))
 
     def submit(self, request: ChatRequest, on_update) -> str:
         self.submitted.append((request.messages, request.params, on_update))

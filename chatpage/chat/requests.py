@@ -10,6 +10,7 @@ Before anything is sent, `fit` leaves the oldest turns out if the chat outgrew t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -60,6 +61,7 @@ class Requests:
         self.tool_loop = ToolLoop(self, tools if tools is not None else McpServers({}, notify))
         self._by_request: dict[str, ChatSession] = {}
         self._outputs = OutputAccumulator()  # what each request in flight has said so far
+        self._tool_pins: set[tuple[str, str]] = set()  # (system prompt, tools) pinned
 
     def stop(self, session: ChatSession) -> bool:
         """Cancel what is streaming; the engine frees its blocks and ends it with ABORT."""
@@ -197,7 +199,20 @@ class Requests:
         )
         rid = self.client.submit(request, self.deliver)
         self._by_request[rid] = session  # where its updates go
+        if tools:
+            self._pin_with_tools(request.messages[0], tools)
         return rid
+
+    def _pin_with_tools(self, first: dict[str, Any], tools: list[dict[str, Any]]) -> None:
+        """Pin a system prompt with the tools a chat offers (the template renders them into
+        the prompt's start: a tool-using persona's real prefix), once per prompt and tools;
+        after the request that brought them, which computes the prefix the pin then finds."""
+        if first.get("role") != "system" or not isinstance(first.get("content"), str):
+            return
+        key = (first["content"], json.dumps(tools, sort_keys=True))
+        if key not in self._tool_pins:
+            self._tool_pins.add(key)
+            self.client.pin_system_prompt(first["content"], tools)
 
     def round(self, session: ChatSession, gen: Generation, params: SamplingParams) -> None:
         """Ask for the next round of ``gen``'s reply (the first: the answer to its question;

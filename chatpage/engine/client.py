@@ -156,6 +156,7 @@ class Pin(Command):
 
     kind: ClassVar[str] = "pin"
     system_prompt: str
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -335,9 +336,12 @@ class LocalEngineClient:
     def cancel(self, request_id: str) -> None:
         self._commands.put(Cancel(request_id))
 
-    def pin_system_prompt(self, system_prompt: str) -> None:
-        """Prefill a persona's system prompt once and pin its blocks for every session to share."""
-        self._commands.put(Pin(system_prompt))
+    def pin_system_prompt(
+        self, system_prompt: str, tools: list[dict[str, Any]] | None = None
+    ) -> None:
+        """Prefill a persona's system prompt (with the ``tools`` its chats offer, as the chat
+        template renders them) once and pin its blocks for every session to share."""
+        self._commands.put(Pin(system_prompt, tools))
 
     # -- the loaded model, for serve (see `ServingClient`; asked only once ready) ----------------
     def _loaded(self) -> LLMEngine:
@@ -510,8 +514,8 @@ class LocalEngineClient:
                 return self._tokenized(cmd, ids, False, False)
             case SubmitPrompt(prompt=ids):
                 return self._tokenized(cmd, list(ids), False, False)
-            case Pin(system_prompt):
-                return PinIds(system_prefix(engine.tokenizer, system_prompt))
+            case Pin(system_prompt, tools):
+                return PinIds(system_prefix(engine.tokenizer, system_prompt, tools))
             case Cancel() | Wake():
                 return cmd
 

@@ -138,9 +138,11 @@ class EngineClient(Protocol[StatsT]):
         """Stop a request: its last update ends every output with FinishReason.ABORT."""
         ...
 
-    def pin_system_prompt(self, system_prompt: str) -> None:
-        """Keep a persona's system prompt ready for every chat to share (a pinned prefix
-        locally, a warmed prefix cache on a server)."""
+    def pin_system_prompt(
+        self, system_prompt: str, tools: list[dict[str, Any]] | None = None
+    ) -> None:
+        """Keep a persona's system prompt, with the ``tools`` its chats offer, ready for every
+        chat to share (a pinned prefix locally, a warmed prefix cache on a server)."""
         ...
 
     def stats(self) -> StatsT | None:

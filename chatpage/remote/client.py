@@ -98,7 +98,7 @@ class RemoteEngineClient:
         self._http: httpx.AsyncClient | None = None
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._pending: list[Submitted] = []
-        self._pins: list[str] = []
+        self._pins: list[tuple[str, list[dict[str, Any]] | None]] = []
         self._ids = itertools.count()
         self._id_lock = threading.Lock()
         self._stats: RemoteStats | None = None
@@ -166,10 +166,12 @@ class RemoteEngineClient:
         """Stop a request: its stream is closed and the server aborts it."""
         self._call(self._cancel, request_id)
 
-    def pin_system_prompt(self, system_prompt: str) -> None:
-        """Warm the server's prefix cache with a persona's system prompt (vLLM and SGLang cache
-        prefixes automatically; chatpage serve pins its personas itself)."""
-        self._call(self._pin, system_prompt)
+    def pin_system_prompt(
+        self, system_prompt: str, tools: list[dict[str, Any]] | None = None
+    ) -> None:
+        """Warm the server's prefix cache with a persona's system prompt and ``tools`` (vLLM
+        and SGLang cache prefixes automatically; chatpage serve pins its personas itself)."""
+        self._call(self._pin, system_prompt, tools)
 
     def stats(self) -> RemoteStats | None:
         """The latest figures polled from the server (None before the first poll)."""
@@ -258,8 +260,8 @@ class RemoteEngineClient:
         for submitted in self._pending:
             self._begin(submitted)
         self._pending.clear()
-        for prompt in self._pins:
-            self._pin(prompt)
+        for prompt, tools in self._pins:
+            self._pin(prompt, tools)
         while True:
             await asyncio.sleep(POLL_S)
             await self._poll_once()
@@ -376,15 +378,17 @@ class RemoteEngineClient:
                 submitted.reply().finish(FinishReason.ABORT)
                 return
 
-    def _pin(self, prompt: str) -> None:
+    def _pin(self, prompt: str, tools: list[dict[str, Any]] | None) -> None:
         if self.backend is None:
-            self._pins.append(prompt)
+            self._pins.append((prompt, tools))
         elif self.backend.name in ("vllm", "sglang"):
-            body = {
+            body: dict[str, Any] = {
                 "model": self.backend.model,
                 "max_tokens": 1,
                 "messages": [{"role": "system", "content": prompt}],
             }
+            if tools:
+                body["tools"] = tools
             self._loop.create_task(self._warm(body))
 
     async def _warm(self, body: dict[str, Any]) -> None:

@@ -21,8 +21,8 @@ class PinningClient(FakeClient):
         super().__init__()
         self.pins: list[str] = []
 
-    def pin_system_prompt(self, prompt: str) -> None:
-        self.pins.append(prompt)
+    def pin_system_prompt(self, system_prompt: str, tools=None) -> None:
+        self.pins.append(system_prompt)
 
 
 def test_a_system_prompt_of_its_own_is_pinned_once_another_chat_shares_it():
@@ -74,3 +74,19 @@ def test_cycling_the_alternatives_keeps_their_number():
         AltMode("off", 5),
     ]
     assert session.alt_mode == AltMode("off", 5)
+
+
+def test_a_chat_offering_tools_pins_its_system_prompt_with_them_once():
+    from helpers import FakeClient
+
+    from chatpage.engine.sampling_params import SamplingParams
+
+    client = FakeClient()
+    chats = Chats(client, lambda e: None)
+    session = chats.open(PERSONA)
+    chats.send(session, "hello")
+    tools = [{"type": "function", "function": {"name": "ls", "parameters": {}}}]
+    assert client.pinned == []  # (no tools offered yet)
+    for _ in range(2):
+        chats.requests.submit(session, session.entries[0], SamplingParams(), tools=tools)
+    assert client.pinned == [(PERSONA.system_prompt, tools)]

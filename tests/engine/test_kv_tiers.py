@@ -272,3 +272,58 @@ def test_a_pinned_prefix_comes_from_disk_and_another_format_never_reads_it(
     assert other.bm.tier_hit_tokens == 0 and other.stats().blocks_pinned == 6
     other.close()
     assert tier_usage(kv).namespaces == 2
+
+
+TOOLS_TEMPLATE = (
+    "{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"tool_{i}",
+            "description": "Reads a file of the project and returns its text, line by line.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+    for i in range(4)
+]
+
+
+@pytest.mark.slow
+def test_a_tool_using_personas_pin_holds_its_tools_and_comes_from_disk(tiny_llama_dir, tmp_path):
+    """The persona's pin with the tools its chats offer is their prompt's real prefix: computed
+    by the first process, read back from disk by the next, never computed again."""
+    import json
+    import shutil
+
+    from chatpage.engine.client import EngineConfig, LocalEngineClient
+    from chatpage.engine.text.chat_template import system_prefix
+
+    model = tmp_path / "tools-model"
+    shutil.copytree(tiny_llama_dir, model)
+    config = json.loads((model / "tokenizer_config.json").read_text())
+    (model / "tokenizer_config.json").write_text(
+        json.dumps({**config, "chat_template": TOOLS_TEMPLATE})
+    )
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    system = "You are tiny. You read files."
+    engine_config = EngineConfig(block_size=8, kv_disk_bytes=1 << 30, kv_disk_dir=str(tmp_path))
+    pinned = []
+    for _ in range(2):
+        client = LocalEngineClient(str(model), engine_config)
+        client.start()
+        assert client.wait_ready(120), client.error
+        prefix = system_prefix(client.engine.tokenizer, system, TOOLS)
+        assert len(prefix) > len(system_prefix(client.engine.tokenizer, system)) + 8 * 8
+        client.pin_system_prompt(system, TOOLS)
+        deadline = time.monotonic() + 60
+        while client.stats().blocks_pinned < len(prefix) // 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pinned.append(client.stats())
+        client.close()
+    cold, warm = pinned
+    assert cold.blocks_pinned == warm.blocks_pinned == len(prefix) // 8
+    assert cold.disk_hit_tokens == 0 and warm.disk_hit_tokens == len(prefix) // 8 * 8

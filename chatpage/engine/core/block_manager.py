@@ -81,16 +81,16 @@ class BlockManager:
     def _lookup(self, group: int, block_hash: bytes) -> int | None:
         return self.pool.lookup(group_key(group, block_hash))
 
-    def get_computed_blocks(self, seq: Sequence) -> ComputedBlocks:
+    def get_computed_blocks(self, seq: Sequence, whole: bool = False) -> ComputedBlocks:
         """The cached blocks matching the leading full blocks of ``seq``, a sequence without
-        blocks yet (never its last token: that one is computed for its logits), in every group:
-        as long a prefix as each full-attention group has and each sliding group's window can
-        be served for. Looked up once per admission; ``allocate_slots`` takes them from this
-        result."""
+        blocks yet (never its last token: that one is computed for its logits; ``whole``: every
+        full block, for a pin, which needs none), in every group: as long a prefix as each
+        full-attention group has and each sliding group's window can be served for. Looked up
+        once per admission; ``allocate_slots`` takes them from this result."""
         if not self.enable_caching:
             return ComputedBlocks(others=((),) * (len(self.policies) - 1))
         hashes = self._block_hashes(seq)
-        limit = min(len(hashes), (len(seq) - 1) // self.block_size)
+        limit = len(hashes) if whole else min(len(hashes), (len(seq) - 1) // self.block_size)
         on_device = self._bring_up(seq, hashes, limit) if self.tier is not None else None
         n = longest_common_hit(
             self.policies, lambda g, i: self._lookup(g, hashes[i]) is not None, limit
@@ -407,10 +407,10 @@ class BlockManager:
 
     def pin_hits(self, seq: Sequence, computed: ComputedBlocks, handle: Hashable) -> bool:
         """Pin ``seq``'s prompt under ``handle`` from its prefix hits alone (``computed``, its
-        `get_computed_blocks`: on the device, or read from the tier), without computing it:
-        only when they hold every full block a hit can (all but the block of its last token,
-        where that one is full). Returns whether it did; ``seq`` holds no blocks either way."""
-        whole = (len(seq) - 1) // self.block_size * self.block_size
+        `get_computed_blocks` with ``whole``: on the device, or read from the tier), without
+        computing it: only when they hold every full block of it, as `pin` would pin. Returns
+        whether it did; ``seq`` holds no blocks either way."""
+        whole = len(seq) // self.block_size * self.block_size
         if not computed.num_tokens or computed.num_tokens < whole:
             return False
         blocks = [b for g in range(len(self.policies)) for b in computed.hits(g)]

@@ -56,7 +56,7 @@ class Scheduler:
         cache, device or tier, when that holds all of it (`BlockManager.pin_hits`): the group
         is then finished without a step. Returns whether it was."""
         seq = group.seqs[0]
-        computed = self.bm.get_computed_blocks(seq)
+        computed = self.bm.get_computed_blocks(seq, whole=True)
         if not self.bm.pin_hits(seq, computed, group.request_id):
             return False
         self.waiting.remove(group)

@@ -216,10 +216,16 @@ def continue_prompt(
     )
 
 
-def system_prefix(tokenizer: Any, system_prompt: str) -> list[int]:
-    """The tokens every conversation with this system prompt starts with (a persona prefix)."""
+def system_prefix(
+    tokenizer: Any, system_prompt: str, tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    """The tokens every conversation with this system prompt (offering ``tools``) starts with
+    (a persona prefix)."""
     return render_prompt(
-        tokenizer, [{"role": "system", "content": system_prompt}], add_generation_prompt=False
+        tokenizer,
+        [{"role": "system", "content": system_prompt}],
+        add_generation_prompt=False,
+        tools=tools,
     )
 
 
