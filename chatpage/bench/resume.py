@@ -13,9 +13,9 @@ load of its weights:
     all are pinned and the steps taken (none, when every block comes from disk).
 (c) The engine's throughput while the tier writes: a batch of requests (distinct prompts, a
     few decoded tokens each) on engines without a tier and with one in a fresh folder,
-    alternated; ``tier_throughput_ratio`` = with / without (the best run of each). The
-    ``peers`` benchmark's batch through an engine; the tier writes each request's blocks as it
-    ends.
+    alternated; ``tier_throughput_ratio`` = with / without (the best run of each); the tier
+    writes each request's blocks as it ends. (The engine's own batch, not ``bench peers``,
+    which needs vLLM beside it.)
 """
 
 from __future__ import annotations
@@ -294,9 +294,28 @@ def figures(r: ResumeResult) -> list[str]:
         ]
         for run in r.runs
     ]
-    return [
-        table(["model", "prompt tokens", "from disk", "recompute s", "resumed s", "ratio"], rows)
+    lines = [
+        "(a) The next turn of a chat after a restart, TTFT with the KV disk tier against "
+        "recomputing it:",
+        "",
+        table(["model", "prompt tokens", "from disk", "recompute s", "resumed s", "ratio"], rows),
     ]
+    for run in r.runs:
+        if run.warm_pin_steps is not None:
+            lines += [
+                "",
+                f"(b) {run.which}: {run.personas} personas ({run.pinned_blocks} blocks) pinned at "
+                f"a fresh start in {run.cold_pin_s:.2f} s and {run.cold_pin_steps} steps over an "
+                f"empty tier, {run.warm_pin_s:.3f} s and {run.warm_pin_steps} steps over the "
+                "tier they wrote.",
+            ]
+        if run.tier_throughput_ratio is not None:
+            lines += [
+                "",
+                f"(c) {run.which}: a batch's throughput with the tier writing / without: "
+                f"**{run.tier_throughput_ratio:.3f}**.",
+            ]
+    return lines
 
 
 SECTION = Section(reader(ResumeResult), goals, figures, args=("--models", "default,qwen05"))

@@ -10,7 +10,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from chatpage.bench import kv, memory, prefix, report, serve, sharing, structured, throughput
+from chatpage.bench import (
+    kv,
+    memory,
+    prefix,
+    report,
+    resume,
+    serve,
+    sharing,
+    structured,
+    throughput,
+)
 from chatpage.bench.reservation import ReservationScheduler, reservation, simulate
 from chatpage.bench.serve import sustainable_rate
 from chatpage.bench.workloads import (
@@ -272,6 +282,22 @@ def test_prefix_json(tiny_llama_dir, capsys):
         assert t["computed_tokens"] == t["prompt_tokens"] - t["prefix_hit_tokens"]
         assert t["computed_tokens"] <= t["new_tokens"] + 16
     assert len(r["turns_retokenized"]) == 3  # (tests/chat/test_reply_ids.py shows they diverge)
+
+
+@pytest.mark.slow  # engines started and stopped over a tier, each way
+def test_resume_json(tiny_llama_dir, capsys):
+    r = _run(
+        resume,
+        ["--json", "--model", str(tiny_llama_dir), "--scale", "0.05", "--rounds", "1"],
+        capsys,
+    )
+    (run,) = r["runs"]
+    _has(run, "resume_ttft_s", "recompute_ttft_s", "resume_ratio", "tier_throughput_ratio")
+    assert run["resume_disk_tokens"] == run["resume_hit_tokens"] >= run["history_tokens"] - 16
+    assert run["tier_files"] == run["history_tokens"] // 16
+    assert run["warm_pin_steps"] == 0 < run["cold_pin_steps"]
+    goals = resume.goals(resume.SECTION.read(r))
+    assert [g.met for g in goals if "persona" in g.goal] == [True]
 
 
 def test_sharing_json(tiny_llama_dir, capsys):
