@@ -10,10 +10,14 @@ right.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -21,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from chatpage.engine.core.block_manager import BlockManager
 from chatpage.engine.core.block_pool import BlockPool, chain_hash, cpu_entry
 from chatpage.engine.core.block_table import ComputedBlocks, Demand
+from chatpage.engine.core.kv_tiers import DiskTier
 from chatpage.engine.core.sequence import Sequence
 from chatpage.engine.core.step import BlockCopies
 
@@ -527,6 +532,67 @@ class NoCachingMachine(BlockManagerMachine):
     enable_caching = False
 
 
+class TieredMachine(BlockManagerMachine):
+    """The same machine over a disk tier (engine/core/kv_tiers.py) small enough to evict: every
+    freed indexed block goes down to it, a lookup reads back what the small pool evicted. The
+    simulated K/V travel through a real tensor (a slot holds the id of its prefix), so a block
+    read back must hold the very prefixes its chain names (`indexed_blocks_hold_their_tokens`,
+    `computed_positions_read_back`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.folder = Path(tempfile.mkdtemp(prefix="tiered-machine-"))
+        self.kv = torch.zeros(NUM_BLOCKS, BS, dtype=torch.int64)
+        self.prefixes: list[tuple | None] = [None]  # slot id -> the prefix it stands for
+        self.ids: dict[tuple, int] = {}
+        self.tier = DiskTier(self.folder, {"machine": 1}, [self.kv], capacity=16 * 160)
+        machine = self
+
+        class Synced(BlockManager):
+            """Writes the simulated K/V into the tensor before the tier may read it, and back
+            after it may have written some."""
+
+            def free(self, seq: Sequence) -> None:
+                machine._to_tensor()
+                super().free(seq)
+                machine.tier.flush()  # (its evictions done: the machine's runs are repeatable)
+
+            def get_computed_blocks(self, seq: Sequence, whole: bool = False) -> ComputedBlocks:
+                machine._to_tensor()
+                computed = super().get_computed_blocks(seq, whole)
+                machine._from_tensor()
+                return computed
+
+        self.bm = Synced(NUM_BLOCKS, NUM_CPU_BLOCKS, BS, tier=self.tier)
+
+    def _id(self, prefix: tuple | None) -> int:
+        if prefix is None:
+            return 0
+        if prefix not in self.ids:
+            self.ids[prefix] = len(self.prefixes)
+            self.prefixes.append(prefix)
+        return self.ids[prefix]
+
+    def _to_tensor(self) -> None:
+        for b, slots in self.mem.dev.items():
+            self.kv[b] = torch.tensor([self._id(p) for p in slots])
+
+    def _from_tensor(self) -> None:
+        for b in range(NUM_BLOCKS):
+            slots = [self.prefixes[i] for i in self.kv[b].tolist()]
+            if slots != self.mem.dev.get(b, [None] * BS):
+                self.mem.dev[b] = slots
+
+    @invariant()
+    def tier_books_add_up(self) -> None:
+        assert self.bm.audit() == []
+
+    def teardown(self) -> None:
+        super().teardown()
+        self.tier.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 TestBlockManagerStateful = BlockManagerMachine.TestCase
 TestBlockManagerStateful = pytest.mark.slow(
     TestBlockManagerStateful
@@ -536,6 +602,8 @@ TestBlockManagerStateful.settings = settings(
 )
 TestBlockManagerNoCaching = NoCachingMachine.TestCase
 TestBlockManagerNoCaching.settings = settings(TestBlockManagerStateful.settings, max_examples=50)
+TestBlockManagerTiered = pytest.mark.slow(TieredMachine.TestCase)
+TestBlockManagerTiered.settings = settings(TestBlockManagerStateful.settings, max_examples=60)
 
 
 # -------------------------------------------------------------------------------------------------

@@ -182,3 +182,20 @@ def test_int4_engine_on_the_gpu(gpu_tiny_dir):
     gpu = _tokens(engine)
     cpu = _tokens(_engine(gpu_tiny_dir, device="cpu", weight_dtype="int4"))
     assert [t[0] for t in gpu] == [t[0] for t in cpu]
+
+
+def test_the_kv_disk_tier_on_the_gpu(gpu_tiny_dir, tmp_path):
+    """A bf16 pool's blocks go down to disk and come back into a restarted engine's pool: the
+    same greedy tokens as the engine that computed them, every full block read back."""
+    config = dict(device="cuda", dtype="auto", kv_disk_bytes=1 << 30, kv_disk_dir=str(tmp_path))
+    cold = _engine(gpu_tiny_dir, **config)
+    first = [o.outputs[0].token_ids for o in cold.generate(PROMPTS, GREEDY)]
+    cold.close()
+    del cold
+    _free()
+    warm = _engine(gpu_tiny_dir, **config)
+    again = [o.outputs[0].token_ids for o in warm.generate(PROMPTS, GREEDY)]
+    assert again == first
+    assert warm.bm.tier_hit_tokens == sum((len(p) - 1) // 16 * 16 for p in PROMPTS)
+    assert warm.bm.audit() == []
+    warm.close()

@@ -65,6 +65,9 @@ class BlockManager:
         self.prefix_hit_tokens = 0
         self.tier = tier if enable_caching else None
         self.tier_hit_tokens = 0  # of prefix_hit_tokens, read from the tier (group 0's blocks)
+        # hits handed out by lookups whose allocation has not run yet: reading other blocks up
+        # from the tier must not evict them
+        self._handed_out: list[int] = []
 
     def holds(self, seq: Sequence) -> bool:
         """Whether ``seq`` has blocks (on the device or swapped out)."""
@@ -100,6 +103,7 @@ class BlockManager:
             lo = policy.window_start(n * self.block_size)
             hits.append(tuple(self._lookup(g, hashes[i]) for i in range(lo, n)))
         from_tier = 0 if on_device is None else max(0, n - on_device) * self.block_size
+        self._handed_out += [b for group in hits for b in group if b is not None]
         return ComputedBlocks(hits[0], n * self.block_size, tuple(hits[1:]), from_tier)  # type: ignore[arg-type]
 
     def _bring_up(self, seq: Sequence, hashes: list[bytes], limit: int) -> int | None:
@@ -116,7 +120,11 @@ class BlockManager:
             lambda g, i: self.pool.lookup(keys[g][i]) is not None or tier.has(keys[g][i]),
             limit,
         )
-        held: list[tuple[int, int]] = []  # (position, device block), pinned while reading
+        # (position, device block), held while reading: the hit's blocks on the device, and
+        # those earlier lookups handed out (position -1: released last, evicted last)
+        held = [(-1, b) for b in self._handed_out if self.pool.is_evictable(b)]
+        for _, b in held:
+            self.pool.incref(b)
         missing: list[tuple[int, int]] = []  # (group, position)
         on_device = 0  # group 0's blocks of the hit that the device has
         for g, policy in enumerate(self.policies):
@@ -176,6 +184,7 @@ class BlockManager:
         bound for a group whose sequences share a block they all write into."""
         need = sum(self._blocks_to_allocate(d) for d in demands)
         if need + reserve > self.pool.num_free:
+            self._handed_out.clear()  # (looked up again when they are tried again)
             return None
         # the hits first, so that allocating fresh blocks cannot evict one of them
         for d in demands:
@@ -184,6 +193,7 @@ class BlockManager:
         copies: BlockCopies = []
         for d in demands:
             self._extend(d.seq, d.num_new_tokens, copies)
+        self._handed_out.clear()
         return copies
 
     def _take_hits(self, seq: Sequence, computed: ComputedBlocks) -> None:
@@ -417,6 +427,7 @@ class BlockManager:
         for b in blocks:
             self.pool.pin(b)
         self._pins[handle] = blocks
+        self._handed_out.clear()
         self.prefix_hit_tokens += computed.num_tokens
         self.tier_hit_tokens += computed.from_tier
         return True
