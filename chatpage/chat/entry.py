@@ -37,7 +37,8 @@ class ReplyStats:
     prompt_tokens: int = 0
     prefix_hit_tokens: int = 0
     ttft_s: float | None = None
-    disk_tokens: int = 0  # of prefix_hit_tokens, those read from the KV disk tier
+    disk_tokens: int = field(default=0, compare=False)  # of prefix_hit_tokens, those read
+    # from the KV disk tier (shown, not saved)
     elapsed_s: float = 0.0
     prefilled_tokens: int = field(default=0, compare=False)  # of prompt_tokens, while the
     # prompt prefills (shown, not saved)
@@ -61,7 +62,6 @@ class ReplyStats:
             "prefix_hit_tokens": self.prefix_hit_tokens,
             "ttft_s": self.ttft_s,
             "elapsed_s": self.elapsed_s,
-            "disk_tokens": self.disk_tokens,
         }
 
 

@@ -283,6 +283,8 @@ class LLMEngine:
         )
         if self.scheduler.pin_cached(self.groups[rid]):
             del self.groups[rid]
+        if self.tier is not None:  # (between steps: nothing else is in flight)
+            self.tier.scatter(self.bm.take_loads())
         return rid
 
     def unpin_prefix(self, request_id: str) -> None:
@@ -299,6 +301,8 @@ class LLMEngine:
         moved (a prefill chunk included: its usage counts it)."""
         sched = self.scheduler.schedule()
         self.kv.swap_out(sched.swap_out)
+        if self.tier is not None:
+            self.tier.scatter(sched.tier_loads)
         self.kv.swap_in(sched.swap_in)
         self.kv.copy(sched.copies)
         if not sched.scheduled:

@@ -99,6 +99,7 @@ class Plan:
     """The block copies of one step, as SchedulerOutput carries them."""
 
     swap_out: BlockCopies = field(default_factory=list)
+    tier_loads: list[tuple[int, list]] = field(default_factory=list)  # (block, its slots)
     swap_in: BlockCopies = field(default_factory=list)
     copies: BlockCopies = field(default_factory=list)
 
@@ -123,9 +124,11 @@ class Memory:
         """What LLMEngine.step does with the plan before the forward pass, in its order."""
         assert len({d for _, d in plan.copies}) == len(plan.copies), "a block copied into twice"
         self._gather_scatter(self.dev, self.cpu, plan.swap_out)
+        for block, slots in plan.tier_loads:
+            self.dev[block] = list(slots)
         self._gather_scatter(self.cpu, self.dev, plan.swap_in)
         self._gather_scatter(self.dev, self.dev, plan.copies)
-        for pairs in (plan.swap_out, plan.swap_in, plan.copies):
+        for pairs in (plan.swap_out, plan.tier_loads, plan.swap_in, plan.copies):
             pairs.clear()
 
 
@@ -423,7 +426,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @invariant()
     def plan_is_applied(self) -> None:
         plan = self.plan
-        assert not (plan.copies or plan.swap_out or plan.swap_in)
+        assert not (plan.copies or plan.swap_out or plan.swap_in or plan.tier_loads)
 
     @invariant()
     def tables_match_states(self) -> None:
@@ -549,8 +552,8 @@ class TieredMachine(BlockManagerMachine):
         machine = self
 
         class Synced(BlockManager):
-            """Writes the simulated K/V into the tensor before the tier may read it, and back
-            after it may have written some."""
+            """Writes the simulated K/V into the tensor before the tier copies blocks from it;
+            puts the blocks it reads back into the step's plan, as the scheduler does."""
 
             def free(self, seq: Sequence) -> None:
                 machine._to_tensor()
@@ -558,9 +561,10 @@ class TieredMachine(BlockManagerMachine):
                 machine.tier.flush()  # (its evictions done: the machine's runs are repeatable)
 
             def get_computed_blocks(self, seq: Sequence, whole: bool = False) -> ComputedBlocks:
-                machine._to_tensor()
                 computed = super().get_computed_blocks(seq, whole)
-                machine._from_tensor()
+                for block, payload in self.take_loads():
+                    ids = payload.view(torch.int64).tolist()
+                    machine.plan.tier_loads.append((block, [machine.prefixes[i] for i in ids]))
                 return computed
 
         self.bm = Synced(NUM_BLOCKS, NUM_CPU_BLOCKS, BS, tier=self.tier)
@@ -576,12 +580,6 @@ class TieredMachine(BlockManagerMachine):
     def _to_tensor(self) -> None:
         for b, slots in self.mem.dev.items():
             self.kv[b] = torch.tensor([self._id(p) for p in slots])
-
-    def _from_tensor(self) -> None:
-        for b in range(NUM_BLOCKS):
-            slots = [self.prefixes[i] for i in self.kv[b].tolist()]
-            if slots != self.mem.dev.get(b, [None] * BS):
-                self.mem.dev[b] = slots
 
     @invariant()
     def tier_books_add_up(self) -> None:

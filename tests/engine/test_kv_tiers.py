@@ -45,6 +45,14 @@ def _saved(tier: DiskTier, tensors, blocks: dict[bytes, int]) -> None:
     tier.flush()
 
 
+def _load(tier: DiskTier, block: int, key: bytes, tokens=TOKENS) -> bool:
+    """Read ``key`` back into ``block`` (as the engine's step does); whether the tier had it."""
+    payload = tier.read(key, tokens)
+    if payload is not None:
+        tier.scatter([(block, payload)])
+    return payload is not None
+
+
 def _files(tier: DiskTier) -> list[Path]:
     return sorted(tier.folder.glob("*.kv"))
 
@@ -55,11 +63,11 @@ def test_a_block_comes_back_exactly(tmp_path):
     tier.save([(1, b"k1", TOKENS)])  # (read back from the write queue, before the file is there)
     _fill(tensors, 1, 3.0)
     tier.save([(2, b"k2", TOKENS)])
-    assert tier.load(4, b"k2", TOKENS)
+    assert _load(tier, 4, b"k2")
     tier.flush()
     restarted = _tier(tmp_path, tensors)  # a new process: from the file
     assert restarted.has(b"k2") and restarted.has(b"k1")
-    assert restarted.load(5, b"k2", TOKENS)
+    assert _load(restarted, 5, b"k2")
     for t in tensors:
         assert torch.equal(t[4], t[2]) and torch.equal(t[5], t[2])
         assert not torch.equal(t[5], t[1])
@@ -82,13 +90,13 @@ def test_anything_odd_is_a_miss(tmp_path):
     other = _tier(tmp_path, tensors, name="b")  # another model's namespace
     (other.folder / path[b"good".hex()].name).write_bytes(path[b"good".hex()].read_bytes())
     before = [t[0].clone() for t in tensors]
-    assert not tier.load(0, b"good", (5, 6, 7, 9))  # other tokens
-    assert not tier.load(0, b"short", TOKENS)
-    assert not tier.load(0, b"flipped", TOKENS)
-    assert not tier.load(0, b"absent", TOKENS)
-    assert not other.load(0, b"good", TOKENS)
+    assert not _load(tier, 0, b"good", (5, 6, 7, 9))  # other tokens
+    assert not _load(tier, 0, b"short")
+    assert not _load(tier, 0, b"flipped")
+    assert not _load(tier, 0, b"absent")
+    assert not _load(other, 0, b"good")
     path[b"good".hex()].unlink()  # another process evicted it
-    assert not tier.load(0, b"good", TOKENS) and not tier.has(b"good")
+    assert not _load(tier, 0, b"good") and not tier.has(b"good")
     assert all(torch.equal(t[0], b) for t, b in zip(tensors, before, strict=True))
     assert tier.stats().misses == 3 and other.stats().misses == 1
     tier.close()
@@ -104,7 +112,7 @@ def test_the_folder_stays_within_its_bound_least_recently_used_first(tmp_path):
     tier = _tier(tmp_path, tensors, capacity=int(3.5 * file_bytes))
     _saved(tier, tensors, {b"k0": 0, b"k1": 1, b"k2": 2})
     time.sleep(0.01)
-    assert tier.load(5, b"k0", TOKENS)  # read: the most recently used now
+    assert _load(tier, 5, b"k0")  # read: the most recently used now
     _saved(tier, tensors, {b"k3": 3})  # 4 files > 3.5: down to 90% of the bound
     assert not tier.has(b"k1")
     assert all(tier.has(k) for k in (b"k0", b"k2", b"k3"))
@@ -174,7 +182,7 @@ def test_a_process_killed_mid_write_leaves_a_folder_that_loads_cleanly(tmp_path)
     written = [int.from_bytes(bytes.fromhex(p.stem), "little") for p in _files(tier)]
     assert len(written) >= 2
     for i in written:
-        assert tier.load(1, i.to_bytes(4, "little"), (i, i + 1))
+        assert _load(tier, 1, i.to_bytes(4, "little"), (i, i + 1))
         assert all(bool((t[1] == float(i)).all()) for t in tensors)
     assert tier.audit() == []
     tier.close()

@@ -26,7 +26,7 @@ from chatpage.engine.core.block_table import (
 from chatpage.engine.core.kv_policy import kv_policy, longest_common_hit, num_blocks
 from chatpage.engine.core.kv_tiers import DiskTier
 from chatpage.engine.core.sequence import Sequence
-from chatpage.engine.core.step import BlockCopies
+from chatpage.engine.core.step import BlockCopies, BlockLoads
 
 
 class BlockManager:
@@ -68,6 +68,7 @@ class BlockManager:
         # hits handed out by lookups whose allocation has not run yet: reading other blocks up
         # from the tier must not evict them
         self._handed_out: list[int] = []
+        self._loads: BlockLoads = []  # read from the tier, to write into the pool (`take_loads`)
 
     def holds(self, seq: Sequence) -> bool:
         """Whether ``seq`` has blocks (on the device or swapped out)."""
@@ -106,10 +107,18 @@ class BlockManager:
         self._handed_out += [b for group in hits for b in group if b is not None]
         return ComputedBlocks(hits[0], n * self.block_size, tuple(hits[1:]), from_tier)  # type: ignore[arg-type]
 
+    def take_loads(self) -> BlockLoads:
+        """The blocks read from the tier since the last call, for the KV cache to write into
+        the pool before the next forward pass (after the step's swap-outs: a block a swap-out
+        left may be one of them)."""
+        loads, self._loads = self._loads, []
+        return loads
+
     def _bring_up(self, seq: Sequence, hashes: list[bytes], limit: int) -> int | None:
-        """Read into free device blocks the blocks of ``seq``'s longest hit (of at most
-        ``limit`` blocks) that only the tier holds, each indexed and left cached (ref 0) for
-        the lookup to find; none when the pool lacks room for all of them. Returns how many of
+        """Read the blocks of ``seq``'s longest hit (of at most ``limit`` blocks) that only the
+        tier holds, each given a free device block, indexed and left cached (ref 0) for the
+        lookup to find, its bytes to be written there (`take_loads`); none when the pool lacks
+        room for all of them. Returns how many of
         the hit's blocks in group 0 were on the device already (the rest of the hit is the
         tier's), or None when nothing was read."""
         tier = self.tier
@@ -140,11 +149,13 @@ class BlockManager:
         if len(missing) <= self.pool.num_free:
             bs = self.block_size
             for g, i in missing:
+                payload = tier.read(keys[g][i], tuple(seq.token_ids[i * bs : (i + 1) * bs]))
+                if payload is None:
+                    continue
                 block = self.pool.allocate()
-                tokens = tuple(seq.token_ids[i * bs : (i + 1) * bs])
-                if tier.load(block, keys[g][i], tokens):
-                    self.pool.register(block, keys[g][i])
-                    loaded = True
+                self.pool.register(block, keys[g][i])
+                self._loads.append((block, payload))
+                loaded = True
                 held.append((i, block))
         # tails first, as `free` does: the cache evicts them before the heads
         for _, block in sorted(held, key=lambda h: -h[0]):

@@ -131,7 +131,7 @@ class TierStats:
     blocks: int  # this namespace's blocks on disk (as this process last saw them)
     bytes: int  # the folder's bytes, every namespace
     capacity: int
-    hits: int  # blocks read back into the device pool
+    hits: int  # blocks read back from disk
     writes: int  # blocks written
     dropped: int  # writes given up (the write queue full, or the disk refused)
     misses: int  # files found but unreadable or not what was asked for
@@ -221,36 +221,36 @@ class DiskTier:
         for key in queued:
             self._queue.put(key)
 
-    def load(self, block: int, key: bytes, tokens: tuple[int, ...]) -> bool:
-        """Read block ``key`` into device block ``block``; False (nothing written to it) when
-        the tier does not hold it whole, for exactly ``tokens``."""
+    def read(self, key: bytes, tokens: tuple[int, ...]) -> torch.Tensor | None:
+        """Block ``key``'s bytes (checked: for exactly ``tokens``, whole) from the write queue
+        or its file, for `scatter`; None when the tier does not hold it so."""
         with self._lock:
             pending = self._pending.get(key)
         if pending is not None:
-            if pending[0] != tokens:
-                return False
-            payload = pending[1]
-        else:
-            path = self._path(key)
-            data = self._read(path, key, tokens)
-            if data is None:
-                with self._lock:
-                    self._keys.discard(key)
-                return False
-            payload = data
-            try:
-                os.utime(path)
-            except OSError:
-                pass
+            return pending[1] if pending[0] == tokens else None
+        path = self._path(key)
+        payload = self._read(path, key, tokens)
+        if payload is None:
             with self._lock:
-                if path in self._files:
-                    self._files.move_to_end(path)
-        offset = 0
-        for t, size in zip(self._tensors, self._sizes, strict=True):
-            t[block].view(-1).view(torch.uint8).copy_(payload[offset : offset + size])
-            offset += size
+                self._keys.discard(key)
+            return None
+        try:
+            os.utime(path)  # (recently used: evicted last)
+        except OSError:
+            pass
+        with self._lock:
+            if path in self._files:
+                self._files.move_to_end(path)
         self.hits += 1
-        return True
+        return payload
+
+    def scatter(self, loads: Sequence[tuple[int, torch.Tensor]]) -> None:
+        """Write each ``(block, payload)`` (from `read`) into the device pool, in order."""
+        for block, payload in loads:
+            offset = 0
+            for t, size in zip(self._tensors, self._sizes, strict=True):
+                t[block].view(-1).view(torch.uint8).copy_(payload[offset : offset + size])
+                offset += size
 
     def _read(self, path: Path, key: bytes, tokens: tuple[int, ...]) -> torch.Tensor | None:
         """The payload of ``path`` if it is block ``key`` of this namespace for ``tokens``,

@@ -220,6 +220,7 @@ class Scheduler:
             self.waiting.popleft()
             take(group, demands, copies)
             self._insert_running(group)
+        out.tier_loads = self.bm.take_loads()
         return out
 
     def stuck(self, out: SchedulerOutput) -> SequenceGroup | None:

@@ -18,6 +18,10 @@ from chatpage.engine.core.sequence import Sequence, SequenceGroup
 BlockCopies = list[tuple[int, int]]
 """Block copies the KV cache makes before a forward pass, (source, destination) each."""
 
+BlockLoads = list[tuple[int, torch.Tensor]]
+"""Blocks read back from the disk tier, (device block, its bytes) each, written into the pool
+before a forward pass."""
+
 
 @dataclass(frozen=True, slots=True)
 class ScheduledSeq:
@@ -35,11 +39,13 @@ class ScheduledSeq:
 class SchedulerOutput:
     """Everything one step runs: the scheduled chunks, the groups preempted for them, and the
     block copies the KV cache makes before the forward pass, in this order: swap-outs (device
-    to CPU), swap-ins (CPU to device), copy-on-write (device to device)."""
+    to CPU), the disk tier's blocks read back (`tier_loads`: into blocks a swap-out may have
+    left, so after it), swap-ins (CPU to device), copy-on-write (device to device)."""
 
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     preempted: list[SequenceGroup] = field(default_factory=list)
     swap_out: BlockCopies = field(default_factory=list)
+    tier_loads: BlockLoads = field(default_factory=list)
     swap_in: BlockCopies = field(default_factory=list)
     copies: BlockCopies = field(default_factory=list)
 
