@@ -6,6 +6,7 @@ weights; they are written once per session as HF directories, exactly what `--mo
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -33,6 +34,19 @@ def _no_packed_leftovers(tmp_path_factory):
         packs = packed_weights_path(config.parent, "int4").parent.parent
         if packs.parent == cache_dir() / "models" and packs.is_dir():
             shutil.rmtree(packs, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_kv_dir(tmp_path_factory):
+    """The KV disk tier of what starts before a test's own dirs are set (a module's `chatpage
+    serve`, say): the session's, never the user's (each test then gets its own, below)."""
+    previous = os.environ.get("CHATPAGE_KV_DIR")
+    os.environ["CHATPAGE_KV_DIR"] = str(tmp_path_factory.mktemp("kv"))
+    yield
+    if previous is None:
+        os.environ.pop("CHATPAGE_KV_DIR", None)
+    else:
+        os.environ["CHATPAGE_KV_DIR"] = previous
 
 
 @pytest.fixture(scope="session")
