@@ -335,3 +335,18 @@ def test_a_tool_using_personas_pin_holds_its_tools_and_comes_from_disk(tiny_llam
     cold, warm = pinned
     assert cold.blocks_pinned == warm.blocks_pinned == len(prefix) // 8
     assert cold.disk_hit_tokens == 0 and warm.disk_hit_tokens == len(prefix) // 8 * 8
+
+
+@pytest.mark.slow
+def test_an_int8_kv_cache_goes_down_and_comes_back(tiny_llama_dir, tmp_path):
+    """int8 blocks (rows with their scales) are read back byte for byte: the same greedy
+    tokens, in a namespace of their own (a bf16 engine over the folder reads none of them)."""
+    prompt = list(range(100, 100 + 8 * 9 + 3))
+    outs, hits = [], []
+    for dtype in ("int8", "int8", "bf16"):
+        engine = _engine(tiny_llama_dir, tmp_path, kv_cache_dtype=dtype)
+        outs.append(_greedy(engine, [prompt])[0])
+        hits.append(engine.bm.tier_hit_tokens)
+        assert engine.bm.audit() == []
+        engine.close()
+    assert outs[0] == outs[1] and hits == [0, 9 * 8, 0]
