@@ -12,7 +12,7 @@ anything odd (another namespace, other tokens, a short or unreadable file) is a 
 error. Writes go to a temp file named after the writing process, then ``os.replace``: a process
 killed mid-write leaves a temp file (removed at the next start, once its process is gone), never
 a torn block. Two processes on one folder each keep their own index and tolerate the other's
-files appearing and vanishing.
+files appearing (a lookup the index misses looks for the file) and vanishing (a miss).
 
 Writes run on the tier's own thread: `DiskTier.save` copies the block's bytes at once (the pool
 may hand the block out again in the next step) and queues them, so the engine's step never
@@ -192,9 +192,23 @@ class DiskTier:
 
     # -- the engine thread's side ----------------------------------------------------------------
     def has(self, key: bytes) -> bool:
-        """Whether block ``key`` is on disk (as last seen) or queued for writing."""
+        """Whether block ``key`` is on disk or queued for writing: known to this process, or
+        its file is there (another process on the folder wrote it since this one last listed
+        it; taken into the books then)."""
         with self._lock:
-            return key in self._keys or key in self._pending
+            if key in self._keys or key in self._pending:
+                return True
+        path = self._path(key)
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return False
+        with self._lock:
+            self._keys.add(key)
+            if path not in self._files:
+                self._files[path] = size
+                self._used += size
+        return True
 
     def save(self, blocks: Sequence[tuple[int, bytes, tuple[int, ...]]]) -> None:
         """Queue device blocks for writing, each ``(block, key, tokens)`` (full, its ``tokens``
