@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         common.say(f"{dtype}: {eng.kv.format.describe()}, {eng.block_bytes} bytes a block")
     ids = prompts(max(BATCHES), context, loaded.config.vocab_size, args.seed)
-    rows = []
+    rows: list[dict] = []
     for batch in sorted(BATCHES, reverse=True):
         common.say(f"batch {batch}: {batch} prompts of {context} tokens, then decode")
         rows.insert(0, run_batch(engines, ids[:batch]))

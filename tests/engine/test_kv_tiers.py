@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from chatpage.engine.core.kv_tiers import DiskTier, TierUsage, clear_tier, tier_usage
+from chatpage.engine.core.kv_tiers import (
+    RESCAN,
+    DiskTier,
+    TierUsage,
+    clear_tier,
+    tier_usage,
+)
 
 BLOCK = 4
 TOKENS = (5, 6, 7, 8)
@@ -55,6 +61,14 @@ def _load(tier: DiskTier, block: int, key: bytes, tokens=TOKENS) -> bool:
 
 def _files(tier: DiskTier) -> list[Path]:
     return sorted(tier.folder.glob("*.kv"))
+
+
+def _file_bytes(root: Path, tensors) -> int:
+    """The size of one block's file (written under ``root``)."""
+    probe = _tier(root, tensors)
+    _saved(probe, tensors, {b"k0": 0})
+    probe.close()
+    return _files(probe)[0].stat().st_size
 
 
 def test_a_block_comes_back_exactly(tmp_path):
@@ -105,10 +119,7 @@ def test_anything_odd_is_a_miss(tmp_path):
 
 def test_the_folder_stays_within_its_bound_least_recently_used_first(tmp_path):
     tensors = _tensors()
-    probe = _tier(tmp_path / "probe", tensors)
-    _saved(probe, tensors, {b"k0": 0})
-    file_bytes = _files(probe)[0].stat().st_size
-    probe.close()
+    file_bytes = _file_bytes(tmp_path / "probe", tensors)
     tier = _tier(tmp_path, tensors, capacity=int(3.5 * file_bytes))
     _saved(tier, tensors, {b"k0": 0, b"k1": 1, b"k2": 2})
     time.sleep(0.01)
@@ -129,6 +140,31 @@ def test_the_folder_stays_within_its_bound_least_recently_used_first(tmp_path):
     assert tier_usage(tmp_path) == TierUsage(0, 0, 0)
     tier.close()
     peer.close()
+
+
+def test_two_processes_on_one_folder_read_each_others_blocks_and_share_the_bound(tmp_path):
+    tensors = _tensors()
+    file_bytes = _file_bytes(tmp_path / "probe", tensors)
+    bound = 40 * file_bytes
+    first, second = _tier(tmp_path, tensors, bound), _tier(tmp_path, tensors, bound)
+    _saved(second, tensors, {b"late": 1})  # written after `first` listed the folder
+    assert first.has(b"late") and _load(first, 5, b"late")
+    assert torch.equal(tensors[0][5], tensors[0][1])
+    over = 2 * int(bound * RESCAN) + file_bytes  # (each lists the folder every RESCAN it writes)
+    # both write at once: first blocks of their own, each within the bound but not together;
+    # then the same blocks (renamed over each other's), each evicting the other's files too
+    for keys in ((range(36), range(100, 136)), (range(120), range(60, 180))):
+        for mine, theirs in zip(*keys, strict=True):
+            for tier, key in ((first, mine), (second, theirs)):
+                tier.save([(key % 4, f"k{key}".encode(), TOKENS)])
+        first.flush()
+        second.flush()
+        assert tier_usage(tmp_path).bytes <= bound + over
+    assert first.audit() == [] and second.audit() == []
+    every = [b"late", *(f"k{k}".encode() for k in range(180))]
+    assert sum(_load(first, 5, key) for key in every) == len(_files(first))  # (every file whole)
+    first.close()
+    second.close()
 
 
 def test_a_full_write_queue_drops_blocks_instead_of_growing(tmp_path):

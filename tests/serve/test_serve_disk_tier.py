@@ -64,7 +64,9 @@ def test_two_serves_share_one_folder_while_both_write(tiny_llama_dir, tmp_path, 
         # writes too (the same files renamed over each other) and the folder overflows its
         # bound (both evicting, each the other's files as well)
         with ThreadPoolExecutor(8) as pool:
-            raced = list(pool.map(complete, [a, b] * len(prompts), [p for p in prompts for _ in "ab"]))
+            raced = list(
+                pool.map(complete, [a, b] * len(prompts), [p for p in prompts for _ in "ab"])
+            )
         assert all(r["choices"][0]["text"] for r in raced)  # (batches differ: texts may too)
         written = settled_writes(a) + settled_writes(b)
         usage = tier_usage(kv)

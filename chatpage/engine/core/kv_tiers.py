@@ -21,7 +21,10 @@ is admitted: a block is one file read from the page cache, far cheaper than reco
 (docs/benchmarks.md, ``chatpage bench resume``). The folder's size is bounded by ``capacity``
 bytes over every namespace together: the least recently used files (by mtime; a read touches
 its file) go first, down to `LOW_WATER` of the bound so that the folder is not listed again at
-every write.
+every write. Other processes' writes count once this one lists the folder again: when its own
+count passes the bound, and after every `RESCAN` share of the bound it wrote itself, so that
+``P`` processes writing at once take the folder at most ``P * RESCAN`` of the bound over it,
+for as long as it takes the next of them to list it.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ HEADER = struct.Struct("<8s32sIIQI")  # magic, namespace, key length, tokens, pa
 SUFFIX = ".kv"
 TEMP = ".tmp"
 LOW_WATER = 0.9  # eviction frees down to this share of the bound
+RESCAN = 0.05  # share of the bound a process writes between listings of the folder
 MAX_PENDING = 256 << 20  # bytes of blocks queued for writing; more are dropped (a later miss)
 
 
@@ -165,6 +169,7 @@ class DiskTier:
         self._files: OrderedDict[Path, int] = OrderedDict()  # the root's, LRU first
         self._keys: set[bytes] = set()  # this namespace's blocks on disk
         self._used = 0
+        self._written = 0  # bytes this process wrote since it last listed the folder
         self._adopt(_scan(root))
         self._pending: dict[bytes, tuple[tuple[int, ...], torch.Tensor]] = {}
         self._pending_bytes = 0
@@ -366,7 +371,8 @@ class DiskTier:
             self._keys.add(key)
             self._used += size - self._files.pop(path, 0)
             self._files[path] = size
-            over = self._used > self.capacity
+            self._written += size
+            over = self._used > self.capacity or self._written > self.capacity * RESCAN
         if over:
             self._evict()
 
@@ -391,11 +397,14 @@ class DiskTier:
         return len(head) + len(key) + len(token_bytes) + len(data)
 
     def _evict(self) -> None:
-        """Bring the folder (every process's files) down to `LOW_WATER` of the bound, least
-        recently used first."""
+        """List the folder again (every process's files) and, if it is over the bound, bring it
+        down to `LOW_WATER` of it, least recently used first."""
         files = _scan(self.root)  # (outside the lock: another process's files count too)
         with self._lock:
             self._adopt(files)
+            self._written = 0
+            if self._used <= self.capacity:
+                return
             target = int(self.capacity * LOW_WATER)
             while self._files and self._used > target:
                 path, size = self._files.popitem(last=False)
