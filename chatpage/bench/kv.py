@@ -26,6 +26,8 @@ from chatpage.vocab import DEFAULT_WEIGHTS
 BATCHES = (1, 8, 32)
 CONTEXT = 4096
 STEPS = 12  # timed decode steps per engine and batch
+PREFILL_ROOM = 512  # tokens a sequence may decode while the batch's last prompts prefill, and more
+PREFILL_TOKENS = 2048  # a step's tokens
 GOAL_SPEEDUP = 1.25  # at batch 1 and 8
 FLOOR = 1.0  # at every batch
 DTYPES = ("bf16", "int8")
@@ -36,15 +38,17 @@ def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(batch)]
 
 
-def decoding(eng: LLMEngine, ids: list[list[int]]) -> None:
-    """Submit ``ids`` and step ``eng`` until every sequence has its prompt in the cache."""
-    params = SamplingParams(temperature=0, max_tokens=STEPS + 4, ignore_eos=True)
-    for prompt in ids:
-        eng.add_request(prompt, params)
+def decoding(eng: LLMEngine, ids: list[list[int]]) -> list[str]:
+    """Submit ``ids`` and step ``eng`` until every sequence has its prompt in the cache; returns
+    the request ids. They ask for more tokens than the run takes (the first prompts decode while
+    the last prefill): every sequence still decodes in every timed step, and the run aborts them."""
+    params = SamplingParams(temperature=0, max_tokens=PREFILL_ROOM, ignore_eos=True)
+    rids = [eng.add_request(prompt, params) for prompt in ids]
     while eng.scheduler.waiting or any(
         s.num_computed_tokens < s.prompt_len for g in eng.scheduler.running for s in g.seqs
     ):
         eng.step()
+    return rids
 
 
 def step_ms(eng: LLMEngine) -> float:
@@ -55,15 +59,18 @@ def step_ms(eng: LLMEngine) -> float:
 
 def run_batch(engines: dict[str, LLMEngine], ids: list[list[int]]) -> dict:
     batch, context = len(ids), len(ids[0])
-    for eng in engines.values():
-        decoding(eng, ids)
+    requests = {}
+    for dtype, eng in engines.items():
+        requests[dtype] = decoding(eng, ids)
         eng.step()  # the first decode step (warm)
     times: dict[str, list[float]] = {d: [] for d in engines}
     for _ in range(STEPS):
         for dtype, eng in engines.items():
+            assert len(eng.scheduler.running) == batch, "a sequence left the timed batch"
             times[dtype].append(step_ms(eng))
-    for eng in engines.values():
-        common.drain(eng)
+    for dtype, eng in engines.items():
+        for rid in requests[dtype]:
+            eng.abort(rid)
     row: dict = {"batch": batch, "context": context}
     for dtype, samples in times.items():
         row[f"{dtype}_step_ms"] = statistics.median(samples)
@@ -78,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     args = common.parse(p, argv)
     context = max(64, round(CONTEXT * args.scale))
     loaded = load_model(args.model, progress=common.say, weights=args.weights)
-    tokens = max(BATCHES) * (context + STEPS + 24)
+    # each sequence's prompt, what it decodes while the others prefill, and the timed steps
+    room = -(-max(BATCHES) * context // PREFILL_TOKENS) + 2 * STEPS + 16
+    tokens = max(BATCHES) * (context + room)
     engines = {}
     for dtype in DTYPES:
         per_token = common.block_bytes(loaded, 1, torch.int8 if dtype == "int8" else torch.bfloat16)
@@ -89,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_cache_bytes=tokens * per_token,
             gpu_blocks=-(-tokens // 16),  # (on a GPU: the same pool, not a share of its memory)
             max_num_seqs=max(BATCHES),
-            max_num_batched_tokens=2048,
+            max_num_batched_tokens=PREFILL_TOKENS,
         )
         common.say(f"{dtype}: {eng.kv.format.describe()}, {eng.block_bytes} bytes a block")
     ids = prompts(max(BATCHES), context, loaded.config.vocab_size, args.seed)
