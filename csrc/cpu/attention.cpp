@@ -14,6 +14,12 @@
 // items (flash-decoding); each writes its unnormalised partial state and a second pass merges them.
 // Items are handed out largest first from an atomic counter, so uneven lengths balance out.
 //
+// A sequence of at most kRowByRow query rows (a decode step's one, a speculative verification's
+// few) runs row by row: each row its own item, its context cut into pieces by its own length
+// alone (kRowPieceKeys keys a piece). So a row's result does not depend on the other rows of the
+// call, its own sequence's included: a verification of k drafted tokens gives each row the bits
+// the decode step of that row alone gives (row invariance: exact speculative decoding).
+//
 // Vectors are vec.h's eight lanes, or sixteen (one zmm register) where the build has AVX-512 and
 // head_dim and block_size are multiples of 16. An fp32 cache is read where it lies. Of a bf16 or
 // fp16 cache block, run_item reads the values in place (group_pv: each row widened in registers
@@ -52,6 +58,8 @@ constexpr int kMaxTileRows = 16;
 // each in registers)
 constexpr int kHeadsAtOnce = 3;
 constexpr int64_t kMinPieceCost = 128;  // query-row x key pairs below which a split does not pay
+constexpr int64_t kRowByRow = 16;  // query rows of a sequence up to which it runs row by row
+constexpr int64_t kRowPieceKeys = 512;  // keys per piece of a row run alone
 
 // Everything the items of one call share.
 struct Geometry {
@@ -75,6 +83,7 @@ struct WorkItem {
   int64_t blk_begin, blk_end;
   int64_t state;  // offset of its partial states, or -1: finalise straight into out
   int64_t cost;
+  bool alone;  // one row of a sequence run row by row: pieces by its own length
 };
 
 // Partial states of `pieces` items covering the same rows, stored one after another.
@@ -650,9 +659,12 @@ Plan make_plan(const Geometry& g, const AttentionShape& shape, const int32_t* ta
   int64_t total = 0;
   for (int64_t s = 0; s < shape.num_seqs; ++s) {
     const int64_t q_len = starts[s + 1] - starts[s], len = lens[s];
-    for (int64_t r0 = 0; r0 < q_len; r0 += tile) {
+    const bool by_row = q_len <= kRowByRow;
+    const int rows = by_row ? 1 : tile;
+    for (int64_t r0 = 0; r0 < q_len; r0 += rows) {
       WorkItem w;
-      w.rows = static_cast<int>(std::min<int64_t>(tile, q_len - r0));
+      w.alone = by_row;
+      w.rows = static_cast<int>(std::min<int64_t>(rows, q_len - r0));
       w.first_row = starts[s] + r0;
       w.first_pos = len - q_len + r0;
       w.table = tables + s * shape.max_blocks;
@@ -669,8 +681,8 @@ Plan make_plan(const Geometry& g, const AttentionShape& shape, const int32_t* ta
   for (const WorkItem& w : tiles) {
     plan.max_rows = std::max(plan.max_rows, w.rows);
     const int64_t nblk = w.blk_end - w.blk_begin;
-    const int64_t pieces =
-        threads > 1 ? std::min<int64_t>(nblk, (w.cost + target - 1) / target) : 1;
+    const int64_t per = w.alone ? kRowPieceKeys : target;
+    const int64_t pieces = threads > 1 ? std::min<int64_t>(nblk, (w.cost + per - 1) / per) : 1;
     if (pieces <= 1) {
       plan.items.push_back(w);
       continue;

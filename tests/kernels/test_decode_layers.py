@@ -21,9 +21,9 @@ def _every_step(fmt: str) -> bool:
     """Whether the native loop takes every step in ``fmt``: its matrices are q8 packs (one kernel
     for any rows), or its GEMM starts right after its GEMV (no torch path between), so prefill
     steps run natively too."""
-    return (fmt in ("int8", "int4") and weights.q8_packs(32)) or GEMM_ROWS.get(fmt) == GEMV_ROWS[
-        fmt
-    ] + 1
+    if fmt in ("int8", "int4") and weights.q8_packs(32):
+        return weights.Q8_PACK_ROWS == sys.maxsize
+    return GEMM_ROWS.get(fmt) == GEMV_ROWS[fmt] + 1
 
 
 def _run(loaded, fmt: str, native: bool, monkeypatch) -> tuple[list, list[int]]:
@@ -34,7 +34,7 @@ def _run(loaded, fmt: str, native: bool, monkeypatch) -> tuple[list, list[int]]:
     assert isinstance(layers, NativeLayers)
     assert layers.packed == (fmt in ("int8", "int4") and weights.q8_packs(32))
     if layers.packed:
-        assert layers.rows == sys.maxsize and layers.gemm_rows == 0 and layers.parts == 2
+        assert layers.rows == weights.Q8_PACK_ROWS and layers.gemm_rows == 0 and layers.parts == 2
     elif _every_step(fmt):
         assert layers.rows == sys.maxsize and layers.gemm_rows == GEMM_ROWS[fmt]
     else:

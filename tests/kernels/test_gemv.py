@@ -18,6 +18,7 @@ from chatpage.engine.model import gemv, ops
 from chatpage.engine.model.weights import (
     GEMM_ROWS,
     GEMV_ROWS,
+    Q8_PACK_ROWS,
     gemm_kernel,
     make_linear,
     pack_int4,
@@ -164,17 +165,21 @@ def test_make_linear_takes_a_q8_pack_on_a_cpu_with_vnni(fmt):
     state["m.bias"] = bias
     linear = make_linear(state, "m", torch.device("cpu"))
     kind = fmt.partition("+")[0]
-    packs = ops.vector_isa() == "avx512" and LIB.gemm_q8()
+    packs = ops.vector_isa() in ("avx512", "amx") and LIB.gemm_q8()
     assert q8_packs(n) == packs and not q8_packs(n + 16)
-    if not packs:  # pragma: no cover - a CPU without AVX-512 VNNI, or with AMX
+    if not packs:  # pragma: no cover - a CPU without AVX-512 VNNI
         assert linear.gemv is not None and linear.gemv.op != getattr(LIB, f"gemm_q8_{kind}_packed")
         return
-    assert linear.gemv is not None and linear.gemm is None
-    assert linear.gemv.op == getattr(LIB, f"gemm_q8_{kind}_packed")
-    assert linear.gemv.rows == sys.maxsize
+    assert linear.gemv is not None and linear.gemv.op == getattr(LIB, f"gemm_q8_{kind}_packed")
+    assert linear.gemv.rows == Q8_PACK_ROWS
+    # with AMX the AMX GEMM takes the rows past the pack's
+    assert (linear.gemm is None) == (Q8_PACK_ROWS == sys.maxsize)
     x = torch.randn(70, k).to(BF16)
     one_by_one = torch.cat([linear(x[i : i + 1]) for i in range(x.shape[0])])
-    for rows in (1, 3, 4, 9, 70):
+    for rows in (1, 3, 4, 9, 32, 70):
+        if rows > Q8_PACK_ROWS:
+            assert linear.gemm is not None and torch.equal(linear(x[:rows]), linear.gemm(x[:rows]))
+            continue
         assert torch.equal(linear(x[:rows]), one_by_one[:rows])
         assert torch.equal(linear(x[:rows]), unpacked(x[:rows]))
 

@@ -140,7 +140,8 @@ class NativeLayers:
         gemms = [f.gemm for f in linears if f.gemm is not None]
         starts = {g.rows for g in gemms}
         self.gemm_rows, self.q8 = 0, False
-        if len(gemms) == len(linears) and len(starts) == 1:  # every step can run natively
+        # every step can run natively (not with q8 packs: one kernel up to `Q8_PACK_ROWS`)
+        if not self.packed and len(gemms) == len(linears) and len(starts) == 1:
             self.gemm_rows, self.rows = starts.pop(), sys.maxsize
             self.q8 = {g.op for g in gemms} <= {lib.gemm_q8_int8, lib.gemm_q8_int4}
         self.windows = model.windows

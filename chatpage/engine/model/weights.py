@@ -477,11 +477,20 @@ def state_format(packed: Mapping[str, torch.Tensor]) -> str | None:
     return found[0] if found else None
 
 
+# Up to this many rows a q8 pack runs a matmul on an AMX CPU, the AMX GEMM beyond (the 30 layers'
+# int4 matmuls of the default model, 2 threads, ms at 1 / 4 / 8 / 16 / 32 / 64 rows: q8 pack
+# 2.2 / 2.4 / 3.5 / 5.9 / 11.0 / 20.3, AMX GEMM 8.5 / 7.9 / 7.9 / 8.4 / 11.1 / 16.0, the GEMV
+# 4-5 / 8.8 / 16.5 / 32 / 63). One kernel for every step of up to this many rows also computes
+# each row alike whatever the others (row invariance: what exact speculative decoding needs,
+# ``engine/core/speculate.py``). On an AVX-512 CPU without AMX a pack takes every row count.
+Q8_PACK_ROWS = 32 if _ISA == "amx" else sys.maxsize
+
+
 def q8_packs(rows: int) -> bool:
     """Whether an int8 or int4 matrix of ``rows`` output rows runs as a q8 pack (the kernels
-    loaded): on an AVX-512 CPU without AMX whose build has the q8 GEMMs, for a matrix of whole
-    32-row tasks (``csrc/cpu/gemm_q8.cpp``)."""
-    return _ISA == "avx512" and rows % 32 == 0 and torch.ops.chatpage.gemm_q8()
+    loaded): on an AVX-512 CPU whose build has the q8 GEMMs (with AMX up to `Q8_PACK_ROWS`
+    rows), for a matrix of whole 32-row tasks (``csrc/cpu/gemm_q8.cpp``)."""
+    return _ISA in ("avx512", "amx") and rows % 32 == 0 and torch.ops.chatpage.gemm_q8()
 
 
 def _packed(
@@ -489,10 +498,14 @@ def _packed(
     args: tuple[torch.Tensor | None, ...],
     bias: torch.Tensor | None,
     k: int,
+    many: Gemv,
 ) -> Linear:
-    """The :class:`Linear` of a q8 pack: one kernel for every row count (its ``gemv``)."""
-    kernel = Gemv(op, args, bias, sys.maxsize)
-    return Linear(kernel, k, kernel)
+    """The :class:`Linear` of a q8 pack: one kernel for every row count up to `Q8_PACK_ROWS`
+    (its ``gemv``), ``many`` (the AMX GEMM) beyond."""
+    kernel = Gemv(op, args, bias, Q8_PACK_ROWS)
+    if Q8_PACK_ROWS == sys.maxsize:
+        return Linear(kernel, k, kernel)
+    return Linear(_by_rows(kernel, many, many), k, kernel, many)
 
 
 def make_linear(
@@ -519,7 +532,8 @@ def make_linear(
         fn = lambda x: torch.ops.aten._weight_int8pack_mm(x, q, s)  # noqa: E731
         k = q.shape[1]
         if native and q8_packs(q.shape[0]):
-            return _packed(lib.gemm_q8_int8_packed, (lib.q8_pack_int8(q), s), bias, k)
+            beyond = Gemv(lib.gemm_int8, (q, s), bias, Q8_PACK_ROWS + 1)
+            return _packed(lib.gemm_q8_int8_packed, (lib.q8_pack_int8(q), s), bias, k, beyond)
         if native:
             gemv = Gemv(lib.gemv_int8, (q, s), bias, GEMV_ROWS["int8"])
             gemm = Gemv(getattr(lib, gemm_kernel("int8")), (q, s), bias, GEMM_ROWS["int8"])
@@ -531,11 +545,12 @@ def make_linear(
         k = q4.shape[1] * 2
         if levels is not None and not native:  # torch's int4pack has no table of levels
             return _dequantized_int4(packed, name, device, bias)
-        if native and q8_packs(q4.shape[0]):
-            pack = lib.q8_pack_int4(q4, scales, zeros)
-            return _packed(lib.gemm_q8_int4_packed, (pack, levels), bias, k)
         if native:  # the GEMV's own layout, which the GEMM reads too
             args = tuple(None if t is None else t.to(device) for t in (q4, scales, zeros, levels))
+            if q8_packs(q4.shape[0]):
+                pack = lib.q8_pack_int4(q4, scales, zeros)
+                beyond = Gemv(lib.gemm_int4, args, bias, Q8_PACK_ROWS + 1)
+                return _packed(lib.gemm_q8_int4_packed, (pack, levels), bias, k, beyond)
             # with levels torch's kernel cannot run it: the GEMV takes every row below the GEMM's
             few = GEMV_ROWS["int4"] if levels is None else GEMM_ROWS["int4"] - 1
             gemv = Gemv(lib.gemv_int4, args, bias, few)
