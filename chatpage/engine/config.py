@@ -91,6 +91,9 @@ class EngineConfig:
     free_outside_window: bool = True
     kv_disk_bytes: int = 0
     kv_disk_dir: str | None = None
+    # draftless speculative decoding (engine/core/speculate.py): the most tokens drafted for one
+    # sequence a step (0: off); each request may still turn it off (SamplingParams.speculate)
+    num_speculative_tokens: int = 15
 
     @classmethod
     def for_settings(cls, settings: Settings, threads: int | None = None) -> EngineConfig:

@@ -20,6 +20,7 @@ from chatpage.engine.core.kv_tiers import DiskTier
 from chatpage.engine.core.request_update import closing_update, request_update
 from chatpage.engine.core.scheduler import Scheduler
 from chatpage.engine.core.sequence import GroupStatus, SequenceGroup
+from chatpage.engine.core.speculate import Speculator
 from chatpage.engine.core.stop import StopCheck
 from chatpage.engine.device import EnginePlan, plan_engine, probe_cuda
 from chatpage.engine.load.loader import (
@@ -109,7 +110,8 @@ class LLMEngine:
             self.tier,
         )
         self.stop = StopCheck(self._eos_ids(hf), self.max_model_len)
-        self.scheduler = Scheduler(config, self.bm, self.stop)
+        self.speculator = Speculator(self.model.exact_rows, config.num_speculative_tokens)
+        self.scheduler = Scheduler(config, self.bm, self.stop, self.speculator)
         self.runner = ModelRunner(
             self.model,
             self.kv,

@@ -67,6 +67,10 @@ class SamplingParams:
     # outside the rule table (no persona key or slash command): a request's own
     structured: Structured | None = None  # a grammar the output must follow
     logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    # speculative decoding (engine/core/speculate.py): whether it may draft, and token lists it
+    # drafts from besides its own context (the other versions of a chat turn)
+    speculate: bool = True
+    draft_source: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if isinstance(self.logprobs, bool):  # True: the sampled token's only; False: none

@@ -245,6 +245,14 @@ class BlockManager:
         for g, policy in enumerate(self.policies):
             self._slide(seq, record, g, policy.window_start(seq.num_computed_tokens))
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back the blocks past the ones ``seq``'s tokens occupy (a speculative step's
+        rejected rows': fresh blocks, never indexed)."""
+        keep = num_blocks(len(seq), self.block_size)
+        for table in self._records[seq.seq_id].tables:
+            while len(table) > keep:
+                self.pool.decref(table.pop())
+
     def _register(self, seq: Sequence) -> None:
         record = self._records[seq.seq_id]
         full = seq.num_computed_tokens // self.block_size

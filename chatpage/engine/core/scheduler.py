@@ -19,6 +19,7 @@ from chatpage.engine.core.beam import BeamSearch
 from chatpage.engine.core.block_manager import BlockManager
 from chatpage.engine.core.block_table import Demand
 from chatpage.engine.core.sequence import GroupStatus, Sequence, SequenceGroup
+from chatpage.engine.core.speculate import Speculator
 from chatpage.engine.core.step import (
     BeamCandidates,
     BlockCopies,
@@ -35,10 +36,17 @@ class Scheduler:
     """Owns the waiting / running / swapped queues, and every sequence's life in them: what runs
     each step, and what the step's picks do to it (append, fork, stop, finish, free)."""
 
-    def __init__(self, config: EngineConfig, block_manager: BlockManager, stop: StopCheck) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        block_manager: BlockManager,
+        stop: StopCheck,
+        speculator: Speculator | None = None,
+    ) -> None:
         self.config = config
         self.bm = block_manager
         self.stop = stop
+        self.speculator = speculator if speculator is not None and speculator.enabled else None
         self.beam = BeamSearch(block_manager, stop)
         self.waiting: deque[SequenceGroup] = deque()
         self.running: list[SequenceGroup] = []  # sorted by arrival time
@@ -220,8 +228,26 @@ class Scheduler:
             self.waiting.popleft()
             take(group, demands, copies)
             self._insert_running(group)
+        if self.speculator is not None:
+            self._draft(out)
         out.tier_loads = self.bm.take_loads()
         return out
+
+    def _draft(self, out: SchedulerOutput) -> None:
+        """Add drafted tokens to the decode rows of a step that is all decode rows with nothing
+        waiting (``engine/core/speculate.py``); a draft whose blocks do not fit is dropped."""
+        assert self.speculator is not None
+        if out.preempted or self.waiting or self.swapped or out.swap_in:
+            return
+        if not all(i.num_new_tokens == 1 and i.samples for i in out.scheduled):
+            return
+        budget = self.config.max_num_batched_tokens - len(out.scheduled)
+        rows = [(i.group, i.seq) for i in out.scheduled]
+        for n, (item, draft) in enumerate(zip(out.scheduled, self.speculator.plan(rows, budget))):
+            left = self.stop.max_model_len - len(item.seq) - 1
+            draft = draft[: max(0, left)]
+            if draft and self.bm.allocate_slots([Demand(item.seq, 1 + len(draft))]) is not None:
+                out.scheduled[n] = replace(item, num_new_tokens=1 + len(draft), draft=tuple(draft))
 
     def stuck(self, out: SchedulerOutput) -> SequenceGroup | None:
         """The head of the waiting queue when ``out`` runs nothing with the device otherwise
@@ -242,8 +268,9 @@ class Scheduler:
         own update (a request whose update raises fails alone, as a row the sampler cannot
         draw; the engine ends it, which frees its blocks)."""
         for item in scheduler_output.scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
-            self.bm.commit(item.seq)
+            if not item.draft:  # (a drafted row's count waits for its kept tokens: below)
+                item.seq.num_computed_tokens += item.num_new_tokens
+                self.bm.commit(item.seq)
         result = StepResult(failed=dict(sampler_output.failed))
         picks: dict[str, tuple[SequenceGroup, list[Sample], BeamCandidates | None]] = {}
         for sample in sampler_output.samples:
@@ -257,6 +284,9 @@ class Scheduler:
                 result.failed[rid] = e
             else:
                 result.moved.append(group)
+        for item in scheduler_output.scheduled:
+            if item.draft:
+                self._verified(item, sampler_output.accepted.get(item.seq.seq_id, 0))
         # a prompt chunk that picks no token yet still says how far the prefill is
         seen = {*picks, *result.failed}
         for item in scheduler_output.scheduled:
@@ -264,6 +294,22 @@ class Scheduler:
                 seen.add(item.group.request_id)
                 result.moved.append(item.group)
         return result
+
+    def _verified(self, item: ScheduledSeq, accepted: int) -> None:
+        """Roll a drafted row forward by the tokens whose KV it computed and kept: its decode
+        row's and its ``accepted`` drafts' (the rejected rows' slots are overwritten later,
+        their blocks given back, never indexed)."""
+        seq = item.seq
+        if seq.spec is not None:
+            seq.spec.verified(len(item.draft), accepted)
+            assert self.speculator is not None
+            self.speculator.drafted += len(item.draft)
+            self.speculator.accepted += accepted
+        if not self.bm.holds(seq):  # (it finished, and its blocks went)
+            return
+        seq.num_computed_tokens = min(seq.num_computed_tokens + 1 + accepted, len(seq) - 1)
+        self.bm.commit(seq)
+        self.bm.trim(seq)
 
     def _update(
         self, group: SequenceGroup, samples: list[Sample], beams: BeamCandidates | None
@@ -280,6 +326,8 @@ class Scheduler:
                 self.bm.fork(sample.seq, seq)
             targets.append((sample, seq))
         for sample, seq in targets:
+            if seq.finished:  # (a drafted sequence's later picks, past a token that ended it)
+                continue
             seq.append(sample.token, sample.logprob, sample.top)
             seq.finish_reason = self.stop(group.params, seq)
         if beams is not None:

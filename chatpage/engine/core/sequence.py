@@ -15,6 +15,7 @@ from chatpage.engine.text.detokenizer import IncrementalDetokenizer
 from chatpage.vocab import FinishReason
 
 if TYPE_CHECKING:
+    from chatpage.engine.core.speculate import SpecState
     from chatpage.engine.text.grammar import GrammarMatcher
     from chatpage.engine.text.reasoning import ThinkSplitter
     from chatpage.engine.text.tool_calls import ToolCallParser
@@ -58,6 +59,7 @@ class Sequence:
         self.tools: ToolCallParser | None = None  # reads the answer's tool calls
         # the chain hashes of its full blocks, extended by the block manager as they fill
         self.block_hashes: list[bytes] = []
+        self.spec: SpecState | None = None  # its drafts' lookups and counts, once it drafts
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -27,12 +27,20 @@ before a forward pass."""
 class ScheduledSeq:
     """``num_new_tokens`` of ``seq`` to compute this step. ``samples``: the chunk reaches the
     end of the sequence, so its last position needs logits and a token is picked from them
-    (the one place that decides which rows the runner returns and the sampler sees)."""
+    (the one place that decides which rows the runner returns and the sampler sees).
+    ``draft``: tokens drafted after the decode row (``engine/core/speculate.py``), computed as
+    further rows of the chunk (``num_new_tokens`` counts them), each of which samples."""
 
     group: SequenceGroup
     seq: Sequence
     num_new_tokens: int
     samples: bool
+    draft: tuple[int, ...] = ()
+
+    @property
+    def logit_rows(self) -> int:
+        """How many rows of logits the chunk returns: its last, or every verified one."""
+        return len(self.draft) + 1 if self.draft else int(self.samples)
 
 
 @dataclass
@@ -92,11 +100,14 @@ class BeamCandidates:
 class SamplerOutput:
     """What the sampler picked from one step's logits: plain and n-sample tokens, in row order,
     each beam group's candidates, and the requests whose rows could not be constrained or
-    sampled, with why (they get no pick: each fails alone)."""
+    sampled, with why (they get no pick: each fails alone). A drafted sequence has one sample
+    per token it keeps (its accepted drafts, then the pick after them), in order, and its count
+    of accepted drafts in ``accepted``."""
 
     samples: list[Sample] = field(default_factory=list)
     beams: list[BeamCandidates] = field(default_factory=list)
     failed: dict[str, Exception] = field(default_factory=dict)
+    accepted: dict[int, int] = field(default_factory=dict)  # seq id -> draft tokens kept
 
     @property
     def num_tokens(self) -> int:

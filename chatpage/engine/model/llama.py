@@ -304,6 +304,21 @@ class LlamaModel:
             return None  # (some matrices are q8 packs, others not: one call takes one kind)
         return NativeLayers(self, linears)
 
+    @property
+    def exact_rows(self) -> int:
+        """The most rows a step may have for every row's logits to be the bits that row gets
+        in a step of its own (row invariance, which exact speculative decoding rests on:
+        ``engine/core/speculate.py``): as many as one kernel computes each matmul of, where the
+        native layer loop runs (its attention computes a sequence of few rows row by row,
+        csrc/cpu/attention.cpp); 1 elsewhere (the reference's or a GPU's kernels, which
+        promise nothing of the kind)."""
+        if self.native_layers is None or self.arch.attn_softcap:
+            return 1
+        linears = [
+            f for layer in self.layers for f in (layer.qkv, layer.o, layer.gate_up, layer.down)
+        ]
+        return min(f.gemv.rows if f.gemv is not None else 1 for f in [*linears, self.lm_head])
+
     def _normed(self, x: Tensor, weight: Tensor) -> Tensor:
         """RMSNorm of ``x`` over its last dimension (a sublayer's output, or q/k heads)."""
         out = torch.empty(x.shape, dtype=self.dtype, device=x.device)

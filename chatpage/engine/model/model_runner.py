@@ -83,7 +83,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        """Run one step; logits [R, V] for the entries of ``batch`` whose ``samples`` is true."""
+        """Run one step; logits [R, V] for the entries of ``batch`` whose ``samples`` is true
+        (a drafted entry's every row, ``ScheduledSeq.logit_rows``)."""
         replayed = self._replay(batch)
         if replayed is not None:
             return replayed
@@ -97,13 +98,12 @@ class ModelRunner:
         for item in batch:
             seq, k = item.seq, item.num_new_tokens
             c = seq.num_computed_tokens
-            ids += seq.token_ids[c : c + k]
+            ids += seq.token_ids[c : c + k - len(item.draft)] + list(item.draft)
             positions += range(c, c + k)
             starts.append(starts[-1] + k)
             lens.append(c + k)
             tables.append(self.tables[seq.seq_id])
-            if item.samples:
-                logit_rows.append(starts[-1] - 1)
+            logit_rows += range(starts[-1] - item.logit_rows, starts[-1])
         pos = torch.tensor(positions, dtype=torch.int64)
         q_lens = torch.tensor([b - a for a, b in zip(starts, starts[1:], strict=False)])
         owner = torch.repeat_interleave(torch.arange(len(batch)), q_lens)

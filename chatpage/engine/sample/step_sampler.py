@@ -29,8 +29,50 @@ class Sampler:
         self.device = device
 
     def __call__(self, sampling: list[ScheduledSeq], logits: torch.Tensor) -> SamplerOutput:
-        """The picks of ``logits`` (row i: ``sampling[i]``)."""
+        """The picks of ``logits`` (in the order of ``sampling``, ``logit_rows`` rows each)."""
         out = SamplerOutput()
+        if not any(item.draft for item in sampling):
+            self._rows(sampling, logits, out)
+            return out
+        plain: list[ScheduledSeq] = []
+        plain_rows: list[int] = []
+        at = 0
+        for item in sampling:
+            if item.draft:
+                self._verify(item, logits[at : at + item.logit_rows], out)
+            else:
+                plain.append(item)
+                plain_rows.append(at)
+            at += item.logit_rows
+        if plain:
+            self._rows(plain, logits[torch.tensor(plain_rows, device=logits.device)], out)
+        return out
+
+    def _verify(self, item: ScheduledSeq, logits: torch.Tensor, out: SamplerOutput) -> None:
+        """A drafted sequence's picks (``engine/core/speculate.py``): a token from each of its
+        rows as its plain row would pick it; the drafts that equal the picks before them are
+        kept, and the pick after the last kept one."""
+        group, seq, draft = item.group, item.seq, item.draft
+        rid, n = group.request_id, len(draft) + 1
+        if group.params.logit_bias:
+            rows = [(row, group.params, None) for row in range(n)]
+            for error in self.constraints.apply(logits, rows).values():
+                out.failed.setdefault(rid, error)
+                return
+        tokens, logprobs, tops, errors = sample(logits, [group.params] * n, [seq.generator] * n)
+        for error in errors.values():
+            out.failed.setdefault(rid, error)
+            return
+        kept = 0
+        while kept < len(draft) and tokens[kept] == draft[kept]:
+            kept += 1
+        out.samples += [
+            Sample(group, seq, tokens[i], logprobs[i], tops[i]) for i in range(kept + 1)
+        ]
+        out.accepted[seq.seq_id] = kept
+
+    def _rows(self, sampling: list[ScheduledSeq], logits: torch.Tensor, out: SamplerOutput) -> None:
+        """The picks of plain, n-sample and beam rows: row i of ``logits`` is ``sampling[i]``."""
         constrained = [
             (row, item.group.params, item.seq.matcher)
             for row, item in enumerate(sampling)
@@ -65,7 +107,6 @@ class Sampler:
                 ]
         if targets:
             self._draw(targets, logits, out)
-        return out
 
     def _draw(self, targets: list[_Target], logits: torch.Tensor, out: SamplerOutput) -> None:
         """Draw every target's token in one `sample` call into ``out``."""

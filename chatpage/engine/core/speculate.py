@@ -1,0 +1,185 @@
+"""Draftless speculative decoding: drafts from n-gram lookup, verified in the batched step.
+
+A sequence's draft is what followed the latest earlier occurrence of its last few tokens (the
+longest of `NGRAM_MAX` down to `NGRAM_MIN` that occurred), looked up first in its request's
+draft sources (the other versions of a chat turn: the reply a regenerate or an edit replaces,
+`SamplingParams.draft_source`), then in its own prompt and output: prompt lookup, as vLLM's
+n-gram proposer and llama.cpp's lookup do, with no draft model. The scheduler adds the drafted
+tokens as extra query rows of the sequence's decode row (`ScheduledSeq.draft`); the sampler picks
+a token from every row and keeps the drafts that equal the picks, plus the pick after the last
+kept one; the rejected rows' KV is rolled back (the computed-token count, the blocks past it),
+never indexed in the prefix cache.
+
+Exact: a verified row's logits are bitwise those of the decode step that row would have run
+alone, because every kernel computes a row alike whatever the other rows of a step of at most
+`LlamaModel.exact_rows` rows (csrc/cpu/attention.cpp's row-by-row sequences, one matmul kernel
+up to that many rows: `engine/model/weights.py`'s Q8_PACK_ROWS); so a step is drafted only while
+it stays within them, and greedy output is the same with and without speculation.
+
+Switched off where it does not pay: per sequence the draft length adapts to its recent
+acceptance (`SpecState`), and per step `Speculator.plan` keeps drafts only while the step's
+expected tokens per unit of time beat the plain step's (`STEP_ROW_COST`: what one more row
+costs, in plain batch-1 steps). Beam search, n samples, grammars and sampled (non-greedy)
+requests are not speculated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chatpage.engine.core.sequence import Sequence, SequenceGroup
+
+NGRAM_MAX = 4
+"""The longest suffix looked up (a longer match predicts better; vLLM's default maximum is 5)."""
+NGRAM_MIN = 2
+"""The shortest: a single token recurs too often to predict what follows it."""
+MAX_DRAFT = 15
+"""The most tokens drafted for one sequence: 16 query rows, what the CPU attention runs row by
+row (csrc/cpu/attention.cpp's kRowByRow)."""
+STEP_ROW_COST = 0.06
+"""What one more query row adds to a step, as a fraction of a plain batch-1 decode step of the
+default model (int4 on an AVX-512 AMX CPU, 2 threads: 1 row 1.0, 4 rows 1.13, 8 rows 1.35,
+16 rows 1.9; `chatpage bench spec` measures it)."""
+START_RATE = 0.5
+"""A sequence's assumed acceptance before its first verification."""
+RATE_MEMORY = 0.7
+"""How much of its acceptance estimate a sequence keeps per verification (an EMA)."""
+
+
+class NgramIndex:
+    """Where each n-gram (`NGRAM_MIN`..`NGRAM_MAX` tokens) of a token list last ended, for the
+    ones some token follows; extended as the list grows."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens  # (the sequence's own list: it grows in place)
+        self.last: dict[tuple[int, ...], int] = {}
+        self.indexed = 0  # n-grams ending before this position are in ``last``
+        self.extend()
+
+    def extend(self) -> None:
+        """Index the n-grams ending at every position that a token now follows."""
+        toks = self.tokens
+        for end in range(self.indexed, len(toks) - 1):
+            for n in range(NGRAM_MIN, NGRAM_MAX + 1):
+                if end + 1 >= n:
+                    self.last[tuple(toks[end + 1 - n : end + 1])] = end
+        self.indexed = max(self.indexed, len(toks) - 1)
+
+    def follow(self, key: tuple[int, ...], count: int) -> list[int]:
+        """Up to ``count`` tokens after the latest occurrence of ``key`` (none: empty)."""
+        end = self.last.get(key)
+        return [] if end is None else self.tokens[end + 1 : end + 1 + count]
+
+
+@dataclass
+class SpecState:
+    """One sequence's speculation: its lookup indexes, its acceptance estimate, and what it
+    drafted and had accepted (the request's counts)."""
+
+    own: NgramIndex
+    sources: list[NgramIndex] = field(default_factory=list)
+    rate: float = START_RATE
+    drafted: int = 0
+    accepted: int = 0
+
+    def draft(self, tokens: list[int], count: int) -> list[int]:
+        """Up to ``count`` tokens that may follow ``tokens``: the longest suffix found wins,
+        the sources before the sequence itself."""
+        self.own.extend()
+        for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
+            if len(tokens) < n:
+                continue
+            key = tuple(tokens[-n:])
+            for index in (*self.sources, self.own):
+                found = index.follow(key, count)
+                if found:
+                    return found
+        return []
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        self.drafted += drafted
+        self.accepted += accepted
+        self.rate = RATE_MEMORY * self.rate + (1 - RATE_MEMORY) * (accepted / drafted)
+
+    def length(self) -> int:
+        """The draft length whose expected accepted tokens per row drafted is best, given the
+        acceptance estimate (0: drafting does not pay)."""
+        best, best_gain = 0, 0.0
+        for k in range(1, MAX_DRAFT + 1):
+            gain = expected_accepted(self.rate, k) - STEP_ROW_COST * k
+            if gain > best_gain:
+                best, best_gain = k, gain
+        return best
+
+
+def expected_accepted(rate: float, k: int) -> float:
+    """Expected accepted tokens of a k-token draft whose tokens each pass with ``rate`` (until
+    the first that fails)."""
+    return sum(rate**i for i in range(1, k + 1))
+
+
+def speculates(group: SequenceGroup) -> bool:
+    """Whether ``group`` may draft: greedy, one sequence, no grammar, asked for."""
+    p = group.params
+    return (
+        p.speculate
+        and p.greedy
+        and p.width == 1
+        and not p.use_beam_search
+        and p.structured is None
+        and len(group.seqs) == 1
+    )
+
+
+class Speculator:
+    """Drafts for a step's decode rows, within ``exact_rows`` rows a step (see the module)."""
+
+    def __init__(self, exact_rows: int, max_draft: int = MAX_DRAFT) -> None:
+        self.exact_rows = exact_rows
+        self.max_draft = min(max_draft, MAX_DRAFT, exact_rows - 1)
+        self.drafted = 0  # every request's, since the engine started
+        self.accepted = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_draft > 0
+
+    def state(self, group: SequenceGroup, seq: Sequence) -> SpecState:
+        if seq.spec is None:
+            sources = [NgramIndex(list(s)) for s in group.params.draft_source if s]
+            seq.spec = SpecState(NgramIndex(seq.token_ids), sources)
+        return seq.spec
+
+    def plan(self, rows: list[tuple[SequenceGroup, Sequence]], room: int) -> list[list[int]]:
+        """Drafts for decode rows ``rows`` (one each) of a step with ``room`` rows to spare
+        within the exact ones; kept only while the step's expected tokens per unit of time
+        beat the plain step's."""
+        drafts: list[list[int]] = [[] for _ in rows]
+        room = min(room, self.exact_rows - len(rows))
+        wanted = []
+        for i, (group, seq) in enumerate(rows):
+            if room <= 0 or not speculates(group):
+                continue
+            state = self.state(group, seq)
+            k = min(state.length(), self.max_draft, room, self._left(group, seq))
+            draft = state.draft(seq.token_ids, k) if k > 0 else []
+            if draft:
+                drafts[i] = draft
+                room -= len(draft)
+                wanted.append((expected_accepted(state.rate, len(draft)), i))
+        # the plain step makes len(rows) tokens in time 1 + STEP_ROW_COST (len(rows) - 1); drop
+        # the least promising drafts while they cost more than they bring
+        wanted.sort()
+        while wanted:
+            gain = sum(e for e, _ in wanted)
+            extra = sum(len(drafts[i]) for _, i in wanted)
+            plain = 1 + STEP_ROW_COST * (len(rows) - 1)
+            if (len(rows) + gain) / (plain + STEP_ROW_COST * extra) > len(rows) / plain:
+                break
+            drafts[wanted.pop(0)[1]] = []
+        return drafts
+
+    @staticmethod
+    def _left(group: SequenceGroup, seq: Sequence) -> int:
+        """Drafted tokens past ``max_tokens`` could never be kept."""
+        return group.params.max_tokens - seq.num_output_tokens - 1
