@@ -42,6 +42,8 @@ class ReplyStats:
     elapsed_s: float = 0.0
     prefilled_tokens: int = field(default=0, compare=False)  # of prompt_tokens, while the
     # prompt prefills (shown, not saved)
+    draft_tokens: int = field(default=0, compare=False)  # speculative decoding's drafts, and
+    accepted_tokens: int = field(default=0, compare=False)  # those kept (shown, not saved)
 
     @property
     def prefilling(self) -> bool:

@@ -39,6 +39,8 @@ def update_stats(
     stats.prompt_tokens = out.usage.prompt_tokens
     stats.prefix_hit_tokens = out.usage.cached_tokens
     stats.disk_tokens = out.usage.disk_tokens
+    stats.draft_tokens = out.usage.draft_tokens
+    stats.accepted_tokens = out.usage.accepted_tokens
     stats.ttft_s = out.ttft_s
     stats.elapsed_s = out.elapsed_s
 

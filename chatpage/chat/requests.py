@@ -196,6 +196,7 @@ class Requests:
             tools=tools,
             tool_choice=tool_choice,
             thinking=session.thinking,
+            draft_texts=other_versions(upto),
         )
         rid = self.client.submit(request, self.deliver)
         self._by_request[rid] = session  # where its updates go
@@ -335,3 +336,19 @@ class Requests:
             session.changed(GenerationChanged())
             session.changed(PathChanged())
         session.changed(BusyChanged())
+
+
+MAX_DRAFT_TEXTS = 4
+"""The most earlier versions a reply drafts from (the latest ones)."""
+
+
+def other_versions(upto: Entry) -> tuple[str, ...]:
+    """The replies of the turn after ``upto`` in its other versions, which a new reply may
+    repeat: the ones a regenerate replaces (the versions after ``upto``) and those after the
+    other versions of ``upto`` itself (an edited question's earlier answers); the latest
+    first."""
+    replies = list(upto.replies.versions)
+    if upto.fork is not None:
+        replies += [r for q in upto.fork.versions if q is not upto for r in q.replies.versions]
+    texts = [r.content for r in reversed(replies) if r.role == "assistant" and r.content]
+    return tuple(texts[:MAX_DRAFT_TEXTS])

@@ -24,6 +24,7 @@ BENCHES = (
     "windows",
     "kv",
     "resume",
+    "spec",
 )
 
 

@@ -84,7 +84,7 @@ def add_device_arg(parser: argparse.ArgumentParser, default: str | None = None) 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """The engine flags of the TUI, `ask` and `serve`: --weights, --kv-cache-dtype, --threads,
-    --device, --gpu-memory-utilization and --kv-disk."""
+    --device, --gpu-memory-utilization, --kv-disk and --speculate."""
     parser.add_argument(
         "--weights",
         choices=WEIGHT_FORMATS,
@@ -112,6 +112,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         "(default: 4GiB, or config.yaml; 0: off)",
     )
     parser.add_argument(
+        "--speculate",
+        choices=("auto", "off"),
+        help="draftless speculative decoding: drafts from the text already there, verified "
+        "in one step, output unchanged (default: auto, or config.yaml)",
+    )
+    parser.add_argument(
         "--threads",
         type=threads_arg,
         metavar="N",
@@ -131,6 +137,7 @@ def load_with_overrides(args):
             "kv_cache_dtype": getattr(args, "kv_cache_dtype", None),
             "device": getattr(args, "device", None),
             "gpu_memory_utilization": getattr(args, "gpu_memory_utilization", None),
+            "speculate": getattr(args, "speculate", None),
         }
     )
 

@@ -96,6 +96,7 @@ class Settings:
     kv_cache_dtype: str = "auto"  # auto | bf16 | int8 (engine/device.py's plan says what auto is)
     device: str = DEFAULT_DEVICE  # auto | cpu | cuda | cuda:N (engine/device.py resolves it)
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION  # of a GPU, for its KV pool
+    speculate: str = "auto"  # auto | off: draftless speculative decoding (engine/core/speculate.py)
     default_persona: str = "assistant"
     theme: str = "chatpage"
     bindings: Mapping[str, str] = field(default_factory=dict)
@@ -115,6 +116,7 @@ SETTING_KEYS = (
     "kv_cache_dtype",
     "device",
     "gpu_memory_utilization",
+    "speculate",
     "default_persona",
     "theme",
     "bindings",
@@ -219,6 +221,14 @@ def _utilization(value: Any) -> float:
     return float(value)
 
 
+def _speculate(value: Any) -> str:
+    # (YAML reads a bare off as false and on as true)
+    value = {True: "auto", False: "off"}.get(value, value) if isinstance(value, bool) else value
+    if value not in ("auto", "off"):
+        raise ValueError("auto or off")
+    return str(value)
+
+
 def _name(value: Any) -> str:
     if not isinstance(value, str) or not value.strip() or "\n" in value:
         raise ValueError("a non-empty name on one line")
@@ -255,6 +265,7 @@ _PARSERS: dict[str, Callable[[Any], Any]] = {
     "kv_cache_dtype": _kv_cache_dtype,
     "device": _device,
     "gpu_memory_utilization": _utilization,
+    "speculate": _speculate,
     "default_persona": _name,
     "theme": _name,
     "backend": _backend,

@@ -113,13 +113,15 @@ class Request(Command):
 class SubmitChat(Request):
     """A chat reply as asked for: the messages, how to ``render`` them, the ``tools`` offered
     (the reply is read for calls); ``add_special_tokens``: the rendered ids get those the
-    tokenizer puts around a text."""
+    tokenizer puts around a text; ``draft_texts``: what speculative decoding drafts from
+    (`ChatRequest.draft_texts`)."""
 
     kind: ClassVar[str] = "submit"
     messages: list[dict[str, Any]]
     render: Render
     tools: list[dict[str, Any]] | None
     add_special_tokens: bool
+    draft_texts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -310,6 +312,7 @@ class LocalEngineClient:
                 render,
                 tools,
                 request.add_special_tokens,
+                request.draft_texts,
             )
         )
         return rid
@@ -507,6 +510,14 @@ class LocalEngineClient:
                 ids = cmd.render(engine.tokenizer, messages)
                 if cmd.add_special_tokens:
                     ids = with_special_tokens(engine.tokenizer, ids)
+                if cmd.draft_texts:
+                    sources = [
+                        engine.tokenizer.encode(t, add_special_tokens=False)
+                        for t in cmd.draft_texts
+                    ]
+                    cmd = dataclasses.replace(
+                        cmd, params=dataclasses.replace(cmd.params, draft_source=sources)
+                    )
                 return self._tokenized(cmd, ids, True, bool(tools))
             case SubmitPrompt(prompt=str(text)):
                 self._check_length(text)

@@ -108,6 +108,7 @@ class EngineConfig:
             gpu_memory_utilization=settings.gpu_memory_utilization,
             dtype="auto",
             kv_disk_bytes=settings.kv_disk,
+            num_speculative_tokens=0 if settings.speculate == "off" else cls.num_speculative_tokens,
         )
 
     @property

@@ -373,6 +373,9 @@ class LLMEngine:
             kernels=ops.status(),
             device=self.plan.device,
             **self._disk_stats(),
+            spec_drafts=self.speculator.drafts,
+            spec_draft_tokens=self.speculator.drafted,
+            spec_accepted_tokens=self.speculator.accepted,
         )
 
     def _disk_stats(self) -> dict[str, int]:

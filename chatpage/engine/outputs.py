@@ -103,6 +103,8 @@ class Usage:
     prefilled_tokens: int = 0  # prompt tokens in the cache so far (cached ones included): a
     # long prompt prefills in chunks, and an update comes after each
     disk_tokens: int = 0  # of cached_tokens, those read from the disk tier
+    draft_tokens: int = 0  # tokens speculative decoding drafted (engine/core/speculate.py)
+    accepted_tokens: int = 0  # of which the verification kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +176,10 @@ class EngineStats:
     disk_blocks: int = 0  # this model's blocks in it
     disk_hit_tokens: int = 0  # of prefix_hit_tokens, those read from it
     disk_writes: int = 0  # blocks written
+    # speculative decoding since the engine started: verifications, tokens drafted, kept
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
     @property
     def segments(self) -> dict[str, int]:

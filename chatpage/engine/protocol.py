@@ -79,7 +79,9 @@ class ChatRequest:
     asked to constrain it). ``thinking``: True or False sets the template's `thinking_switch`
     (None: the template's default). ``add_special_tokens``: the rendered prompt also gets the
     special tokens the tokenizer puts around a text (vLLM's flag; only where the client renders
-    the prompt itself)."""
+    the prompt itself). ``draft_texts``: text the reply may repeat, which speculative decoding
+    drafts from (the other versions of the turn: the reply a regenerate or an edit replaces;
+    a client without it ignores them)."""
 
     messages: list[dict[str, Any]]
     params: SamplingParams
@@ -89,6 +91,7 @@ class ChatRequest:
     tool_choice: str = "auto"
     thinking: bool | None = None
     add_special_tokens: bool = False
+    draft_texts: tuple[str, ...] = ()
 
 
 class EngineClient(Protocol[StatsT]):

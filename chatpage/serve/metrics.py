@@ -123,6 +123,17 @@ class EngineCollector:
         )
         yield self._gauge(
             "chatpage:kv_disk_bytes", "Bytes in the KV disk tier's folder", stats.disk_bytes
+        # speculative decoding, as vLLM v1 names it
+        yield self._counter(
+            "vllm:spec_decode_num_drafts", "Speculative verifications", stats.spec_drafts
+        )
+        yield self._counter(
+            "vllm:spec_decode_num_draft_tokens", "Tokens drafted", stats.spec_draft_tokens
+        )
+        yield self._counter(
+            "vllm:spec_decode_num_accepted_tokens",
+            "Drafted tokens accepted",
+            stats.spec_accepted_tokens,
         )
         values = {**stats.segments, "swapped": stats.blocks_swapped}
         for name, doc in BLOCK_GAUGES.items():

@@ -344,6 +344,9 @@ def test_metrics_parse_with_vllm_names(api, url):
         "vllm:prefix_cache_queries",
         "vllm:prefix_cache_hits",
         "vllm:generation_tokens",
+        "vllm:spec_decode_num_drafts",
+        "vllm:spec_decode_num_draft_tokens",
+        "vllm:spec_decode_num_accepted_tokens",
         "chatpage:blocks_pinned",
         "chatpage:blocks_shared",
         "chatpage:blocks_private",
@@ -357,6 +360,8 @@ def test_metrics_parse_with_vllm_names(api, url):
         assert name in families, name
     value = {f.name: f.samples[0].value for f in families.values() if f.samples}
     assert value["vllm:generation_tokens"] >= 3
+    drafted = value["vllm:spec_decode_num_draft_tokens"]
+    assert value["vllm:spec_decode_num_accepted_tokens"] <= drafted
     assert 0 < value["vllm:kv_cache_usage_perc"] <= 1  # the pinned persona prefixes
     assert value["chatpage:blocks_pinned"] == stats(url)["blocks_pinned"] > 0
 

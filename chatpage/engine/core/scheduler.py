@@ -243,7 +243,9 @@ class Scheduler:
             return
         budget = self.config.max_num_batched_tokens - len(out.scheduled)
         rows = [(i.group, i.seq) for i in out.scheduled]
-        for n, (item, draft) in enumerate(zip(out.scheduled, self.speculator.plan(rows, budget))):
+        for n, (item, draft) in enumerate(
+            zip(out.scheduled, self.speculator.plan(rows, budget), strict=True)
+        ):
             left = self.stop.max_model_len - len(item.seq) - 1
             draft = draft[: max(0, left)]
             if draft and self.bm.allocate_slots([Demand(item.seq, 1 + len(draft))]) is not None:
@@ -303,6 +305,7 @@ class Scheduler:
         if seq.spec is not None:
             seq.spec.verified(len(item.draft), accepted)
             assert self.speculator is not None
+            self.speculator.drafts += 1
             self.speculator.drafted += len(item.draft)
             self.speculator.accepted += accepted
         if not self.bm.holds(seq):  # (it finished, and its blocks went)

@@ -82,9 +82,15 @@ class SpecState:
     drafted: int = 0
     accepted: int = 0
 
-    def draft(self, tokens: list[int], count: int) -> list[int]:
-        """Up to ``count`` tokens that may follow ``tokens``: the longest suffix found wins,
-        the sources before the sequence itself."""
+    def draft(self, tokens: list[int], count: int, output: int) -> list[int]:
+        """Up to ``count`` tokens that may follow ``tokens``, whose last ``output`` are the
+        sequence's output: a source that starts with the whole output goes on from there (a
+        regenerated reply that repeats the one it replaces); else the longest suffix found
+        wins, the sources before the sequence itself."""
+        said = tokens[len(tokens) - output :]
+        for index in self.sources:
+            if output and index.tokens[:output] == said and len(index.tokens) > output:
+                return index.tokens[output : output + count]
         self.own.extend()
         for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
             if len(tokens) < n:
@@ -137,7 +143,8 @@ class Speculator:
     def __init__(self, exact_rows: int, max_draft: int = MAX_DRAFT) -> None:
         self.exact_rows = exact_rows
         self.max_draft = min(max_draft, MAX_DRAFT, exact_rows - 1)
-        self.drafted = 0  # every request's, since the engine started
+        self.drafts = 0  # every request's verifications, tokens drafted and kept, since the
+        self.drafted = 0  # engine started
         self.accepted = 0
 
     @property
@@ -162,7 +169,7 @@ class Speculator:
                 continue
             state = self.state(group, seq)
             k = min(state.length(), self.max_draft, room, self._left(group, seq))
-            draft = state.draft(seq.token_ids, k) if k > 0 else []
+            draft = state.draft(seq.token_ids, k, seq.num_output_tokens) if k > 0 else []
             if draft:
                 drafts[i] = draft
                 room -= len(draft)

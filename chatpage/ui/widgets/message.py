@@ -46,8 +46,9 @@ STATUS_NOTES = {
 
 def stats_line(stats: ReplyStats | None) -> str:
     """``24 tokens · 31.5 tok/s · first token 0.21 s · cache 16/40 prompt tokens`` (``, 16 from
-    disk`` where the KV disk tier gave them); while a long prompt prefills, ``reading the
-    prompt: 2,048 / 6,000 tokens``."""
+    disk`` where the KV disk tier gave them; `` · drafts 12/20 accepted`` with speculative
+    decoding's drafts); while a long prompt prefills, ``reading the prompt: 2,048 / 6,000
+    tokens``."""
     if stats is None:
         return ""
     if stats.prefilling:
@@ -60,6 +61,8 @@ def stats_line(stats: ReplyStats | None) -> str:
     if stats.prompt_tokens:
         disk = f", {stats.disk_tokens} from disk" if stats.disk_tokens else ""
         parts.append(f"cache {stats.prefix_hit_tokens}/{stats.prompt_tokens} prompt tokens{disk}")
+    if stats.draft_tokens:
+        parts.append(f"drafts {stats.accepted_tokens}/{stats.draft_tokens} accepted")
     return " · ".join(parts)
 
 

@@ -1,0 +1,178 @@
+"""Draftless speculative decoding (engine/core/speculate.py): drafts found by n-gram lookup,
+verified in the batched step, and greedy output identical with and without it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from chatpage.bench import common
+from chatpage.engine import SamplingParams
+from chatpage.engine.config import PreemptionMode
+from chatpage.engine.core.speculate import MAX_DRAFT, NgramIndex, SpecState, Speculator
+from chatpage.engine.load.loader import load_model
+
+WEIGHTS = "int4"  # (the default format: its kernels compute every row alike, fp32's GEMV not)
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_llama_dir):
+    return load_model(tiny_llama_dir, progress=lambda _m: None)
+
+
+def _prompts(count: int, seed: int = 0) -> list[list[int]]:
+    """Prompts that repeat themselves (a phrase said twice, a list of items with a pattern),
+    and some that do not."""
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(count):
+        phrase = [rng.randrange(3, 400) for _ in range(rng.randrange(3, 12))]
+        noise = [rng.randrange(3, 400) for _ in range(rng.randrange(1, 40))]
+        prompts.append(noise + phrase * (1 + i % 4) + phrase[: i % len(phrase)])
+    return prompts
+
+
+def _greedy(engine, prompts, max_tokens=40, speculate=True):
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, speculate=speculate, logprobs=2)
+    outs = [engine.generate([p], params)[0].outputs[0] for p in prompts]
+    return [(o.token_ids, o.logprobs, o.top_logprobs, o.finish_reason) for o in outs]
+
+
+def test_the_index_drafts_what_followed_the_longest_suffix_found():
+    tokens = [1, 2, 3, 4, 9, 2, 3, 4, 5, 6, 7, 8, 2, 3, 4]
+    state = SpecState(NgramIndex(tokens))
+    # "2 3 4" last occurred before "5 6 7 8" (the 4-gram "8 2 3 4" never did)
+    assert state.draft(tokens, 3, 0) == [5, 6, 7]
+    tokens.append(5)  # the list grows in place; the index follows it
+    assert state.draft(tokens, 2, 0) == [6, 7]
+    assert state.draft([42, 43], 4, 0) == []  # never seen
+    # a draft source (the reply a regenerate replaces) comes before the sequence itself, for
+    # a suffix as long
+    source = SpecState(NgramIndex(tokens), [NgramIndex([2, 3, 4, 5, 70, 71])])
+    assert source.draft(tokens, 2, 0) == [70, 71]
+    # and one the output so far starts goes on from there (a regenerate's first tokens)
+    assert source.draft([*tokens, 2, 3], 2, 2) == [4, 5]
+
+
+def test_the_draft_length_follows_the_acceptance():
+    state = SpecState(NgramIndex([]))
+    start = state.length()
+    for _ in range(10):
+        state.verified(8, 8)
+    assert state.length() == MAX_DRAFT > start
+    for _ in range(30):
+        state.verified(4, 0)
+    assert state.length() == 0  # drafting no longer pays: the sequence stops drafting
+
+
+def test_the_cost_model_drops_drafts_that_cost_more_than_they_bring(loaded):
+    engine = common.engine(loaded, weight_dtype=WEIGHTS)
+    group_seq = []
+    for prompt in ([5, 6, 7, 5, 6, 7, 5, 6], [8, 9, 8, 9, 8, 9, 8, 9]):
+        rid = engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=30))
+        group = engine.groups[rid]
+        group_seq.append((group, group.seqs[0]))
+    spec = Speculator(engine.model.exact_rows)
+    assert all(spec.plan(group_seq, 64))  # both repeat themselves: both draft
+    for group, seq in group_seq:
+        spec.state(group, seq).rate = 0.02  # nearly never accepted
+    assert spec.plan(group_seq, 64) == [[], []]
+
+
+def test_greedy_output_is_identical_with_and_without_speculation(loaded):
+    """Many prompts, alone each (the case speculation is for): the same tokens, log-probabilities
+    and alternatives, bit for bit, while most steps draft and many drafts are kept."""
+    prompts = _prompts(24)
+    off = common.engine(loaded, weight_dtype=WEIGHTS, num_speculative_tokens=0)
+    on = common.engine(loaded, weight_dtype=WEIGHTS)
+    assert on.model.exact_rows > 1 and on.speculator.enabled and not off.speculator.enabled
+    assert _greedy(off, prompts) == _greedy(on, prompts)
+    assert on.speculator.accepted > 0.3 * on.speculator.drafted > 0
+    assert not on.bm.audit()
+
+
+@pytest.mark.parametrize("k", [1, 2, 5, MAX_DRAFT])
+def test_every_draft_length_is_exact(loaded, k):
+    prompts = _prompts(6, seed=k)
+    off = common.engine(loaded, weight_dtype=WEIGHTS, num_speculative_tokens=0)
+    on = common.engine(loaded, weight_dtype=WEIGHTS, num_speculative_tokens=k)
+    assert _greedy(off, prompts) == _greedy(on, prompts)
+    assert on.speculator.drafted > 0
+
+
+def test_concurrent_requests_under_preemption_stay_exact(loaded):
+    """A pool too small for the batch: groups are preempted (recompute and swap) while others
+    draft. With steps of at most 16 rows every row is computed alike whatever the batch (the
+    kernels' row invariance), so every output is the one it has alone without speculation."""
+    prompts = _prompts(6, seed=7)
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    small = {"weight_dtype": WEIGHTS, "max_num_batched_tokens": 16}
+    off = common.engine(loaded, num_speculative_tokens=0, **small)
+    alone = [off.generate([p], params)[0].outputs[0].token_ids for p in prompts]
+    for mode in ("recompute", "swap"):
+        on = common.engine(loaded, blocks=14, preemption_mode=mode, **small)
+        together = on.generate(prompts, params)
+        assert [o.outputs[0].token_ids for o in together] == alone
+        assert on.scheduler.preemptions[PreemptionMode(mode)] > 0 and on.speculator.accepted > 0
+        assert not on.bm.audit()
+
+
+def test_rejected_drafts_never_reach_the_prefix_cache(loaded):
+    """Every indexed block holds tokens the sequence really has: a second request over the
+    first one's whole text hits the cache for all of its full blocks, and decodes the same."""
+    engine = common.engine(loaded, weight_dtype=WEIGHTS)
+    prompt = _prompts(1, seed=3)[0]
+    first = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=50))[0]
+    assert engine.speculator.drafted > engine.speculator.accepted > 0  # some were rejected
+    text = prompt + first.outputs[0].token_ids
+    hits = engine.bm.prefix_hit_tokens
+    engine.generate([text], SamplingParams(temperature=0, max_tokens=1))
+    assert engine.bm.prefix_hit_tokens - hits == (len(text) - 1) // 16 * 16
+    assert not engine.bm.audit()
+
+
+def test_a_draft_source_is_drafted_from(loaded):
+    """A regenerate drafts from the reply it replaces: the old reply's tokens are accepted
+    from the first step on."""
+    prompt = [rng for rng in range(40, 60)]
+    plain = common.engine(loaded, weight_dtype=WEIGHTS, num_speculative_tokens=0)
+    reply = plain.generate([prompt], SamplingParams(temperature=0, max_tokens=30))[0]
+    engine = common.engine(loaded, weight_dtype=WEIGHTS)
+    params = SamplingParams(temperature=0, max_tokens=30, draft_source=[reply.outputs[0].token_ids])
+    again = engine.generate([prompt], params)[0]
+    assert again.outputs[0].token_ids == reply.outputs[0].token_ids
+    assert engine.speculator.accepted >= 25  # (of 28: the last token is never drafted)
+
+
+def test_sampled_grammar_and_beam_requests_are_not_speculated(loaded):
+    engine = common.engine(loaded, weight_dtype=WEIGHTS)
+    prompt = _prompts(1)[0]
+    for params in (
+        SamplingParams(temperature=0.8, seed=1, max_tokens=20),
+        SamplingParams(beam_width=2, max_tokens=10),
+        SamplingParams(temperature=0, n=2, max_tokens=10),
+        SamplingParams(temperature=0, max_tokens=20, speculate=False),
+    ):
+        engine.generate([prompt], params)
+    assert engine.speculator.drafted == 0
+
+
+def test_without_row_invariant_kernels_nothing_is_drafted(loaded, monkeypatch):
+    engine = common.engine(loaded, weight_dtype=WEIGHTS)
+    engine.model.native_layers = None  # (the Python loop: its kernels promise no invariance)
+    assert engine.model.exact_rows == 1
+    assert not Speculator(engine.model.exact_rows).enabled
+
+
+@torch.inference_mode()
+def test_each_matmul_computes_a_row_alike_in_every_step_up_to_the_exact_rows(loaded):
+    engine = common.engine(loaded, weight_dtype=WEIGHTS)
+    model = engine.model
+    torch.manual_seed(0)
+    for f in (model.layers[0].qkv, model.layers[0].down, model.lm_head):
+        x = torch.randn(model.exact_rows, f.in_features).to(model.mm_dtype)
+        alone = torch.cat([f(x[i : i + 1]) for i in range(x.shape[0])])
+        for rows in range(2, model.exact_rows + 1):
+            assert torch.equal(f(x[:rows]), alone[:rows])
