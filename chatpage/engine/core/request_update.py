@@ -178,15 +178,14 @@ def _update(
 
 def _usage(group: SequenceGroup, completion_tokens: int) -> Usage:
     prefilled = min(group.prompt_len, max((s.num_computed_tokens for s in group.seqs), default=0))
-    specs = [s.spec for s in group.seqs if s.spec is not None]
     return Usage(
         group.prompt_len,
         group.prefix_hit_tokens,
         completion_tokens,
         prefilled,
         group.disk_hit_tokens,
-        sum(s.drafted for s in specs),
-        sum(s.accepted for s in specs),
+        sum(s.drafted for s in group.seqs),
+        sum(s.accepted for s in group.seqs),
     )
 
 

@@ -302,12 +302,8 @@ class Scheduler:
         row's and its ``accepted`` drafts' (the rejected rows' slots are overwritten later,
         their blocks given back, never indexed)."""
         seq = item.seq
-        if seq.spec is not None:
-            seq.spec.verified(len(item.draft), accepted)
-            assert self.speculator is not None
-            self.speculator.drafts += 1
-            self.speculator.drafted += len(item.draft)
-            self.speculator.accepted += accepted
+        assert self.speculator is not None
+        self.speculator.verified(seq, len(item.draft), accepted)
         if not self.bm.holds(seq):  # (it finished, and its blocks went)
             return
         seq.num_computed_tokens = min(seq.num_computed_tokens + 1 + accepted, len(seq) - 1)

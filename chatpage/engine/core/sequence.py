@@ -15,7 +15,6 @@ from chatpage.engine.text.detokenizer import IncrementalDetokenizer
 from chatpage.vocab import FinishReason
 
 if TYPE_CHECKING:
-    from chatpage.engine.core.speculate import SpecState
     from chatpage.engine.text.grammar import GrammarMatcher
     from chatpage.engine.text.reasoning import ThinkSplitter
     from chatpage.engine.text.tool_calls import ToolCallParser
@@ -59,7 +58,8 @@ class Sequence:
         self.tools: ToolCallParser | None = None  # reads the answer's tool calls
         # the chain hashes of its full blocks, extended by the block manager as they fill
         self.block_hashes: list[bytes] = []
-        self.spec: SpecState | None = None  # its drafts' lookups and counts, once it drafts
+        self.drafted = 0  # tokens speculative decoding drafted for it, and of them kept
+        self.accepted = 0
 
     def __len__(self) -> int:
         return len(self.token_ids)

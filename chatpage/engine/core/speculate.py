@@ -26,6 +26,7 @@ requests are not speculated.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
 
 from chatpage.engine.core.sequence import Sequence, SequenceGroup
 
@@ -73,14 +74,11 @@ class NgramIndex:
 
 @dataclass
 class SpecState:
-    """One sequence's speculation: its lookup indexes, its acceptance estimate, and what it
-    drafted and had accepted (the request's counts)."""
+    """One sequence's speculation: its lookup indexes and its acceptance estimate."""
 
     own: NgramIndex
     sources: list[NgramIndex] = field(default_factory=list)
     rate: float = START_RATE
-    drafted: int = 0
-    accepted: int = 0
 
     def draft(self, tokens: list[int], count: int, output: int) -> list[int]:
         """Up to ``count`` tokens that may follow ``tokens``, whose last ``output`` are the
@@ -103,8 +101,6 @@ class SpecState:
         return []
 
     def verified(self, drafted: int, accepted: int) -> None:
-        self.drafted += drafted
-        self.accepted += accepted
         self.rate = RATE_MEMORY * self.rate + (1 - RATE_MEMORY) * (accepted / drafted)
 
     def length(self) -> int:
@@ -146,16 +142,28 @@ class Speculator:
         self.drafts = 0  # every request's verifications, tokens drafted and kept, since the
         self.drafted = 0  # engine started
         self.accepted = 0
+        # each drafting sequence's state, for as long as the sequence lives
+        self.states: WeakKeyDictionary[Sequence, SpecState] = WeakKeyDictionary()
 
     @property
     def enabled(self) -> bool:
         return self.max_draft > 0
 
     def state(self, group: SequenceGroup, seq: Sequence) -> SpecState:
-        if seq.spec is None:
+        state = self.states.get(seq)
+        if state is None:
             sources = [NgramIndex(list(s)) for s in group.params.draft_source if s]
-            seq.spec = SpecState(NgramIndex(seq.token_ids), sources)
-        return seq.spec
+            state = self.states[seq] = SpecState(NgramIndex(seq.token_ids), sources)
+        return state
+
+    def verified(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        """``seq`` had ``accepted`` of its ``drafted`` tokens kept."""
+        self.states[seq].verified(drafted, accepted)
+        seq.drafted += drafted
+        seq.accepted += accepted
+        self.drafts += 1
+        self.drafted += drafted
+        self.accepted += accepted
 
     def plan(self, rows: list[tuple[SequenceGroup, Sequence]], room: int) -> list[list[int]]:
         """Drafts for decode rows ``rows`` (one each) of a step with ``room`` rows to spare
