@@ -299,6 +299,7 @@ class FakeClient:
     def __init__(self, max_model_len: int = 0) -> None:
         self.max_model_len = max_model_len
         self.submitted: list[tuple[list, object, object]] = []
+        self.requests: list[ChatRequest] = []
         self.continued: list[bool] = []
         self.cancelled: list[str] = []
         self.pinned: list[tuple[str, list | None]] = []
@@ -308,6 +309,7 @@ class FakeClient:
 
     def submit(self, request: ChatRequest, on_update) -> str:
         self.submitted.append((request.messages, request.params, on_update))
+        self.requests.append(request)
         self.continued.append(request.continue_reply)
         return f"r{len(self.submitted)}"
 

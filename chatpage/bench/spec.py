@@ -1,14 +1,16 @@
 """Draftless speculative decoding (issue 43, ``engine/core/speculate.py``): speculation on
 against off on the default model, side by side in one run, on tasks a user would give.
 
-(a) ``edit``: "return this file with one change" on a ~200-line source file of chatpage's own;
+(a) ``edit``: "return this file with one change" on a ~200-line source file of chatpage's own
+(the reply's first words given: the default model starts to explain the file otherwise);
 (b) ``summary``: a summary that quotes its source; (c) ``regenerate``: the same question asked
 again, the first reply sent as the draft source (what the chat's regenerate sends), and
 ``edit_resend``: the question reworded, the earlier reply as the draft source; (d) ``open``: a
 story, nothing to copy. Each runs greedy at ``--concurrency`` requests at once (1, 8, 32 by
 default: the requests of a batch are the task's prompt with a different number in front), on
 two engines over the same weights, speculation off (``num_speculative_tokens=0``) and on; the
-prompts are prefilled first (``max_tokens=1``) so the timed run is the decode. Per task and
+prompts are prefilled first (``max_tokens=1``) so the timed run is the decode, the best of
+``--repeats`` alternating runs of each. Per task and
 concurrency: decode tokens per second both ways and their ratio, drafted and accepted tokens,
 and whether every output is the same token for token.
 """
@@ -21,7 +23,7 @@ from pathlib import Path
 from chatpage.bench import common
 from chatpage.bench.reporting import Goal, Section, at_least, reader, table
 from chatpage.engine import SamplingParams
-from chatpage.engine.text.chat_template import render_prompt
+from chatpage.engine.text.chat_template import continue_prompt, render_prompt
 
 DEFAULT_SCALE = 1.0
 CONCURRENCY = (1, 8, 32)
@@ -42,8 +44,15 @@ ARTICLE = (
 )
 
 
-def _chat(tok, user: str) -> list[int]:
-    return render_prompt(tok, [{"role": "user", "content": user}])
+def _chat(tok, user: str, task: str = "") -> list[int]:
+    """The prompt of ``user``'s message; the edit's reply already started, as a user who asks
+    for a file back gets it (the default model, 135M parameters, explains the file instead
+    when left to start its answer)."""
+    messages = [{"role": "user", "content": user}]
+    if task != "edit":
+        return render_prompt(tok, messages)
+    opening = "Here is the file with the class renamed:\n\n```python\n"
+    return continue_prompt(tok, [*messages, {"role": "assistant", "content": opening}])
 
 
 def tasks(tok, lines: int) -> dict[str, str]:
@@ -76,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         help="requests at once, comma-separated (default %(default)s)",
     )
     p.add_argument("--weights", default="int4", help="the weight format (default %(default)s)")
+    p.add_argument("--repeats", type=int, default=2, help="runs of each (default %(default)s)")
     args = common.parse(p, argv)
     levels = [int(c) for c in args.concurrency.split(",")]
     max_tokens = max(16, round(MAX_TOKENS * args.scale))
@@ -92,11 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     for task, user in users.items():
         sources = earlier if task in ("regenerate", "edit_resend") else []
         for n in levels:
-            prompts = [_chat(tok, f"({i + 1}) {user}" if n > 1 else user) for i in range(n)]
+            prompts = [_chat(tok, f"({i + 1}) {user}" if n > 1 else user, task) for i in range(n)]
             params = SamplingParams(temperature=0, max_tokens=max_tokens, draft_source=sources)
-            base = on.speculator.drafted, on.speculator.accepted
-            t_off, got_off = run(off, prompts, params)
-            t_on, got_on = run(on, prompts, params)
+            t_off = t_on = float("inf")
+            for _ in range(args.repeats):  # alternating, the best of each
+                t, got_off = run(off, prompts, params)
+                t_off = min(t_off, t)
+                base = on.speculator.drafted, on.speculator.accepted
+                t, got_on = run(on, prompts, params)
+                t_on = min(t_on, t)
             tokens = sum(map(len, got_on))
             row = {
                 "task": task,

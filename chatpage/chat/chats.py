@@ -251,6 +251,16 @@ class Chats:
         session.changed(SettingsChanged())
         return f"thinking {word} for this chat (the chat template's {switch})"
 
+    def set_speculate(self, session: ChatSession, arg: str) -> str:
+        """``/spec on|off``: whether this chat's replies are drafted from the text already
+        there and verified in one step (the output is the same either way); says what it did."""
+        word = arg.strip().lower()
+        if word not in ("on", "off"):
+            raise ChatError(f"/spec takes on or off, got {arg!r}")
+        session.speculate = word == "on"
+        session.changed(SettingsChanged())
+        return f"speculative decoding {word} for this chat"
+
     def set_sampling(self, session: ChatSession, settings: SamplingSettings) -> None:
         settings.params()  # validated before it is kept
         session.sampling = settings
@@ -311,6 +321,7 @@ class Chats:
         defaults; the tools allowed for good are asked for again (its servers may differ)."""
         session.persona = persona
         session.always_tools.clear()
+        session.speculate = persona.speculate
         self.set_sampling(session, SamplingSettings.for_persona(persona))
         self.pin(persona.system_prompt)
 

@@ -190,7 +190,7 @@ class Requests:
             )
         request = ChatRequest(
             session.for_model(upto=upto),
-            params,
+            replace(params, speculate=session.speculate),
             continue_reply=continue_reply,
             reply_ids=session.reply_ids(self.client.model_name, upto),
             tools=tools,

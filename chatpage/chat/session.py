@@ -113,6 +113,7 @@ class ChatSession:
     editing: Entry | None = None  # a message of the user's being rewritten (the next send forks)
     deleted: list[Deletion] = field(default_factory=list)  # what undo brings back, last first
     thinking: bool | None = None  # /think on|off (None: as the model's chat template has it)
+    speculate: bool = True  # /spec on|off: replies drafted and verified (the persona's at first)
     context_tokens: int = 0  # the model's window (0 until it is known)
     prompt_tokens: int = 0  # what the prompt of the latest turn sent takes (its fit's count)
     store_id: int | None = None  # the saved chat, once it has a message
@@ -123,7 +124,12 @@ class ChatSession:
 
     @classmethod
     def new(cls, session_id: int, persona: Persona) -> ChatSession:
-        return cls(session_id, persona, sampling=SamplingSettings.for_persona(persona))
+        return cls(
+            session_id,
+            persona,
+            sampling=SamplingSettings.for_persona(persona),
+            speculate=persona.speculate,
+        )
 
     # -- the hook point ------------------------------------------------------------------------
     def changed(self, change: Change) -> None:

@@ -42,7 +42,7 @@ DEFAULT_PERSONA = "assistant"
 REQUIRED_KEYS = ("name", "description", "system_prompt")
 SAMPLING_KEYS = tuple(rule.field for rule in CHAT_SETTINGS)
 TOOL_KEYS = ("tools", "tool_choice", "response_format")
-OPTIONAL_KEYS = ("greeting", *SAMPLING_KEYS, *TOOL_KEYS)
+OPTIONAL_KEYS = ("greeting", *SAMPLING_KEYS, *TOOL_KEYS, "speculate")
 TOOL_CHOICES = ("auto", "none", "required")
 _TOOL_ENTRY = re.compile(r"^[A-Za-z0-9_-]{1,40}(/[A-Za-z0-9_.-]{1,64})?$")
 _SUFFIXES = (".yaml", ".yml")
@@ -66,6 +66,7 @@ class Persona:
     tool_choice: str = "auto"  # auto, none, required, or the name of the tool it must call
     response_format: Path | None = None  # a JSON schema file every reply follows
     response_schema: str | None = field(default=None, compare=False)  # that file's JSON text
+    speculate: bool = True  # speculate: auto | off (draftless speculative decoding)
     source: Path = field(default=Path("<builtin>"), compare=False)
 
     def sampling(self) -> dict[str, Any]:
@@ -156,6 +157,15 @@ def _tool_choice(value: object) -> str:
     return value
 
 
+def _speculate(value: object) -> bool:
+    # (YAML reads a bare on / off as true / false)
+    if value is None or value is True or value == "auto":
+        return True
+    if value is False or value == "off":
+        return False
+    raise InvalidPersona(f"'speculate' must be auto or off, got {value!r}")
+
+
 def _response_format(value: object, source: Path) -> tuple[Path | None, str | None]:
     """The schema file (relative to the persona file) and its JSON text."""
     if value is None:
@@ -217,6 +227,7 @@ def parse_persona(data: object, source: Path) -> Persona:
         tool_choice=_tool_choice(data.get("tool_choice")),
         response_format=response_format,
         response_schema=response_schema,
+        speculate=_speculate(data.get("speculate")),
         **sampling,
     )
 
@@ -326,6 +337,8 @@ def persona_data(persona: Persona) -> dict[str, Any]:
         data["tool_choice"] = persona.tool_choice
     if persona.response_format is not None:
         data["response_format"] = str(persona.response_format)
+    if not persona.speculate:
+        data["speculate"] = "off"
     data["system_prompt"] = persona.system_prompt
     return data
 

@@ -327,3 +327,25 @@ def test_outputs_ending_in_the_same_step_end_together_in_the_final_update():
         ("cc", 2, "stop"),
     ]
     assert session.choosing and not session.streaming
+
+
+def test_a_regenerate_or_an_edit_drafts_from_the_replies_it_replaces():
+    """The other versions of the turn go with the request as draft texts (speculative
+    decoding drafts from them); a new question has none; /spec off asks for no speculation."""
+    client = FakeClient()
+    chats, session = chat_with(client, "one", "two")
+    assert client.requests[-1].draft_texts == () and client.requests[-1].params.speculate
+    chats.regenerate(session, session.entries[1])
+    assert client.requests[-1].draft_texts == ("re: one",)
+    chats.requests.apply(done("r3", "re: one, again"))
+    chats.edit(session, session.entries[0])
+    chats.send(session, "one, rephrased")  # the earlier question's replies, the latest first
+    assert client.requests[-1].draft_texts == ("re: one, again", "re: one")
+    chats.requests.apply(done("r4", "re: rephrased"))
+    assert "off" in chats.set_speculate(session, "off")
+    chats.send(session, "three")
+    assert client.requests[-1].params.speculate is False
+    with pytest.raises(ChatError, match="/spec takes on or off"):
+        chats.set_speculate(session, "maybe")
+    off = dataclasses.replace(PERSONA, speculate=False)
+    assert chats.open(off).speculate is False

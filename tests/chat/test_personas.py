@@ -9,6 +9,7 @@ import pytest
 
 from chatpage.config.paths import shipped_personas_dir
 from chatpage.config.personas import (
+    InvalidPersona,
     Persona,
     PersonaError,
     default_persona,
@@ -16,6 +17,7 @@ from chatpage.config.personas import (
     load_persona_file,
     load_personas,
     parse_persona,
+    persona_data,
     persona_dirs,
     save_persona,
 )
@@ -214,3 +216,13 @@ def test_save_persona_writes_what_the_reader_reads_back(tmp_path):
     with pytest.raises(ValueError, match="'top_p' must be a number > 0 and <= 1"):
         save_persona(replace(first, name="bad", top_p=3.0), out)
     assert not (out / "bad.yaml").exists()
+
+
+def test_speculate_is_auto_or_off() -> None:
+    base = {"name": "s", "description": "d", "system_prompt": "p"}
+    assert parse_persona(base, Path("s.yaml")).speculate is True
+    for off in ("off", False):  # (YAML reads a bare off as false)
+        persona = parse_persona({**base, "speculate": off}, Path("s.yaml"))
+        assert persona.speculate is False and persona_data(persona)["speculate"] == "off"
+    with pytest.raises(InvalidPersona, match="'speculate' must be auto or off"):
+        parse_persona({**base, "speculate": "sometimes"}, Path("s.yaml"))

@@ -165,6 +165,15 @@ ROWS: tuple[Action, ...] = (
         help="let the model think before it answers, or not, in this chat (where its chat "
         "template has a switch, such as Qwen3's enable_thinking)",
     ),
+    Action(
+        "spec",
+        "Speculate",
+        settings.spec,
+        slash="spec",
+        usage="/spec on|off",
+        help="draft this chat's replies from the text already there and verify the drafts in "
+        "one step (the same reply, sooner where it repeats what is there)",
+    ),
     # -- the message box and the messages
     Action(
         "attach",

@@ -56,6 +56,16 @@ async def think(c: Controls, session: ChatSession, arg: str | None) -> None:
 
 
 @on_chat
+async def spec(c: Controls, session: ChatSession, arg: str | None) -> None:
+    """``/spec on|off``; alone, says whether this chat's replies speculate."""
+    if not arg:
+        state = "on" if session.speculate else "off"
+        c.say(f"speculative decoding is {state} in this chat (set it with /spec on|off)")
+        return
+    c.say(c.chats.set_speculate(session, arg))
+
+
+@on_chat
 async def sampling_settings(c: Controls, session: ChatSession, arg: str | None) -> None:
     """The settings dialog of the chat on show."""
 
