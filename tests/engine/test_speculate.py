@@ -146,11 +146,21 @@ def test_a_draft_source_is_drafted_from(loaded):
     assert engine.speculator.accepted >= 25  # (of 28: the last token is never drafted)
 
 
-def test_sampled_grammar_and_beam_requests_are_not_speculated(loaded):
+def test_a_seeded_sampled_request_speculates_and_repeats_itself(loaded):
+    """Sampled requests are verified by speculative sampling (its statistics:
+    test_speculative_sampling.py); the same seed gives the same reply (on engines alike: a
+    prompt served from the prefix cache has its last block computed in a smaller step)."""
+    prompt = _prompts(4)[3]
+    params = SamplingParams(temperature=0.3, seed=1, max_tokens=40)
+    engines = [common.engine(loaded, weight_dtype=WEIGHTS) for _ in range(2)]
+    first, again = (e.generate([prompt], params)[0].outputs[0].token_ids for e in engines)
+    assert first == again and engines[0].speculator.accepted > 0
+
+
+def test_grammar_n_sample_and_beam_requests_are_not_speculated(loaded):
     engine = common.engine(loaded, weight_dtype=WEIGHTS)
     prompt = _prompts(1)[0]
     for params in (
-        SamplingParams(temperature=0.8, seed=1, max_tokens=20),
         SamplingParams(beam_width=2, max_tokens=10),
         SamplingParams(temperature=0, n=2, max_tokens=10),
         SamplingParams(temperature=0, max_tokens=20, speculate=False),

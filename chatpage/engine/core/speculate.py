@@ -19,8 +19,9 @@ it stays within them, and greedy output is the same with and without speculation
 Switched off where it does not pay: per sequence the draft length adapts to its recent
 acceptance (`SpecState`), and per step `Speculator.plan` keeps drafts only while the step's
 expected tokens per unit of time beat the plain step's (`STEP_ROW_COST`: what one more row
-costs, in plain batch-1 steps). Beam search, n samples, grammars and sampled (non-greedy)
-requests are not speculated.
+costs, in plain batch-1 steps). Sampled requests keep their distribution by speculative
+sampling (`engine/sample/sampler.py`'s `speculative_picks`). Beam search, n samples and grammars
+are not speculated.
 """
 
 from __future__ import annotations
@@ -121,11 +122,11 @@ def expected_accepted(rate: float, k: int) -> float:
 
 
 def speculates(group: SequenceGroup) -> bool:
-    """Whether ``group`` may draft: greedy, one sequence, no grammar, asked for."""
+    """Whether ``group`` may draft: one sequence, no grammar, asked for (a sampled request's
+    drafts are verified by speculative sampling, `sample.sampler.speculative_picks`)."""
     p = group.params
     return (
         p.speculate
-        and p.greedy
         and p.width == 1
         and not p.use_beam_search
         and p.structured is None

@@ -265,3 +265,28 @@ def beam_candidates(
         (int(f) // vocab, int(f) % vocab, float(v))
         for v, f in zip(values.cpu().tolist(), flat.cpu().tolist(), strict=True)
     ]
+
+
+def speculative_picks(
+    logits: torch.Tensor,
+    draft: tuple[int, ...],
+    params: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[list[int], int]:
+    """Speculative sampling of a sampled request's drafted rows (``logits`` [k + 1, V], row i
+    after draft token i - 1), keeping the request's distribution: draft token i, proposed with
+    certainty (n-gram drafts are deterministic), is accepted with its probability under row i
+    (temperature, top-k, top-p as `sample` filters), else the token is drawn from row i with
+    the draft token taken out (the remainder, renormalized); after every draft is accepted, one
+    more is drawn from the last row. Returns the tokens kept (the accepted drafts and the draw)
+    and how many drafts were accepted; the uniforms and draws come from ``generator``."""
+    rows = logits / params.temperature
+    for i, token in enumerate(draft):
+        probs = _filter(rows[i], params.top_k, params.top_p).softmax(-1)
+        if torch.rand(1, generator=generator, dtype=torch.float64).item() < probs[token].item():
+            continue
+        probs[token] = 0.0  # (a token of probability 1 is always accepted)
+        drawn = int(torch.multinomial(probs, 1, generator=generator))
+        return [*draft[:i], drawn], i
+    probs = _filter(rows[len(draft)], params.top_k, params.top_p).softmax(-1)
+    return [*draft, int(torch.multinomial(probs, 1, generator=generator))], len(draft)

@@ -14,7 +14,13 @@ import torch
 from chatpage.engine.core.sequence import Sequence, SequenceGroup
 from chatpage.engine.core.step import BeamCandidates, Sample, SamplerOutput, ScheduledSeq
 from chatpage.engine.sample.constraints import LogitConstraints
-from chatpage.engine.sample.sampler import beam_candidates, make_generator, sample, top_logprobs
+from chatpage.engine.sample.sampler import (
+    beam_candidates,
+    make_generator,
+    sample,
+    speculative_picks,
+    top_logprobs,
+)
 
 _Target = tuple[SequenceGroup, Sequence, int, int | None, torch.Generator | None]
 """A row to draw: (group, sequence, logits row, the n-sample fork it starts or None, generator)."""
@@ -49,9 +55,10 @@ class Sampler:
         return out
 
     def _verify(self, item: ScheduledSeq, logits: torch.Tensor, out: SamplerOutput) -> None:
-        """A drafted sequence's picks (``engine/core/speculate.py``): a token from each of its
-        rows as its plain row would pick it; the drafts that equal the picks before them are
-        kept, and the pick after the last kept one."""
+        """A drafted sequence's picks (``engine/core/speculate.py``): greedy, a token from each
+        of its rows as its plain row would pick it, the drafts that equal the picks before them
+        kept and the pick after the last kept one; sampled, by speculative sampling
+        (`speculative_picks`)."""
         group, seq, draft = item.group, item.seq, item.draft
         rid, n = group.request_id, len(draft) + 1
         if group.params.logit_bias:
@@ -59,6 +66,14 @@ class Sampler:
             for error in self.constraints.apply(logits, rows).values():
                 out.failed.setdefault(rid, error)
                 return
+        if not group.params.greedy:
+            try:
+                picked, kept = speculative_picks(logits, draft, group.params, seq.generator)
+            except Exception as e:  # (a distribution of NaNs): this request alone
+                out.failed.setdefault(rid, e)
+                return
+            self._keep(item, logits, picked, kept, out)
+            return
         tokens, logprobs, tops, errors = sample(logits, [group.params] * n, [seq.generator] * n)
         for error in errors.values():
             out.failed.setdefault(rid, error)
@@ -70,6 +85,27 @@ class Sampler:
             Sample(group, seq, tokens[i], logprobs[i], tops[i]) for i in range(kept + 1)
         ]
         out.accepted[seq.seq_id] = kept
+
+    @staticmethod
+    def _keep(
+        item: ScheduledSeq, logits: torch.Tensor, picked: list[int], kept: int, out: SamplerOutput
+    ) -> None:
+        """The samples of a sampled drafted row's ``picked`` tokens (``kept`` drafts accepted),
+        with their log-probabilities under the raw logits, as `sample` gives them."""
+        p = item.group.params
+        rows = logits[: len(picked)]
+        logprobs = rows - torch.logsumexp(rows, -1, keepdim=True)
+        at = torch.tensor(picked, device=logits.device).unsqueeze(1)
+        chosen = logprobs.gather(1, at).squeeze(1).tolist()
+        tops: list[dict[int, float] | None] = [None] * len(picked)
+        if p.top_logprobs:
+            counts = [p.top_logprobs] * len(picked)
+            tops = list(top_logprobs(logprobs, list(range(len(picked))), counts))
+        out.samples += [
+            Sample(item.group, item.seq, token, lp, top)
+            for token, lp, top in zip(picked, chosen, tops, strict=True)
+        ]
+        out.accepted[item.seq.seq_id] = kept
 
     def _rows(self, sampling: list[ScheduledSeq], logits: torch.Tensor, out: SamplerOutput) -> None:
         """The picks of plain, n-sample and beam rows: row i of ``logits`` is ``sampling[i]``."""
