@@ -88,6 +88,31 @@ def test_long_context_split_across_threads():
     check_paged_attention(DEVICE, [1500], [6], block_size=32)
 
 
+@pytest.mark.parametrize("window", [0, 300])
+def test_a_few_rows_of_a_sequence_are_computed_as_each_row_alone(window):
+    """Row invariance (exact speculative decoding): each row of a sequence of up to 16 query rows
+    gets the bits it gets as the one row of a decode step, whatever else the call holds (a
+    prefill, other decodes), long contexts split across threads included."""
+    op = native("paged_attention")
+    b = make_paged_batch([1300, 700, 90], [16, 40, 1], num_kv_heads=3, num_q_heads=9, seed=5)
+    out = torch.empty_like(b.query)
+    op(*b.args(out), window)
+    for r in range(16):  # row r of sequence 0 alone: position 1300 - 16 + r
+        alone = torch.empty_like(b.query[r : r + 1])
+        op(
+            alone,
+            b.query[r : r + 1],
+            b.k_cache,
+            b.v_cache,
+            b.block_tables[:1],
+            torch.tensor([1300 - 15 + r], dtype=torch.int32),
+            torch.tensor([0, 1], dtype=torch.int32),
+            b.scale,
+            window,
+        )
+        assert torch.equal(out[r], alone[0]), r
+
+
 def test_single_thread_matches():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
