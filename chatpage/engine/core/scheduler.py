@@ -248,7 +248,11 @@ class Scheduler:
         ):
             left = self.stop.max_model_len - len(item.seq) - 1
             draft = draft[: max(0, left)]
-            if draft and self.bm.allocate_slots([Demand(item.seq, 1 + len(draft))]) is not None:
+            if not draft:
+                continue
+            # (the watermark kept: a draft never takes the blocks a next step needs)
+            demand = [Demand(item.seq, 1 + len(draft))]
+            if self.bm.allocate_slots(demand, self.watermark) is not None:
                 out.scheduled[n] = replace(item, num_new_tokens=1 + len(draft), draft=tuple(draft))
 
     def stuck(self, out: SchedulerOutput) -> SequenceGroup | None:
