@@ -239,6 +239,8 @@ class Scheduler:
         assert self.speculator is not None
         if out.preempted or self.waiting or self.swapped or out.swap_in:
             return
+        if len(out.scheduled) >= self.speculator.exact_rows:
+            return  # (no row to spare within the exact ones)
         if not all(i.num_new_tokens == 1 and i.samples for i in out.scheduled):
             return
         budget = self.config.max_num_batched_tokens - len(out.scheduled)

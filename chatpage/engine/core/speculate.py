@@ -107,11 +107,12 @@ class SpecState:
     def length(self) -> int:
         """The draft length whose expected accepted tokens per row drafted is best, given the
         acceptance estimate (0: drafting does not pay)."""
-        best, best_gain = 0, 0.0
+        best, best_gain, expected, term = 0, 0.0, 0.0, 1.0
         for k in range(1, MAX_DRAFT + 1):
-            gain = expected_accepted(self.rate, k) - STEP_ROW_COST * k
-            if gain > best_gain:
-                best, best_gain = k, gain
+            term *= self.rate
+            expected += term  # expected_accepted(rate, k)
+            if expected - STEP_ROW_COST * k > best_gain:
+                best, best_gain = k, expected - STEP_ROW_COST * k
         return best
 
 
