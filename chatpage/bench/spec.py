@@ -30,7 +30,7 @@ CONCURRENCY = (1, 8, 32)
 MAX_TOKENS = 192
 GOALS = {"edit": 2.0, "regenerate": 2.0, "edit_resend": 2.0, "summary": 1.4, "open": 0.97}
 GOAL_BATCHED = 0.97  # spec on / off at every concurrency, every task
-KV_CACHE_BYTES = 3 << 30
+KV_CACHE_BYTES = 3 << 29  # 35k tokens of the default model (fp32 KV)
 SOURCE = Path(__file__).resolve().parents[1] / "engine" / "core" / "scheduler.py"
 ARTICLE = (
     "The paged KV cache keeps every sequence's keys and values in blocks of sixteen tokens. "
@@ -94,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     tok = loaded.tokenizer
     # a pool that holds 32 edits at once: no preemption (a recomputed prompt is computed in
     # larger steps than it decoded in, so its numbers, and the replies, may change)
-    pool = {"weight_dtype": args.weights, "kv_cache_bytes": KV_CACHE_BYTES}
+    pool = {
+        "weight_dtype": args.weights,
+        "kv_cache_bytes": KV_CACHE_BYTES,
+        "swap_space_bytes": 64 << 20,
+    }
     off = common.engine(loaded, num_speculative_tokens=0, **pool)
     on = common.engine(loaded, **pool)
     users = tasks(tok, max(20, round(200 * args.scale)))
