@@ -76,10 +76,13 @@ def test_params_check_every_field_by_its_rule(rule) -> None:
 
 
 def test_the_table_is_every_field_and_default_of_params_settings_personas_and_flags() -> None:
-    # (a grammar and a logit bias are structures, checked by SamplingParams itself)
-    assert [
-        f.name for f in fields(SamplingParams) if f.name not in ("structured", "logit_bias")
-    ] == [r.field for r in SAMPLING_RULES]
+    # (a grammar and a logit bias are structures, checked by SamplingParams itself; the
+    # speculation switch and its draft sources are a request's own: /spec, a persona's
+    # speculate, a regenerate's earlier replies)
+    outside = ("structured", "logit_bias", "speculate", "draft_source")
+    assert [f.name for f in fields(SamplingParams) if f.name not in outside] == [
+        r.field for r in SAMPLING_RULES
+    ]
     params = SamplingParams()
     for rule in SAMPLING_RULES:
         default = getattr(params, rule.field)

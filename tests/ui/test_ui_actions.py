@@ -45,7 +45,7 @@ KEYS_BEFORE = {
 }
 ADDED_KEYS = {"cancel_edit", "interrupt", "undo_delete", "toggle_thinking"}  # escape, ctrl+c,
 # ctrl+z (#23); alt+t (#22)
-ADDED_SLASH = {"undo", "think", "tools"}
+ADDED_SLASH = {"undo", "think", "tools", "spec"}
 SLASH_BEFORE = {
     "help",
     "new",
