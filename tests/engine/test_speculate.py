@@ -144,6 +144,12 @@ def test_a_draft_source_is_drafted_from(loaded):
     again = engine.generate([prompt], params)[0]
     assert again.outputs[0].token_ids == reply.outputs[0].token_ids
     assert engine.speculator.accepted >= 25  # (of 28: the last token is never drafted)
+    # the request's usage counts them (the reply's stats line shows them)
+    usage = again.usage
+    assert (usage.accepted_tokens, usage.draft_tokens) == (
+        engine.speculator.accepted,
+        engine.speculator.drafted,
+    )
 
 
 def test_a_seeded_sampled_request_speculates_and_repeats_itself(loaded):

@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 from helpers import alpha_and_beta, idle, make_app, ready, send, wait_for
 
+from chatpage.chat.entry import ReplyStats
 from chatpage.config.settings import Settings
 from chatpage.engine.client import EngineConfig
 from chatpage.ui.app import ChatApp
-from chatpage.ui.widgets.message import MessageView
+from chatpage.ui.widgets.message import MessageView, stats_line
 
 SIZE = (150, 48)
 
@@ -109,3 +110,10 @@ async def test_a_long_chat_drops_its_oldest_turns_and_the_meter_shows_it(tiny_ll
         assert 0 < used <= 320
         shown = str(header.render())
         assert f"context {used} / 320 tokens" in shown and "left out (greyed)" in shown
+
+
+def test_the_stats_line_says_how_many_drafts_were_accepted():
+    stats = ReplyStats(tokens=24, prompt_tokens=40, prefix_hit_tokens=16)
+    assert "drafts" not in stats_line(stats)  # (nothing drafted: not a word of it)
+    stats.draft_tokens, stats.accepted_tokens = 20, 12
+    assert stats_line(stats).endswith(" · cache 16/40 prompt tokens · drafts 12/20 accepted")
