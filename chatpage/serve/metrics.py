@@ -123,6 +123,7 @@ class EngineCollector:
         )
         yield self._gauge(
             "chatpage:kv_disk_bytes", "Bytes in the KV disk tier's folder", stats.disk_bytes
+        )
         # speculative decoding, as vLLM v1 names it
         yield self._counter(
             "vllm:spec_decode_num_drafts", "Speculative verifications", stats.spec_drafts
