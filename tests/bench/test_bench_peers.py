@@ -122,3 +122,92 @@ def test_the_report_shows_each_run_side_by_side_and_keeps_it_through_a_full_run(
     assert "peers" not in report.to_run(None, False) and "single" in report.to_run(None, False)
     assert report.kept(back, None) == back and report.to_run("peers", False) == ["peers"]
     assert report.kept({"single": {}}, None) == {}
+
+
+# /proc/cpuinfo of the two kinds of machine the peers report names (their first lines)
+AVX2_CPUINFO = """processor	: 0
+model name	: AMD EPYC 7B12
+flags		: fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 bmi2
+processor	: 1
+model name	: AMD EPYC 7B12
+flags		: fpu sse sse2 ssse3 fma sse4_1 sse4_2 avx f16c avx2 bmi2
+"""
+AVX512_CPUINFO = """processor	: 0
+model name	: Intel(R) Xeon(R) Platinum 8581C CPU @ 2.10GHz
+flags		: fpu avx2 fma avx512f avx512bw avx512vl avx_vnni avx512_bf16 avx512_vnni amx_bf16 amx_tile
+"""
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "cpu", "extensions"),
+    [
+        (AVX2_CPUINFO, "AMD EPYC 7B12", ["AVX2"]),
+        (
+            AVX512_CPUINFO,
+            "Intel(R) Xeon(R) Platinum 8581C CPU @ 2.10GHz",
+            ["AVX2", "AVX-512", "VNNI", "BF16", "AMX"],
+        ),
+        ("", "unknown CPU", []),
+    ],
+    ids=["avx2", "avx512", "none"],
+)
+def test_the_machine_is_named_by_its_cpu_and_vector_extensions(cpuinfo, cpu, extensions) -> None:
+    assert peers.cpu_facts(cpuinfo) == {"cpu": cpu, "extensions": extensions}
+
+
+def test_vllm_runs_in_its_faster_dtype_measured_once_per_machine(tmp_path: Path) -> None:
+    """Each machine measures both dtypes once and keeps the faster; a second run on the same
+    machine reads the choice, another machine measures its own."""
+    speeds = {  # vLLM's output tok/s: fp32 wins without AVX-512 BF16, bf16 with it
+        "AMD EPYC 7B12": {"bfloat16": 27.4, "float32": 80.6},
+        "Intel(R) Xeon(R) Platinum 8581C CPU @ 2.10GHz": {"bfloat16": 201.0, "float32": 150.0},
+    }
+    asked: list[tuple[str, str]] = []
+
+    def on(facts: dict):
+        def measure(dtype: str) -> float:
+            asked.append((facts["cpu"], dtype))
+            return speeds[facts["cpu"]][dtype]
+
+        return measure
+
+    avx2, avx512 = peers.cpu_facts(AVX2_CPUINFO), peers.cpu_facts(AVX512_CPUINFO)
+    first = peers.best_dtype(tmp_path, avx2, on(avx2))
+    assert first == {
+        "dtype": "float32",
+        "output_tok_s": {"bfloat16": 27.4, "float32": 80.6},
+        "concurrency": peers.PROBE_CONCURRENCY,
+    }
+    assert peers.best_dtype(tmp_path, avx2, on(avx2)) == first
+    assert peers.best_dtype(tmp_path, avx512, on(avx512))["dtype"] == "bfloat16"
+    assert asked == [(m, d) for m in speeds for d in peers.DTYPES]  # each machine once
+    recorded = json.loads((tmp_path / peers.DTYPE_FILE).read_text())
+    assert set(recorded) == {"AMD EPYC 7B12 (AVX2)", peers.machine_key(avx512)}
+
+
+@pytest.mark.parametrize("cpuinfo", [AVX2_CPUINFO, AVX512_CPUINFO], ids=["avx2", "avx512"])
+def test_the_report_names_the_cpu_the_dtype_and_the_other_machine(cpuinfo: str) -> None:
+    from chatpage.bench.reporting import from_json
+
+    facts = peers.cpu_facts(cpuinfo)
+    figures = {"chatpage": {"8": _figures(160, 100, 20)}, "vllm": {"8": _figures(80, 90, 30)}}
+    result = {
+        "model": "SmolLM2-135M-Instruct",
+        "peer": peers.VLLM_PIN,
+        "rounds": 1,
+        "input_len": 256,
+        "output_len": 128,
+        "cores": 2,
+        **facts,
+        "vllm_dtype": "float32",
+        "dtype_probe": {"bfloat16": 27.4, "float32": 80.6},
+        "runs": peers.compare([figures], peers.GOAL_RATIO_DEFAULT),
+    }
+    text = "\n".join(peers.figures(from_json(peers.PeersResult, result)))
+    assert "in float32 (its faster dtype on this CPU: output tok/s at concurrency 8 " in text
+    assert "bfloat16 27.4, float32 80.6" in text
+    assert f"CPU: {facts['cpu']}, vector extensions {', '.join(facts['extensions'])}." in text
+    other = "AVX-512 (VNNI, BF16)" if cpuinfo is AVX2_CPUINFO else "AVX2-only"
+    assert "The other kind of machine, not measured in this run: " in text and other in text
+    goal = peers.goals(from_json(peers.PeersResult, result))[0]
+    assert goal.target == ">= 2.0" and goal.met  # 2.0x vLLM on the default model
