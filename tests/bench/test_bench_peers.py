@@ -69,6 +69,22 @@ def _figures(tok_s: float, ttft: float, tpot: float) -> dict:
     }
 
 
+def _result(runs: dict, **machine) -> dict:
+    """A peers result of one round of ``runs`` on the default model (``machine``: the fields
+    a run names its machine and vLLM's dtype by)."""
+    return {
+        "bench": "peers",
+        "model": "SmolLM2-135M-Instruct",
+        "peer": peers.VLLM_PIN,
+        "rounds": 1,
+        "input_len": 256,
+        "output_len": 128,
+        "cores": 2,
+        **machine,
+        "runs": runs,
+    }
+
+
 def test_compare_reports_the_median_round_and_the_goals() -> None:
     rounds = [
         {"chatpage": {"8": _figures(c, 100, 20)}, "vllm": {"8": _figures(100, 90, 30)}}
@@ -90,16 +106,7 @@ def test_the_report_shows_each_run_side_by_side_and_keeps_it_through_a_full_run(
         "chatpage": {"1": _figures(60, 100, 15), "chats": _figures(90, 300, 40)},
         "vllm": {"1": _figures(30, 200, 32), "chats": _figures(100, 250, 35)},
     }
-    result = {
-        "bench": "peers",
-        "model": "SmolLM2-135M-Instruct",
-        "peer": peers.VLLM_PIN,
-        "rounds": 1,
-        "input_len": 256,
-        "output_len": 128,
-        "cores": 2,
-        "runs": peers.compare([figures]),
-    }
+    result = _result(peers.compare([figures]))
     runs = {
         "peers": {"command": "chatpage bench peers --json", "seconds": 1800.0, "result": result}
     }
@@ -191,18 +198,12 @@ def test_the_report_names_the_cpu_the_dtype_and_the_other_machine(cpuinfo: str) 
 
     facts = peers.cpu_facts(cpuinfo)
     figures = {"chatpage": {"8": _figures(160, 100, 20)}, "vllm": {"8": _figures(80, 90, 30)}}
-    result = {
-        "model": "SmolLM2-135M-Instruct",
-        "peer": peers.VLLM_PIN,
-        "rounds": 1,
-        "input_len": 256,
-        "output_len": 128,
-        "cores": 2,
+    result = _result(
+        peers.compare([figures], peers.GOAL_RATIO_DEFAULT),
         **facts,
-        "vllm_dtype": "float32",
-        "dtype_probe": {"bfloat16": 27.4, "float32": 80.6},
-        "runs": peers.compare([figures], peers.GOAL_RATIO_DEFAULT),
-    }
+        vllm_dtype="float32",
+        dtype_probe={"bfloat16": 27.4, "float32": 80.6},
+    )
     text = "\n".join(peers.figures(from_json(peers.PeersResult, result)))
     assert "in float32 (its faster dtype on this CPU: output tok/s at concurrency 8 " in text
     assert "bfloat16 27.4, float32 80.6" in text
