@@ -31,7 +31,7 @@ CASES = [
 ]
 CASES += level_cases(ROWS, OUTPUTS, INPUTS["int4"])  # int4 with a table of levels of its own
 # The q8 GEMMs (csrc/cpu/gemm_q8.cpp: int8 and int4, the activations quantized to int8 blocks) on
-# the builds that have them (gemm_q8(): AVX-512 VNNI): rows below, at and past the 4-row tile;
+# the builds that have them (gemm_q8(): AVX-512 VNNI, or AVX2's maddubs): rows below, at and past the 4-row tile;
 # outputs below one vector of 16, past the 32 of a task, and two whole tasks (which a q8 pack
 # takes: there the packed product must be the same bits); inputs not a multiple of 4 or 32
 # (int8), one group, an odd count of groups, the default model's down projection

@@ -28,6 +28,15 @@
 // per call, 3.2 packed; 8 rows 22.4 / 14.5 / 8.1; 64 rows - / 53.8 / 48.5). The unpacked entry
 // points lay each task out per call into a buffer that stays in L1/L2; both run the same code on
 // the same bytes, so they give the same bits.
+//
+// On an AVX2 CPU (no AVX-512: the Zen 2/3 EPYCs of this project's machines) the same packs and
+// the same activation blocks go through maddubs and madd (vpmaddubsw: 32 u8 x s8 products into 16
+// saturating int16 pair sums, vpmaddwd to widen them), a quarter of a task (8 rows, one 256-bit
+// vector of the layout) at a time. maddubs saturates, so the operands are kept small enough:
+// int4's nibbles (0..15) go in as they are and sum in int16 over a whole block; int8 weights and a
+// table's levels go in signed, by the sign trick (|w| against the activation with w's sign), which
+// needs no + 128 and no c. The q8 GEMMs there take the rows where the fp32-FMA GEMMs of gemm.cpp
+// did: 3 integer instructions for 32 multiply-adds against 4 FMAs.
 #include "checks.h"
 #include "cpu/matmul.h"
 #include "cpu/ops_cpu.h"
@@ -39,9 +48,13 @@
 #include <algorithm>
 #include <cstring>
 
+// Which q8 kernels the build has: AVX-512 VNNI's (512), or AVX2's (256: maddubs and madd on an
+// AVX2 CPU without AVX-512; the AVX-VNNI of some AVX2 CPUs is not used), or none.
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#define CHATPAGE_Q8 1
+#define CHATPAGE_Q8 512
 #include <immintrin.h>
+#elif CHATPAGE_AVX2
+#define CHATPAGE_Q8 256
 #endif
 
 namespace chatpage::cpu {
@@ -50,7 +63,7 @@ namespace chatpage::cpu {
 namespace {
 
 constexpr int kBlock = 32;             // inputs per activation block (and per int4 group)
-constexpr int kLanes = 16;             // weight rows per vector
+constexpr int kLanes = 16;             // weight rows per 64-byte vector of a layout
 constexpr int kRowsPerTask = 32;       // weight rows per laid-out block: two vectors
 constexpr int kTile = 4;               // activation rows per pass over a block
 constexpr int64_t kSlice = 256;        // activation rows quantized per pass over the weights
@@ -75,6 +88,7 @@ struct Q8Rows {
   int64_t row_blocks() const { return blocks * passes; }
 };
 
+#if CHATPAGE_Q8 == 512
 template <typename X>
 inline __m512 load16(const X* p, __mmask16 mask);
 template <>
@@ -197,6 +211,109 @@ inline void transpose_rows(const uint8_t* src, int64_t stride, int valid, __m512
   out[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
+// transpose_rows' four vectors stored at out, out + 64, ... (their bytes + 128 where `flip`)
+inline void transposed_rows(const uint8_t* src, int64_t stride, int valid, bool flip,
+                            uint8_t* out) {
+  __m512i quads[4];
+  transpose_rows(src, stride, valid, quads);
+  const __m512i bits = _mm512_set1_epi8(static_cast<char>(flip ? 0x80 : 0));
+  for (int j = 0; j < 4; ++j) _mm512_storeu_si512(out + j * 64, _mm512_xor_si512(quads[j], bits));
+}
+
+#else  // AVX2
+
+// Up to 8 values at p (`count` of them; the lanes past it zero) as floats.
+inline __m256 load8_below(const float* p, int64_t count) {
+  if (count >= 8) return _mm256_loadu_ps(p);
+  alignas(32) float tmp[8] = {};
+  for (int64_t i = 0; i < count; ++i) tmp[i] = p[i];
+  return _mm256_load_ps(tmp);
+}
+inline __m256 load8_below(const c10::BFloat16* p, int64_t count) {
+  if (count >= 8) return load8(p).v;
+  alignas(32) float tmp[8] = {};
+  for (int64_t i = 0; i < count; ++i) tmp[i] = static_cast<float>(p[i]);
+  return _mm256_load_ps(tmp);
+}
+
+inline int32_t hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// One block of 32 values (four vectors of 8) as int8 levels at out, their scale and scale * sum;
+// returns them dequantized in v (what the next pass subtracts).
+inline void quantize_block(__m256 (&v)[4], int8_t* out, float& d, float& ds) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 most = _mm256_andnot_ps(sign, v[0]);
+  for (int i = 1; i < 4; ++i) most = _mm256_max_ps(most, _mm256_andnot_ps(sign, v[i]));
+  const float amax = hmax8({most});
+  const __m256 scale = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  __m256i q[4];
+  // round half to even, as torch.round does (the default rounding mode)
+  for (int i = 0; i < 4; ++i) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], scale));
+  // the packs work inside 128-bit lanes: the bytes come out as dwords 0, 2, 4, 6, 1, 3, 5, 7 of
+  // the block, which one permutation puts back in order (|q| <= 127: nothing saturates)
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
+                                           _mm256_packs_epi32(q[2], q[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  d = amax / 127.f;
+  const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+  ds = d * static_cast<float>(hsum_epi32(sum));
+  const __m256 dv = _mm256_set1_ps(d);
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(q[i]), dv);
+}
+
+template <typename X>
+void quantize_rows(const X* x, int64_t rows, int64_t k, const Q8Rows& a, int8_t* qa, float* d,
+                   float* ds) {
+  const int64_t nb = a.row_blocks();
+  for (int64_t t = 0; t < rows; ++t) {
+    const X* row = x + t * k;
+    for (int64_t b = 0; b < a.blocks; ++b) {
+      const int64_t i = b * kBlock;
+      __m256 v[4];
+      for (int c = 0; c < 4; ++c) v[c] = load8_below(row + i + 8 * c, k - i - 8 * c);
+      for (int p = 0; p < a.passes; ++p) {
+        const int64_t at = t * nb + p * a.blocks + b;
+        __m256 part[4] = {v[0], v[1], v[2], v[3]};
+        quantize_block(part, qa + at * kBlock, d[at], ds[at]);
+        for (int c = 0; c < 4; ++c) v[c] = _mm256_sub_ps(v[c], part[c]);
+      }
+    }
+  }
+}
+
+// The layout's four 64-byte vectors from 16 bytes of each of 16 rows (as the AVX-512 transpose
+// lays them out; their bytes + 128 where `flip`): each 32-byte half (rows 0-7, rows 8-15) in one
+// register, rows i and i + 4 in its two 128-bit lanes, then a 4 x 4 transpose of int32s inside
+// each lane.
+inline void transposed_rows(const uint8_t* src, int64_t stride, int valid, bool flip,
+                            uint8_t* out) {
+  alignas(16) static const uint8_t none[16] = {};
+  const __m256i bits = _mm256_set1_epi8(static_cast<char>(flip ? 0x80 : 0));
+  auto row = [&](int r) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(r < valid ? src + r * stride : none));
+  };
+  for (int g = 0; g < 2; ++g) {
+    __m256i a[4];
+    for (int i = 0; i < 4; ++i)
+      a[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(row(8 * g + i)), row(8 * g + i + 4), 1);
+    const __m256i t0 = _mm256_unpacklo_epi32(a[0], a[1]), t1 = _mm256_unpackhi_epi32(a[0], a[1]);
+    const __m256i t2 = _mm256_unpacklo_epi32(a[2], a[3]), t3 = _mm256_unpackhi_epi32(a[2], a[3]);
+    const __m256i quads[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),
+                              _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+    for (int j = 0; j < 4; ++j)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + j * 64 + g * 32),
+                          _mm256_xor_si256(quads[j], bits));
+  }
+}
+
+#endif
+
 // One task's 32 weight rows laid out, block of 32 inputs after block, kTaskBlock<Int4> bytes each:
 // int4: 2 halves (rows 0-15, 16-31) x 4 vectors, vector j holding each row's bytes 4j..4j+3
 // (inputs 4j.. in the low nibbles, 16 + 4j.. in the high ones), then the halves' 16 scales and
@@ -233,10 +350,7 @@ void lay_out_int4(const uint8_t* q, const c10::BFloat16* scales, const c10::BFlo
     const uint8_t* base = q + (n0 + half * kLanes) * stride;
     for (int64_t b = 0; b < blocks; ++b) {
       uint8_t* at = out + b * kTaskBlock<true>;
-      __m512i quads[4];
-      transpose_rows(base + b * 16, stride, rows, quads);
-      for (int j = 0; j < 4; ++j)
-        _mm512_storeu_si512(at + (half * 4 + j) * 64, quads[j]);
+      transposed_rows(base + b * 16, stride, rows, false, at + half * 4 * 64);
       c10::BFloat16* sc = reinterpret_cast<c10::BFloat16*>(at + kScalesAt) + half * kLanes;
       c10::BFloat16* ze = reinterpret_cast<c10::BFloat16*>(at + kZerosAt) + half * kLanes;
       for (int r = 0; r < kLanes; ++r) {
@@ -251,7 +365,6 @@ void lay_out_int4(const uint8_t* q, const c10::BFloat16* scales, const c10::BFlo
 // The same for an int8 matrix (q [N, blocks * 32]): the bytes + 128 (sign bit flipped).
 void lay_out_int8(const int8_t* q, int64_t blocks, int64_t n0, int valid, uint8_t* out) {
   const int64_t k = blocks * kBlock;
-  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(q);
   prefetch(bytes + n0 * k, valid * k);
   for (int half = 0; half < 2; ++half) {
@@ -259,15 +372,24 @@ void lay_out_int8(const int8_t* q, int64_t blocks, int64_t n0, int valid, uint8_
     const uint8_t* base = bytes + (n0 + half * kLanes) * k;
     for (int64_t b = 0; b < blocks; ++b) {
       uint8_t* at = out + b * kTaskBlock<false> + half * 8 * 64;
-      for (int part = 0; part < 2; ++part) {
-        __m512i quads[4];
-        transpose_rows(base + b * kBlock + part * 16, k, rows, quads);
-        for (int j = 0; j < 4; ++j)
-          _mm512_storeu_si512(at + (part * 4 + j) * 64, _mm512_xor_si512(quads[j], flip));
-      }
+      for (int part = 0; part < 2; ++part)
+        transposed_rows(base + b * kBlock + part * 16, k, rows, true, at + part * 4 * 64);
     }
   }
 }
+
+// fn.template operator()<C>() for the C in 1..kTile that equals c
+template <typename Fn>
+void with_tile(int c, Fn&& fn) {
+  switch (c) {
+    case 1: fn.template operator()<1>(); break;
+    case 2: fn.template operator()<2>(); break;
+    case 3: fn.template operator()<3>(); break;
+    default: fn.template operator()<4>(); break;
+  }
+}
+
+#if CHATPAGE_Q8 == 512
 
 inline __m512 widen_bf16(const uint8_t* p) {
   const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -352,21 +474,195 @@ inline void tile(const Q8Rows& a, int64_t t0, const uint8_t* task, const Operand
   }
 }
 
-// fn.template operator()<C>() for the C in 1..kTile that equals c
-template <typename Fn>
-void with_tile(int c, Fn&& fn) {
-  switch (c) {
-    case 1: fn.template operator()<1>(); break;
-    case 2: fn.template operator()<2>(); break;
-    case 3: fn.template operator()<3>(); break;
-    default: fn.template operator()<4>(); break;
-  }
-}
-
 inline void store16(const Output& out, int64_t at, __m512 y, __mmask16 mask) {
   if (out.f32) _mm512_mask_storeu_ps(out.f32 + at, mask, y);
   else _mm256_mask_storeu_epi16(out.bf16 + at, mask, (__m256i)_mm512_cvtneps_pbh(y));
 }
+
+// Activation rows [0, m) of the slice against one task's laid-out rows (columns n0.., `valid` of
+// them), stored at rows m0..: y = sums * scale + offset (int8: the sums less the + 128 of the
+// weights, 128 * the sum of the row's blocks' d * S).
+template <bool Int4>
+void task_product(const Q8Rows& a, int64_t m0, int64_t m, int64_t n, int64_t n0, int valid,
+                  const uint8_t* laid, const Operands<Int4>& ops, const float* scale,
+                  const float* offset, const float* sum_ds, const Output& dst) {
+  for (int64_t t0 = 0; t0 < m; t0 += kTile) {
+    with_tile(static_cast<int>(std::min<int64_t>(kTile, m - t0)), [&]<int T>() {
+      __m512 acc[T][2];
+      tile<Int4, T>(a, t0, laid, ops, acc);
+      for (int t = 0; t < T; ++t)
+        for (int h = 0; h < 2; ++h) {
+          __m512 y = acc[t][h];
+          if constexpr (!Int4) y = _mm512_sub_ps(y, _mm512_set1_ps(128.f * sum_ds[t0 + t]));
+          y = _mm512_fmadd_ps(y, _mm512_load_ps(scale + h * kLanes),
+                              _mm512_load_ps(offset + h * kLanes));
+          store16(dst, (m0 + t0 + t) * n + n0 + h * kLanes, y, lanes_below(valid - h * kLanes));
+        }
+    });
+  }
+}
+
+Operands<true> int4_operands(const c10::optional<at::Tensor>& levels) {
+  Operands<true> ops;
+  int8_t table_bytes[16];
+  ops.own = int4_levels(levels, table_bytes);
+  alignas(16) uint8_t shifted[16];
+  for (int i = 0; i < 16; ++i) shifted[i] = static_cast<uint8_t>(table_bytes[i] + 128);
+  ops.table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(shifted)));
+  ops.c = _mm512_set1_ps(ops.own ? 128.f : 8.f);
+  return ops;
+}
+
+#else  // AVX2
+
+inline __m256 widen_bf16(const uint8_t* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+
+// The operands of a task's block for one quarter q of its rows (8q..8q+7: the first or second 32
+// bytes of half q / 2's vectors), vector pair j: int4's nibbles (0..15: maddubs' unsigned operand
+// as they are), or the signed bytes of a table's levels or of int8 weights (as laid out, less
+// 128), which maddubs takes through the sign trick (see tile); and int4's scale and offset (zero -
+// c * scale: c = 8, or 0 with a table, whose levels are multiplied as they are).
+template <bool Int4>
+struct Operands {
+  __m256i mask = _mm256_set1_epi8(0x0F);
+  __m256i table{};  // the matrix's own levels, in each 128-bit lane
+  __m256 c = _mm256_set1_ps(8.f);
+  bool own = false;
+  bool signed_weights() const { return !Int4 || own; }
+  inline void pair(const uint8_t* block, int q, int j, __m256i& lo, __m256i& hi) const {
+    const uint8_t* w = block + (q / 2) * kVectors<Int4> * 64 + (q % 2) * 32;
+    if constexpr (Int4) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + j * 64));
+      lo = _mm256_and_si256(v, mask);
+      hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+      if (own) {
+        lo = _mm256_shuffle_epi8(table, lo);
+        hi = _mm256_shuffle_epi8(table, hi);
+      }
+    } else {
+      const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+      lo = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + j * 64)), flip);
+      hi = _mm256_xor_si256(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + (j + 4) * 64)), flip);
+    }
+  }
+  inline void scale_offset(const uint8_t* block, int q, __m256& scale, __m256& offset) const {
+    scale = widen_bf16(block + kScalesAt + q * 16);
+    offset = _mm256_fnmadd_ps(c, scale, widen_bf16(block + kZerosAt + q * 16));
+  }
+};
+
+inline __m256i broadcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+// Activation rows [t0, t0 + T) against quarter q of one task's laid-out rows: acc[t] = the fp32
+// sums of row t with rows 8q + lane, before the row scale (int8) and the bias. maddubs multiplies
+// unsigned by signed bytes into saturating int16 pairs: int4's nibbles times the levels (<= 2 * 15
+// * 127 a pair) sum in int16 over a whole block (<= 16 * 15 * 127 < 2^15) and are widened once by
+// madd; signed weights go in as |w| (<= 128) against the activations with w's sign (<= 127), <=
+// 32512 a pair, each pair widened at once.
+template <bool Int4, bool Signed, int T>
+inline void tile(const Q8Rows& a, int64_t t0, const uint8_t* task, int q,
+                 const Operands<Int4>& ops, __m256 (&acc)[T]) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int t = 0; t < T; ++t) acc[t] = _mm256_setzero_ps();
+  const int64_t nb = a.row_blocks();
+  for (int64_t ab = 0; ab < nb; ++ab) {
+    const uint8_t* block = task + (ab % a.blocks) * kTaskBlock<Int4>;
+    const int8_t* qa = a.qa + (t0 * nb + ab) * kBlock;
+    __m256i sums[T];
+    for (int t = 0; t < T; ++t) sums[t] = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) {
+      __m256i lo, hi;
+      ops.pair(block, q, j, lo, hi);
+      if constexpr (Signed) {
+        const __m256i abs_lo = _mm256_abs_epi8(lo), abs_hi = _mm256_abs_epi8(hi);
+        for (int t = 0; t < T; ++t) {
+          const int8_t* row = qa + t * nb * kBlock;
+          const __m256i x0 = _mm256_sign_epi8(broadcast4(row + 4 * j), lo);
+          const __m256i x1 = _mm256_sign_epi8(broadcast4(row + 16 + 4 * j), hi);
+          const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_lo, x0), ones);
+          const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(abs_hi, x1), ones);
+          sums[t] = _mm256_add_epi32(sums[t], _mm256_add_epi32(p0, p1));
+        }
+      } else {
+        for (int t = 0; t < T; ++t) {
+          const int8_t* row = qa + t * nb * kBlock;
+          const __m256i p0 = _mm256_maddubs_epi16(lo, broadcast4(row + 4 * j));
+          const __m256i p1 = _mm256_maddubs_epi16(hi, broadcast4(row + 16 + 4 * j));
+          sums[t] = _mm256_add_epi16(sums[t], _mm256_add_epi16(p0, p1));
+        }
+      }
+    }
+    if constexpr (!Signed) {
+      for (int t = 0; t < T; ++t) sums[t] = _mm256_madd_epi16(sums[t], ones);
+    }
+    __m256 scale, offset;
+    if constexpr (Int4) ops.scale_offset(block, q, scale, offset);
+    for (int t = 0; t < T; ++t) {
+      const int64_t at = (t0 + t) * nb + ab;
+      const __m256 d = _mm256_set1_ps(a.d[at]);
+      const __m256 f = _mm256_cvtepi32_ps(sums[t]);
+      if constexpr (Int4) {
+        acc[t] = _mm256_fmadd_ps(f, _mm256_mul_ps(scale, d), acc[t]);
+        acc[t] = _mm256_fmadd_ps(offset, _mm256_set1_ps(a.ds[at]), acc[t]);
+      } else {
+        acc[t] = _mm256_fmadd_ps(f, d, acc[t]);
+      }
+    }
+  }
+}
+
+// The first `count` (at most 8) lanes of y at out's element `at`.
+inline void store_lanes8(const Output& out, int64_t at, __m256 y, int count) {
+  if (out.f32 && count >= 8) return _mm256_storeu_ps(out.f32 + at, y);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, y);
+  for (int i = 0; i < std::min(count, 8); ++i) {
+    if (out.f32) out.f32[at + i] = lanes[i];
+    else out.bf16[at + i] = static_cast<c10::BFloat16>(lanes[i]);
+  }
+}
+
+// Activation rows [0, m) of the slice against one task's laid-out rows (columns n0.., `valid` of
+// them), a quarter of 8 rows at a time, stored at rows m0..: y = sums * scale + offset (the
+// weights were taken signed: no + 128 to take back).
+template <bool Int4>
+void task_product(const Q8Rows& a, int64_t m0, int64_t m, int64_t n, int64_t n0, int valid,
+                  const uint8_t* laid, const Operands<Int4>& ops, const float* scale,
+                  const float* offset, const float*, const Output& dst) {
+  for (int q = 0; q * 8 < valid; ++q) {
+    for (int64_t t0 = 0; t0 < m; t0 += kTile) {
+      with_tile(static_cast<int>(std::min<int64_t>(kTile, m - t0)), [&]<int T>() {
+        __m256 acc[T];
+        if (ops.signed_weights()) tile<Int4, true, T>(a, t0, laid, q, ops, acc);
+        else tile<Int4, false, T>(a, t0, laid, q, ops, acc);
+        for (int t = 0; t < T; ++t) {
+          const __m256 y = _mm256_fmadd_ps(acc[t], _mm256_load_ps(scale + q * 8),
+                                           _mm256_load_ps(offset + q * 8));
+          store_lanes8(dst, (m0 + t0 + t) * n + n0 + q * 8, y, valid - q * 8);
+        }
+      });
+    }
+  }
+}
+
+Operands<true> int4_operands(const c10::optional<at::Tensor>& levels) {
+  Operands<true> ops;
+  alignas(16) int8_t table_bytes[16];
+  ops.own = int4_levels(levels, table_bytes);
+  ops.table = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(table_bytes)));
+  ops.c = _mm256_set1_ps(ops.own ? 0.f : 8.f);
+  return ops;
+}
+
+#endif
 
 // y = x @ W.T (* row scale) + bias for x's rows [m0, m0 + m) (quantized in `a`), every output row;
 // task_at(task, buffer) is one task's layout (a pack's, or laid out into the 64-byte aligned
@@ -379,8 +675,11 @@ void q8_rows(const Q8Rows& a, int64_t m0, int64_t m, int64_t n, const float* bia
   const int64_t tasks = (n + kRowsPerTask - 1) / kRowsPerTask;
   const int64_t k = a.blocks * kBlock;
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / std::max<int64_t>(1, kRowsPerTask * k * m));
+  struct alignas(64) Line {
+    uint8_t bytes[64];
+  };
   at::parallel_for(0, tasks, grain, [&](int64_t first, int64_t last) {
-    std::vector<__m512i> buffer(lays_out ? a.blocks * kTaskBlock<Int4> / 64 : 0);
+    std::vector<Line> buffer(lays_out ? a.blocks * kTaskBlock<Int4> / 64 : 0);
     for (int64_t task = first; task < last; ++task) {
       const int64_t n0 = task * kRowsPerTask;
       const int valid = static_cast<int>(std::min<int64_t>(kRowsPerTask, n - n0));
@@ -390,22 +689,7 @@ void q8_rows(const Q8Rows& a, int64_t m0, int64_t m, int64_t n, const float* bia
         scale[r] = r < valid ? row_scale(n0 + r) : 0.f;
         offset[r] = r < valid && bias ? bias[n0 + r] : 0.f;
       }
-      for (int64_t t0 = 0; t0 < m; t0 += kTile) {
-        with_tile(static_cast<int>(std::min<int64_t>(kTile, m - t0)), [&]<int T>() {
-          __m512 acc[T][2];
-          tile<Int4, T>(a, t0, laid, ops, acc);
-          for (int t = 0; t < T; ++t)
-            for (int h = 0; h < 2; ++h) {
-              __m512 y = acc[t][h];
-              if constexpr (!Int4)  // the + 128 of the weights: 128 * sum of the blocks' d * S
-                y = _mm512_sub_ps(y, _mm512_set1_ps(128.f * sum_ds[t0 + t]));
-              y = _mm512_fmadd_ps(y, _mm512_load_ps(scale + h * kLanes),
-                                  _mm512_load_ps(offset + h * kLanes));
-              store16(dst, (m0 + t0 + t) * n + n0 + h * kLanes, y,
-                      lanes_below(valid - h * kLanes));
-            }
-        });
-      }
+      task_product<Int4>(a, m0, m, n, n0, valid, laid, ops, scale, offset, sum_ds, dst);
     }
   });
 }
@@ -458,17 +742,6 @@ at::Tensor whole_blocks(const at::Tensor& qweight) {
   return k % kBlock ? at::constant_pad_nd(qweight, {0, blocks * kBlock - k}) : qweight;
 }
 
-Operands<true> int4_operands(const c10::optional<at::Tensor>& levels) {
-  Operands<true> ops;
-  int8_t table_bytes[16];
-  ops.own = int4_levels(levels, table_bytes);
-  alignas(16) uint8_t shifted[16];
-  for (int i = 0; i < 16; ++i) shifted[i] = static_cast<uint8_t>(table_bytes[i] + 128);
-  ops.table = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(shifted)));
-  ops.c = _mm512_set1_ps(ops.own ? 128.f : 8.f);
-  return ops;
-}
-
 // A pack's task `task` (kTaskBlock<Int4> * blocks bytes each; a thread's tasks are one run of
 // consecutive bytes, which the hardware's prefetch follows)
 template <bool Int4>
@@ -508,7 +781,7 @@ at::Tensor gemm_q8_int8(const at::Tensor& x, const at::Tensor& qweight, const at
       },
       true, [s](int64_t row) { return static_cast<float>(s[row]); });
 #else
-  TORCH_CHECK(false, "chatpage::gemm_q8_int8: this build has no AVX-512 VNNI (see gemm_q8())");
+  TORCH_CHECK(false, "chatpage::gemm_q8_int8: this build has no q8 GEMMs (no AVX2: see gemm_q8())");
 #endif
 }
 
@@ -533,7 +806,7 @@ at::Tensor gemm_q8_int4(const at::Tensor& x, const at::Tensor& q, const at::Tens
       },
       true, [](int64_t) { return 1.f; });
 #else
-  TORCH_CHECK(false, "chatpage::gemm_q8_int4: this build has no AVX-512 VNNI (see gemm_q8())");
+  TORCH_CHECK(false, "chatpage::gemm_q8_int4: this build has no q8 GEMMs (no AVX2: see gemm_q8())");
 #endif
 }
 
@@ -566,7 +839,7 @@ at::Tensor q8_pack_int4(const at::Tensor& q, const at::Tensor& scales, const at:
   });
   return pack;
 #else
-  TORCH_CHECK(false, "chatpage::q8_pack_int4: this build has no AVX-512 VNNI (see gemm_q8())");
+  TORCH_CHECK(false, "chatpage::q8_pack_int4: this build has no q8 GEMMs (no AVX2: see gemm_q8())");
 #endif
 }
 
@@ -588,7 +861,7 @@ at::Tensor q8_pack_int8(const at::Tensor& qweight) {
   });
   return pack;
 #else
-  TORCH_CHECK(false, "chatpage::q8_pack_int8: this build has no AVX-512 VNNI (see gemm_q8())");
+  TORCH_CHECK(false, "chatpage::q8_pack_int8: this build has no q8 GEMMs (no AVX2: see gemm_q8())");
 #endif
 }
 
@@ -610,7 +883,7 @@ at::Tensor gemm_q8_int8_packed(const at::Tensor& x, const at::Tensor& pack,
                         packed_tasks<false>(pack, blocks), false,
                         [s](int64_t row) { return static_cast<float>(s[row]); });
 #else
-  TORCH_CHECK(false, "chatpage::gemm_q8_int8_packed: this build has no AVX-512 VNNI");
+  TORCH_CHECK(false, "chatpage::gemm_q8_int8_packed: this build has no q8 GEMMs (no AVX2)");
 #endif
 }
 
@@ -629,7 +902,7 @@ at::Tensor gemm_q8_int4_packed(const at::Tensor& x, const at::Tensor& pack,
   return q8_gemm<true>(x, n, k, 1, bias, int4_operands(levels), packed_tasks<true>(pack, blocks),
                        false, [](int64_t) { return 1.f; });
 #else
-  TORCH_CHECK(false, "chatpage::gemm_q8_int4_packed: this build has no AVX-512 VNNI");
+  TORCH_CHECK(false, "chatpage::gemm_q8_int4_packed: this build has no q8 GEMMs (no AVX2)");
 #endif
 }
 

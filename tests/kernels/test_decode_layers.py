@@ -21,7 +21,7 @@ def _every_step(fmt: str) -> bool:
     """Whether the native loop takes every step in ``fmt``: its matrices are q8 packs (one kernel
     for any rows), or its GEMM starts right after its GEMV (no torch path between), so prefill
     steps run natively too."""
-    if fmt in ("int8", "int4") and weights.q8_packs(32):
+    if fmt in ("int8", "int4") and weights.q8_packs(32, fmt):
         return weights.Q8_PACK_ROWS == sys.maxsize
     return GEMM_ROWS.get(fmt) == GEMV_ROWS[fmt] + 1
 
@@ -32,7 +32,7 @@ def _run(loaded, fmt: str, native: bool, monkeypatch) -> tuple[list, list[int]]:
     eng = common.engine(loaded, weight_dtype=fmt)
     layers = eng.model.native_layers
     assert isinstance(layers, NativeLayers)
-    assert layers.packed == (fmt in ("int8", "int4") and weights.q8_packs(32))
+    assert layers.packed == (fmt in ("int8", "int4") and weights.q8_packs(32, fmt))
     if layers.packed:
         assert layers.rows == weights.Q8_PACK_ROWS and layers.gemm_rows == 0 and layers.parts == 2
     elif _every_step(fmt):
@@ -63,7 +63,7 @@ def test_the_native_loop_gives_the_python_loops_bits(kind, fmt, packs, request, 
     """(no-packs: int8 and int4 matrices as the GEMVs and GEMMs take them where a CPU has no q8
     packs, or a matrix is not whole 32-row tasks.)"""
     if not packs:
-        monkeypatch.setattr(weights, "q8_packs", lambda _rows: False)
+        monkeypatch.setattr(weights, "q8_packs", lambda _rows, _fmt: False)
     loaded = load_model(request.getfixturevalue(f"tiny_{kind}_dir"), progress=lambda _m: None)
     native, steps = _run(loaded, fmt, True, monkeypatch)
     python, none = _run(loaded, fmt, False, monkeypatch)

@@ -1,5 +1,5 @@
-"""The many-row matmul kernels (csrc/cpu/gemm.cpp, and the q8 GEMMs of csrc/cpu/gemm_q8.cpp where
-the CPU has AVX-512 VNNI) match their torch references on this machine's build, on an AVX-512
+"""The many-row matmul kernels (csrc/cpu/gemm.cpp, and the q8 GEMMs of csrc/cpu/gemm_q8.cpp: AVX-512
+VNNI's or AVX2's) match their torch references on this machine's build, on an AVX-512
 build without AMX and on an AVX2 build of the same sources (``-mno-amx-tile``, ``-mno-avx512f``:
 each in its own process and cache), on shapes that exercise every tail (tests/kernels/test_gemv.py checks
 that make_linear picks them by the step's rows)."""
@@ -26,28 +26,30 @@ def test_the_gemms_match_the_reference(case):
     check_op("gemm", *case)
 
 
-def _vnni() -> bool:
-    return {"avx512_vnni", "avx512bw", "avx512vl"} <= set(ops._cpu_features().split())
+def _q8() -> bool:
+    """Whether -march=native builds the q8 GEMMs here: AVX-512 VNNI, or AVX2 (and FMA)."""
+    flags = set(ops._cpu_features().split())
+    return {"avx512_vnni", "avx512bw", "avx512vl"} <= flags or {"avx2", "fma"} <= flags
 
 
 @pytest.mark.parametrize("case", Q8_CASES, ids=lambda c: "-".join(map(str, c)))
 def test_the_q8_gemms_match_the_reference(case):
     assert ops.load()
-    if not torch.ops.chatpage.gemm_q8():  # pragma: no cover - a CPU without AVX-512 VNNI
-        assert not _vnni()
+    if not torch.ops.chatpage.gemm_q8():  # pragma: no cover - a CPU without AVX2
+        assert not _q8()
         return
     check_op("gemm_q8", *case)
 
 
-def test_the_q8_gemms_are_built_where_the_cpu_has_vnni():
-    """-march=native builds them exactly on a CPU with AVX-512 VNNI; elsewhere they refuse with a
-    clear error instead of running."""
+def test_the_q8_gemms_are_built_where_the_cpu_has_avx2_or_vnni():
+    """-march=native builds them exactly on a CPU with AVX2 or AVX-512 VNNI; elsewhere they
+    refuse with a clear error instead of running."""
     assert ops.load()
     lib = torch.ops.chatpage
-    assert lib.gemm_q8() == _vnni()
-    if not lib.gemm_q8():  # pragma: no cover - a CPU without AVX-512 VNNI
+    assert lib.gemm_q8() == _q8()
+    if not lib.gemm_q8():  # pragma: no cover - a CPU without AVX2
         x, q = torch.randn(2, 32), torch.zeros(4, 32, dtype=torch.int8)
-        with pytest.raises(RuntimeError, match="gemm_q8_int8: this build has no AVX-512 VNNI"):
+        with pytest.raises(RuntimeError, match="gemm_q8_int8: this build has no q8 GEMMs"):
             lib.gemm_q8_int8(x, q, torch.ones(4, dtype=BF16), None)
 
 
@@ -67,15 +69,17 @@ def test_the_q8_gemm_is_close_to_the_exact_product():
 
 @pytest.mark.slow  # the kernels built for another ISA, run in a process of their own
 def test_the_avx2_build_matches_the_reference():
-    """The same checks against a build without AVX-512 (vec.h's eight-lane paths; no q8 GEMMs)."""
-    assert run_other_build("gemm_checks.py")[-2:] == [str(len(CASES)), "passed"]
+    """The same checks against a build without AVX-512 (vec.h's eight-lane paths, and the q8
+    GEMMs' maddubs path: int4 nibbles, int8 weights and tables of levels by the sign trick)."""
+    want = len(CASES) + (len(Q8_CASES) if _q8() else 0)
+    assert run_other_build("gemm_checks.py")[-2:] == [str(want), "passed"]
 
 
 @pytest.mark.slow  # the kernels built for another ISA, run in a process of their own
 def test_the_build_without_amx_matches_the_reference():
     """The same checks against a build without AMX (an AVX-512 machine's fp32-FMA GEMMs and its
     q8 GEMMs, which take this machine's own build on a CPU without AMX)."""
-    want = len(CASES) + (len(Q8_CASES) if _vnni() else 0)
+    want = len(CASES) + (len(Q8_CASES) if _q8() else 0)
     assert run_other_build("gemm_checks.py", "no-amx")[-2:] == [str(want), "passed"]
 
 

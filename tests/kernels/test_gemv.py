@@ -18,6 +18,7 @@ from chatpage.engine.model import gemv, ops
 from chatpage.engine.model.weights import (
     GEMM_ROWS,
     GEMV_ROWS,
+    Q8_FORMATS,
     Q8_PACK_ROWS,
     gemm_kernel,
     make_linear,
@@ -165,9 +166,9 @@ def test_make_linear_takes_a_q8_pack_on_a_cpu_with_vnni(fmt):
     state["m.bias"] = bias
     linear = make_linear(state, "m", torch.device("cpu"))
     kind = fmt.partition("+")[0]
-    packs = ops.vector_isa() in ("avx512", "amx") and LIB.gemm_q8()
-    assert q8_packs(n) == packs and not q8_packs(n + 16)
-    if not packs:  # pragma: no cover - a CPU without AVX-512 VNNI
+    packs = kind in Q8_FORMATS.get(ops.vector_isa(), ()) and LIB.gemm_q8()
+    assert q8_packs(n, kind) == packs and not q8_packs(n + 16, kind)
+    if not packs:  # pragma: no cover - a CPU without the q8 GEMMs for kind
         assert linear.gemv is not None and linear.gemv.op != getattr(LIB, f"gemm_q8_{kind}_packed")
         return
     assert linear.gemv is not None and linear.gemv.op == getattr(LIB, f"gemm_q8_{kind}_packed")

@@ -69,7 +69,8 @@ SMALL_BATCH_ROWS = 4
 # csrc/cpu/gemm.cpp (the weights decoded once per call, fp32 FMAs), between the two cut-overs
 # through torch's path; fp32 keeps MKL's sgemm past its GEMV. Measured on the default model's
 # shapes, 1 thread, per vector ISA of the build (ops.vector_isa(); see the module docstring):
-# with AVX2 torch's paths win nowhere and the GEMVs (4 x 2 tiles) run up to 16 rows; with AMX the GEMMs' tiles win from 5
+# with AVX2 torch's paths win nowhere and the GEMVs (4 x 2 tiles) run up to 16 rows (int4: a q8 pack
+# at every row count, Q8_FORMATS); with AMX the GEMMs' tiles win from 5
 # rows (int4: torch's int4pack between), 9 (int8) or 5 (bf16). With AVX-512 but no AMX (Zen 4)
 # int4 and int8 matrices are q8 packs (q8_packs: one kernel for every row count); one of another
 # size takes the GEMV up to 4 (int8: 5) rows and the q8 GEMM (csrc/cpu/gemm_q8.cpp: int8
@@ -482,15 +483,22 @@ def state_format(packed: Mapping[str, torch.Tensor]) -> str | None:
 # 2.2 / 2.4 / 3.5 / 5.9 / 11.0 / 20.3, AMX GEMM 8.5 / 7.9 / 7.9 / 8.4 / 11.1 / 16.0, the GEMV
 # 4-5 / 8.8 / 16.5 / 32 / 63). One kernel for every step of up to this many rows also computes
 # each row alike whatever the others (row invariance: what exact speculative decoding needs,
-# ``engine/core/speculate.py``). On an AVX-512 CPU without AMX a pack takes every row count.
+# ``engine/core/speculate.py``). On a CPU without AMX a pack takes every row count.
 Q8_PACK_ROWS = 32 if _ISA == "amx" else sys.maxsize
 
+# The formats whose matrices run as q8 packs, per vector ISA (csrc/cpu/gemm_q8.cpp): with AVX-512
+# VNNI int4 and int8; with AVX2 int4 alone, whose packed q8 GEMM (maddubs) is the fastest kernel
+# there at every row count, while int8's, with its two passes over the activations and the sign
+# trick, is slower than the GEMV and the fp32-FMA GEMM (docs/kernels.md, "Matmuls").
+Q8_FORMATS = {"amx": ("int4", "int8"), "avx512": ("int4", "int8"), "avx2": ("int4",)}
 
-def q8_packs(rows: int) -> bool:
-    """Whether an int8 or int4 matrix of ``rows`` output rows runs as a q8 pack (the kernels
-    loaded): on an AVX-512 CPU whose build has the q8 GEMMs (with AMX up to `Q8_PACK_ROWS`
-    rows), for a matrix of whole 32-row tasks (``csrc/cpu/gemm_q8.cpp``)."""
-    return _ISA in ("avx512", "amx") and rows % 32 == 0 and torch.ops.chatpage.gemm_q8()
+
+def q8_packs(rows: int, fmt: str) -> bool:
+    """Whether a ``fmt`` (int8 or int4) matrix of ``rows`` output rows runs as a q8 pack (the
+    kernels loaded): where :data:`Q8_FORMATS` says so for this CPU and its build has the q8 GEMMs
+    (with AMX up to `Q8_PACK_ROWS` rows), for a matrix of whole 32-row tasks
+    (``csrc/cpu/gemm_q8.cpp``)."""
+    return fmt in Q8_FORMATS.get(_ISA, ()) and rows % 32 == 0 and torch.ops.chatpage.gemm_q8()
 
 
 def _packed(
@@ -531,7 +539,7 @@ def make_linear(
         )
         fn = lambda x: torch.ops.aten._weight_int8pack_mm(x, q, s)  # noqa: E731
         k = q.shape[1]
-        if native and q8_packs(q.shape[0]):
+        if native and q8_packs(q.shape[0], "int8"):
             beyond = Gemv(lib.gemm_int8, (q, s), bias, Q8_PACK_ROWS + 1)
             return _packed(lib.gemm_q8_int8_packed, (lib.q8_pack_int8(q), s), bias, k, beyond)
         if native:
@@ -547,7 +555,7 @@ def make_linear(
             return _dequantized_int4(packed, name, device, bias)
         if native:  # the GEMV's own layout, which the GEMM reads too
             args = tuple(None if t is None else t.to(device) for t in (q4, scales, zeros, levels))
-            if q8_packs(q4.shape[0]):
+            if q8_packs(q4.shape[0], "int4"):
                 pack = lib.q8_pack_int4(q4, scales, zeros)
                 beyond = Gemv(lib.gemm_int4, args, bias, Q8_PACK_ROWS + 1)
                 return _packed(lib.gemm_q8_int4_packed, (pack, levels), bias, k, beyond)
