@@ -284,6 +284,24 @@ def test_env_var_forces_the_reference(monkeypatch):
     assert messages == []
 
 
+def test_env_var_picks_a_test_build_and_the_isa_follows(monkeypatch):
+    """CHATPAGE_KERNEL_BUILD=avx2 makes a process an AVX2 machine's (its kernels' build and the
+    cut-overs vector_isa() picks them by); a name that is no build is one line, and the
+    reference runs."""
+    native = ops.vector_isa()
+    monkeypatch.setenv(ops.ENV_BUILD, "avx2")
+    assert ops.vector_isa() == ("avx2" if native != "portable" else "portable")
+    monkeypatch.setenv(ops.ENV_BUILD, "no-amx")
+    assert ops.vector_isa() == ("avx512" if native == "amx" else native)
+    monkeypatch.setenv(ops.ENV_BUILD, "avx3")
+    messages = []
+    loader = ops.KernelLoader()
+    loader.set_notify(messages.append)
+    assert loader.load() is False
+    assert loader.status() == f"reference: {ops.ENV_BUILD}=avx3 is not one of avx2, no-amx"
+    assert len(messages) == 1
+
+
 BUILD_FAILURE_SCRIPT = """
 import sys
 from pathlib import Path

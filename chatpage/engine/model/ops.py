@@ -10,7 +10,11 @@ line is reported (to stderr, or to the callback given to :func:`set_notify`, for
 Anything that goes wrong (no compiler, no ninja, a build error, a library that will not load) is
 reported in one line and the engine keeps running on the torch reference in
 ``engine/model/attention.py``; :func:`status` says which path is live and why. ``CHATPAGE_NO_KERNELS=1``
-forces the reference; ``CHATPAGE_KERNEL_CACHE=DIR`` keeps the builds in DIR instead. CUDA sources
+forces the reference; ``CHATPAGE_KERNEL_CACHE=DIR`` keeps the builds in DIR instead;
+``CHATPAGE_KERNEL_BUILD=avx2`` (or ``no-amx``) loads that test build (:data:`TEST_BUILDS`) instead
+of the native one, and :func:`vector_isa` answers for it: an AVX2 machine's kernels and cut-overs
+on an AVX-512 one (torch's own kernels still take the whole CPU unless told, e.g.
+``DNNL_MAX_CPU_ISA=AVX2``). CUDA sources
 are compiled only when torch has CUDA and sees a GPU; if only they fail, the CPU kernels are still
 used.
 
@@ -53,6 +57,11 @@ AVX2_CFLAGS = (*_CFLAGS, "-mno-avx512f")
 NO_AMX_CFLAGS = (*_CFLAGS, "-mno-amx-tile")
 # The builds the tests run beside this machine's own, each in a process of its own, by name.
 TEST_BUILDS = {"avx2": AVX2_CFLAGS, "no-amx": NO_AMX_CFLAGS}
+# The process's build instead of the native one (a name of TEST_BUILDS), and what vector_isa()
+# answers at most with it
+ENV_BUILD = "CHATPAGE_KERNEL_BUILD"
+_BUILD_ISA = {"avx2": "avx2", "no-amx": "avx512"}
+_ISA_ORDER = ("portable", "avx2", "avx512", "amx")
 _CUDA_CFLAGS = ("-O3", "-DNDEBUG")
 _STALE_LOCK_S = 15 * 60  # a build lock older than this was left by a killed build
 
@@ -89,11 +98,14 @@ def vector_isa() -> str:
     ``"avx2"`` (AVX2 + FMA: vec.h's eight lanes) or ``"portable"``. What the kernels' speed, and so
     the cut-overs between them (``engine/model/weights.py``), depend on."""
     flags = set(_cpu_features().split())
+    cap = _BUILD_ISA.get(os.environ.get(ENV_BUILD, "").strip(), "amx")
     if {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni"} <= flags:
         # torch asks Linux for the tiles' state as the kernels do (arch_prctl), once per process
-        amx = {"amx_tile", "amx_bf16"} <= flags and torch._C._cpu._init_amx()
-        return "amx" if amx else "avx512"
-    return "avx2" if {"avx2", "fma"} <= flags else "portable"
+        amx = cap == "amx" and {"amx_tile", "amx_bf16"} <= flags and torch._C._cpu._init_amx()
+        isa = "amx" if amx else "avx512"
+    else:
+        isa = "avx2" if {"avx2", "fma"} <= flags else "portable"
+    return min(isa, cap, key=_ISA_ORDER.index)
 
 
 def _first_error_line(text: str) -> str:
@@ -186,6 +198,10 @@ class KernelLoader:
     def _load(self, verbose: bool) -> None:
         if os.environ.get(ENV_DISABLE, "").strip().lower() in ("1", "true", "yes", "on"):
             self._status = f"reference: {ENV_DISABLE} is set"
+            return
+        build = os.environ.get(ENV_BUILD, "").strip()
+        if build and build not in TEST_BUILDS:
+            self._fall_back(f"{ENV_BUILD}={build} is not one of {', '.join(TEST_BUILDS)}")
             return
         if not (self.csrc / "ops.cpp").is_file():
             self._fall_back(f"sources not found at {self.csrc}")
@@ -280,7 +296,13 @@ class KernelLoader:
             raise
 
 
-_LOADER = KernelLoader()
+_BUILD = os.environ.get(ENV_BUILD, "").strip()
+# a test build where the tests keep it (tests/kernel_checks.py: run_other_build), built once
+_LOADER = (
+    KernelLoader(cache_dir=cache_root() / _BUILD, cflags=TEST_BUILDS[_BUILD])
+    if _BUILD in TEST_BUILDS
+    else KernelLoader()
+)
 
 # `python -m chatpage.engine.model.ops` runs this file a second time as __main__ after the package
 # import has already loaded it (engine/__init__ -> attention -> ops); runpy warns about exactly
