@@ -326,7 +326,9 @@ def vllm_server(python: Path, folder: Path, port: int, log: Path, dtype: str) ->
             "--port",
             str(port),
         ],
-        {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}"},
+        # 2 GB of KV, allocated at start: 64 streams of 384 tokens take ~0.6 GB (the default model
+        # in bf16, more in fp32); with 4 a busy 24 GB machine killed vLLM's worker (issue 46)
+        {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": f"0-{cores - 1}"},
         log,
     )
 
