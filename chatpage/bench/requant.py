@@ -319,7 +319,7 @@ def _shaped_tensors(shape: Shape, seed_src: Path) -> list[Tensor]:
 def shaped(which: str, file_type: str = "Q4_K_M", threads: int = 1) -> Path:
     """A model of the sizes of :data:`SHAPES` ``which`` with the default model's weights tiled
     into them, as llama.cpp's ``file_type``: written in F16 here, then quantized by llama.cpp
-    (the F16 file is removed)."""
+    (the F16 file is removed), or that F16 file itself (``file_type`` F16: no llama.cpp)."""
     shape = SHAPES[which]
     dst = models_dir() / f"{shape.name}.{file_type}.gguf"
     if dst.is_file():
@@ -327,6 +327,8 @@ def shaped(which: str, file_type: str = "Q4_K_M", threads: int = 1) -> Path:
     f16 = models_dir() / f"{shape.name}.F16.gguf"
     src = default_model_path()
     write_gguf(f16, shape.arch, _shaped_fields(shape, src), _shaped_tensors(shape, src))
+    if file_type == "F16":
+        return f16
     try:
         return llamacpp_quantize(f16, dst, file_type, threads)
     finally:
