@@ -80,6 +80,7 @@ REGISTRY: dict[str, Section[Any]] = {
     "kernel": kernel.SECTION,
     "load": load.SECTION,
     "peers": peers.SECTION,
+    "peers_qwen05": peers.SECTION_QWEN05,
 }
 ORDER = tuple(REGISTRY)
 NAMED_ONLY = tuple(name for name, s in REGISTRY.items() if s.named_only)

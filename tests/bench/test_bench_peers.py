@@ -212,3 +212,26 @@ def test_the_report_names_the_cpu_the_dtype_and_the_other_machine(cpuinfo: str) 
     assert "The other kind of machine, not measured in this run: " in text and other in text
     goal = peers.goals(from_json(peers.PeersResult, result))[0]
     assert goal.target == ">= 2.0" and goal.met  # 2.0x vLLM on the default model
+
+
+def test_the_0_5b_shape_is_a_section_of_its_own_with_its_own_goal() -> None:
+    from chatpage.bench import report
+    from chatpage.bench.reporting import from_json
+
+    figures = {"chatpage": {"8": _figures(120, 100, 20)}, "vllm": {"8": _figures(80, 90, 30)}}
+    result = _result(peers.compare([figures]), **peers.cpu_facts(AVX512_CPUINFO))
+    result["model"] = "Qwen2.5-0.5B-shaped.F16"
+    goal = peers.goals(from_json(peers.PeersResult, result))[0]
+    assert goal.bench == "peers, Qwen2.5-0.5B-shaped.F16"
+    assert goal.target == ">= 1.5" and goal.met  # 1.5x there
+    assert report.to_run("peers_qwen05", False) == ["peers_qwen05"]
+    assert "peers_qwen05" not in report.to_run(None, False)
+    assert report.command("peers_qwen05", Path("."), [])[3:] == [
+        "bench",
+        "peers",
+        "--json",
+        "--rounds",
+        "3",
+        "--model",
+        "qwen05",
+    ]
