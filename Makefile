@@ -72,7 +72,7 @@ bench-peers: setup
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || \
 		CMAKE_ARGS="$$(./scripts/llamacpp_cmake_args.sh)" $(BIN)/pip install llama-cpp-python
 	$(BIN)/chatpage bench throughput --json --peer llamacpp
-	$(BIN)/python -m chatpage.bench.report docs/benchmarks.md --only peers
+	$(BIN)/python -m chatpage.bench.report docs/benchmarks.md --only peers,peers_qwen05
 
 clean:
 	rm -rf $(VENV) build *.egg-info
