@@ -83,7 +83,7 @@ def ops_ms(loaded, rows: int, context: int) -> dict[str, float]:
     try:
         eng = engine(loaded, rows, context)
         eng.model.native_layers = None
-        add_requests(eng, rows, context, 24)
+        add_requests(eng, rows, context, 64)
         log = common.record_batches(eng)
         while not (log and tuple(log[-1]) == (rows, rows)):  # to the first decode step
             eng.step()
@@ -155,7 +155,7 @@ def main() -> None:
         for rows in (int(r) for r in args.rows.split(",")):
             t0 = time.perf_counter()
             step = throughput.decode_step_ms(
-                engine(loaded, rows, args.context), rows, args.context, 16
+                engine(loaded, rows, args.context), rows, args.context, 48
             )
             by_op = ops_ms(loaded, rows, args.context)
             python_step = by_op.pop("step (the Python loop)")
