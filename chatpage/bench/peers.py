@@ -540,6 +540,7 @@ class PeersResult:
     dtype_probe: dict[str, float] | None = None  # output tok/s per dtype, when it was measured
     cpu: str | None = None
     extensions: list[str] | None = None
+    load_avg: dict[str, float] | None = None  # the highest 1-minute load as a server's runs ended
 
     def ordered(self) -> list[str]:
         """The runs of vLLM's client first (by concurrency), then the chat-shaped ones."""
@@ -619,10 +620,27 @@ def figures(r: PeersResult) -> list[str]:
         "",
         f"CPU: {machine_line(r.cpu, r.extensions)}.",
         "",
+        *_load_line(r),
         table(header, rows),
         "",
         *other_machine(r.extensions),
     ]
+
+
+def _load_line(r: PeersResult) -> list[str]:
+    """How busy the machine was: past its core count, both servers' threads wait their turns, and
+    chatpage's OpenMP steps (many short parallel regions a step) lose far more than vLLM's."""
+    if not r.load_avg:
+        return []
+    loads = ", ".join(f"{name} {value:.1f}" for name, value in r.load_avg.items())
+    busy = max(r.load_avg.values()) > r.cores
+    note = (
+        f": more than its {r.cores} cores, so these figures say more about the other work than "
+        "about either server"
+        if busy
+        else ""
+    )
+    return [f"Load average (1 min) as each server's runs ended: {loads}{note}.", ""]
 
 
 def machine_line(cpu: str | None, extensions: list[str] | None) -> str:
@@ -734,6 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         dtype, probe = args.vllm_dtype, None
     rounds = []
+    loads: dict[str, list[float]] = {}  # the 1-minute load average as each server's runs end
     t0 = time.perf_counter()
     for i in range(args.rounds):
         got = {}
@@ -746,6 +765,7 @@ def main(argv: list[str] | None = None) -> int:
                 got[name] = measure(
                     live, python, folder, args.concurrency, args.seed + i, args.scale
                 )
+            loads.setdefault(name, []).append(os.getloadavg()[0])
         rounds.append(got)
     result = {
         "bench": "peers",
@@ -759,6 +779,7 @@ def main(argv: list[str] | None = None) -> int:
         **facts,
         "vllm_dtype": dtype,
         "dtype_probe": probe,
+        "load_avg": {name: max(values) for name, values in loads.items()},
         "runs": compare(rounds, GOAL_RATIO if args.model else GOAL_RATIO_DEFAULT),
         "seconds": time.perf_counter() - t0,
     }

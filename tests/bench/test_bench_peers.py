@@ -203,11 +203,16 @@ def test_the_report_names_the_cpu_the_dtype_and_the_other_machine(cpuinfo: str) 
         **facts,
         vllm_dtype="float32",
         dtype_probe={"bfloat16": 27.4, "float32": 80.6},
+        load_avg={"vllm": 7.8, "chatpage": 14.9},
     )
     text = "\n".join(peers.figures(from_json(peers.PeersResult, result)))
     assert "in float32 (its faster dtype on this CPU: output tok/s at concurrency 8 " in text
     assert "bfloat16 27.4, float32 80.6" in text
     assert f"CPU: {facts['cpu']}, vector extensions {', '.join(facts['extensions'])}." in text
+    assert (
+        "Load average (1 min) as each server's runs ended: vllm 7.8, chatpage 14.9: more than "
+        "its 2 cores, so these figures say more about the other work than about either server."
+    ) in text
     other = "AVX-512 (VNNI, BF16)" if cpuinfo is AVX2_CPUINFO else "AVX2-only"
     assert "The other kind of machine, not measured in this run: " in text and other in text
     goal = peers.goals(from_json(peers.PeersResult, result))[0]
