@@ -35,8 +35,9 @@
 // vector of the layout) at a time. maddubs saturates, so the operands are kept small enough:
 // int4's nibbles (0..15) go in as they are and sum in int16 over a whole block; int8 weights and a
 // table's levels go in signed, by the sign trick (|w| against the activation with w's sign), which
-// needs no + 128 and no c. The q8 GEMMs there take the rows where the fp32-FMA GEMMs of gemm.cpp
-// did: 3 integer instructions for 32 multiply-adds against 4 FMAs.
+// needs no + 128 and no c. int4 matrices take them there at every row count (about 2.5 integer
+// instructions for 32 multiply-adds against 4 FMAs: 1.7x the fp32-FMA GEMM of gemm.cpp at 8-128
+// rows); int8's, a madd after every maddubs and two passes, lose to it (weights.py's Q8_FORMATS).
 #include "checks.h"
 #include "cpu/matmul.h"
 #include "cpu/ops_cpu.h"
