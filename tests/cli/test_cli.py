@@ -147,3 +147,23 @@ def test_a_global_option_before_a_command_stands(command):
             ["--model", "a.gguf", command[0], "--model", "b.gguf", *command[1:]]
         )
         assert args.model == "b.gguf"
+
+
+@pytest.mark.parametrize(("given", "want"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_openmp_threads_sleep_while_they_wait_unless_told(given, want):
+    """chatpage's processes make OpenMP's waiting threads sleep (spinning ones collapse a busy
+    2-core machine's steps), set before torch loads OpenMP; a value already set is kept."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given is not None:
+        env["OMP_WAIT_POLICY"] = given
+    script = (
+        "import chatpage, os, sys; print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == [want, "False"]  # set before anything loaded torch
