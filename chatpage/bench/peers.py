@@ -678,11 +678,17 @@ OTHER_MACHINES = {
 
 
 def other_machine(extensions: list[str] | None) -> list[str]:
-    """The line of the other kind of machine's last figures (:data:`OTHER_MACHINES`)."""
+    """The lines of the other kinds of machine's last figures (:data:`OTHER_MACHINES`): an AVX2
+    machine's and an AVX-512 one's without AMX, but for the kind this run's is."""
     if extensions is None:
         return []
-    kind = "avx2" if "AVX-512" in extensions else "avx512"
-    return [f"The other kind of machine, not measured in this run: {OTHER_MACHINES[kind]}.", ""]
+    kind = "avx2" if "AVX-512" not in extensions else "amx" if "AMX" in extensions else "avx512"
+    return [
+        line
+        for other, text in OTHER_MACHINES.items()
+        if other != kind
+        for line in (f"Another kind of machine, not measured in this run: {text}.", "")
+    ]
 
 
 # ~6 min a round on 2 cores and vLLM installed into .peers/ on the first run: only when named

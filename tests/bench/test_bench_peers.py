@@ -214,7 +214,7 @@ def test_the_report_names_the_cpu_the_dtype_and_the_other_machine(cpuinfo: str) 
         "its 2 cores, so these figures say more about the other work than about either server."
     ) in text
     other = "AVX-512 (VNNI, BF16)" if cpuinfo is AVX2_CPUINFO else "AVX2-only"
-    assert "The other kind of machine, not measured in this run: " in text and other in text
+    assert "Another kind of machine, not measured in this run: " in text and other in text
     goal = peers.goals(from_json(peers.PeersResult, result))[0]
     assert goal.target == ">= 2.0" and goal.met  # 2.0x vLLM on the default model
 
