@@ -46,7 +46,10 @@ def _run(loaded, fmt: str, native: bool, monkeypatch) -> tuple[list, list[int]]:
     monkeypatch.setattr(
         NativeLayers, "__call__", lambda self, s: calls.append(s.h.shape[0]) or real(self, s)
     )
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=3)
+    # one row a sequence a decode step (no drafts): the step counts below assume it
+    params = SamplingParams(
+        temperature=0, max_tokens=12, ignore_eos=True, logprobs=3, speculate=False
+    )
     together = eng.generate([list(range(100, 100 + n)) for n in (5, 21, 40)], params)
     alone = eng.generate([list(range(150, 183))], params)  # (ids any vocabulary here holds)
     got = [(c.token_ids, c.logprobs, c.top_logprobs) for o in together + alone for c in o.outputs]
