@@ -2,10 +2,13 @@
 
 import os
 
-# OpenMP threads that wait for each other sleep instead of spinning (libgomp spins ~300k times by
-# default): on a 2-core machine shared with other work, a decode step's many short parallel
-# regions with spinning threads collapse (the default model, 128 tokens at batch 1 on 2 threads,
-# load average ~7: 51-58 s spinning against 1.9-3.0 s passive; issue 46). It must be set before
-# torch loads libgomp: chatpage's own entry points import this package first. A value the
-# environment already has is kept.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP threads that wait for each other spin 1000 times, then sleep (libgomp spins ~300k times
+# by default). A decode step is a few hundred short parallel regions: on a 2-core machine shared
+# with other work, long spins take the core the other thread needs (the default model at batch 1
+# on 2 threads beside 3 busy processes: 19.6 tok/s at libgomp's default, 50.8 at 1000 spins, 60.5
+# sleeping at once), while sleeping at once costs a quiet machine a futex wake per region (quiet:
+# 175 tok/s passive against 246-256 spinning, 1000 spins included; issue 46, docs/kernels.md).
+# It must be set before torch loads libgomp: chatpage's own entry points import this package
+# first. A wait policy or spin count the environment already has is kept.
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = "1000"

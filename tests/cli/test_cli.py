@@ -149,21 +149,29 @@ def test_a_global_option_before_a_command_stands(command):
         assert args.model == "b.gguf"
 
 
-@pytest.mark.parametrize(("given", "want"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_openmp_threads_sleep_while_they_wait_unless_told(given, want):
-    """chatpage's processes make OpenMP's waiting threads sleep (spinning ones collapse a busy
-    2-core machine's steps), set before torch loads OpenMP; a value already set is kept."""
+@pytest.mark.parametrize(
+    ("given", "want"),
+    [
+        ({}, "- 1000"),
+        ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE -"),
+        ({"GOMP_SPINCOUNT": "0"}, "- 0"),
+    ],
+)
+def test_openmp_threads_spin_briefly_while_they_wait_unless_told(given, want):
+    """chatpage's processes make OpenMP's waiting threads spin 1000 times before they sleep
+    (long spins collapse a busy 2-core machine's steps, sleeping at once slows a quiet one's),
+    set before torch loads OpenMP; a wait policy or spin count already set is kept."""
     import os
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    if given is not None:
-        env["OMP_WAIT_POLICY"] = given
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(given)
     script = (
-        "import chatpage, os, sys; print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)"
+        "import chatpage, os, sys; e = os.environ; print(e.get('OMP_WAIT_POLICY', '-'),"
+        " e.get('GOMP_SPINCOUNT', '-'), 'torch' in sys.modules)"
     )
     out = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     )
-    assert out.stdout.split() == [want, "False"]  # set before anything loaded torch
+    assert out.stdout.split() == [*want.split(), "False"]  # set before anything loaded torch
