@@ -93,6 +93,7 @@ def test_greedy_output_is_identical_with_and_without_speculation(loaded):
     assert not on.bm.audit()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 2, 5, MAX_DRAFT])
 def test_every_draft_length_is_exact(loaded, k):
     prompts = _prompts(6, seed=k)
@@ -102,6 +103,7 @@ def test_every_draft_length_is_exact(loaded, k):
     assert on.speculator.drafted > 0
 
 
+@pytest.mark.slow
 def test_concurrent_requests_under_preemption_stay_exact(loaded):
     """A pool too small for the batch: groups are preempted (recompute and swap) while others
     draft. With steps of at most 16 rows every row is computed alike whatever the batch (the

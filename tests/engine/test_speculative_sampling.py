@@ -16,6 +16,7 @@ def _frequencies(tokens: list[int], vocab: int) -> torch.Tensor:
     return torch.bincount(torch.tensor(tokens, dtype=torch.long), minlength=vocab).double()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "params",
     [
