@@ -209,7 +209,10 @@ class ChatScreen(Screen[None]):
         self.questions.ask()  # a call that waited for a dialog to close
 
     def _sync_sidebar(self) -> None:
-        self.query_one(SessionList).sync(self.chats.sessions, self.current)
+        # (none while the app closes: a deferred batch of updates still reaches the chats, which
+        # record it, after the screen's widgets are gone)
+        for sidebar in self.query(SessionList):
+            sidebar.sync(self.chats.sessions, self.current)
 
     @on(SessionList.Selected)
     def _selected(self, message: SessionList.Selected) -> None:
