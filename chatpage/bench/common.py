@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from chatpage.engine import EngineConfig, LLMEngine
-from chatpage.engine.device import DeviceError, probe_cuda, resolve_device
+from chatpage.engine.device import DeviceError, plan_engine, probe_cuda, resolve_device
 from chatpage.engine.load.loader import LoadedModel, load_model
 from chatpage.engine.model import ops
 from chatpage.engine.model.kv_cache import bytes_per_block
@@ -172,13 +172,19 @@ def engine(loaded: LoadedModel, *, blocks: int | None = None, **config) -> LLMEn
     """A fresh engine over the already loaded weights (the loaded state is left intact), on
     :data:`DEVICE` unless ``config`` names a device.
 
-    ``blocks`` sizes the KV pool in blocks instead of bytes.
+    ``blocks`` sizes the KV pool in blocks instead of bytes (blocks of the KV dtype the engine
+    will run with: its plan's).
     """
     config.setdefault("device", DEVICE)
     config.setdefault("dtype", "auto")  # float32 on the CPU; bf16 KV and matmuls on a GPU
+    cfg = EngineConfig(**config)
     if blocks is not None:
-        config["kv_cache_bytes"] = blocks * block_bytes(loaded, config.get("block_size", 16))
-    return LLMEngine(replace(loaded, state=dict(loaded.state)), EngineConfig(**config))
+        plan = plan_engine(
+            cfg.device, cfg.dtype, cfg.weight_dtype, probe_cuda(), cfg.kv_cache_dtype
+        )
+        kv_dtype = getattr(torch, plan.kv_dtype)
+        cfg = replace(cfg, kv_cache_bytes=blocks * block_bytes(loaded, cfg.block_size, kv_dtype))
+    return LLMEngine(replace(loaded, state=dict(loaded.state)), cfg)
 
 
 def model_info(loaded: LoadedModel) -> dict:

@@ -15,8 +15,6 @@ import random
 import statistics
 from dataclasses import dataclass
 
-import torch
-
 from chatpage.bench import common
 from chatpage.bench.reporting import Goal, Section, at_least, reader, table
 from chatpage.engine import LLMEngine, SamplingParams
@@ -26,8 +24,8 @@ from chatpage.vocab import DEFAULT_WEIGHTS
 BATCHES = (1, 8, 32)
 CONTEXT = 4096
 STEPS = 12  # timed decode steps per engine and batch
-PREFILL_ROOM = 512  # tokens a sequence may decode while the batch's last prompts prefill, and more
 PREFILL_TOKENS = 2048  # a step's tokens
+BLOCK_SIZE = 16
 GOAL_SPEEDUP = 1.25  # at batch 1 and 8
 FLOOR = 1.0  # at every batch
 DTYPES = ("bf16", "int8")
@@ -38,11 +36,12 @@ def prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(3, vocab) for _ in range(length)] for _ in range(batch)]
 
 
-def decoding(eng: LLMEngine, ids: list[list[int]]) -> list[str]:
+def decoding(eng: LLMEngine, ids: list[list[int]], room: int) -> list[str]:
     """Submit ``ids`` and step ``eng`` until every sequence has its prompt in the cache; returns
-    the request ids. They ask for more tokens than the run takes (the first prompts decode while
-    the last prefill): every sequence still decodes in every timed step, and the run aborts them."""
-    params = SamplingParams(temperature=0, max_tokens=PREFILL_ROOM, ignore_eos=True)
+    the request ids. Each asks for ``room`` tokens, what the run may take (the first prompts decode
+    while the last prefill, then the timed steps): every sequence still decodes in every timed
+    step, and the run aborts them."""
+    params = SamplingParams(temperature=0, max_tokens=room, ignore_eos=True)
     rids = [eng.add_request(prompt, params) for prompt in ids]
     while eng.scheduler.waiting or any(
         s.num_computed_tokens < s.prompt_len for g in eng.scheduler.running for s in g.seqs
@@ -57,11 +56,11 @@ def step_ms(eng: LLMEngine) -> float:
     return (common.now() - t0) * 1e3
 
 
-def run_batch(engines: dict[str, LLMEngine], ids: list[list[int]]) -> dict:
+def run_batch(engines: dict[str, LLMEngine], ids: list[list[int]], room: int) -> dict:
     batch, context = len(ids), len(ids[0])
     requests = {}
     for dtype, eng in engines.items():
-        requests[dtype] = decoding(eng, ids)
+        requests[dtype] = decoding(eng, ids, room)
         eng.step()  # the first decode step (warm)
     times: dict[str, list[float]] = {d: [] for d in engines}
     for _ in range(STEPS):
@@ -94,16 +93,16 @@ def main(argv: list[str] | None = None) -> int:
     loaded = load_model(args.model, progress=common.say, weights=args.weights)
     # each sequence's prompt, what it decodes while the others prefill, and the timed steps
     room = -(-max(batches) * context // PREFILL_TOKENS) + 2 * STEPS + 16
-    tokens = max(batches) * (context + room)
+    blocks = max(batches) * -(-(context + room) // BLOCK_SIZE)
     engines = {}
     for dtype in DTYPES:
-        per_token = common.block_bytes(loaded, 1, torch.int8 if dtype == "int8" else torch.bfloat16)
         engines[dtype] = eng = common.engine(
             loaded,
+            blocks=blocks,
+            block_size=BLOCK_SIZE,
             weight_dtype=args.weights,
             kv_cache_dtype=dtype,
-            kv_cache_bytes=tokens * per_token,
-            gpu_blocks=-(-tokens // 16),  # (on a GPU: the same pool, not a share of its memory)
+            gpu_blocks=blocks,  # (on a GPU: the same pool, not a share of its memory)
             max_num_seqs=max(batches),
             max_num_batched_tokens=PREFILL_TOKENS,
         )
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     for batch in sorted(batches, reverse=True):
         common.say(f"batch {batch}: {batch} prompts of {context} tokens, then decode")
-        rows.insert(0, run_batch(engines, ids[:batch]))
+        rows.insert(0, run_batch(engines, ids[:batch], room))
         common.say(f"batch {batch}: int8 {rows[0]['speedup']:.2f}x bf16")
     by_batch = {r["batch"]: r["speedup"] for r in rows}
     result = {

@@ -107,6 +107,17 @@ def test_simulate_budget_limits_the_batch():
         simulate(trace, "max", 16, max_len=32)
 
 
+def test_an_engine_sized_in_blocks_has_that_many_of_its_kv_dtype(tiny_llama_dir):
+    """``blocks`` counts blocks of the KV dtype the engine runs with (bf16 blocks are half an
+    fp32 one's bytes: sized as fp32 the pool would have twice the blocks asked for)."""
+    from chatpage.bench import common
+
+    loaded = common.load(str(tiny_llama_dir))
+    for kv_dtype in ("auto", "bf16"):
+        eng = common.engine(loaded, blocks=6, kv_cache_dtype=kv_dtype)
+        assert eng.stats().num_blocks == 6, kv_dtype
+
+
 @pytest.mark.slow  # runs a benchmark end to end
 def test_reservation_scheduler_admits_only_what_fits(tiny_llama_dir):
     from chatpage.bench import common
@@ -218,6 +229,14 @@ def test_kv_json(tiny_llama_dir, capsys, tmp_path):
         1.0,
     )
     assert "| kv | int8 / bf16 KV decode tok/s, batch 1 |" in text
+
+
+def test_kv_at_one_batch_alone_asks_only_what_its_pool_holds(tiny_llama_dir, capsys):
+    """A run of batch 1 alone sizes its pool for one sequence: its request asks for the tokens the
+    run takes (once it asked for 512, more than that pool, and was refused)."""
+    argv = ["--json", "--model", str(tiny_llama_dir), "--scale", "0.05", "--weights", "fp32"]
+    r = _run(kv, [*argv, "--batches", "1"], capsys)
+    assert [row["batch"] for row in r["rows"]] == [1] and r["rows"][0]["context"] == 205
 
 
 def test_serve_json(tiny_llama_dir, capsys):
