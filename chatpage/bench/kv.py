@@ -5,7 +5,8 @@ one with int8 (``--kv-cache-dtype``), each given the same ``--context``-token ra
 (4,096 tokens at scale 1). For each batch of 32, 8 and 1 sequences both engines prefill their
 prompts (the batches of 8 and 1 take the first of the 32 prompts, so they find them in the prefix
 cache: prefilling 4k-token prompts is most of the run), then decode steps are timed in turn (one bf16 step, one int8 step, ...), so that both see
-the same background load; a rate is the batch over the median step. Goal: int8 at least 1.25x
+the same background load; a rate is the batch over the median step (speculation is off: every
+timed step makes one token of each sequence, and the run checks it). Goal: int8 at least 1.25x
 bf16's decode tok/s at batch 1 and 8, never below 1.0x.
 """
 
@@ -50,10 +51,15 @@ def decoding(eng: LLMEngine, ids: list[list[int]], room: int) -> list[str]:
     return rids
 
 
-def step_ms(eng: LLMEngine) -> float:
+def step_ms(eng: LLMEngine, batch: int) -> float:
+    """One decode step's time; it must make one token of each of the ``batch`` sequences (the
+    rate is the batch over the step: no drafted tokens, no sequence idle)."""
+    made = eng.num_generated
     t0 = common.now()
     eng.step()
-    return (common.now() - t0) * 1e3
+    elapsed = common.now() - t0
+    assert eng.num_generated - made == batch, "a timed step made other than one token a sequence"
+    return elapsed * 1e3
 
 
 def run_batch(engines: dict[str, LLMEngine], ids: list[list[int]], room: int) -> dict:
@@ -66,7 +72,7 @@ def run_batch(engines: dict[str, LLMEngine], ids: list[list[int]], room: int) ->
     for _ in range(STEPS):
         for dtype, eng in engines.items():
             assert len(eng.scheduler.running) == batch, "a sequence left the timed batch"
-            times[dtype].append(step_ms(eng))
+            times[dtype].append(step_ms(eng, batch))
     for dtype, eng in engines.items():
         for rid in requests[dtype]:
             eng.abort(rid)
@@ -103,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             weight_dtype=args.weights,
             kv_cache_dtype=dtype,
             gpu_blocks=blocks,  # (on a GPU: the same pool, not a share of its memory)
+            num_speculative_tokens=0,  # a step is one token of every sequence: rate = batch / step
             max_num_seqs=max(batches),
             max_num_batched_tokens=PREFILL_TOKENS,
         )
