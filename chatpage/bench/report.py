@@ -81,6 +81,7 @@ REGISTRY: dict[str, Section[Any]] = {
     "load": load.SECTION,
     "peers": peers.SECTION,
     "peers_qwen05": peers.SECTION_QWEN05,
+    "peers_int8_kv": peers.SECTION_INT8_KV,
 }
 ORDER = tuple(REGISTRY)
 NAMED_ONLY = tuple(name for name, s in REGISTRY.items() if s.named_only)

@@ -240,3 +240,31 @@ def test_the_0_5b_shape_is_a_section_of_its_own_with_its_own_goal() -> None:
         "--model",
         "qwen05",
     ]
+
+
+def test_a_run_with_int8_kv_names_it_and_is_a_section_of_its_own(tmp_path) -> None:
+    """``--kv-cache-dtype int8`` reaches `chatpage serve`'s command line, and the report names
+    it in the figures and the goals (the section runs only when named)."""
+    from chatpage.bench import report
+    from chatpage.bench.reporting import from_json
+
+    server = peers.chatpage_server(None, 8000, tmp_path / "log", "int8")
+    assert server.command[-2:] == ["--kv-cache-dtype", "int8"]
+    assert "--kv-cache-dtype" not in peers.chatpage_server(None, 8000, tmp_path / "l", None).command
+    figures = {"chatpage": {"8": _figures(120, 100, 20)}, "vllm": {"8": _figures(80, 90, 30)}}
+    result = _result(peers.compare([figures]), **peers.cpu_facts(AVX512_CPUINFO))
+    parsed = from_json(peers.PeersResult, {**result, "kv_cache_dtype": "int8"})
+    assert peers.goals(parsed)[0].bench == "peers, int8 KV"
+    assert "`--kv-cache-dtype int8`" in peers.figures(parsed)[0]
+    assert "no flags" in peers.figures(from_json(peers.PeersResult, result))[0]
+    assert report.to_run("peers_int8_kv", False) == ["peers_int8_kv"]
+    assert "peers_int8_kv" not in report.to_run(None, False)
+    assert report.command("peers_int8_kv", Path("."), [])[3:] == [
+        "bench",
+        "peers",
+        "--json",
+        "--rounds",
+        "3",
+        "--kv-cache-dtype",
+        "int8",
+    ]
