@@ -705,32 +705,25 @@ def other_machine(extensions: list[str] | None) -> list[str]:
     ]
 
 
-# ~6 min a round on 2 cores and vLLM installed into .peers/ on the first run: only when named
-# (``make bench-peers``), the median of 3 whole comparisons (two rounds' vLLM figures differ by
-# up to ~15% here), both servers run as a user runs them (default threads, wall clock)
-SECTION = Section(
-    reader(PeersResult), goals, figures, args=("--rounds", "3"), own_args=True, named_only=True
-)
-# chatpage with an int8 KV cache (issue 44)
-SECTION_INT8_KV = Section(
-    reader(PeersResult),
-    goals,
-    figures,
-    args=("--rounds", "3", "--kv-cache-dtype", "int8"),
-    command=("peers",),
-    own_args=True,
-    named_only=True,
-)
-# the same on a model of Qwen2.5-0.5B's shape (its goal 1.5x, issue 46)
-SECTION_QWEN05 = Section(
-    reader(PeersResult),
-    goals,
-    figures,
-    args=("--rounds", "3", "--model", "qwen05"),
-    command=("peers",),
-    own_args=True,
-    named_only=True,
-)
+def _section(*flags: str) -> Section:
+    """A peers section: only when named (``make bench-peers``; ~6 min a round on 2 cores, and
+    vLLM installed into .peers/ on the first run), the median of 3 whole comparisons (two rounds'
+    vLLM figures differ by up to ~15% here), both servers run as a user runs them (default
+    threads, wall clock); ``flags``: the run's own (its section is then named apart)."""
+    return Section(
+        reader(PeersResult),
+        goals,
+        figures,
+        args=("--rounds", "3", *flags),
+        command=("peers",) if flags else (),
+        own_args=True,
+        named_only=True,
+    )
+
+
+SECTION = _section()
+SECTION_INT8_KV = _section("--kv-cache-dtype", "int8")  # chatpage with an int8 KV cache (44)
+SECTION_QWEN05 = _section("--model", "qwen05")  # a model of Qwen2.5-0.5B's shape (goal 1.5x, 46)
 
 
 def main(argv: list[str] | None = None) -> int:
