@@ -11,12 +11,14 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from chatpage.engine.core.block_pool import BlockPool
 from chatpage.engine.core.kv_tiers import (
     RESCAN,
     DiskTier,
@@ -73,19 +75,24 @@ def _file_bytes(root: Path, tensors) -> int:
 
 def test_a_block_comes_back_exactly(tmp_path):
     tensors = _tensors(dtype=torch.bfloat16)
+    _fill(tensors, 1, 1.0)
+    _fill(tensors, 2, 2.0)
+    saved = [t[1].clone() for t in tensors]
     tier = _tier(tmp_path, tensors)
-    tier.save([(1, b"k1", TOKENS)])  # (read back from the write queue, before the file is there)
+    tier.save([(1, b"k1", TOKENS)])
+    tier.claim(1)  # (as the pool does before overwriting a queued block: copied for its write)
     _fill(tensors, 1, 3.0)
     tier.save([(2, b"k2", TOKENS)])
-    assert _load(tier, 4, b"k2")
+    tier.claim(2)
+    assert _load(tier, 4, b"k2")  # (read back from the write queue, before the file is there)
     tier.flush()
     restarted = _tier(tmp_path, tensors)  # a new process: from the file
     assert restarted.has(b"k2") and restarted.has(b"k1")
-    assert _load(restarted, 5, b"k2")
-    for t in tensors:
+    assert _load(restarted, 5, b"k2") and _load(restarted, 3, b"k1")
+    for t, before in zip(tensors, saved, strict=True):
         assert torch.equal(t[4], t[2]) and torch.equal(t[5], t[2])
-        assert not torch.equal(t[5], t[1])
-    assert restarted.stats().hits == 1 and tier.stats().writes == 2
+        assert torch.equal(t[3], before) and not torch.equal(t[3], t[1])
+    assert restarted.stats().hits == 2 and tier.stats().writes == 2
     assert tier.audit() == [] and restarted.audit() == []
     tier.close()
     restarted.close()
@@ -174,6 +181,59 @@ def test_a_full_write_queue_drops_blocks_instead_of_growing(tmp_path):
     tier.flush()
     stats = tier.stats()
     assert (stats.dropped, stats.writes, tier.has(b"k0")) == (1, 0, False)
+    tier.close()
+
+
+class _GatedWrites:
+    """Holds the tier's writer inside each file write until ``gate`` opens (the race a slow
+    disk makes: blocks queued, one of them being read in place, while the pool needs them)."""
+
+    def __init__(self, tier: DiskTier) -> None:
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        write = tier._write
+
+        def gated(*args):
+            self.entered.set()
+            self.gate.wait()
+            return write(*args)
+
+        tier._write = gated  # type: ignore[method-assign]
+
+
+def test_the_pool_never_overwrites_a_block_while_the_tier_reads_it(tmp_path):
+    """Two indexed blocks go down in place while the writer is stuck in the first one's file:
+    the pool evicts the other one at once (copied for its write), waits for the first until its
+    write is done, and both files hold the bytes the blocks had when released."""
+    tensors = _tensors(num_blocks=2)
+    tier = _tier(tmp_path, tensors)
+    gated = _GatedWrites(tier)
+    pool = BlockPool(2, tier)
+    for block, key in ((0, b"k0"), (1, b"k1")):
+        assert pool.allocate() == block
+        _fill(tensors, block, 10.0 * (block + 1))
+        pool.register(block, key)
+    released = [[t[b].clone() for t in tensors] for b in (0, 1)]
+    pool.decref(0)
+    pool.decref(1)
+    tier.save([(0, b"k0", TOKENS), (1, b"k1", TOKENS)])
+    assert gated.entered.wait(10) and tier.busy(0) and tier.busy(1)
+    assert pool.allocate() == 1  # (the writer reads block 0 now: block 1 is copied and taken)
+    _fill(tensors, 1, -1.0)
+    got: list[int] = []
+    taker = threading.Thread(target=lambda: got.append(pool.allocate()))
+    taker.start()
+    taker.join(0.3)
+    assert taker.is_alive() and not got  # block 0 is being written: the pool waits
+    gated.gate.set()
+    taker.join(10)
+    assert got == [0] and not tier.busy(0)
+    _fill(tensors, 0, -2.0)
+    tier.flush()
+    for block, key in ((0, b"k0"), (1, b"k1")):
+        assert _load(tier, block, key)
+        assert all(torch.equal(t[block], r) for t, r in zip(tensors, released[block], strict=True))
+    assert tier.stats().claimed == 1 and tier.stats().writes == 2 and tier.audit() == []
     tier.close()
 
 
@@ -282,6 +342,49 @@ def test_a_restarted_engine_answers_from_disk_as_the_cold_one(kind, tmp_path, to
     assert _greedy(small, [turn2, turn1]) == [second, first]
     assert small.bm.tier_hit_tokens > 0 and small.bm.audit() == []
     small.close()
+
+
+@pytest.mark.slow
+def test_blocks_taken_back_while_going_down_reach_disk_as_they_were(tiny_llama_dir, tmp_path):
+    """A slow disk and a pool too small for two prompts: the second prompt's allocation evicts
+    the first one's blocks while they wait for their writes (or are being written). Each file
+    holds the bytes its block had when released, and a restarted engine answers from them as
+    the cold engine did."""
+    from chatpage.engine.core.block_pool import extend_hashes
+    from chatpage.engine.core.block_table import group_key
+
+    first = [3 + (7 * i) % 200 for i in range(45)]
+    other = [5 + (11 * i) % 190 for i in range(88)]
+    probe = _engine(tiny_llama_dir, tmp_path / "none", kv_disk_bytes=0)
+    cold = _greedy(probe, [first])[0]
+    engine = _engine(tiny_llama_dir, tmp_path / "kv", kv_cache_bytes=12 * probe.block_bytes)
+    assert engine.tier is not None and engine.bm.pool.num_blocks == 12
+    tier = engine.tier
+    write = tier._write
+
+    def slow(*args):
+        time.sleep(0.2)
+        return write(*args)
+
+    tier._write = slow  # type: ignore[method-assign]
+    assert _greedy(engine, [first])[0] == cold
+    tokens = (first + cold)[:48]
+    keys = [group_key(0, h) for h in extend_hashes([], tokens, 8)]
+    pool = engine.bm.pool
+    released = {
+        k: torch.cat([t[pool.lookup(k)].reshape(-1).view(torch.uint8) for t in tier._tensors])
+        for k in keys
+    }
+    _greedy(engine, [other])  # (needs every block: evicts the queued ones)
+    assert all(pool.lookup(k) is None for k in keys) and tier.stats().claimed > 0
+    tier.flush()
+    for i, k in enumerate(keys):
+        assert torch.equal(tier.read(k, tuple(tokens[i * 8 : (i + 1) * 8])), released[k])
+    assert engine.bm.audit() == []
+    engine.close()
+    warm = _engine(tiny_llama_dir, tmp_path / "kv")
+    assert _greedy(warm, [first])[0] == cold and warm.bm.tier_hit_tokens == 40
+    warm.close()
 
 
 @pytest.fixture(scope="module")

@@ -56,14 +56,14 @@ class BlockManager:
         self.enable_caching = enable_caching
         self.windows = windows
         self.policies = [kv_policy(block_size, w) for w in windows]
-        self.pool = BlockPool(num_blocks)
+        self.tier = tier if enable_caching else None
+        self.pool = BlockPool(num_blocks, self.tier)  # (the tier reads queued blocks in place)
         self.cpu_pool = BlockPool(num_cpu_blocks)
         self._records: dict[int, SeqBlocks] = {}  # by sequence id: the sequences with blocks
         self.group_tables = [GroupTables(self._records, g) for g in range(len(windows))]
         self.tables = self.group_tables[0]
         self._pins: dict[Hashable, list[int]] = {}  # pin handle -> pinned blocks
         self.prefix_hit_tokens = 0
-        self.tier = tier if enable_caching else None
         self.tier_hit_tokens = 0  # of prefix_hit_tokens, read from the tier (group 0's blocks)
         # hits handed out by lookups whose allocation has not run yet: reading other blocks up
         # from the tier must not evict them
@@ -306,8 +306,11 @@ class BlockManager:
         blocks = []
         for i in range(start, min(end, record.registered, len(seq.block_hashes))):
             key = group_key(group, seq.block_hashes[i])
-            if table[i] >= 0 and not self.tier.has(key):
-                blocks.append((table[i], key, tuple(seq.token_ids[i * bs : (i + 1) * bs])))
+            # (the block the pool indexes under the key: the tier reads it in place, and the
+            # pool claims it back before overwriting it; a duplicate is never indexed)
+            block = self.pool.lookup(key) if table[i] >= 0 else None
+            if block is not None and not self.tier.has(key):
+                blocks.append((block, key, tuple(seq.token_ids[i * bs : (i + 1) * bs])))
         self.tier.save(blocks)
 
     def _pool_of(self, entry: int) -> tuple[BlockPool, int]:
@@ -480,7 +483,12 @@ class BlockManager:
                 problems.append(f"{name} pool counts {pool.num_used} used blocks")
             if pool.num_free + pool.num_used != pool.num_blocks:
                 problems.append(f"{name} pool: free + used != {pool.num_blocks}")
-        return problems + (self.tier.audit() if self.tier is not None else [])
+        if self.tier is None:
+            return problems
+        for b, key in self.tier.in_place().items():
+            if self.pool.block_hash[b] != key:
+                problems.append(f"device block {b} is being written to disk but not indexed")
+        return problems + self.tier.audit()
 
     @property
     def num_private_blocks(self) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict, deque
+from typing import Protocol
 
 
 def chain_hash(parent: bytes | None, tokens: tuple[int, ...]) -> bytes:
@@ -31,16 +32,32 @@ def cpu_entry(block: int) -> int:
     return -1 - block
 
 
+class Readers(Protocol):
+    """Who may be reading indexed blocks' bytes in place off the engine thread (the disk tier's
+    writer): an evicted block is about to be overwritten, so its readers must let go first."""
+
+    def busy(self, block: int) -> bool:
+        """Whether ``block``'s bytes are still to be read."""
+        ...
+
+    def claim(self, block: int, wait: bool) -> bool:
+        """Let go of ``block`` (taking what it still needs of it) and return True; a block being
+        read right now is let go of once that read is done when ``wait``, else not (False)."""
+        ...
+
+
 class BlockPool:
     """A fixed set of physical blocks with reference counts.
 
     A block is *used* (ref > 0), *cached* (ref 0, still in the hash index, evictable LRU-first) or
     *free* (ref 0, unindexed). Allocation prefers free blocks, then evicts the least recently
-    released cached block.
+    released cached block that no ``readers`` are busy with; when each is one of those, one its
+    readers let go of (`Readers.claim`).
     """
 
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, readers: Readers | None = None) -> None:
         self.num_blocks = num_blocks
+        self.readers = readers
         self.ref = [0] * num_blocks
         self.block_hash: list[bytes | None] = [None] * num_blocks
         self.pin_count = [0] * num_blocks
@@ -71,7 +88,8 @@ class BlockPool:
         if self._free:
             block = self._free.popleft()
         elif self._evictable:
-            block, stale = self._evictable.popitem(last=False)
+            block = self._victim()
+            stale = self._evictable.pop(block)
             del self._index[stale]
             self.block_hash[block] = None
             self.evictions += 1
@@ -79,6 +97,23 @@ class BlockPool:
             raise RuntimeError("BlockPool exhausted: the scheduler must check can_allocate first")
         self.ref[block] = 1
         self.num_used += 1
+        return block
+
+    def _victim(self) -> int:
+        """The cached block to evict: the least recently released one no reader is busy with,
+        else one its reader lets go of at once, else the least recently released one, once its
+        reader let go."""
+        readers = self.readers
+        if readers is None:
+            return next(iter(self._evictable))
+        for block in self._evictable:
+            if not readers.busy(block):
+                return block
+        for block in self._evictable:
+            if readers.claim(block, wait=False):
+                return block
+        block = next(iter(self._evictable))
+        readers.claim(block, wait=True)
         return block
 
     def incref(self, block: int) -> None:

@@ -14,14 +14,17 @@ killed mid-write leaves a temp file (removed at the next start, once its process
 a torn block. Two processes on one folder each keep their own index and tolerate the other's
 files appearing (a lookup the index misses looks for the file) and vanishing (a miss).
 
-Writes run on the tier's own thread: `DiskTier.save` copies the block's bytes at once (the pool
-may hand the block out again in the next step) and queues them, so the engine's step never
-waits on a write. Reads (`DiskTier.load`) are synchronous, on the engine thread, when a prompt
-is admitted: a block is one file read from the page cache, far cheaper than recomputing it
-(docs/benchmarks.md, ``chatpage bench resume``). The folder's size is bounded by ``capacity``
-bytes over every namespace together: the least recently used files (by mtime; a read touches
-its file) go first, down to `LOW_WATER` of the bound so that the folder is not listed again at
-every write. Other processes' writes count once this one lists the folder again: when its own
+Writes run on the tier's own thread, which reads a block's bytes in place, in the pool:
+`DiskTier.save` only queues the block, so the engine's step neither waits on a write nor copies
+the block. A queued block stays indexed in the pool, where lookups share it as any cached block
+(nobody writes into an indexed block); the pool evicts it last, and only after `DiskTier.claim`:
+a block whose write has not started is copied then (the write goes on from the copy), one being
+written is waited for (one file write). Reads (`DiskTier.read`) are synchronous, on the engine
+thread, when a prompt is admitted: a block is one file read from the page cache, far cheaper
+than recomputing it (docs/benchmarks.md, ``chatpage bench resume``). The folder's size is bounded
+by ``capacity`` bytes over every namespace together: the least recently used files (by mtime; a
+read touches its file) go first, down to `LOW_WATER` of the bound so that the folder is not
+listed again at every write. Other processes' writes count once this one lists the folder again: when its own
 count passes the bound, and after every `RESCAN` share of the bound it wrote itself, so that
 ``P`` processes writing at once take the folder at most ``P * RESCAN`` of the bound over it,
 for as long as it takes the next of them to list it.
@@ -55,6 +58,16 @@ TEMP = ".tmp"
 LOW_WATER = 0.9  # eviction frees down to this share of the bound
 RESCAN = 0.05  # share of the bound a process writes between listings of the folder
 MAX_PENDING = 256 << 20  # bytes of blocks queued for writing; more are dropped (a later miss)
+
+
+@dataclass(slots=True)
+class _Queued:
+    """A block waiting for its write: its ``tokens``, read from pool ``block`` in place, or from
+    ``payload`` once the pool claimed the block back (`DiskTier.claim`)."""
+
+    tokens: tuple[int, ...]
+    block: int | None
+    payload: torch.Tensor | None = None
 
 
 def namespace_of(identity: Mapping[str, Any]) -> bytes:
@@ -140,6 +153,7 @@ class TierStats:
     dropped: int  # writes given up (the write queue full, or the disk refused)
     misses: int  # files found but unreadable or not what was asked for
     pending: int  # blocks queued for writing
+    claimed: int  # queued blocks the pool took back before their write (copied for it then)
 
 
 class DiskTier:
@@ -171,9 +185,12 @@ class DiskTier:
         self._used = 0
         self._written = 0  # bytes this process wrote since it last listed the folder
         self._adopt(_scan(root))
-        self._pending: dict[bytes, tuple[tuple[int, ...], torch.Tensor]] = {}
+        self._pending: dict[bytes, _Queued] = {}
         self._pending_bytes = 0
-        self.hits = self.writes = self.dropped = self.misses = 0
+        self._in_place: dict[int, bytes] = {}  # pool block -> its key, queued to be read in place
+        self._writing: int | None = None  # the pool block the writer is reading now
+        self._done = threading.Condition(self._lock)
+        self.hits = self.writes = self.dropped = self.misses = self.claimed = 0
         self._queue: queue.Queue[bytes | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="chatpage-kv-disk")
         self._writer.daemon = True
@@ -216,29 +233,56 @@ class DiskTier:
         return True
 
     def save(self, blocks: Sequence[tuple[int, bytes, tuple[int, ...]]]) -> None:
-        """Queue device blocks for writing, each ``(block, key, tokens)`` (full, its ``tokens``
-        under ``key``): their bytes are copied now (one gather per tensor), written on the
-        tier's thread. Blocks that would overfill the queue are dropped (a later miss)."""
-        if not blocks:
-            return
-        device = self._tensors[0].device
-        rows = torch.empty(len(blocks), self.block_bytes, dtype=torch.uint8, device=device)
-        for row, (block, _, _) in zip(rows, blocks, strict=True):
-            torch.cat([t[block].view(-1).view(torch.uint8) for t in self._tensors], out=row)
-        rows = rows.cpu()
+        """Queue pool blocks for writing, each ``(block, key, tokens)`` (full, indexed in the
+        pool under ``key``, its ``tokens``): the tier's thread reads them in place, so the
+        pool must `claim` one before it overwrites it. Blocks that would overfill the queue are
+        dropped (a later miss)."""
         queued = []
         with self._lock:
-            for (_, key, tokens), payload in zip(blocks, rows, strict=True):
-                if key in self._keys or key in self._pending:
+            for block, key, tokens in blocks:
+                if key in self._keys or key in self._pending or block in self._in_place:
                     continue
-                if self._pending_bytes + payload.numel() > self.max_pending:
+                if self._pending_bytes + self.block_bytes > self.max_pending:
                     self.dropped += 1
                     continue
-                self._pending[key] = (tokens, payload)
-                self._pending_bytes += payload.numel()
+                self._pending[key] = _Queued(tokens, block)
+                self._in_place[block] = key
+                self._pending_bytes += self.block_bytes
                 queued.append(key)
         for key in queued:
             self._queue.put(key)
+
+    def busy(self, block: int) -> bool:
+        """Whether pool block ``block`` is queued to be read in place (`Readers.busy`)."""
+        with self._lock:
+            return block in self._in_place
+
+    def claim(self, block: int, wait: bool = True) -> bool:
+        """Let go of pool block ``block`` before the pool overwrites it (`Readers.claim`): copy
+        its bytes for its write if that has not started yet; if it is being written now, wait
+        for that when ``wait`` (else return False, still busy)."""
+        with self._lock:
+            while self._writing == block:
+                if not wait:
+                    return False
+                self._done.wait()
+            key = self._in_place.pop(block, None)
+            if key is None:
+                return True
+            queued = self._pending[key]
+            queued.payload = torch.cat([self._piece(t, block) for t in self._tensors]).cpu()
+            queued.block = None
+            self.claimed += 1
+            return True
+
+    def in_place(self) -> dict[int, bytes]:
+        """The pool blocks queued to be read in place, with their keys (for an audit)."""
+        with self._lock:
+            return dict(self._in_place)
+
+    @staticmethod
+    def _piece(t: torch.Tensor, block: int) -> torch.Tensor:
+        return t[block].reshape(-1).view(torch.uint8)
 
     def read(self, key: bytes, tokens: tuple[int, ...]) -> torch.Tensor | None:
         """Block ``key``'s bytes (checked: for exactly ``tokens``, whole) from the write queue
@@ -246,7 +290,8 @@ class DiskTier:
         with self._lock:
             pending = self._pending.get(key)
         if pending is not None:
-            return pending[1] if pending[0] == tokens else None
+            # (one queued in place is indexed in the pool still, where the lookup finds it)
+            return pending.payload if pending.tokens == tokens else None
         path = self._path(key)
         payload = self._read(path, key, tokens)
         if payload is None:
@@ -326,6 +371,7 @@ class DiskTier:
                 self.dropped,
                 self.misses,
                 len(self._pending),
+                self.claimed,
             )
 
     def audit(self) -> list[str]:
@@ -335,9 +381,11 @@ class DiskTier:
         with self._lock:
             if self._used != sum(self._files.values()):
                 problems.append(f"disk tier counts {self._used} bytes, its files hold another")
-            queued = sum(p.numel() for _, p in self._pending.values())
+            queued = len(self._pending) * self.block_bytes
             if queued != self._pending_bytes:
                 problems.append(f"disk tier queue counts {self._pending_bytes} bytes, not {queued}")
+            if any(self._pending[k].block != b for b, k in self._in_place.items()):
+                problems.append("disk tier queues a block in place under another key")
             if not self._pending and self._used > self.capacity:
                 problems.append(f"disk tier holds {self._used} bytes over its {self.capacity}")
         return problems
@@ -355,15 +403,25 @@ class DiskTier:
 
     def _write_one(self, key: bytes) -> None:
         with self._lock:
-            tokens, payload = self._pending[key]
+            queued = self._pending[key]
+            self._writing = queued.block  # (None: from its copy)
         path = self._path(key)
+        if queued.payload is not None:
+            pieces = [queued.payload]
+        else:
+            assert queued.block is not None
+            pieces = [self._piece(t, queued.block).cpu() for t in self._tensors]
         try:
-            size = self._write(path, key, tokens, payload)
+            size = self._write(path, key, queued.tokens, pieces)
         except OSError:
             size = None
         with self._lock:
             del self._pending[key]
-            self._pending_bytes -= payload.numel()
+            if self._writing is not None:
+                del self._in_place[self._writing]
+            self._writing = None
+            self._done.notify_all()
+            self._pending_bytes -= self.block_bytes
             if size is None:
                 self.dropped += 1
                 return
@@ -376,25 +434,30 @@ class DiskTier:
         if over:
             self._evict()
 
-    def _write(self, path: Path, key: bytes, tokens: tuple[int, ...], payload: torch.Tensor) -> int:
-        """Write one block file atomically; returns its size."""
+    def _write(
+        self, path: Path, key: bytes, tokens: tuple[int, ...], pieces: list[torch.Tensor]
+    ) -> int:
+        """Write one block file atomically, its payload ``pieces`` in order; returns its size."""
         token_bytes = array("q", tokens).tobytes()
-        data = payload.numpy().tobytes()
-        head = HEADER.pack(
-            MAGIC, self.namespace, len(key), len(tokens), len(data), zlib.crc32(data)
-        )
+        views = [p.numpy().data for p in pieces]
+        crc = 0
+        for view in views:
+            crc = zlib.crc32(view, crc)
+        length = sum(v.nbytes for v in views)
+        head = HEADER.pack(MAGIC, self.namespace, len(key), len(tokens), length, crc)
         temp = path.with_name(f".{path.stem}.{os.getpid()}{TEMP}")
         try:
             with open(temp, "wb") as f:
                 f.write(head)
                 f.write(key)
                 f.write(token_bytes)
-                f.write(data)
+                for view in views:
+                    f.write(view)
             os.replace(temp, path)
         except OSError:
             temp.unlink(missing_ok=True)
             raise
-        return len(head) + len(key) + len(token_bytes) + len(data)
+        return len(head) + len(key) + len(token_bytes) + length
 
     def _evict(self) -> None:
         """List the folder again (every process's files) and, if it is over the bound, bring it
