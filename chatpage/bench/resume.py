@@ -16,6 +16,10 @@ load of its weights:
     alternated; ``tier_throughput_ratio`` = with / without (the best run of each); the tier
     writes each request's blocks as it ends. (The engine's own batch, not ``bench peers``,
     which needs vLLM beside it.)
+(d) Reading ahead: the next turn of (a) sent to a restarted engine while another chat's reply
+    is decoding (``BUSY`` tokens), with the tier's read-ahead on and off (``kv_disk_prefetch``):
+    its TTFT, and the other chat's longest step meanwhile (off, the step that admits the turn
+    reads its blocks; on, they are read while the other chat's steps run).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from chatpage.bench import common
 from chatpage.bench.reporting import Goal, Section, at_least, at_most, reader, table
 from chatpage.bench.workloads import chat_sessions, persona_prompts, persona_text_tokens
 from chatpage.engine import LLMEngine, SamplingParams
+from chatpage.engine.accumulator import OutputAccumulator
 from chatpage.engine.core.kv_tiers import tier_usage
 from chatpage.engine.load.loader import LoadedModel
 from chatpage.engine.text.chat_template import render_prompt, system_prefix
@@ -41,6 +46,7 @@ GOAL_TIER_THROUGHPUT = 0.97  # throughput with the tier writing over without
 BATCH = 8
 BATCH_PROMPT = 256
 BATCH_NEW = 16
+BUSY = 48  # tokens the other chat of (d) decodes; the next turn arrives after its first few
 
 
 def conversation(tokenizer, target: int, seed: int) -> tuple[list[int], list[int]]:
@@ -103,6 +109,50 @@ def resume(loaded: LoadedModel, target: int, seed: int, folder: Path) -> dict:
         "resume_disk_tokens": from_disk,
         "tier_files": written.files,
         "tier_bytes": written.bytes,
+    }
+
+
+def _busy_turn(loaded: LoadedModel, folder: Path, ahead: bool, turn: list[int]) -> tuple:
+    """(d) one way: ``turn``'s TTFT on an engine over ``folder`` that decodes another chat
+    meanwhile, and the other chat's longest step from the turn's arrival to its first token."""
+    eng = common.engine(
+        loaded, kv_disk_bytes=KV_DISK, kv_disk_dir=str(folder), kv_disk_prefetch=ahead
+    )
+    _first_token(eng, turn[-8:])
+    other = eng.add_request(
+        turn[-200:][::-1], SamplingParams(temperature=0, max_tokens=BUSY, ignore_eos=True)
+    )
+    for _ in range(3):  # (its prefill and two decode steps)
+        eng.step()
+    outputs = OutputAccumulator()
+    t0 = common.now()
+    rid = eng.add_request(turn, SamplingParams(temperature=0, max_tokens=1))
+    longest = 0.0
+    ttft = None
+    while ttft is None:
+        s0 = common.now()
+        updates = eng.step()
+        longest = max(longest, common.now() - s0)
+        for update in updates:
+            if update.request_id == rid and outputs.add(update).outputs[0].token_ids:
+                ttft = common.now() - t0
+    hits = eng.tier.stats().prefetched if eng.tier is not None else 0
+    if other in eng.groups:
+        eng.abort(other)
+    eng.close()
+    return ttft, longest, hits
+
+
+def read_ahead(loaded: LoadedModel, target: int, seed: int, folder: Path) -> dict:
+    _, next_turn = conversation(loaded.tokenizer, target, seed)
+    on_s, on_step, ahead_blocks = _busy_turn(loaded, folder / "resume", True, next_turn)
+    off_s, off_step, _ = _busy_turn(loaded, folder / "resume", False, next_turn)
+    return {
+        "ahead_ttft_s": on_s,
+        "no_ahead_ttft_s": off_s,
+        "ahead_longest_step_s": on_step,
+        "no_ahead_longest_step_s": off_step,
+        "ahead_blocks": ahead_blocks,
     }
 
 
@@ -205,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{which}: TTFT resumed {run['resume_ttft_s']:.3f} s, "
                 f"recomputed {run['recompute_ttft_s']:.3f} s"
             )
+            common.say(f"{which}: (d) the next turn while another chat decodes, read ahead")
+            run |= read_ahead(loaded, target, args.seed, folder / which)
             if not runs:  # (the first model's)
                 common.say(f"{which}: (b) the personas pinned at a fresh start, then again")
                 run |= personas_ready(loaded, folder / which)
@@ -238,6 +290,11 @@ class ResumeRun:
     warm_pin_s: float | None = None
     warm_pin_steps: int | None = None
     tier_throughput_ratio: float | None = None
+    ahead_ttft_s: float | None = None
+    no_ahead_ttft_s: float | None = None
+    ahead_longest_step_s: float | None = None
+    no_ahead_longest_step_s: float | None = None
+    ahead_blocks: int | None = None
 
 
 @dataclass(frozen=True)
@@ -276,7 +333,7 @@ def goals(r: ResumeResult) -> list[Goal]:
                     "throughput with the tier writing / without",
                     run.tier_throughput_ratio,
                     GOAL_TIER_THROUGHPUT,
-                    "the blocks are copied on the engine thread and written on the tier's own",
+                    "the tier's thread reads released blocks in place and writes them",
                 )
             )
     return out
@@ -314,6 +371,16 @@ def figures(r: ResumeResult) -> list[str]:
                 "",
                 f"(c) {run.which}: a batch's throughput with the tier writing / without: "
                 f"**{run.tier_throughput_ratio:.3f}**.",
+            ]
+    for run in r.runs:
+        if run.ahead_ttft_s is not None and run.no_ahead_ttft_s is not None:
+            lines += [
+                "",
+                f"(d) {run.which}: the next turn sent while another chat decodes: TTFT "
+                f"{run.ahead_ttft_s:.3f} s with {run.ahead_blocks} blocks read ahead, "
+                f"{run.no_ahead_ttft_s:.3f} s read in the step that admits it; the other "
+                f"chat's longest step meanwhile {run.ahead_longest_step_s:.3f} s against "
+                f"{run.no_ahead_longest_step_s:.3f} s.",
             ]
     return lines
 

@@ -202,7 +202,13 @@ class LLMEngine:
             "groups": asdict(self.model.kv_groups),
         }
         root = Path(config.kv_disk_dir) if config.kv_disk_dir else kv_dir()
-        return DiskTier(root, identity, self.kv.block_tensors(), config.kv_disk_bytes)
+        return DiskTier(
+            root,
+            identity,
+            self.kv.block_tensors(),
+            config.kv_disk_bytes,
+            read_ahead=config.kv_disk_prefetch,
+        )
 
     def close(self) -> None:
         """Write what the disk tier has queued and stop its thread (a no-op without one)."""

@@ -315,6 +315,8 @@ def test_resume_json(tiny_llama_dir, capsys):
     assert run["resume_disk_tokens"] == run["resume_hit_tokens"] >= run["history_tokens"] - 16
     assert run["tier_files"] == run["history_tokens"] // 16
     assert run["warm_pin_steps"] == 0 < run["cold_pin_steps"]
+    _has(run, "ahead_ttft_s", "no_ahead_ttft_s", "ahead_longest_step_s")
+    assert run["ahead_blocks"] > 0  # (the next turn's blocks read while the other chat ran)
     goals = resume.goals(resume.SECTION.read(r))
     assert [g.met for g in goals if "persona" in g.goal] == [True]
 

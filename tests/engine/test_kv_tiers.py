@@ -387,6 +387,84 @@ def test_blocks_taken_back_while_going_down_reach_disk_as_they_were(tiny_llama_d
     warm.close()
 
 
+class _ReadsAhead:
+    """Lets the tier's reading thread read ``passed`` blocks ahead, then holds it until
+    ``gate`` opens (a slow disk, half-way through a request's blocks)."""
+
+    def __init__(self, tier: DiskTier, passed: int) -> None:
+        self.gate = threading.Event()
+        self.held = threading.Event()
+        self.count = 0
+        read = tier._read
+
+        def gated(*args):
+            if threading.current_thread() is tier._reader:
+                if self.count >= passed:
+                    self.held.set()
+                    self.gate.wait()
+                self.count += 1
+            return read(*args)
+
+        tier._read = gated  # type: ignore[method-assign]
+
+
+def _finish(engine, rid: str) -> list[int]:
+    """Step ``engine`` until request ``rid`` ends; its tokens."""
+    from chatpage.engine.accumulator import OutputAccumulator
+
+    outputs = OutputAccumulator()
+    while True:
+        for update in engine.step():
+            if update.request_id == rid and (out := outputs.add(update)).finished:
+                return out.outputs[0].token_ids
+
+
+@pytest.mark.slow
+def test_disk_hits_read_ahead_wholly_half_or_not_answer_as_the_cold_engine(
+    tiny_llama_dir, tmp_path
+):
+    """A restarted engine's request whose blocks were all read ahead, half of them (the rest
+    read in the step that admits it) or none (read ahead off) answers as the cold engine; one
+    added while another runs waits for its reads, stepping the other meanwhile."""
+    from chatpage.engine import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    prompt = [3 + (5 * i) % 211 for i in range(8 * 10 + 3)]
+    kv = tmp_path / "kv"
+    cold = _engine(tiny_llama_dir, kv)
+    expected = _greedy(cold, [prompt])[0]
+    cold.close()
+    for ahead, passed in ((True, 10), (True, 4), (False, 0)):
+        engine = _engine(tiny_llama_dir, kv, kv_disk_prefetch=ahead)
+        reads = _ReadsAhead(engine.tier, passed)
+        rid = engine.add_request(prompt, params)
+        if passed == 10:
+            engine.tier.flush()  # (all of them arrived)
+        elif ahead:
+            assert reads.held.wait(30)  # (the first ``passed`` arrived, the rest are held)
+        assert _finish(engine, rid) == expected
+        assert engine.tier.stats().prefetched == passed and engine.bm.tier_hit_tokens == 80
+        assert engine.bm.audit() == []
+        reads.gate.set()
+        engine.close()
+
+    engine = _engine(tiny_llama_dir, kv)
+    reads = _ReadsAhead(engine.tier, 0)
+    other = engine.add_request(list(range(300, 340)), SamplingParams(temperature=0, max_tokens=8))
+    engine.step()
+    rid = engine.add_request(prompt, params)
+    for _ in range(3):
+        engine.step()
+        assert not engine.groups[rid].started  # (its blocks are still being read)
+    reads.gate.set()
+    engine.tier.flush()
+    assert _finish(engine, rid) == expected and engine.tier.stats().prefetched == 10
+    if other in engine.groups:
+        _finish(engine, other)
+    assert engine.bm.audit() == []
+    engine.close()
+
+
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
     from model_dirs import offline_tokenizer_dir

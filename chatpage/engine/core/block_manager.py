@@ -69,6 +69,7 @@ class BlockManager:
         # from the tier must not evict them
         self._handed_out: list[int] = []
         self._loads: BlockLoads = []  # read from the tier, to write into the pool (`take_loads`)
+        self._ahead: dict[int, list[bytes]] = {}  # by sequence id: its blocks read ahead
 
     def holds(self, seq: Sequence) -> bool:
         """Whether ``seq`` has blocks (on the device or swapped out)."""
@@ -95,7 +96,10 @@ class BlockManager:
             return ComputedBlocks(others=((),) * (len(self.policies) - 1))
         hashes = self._block_hashes(seq)
         limit = len(hashes) if whole else min(len(hashes), (len(seq) - 1) // self.block_size)
-        on_device = self._bring_up(seq, hashes, limit) if self.tier is not None else None
+        on_device = None
+        if self.tier is not None:
+            on_device = self._bring_up(seq, hashes, limit)
+            self.tier.forget(self._ahead.pop(seq.seq_id, []))  # (what it did not take)
         n = longest_common_hit(
             self.policies, lambda g, i: self._lookup(g, hashes[i]) is not None, limit
         )
@@ -106,6 +110,33 @@ class BlockManager:
         from_tier = 0 if on_device is None else max(0, n - on_device) * self.block_size
         self._handed_out += [b for group in hits for b in group if b is not None]
         return ComputedBlocks(hits[0], n * self.block_size, tuple(hits[1:]), from_tier)  # type: ignore[arg-type]
+
+    def read_ahead(self, seq: Sequence) -> None:
+        """Start reading the blocks of ``seq``'s prompt (a sequence without blocks) that the
+        device lacks and the tier holds, on the tier's thread, so that the step admitting it
+        finds them in memory (`reading_ahead`)."""
+        tier = self.tier
+        if tier is None or not tier.read_ahead:
+            return
+        hashes = self._block_hashes(seq)
+        limit = min(len(hashes), (len(seq) - 1) // self.block_size)
+        bs = self.block_size
+        blocks = []
+        for g, policy in enumerate(self.policies):
+            for i in range(policy.window_start(limit * bs), limit):
+                key = group_key(g, hashes[i])
+                if self.pool.lookup(key) is not None:
+                    continue
+                if not tier.has(key):
+                    break
+                blocks.append((key, tuple(seq.token_ids[i * bs : (i + 1) * bs])))
+        tier.prefetch(blocks)
+        self._ahead[seq.seq_id] = [key for key, _ in blocks]
+
+    def reading_ahead(self, seq: Sequence) -> bool:
+        """Whether blocks of ``seq`` are still being read ahead."""
+        keys = self._ahead.get(seq.seq_id)
+        return keys is not None and self.tier is not None and not self.tier.arrived(keys)
 
     def take_loads(self) -> BlockLoads:
         """The blocks read from the tier since the last call, for the KV cache to write into
@@ -288,6 +319,8 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Release the sequence's blocks, tail first (so tails are evicted before heads); its
         indexed ones go down to the tier first."""
+        if self.tier is not None:
+            self.tier.forget(self._ahead.pop(seq.seq_id, []))
         record = self._records.pop(seq.seq_id, None)
         if record is None:
             return

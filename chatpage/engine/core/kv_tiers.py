@@ -19,12 +19,15 @@ Writes run on the tier's own thread, which reads a block's bytes in place, in th
 the block. A queued block stays indexed in the pool, where lookups share it as any cached block
 (nobody writes into an indexed block); the pool evicts it last, and only after `DiskTier.claim`:
 a block whose write has not started is copied then (the write goes on from the copy), one being
-written is waited for (one file write). Reads (`DiskTier.read`) are synchronous, on the engine
-thread, when a prompt is admitted: a block is one file read from the page cache, far cheaper
-than recomputing it (docs/benchmarks.md, ``chatpage bench resume``). The folder's size is bounded
-by ``capacity`` bytes over every namespace together: the least recently used files (by mtime; a
-read touches its file) go first, down to `LOW_WATER` of the bound so that the folder is not
-listed again at every write. Other processes' writes count once this one lists the folder again: when its own
+written is waited for (one file write). Reads are read ahead (`DiskTier.prefetch`) on a thread
+of their own from when a request is added, into host memory, while earlier steps run (the
+scheduler lets a request whose blocks are still being read wait while others run);
+`DiskTier.read` then takes them, or reads synchronously, on the engine thread, what has not
+arrived: a block is one file read from the page cache, far cheaper than recomputing it
+(docs/benchmarks.md, ``chatpage bench resume``). The folder's size is bounded by ``capacity``
+bytes over every namespace together: the least recently used files (by mtime; a read touches
+its file) go first, down to `LOW_WATER` of the bound so that the folder is not listed again at
+every write. Other processes' writes count once this one lists the folder again: when its own
 count passes the bound, and after every `RESCAN` share of the bound it wrote itself, so that
 ``P`` processes writing at once take the folder at most ``P * RESCAN`` of the bound over it,
 for as long as it takes the next of them to list it.
@@ -41,7 +44,7 @@ import threading
 import zlib
 from array import array
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +61,7 @@ TEMP = ".tmp"
 LOW_WATER = 0.9  # eviction frees down to this share of the bound
 RESCAN = 0.05  # share of the bound a process writes between listings of the folder
 MAX_PENDING = 256 << 20  # bytes of blocks queued for writing; more are dropped (a later miss)
+MAX_AHEAD = 256 << 20  # bytes of blocks read ahead and not taken yet; more are read when needed
 
 
 @dataclass(slots=True)
@@ -68,6 +72,15 @@ class _Queued:
     tokens: tuple[int, ...]
     block: int | None
     payload: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class _Ahead:
+    """A block read ahead for ``tokens``: its ``payload`` once ``done`` (None: not readable)."""
+
+    tokens: tuple[int, ...]
+    payload: torch.Tensor | None = None
+    done: bool = False
 
 
 def namespace_of(identity: Mapping[str, Any]) -> bytes:
@@ -154,13 +167,15 @@ class TierStats:
     misses: int  # files found but unreadable or not what was asked for
     pending: int  # blocks queued for writing
     claimed: int  # queued blocks the pool took back before their write (copied for it then)
+    prefetched: int  # of hits, blocks read ahead before the step that took them
 
 
 class DiskTier:
     """Full KV blocks of one namespace under ``root``, within ``capacity`` bytes.
 
     ``tensors``: the KV cache's per-block tensors (block index first, ``KVCache.block_tensors``);
-    block ``b``'s payload is ``t[b]``'s bytes for each, in order."""
+    block ``b``'s payload is ``t[b]``'s bytes for each, in order. ``read_ahead``: whether
+    `prefetch` reads anything."""
 
     def __init__(
         self,
@@ -169,6 +184,7 @@ class DiskTier:
         tensors: Sequence[torch.Tensor],
         capacity: int,
         max_pending: int = MAX_PENDING,
+        read_ahead: bool = True,
     ) -> None:
         self.root = root
         self.namespace = namespace_of(identity)
@@ -190,11 +206,21 @@ class DiskTier:
         self._in_place: dict[int, bytes] = {}  # pool block -> its key, queued to be read in place
         self._writing: int | None = None  # the pool block the writer is reading now
         self._done = threading.Condition(self._lock)
-        self.hits = self.writes = self.dropped = self.misses = self.claimed = 0
+        self.hits = self.writes = self.dropped = self.misses = self.claimed = self.prefetched = 0
+        self.read_ahead = read_ahead
+        self._ahead: dict[bytes, _Ahead] = {}
+        self._ahead_bytes = 0
         self._queue: queue.Queue[bytes | None] = queue.Queue()
-        self._writer = threading.Thread(target=self._write_loop, name="chatpage-kv-disk")
-        self._writer.daemon = True
-        self._writer.start()
+        self._reads: queue.Queue[bytes | None] = queue.Queue()
+        self._writer = threading.Thread(
+            target=self._serve, args=(self._queue, self._write_one), name="chatpage-kv-disk"
+        )
+        self._reader = threading.Thread(
+            target=self._serve, args=(self._reads, self._read_one), name="chatpage-kv-read"
+        )
+        for thread in (self._writer, self._reader):
+            thread.daemon = True
+            thread.start()
 
     def _adopt(self, files: OrderedDict[Path, int]) -> None:
         """Take ``files`` (a fresh `_scan`) as what the folder holds (call under the lock, or
@@ -284,16 +310,51 @@ class DiskTier:
     def _piece(t: torch.Tensor, block: int) -> torch.Tensor:
         return t[block].reshape(-1).view(torch.uint8)
 
+    def prefetch(self, blocks: Sequence[tuple[bytes, tuple[int, ...]]]) -> None:
+        """Start reading blocks ``(key, tokens)`` into host memory on the tier's reading thread,
+        for `read` to take (within `MAX_AHEAD` bytes not taken yet; the rest are read when
+        needed). Nothing without ``read_ahead``."""
+        if not self.read_ahead:
+            return
+        with self._lock:
+            fresh = [(k, t) for k, t in blocks if k not in self._ahead and k not in self._pending]
+            room = max(0, (MAX_AHEAD - self._ahead_bytes) // self.block_bytes)
+            for key, tokens in fresh[:room]:
+                self._ahead[key] = _Ahead(tokens)
+                self._reads.put(key)
+            self._ahead_bytes += min(room, len(fresh)) * self.block_bytes
+
+    def arrived(self, keys: Sequence[bytes]) -> bool:
+        """Whether none of ``keys`` is still being read ahead."""
+        with self._lock:
+            return all(key not in self._ahead or self._ahead[key].done for key in keys)
+
+    def forget(self, keys: Sequence[bytes]) -> None:
+        """Drop what was read ahead under ``keys`` and not taken (the request needs it no
+        more)."""
+        with self._lock:
+            for key in keys:
+                if self._ahead.pop(key, None) is not None:
+                    self._ahead_bytes -= self.block_bytes
+
     def read(self, key: bytes, tokens: tuple[int, ...]) -> torch.Tensor | None:
-        """Block ``key``'s bytes (checked: for exactly ``tokens``, whole) from the write queue
-        or its file, for `scatter`; None when the tier does not hold it so."""
+        """Block ``key``'s bytes (checked: for exactly ``tokens``, whole) from the write queue,
+        what was read ahead, or its file, for `scatter`; None when the tier does not hold it
+        so."""
         with self._lock:
             pending = self._pending.get(key)
+            ahead = self._ahead.pop(key, None)
+            if ahead is not None:
+                self._ahead_bytes -= self.block_bytes
         if pending is not None:
             # (one queued in place is indexed in the pool still, where the lookup finds it)
             return pending.payload if pending.tokens == tokens else None
         path = self._path(key)
-        payload = self._read(path, key, tokens)
+        if ahead is not None and ahead.done and ahead.tokens == tokens:
+            payload = ahead.payload  # (None: it was no block of ours when read ahead)
+            self.prefetched += payload is not None
+        else:  # (not arrived yet: read now)
+            payload = self._read(path, key, tokens)
         if payload is None:
             with self._lock:
                 self._keys.discard(key)
@@ -331,7 +392,8 @@ class DiskTier:
         except FileNotFoundError:
             return None
         except (OSError, ValueError):
-            self.misses += 1
+            with self._lock:
+                self.misses += 1
             return None
         magic, namespace, key_len, num_tokens, payload_len, crc = HEADER.unpack_from(data)
         start = HEADER.size + key_len + 8 * num_tokens
@@ -346,19 +408,24 @@ class DiskTier:
             or view[HEADER.size + key_len : start] != token_bytes
             or zlib.crc32(view[start:]) != crc
         ):
-            self.misses += 1
+            with self._lock:
+                self.misses += 1
             return None
         return torch.frombuffer(data, dtype=torch.uint8, offset=start)
 
     def flush(self) -> None:
-        """Wait until every queued block is written (or dropped)."""
+        """Wait until every queued block is written (or dropped) and every block being read
+        ahead has arrived."""
         self._queue.join()
+        self._reads.join()
 
     def close(self) -> None:
-        """Write what is queued, then stop the tier's thread."""
+        """Write what is queued, then stop the tier's threads."""
         if self._writer.is_alive():
             self._queue.put(None)
+            self._reads.put(None)
             self._writer.join()
+            self._reader.join()
 
     def stats(self) -> TierStats:
         with self._lock:
@@ -372,6 +439,7 @@ class DiskTier:
                 self.misses,
                 len(self._pending),
                 self.claimed,
+                self.prefetched,
             )
 
     def audit(self) -> list[str]:
@@ -390,16 +458,25 @@ class DiskTier:
                 problems.append(f"disk tier holds {self._used} bytes over its {self.capacity}")
         return problems
 
-    # -- the tier's thread -----------------------------------------------------------------------
-    def _write_loop(self) -> None:
+    # -- the tier's threads ----------------------------------------------------------------------
+    @staticmethod
+    def _serve(jobs: queue.Queue[bytes | None], job: Callable[[bytes], None]) -> None:
+        """Run ``job`` on every key ``jobs`` brings, until it brings None."""
         while True:
-            key = self._queue.get()
+            key = jobs.get()
             try:
                 if key is None:
                     return
-                self._write_one(key)
+                job(key)
             finally:
-                self._queue.task_done()
+                jobs.task_done()
+
+    def _read_one(self, key: bytes) -> None:
+        with self._lock:
+            ahead = self._ahead.get(key)
+        if ahead is not None:  # (else taken or forgotten meanwhile)
+            ahead.payload = self._read(self._path(key), key, ahead.tokens)
+            ahead.done = True
 
     def _write_one(self, key: bytes) -> None:
         with self._lock:

@@ -58,6 +58,7 @@ class Scheduler:
     # -- queues ----------------------------------------------------------------------------------
     def add(self, group: SequenceGroup) -> None:
         self.waiting.append(group)
+        self.bm.read_ahead(group.seqs[0])  # (its disk hits, while earlier steps run)
 
     def pin_cached(self, group: SequenceGroup) -> bool:
         """Pin the persona prefix of ``group`` (waiting, not started) straight from the prefix
@@ -218,6 +219,8 @@ class Scheduler:
         # 3. waiting groups, strictly first come first served
         while self.waiting and not self.swapped and not out.preempted:
             group = self.waiting[0]
+            if out.scheduled and self.bm.reading_ahead(group.seqs[0]):
+                break  # (its blocks are still coming from disk: it waits while others run)
             demands = self._demands(group, budget, alone=not out.scheduled)
             if not demands or len(demands) > seq_budget:
                 break
