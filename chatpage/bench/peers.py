@@ -22,6 +22,12 @@ completed counts; ``--rounds N`` repeats the whole comparison and reports the me
 The chat-shaped runs use a driver of ours (vLLM's client has no n > 1 or system prompts):
 ``chats``: 8 concurrent chats that share one persona's system prompt (prefix caching on for
 both); ``samples``: 8 requests of n = 4 parallel samples through ``/v1/chat/completions``.
+
+``--tier`` compares chatpage with itself instead (no vLLM): ``chatpage serve`` with the KV disk
+tier writing (``--kv-disk``, a fresh folder each round) against the tier off, alternated, through
+the same chat driver: the chat-shaped runs, and ``distinct``: 8 chats whose system prompts all
+differ, so that every full block of every request is new and goes down to the disk.
+``tier_ratio`` = writing / off output tok/s per run (the median over ``--rounds``).
 """
 
 from __future__ import annotations
@@ -336,15 +342,23 @@ def vllm_server(python: Path, folder: Path, port: int, log: Path, dtype: str) ->
     )
 
 
-def chatpage_server(model: str | None, port: int, log: Path, kv_cache_dtype: str | None) -> Server:
+def chatpage_server(
+    model: str | None,
+    port: int,
+    log: Path,
+    kv_cache_dtype: str | None = None,
+    name: str = "chatpage",
+    flags: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> Server:
     """``chatpage serve`` as a user starts it: no flags but the model and, when asked, the KV
-    cache's dtype."""
-    command = [sys.executable, "-m", "chatpage.cli", "serve", "--port", str(port)]
+    cache's dtype (``flags`` and ``env`` added: ``--tier``'s sides)."""
+    command = [sys.executable, "-m", "chatpage.cli", "serve", "--port", str(port), *flags]
     if model is not None:
         command += ["--model", model]
     if kv_cache_dtype is not None:
         command += ["--kv-cache-dtype", kv_cache_dtype]
-    return Server("chatpage", command, {}, log)
+    return Server(name, command, env or {}, log)
 
 
 # -- the clients -----------------------------------------------------------------------------
@@ -408,12 +422,14 @@ def vllm_client(
     }
 
 
-async def chat_run(live: Live, n: int, max_tokens: int) -> dict:
-    """``CHATS`` concurrent streamed chat requests sharing ``PERSONA`` as their system prompt,
-    ``n`` samples each: output tok/s (from the usage), TTFT and TPOT per request."""
+async def chat_run(live: Live, n: int, max_tokens: int, distinct: bool = False) -> dict:
+    """``CHATS`` concurrent streamed chat requests sharing ``PERSONA`` as their system prompt
+    (``distinct``: each its own, the persona after a line naming the chat), ``n`` samples each:
+    output tok/s (from the usage), TTFT and TPOT per request."""
     import httpx
 
     async def one(http: httpx.AsyncClient, question: str) -> tuple[float, float, float, int]:
+        system = f"Chat {QUESTIONS.index(question)}: {question}\n{PERSONA}" if distinct else PERSONA
         body = {
             "model": live.model,
             "stream": True,
@@ -424,7 +440,7 @@ async def chat_run(live: Live, n: int, max_tokens: int) -> dict:
             "ignore_eos": True,
             "stream_options": {"include_usage": True},
             "messages": [
-                {"role": "system", "content": PERSONA},
+                {"role": "system", "content": system},
                 {"role": "user", "content": question},
             ],
         }
@@ -726,6 +742,58 @@ SECTION_INT8_KV = _section("--kv-cache-dtype", "int8")  # chatpage with an int8 
 SECTION_QWEN05 = _section("--model", "qwen05")  # a model of Qwen2.5-0.5B's shape (goal 1.5x, 46)
 
 
+def tier_main(args) -> int:
+    """``--tier``: chatpage serve with the disk tier writing against the tier off (no vLLM)."""
+    if args.model in requant.SHAPES:
+        args.model = str(requant.shaped(args.model, "F16"))
+    logs = args.peers_dir.resolve() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    max_tokens = max(8, int(OUTPUT_LEN * args.scale))
+    runs = (("chats", 1, False), ("samples", SAMPLES_N, False), ("distinct", 1, True))
+    got: dict[str, dict[str, list[dict]]] = {run: {"off": [], "writing": []} for run, *_ in runs}
+    t0 = time.perf_counter()
+    for i in range(args.rounds):
+        for side in ("off", "writing"):
+            with tempfile.TemporaryDirectory(prefix="chatpage-peers-kv-") as kv:
+                server = chatpage_server(
+                    args.model,
+                    port := free_port(),
+                    logs / "chatpage.log",
+                    name=f"chatpage (tier {side})",
+                    flags=("--kv-disk", "4GiB" if side == "writing" else "0"),
+                    env={"CHATPAGE_KV_DIR": kv},
+                )
+                common.say(f"round {i + 1}/{args.rounds}: {server.name}")
+                with running(server, port) as live:
+                    asyncio.run(chat_run(live, 1, 8, distinct=True))  # (its first steps)
+                    for run, n, distinct in runs:
+                        common.say(f"  {run}")
+                        got[run][side].append(asyncio.run(chat_run(live, n, max_tokens, distinct)))
+    result: dict = {
+        "bench": "peers",
+        "mode": "tier",
+        "model": args.model or "default",
+        "rounds": args.rounds,
+        "cores": os.cpu_count(),
+        "vector_isa": vector_isa(),
+        "load_avg": os.getloadavg()[0],
+        "runs": {},
+        "seconds": time.perf_counter() - t0,
+    }
+    for run, sides in got.items():
+        ratios = [
+            w["output_tok_s"] / o["output_tok_s"]
+            for o, w in zip(sides["off"], sides["writing"], strict=True)
+        ]
+        result["runs"][run] = {
+            "off_tok_s": [o["output_tok_s"] for o in sides["off"]],
+            "writing_tok_s": [w["output_tok_s"] for w in sides["writing"]],
+            "ratios": ratios,
+            "tier_ratio": statistics.median(ratios),
+        }
+    return common.emit(common.round_floats(result), args.json)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = common.parser("peers", __doc__.splitlines()[0], default_scale=1.0)
     p.add_argument("--rounds", type=int, default=1, help="whole comparisons (median ratio)")
@@ -753,9 +821,16 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="vLLM's dtype (default auto: its faster one on this machine, measured once)",
     )
+    p.add_argument(
+        "--tier",
+        action="store_true",
+        help="chatpage alone: the KV disk tier writing against off (no vLLM)",
+    )
     args = common.parse(p, argv)
     if args.rounds < 1 or any(c < 1 for c in args.concurrency):
         p.error("--rounds and every --concurrency must be >= 1")
+    if args.tier:
+        return tier_main(args)
     if args.model in requant.SHAPES:  # a model of that shape (F16: no llama.cpp needed)
         args.model = str(requant.shaped(args.model, "F16"))
     peers = args.peers_dir.resolve()

@@ -268,3 +268,19 @@ def test_a_run_with_int8_kv_names_it_and_is_a_section_of_its_own(tmp_path) -> No
         "--kv-cache-dtype",
         "int8",
     ]
+
+
+@pytest.mark.slow  # two real `chatpage serve` processes, one after the other
+def test_the_tier_mode_compares_chatpage_writing_its_tier_with_it_off(
+    tiny_llama_dir: Path, tmp_path: Path, capsys
+) -> None:
+    argv = ["--tier", "--json", "--model", str(tiny_llama_dir), "--scale", "0.1"]
+    assert peers.main([*argv, "--peers-dir", str(tmp_path)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["mode"] == "tier" and set(result["runs"]) == {"chats", "samples", "distinct"}
+    for run in result["runs"].values():
+        assert run["off_tok_s"][0] > 0 and run["writing_tok_s"][0] > 0
+        ratio = run["writing_tok_s"][0] / run["off_tok_s"][0]
+        assert run["tier_ratio"] == pytest.approx(ratio, abs=1e-3)
+    log = (tmp_path / "logs" / "chatpage.log").read_text()
+    assert "Traceback" not in log
