@@ -47,7 +47,6 @@ from chatpage.engine.text.chat_template import (
     TokenCounter,
     continue_prompt,
     render_prompt,
-    system_prefix,
     with_special_tokens,
 )
 from chatpage.engine.text.grammar import COMPILE_TIMEOUT_S, too_slow
@@ -210,6 +209,20 @@ def _render_chat(
         reply_ids = {i + shift: ids for i, ids in (reply_ids or {}).items()}
         tools = tools if fmt.renders_tools else None
     return template(tokenizer, messages, reply_ids=reply_ids, tools=tools, variables=variables)
+
+
+def persona_prefix(
+    tokenizer: TextTokenizer, system_prompt: str, tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    """The ids every chat of a persona (its ``system_prompt``, offering ``tools``) starts with,
+    the tools shown as its chats show them (`_render_chat`: the template's way, or a listing in
+    the system prompt where the template renders none): what a pin holds."""
+    messages = [{"role": "system", "content": system_prompt}]
+
+    def template(tok: Any, shown: list[dict[str, Any]], **kw: Any) -> list[int]:
+        return render_prompt(tok, shown, False, **kw)
+
+    return _render_chat(template, None, tools, {}, tokenizer, messages)
 
 
 def prompt_chars(
@@ -526,7 +539,7 @@ class LocalEngineClient:
             case SubmitPrompt(prompt=ids):
                 return self._tokenized(cmd, list(ids), False, False)
             case Pin(system_prompt, tools):
-                return PinIds(system_prefix(engine.tokenizer, system_prompt, tools))
+                return PinIds(persona_prefix(engine.tokenizer, system_prompt, tools))
             case Cancel() | Wake():
                 return cmd
 

@@ -518,22 +518,33 @@ TOOLS = [
 
 
 @pytest.mark.slow
-def test_a_tool_using_personas_pin_holds_its_tools_and_comes_from_disk(tiny_llama_dir, tmp_path):
-    """The persona's pin with the tools its chats offer is their prompt's real prefix: computed
-    by the first process, read back from disk by the next, never computed again."""
+@pytest.mark.parametrize("renders_tools", [True, False])
+def test_a_tool_using_personas_pin_holds_its_tools_and_comes_from_disk(
+    renders_tools, tiny_llama_dir, tmp_path
+):
+    """The persona's pin with the tools its chats offer is their prompt's real prefix (the
+    template's rendering of them, or chatpage's listing in the system prompt for a template
+    that renders none): computed by the first process, read back from disk by the next, never
+    computed again."""
     import json
     import shutil
 
-    from chatpage.engine.client import EngineConfig, LocalEngineClient
-    from chatpage.engine.text.chat_template import system_prefix
+    from chatpage.engine.client import (
+        EngineConfig,
+        LocalEngineClient,
+        _render_chat,
+        persona_prefix,
+    )
+    from chatpage.engine.text.chat_template import render_prompt, system_prefix
 
     model = tmp_path / "tools-model"
     shutil.copytree(tiny_llama_dir, model)
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    (model / "tokenizer_config.json").write_text(
-        json.dumps({**config, "chat_template": TOOLS_TEMPLATE})
-    )
-    (model / "chat_template.jinja").unlink(missing_ok=True)
+    if renders_tools:
+        config = json.loads((model / "tokenizer_config.json").read_text())
+        (model / "tokenizer_config.json").write_text(
+            json.dumps({**config, "chat_template": TOOLS_TEMPLATE})
+        )
+        (model / "chat_template.jinja").unlink(missing_ok=True)
     system = "You are tiny. You read files."
     engine_config = EngineConfig(block_size=8, kv_disk_bytes=1 << 30, kv_disk_dir=str(tmp_path))
     pinned = []
@@ -541,8 +552,11 @@ def test_a_tool_using_personas_pin_holds_its_tools_and_comes_from_disk(tiny_llam
         client = LocalEngineClient(str(model), engine_config)
         client.start()
         assert client.wait_ready(120), client.error
-        prefix = system_prefix(client.engine.tokenizer, system, TOOLS)
-        assert len(prefix) > len(system_prefix(client.engine.tokenizer, system)) + 8 * 8
+        tok = client.engine.tokenizer
+        prefix = persona_prefix(tok, system, TOOLS)
+        assert len(prefix) > len(system_prefix(tok, system)) + 8 * 8
+        chat = [{"role": "system", "content": system}, {"role": "user", "content": "Hi."}]
+        assert _render_chat(render_prompt, None, TOOLS, {}, tok, chat)[: len(prefix)] == prefix
         client.pin_system_prompt(system, TOOLS)
         deadline = time.monotonic() + 60
         while client.stats().blocks_pinned < len(prefix) // 8 and time.monotonic() < deadline:
