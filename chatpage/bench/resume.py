@@ -20,6 +20,11 @@ load of its weights:
     is decoding (``BUSY`` tokens), with the tier's read-ahead on and off (``kv_disk_prefetch``):
     its TTFT, and the other chat's longest step meanwhile (off, the step that admits the turn
     reads its blocks; on, they are read while the other chat's steps run).
+(e) With ``--mcp``: the ``shell`` persona offering a real MCP filesystem server's tools (the npm
+    package ``MCP_FILESYSTEM``, installed once under the cache's bench/ folder, started and
+    listed by chatpage's own MCP client): the first reply of a new chat, its TTFT on an engine
+    without a tier (the whole prompt computed) against one restarted over a tier that holds the
+    persona's pin (pinned from disk, then the chat's own tokens computed), and that pin's time.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ GOAL_TIER_THROUGHPUT = 0.97  # throughput with the tier writing over without
 BATCH = 8
 BATCH_PROMPT = 256
 BATCH_NEW = 16
+MCP_FILESYSTEM = "@modelcontextprotocol/server-filesystem"
+MCP_QUESTION = "Which files in the project folder mention the tier, and what do they say?"
 BUSY = 48  # tokens the other chat of (d) decodes; the next turn arrives after its first few
 
 
@@ -156,6 +163,80 @@ def read_ahead(loaded: LoadedModel, target: int, seed: int, folder: Path) -> dic
     }
 
 
+def mcp_tools(folder: Path) -> list[dict]:
+    """The tools of a real MCP filesystem server over ``folder``, as OpenAI function tools
+    (npm installs the server once under the cache's bench/ folder)."""
+    import asyncio
+    import subprocess
+
+    from chatpage.chat.mcp import McpServers, ServerState
+    from chatpage.config.mcp import McpServerConfig
+    from chatpage.config.paths import cache_dir
+
+    prefix = cache_dir() / "bench" / "mcp-filesystem"
+    command = prefix / "node_modules" / ".bin" / "mcp-server-filesystem"
+    if not command.exists():
+        common.say(f"installing {MCP_FILESYSTEM} (npm) under {prefix}")
+        subprocess.run(
+            ["npm", "install", "--prefix", str(prefix), MCP_FILESYSTEM],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+
+    async def listed() -> list[dict]:
+        config = McpServerConfig("files", command=str(command), args=(str(folder),))
+        servers = McpServers({"files": config})
+        try:
+            await servers.start(["files"])
+            server = servers.servers["files"]
+            if server.state != ServerState.RUNNING:
+                raise RuntimeError(f"the MCP filesystem server did not start: {server.why}")
+            return [tool.function() for tool in servers.tools(["files"])]
+        finally:
+            await servers.close()
+
+    return asyncio.run(listed())
+
+
+def mcp_persona(loaded: LoadedModel, folder: Path) -> dict:
+    from chatpage.engine.client import chat_ids, persona_prefix
+
+    tok = loaded.tokenizer
+    system = dict(persona_prompts())["shell"]
+    (folder / "project").mkdir(parents=True, exist_ok=True)
+    tools = mcp_tools(folder / "project")
+    prefix = persona_prefix(tok, system, tools)
+    chat = [{"role": "system", "content": system}, {"role": "user", "content": MCP_QUESTION}]
+    prompt = chat_ids(tok, chat, tools)
+    if prompt[: len(prefix)] != prefix:
+        raise RuntimeError("the persona's pin is not the prefix of its chats' prompts")
+    cold = common.engine(loaded)
+    _first_token(cold, prompt[-8:])
+    cold_s, _ = _first_token(cold, prompt)
+    first = _tiered(loaded, folder / "mcp")  # the first process: pins it, computed
+    first.pin_prefix(prefix)
+    common.drain(first)
+    first.close()
+    warm = _tiered(loaded, folder / "mcp")  # after a restart
+    _first_token(warm, prompt[-8:])
+    t0 = common.now()
+    warm.pin_prefix(prefix)
+    pin_steps = common.drain(warm)
+    pin_s = common.now() - t0
+    warm_s, hits = _first_token(warm, prompt)
+    warm.close()
+    return {
+        "mcp_tools": len(tools),
+        "mcp_prompt_tokens": len(prompt),
+        "mcp_prefix_tokens": len(prefix),
+        "mcp_cold_ttft_s": cold_s,
+        "mcp_warm_pin_s": pin_s,
+        "mcp_warm_pin_steps": pin_steps,
+        "mcp_warm_ttft_s": warm_s,
+        "mcp_warm_hit_tokens": hits,
+    }
+
+
 def _pin_all(eng: LLMEngine, prefixes: list[list[int]]) -> tuple[float, int]:
     """Seconds until every prefix is pinned, and the steps that took."""
     t0 = common.now()
@@ -236,6 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--rounds", type=int, default=2, help="alternated runs of (c), each way (default 2)"
     )
+    p.add_argument(
+        "--mcp",
+        action="store_true",
+        help=f"(e): a persona offering a real MCP filesystem server's tools (npm: {MCP_FILESYSTEM})",
+    )
     args = common.parse(p, argv)
     target = max(64, round(TOKENS * args.scale))
     runs: list[dict] = []
@@ -262,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
                 run |= personas_ready(loaded, folder / which)
                 common.say(f"{which}: (c) throughput with the tier writing and without")
                 run |= throughput(loaded, folder / which, args.seed, args.rounds)
+                if args.mcp:
+                    common.say(f"{which}: (e) a persona with an MCP filesystem server's tools")
+                    run |= mcp_persona(loaded, folder / which)
             runs.append(run)
             del loaded
     finally:
@@ -295,6 +384,12 @@ class ResumeRun:
     ahead_longest_step_s: float | None = None
     no_ahead_longest_step_s: float | None = None
     ahead_blocks: int | None = None
+    mcp_tools: int | None = None
+    mcp_prompt_tokens: int | None = None
+    mcp_cold_ttft_s: float | None = None
+    mcp_warm_pin_s: float | None = None
+    mcp_warm_pin_steps: int | None = None
+    mcp_warm_ttft_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -381,6 +476,15 @@ def figures(r: ResumeResult) -> list[str]:
                 f"{run.no_ahead_ttft_s:.3f} s read in the step that admits it; the other "
                 f"chat's longest step meanwhile {run.ahead_longest_step_s:.3f} s against "
                 f"{run.no_ahead_longest_step_s:.3f} s.",
+            ]
+        if run.mcp_cold_ttft_s is not None:
+            lines += [
+                "",
+                f"(e) {run.which}: a new chat of the shell persona offering an MCP filesystem "
+                f"server's {run.mcp_tools} tools ({run.mcp_prompt_tokens} prompt tokens): first "
+                f"token in {run.mcp_cold_ttft_s:.2f} s computed, {run.mcp_warm_ttft_s:.3f} s "
+                f"after a restart over the tier (the pin read from disk in "
+                f"{run.mcp_warm_pin_s:.3f} s, {run.mcp_warm_pin_steps} steps).",
             ]
     return lines
 

@@ -211,18 +211,27 @@ def _render_chat(
     return template(tokenizer, messages, reply_ids=reply_ids, tools=tools, variables=variables)
 
 
+def chat_ids(
+    tokenizer: TextTokenizer,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+) -> list[int]:
+    """A chat's prompt ids with ``tools`` offered the model's way (`_render_chat`)."""
+
+    def template(tok: Any, shown: list[dict[str, Any]], **kw: Any) -> list[int]:
+        return render_prompt(tok, shown, add_generation_prompt, **kw)
+
+    return _render_chat(template, None, tools, {}, tokenizer, messages)
+
+
 def persona_prefix(
     tokenizer: TextTokenizer, system_prompt: str, tools: list[dict[str, Any]] | None = None
 ) -> list[int]:
     """The ids every chat of a persona (its ``system_prompt``, offering ``tools``) starts with,
-    the tools shown as its chats show them (`_render_chat`: the template's way, or a listing in
-    the system prompt where the template renders none): what a pin holds."""
-    messages = [{"role": "system", "content": system_prompt}]
-
-    def template(tok: Any, shown: list[dict[str, Any]], **kw: Any) -> list[int]:
-        return render_prompt(tok, shown, False, **kw)
-
-    return _render_chat(template, None, tools, {}, tokenizer, messages)
+    the tools shown as its chats show them (the template's way, or a listing in the system
+    prompt where the template renders none): what a pin holds."""
+    return chat_ids(tokenizer, [{"role": "system", "content": system_prompt}], tools, False)
 
 
 def prompt_chars(

@@ -529,13 +529,8 @@ def test_a_tool_using_personas_pin_holds_its_tools_and_comes_from_disk(
     import json
     import shutil
 
-    from chatpage.engine.client import (
-        EngineConfig,
-        LocalEngineClient,
-        _render_chat,
-        persona_prefix,
-    )
-    from chatpage.engine.text.chat_template import render_prompt, system_prefix
+    from chatpage.engine.client import EngineConfig, LocalEngineClient, chat_ids, persona_prefix
+    from chatpage.engine.text.chat_template import system_prefix
 
     model = tmp_path / "tools-model"
     shutil.copytree(tiny_llama_dir, model)
@@ -556,7 +551,7 @@ def test_a_tool_using_personas_pin_holds_its_tools_and_comes_from_disk(
         prefix = persona_prefix(tok, system, TOOLS)
         assert len(prefix) > len(system_prefix(tok, system)) + 8 * 8
         chat = [{"role": "system", "content": system}, {"role": "user", "content": "Hi."}]
-        assert _render_chat(render_prompt, None, TOOLS, {}, tok, chat)[: len(prefix)] == prefix
+        assert chat_ids(tok, chat, TOOLS)[: len(prefix)] == prefix
         client.pin_system_prompt(system, TOOLS)
         deadline = time.monotonic() + 60
         while client.stats().blocks_pinned < len(prefix) // 8 and time.monotonic() < deadline:
