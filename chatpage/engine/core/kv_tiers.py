@@ -72,6 +72,9 @@ class _Queued:
     tokens: tuple[int, ...]
     block: int | None
     payload: torch.Tensor | None = None
+    # on a GPU: recorded on the engine's stream as the block was queued (its last write before
+    # it), waited for before the tier's thread copies the block out of the pool
+    written: torch.cuda.Event | None = None
 
 
 @dataclass(slots=True)
@@ -264,6 +267,10 @@ class DiskTier:
         pool must `claim` one before it overwrites it. Blocks that would overfill the queue are
         dropped (a later miss)."""
         queued = []
+        written = None
+        if blocks and self._tensors[0].is_cuda:
+            written = torch.cuda.Event()
+            written.record()
         with self._lock:
             for block, key, tokens in blocks:
                 if key in self._keys or key in self._pending or block in self._in_place:
@@ -271,7 +278,7 @@ class DiskTier:
                 if self._pending_bytes + self.block_bytes > self.max_pending:
                     self.dropped += 1
                     continue
-                self._pending[key] = _Queued(tokens, block)
+                self._pending[key] = _Queued(tokens, block, written=written)
                 self._in_place[block] = key
                 self._pending_bytes += self.block_bytes
                 queued.append(key)
@@ -487,6 +494,8 @@ class DiskTier:
             pieces = [queued.payload]
         else:
             assert queued.block is not None
+            if queued.written is not None:
+                queued.written.synchronize()
             pieces = [self._piece(t, queued.block).cpu() for t in self._tensors]
         try:
             size = self._write(path, key, queued.tokens, pieces)
