@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chatpage.bench import common, requant
-from chatpage.bench.reporting import Goal, Section, reader, table
+from chatpage.bench.reporting import Goal, Section, at_least, reader, table
 from chatpage.engine.model.ops import vector_isa
 from chatpage.vocab import KV_CACHE_DTYPES
 
@@ -792,6 +792,75 @@ def tier_main(args) -> int:
             "tier_ratio": statistics.median(ratios),
         }
     return common.emit(common.round_floats(result), args.json)
+
+
+# -- --tier's report -------------------------------------------------------------------------
+
+GOAL_TIER_RATIO = 0.97  # the tier writing costs at most 3% of the output tok/s (issue 42)
+TIER_RUNS = {**SHAPED, "distinct": "8 chats, distinct system prompts (every block written)"}
+
+
+@dataclass(frozen=True)
+class TierRun:
+    off_tok_s: list[float]
+    writing_tok_s: list[float]
+    ratios: list[float]
+    tier_ratio: float
+
+
+@dataclass(frozen=True)
+class TierResult:
+    rounds: int
+    cores: int
+    runs: dict[str, TierRun]
+    load_avg: float | None = None
+
+
+def tier_goals(r: TierResult) -> list[Goal]:
+    return [
+        at_least(
+            "peers, tier",
+            f"chatpage serve, tier writing / off output tok/s, {TIER_RUNS[name]}",
+            run.tier_ratio,
+            GOAL_TIER_RATIO,
+            f"the median of {r.rounds} alternated rounds ("
+            + ", ".join(f"{x:.2f}" for x in run.ratios)
+            + f"); 1-minute load {r.load_avg} on {r.cores} cores",
+        )
+        for name, run in r.runs.items()
+    ]
+
+
+def tier_figures(r: TierResult) -> list[str]:
+    rows = [
+        [
+            TIER_RUNS[name],
+            " / ".join(f"{x:.1f}" for x in run.off_tok_s),
+            " / ".join(f"{x:.1f}" for x in run.writing_tok_s),
+            run.tier_ratio,
+        ]
+        for name, run in r.runs.items()
+    ]
+    header = ["run", "tier off tok/s (rounds)", "tier writing tok/s (rounds)", "median ratio"]
+    return [
+        "`chatpage serve` with its KV disk tier writing (a fresh folder each round) against the "
+        "tier off, alternated, through the peers benchmark's chat driver, wall clock, default "
+        f"threads, {r.cores} cores; the 1-minute load as the last round ended: {r.load_avg}.",
+        "",
+        table(header, rows),
+    ]
+
+
+# chatpage with its tier writing against off (issue 42): `bench peers --tier`, no vLLM
+SECTION_TIER = Section(
+    reader(TierResult),
+    tier_goals,
+    tier_figures,
+    args=("--tier", "--rounds", "5"),
+    command=("peers",),
+    own_args=True,
+    named_only=True,
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -82,6 +82,7 @@ REGISTRY: dict[str, Section[Any]] = {
     "peers": peers.SECTION,
     "peers_qwen05": peers.SECTION_QWEN05,
     "peers_int8_kv": peers.SECTION_INT8_KV,
+    "peers_tier": peers.SECTION_TIER,
 }
 ORDER = tuple(REGISTRY)
 NAMED_ONLY = tuple(name for name, s in REGISTRY.items() if s.named_only)

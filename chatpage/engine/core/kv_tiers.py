@@ -215,11 +215,14 @@ class DiskTier:
         self._ahead_bytes = 0
         self._queue: queue.Queue[bytes | None] = queue.Queue()
         self._reads: queue.Queue[bytes | None] = queue.Queue()
+        # the writer at the lowest priority: on a machine whose cores the engine's threads all
+        # use, it takes the time they leave (one of them preempted stalls a whole step); the
+        # reader at the engine's own (a request waits for what it reads)
         self._writer = threading.Thread(
-            target=self._serve, args=(self._queue, self._write_one), name="chatpage-kv-disk"
+            target=self._serve, args=(self._queue, self._write_one, 19), name="chatpage-kv-disk"
         )
         self._reader = threading.Thread(
-            target=self._serve, args=(self._reads, self._read_one), name="chatpage-kv-read"
+            target=self._serve, args=(self._reads, self._read_one, 0), name="chatpage-kv-read"
         )
         for thread in (self._writer, self._reader):
             thread.daemon = True
@@ -467,8 +470,14 @@ class DiskTier:
 
     # -- the tier's threads ----------------------------------------------------------------------
     @staticmethod
-    def _serve(jobs: queue.Queue[bytes | None], job: Callable[[bytes], None]) -> None:
-        """Run ``job`` on every key ``jobs`` brings, until it brings None."""
+    def _serve(jobs: queue.Queue[bytes | None], job: Callable[[bytes], None], nice: int) -> None:
+        """Run ``job`` on every key ``jobs`` brings, until it brings None, at ``nice`` (this
+        thread's own niceness on Linux)."""
+        if nice:
+            try:
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+            except (AttributeError, OSError):
+                pass  # (elsewhere: at the process's own)
         while True:
             key = jobs.get()
             try:
