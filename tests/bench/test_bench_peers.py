@@ -284,3 +284,7 @@ def test_the_tier_mode_compares_chatpage_writing_its_tier_with_it_off(
         assert run["tier_ratio"] == pytest.approx(ratio, abs=1e-3)
     log = (tmp_path / "logs" / "chatpage.log").read_text()
     assert "Traceback" not in log
+    read = peers.SECTION_TIER.read(result)
+    goals = peers.tier_goals(read)
+    assert len(goals) == 3 and all(g.target == ">= 0.97" for g in goals)
+    assert "| median ratio |" in "\n".join(peers.tier_figures(read))
