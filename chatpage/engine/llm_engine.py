@@ -207,7 +207,11 @@ class LLMEngine:
             identity,
             self.kv.block_tensors(),
             config.kv_disk_bytes,
-            read_ahead=config.kv_disk_prefetch,
+            read_ahead=(
+                self.device.type == "cuda"
+                if config.kv_disk_prefetch is None
+                else config.kv_disk_prefetch
+            ),
         )
 
     def close(self) -> None:

@@ -424,8 +424,9 @@ def test_disk_hits_read_ahead_wholly_half_or_not_answer_as_the_cold_engine(
     tiny_llama_dir, tmp_path
 ):
     """A restarted engine's request whose blocks were all read ahead, half of them (the rest
-    read in the step that admits it) or none (read ahead off) answers as the cold engine; one
-    added while another runs waits for its reads, stepping the other meanwhile."""
+    read in the step that admits it) or none (read ahead off: the CPU's default) answers as the
+    cold engine; one added while another runs waits for its reads, stepping the other
+    meanwhile."""
     from chatpage.engine import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -434,7 +435,7 @@ def test_disk_hits_read_ahead_wholly_half_or_not_answer_as_the_cold_engine(
     cold = _engine(tiny_llama_dir, kv)
     expected = _greedy(cold, [prompt])[0]
     cold.close()
-    for ahead, passed in ((True, 10), (True, 4), (False, 0)):
+    for ahead, passed in ((True, 10), (True, 4), (None, 0)):
         engine = _engine(tiny_llama_dir, kv, kv_disk_prefetch=ahead)
         reads = _ReadsAhead(engine.tier, passed)
         rid = engine.add_request(prompt, params)
@@ -448,7 +449,7 @@ def test_disk_hits_read_ahead_wholly_half_or_not_answer_as_the_cold_engine(
         reads.gate.set()
         engine.close()
 
-    engine = _engine(tiny_llama_dir, kv)
+    engine = _engine(tiny_llama_dir, kv, kv_disk_prefetch=True)
     reads = _ReadsAhead(engine.tier, 0)
     other = engine.add_request(list(range(300, 340)), SamplingParams(temperature=0, max_tokens=8))
     engine.step()

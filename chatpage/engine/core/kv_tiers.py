@@ -19,9 +19,10 @@ Writes run on the tier's own thread, which reads a block's bytes in place, in th
 the block. A queued block stays indexed in the pool, where lookups share it as any cached block
 (nobody writes into an indexed block); the pool evicts it last, and only after `DiskTier.claim`:
 a block whose write has not started is copied then (the write goes on from the copy), one being
-written is waited for (one file write). Reads are read ahead (`DiskTier.prefetch`) on a thread
-of their own from when a request is added, into host memory, while earlier steps run (the
-scheduler lets a request whose blocks are still being read wait while others run);
+written is waited for (one file write). With ``read_ahead`` (a GPU's pool, by default), reads
+start on a thread of their own from when a request is added (`DiskTier.prefetch`), into host
+memory, while earlier steps run (the scheduler lets a request whose blocks are still being read
+wait while others run);
 `DiskTier.read` then takes them, or reads synchronously, on the engine thread, what has not
 arrived: a block is one file read from the page cache, far cheaper than recomputing it
 (docs/benchmarks.md, ``chatpage bench resume``). The folder's size is bounded by ``capacity``
