@@ -299,12 +299,6 @@ bool amx_granted() {
   return granted;
 }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles 0-3: the sums (weight tile i of the block against activation tile j: tile 2 j + i);
 // 4-5: weight rows 0-15 and 16-31 of the block; 6-7: two activation tiles.
 void configure_tiles() {

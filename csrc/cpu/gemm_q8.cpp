@@ -29,6 +29,13 @@
 // points lay each task out per call into a buffer that stays in L1/L2; both run the same code on
 // the same bytes, so they give the same bits.
 //
+// With AMX (a Xeon of Sapphire Rapids on) a call of at least kAmxFrom activation rows takes the
+// same products on AMX's int8 tiles instead (amx_task_product): the same int32 sums, scaled in
+// the same order, so the same bits as the VNNI tiles (a row's result does not depend on the row
+// count: exact speculative decoding). Only the multiplications move to the tiles; the scaling of
+// every block's sums stays on AVX-512 and is most of the time left (the default model's int4
+// layers, 1 thread: 1.25x the VNNI tiles at 32 rows, 1.4x at 64, level at 8-16).
+//
 // On an AVX2 CPU (no AVX-512: the Zen 2/3 EPYCs of this project's machines) the same packs and
 // the same activation blocks go through maddubs and madd (vpmaddubsw: 32 u8 x s8 products into 16
 // saturating int16 pair sums, vpmaddwd to widen them), a quarter of a task (8 rows, one 256-bit
@@ -54,6 +61,10 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define CHATPAGE_Q8 512
 #include <immintrin.h>
+// and AMX's int8 tiles where the build has them (amx_task_product)
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define CHATPAGE_Q8_AMX 1
+#endif
 #elif CHATPAGE_AVX2
 #define CHATPAGE_Q8 256
 #endif
@@ -427,6 +438,17 @@ struct Operands {
   }
 };
 
+// acc + one block's int32 sums of an activation row with 16 weight rows, in fp32: times the
+// block's d (int4: and the rows' scale), plus d * S times int4's offsets. The VNNI tiles and the
+// AMX ones (amx_task_product) both add their blocks through it, so they give the same bits.
+template <bool Int4>
+inline __m512 add_block(__m512 acc, __m512i sums, float d, float ds, __m512 scale, __m512 offset) {
+  const __m512 f = _mm512_cvtepi32_ps(sums), dv = _mm512_set1_ps(d);
+  if constexpr (!Int4) return _mm512_fmadd_ps(f, dv, acc);
+  acc = _mm512_fmadd_ps(f, _mm512_mul_ps(scale, dv), acc);
+  return _mm512_fmadd_ps(offset, _mm512_set1_ps(ds), acc);
+}
+
 // Activation rows [t0, t0 + T) against one task's laid-out 32 rows: acc[t][h] = the fp32 sums of
 // row t with rows h * 16 + lane, before the row scale (int8) and the bias.
 template <bool Int4, int T>
@@ -455,22 +477,14 @@ inline void tile(const Q8Rows& a, int64_t t0, const uint8_t* task, const Operand
         }
       }
     }
-    __m512 scale[2], offset[2];
+    __m512 scale[2] = {}, offset[2] = {};
     if constexpr (Int4) {
       for (int h = 0; h < 2; ++h) ops.scale_offset(block, h, scale[h], offset[h]);
     }
     for (int t = 0; t < T; ++t) {
       const int64_t at = (t0 + t) * nb + ab;
-      const __m512 d = _mm512_set1_ps(a.d[at]);
-      for (int h = 0; h < 2; ++h) {
-        const __m512 f = _mm512_cvtepi32_ps(sums[t][h]);
-        if constexpr (Int4) {
-          acc[t][h] = _mm512_fmadd_ps(f, _mm512_mul_ps(scale[h], d), acc[t][h]);
-          acc[t][h] = _mm512_fmadd_ps(offset[h], _mm512_set1_ps(a.ds[at]), acc[t][h]);
-        } else {
-          acc[t][h] = _mm512_fmadd_ps(f, d, acc[t][h]);
-        }
-      }
+      for (int h = 0; h < 2; ++h)
+        acc[t][h] = add_block<Int4>(acc[t][h], sums[t][h], a.d[at], a.ds[at], scale[h], offset[h]);
     }
   }
 }
@@ -484,6 +498,14 @@ inline void store16(const Output& out, int64_t at, __m512 y, __mmask16 mask) {
 // them), stored at rows m0..: y = sums * scale + offset (int8: the sums less the + 128 of the
 // weights, 128 * the sum of the row's blocks' d * S).
 template <bool Int4>
+inline void finish_row(const Output& dst, __m512 y, int h, float sum_ds, const float* scale,
+                       const float* offset, int64_t at, int valid) {
+  if constexpr (!Int4) y = _mm512_sub_ps(y, _mm512_set1_ps(128.f * sum_ds));
+  y = _mm512_fmadd_ps(y, _mm512_load_ps(scale + h * kLanes), _mm512_load_ps(offset + h * kLanes));
+  store16(dst, at + h * kLanes, y, lanes_below(valid - h * kLanes));
+}
+
+template <bool Int4>
 void task_product(const Q8Rows& a, int64_t m0, int64_t m, int64_t n, int64_t n0, int valid,
                   const uint8_t* laid, const Operands<Int4>& ops, const float* scale,
                   const float* offset, const float* sum_ds, const Output& dst) {
@@ -492,16 +514,113 @@ void task_product(const Q8Rows& a, int64_t m0, int64_t m, int64_t n, int64_t n0,
       __m512 acc[T][2];
       tile<Int4, T>(a, t0, laid, ops, acc);
       for (int t = 0; t < T; ++t)
-        for (int h = 0; h < 2; ++h) {
-          __m512 y = acc[t][h];
-          if constexpr (!Int4) y = _mm512_sub_ps(y, _mm512_set1_ps(128.f * sum_ds[t0 + t]));
-          y = _mm512_fmadd_ps(y, _mm512_load_ps(scale + h * kLanes),
-                              _mm512_load_ps(offset + h * kLanes));
-          store16(dst, (m0 + t0 + t) * n + n0 + h * kLanes, y, lanes_below(valid - h * kLanes));
-        }
+        for (int h = 0; h < 2; ++h)
+          finish_row<Int4>(dst, acc[t][h], h, sum_ds[t0 + t], scale, offset,
+                           (m0 + t0 + t) * n + n0, valid);
     });
   }
 }
+
+#if CHATPAGE_Q8_AMX
+// The same product on AMX's tiles (Sapphire Rapids on): tdpbsud multiplies a tile of 16
+// activation rows x 64 signed bytes by one of 16 rows of unsigned bytes x 4 inputs into 16 x 16
+// int32 sums, 16 times the multiply-adds of a vpdpbusd. A block's 32 inputs fill half a tile row
+// (the scales are per block of 32, so every block's sums are taken out of the tiles and scaled on
+// their own): A is 16 rows of the quantized activations as they lie (a row's blocks are its
+// `nb` * 32 bytes), B a half of the task's block, whose layout is already B's (row j: the 16
+// weight rows' inputs 4j..4j+3; int4's nibbles are spread to bytes first, once per task). The
+// int32 sums are the VNNI tiles' exactly, and they are scaled by add_block in the same order, so
+// both paths give the same bits and a row's result does not depend on which one the call's row
+// count picks. 32 activation rows at a time: each block's four products (two activation tiles
+// by the two weight halves) are issued together, then stored and scaled.
+constexpr int64_t kAmxFrom = 16;  // activation rows from which a call takes the tiles
+constexpr int64_t kHalfBlock = kBlock / 4 * 64;  // bytes of a B tile: 8 rows of 64
+
+// Tiles 0-3: sums (activation tile i, weight half h: tile 2 i + h); 4-5: two activation tiles
+// (16 rows x 32 inputs); 6-7: the two weight halves (8 rows of 16 weight rows x 4 inputs).
+void configure_q8_tiles() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.colsb[t] = 64;
+    config.rows[t] = 16;
+  }
+  config.colsb[4] = config.colsb[5] = kBlock;
+  config.rows[6] = config.rows[7] = kBlock / 4;
+  // GCC (12) drops the stores above as dead without this: it does not see ldtilecfg read them
+  asm volatile("" : : "r"(&config) : "memory");
+  _tile_loadconfig(&config);
+}
+
+// Activation rows [0, m) of the slice (its qa padded with zero rows to a multiple of 16) against
+// one task's laid-out rows: task_product's result. spread: room for the task's int4 weights as
+// bytes (blocks x 2 halves of kHalfBlock).
+template <bool Int4>
+void amx_task_product(const Q8Rows& a, int64_t m0, int64_t m, int64_t n, int64_t n0, int valid,
+                      const uint8_t* laid, const Operands<Int4>& ops, const float* scale,
+                      const float* offset, const float* sum_ds, const Output& dst,
+                      uint8_t* spread) {
+  const int64_t nb = a.row_blocks(), stride = nb * kBlock;
+  if constexpr (Int4) {
+    for (int64_t b = 0; b < a.blocks; ++b)
+      for (int h = 0; h < 2; ++h)
+        for (int j = 0; j < 4; ++j) {
+          __m512i lo, hi;
+          ops.pair(laid + b * kTaskBlock<Int4>, h, j, lo, hi);
+          uint8_t* at = spread + (2 * b + h) * kHalfBlock;
+          _mm512_store_si512(at + j * 64, lo);
+          _mm512_store_si512(at + (4 + j) * 64, hi);
+        }
+  }
+  alignas(64) int32_t sums[4][16][16];
+  __m512 acc[32][2];
+  for (int64_t t0 = 0; t0 < m; t0 += 32) {
+    const int rows = static_cast<int>(std::min<int64_t>(32, m - t0));
+    const bool two = rows > 16;
+    for (int t = 0; t < rows; ++t) acc[t][0] = acc[t][1] = _mm512_setzero_ps();
+    for (int64_t ab = 0; ab < nb; ++ab) {
+      const int64_t b = ab % a.blocks;
+      const uint8_t* block = laid + b * kTaskBlock<Int4>;
+      const uint8_t* w = Int4 ? spread + 2 * b * kHalfBlock : block;
+      const int8_t* x = a.qa + (t0 * nb + ab) * kBlock;
+      _tile_loadd(6, w, 64);
+      _tile_loadd(7, w + kHalfBlock, 64);
+      _tile_loadd(4, x, stride);
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_dpbsud(0, 4, 6);
+      _tile_dpbsud(1, 4, 7);
+      if (two) {
+        _tile_loadd(5, x + 16 * stride, stride);
+        _tile_zero(2);
+        _tile_zero(3);
+        _tile_dpbsud(2, 5, 6);
+        _tile_dpbsud(3, 5, 7);
+      }
+      _tile_stored(0, sums[0], 64);
+      _tile_stored(1, sums[1], 64);
+      if (two) {
+        _tile_stored(2, sums[2], 64);
+        _tile_stored(3, sums[3], 64);
+      }
+      __m512 sc[2] = {}, off[2] = {};
+      if constexpr (Int4) {
+        for (int h = 0; h < 2; ++h) ops.scale_offset(block, h, sc[h], off[h]);
+      }
+      for (int t = 0; t < rows; ++t) {
+        const int64_t at = (t0 + t) * nb + ab;
+        for (int h = 0; h < 2; ++h) {
+          const __m512i s = _mm512_load_si512(sums[2 * (t / 16) + h][t % 16]);
+          acc[t][h] = add_block<Int4>(acc[t][h], s, a.d[at], a.ds[at], sc[h], off[h]);
+        }
+      }
+    }
+    for (int t = 0; t < rows; ++t)
+      for (int h = 0; h < 2; ++h)
+        finish_row<Int4>(dst, acc[t][h], h, sum_ds[t0 + t], scale, offset,
+                         (m0 + t0 + t) * n + n0, valid);
+  }
+}
+#endif
 
 Operands<true> int4_operands(const c10::optional<at::Tensor>& levels) {
   Operands<true> ops;
@@ -679,8 +798,15 @@ void q8_rows(const Q8Rows& a, int64_t m0, int64_t m, int64_t n, const float* bia
   struct alignas(64) Line {
     uint8_t bytes[64];
   };
+#if CHATPAGE_Q8_AMX
+  const bool tiles = m >= kAmxFrom && gemm_amx();
+#endif
   at::parallel_for(0, tasks, grain, [&](int64_t first, int64_t last) {
     std::vector<Line> buffer(lays_out ? a.blocks * kTaskBlock<Int4> / 64 : 0);
+#if CHATPAGE_Q8_AMX
+    std::vector<Line> spread(tiles && Int4 ? a.blocks * 2 * kHalfBlock / 64 : 0);
+    if (tiles) configure_q8_tiles();
+#endif
     for (int64_t task = first; task < last; ++task) {
       const int64_t n0 = task * kRowsPerTask;
       const int valid = static_cast<int>(std::min<int64_t>(kRowsPerTask, n - n0));
@@ -690,8 +816,18 @@ void q8_rows(const Q8Rows& a, int64_t m0, int64_t m, int64_t n, const float* bia
         scale[r] = r < valid ? row_scale(n0 + r) : 0.f;
         offset[r] = r < valid && bias ? bias[n0 + r] : 0.f;
       }
+#if CHATPAGE_Q8_AMX
+      if (tiles) {
+        amx_task_product<Int4>(a, m0, m, n, n0, valid, laid, ops, scale, offset, sum_ds, dst,
+                               reinterpret_cast<uint8_t*>(spread.data()));
+        continue;
+      }
+#endif
       task_product<Int4>(a, m0, m, n, n0, valid, laid, ops, scale, offset, sum_ds, dst);
     }
+#if CHATPAGE_Q8_AMX
+    if (tiles) _tile_release();
+#endif
   });
 }
 
@@ -707,7 +843,11 @@ at::Tensor q8_gemm(const at::Tensor& x_in, int64_t n, int64_t k, int passes,
   const float* b = bias_data(bias, bias_f);
   const Output dst = output_of(out);
   const int64_t slice = std::min(m, kSlice);
-  const at::Tensor qa = at::empty({slice, nb * kBlock}, x.options().dtype(at::kChar));
+  // AMX's tiles read 16 rows at a time: the rows up to the next multiple of 16 are read too (and
+  // their sums left out), so they are there and zero
+  const int64_t padded = (slice + 15) / 16 * 16;
+  const at::Tensor qa = at::empty({padded, nb * kBlock}, x.options().dtype(at::kChar));
+  std::memset(qa.data_ptr<int8_t>() + slice * nb * kBlock, 0, (padded - slice) * nb * kBlock);
   const at::Tensor scales = at::empty({2 * slice * nb + slice}, x.options().dtype(at::kFloat));
   float* d = scales.data_ptr<float>();
   float* ds = d + slice * nb;
