@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
@@ -29,6 +30,7 @@ def _run(path, **config) -> tuple[list[list[int]], LLMEngine]:
     return [o.outputs[0].token_ids for o in outs], engine
 
 
+@pytest.mark.slow  # transformers' reference
 @torch.inference_mode()
 def test_freeing_outside_the_window_keeps_transformers_output(hybrid_dir):
     path, hf = hybrid_dir

@@ -166,6 +166,7 @@ def test_base_gguf_answers_text_as_transformers(kind, tmp_path):
         answers_as_transformers(url, hf, text_ids, chat)
 
 
+@pytest.mark.slow  # a GGUF written and loaded, and the default model's config read
 def test_base_model_is_named_and_its_chats_stop_at_the_next_turn(tmp_path, capsys):
     """A file without a chat template: said at load (the status line's warning) and by
     `chatpage config`, its chat replies stop where the model starts the user's next turn."""

@@ -76,7 +76,14 @@ def test_int4_refuses_inputs_not_divisible_by_the_group():
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-@pytest.mark.parametrize("fmt", ["bf16", "int8", "int4"])
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        pytest.param("bf16", marks=pytest.mark.slow),
+        pytest.param("int8", marks=pytest.mark.slow),
+        "int4",
+    ],
+)
 def test_divergence_from_fp32_is_bounded(kind, fmt, tiny_llama_dir, tiny_qwen2_dir):
     loaded = load_model(
         tiny_llama_dir if kind == "llama" else tiny_qwen2_dir, progress=lambda _m: None

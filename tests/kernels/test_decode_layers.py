@@ -59,7 +59,12 @@ def _run(loaded, fmt: str, native: bool, monkeypatch) -> tuple[list, list[int]]:
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])  # qwen2: biases on q, k and v
 @pytest.mark.parametrize(
     ("fmt", "packs"),
-    [("fp32", False), ("bf16", False)] + [(f, p) for f in ("int8", "int4") for p in (True, False)],
+    # the app's format in the quick loop, the others with the slow tests (a second or more each)
+    [
+        pytest.param(f, p, marks=() if (f, p) == ("int4", True) else pytest.mark.slow)
+        for f, p in [("fp32", False), ("bf16", False)]
+        + [(f, p) for f in ("int8", "int4") for p in (True, False)]
+    ],
     ids=["fp32", "bf16", "int8", "int8-no-packs", "int4", "int4-no-packs"],
 )
 def test_the_native_loop_gives_the_python_loops_bits(kind, fmt, packs, request, monkeypatch):
