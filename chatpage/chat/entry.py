@@ -57,6 +57,25 @@ class ReplyStats:
             return 0.0
         return (self.tokens - 1) / (self.elapsed_s - self.ttft_s)
 
+    def line(self) -> str:
+        """``24 tokens · 31.5 tok/s · first token 0.21 s · cache 16/40 prompt tokens``
+        (``, 16 from disk`` where the KV disk tier gave them; `` · drafts 12/20 accepted`` with
+        speculative decoding's drafts); while a long prompt prefills, ``reading the prompt:
+        2,048 / 6,000 tokens``. The app's stats line under a reply, and `ask --stats`."""
+        if self.prefilling:
+            return f"reading the prompt: {self.prefilled_tokens:,} / {self.prompt_tokens:,} tokens"
+        parts = [f"{self.tokens} token{'s' if self.tokens != 1 else ''}"]
+        if self.tokens_per_s:
+            parts.append(f"{self.tokens_per_s:.1f} tok/s")
+        if self.ttft_s is not None:
+            parts.append(f"first token {self.ttft_s:.2f} s")
+        if self.prompt_tokens:
+            disk = f", {self.disk_tokens} from disk" if self.disk_tokens else ""
+            parts.append(f"cache {self.prefix_hit_tokens}/{self.prompt_tokens} prompt tokens{disk}")
+        if self.draft_tokens:
+            parts.append(f"drafts {self.accepted_tokens}/{self.draft_tokens} accepted")
+        return " · ".join(parts)
+
     def as_dict(self) -> dict[str, float | int | None]:
         return {
             "tokens": self.tokens,

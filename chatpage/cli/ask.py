@@ -7,6 +7,8 @@ import queue
 import sys
 from typing import Any
 
+from chatpage.chat.entry import ReplyStats
+from chatpage.chat.replies import update_stats
 from chatpage.cli.common import (
     add_backend_args,
     add_engine_args,
@@ -58,7 +60,7 @@ def cmd_ask(args) -> int:
         params = _params(args, defaults)
         messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
         if settings.backend:
-            return _ask_remote(settings, messages, params)
+            return _ask_remote(args, settings, messages, params)
         config = EngineConfig.for_settings(settings, args.threads)
         torch.set_num_threads(config.threads)
         engine = LLMEngine.from_pretrained(settings.model, config)
@@ -85,7 +87,18 @@ def cmd_ask(args) -> int:
                 c.text,
             )
         )
+    _stats(args, final)
     return _finish(final.error, params, described)
+
+
+def _stats(args: argparse.Namespace, final: RequestOutput) -> None:
+    """With ``--stats``: the answer's stats line on stderr (the app's, under a reply: tokens,
+    speed, first token, cache hits, speculative decoding's drafts accepted)."""
+    if not args.stats or not final.outputs:
+        return
+    stats = ReplyStats()
+    update_stats(stats, final, final.outputs[0])
+    print(f"chatpage: {stats.line()}", file=sys.stderr)
 
 
 def _show(update: RequestUpdate, outputs: OutputAccumulator, width: int) -> RequestOutput | None:
@@ -114,7 +127,7 @@ def _finish(error: str | None, params, outputs: list[tuple[int, str, str]]) -> i
     return 0
 
 
-def _ask_remote(settings, messages, params) -> int:
+def _ask_remote(args, settings, messages, params) -> int:
     """The same answer from the server at ``settings.backend`` (`--backend`)."""
     client = remote_client(settings)
     client.start()
@@ -135,6 +148,7 @@ def _ask_remote(settings, messages, params) -> int:
             final = _show(updates.get(), outputs, params.width)
     finally:
         client.close()
+    _stats(args, final)
     return _finish(
         final.error, params, [(c.index, str(c.finish_reason), c.text) for c in final.outputs]
     )
@@ -170,6 +184,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     ask.add_argument("--system", help="system prompt (instead of the persona's)")
     ask.add_argument("--model", help="HF model directory or .gguf file")
     ask.add_argument("--kv-cache", type=size_arg, metavar="SIZE", help="KV cache budget")
+    ask.add_argument(
+        "--stats",
+        action="store_true",
+        help="after the answer, its stats on stderr: tokens, speed, cache hits, drafts accepted",
+    )
     add_backend_args(ask, "ask an OpenAI-compatible server instead of the local engine")
     add_engine_args(ask)
     for rule in FLAGS:

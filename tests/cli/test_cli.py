@@ -175,3 +175,29 @@ def test_openmp_threads_spin_briefly_while_they_wait_unless_told(given, want):
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     )
     assert out.stdout.split() == [*want.split(), "False"]  # set before anything loaded torch
+
+
+@pytest.mark.slow  # two processes, each loading a model
+def test_ask_speculates_and_answers_the_same_with_it_off(tiny_llama_dir):
+    """The `chatpage ask` process, as a user runs it, with --speculate auto and off: the same
+    greedy answer, and --stats shows the drafts kept (the tiny model's answer repeats itself:
+    its own output is the draft). No disk tier: each run prefills the prompt cold."""
+    import re
+    import subprocess
+
+    question = "tell me about paging " * 3
+    runs = {}
+    for mode in ("auto", "off"):
+        args = ["ask", question, "--model", str(tiny_llama_dir), "--weights", "int4"]
+        args += ["--max-tokens", "40", "--kv-disk", "0", "--stats", "--speculate", mode]
+        runs[mode] = subprocess.run(
+            [sys.executable, "-m", "chatpage.cli", *args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    assert runs["auto"].stdout == runs["off"].stdout and runs["auto"].stdout.strip()
+    drafts = re.search(r"· drafts (\d+)/(\d+) accepted$", runs["auto"].stderr, re.M)
+    assert drafts is not None and 0 < int(drafts[1]) <= int(drafts[2])
+    assert "40 tokens" in runs["off"].stderr and "drafts" not in runs["off"].stderr

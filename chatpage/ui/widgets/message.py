@@ -45,25 +45,8 @@ STATUS_NOTES = {
 
 
 def stats_line(stats: ReplyStats | None) -> str:
-    """``24 tokens · 31.5 tok/s · first token 0.21 s · cache 16/40 prompt tokens`` (``, 16 from
-    disk`` where the KV disk tier gave them; `` · drafts 12/20 accepted`` with speculative
-    decoding's drafts); while a long prompt prefills, ``reading the prompt: 2,048 / 6,000
-    tokens``."""
-    if stats is None:
-        return ""
-    if stats.prefilling:
-        return f"reading the prompt: {stats.prefilled_tokens:,} / {stats.prompt_tokens:,} tokens"
-    parts = [f"{stats.tokens} token{'s' if stats.tokens != 1 else ''}"]
-    if stats.tokens_per_s:
-        parts.append(f"{stats.tokens_per_s:.1f} tok/s")
-    if stats.ttft_s is not None:
-        parts.append(f"first token {stats.ttft_s:.2f} s")
-    if stats.prompt_tokens:
-        disk = f", {stats.disk_tokens} from disk" if stats.disk_tokens else ""
-        parts.append(f"cache {stats.prefix_hit_tokens}/{stats.prompt_tokens} prompt tokens{disk}")
-    if stats.draft_tokens:
-        parts.append(f"drafts {stats.accepted_tokens}/{stats.draft_tokens} accepted")
-    return " · ".join(parts)
+    """The reply's stats line (`ReplyStats.line`); none before it has stats."""
+    return "" if stats is None else stats.line()
 
 
 def _update(line: Static, content: str | Text) -> None:
