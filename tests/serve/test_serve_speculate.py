@@ -1,0 +1,48 @@
+"""Speculative decoding through `chatpage serve`, as a client meets it: two real servers on the
+tiny random Llama (int4: the weights whose kernels compute every row alike, so the engine
+drafts), one with --speculate auto and one with --speculate off, asked the same by the `openai`
+package. Greedy answers are the same, and the first server's /metrics counts the drafts it
+kept under vLLM's spec-decode names. No disk tier: each server prefills the prompt cold."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from serve_helpers import running_server
+
+pytestmark = pytest.mark.slow  # two chatpage serves of their own (subprocesses)
+
+# (the tiny model's greedy answer to it repeats itself: its own output is the draft)
+QUESTIONS = ["tell me about paging " * 3, "Say something. " * 4]
+
+
+def answers_and_metrics(model_dir, home, mode: str) -> tuple[list[str], dict[str, float]]:
+    home.mkdir()
+    flags = ["--weights", "int4", "--kv-disk", "0", "--speculate", mode]
+    with running_server(model_dir, home, extra=flags) as url:
+        api = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+        texts = []
+        for question in QUESTIONS:
+            reply = api.chat.completions.create(
+                model="llama",
+                messages=[{"role": "user", "content": question}],
+                max_tokens=40,
+                temperature=0,
+            )
+            texts.append(reply.choices[0].message.content or "")
+        families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+        value = {f.name: f.samples[0].value for f in families if f.samples}
+    return texts, value
+
+
+def test_greedy_answers_match_and_metrics_count_the_accepted_drafts(tiny_llama_dir, tmp_path):
+    on, on_metrics = answers_and_metrics(tiny_llama_dir, tmp_path / "on", "auto")
+    off, off_metrics = answers_and_metrics(tiny_llama_dir, tmp_path / "off", "off")
+    assert on == off and all(on)
+    drafted = on_metrics["vllm:spec_decode_num_draft_tokens"]
+    accepted = on_metrics["vllm:spec_decode_num_accepted_tokens"]
+    assert 0 < accepted <= drafted and on_metrics["vllm:spec_decode_num_drafts"] > 0
+    assert off_metrics["vllm:spec_decode_num_draft_tokens"] == 0
+    assert on_metrics["vllm:generation_tokens"] == off_metrics["vllm:generation_tokens"] == 80
