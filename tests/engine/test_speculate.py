@@ -56,6 +56,16 @@ def test_the_index_drafts_what_followed_the_longest_suffix_found():
     assert source.draft([*tokens, 2, 3], 2, 2) == [4, 5]
 
 
+def test_the_longest_match_wins_over_the_latest_occurrence():
+    """A file copied back: "3 4 5 6" occurred twice, and what came before the second one differs
+    from the context's, so the draft follows the first (a suffix match, not the latest n-gram)."""
+    tokens = [1, 2, 3, 4, 5, 6, 9, 8, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6]
+    assert NgramIndex(tokens).longest(tokens, 4) == (6, 5)
+    assert SpecState(NgramIndex(tokens)).draft(tokens, 2, 0) == [9, 8]
+    # equals: the latest
+    assert NgramIndex([5, 6, 1, 5, 6, 2, 5, 6]).longest([5, 6], 2) == (2, 4)
+
+
 def test_the_draft_length_follows_the_acceptance():
     state = SpecState(NgramIndex([]))
     start = state.length()

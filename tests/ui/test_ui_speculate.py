@@ -1,6 +1,7 @@
 """Speculative decoding in the app, as a user meets it (Pilot over the real engine and the tiny
 random Llama, int4: the weights whose kernels compute every row alike, so the engine drafts):
-a regenerate drafts from the reply it replaces, the stats line says how many drafts were kept,
+a greedy regenerate drafts from the reply it replaces and repeats it, every draft kept, the
+stats line says how many drafts were kept,
 the text is the one the same chat gets with speculation off, and ``/spec off`` drafts nothing."""
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ async def test_a_regenerate_drafts_from_the_reply_it_replaces(tiny_llama_dir, tm
         stats = drafted.stats
         assert drafted.status == "done" and stats.tokens == 40
         assert 0 < stats.accepted_tokens <= stats.draft_tokens
+        # the same reply: its prompt's tail computed as the first time (in a chunk of its
+        # own), so every draft is kept
+        assert drafted.content == first.content and stats.accepted_tokens == stats.draft_tokens
         shown = f"drafts {stats.accepted_tokens}/{stats.draft_tokens} accepted"
         await wait_for(pilot, lambda: shown in foot(app), "the stats line")
 

@@ -108,10 +108,21 @@ class Scheduler:
             start = seq.num_computed_tokens if computed is None else computed.num_tokens
             demands.append(Demand(seq, len(seq) - start, computed))
         if len(demands) == 1:
-            k = min(demands[0].num_new_tokens, budget)
+            k = self._tail_apart(demands[0].seq, len(demands[0].seq) - demands[0].num_new_tokens)
+            k = min(demands[0].num_new_tokens, budget, k)
             return [replace(demands[0], num_new_tokens=k)] if k > 0 else []
         total = sum(d.num_new_tokens for d in demands)
         return demands if total <= budget or alone else []
+
+    def _tail_apart(self, seq: Sequence, start: int) -> int:
+        """The most tokens a chunk of ``seq`` from ``start`` may have: a prompt stops at its
+        last full block, and its tail (what a later request for the same prompt computes over
+        the cached blocks: a regenerate) is a chunk of its own, so the tail's KV and logits are
+        the same bits both times: a greedy reply over a cached prompt is the one it was cold,
+        and a greedy regenerate repeats the reply it replaces, every draft of it kept
+        (`engine/core/speculate.py`). One more small step for a cold prompt."""
+        tail = (len(seq) - 1) // self.bm.block_size * self.bm.block_size
+        return tail - start if self.bm.enable_caching and start < tail else len(seq)
 
     # -- preemption ------------------------------------------------------------------------------
     def _mode(self, group: SequenceGroup) -> PreemptionMode:

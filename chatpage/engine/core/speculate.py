@@ -1,10 +1,12 @@
 """Draftless speculative decoding: drafts from n-gram lookup, verified in the batched step.
 
-A sequence's draft is what followed the latest earlier occurrence of its last few tokens (the
-longest of `NGRAM_MAX` down to `NGRAM_MIN` that occurred), looked up first in its request's
-draft sources (the other versions of a chat turn: the reply a regenerate or an edit replaces,
-`SamplingParams.draft_source`), then in its own prompt and output: prompt lookup, as vLLM's
-n-gram proposer and llama.cpp's lookup do, with no draft model. The scheduler adds the drafted
+A sequence's draft is what followed the earlier occurrence of its last few tokens (the longest
+of `NGRAM_MAX` down to `NGRAM_MIN` that occurred) that the most of its context before them
+matches (`NgramIndex.longest`: a suffix match), in its request's draft sources (the other
+versions of a chat turn: the reply a regenerate or an edit replaces,
+`SamplingParams.draft_source`) and its own prompt and output: prompt lookup, as vLLM's n-gram
+proposer and llama.cpp's lookup do, with no draft model. A regenerate repeats the reply it
+replaces token for token (`Scheduler._tail_apart`), so that reply drafts it whole. The scheduler adds the drafted
 tokens as extra query rows of the sequence's decode row (`ScheduledSeq.draft`); the sampler picks
 a token from every row and keeps the drafts that equal the picks, plus the pick after the last
 kept one; the rejected rows' KV is rolled back (the computed-token count, the blocks past it),
@@ -35,6 +37,9 @@ NGRAM_MAX = 4
 """The longest suffix looked up (a longer match predicts better; vLLM's default maximum is 5)."""
 NGRAM_MIN = 2
 """The shortest: a single token recurs too often to predict what follows it."""
+MATCH_MAX = 64
+"""The most of a context compared with an occurrence of its last n-gram (enough to tell the
+lines of a file apart)."""
 MAX_DRAFT = 15
 """The most tokens drafted for one sequence: 16 query rows, what the CPU attention runs row by
 row (csrc/cpu/attention.cpp's kRowByRow)."""
@@ -49,13 +54,16 @@ RATE_MEMORY = 0.7
 
 
 class NgramIndex:
-    """Where each n-gram (`NGRAM_MIN`..`NGRAM_MAX` tokens) of a token list last ended, for the
-    ones some token follows; extended as the list grows."""
+    """Where each n-gram (`NGRAM_MIN`..`NGRAM_MAX` tokens) of a token list ended, for the ones
+    some token follows, in order; extended as the list grows. `longest` finds, among the
+    occurrences of a context's last n tokens, the one that matches the most of the context
+    before them: a suffix match, so a file copied back drafts from the line it is at, not from
+    the latest line that starts alike."""
 
     def __init__(self, tokens: list[int]) -> None:
         self.tokens = tokens  # (the sequence's own list: it grows in place)
-        self.last: dict[tuple[int, ...], int] = {}
-        self.indexed = 0  # n-grams ending before this position are in ``last``
+        self.ends: dict[tuple[int, ...], list[int]] = {}
+        self.indexed = 0  # n-grams ending before this position are in ``ends``
         self.extend()
 
     def extend(self) -> None:
@@ -64,13 +72,25 @@ class NgramIndex:
         for end in range(self.indexed, len(toks) - 1):
             for n in range(NGRAM_MIN, NGRAM_MAX + 1):
                 if end + 1 >= n:
-                    self.last[tuple(toks[end + 1 - n : end + 1])] = end
+                    self.ends.setdefault(tuple(toks[end + 1 - n : end + 1]), []).append(end)
         self.indexed = max(self.indexed, len(toks) - 1)
 
-    def follow(self, key: tuple[int, ...], count: int) -> list[int]:
-        """Up to ``count`` tokens after the latest occurrence of ``key`` (none: empty)."""
-        end = self.last.get(key)
-        return [] if end is None else self.tokens[end + 1 : end + 1 + count]
+    def longest(self, context: list[int], n: int) -> tuple[int, int]:
+        """(length, end): the occurrence of ``context``'s last ``n`` tokens that the most of
+        ``context`` ends at (up to `MATCH_MAX` tokens; the latest of equals), and how much;
+        (0, -1) where they never occurred."""
+        toks = self.tokens
+        best, best_end = 0, -1
+        for end in reversed(self.ends.get(tuple(context[-n:]), ())):
+            length = n
+            limit = min(MATCH_MAX, end + 1, len(context))
+            while length < limit and toks[end - length] == context[-1 - length]:
+                length += 1
+            if length > best:
+                best, best_end = length, end
+                if length == MATCH_MAX:
+                    break
+        return best, best_end
 
 
 @dataclass
@@ -84,8 +104,9 @@ class SpecState:
     def draft(self, tokens: list[int], count: int, output: int) -> list[int]:
         """Up to ``count`` tokens that may follow ``tokens``, whose last ``output`` are the
         sequence's output: a source that starts with the whole output goes on from there (a
-        regenerated reply that repeats the one it replaces); else the longest suffix found
-        wins, the sources before the sequence itself."""
+        regenerated reply that repeats the one it replaces); else what follows the longest
+        match of the tokens' end (`NgramIndex.longest`), in the sources or the sequence
+        itself, the sources first of equals."""
         said = tokens[len(tokens) - output :]
         for index in self.sources:
             if output and index.tokens[:output] == said and len(index.tokens) > output:
@@ -94,11 +115,14 @@ class SpecState:
         for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
             if len(tokens) < n:
                 continue
-            key = tuple(tokens[-n:])
+            found: tuple[int, int, NgramIndex | None] = (0, -1, None)
             for index in (*self.sources, self.own):
-                found = index.follow(key, count)
-                if found:
-                    return found
+                length, end = index.longest(tokens, n)
+                if length > found[0]:
+                    found = (length, end, index)
+            _, end, best = found
+            if best is not None:
+                return best.tokens[end + 1 : end + 1 + count]
         return []
 
     def verified(self, drafted: int, accepted: int) -> None:
