@@ -109,8 +109,8 @@ def greedy(eng: LLMEngine, prompt: list[int], tokens: int) -> list[int]:
     ids: list[int] = []
     while eng.has_unfinished():
         for update in eng.step():
-            if update.request_id == rid:
-                ids += update.outputs[0].token_ids
+            if update.request_id == rid:  # (a prompt chunk's update brings no output)
+                ids += (t for out in update.outputs for t in out.token_ids)
     return ids
 
 
