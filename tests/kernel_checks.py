@@ -1,7 +1,7 @@
 """Kernel checks shared by tests/kernels/test_kernels.py (CPU) and tests/gpu/test_cuda_kernels.py (CUDA):
 each ``check_*`` runs a native kernel on a device and compares it with the torch reference in
-engine/model/attention.py. ``python tests/kernel_checks.py CACHE_DIR avx2`` runs the sliding-window and
-int8-cache cases on an AVX2 build of the kernels (``ops.AVX2_CFLAGS``, in a process of its own: a second kernel
+engine/model/attention.py. ``python tests/kernel_checks.py CACHE_DIR avx2`` runs the sliding-window,
+int8-cache and row-invariance cases on an AVX2 build of the kernels (``ops.AVX2_CFLAGS``, in a process of its own: a second kernel
 library cannot be loaded beside the first) and prints how many passed."""
 
 from __future__ import annotations
@@ -146,6 +146,55 @@ def check_window_cases(device) -> int:
     return len(WINDOW_CASES)
 
 
+# row invariance (rows_alone_cases): (window, cache dtype, torch threads; 0: as set)
+ROWS_ALONE_CASES = [
+    (0, torch.float32, 0),
+    (300, torch.float32, 0),
+    (0, torch.bfloat16, 1),
+    (0, torch.int8, 0),
+    (37, torch.bfloat16, 0),
+]
+
+
+def check_rows_alone(window: int, dtype: torch.dtype, threads: int = 0) -> None:
+    """Row invariance (exact speculative decoding): each row of a sequence of up to 16 query rows
+    gets the bits it gets as the one row of a decode step, whatever else the call holds (a
+    prefill, other decodes): the rows that share an item (one piece each: one thread; or the
+    same pieces of a long context split across threads) and the rows that do not."""
+    op = native("paged_attention")
+    b = make_paged_batch(
+        [1300, 700, 90], [16, 40, 1], num_kv_heads=3, num_q_heads=9, dtype=dtype, seed=5
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        out = torch.empty_like(b.query)
+        op(*b.args(out), window)
+        for r in range(16):  # row r of sequence 0 alone: position 1300 - 16 + r
+            alone = torch.empty_like(b.query[r : r + 1])
+            op(
+                alone,
+                b.query[r : r + 1],
+                b.k_cache,
+                b.v_cache,
+                b.block_tables[:1],
+                torch.tensor([1300 - 15 + r], dtype=torch.int32),
+                torch.tensor([0, 1], dtype=torch.int32),
+                b.scale,
+                window,
+            )
+            assert torch.equal(out[r], alone[0]), (r, window, dtype, threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+def rows_alone_cases() -> int:
+    """Every case of :data:`ROWS_ALONE_CASES` (CPU); returns how many ran."""
+    for case in ROWS_ALONE_CASES:
+        check_rows_alone(*case)
+    return len(ROWS_ALONE_CASES)
+
+
 def check_int8_cases(device) -> int:
     """Every case of :data:`INT8_CASES` on ``device``; returns how many ran."""
     for i, (seq_lens, q_lens, window, shape) in enumerate(INT8_CASES):
@@ -249,7 +298,7 @@ def main(cache_dir: Path, build: str) -> None:
     loader = ops.KernelLoader(cache_dir=cache_dir, cflags=ops.TEST_BUILDS[build])
     assert loader.load(), loader.status()
     _OWN_BUILD.append(loader)
-    print(f"{check_window_cases('cpu') + check_int8_cases('cpu')} passed")
+    print(f"{check_window_cases('cpu') + check_int8_cases('cpu') + rows_alone_cases()} passed")
 
 
 if __name__ == "__main__":

@@ -15,10 +15,13 @@
 // Items are handed out largest first from an atomic counter, so uneven lengths balance out.
 //
 // A sequence of at most kRowByRow query rows (a decode step's one, a speculative verification's
-// few) runs row by row: each row its own item, its context cut into pieces by its own length
-// alone (kRowPieceKeys keys a piece). So a row's result does not depend on the other rows of the
-// call, its own sequence's included: a verification of k drafted tokens gives each row the bits
-// the decode step of that row alone gives (row invariance: exact speculative decoding).
+// few) runs row by row: each row's context cut into pieces by its own length alone
+// (kRowPieceKeys keys a piece), and its sums its own, block by block in order, by run_item
+// (never run_tile). So a row's result does not depend on the other rows of the call, its own
+// sequence's included: a verification of k drafted tokens gives each row the bits the decode
+// step of that row alone gives (row invariance: exact speculative decoding). The rows of such a
+// sequence that are cut alike share one item, so each block is read once for all of them (a
+// verification of 15 drafts at 2,400 tokens of context, 1 thread: see docs/kernels.md).
 //
 // Vectors are vec.h's eight lanes, or sixteen (one zmm register) where the build has AVX-512 and
 // head_dim and block_size are multiples of 16. An fp32 cache is read where it lies. Of a bf16 or
@@ -83,7 +86,8 @@ struct WorkItem {
   int64_t blk_begin, blk_end;
   int64_t state;  // offset of its partial states, or -1: finalise straight into out
   int64_t cost;
-  bool alone;  // one row of a sequence run row by row: pieces by its own length
+  bool alone;  // rows of a sequence run row by row: pieces by a row's own length
+  int64_t pieces;  // (alone) the pieces each of its rows is cut into
 };
 
 // Partial states of `pieces` items covering the same rows, stored one after another.
@@ -650,6 +654,18 @@ inline int64_t visible_keys(const Geometry& g, int64_t pos) {
   return g.window > 0 ? std::min<int64_t>(pos + 1, g.window) : pos + 1;
 }
 
+// The first block a query at `pos` reads.
+inline int64_t first_block(const Geometry& g, int64_t pos) {
+  return (pos + 1 - visible_keys(g, pos)) / g.block_size;
+}
+
+// The pieces the context of a row at `pos` run row by row is cut into: by its own length alone.
+inline int64_t row_pieces(const Geometry& g, int64_t pos, int threads) {
+  const int64_t nblk = pos / g.block_size + 1 - first_block(g, pos);
+  const int64_t pieces = (visible_keys(g, pos) + kRowPieceKeys - 1) / kRowPieceKeys;
+  return threads > 1 ? std::min<int64_t>(nblk, pieces) : 1;
+}
+
 // Cuts the batch into row tiles, and tiles into context pieces when that helps the threads.
 Plan make_plan(const Geometry& g, const AttentionShape& shape, const int32_t* tables,
                const std::vector<int64_t>& lens, const std::vector<int64_t>& starts, int threads) {
@@ -660,15 +676,25 @@ Plan make_plan(const Geometry& g, const AttentionShape& shape, const int32_t* ta
   for (int64_t s = 0; s < shape.num_seqs; ++s) {
     const int64_t q_len = starts[s + 1] - starts[s], len = lens[s];
     const bool by_row = q_len <= kRowByRow;
-    const int rows = by_row ? 1 : tile;
-    for (int64_t r0 = 0; r0 < q_len; r0 += rows) {
+    for (int64_t r0 = 0; r0 < q_len;) {
       WorkItem w;
       w.alone = by_row;
-      w.rows = static_cast<int>(std::min<int64_t>(rows, q_len - r0));
       w.first_row = starts[s] + r0;
       w.first_pos = len - q_len + r0;
       w.table = tables + s * shape.max_blocks;
-      w.blk_begin = (w.first_pos + 1 - visible_keys(g, w.first_pos)) / g.block_size;
+      w.blk_begin = first_block(g, w.first_pos);
+      w.pieces = by_row ? row_pieces(g, w.first_pos, threads) : 0;
+      int64_t rows = by_row ? 1 : std::min<int64_t>(tile, q_len - r0);
+      // the next rows run row by row join while they are cut into the same pieces: one piece
+      // (a block a row does not see is skipped for it), or the same blocks
+      for (; by_row && r0 + rows < q_len; ++rows) {
+        const int64_t pos = w.first_pos + rows;
+        const bool same_blocks = first_block(g, pos) == w.blk_begin &&
+                                 pos / g.block_size == w.first_pos / g.block_size;
+        if (row_pieces(g, pos, threads) != w.pieces || (w.pieces > 1 && !same_blocks)) break;
+      }
+      w.rows = static_cast<int>(rows);
+      r0 += rows;
       w.blk_end = (w.first_pos + w.rows - 1) / g.block_size + 1;
       w.state = -1;
       w.cost = 0;
@@ -681,8 +707,9 @@ Plan make_plan(const Geometry& g, const AttentionShape& shape, const int32_t* ta
   for (const WorkItem& w : tiles) {
     plan.max_rows = std::max(plan.max_rows, w.rows);
     const int64_t nblk = w.blk_end - w.blk_begin;
-    const int64_t per = w.alone ? kRowPieceKeys : target;
-    const int64_t pieces = threads > 1 ? std::min<int64_t>(nblk, (w.cost + per - 1) / per) : 1;
+    const int64_t pieces = w.alone              ? w.pieces
+                           : threads > 1 ? std::min<int64_t>(nblk, (w.cost + target - 1) / target)
+                                         : 1;
     if (pieces <= 1) {
       plan.items.push_back(w);
       continue;
@@ -725,7 +752,7 @@ void run_plan(const Geometry& g, const Plan& plan, const at::Tensor& k_cache,
     for (int64_t i = next.fetch_add(1); i < n_items; i = next.fetch_add(1)) {
       const WorkItem& w = plan.items[i];
       float* st = w.state >= 0 ? partials + w.state : local.data();
-      if (w.rows * g.group >= W) {
+      if (!w.alone && w.rows * g.group >= W) {
         run_tile<L, KV, NC>(g, kc, vc, w, st, tile_ws.data(), kbuf.data(), vbuf.data());
       } else {
         run_item<L, KV, NC>(g, kc, vc, w, st, qbuf.data(), kbuf.data());

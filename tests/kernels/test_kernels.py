@@ -14,11 +14,13 @@ import torch
 from kernel_checks import (
     INT8_CASES,
     LENGTHS,
+    ROWS_ALONE_CASES,
     WINDOW_CASES,
     check_bad_indices_raise,
     check_copy_blocks,
     check_int8_cases,
     check_paged_attention,
+    check_rows_alone,
     check_swap_blocks,
     check_window_cases,
     check_write_kv,
@@ -88,29 +90,9 @@ def test_long_context_split_across_threads():
     check_paged_attention(DEVICE, [1500], [6], block_size=32)
 
 
-@pytest.mark.parametrize("window", [0, 300])
-def test_a_few_rows_of_a_sequence_are_computed_as_each_row_alone(window):
-    """Row invariance (exact speculative decoding): each row of a sequence of up to 16 query rows
-    gets the bits it gets as the one row of a decode step, whatever else the call holds (a
-    prefill, other decodes), long contexts split across threads included."""
-    op = native("paged_attention")
-    b = make_paged_batch([1300, 700, 90], [16, 40, 1], num_kv_heads=3, num_q_heads=9, seed=5)
-    out = torch.empty_like(b.query)
-    op(*b.args(out), window)
-    for r in range(16):  # row r of sequence 0 alone: position 1300 - 16 + r
-        alone = torch.empty_like(b.query[r : r + 1])
-        op(
-            alone,
-            b.query[r : r + 1],
-            b.k_cache,
-            b.v_cache,
-            b.block_tables[:1],
-            torch.tensor([1300 - 15 + r], dtype=torch.int32),
-            torch.tensor([0, 1], dtype=torch.int32),
-            b.scale,
-            window,
-        )
-        assert torch.equal(out[r], alone[0]), r
+@pytest.mark.parametrize("case", ROWS_ALONE_CASES)
+def test_a_few_rows_of_a_sequence_are_computed_as_each_row_alone(case):
+    check_rows_alone(*case)
 
 
 def test_single_thread_matches():
@@ -179,8 +161,9 @@ def test_the_reference_window_is_the_last_window_keys():
 
 @pytest.mark.slow  # the kernels built for another ISA, run in a process of their own
 def test_the_avx2_build_matches_the_reference_with_windows_and_int8():
-    """The window and int8 cases against a build without AVX-512 (vec.h's eight-lane paths)."""
-    cases = len(WINDOW_CASES) + len(INT8_CASES)
+    """The window, int8 and row-invariance cases against a build without AVX-512 (vec.h's
+    eight-lane paths)."""
+    cases = len(WINDOW_CASES) + len(INT8_CASES) + len(ROWS_ALONE_CASES)
     assert run_other_build("kernel_checks.py")[-2:] == [str(cases), "passed"]
 
 
