@@ -4,7 +4,8 @@ against off on the default model, side by side in one run, on tasks a user would
 (a) ``edit``: "return this file with one change" on a ~200-line source file of chatpage's own
 (the reply's first words given: the default model starts to explain the file otherwise);
 (b) ``summary``: a summary that quotes its source; (c) ``regenerate``: the same question asked
-again, the first reply sent as the draft source (what the chat's regenerate sends), and
+again, the first reply (on the engine without speculation, as the chat had it) sent as the
+draft source (what the chat's regenerate sends), and
 ``edit_resend``: the question reworded, the earlier reply as the draft source; (d) ``open``: a
 story, nothing to copy. Each runs greedy at ``--concurrency`` requests at once (1, 8, 32 by
 default: the requests of a batch are the task's prompt with a different number in front), on
@@ -103,15 +104,16 @@ def main(argv: list[str] | None = None) -> int:
     on = common.engine(loaded, **pool)
     users = tasks(tok, max(20, round(200 * args.scale)))
     plain = SamplingParams(temperature=0, max_tokens=max_tokens)
-    # the reply the regenerate and the edit replace: the open question's first answer, on an
-    # engine of its own (the two compared see the same prompts, so their prefix caches agree:
-    # a prompt whose blocks are cached has its last one computed in a smaller step)
-    (first,) = common.engine(loaded, weight_dtype=args.weights).generate(
-        [_chat(tok, users["regenerate"])], plain
-    )
-    earlier = [first.outputs[0].token_ids]
+    earlier: list[list[int]] = []
     rows = []
     for task, user in users.items():
+        if task == "regenerate":
+            # the reply the regenerate and the edit replace: the open question's first answer,
+            # on the engine without speculation as a chat has it, after the tasks before (the
+            # two compared have seen the same prompts, so their prefix caches hold the same
+            # bits, those of the blocks this prompt shares with earlier ones included)
+            (first,) = off.generate([_chat(tok, users["regenerate"])], plain)
+            earlier.append(first.outputs[0].token_ids)
         sources = earlier if task in ("regenerate", "edit_resend") else []
         for n in levels:
             prompts = [_chat(tok, f"({i + 1}) {user}" if n > 1 else user, task) for i in range(n)]

@@ -11,7 +11,15 @@ import torch
 from chatpage.bench import common
 from chatpage.engine import SamplingParams
 from chatpage.engine.config import PreemptionMode
-from chatpage.engine.core.speculate import MAX_DRAFT, NgramIndex, SpecState, Speculator
+from chatpage.engine.core.speculate import (
+    MAX_DRAFT,
+    NgramIndex,
+    SpecState,
+    Speculator,
+    draft_length,
+    row_cost,
+    step_cost,
+)
 from chatpage.engine.load.loader import load_model
 
 WEIGHTS = "int4"  # (the default format: its kernels compute every row alike, fp32's GEMV not)
@@ -44,16 +52,16 @@ def test_the_index_drafts_what_followed_the_longest_suffix_found():
     tokens = [1, 2, 3, 4, 9, 2, 3, 4, 5, 6, 7, 8, 2, 3, 4]
     state = SpecState(NgramIndex(tokens))
     # "2 3 4" last occurred before "5 6 7 8" (the 4-gram "8 2 3 4" never did)
-    assert state.draft(tokens, 3, 0) == [5, 6, 7]
+    assert state.draft(tokens, 3, 0) == ([5, 6, 7], False)
     tokens.append(5)  # the list grows in place; the index follows it
-    assert state.draft(tokens, 2, 0) == [6, 7]
-    assert state.draft([42, 43], 4, 0) == []  # never seen
+    assert state.draft(tokens, 2, 0) == ([6, 7], False)
+    assert state.draft([42, 43], 4, 0) == ([], False)  # never seen
     # a draft source (the reply a regenerate replaces) comes before the sequence itself, for
     # a suffix as long
     source = SpecState(NgramIndex(tokens), [NgramIndex([2, 3, 4, 5, 70, 71])])
-    assert source.draft(tokens, 2, 0) == [70, 71]
+    assert source.draft(tokens, 2, 0) == ([70, 71], False)
     # and one the output so far starts goes on from there (a regenerate's first tokens)
-    assert source.draft([*tokens, 2, 3], 2, 2) == [4, 5]
+    assert source.draft([*tokens, 2, 3], 2, 2) == ([4, 5], True)
 
 
 def test_the_longest_match_wins_over_the_latest_occurrence():
@@ -61,20 +69,23 @@ def test_the_longest_match_wins_over_the_latest_occurrence():
     from the context's, so the draft follows the first (a suffix match, not the latest n-gram)."""
     tokens = [1, 2, 3, 4, 5, 6, 9, 8, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6]
     assert NgramIndex(tokens).longest(tokens, 4) == (6, 5)
-    assert SpecState(NgramIndex(tokens)).draft(tokens, 2, 0) == [9, 8]
+    assert SpecState(NgramIndex(tokens)).draft(tokens, 2, 0) == ([9, 8], False)
     # equals: the latest
     assert NgramIndex([5, 6, 1, 5, 6, 2, 5, 6]).longest([5, 6], 2) == (2, 4)
 
 
-def test_the_draft_length_follows_the_acceptance():
+def test_the_draft_length_follows_the_acceptance_and_the_cost():
     state = SpecState(NgramIndex([]))
-    start = state.length()
+    alone, far = (1, step_cost([300]), row_cost(300)), (1, step_cost([3000]), row_cost(3000))
+    start = draft_length(state.rate, *alone)
     for _ in range(10):
         state.verified(8, 8)
-    assert state.length() == MAX_DRAFT > start
+    assert draft_length(state.rate, *alone) == MAX_DRAFT > start
+    # nearly every draft kept: still shorter where a drafted row's attention costs more
+    assert 0 < draft_length(0.9, *far) < draft_length(0.9, *alone) < MAX_DRAFT
     for _ in range(30):
         state.verified(4, 0)
-    assert state.length() == 0  # drafting no longer pays: the sequence stops drafting
+    assert draft_length(state.rate, *alone) == 0  # no longer pays: the sequence stops drafting
 
 
 def test_the_cost_model_drops_drafts_that_cost_more_than_they_bring(loaded):
@@ -87,7 +98,7 @@ def test_the_cost_model_drops_drafts_that_cost_more_than_they_bring(loaded):
     spec = Speculator(engine.model.exact_rows)
     assert all(spec.plan(group_seq, 64))  # both repeat themselves: both draft
     for group, seq in group_seq:
-        spec.state(group, seq).rate = 0.02  # nearly never accepted
+        spec.state(group, seq).rates = [0.02, 0.02]  # nearly never accepted
     assert spec.plan(group_seq, 64) == [[], []]
 
 
@@ -124,7 +135,7 @@ def test_concurrent_requests_under_preemption_stay_exact(loaded):
     off = common.engine(loaded, num_speculative_tokens=0, **small)
     alone = [off.generate([p], params)[0].outputs[0].token_ids for p in prompts]
     for mode in ("recompute", "swap"):
-        on = common.engine(loaded, blocks=14, preemption_mode=mode, **small)
+        on = common.engine(loaded, blocks=10, preemption_mode=mode, **small)
         together = on.generate(prompts, params)
         assert [o.outputs[0].token_ids for o in together] == alone
         assert on.scheduler.preemptions[PreemptionMode(mode)] > 0 and on.speculator.accepted > 0

@@ -19,9 +19,11 @@ up to that many rows: `engine/model/weights.py`'s Q8_PACK_ROWS); so a step is dr
 it stays within them, and greedy output is the same with and without speculation.
 
 Switched off where it does not pay: per sequence the draft length adapts to its recent
-acceptance (`SpecState`), and per step `Speculator.plan` keeps drafts only while the step's
-expected tokens per unit of time beat the plain step's (`STEP_ROW_COST`: what one more row
-costs, in plain batch-1 steps). Sampled requests keep their distribution by speculative
+acceptance (`SpecState`; a source aligned with the whole output is trusted more) and to what a
+drafted row costs beside the step (`step_cost`,
+`row_cost`: the matmuls' rows and the attention over the context, measured), and per step
+`Speculator.plan` keeps drafts only while the step's expected tokens per unit of time beat the
+plain step's. Sampled requests keep their distribution by speculative
 sampling (`engine/sample/sampler.py`'s `speculative_picks`). Beam search, n samples and grammars
 are not speculated.
 """
@@ -44,13 +46,28 @@ MAX_DRAFT = 15
 """The most tokens drafted for one sequence: 16 query rows, what the CPU attention runs row by
 row (csrc/cpu/attention.cpp's kRowByRow)."""
 STEP_ROW_COST = 0.12
-"""What one more query row adds to a step, as a fraction of a plain batch-1 decode step of the
-default model (int4 on an AVX-512 AMX CPU, 1 thread, 300 tokens of context, forward only:
-1 row 10.9 ms, 2 rows 1.12x, 4 1.32x, 8 1.86x, 12 2.30x, 16 2.91x)."""
+"""What one more query row adds to a step's matmuls, as a fraction of a plain batch-1 decode step
+of the default model at no context (int4 on an AVX-512 AMX CPU, 1 thread, forward only: 1 row
+10.9 ms at 300 tokens of context, 2 rows 1.12x, 4 1.32x, 8 1.86x, 16 2.91x)."""
+KEY_COST = 1.0e-3
+"""What a decode row's attention adds per key of its context, in the same unit (a plain step
+of the default model at 2,442 tokens of context took 3.5 times one at 44)."""
+DRAFT_KEY_COST = 4.0e-4
+"""What a drafted row's attention adds per key: less than a decode row's, the rows of a
+verification sharing each block they read (csrc/cpu/attention.cpp; a verification of 15
+drafts at 2,442 tokens took 5.7 plain steps there)."""
 START_RATE = 0.5
-"""A sequence's assumed acceptance before its first verification."""
-RATE_MEMORY = 0.7
-"""How much of its acceptance estimate a sequence keeps per verification (an EMA)."""
+"""A sequence's assumed acceptance before its first verification, and after a draft it did
+not keep whole."""
+HOT_RATE = 0.8
+"""Its assumed acceptance after a draft it kept whole, before it learns its own: copying runs
+on (a file sent back, a quote), so it is measured apart (`SpecState.rates`)."""
+ALIGNED_RATE = 0.9
+"""The acceptance assumed at least for a draft source that starts with the whole output so far
+(a greedy regenerate repeats the reply it replaces token for token)."""
+RATE_MEMORY = 0.8
+"""How much of its acceptance estimate a sequence keeps per token verified (an EMA over the
+kept tokens and the first rejected one: the tokens after it say nothing)."""
 
 
 class NgramIndex:
@@ -99,18 +116,27 @@ class SpecState:
 
     own: NgramIndex
     sources: list[NgramIndex] = field(default_factory=list)
-    rate: float = START_RATE
+    # the acceptance estimates after a draft not kept whole (or none yet) and after one kept
+    # whole, and which applies now
+    rates: list[float] = field(default_factory=lambda: [START_RATE, HOT_RATE])
+    hot: bool = False
 
-    def draft(self, tokens: list[int], count: int, output: int) -> list[int]:
+    @property
+    def rate(self) -> float:
+        """The acceptance estimate of the next draft's tokens."""
+        return self.rates[self.hot]
+
+    def draft(self, tokens: list[int], count: int, output: int) -> tuple[list[int], bool]:
         """Up to ``count`` tokens that may follow ``tokens``, whose last ``output`` are the
-        sequence's output: a source that starts with the whole output goes on from there (a
-        regenerated reply that repeats the one it replaces); else what follows the longest
-        match of the tokens' end (`NgramIndex.longest`), in the sources or the sequence
-        itself, the sources first of equals."""
+        sequence's output, and whether a source is aligned with it: one that starts with the
+        whole output goes on from there (a regenerated reply that repeats the one it
+        replaces); else what follows the longest match of the tokens' end
+        (`NgramIndex.longest`), in the sources or the sequence itself, the sources first of
+        equals."""
         said = tokens[len(tokens) - output :]
         for index in self.sources:
             if output and index.tokens[:output] == said and len(index.tokens) > output:
-                return index.tokens[output : output + count]
+                return index.tokens[output : output + count], True
         self.own.extend()
         for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
             if len(tokens) < n:
@@ -122,22 +148,38 @@ class SpecState:
                     found = (length, end, index)
             _, end, best = found
             if best is not None:
-                return best.tokens[end + 1 : end + 1 + count]
-        return []
+                return best.tokens[end + 1 : end + 1 + count], False
+        return [], False
 
     def verified(self, drafted: int, accepted: int) -> None:
-        self.rate = RATE_MEMORY * self.rate + (1 - RATE_MEMORY) * (accepted / drafted)
+        rate = 1 - (1 - self.rate) * RATE_MEMORY**accepted
+        self.rates[self.hot] = rate if accepted == drafted else rate * RATE_MEMORY
+        self.hot = accepted == drafted
 
-    def length(self) -> int:
-        """The draft length whose expected accepted tokens per row drafted is best, given the
-        acceptance estimate (0: drafting does not pay)."""
-        best, best_gain, expected, term = 0, 0.0, 0.0, 1.0
-        for k in range(1, MAX_DRAFT + 1):
-            term *= self.rate
-            expected += term  # expected_accepted(rate, k)
-            if expected - STEP_ROW_COST * k > best_gain:
-                best, best_gain = k, expected - STEP_ROW_COST * k
-        return best
+
+def draft_length(rate: float, tokens: int, cost: float, row: float) -> int:
+    """The draft length that makes the most tokens per unit of time of a step that makes
+    ``tokens`` tokens in time ``cost`` undrafted, each drafted row costing ``row``, its tokens
+    each kept with probability ``rate`` (0: drafting does not pay)."""
+    best, best_rate, expected, term = 0, tokens / cost, 0.0, 1.0
+    for k in range(1, MAX_DRAFT + 1):
+        term *= rate
+        expected += term  # expected_accepted(rate, k)
+        per_time = (tokens + expected) / (cost + row * k)
+        if per_time > best_rate:
+            best, best_rate = k, per_time
+    return best
+
+
+def step_cost(contexts: list[int]) -> float:
+    """What a plain decode step of rows with these contexts costs, in plain batch-1 steps at no
+    context."""
+    return 1 + STEP_ROW_COST * (len(contexts) - 1) + KEY_COST * sum(contexts)
+
+
+def row_cost(context: int) -> float:
+    """What a drafted row of a sequence with ``context`` tokens adds to a step."""
+    return STEP_ROW_COST + DRAFT_KEY_COST * context
 
 
 def expected_accepted(rate: float, k: int) -> float:
@@ -193,29 +235,31 @@ class Speculator:
 
     def plan(self, rows: list[tuple[SequenceGroup, Sequence]], room: int) -> list[list[int]]:
         """Drafts for decode rows ``rows`` (one each) of a step with ``room`` rows to spare
-        within the exact ones; kept only while the step's expected tokens per unit of time
-        beat the plain step's."""
+        within the exact ones; each as long as makes the most tokens per unit of time of the
+        step, and kept only while the step's expected tokens per unit of
+        time beat the plain step's (`draft_length`, `step_cost`, `row_cost`)."""
         drafts: list[list[int]] = [[] for _ in rows]
         room = min(room, self.exact_rows - len(rows))
+        plain = step_cost([len(seq) for _, seq in rows])
         wanted = []
         for i, (group, seq) in enumerate(rows):
             if room <= 0 or not speculates(group):
                 continue
             state = self.state(group, seq)
-            k = min(state.length(), self.max_draft, room, self._left(group, seq))
-            draft = state.draft(seq.token_ids, k, seq.num_output_tokens) if k > 0 else []
+            left = min(self.max_draft, room, self._left(group, seq))
+            draft, aligned = state.draft(seq.token_ids, left, seq.num_output_tokens)
+            rate = max(state.rate, ALIGNED_RATE) if aligned else state.rate
+            draft = draft[: draft_length(rate, len(rows), plain, row_cost(len(seq)))]
             if draft:
                 drafts[i] = draft
                 room -= len(draft)
-                wanted.append((expected_accepted(state.rate, len(draft)), i))
-        # the plain step makes len(rows) tokens in time 1 + STEP_ROW_COST (len(rows) - 1); drop
-        # the least promising drafts while they cost more than they bring
+                wanted.append((expected_accepted(rate, len(draft)), i))
+        # drop the least promising drafts while they cost more than they bring
         wanted.sort()
         while wanted:
             gain = sum(e for e, _ in wanted)
-            extra = sum(len(drafts[i]) for _, i in wanted)
-            plain = 1 + STEP_ROW_COST * (len(rows) - 1)
-            if (len(rows) + gain) / (plain + STEP_ROW_COST * extra) > len(rows) / plain:
+            extra = sum(row_cost(len(rows[i][1])) * len(drafts[i]) for _, i in wanted)
+            if (len(rows) + gain) / (plain + extra) > len(rows) / plain:
                 break
             drafts[wanted.pop(0)[1]] = []
         return drafts
