@@ -114,6 +114,33 @@ def test_greedy_output_is_identical_with_and_without_speculation(loaded):
     assert not on.bm.audit()
 
 
+def _steps(engine, prompts, params) -> tuple[int, list[list[int]]]:
+    """Steps taken and outputs of ``prompts`` run at once."""
+    rids = [engine.add_request(p, params) for p in prompts]
+    got: dict[str, list[int]] = {rid: [] for rid in rids}
+    steps = 0
+    while engine.has_unfinished():
+        steps += 1
+        for update in engine.step():
+            got[update.request_id] += (t for out in update.outputs for t in out.token_ids)
+    return steps, [got[rid] for rid in rids]
+
+
+def test_a_batch_keeps_every_drafted_rows_picks(loaded):
+    """Requests drafting beside requests that do not, in one step: each drafted row's kept
+    tokens are appended (every accepted draft is an output token), so the batch takes fewer
+    steps than without speculation, and the outputs are the same."""
+    prompts = _prompts(6, seed=7)
+    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    off = common.engine(loaded, weight_dtype=WEIGHTS, num_speculative_tokens=0)
+    on = common.engine(loaded, weight_dtype=WEIGHTS)
+    plain_steps, plain = _steps(off, prompts, params)
+    steps, got = _steps(on, prompts, params)
+    assert got == plain
+    assert 0 < on.speculator.accepted <= sum(map(len, got)) - len(prompts)
+    assert steps < plain_steps
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("k", [1, 2, 5, MAX_DRAFT])
 def test_every_draft_length_is_exact(loaded, k):

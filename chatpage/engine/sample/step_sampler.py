@@ -156,7 +156,7 @@ class Sampler:
         )
         for row, error in errors.items():
             out.failed.setdefault(targets[row][0].request_id, error)
-        out.samples = [
+        out.samples += [  # (after a drafted row's picks: `_verify`)
             Sample(group, seq, tok, lp, top, fork, gen if fork is not None else None)
             for (group, seq, _, fork, gen), tok, lp, top in zip(
                 targets, tokens, logprobs, tops, strict=True
