@@ -3,6 +3,7 @@ verified in the batched step, and greedy output identical with and without it.""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -115,8 +116,8 @@ def test_greedy_output_is_identical_with_and_without_speculation(loaded):
 
 
 def _steps(engine, prompts, params) -> tuple[int, list[list[int]]]:
-    """Steps taken and outputs of ``prompts`` run at once."""
-    rids = [engine.add_request(p, params) for p in prompts]
+    """Steps taken and outputs of ``prompts`` run at once (``params`` each)."""
+    rids = [engine.add_request(p, q) for p, q in zip(prompts, params, strict=True)]
     got: dict[str, list[int]] = {rid: [] for rid in rids}
     steps = 0
     while engine.has_unfinished():
@@ -127,15 +128,16 @@ def _steps(engine, prompts, params) -> tuple[int, list[list[int]]]:
 
 
 def test_a_batch_keeps_every_drafted_rows_picks(loaded):
-    """Requests drafting beside requests that do not, in one step: each drafted row's kept
-    tokens are appended (every accepted draft is an output token), so the batch takes fewer
-    steps than without speculation, and the outputs are the same."""
-    prompts = _prompts(6, seed=7)
+    """A regenerate drafting beside requests that do not, in one step: its kept tokens are
+    appended (every accepted draft is an output token), so the batch takes fewer steps than
+    without speculation, and the outputs are the same."""
+    prompts = _prompts(3, seed=7)
     params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
     off = common.engine(loaded, weight_dtype=WEIGHTS, num_speculative_tokens=0)
+    plain_steps, plain = _steps(off, prompts, [params] * 3)
     on = common.engine(loaded, weight_dtype=WEIGHTS)
-    plain_steps, plain = _steps(off, prompts, params)
-    steps, got = _steps(on, prompts, params)
+    again = dataclasses.replace(params, draft_source=[plain[0]])
+    steps, got = _steps(on, prompts, [again, params, params])
     assert got == plain
     assert 0 < on.speculator.accepted <= sum(map(len, got)) - len(prompts)
     assert steps < plain_steps

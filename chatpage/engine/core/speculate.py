@@ -46,9 +46,15 @@ MAX_DRAFT = 15
 """The most tokens drafted for one sequence: 16 query rows, what the CPU attention runs row by
 row (csrc/cpu/attention.cpp's kRowByRow)."""
 STEP_ROW_COST = 0.12
-"""What one more query row adds to a step's matmuls, as a fraction of a plain batch-1 decode step
-of the default model at no context (int4 on an AVX-512 AMX CPU, 1 thread, forward only: 1 row
-10.9 ms at 300 tokens of context, 2 rows 1.12x, 4 1.32x, 8 1.86x, 16 2.91x)."""
+"""What one more sequence's decode row adds to a plain step, as a fraction of a plain batch-1
+decode step of the default model at no context (int4 on an AVX-512 AMX CPU, 1 thread, forward
+only: 1 row 10.9 ms at 300 tokens of context, 2 rows 1.12x, 4 1.32x, 8 1.86x, 16 2.91x)."""
+DRAFT_ROW_COST = 0.25
+"""What a drafted row adds to a step beside its attention, in the same unit: its matmul row, its
+lm_head row (a plain step computes logits for its sampling rows only) and its verification's
+picks; measured by `bench spec` (a greedy regenerate, every draft kept: 2.98x in 17 steps of
+178 drafts at batch 1; drafts at 70-80% acceptance at batch 8 ran 0.88-0.90x of plain steps
+with STEP_ROW_COST here, as the matmuls alone cost)."""
 KEY_COST = 1.0e-3
 """What a decode row's attention adds per key of its context, in the same unit (a plain step
 of the default model at 2,442 tokens of context took 3.5 times one at 44)."""
@@ -179,7 +185,7 @@ def step_cost(contexts: list[int]) -> float:
 
 def row_cost(context: int) -> float:
     """What a drafted row of a sequence with ``context`` tokens adds to a step."""
-    return STEP_ROW_COST + DRAFT_KEY_COST * context
+    return DRAFT_ROW_COST + DRAFT_KEY_COST * context
 
 
 def expected_accepted(rate: float, k: int) -> float:
