@@ -19,7 +19,8 @@ up to that many rows: `engine/model/weights.py`'s Q8_PACK_ROWS); so a step is dr
 it stays within them, and greedy output is the same with and without speculation.
 
 Switched off where it does not pay: per sequence the draft length adapts to its recent
-acceptance (`SpecState`; a source aligned with the whole output is trusted more) and to what a
+acceptance (`SpecState`; a source aligned with the whole output, or a long match, is trusted
+more) and to what a
 drafted row costs beside the step (`step_cost`,
 `row_cost`: the matmuls' rows and the attention over the context, measured), and per step
 `Speculator.plan` keeps drafts only while the step's expected tokens per unit of time beat the
@@ -58,7 +59,7 @@ with STEP_ROW_COST here, as the matmuls alone cost)."""
 KEY_COST = 1.0e-3
 """What a decode row's attention adds per key of its context, in the same unit (a plain step
 of the default model at 2,442 tokens of context took 3.5 times one at 44)."""
-DRAFT_KEY_COST = 4.0e-4
+DRAFT_KEY_COST = 3.4e-4
 """What a drafted row's attention adds per key: less than a decode row's, the rows of a
 verification sharing each block they read (csrc/cpu/attention.cpp; a verification of 15
 drafts at 2,442 tokens took 5.7 plain steps there)."""
@@ -71,6 +72,9 @@ on (a file sent back, a quote), so it is measured apart (`SpecState.rates`)."""
 ALIGNED_RATE = 0.9
 """The acceptance assumed at least for a draft source that starts with the whole output so far
 (a greedy regenerate repeats the reply it replaces token for token)."""
+LONG_MATCH = 8
+"""A lookup whose match is at least this long (the context's last tokens found in order) is
+trusted as a draft kept whole is (`HOT_RATE` at least): a line of a file or a quote."""
 RATE_MEMORY = 0.8
 """How much of its acceptance estimate a sequence keeps per token verified (an EMA over the
 kept tokens and the first rejected one: the tokens after it say nothing)."""
@@ -132,17 +136,17 @@ class SpecState:
         """The acceptance estimate of the next draft's tokens."""
         return self.rates[self.hot]
 
-    def draft(self, tokens: list[int], count: int, output: int) -> tuple[list[int], bool]:
+    def draft(self, tokens: list[int], count: int, output: int) -> tuple[list[int], float]:
         """Up to ``count`` tokens that may follow ``tokens``, whose last ``output`` are the
-        sequence's output, and whether a source is aligned with it: one that starts with the
-        whole output goes on from there (a regenerated reply that repeats the one it
-        replaces); else what follows the longest match of the tokens' end
-        (`NgramIndex.longest`), in the sources or the sequence itself, the sources first of
-        equals."""
+        sequence's output, and the acceptance they are trusted with at least: a source that
+        starts with the whole output goes on from there (a regenerated reply that repeats the
+        one it replaces: `ALIGNED_RATE`); else what follows the longest match of the tokens'
+        end (`NgramIndex.longest`; `HOT_RATE` from `LONG_MATCH` tokens), in the sources or the
+        sequence itself, the sources first of equals."""
         said = tokens[len(tokens) - output :]
         for index in self.sources:
             if output and index.tokens[:output] == said and len(index.tokens) > output:
-                return index.tokens[output : output + count], True
+                return index.tokens[output : output + count], ALIGNED_RATE
         self.own.extend()
         for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
             if len(tokens) < n:
@@ -152,10 +156,11 @@ class SpecState:
                 length, end = index.longest(tokens, n)
                 if length > found[0]:
                     found = (length, end, index)
-            _, end, best = found
+            matched, end, best = found
             if best is not None:
-                return best.tokens[end + 1 : end + 1 + count], False
-        return [], False
+                trusted = HOT_RATE if matched >= LONG_MATCH else 0.0
+                return best.tokens[end + 1 : end + 1 + count], trusted
+        return [], 0.0
 
     def verified(self, drafted: int, accepted: int) -> None:
         rate = 1 - (1 - self.rate) * RATE_MEMORY**accepted
@@ -253,8 +258,8 @@ class Speculator:
                 continue
             state = self.state(group, seq)
             left = min(self.max_draft, room, self._left(group, seq))
-            draft, aligned = state.draft(seq.token_ids, left, seq.num_output_tokens)
-            rate = max(state.rate, ALIGNED_RATE) if aligned else state.rate
+            draft, trusted = state.draft(seq.token_ids, left, seq.num_output_tokens)
+            rate = max(state.rate, trusted)
             draft = draft[: draft_length(rate, len(rows), plain, row_cost(len(seq)))]
             if draft:
                 drafts[i] = draft
