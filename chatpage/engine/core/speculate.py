@@ -73,8 +73,9 @@ ALIGNED_RATE = 0.9
 """The acceptance assumed at least for a draft source that starts with the whole output so far
 (a greedy regenerate repeats the reply it replaces token for token)."""
 LONG_MATCH = 8
-"""A lookup whose match is at least this long (the context's last tokens found in order) is
-trusted as a draft kept whole is (`HOT_RATE` at least): a line of a file or a quote."""
+"""A sequence's first lookup whose match is at least this long (the context's last tokens found
+in order) is trusted as a draft kept whole is (`HOT_RATE` at least): a line of a file or a
+quote; its own acceptance decides from its first verification on."""
 RATE_MEMORY = 0.8
 """How much of its acceptance estimate a sequence keeps per token verified (an EMA over the
 kept tokens and the first rejected one: the tokens after it say nothing)."""
@@ -259,6 +260,8 @@ class Speculator:
             state = self.state(group, seq)
             left = min(self.max_draft, room, self._left(group, seq))
             draft, trusted = state.draft(seq.token_ids, left, seq.num_output_tokens)
+            if seq.drafted and trusted < ALIGNED_RATE:
+                trusted = 0.0  # (a long match is trusted until the sequence has its own rate)
             rate = max(state.rate, trusted)
             draft = draft[: draft_length(rate, len(rows), plain, row_cost(len(seq)))]
             if draft:
