@@ -189,6 +189,7 @@ def test_throughput_json(tiny_llama_dir, capsys):
     assert r["hf_batch"] in (2, 4) and r["ratio"] > 0
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 def test_memory_json(tiny_llama_dir, capsys):
     r = _run(memory, ["--json", "--model", str(tiny_llama_dir), "--scale", "0.05"], capsys)
     _has(
@@ -239,6 +240,7 @@ def test_kv_at_one_batch_alone_asks_only_what_its_pool_holds(tiny_llama_dir, cap
     assert [row["batch"] for row in r["rows"]] == [1] and r["rows"][0]["context"] == 205
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 def test_serve_json(tiny_llama_dir, capsys):
     r = _run(
         serve,
@@ -277,6 +279,7 @@ def test_serve_json(tiny_llama_dir, capsys):
     )
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 def test_prefix_json(tiny_llama_dir, capsys):
     r = _run(
         prefix,
@@ -321,6 +324,7 @@ def test_resume_json(tiny_llama_dir, capsys):
     assert [g.met for g in goals if "persona" in g.goal] == [True]
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 def test_sharing_json(tiny_llama_dir, capsys):
     r = _run(
         sharing,

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "torch_pip_args.sh"
 
@@ -27,6 +29,7 @@ def _args(path: str, *argv: str) -> str:
     ).stdout.strip()
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 def test_a_working_nvidia_smi_installs_the_cuda_build_from_pypi(tmp_path):
     _fake_smi(tmp_path / "gpu", 0, "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-1)")
     path = f"{tmp_path / 'gpu'}:/usr/bin:/bin"

@@ -598,7 +598,7 @@ TestBlockManagerStateful = pytest.mark.slow(
 TestBlockManagerStateful.settings = settings(
     max_examples=150, stateful_step_count=50, deadline=None
 )
-TestBlockManagerNoCaching = NoCachingMachine.TestCase
+TestBlockManagerNoCaching = pytest.mark.slow(NoCachingMachine.TestCase)  # many steps
 TestBlockManagerNoCaching.settings = settings(TestBlockManagerStateful.settings, max_examples=50)
 TestBlockManagerTiered = pytest.mark.slow(TieredMachine.TestCase)
 TestBlockManagerTiered.settings = settings(TestBlockManagerStateful.settings, max_examples=60)

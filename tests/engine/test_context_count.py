@@ -85,6 +85,7 @@ def test_counts_are_kept_with_the_message(tokenizer):
     assert first.token_count is not kept and first.token_count[2] != kept[2]
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 async def test_the_header_counts_the_reply_as_it_streams(tmp_path, tiny_llama_dir):
     app = make_app(tiny_llama_dir, alpha_and_beta(tmp_path))
     async with app.run_test(size=(140, 44)) as pilot:

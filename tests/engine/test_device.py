@@ -206,6 +206,7 @@ def cpu_outputs(tiny_llama_dir):
     return _workload(engine)
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 def test_every_step_stays_on_the_engine_device(tiny_llama_dir, cpu_outputs, fake_accelerator):
     engine = LLMEngine.from_pretrained(
         str(tiny_llama_dir), _config("meta"), progress=lambda _m: None

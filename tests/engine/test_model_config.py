@@ -82,6 +82,7 @@ def test_configs_that_need_interpreting_go_through_transformers(change, tiny_lla
     assert config.hidden_size == 256
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 def test_scaled_rope_runs_and_matches_transformers(default_model_dir, tmp_path):
     rope = {
         "rope_type": "llama3",

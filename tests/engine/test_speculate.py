@@ -104,10 +104,10 @@ def test_the_cost_model_drops_drafts_that_cost_more_than_they_bring(loaded):
     assert spec.plan(group_seq, 64) == [[], []]
 
 
-@pytest.mark.parametrize("count", [8, pytest.param(24, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("count", [4, pytest.param(24, marks=pytest.mark.slow)])
 def test_greedy_output_is_identical_with_and_without_speculation(loaded, count):
     """Many prompts, alone each (the case speculation is for): the same tokens, log-probabilities
-    and alternatives, bit for bit, while most steps draft and many drafts are kept (8 prompts in
+    and alternatives, bit for bit, while most steps draft and many drafts are kept (4 prompts in
     the quick loop, 24 with the slow tests)."""
     prompts = _prompts(count)
     off = common.engine(loaded, weight_dtype=WEIGHTS, num_speculative_tokens=0)

@@ -100,6 +100,7 @@ def test_divergence_from_fp32_is_bounded(kind, fmt, tiny_llama_dir, tiny_qwen2_d
     assert rel > 0  # the format really is in use
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 def test_weight_bytes_shrink_with_the_format(tiny_llama_dir):
     loaded = load_model(tiny_llama_dir, progress=lambda _m: None)
     sizes = {f: common.engine(loaded, weight_dtype=f).model.weight_bytes for f in WEIGHT_FORMATS}

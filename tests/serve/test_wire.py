@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -212,6 +213,7 @@ def _framed(chunk: dict) -> dict:
     return json.loads(data)
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 @given(st.data(), KINDS, logprob_counts, st.booleans())
 def test_delta_to_chunk_to_delta_to_chunk(data, kind, count, include_usage) -> None:
     """Streamed: what a writer makes of the deltas of several choices reads back as those

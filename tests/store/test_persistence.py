@@ -299,6 +299,7 @@ async def test_unwritable_data_dir_runs_without_saving(tmp_path, monkeypatch):
     assert blocker.read_text() == "a regular file"
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 async def test_bad_settings_are_notices_and_defaults_apply(tmp_path):
     config_path().parent.mkdir(parents=True)
     config_path().write_text("kv_cache: lots\ndefault_persona: nobody\ncolour: red\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from helpers import (
     engine_stats,
     fake_submits,
@@ -72,6 +73,7 @@ async def _busy_gauge(pilot: Pilot) -> None:
     gauge.stats = engine_stats()
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 def test_the_chat_screen_with_a_question_and_its_reply(snap_compare) -> None:
     assert snap_compare(app(), terminal_size=SIZE, run_before=_one_reply)
 

@@ -137,6 +137,7 @@ async def test_ctrl_w_closes_the_chat_on_show(tiny_llama_dir, personas_dir):
         assert third not in app.chats.sessions and len(app.chats.sessions) == 2
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 async def test_a_tiny_temperature_in_one_chat_is_greedy_and_ends_no_other_reply(
     tiny_llama_dir, personas_dir
 ):

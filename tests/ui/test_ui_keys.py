@@ -533,6 +533,7 @@ async def test_switching_versions_keeps_the_focus_on_the_message(tmp_path):
         )
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 async def test_ctrl_c_stops_the_reply_first_and_quits_when_pressed_again(tmp_path):
     async with offline_run(tmp_path, SIZE) as (app, pilot):
         session = app.chat.current

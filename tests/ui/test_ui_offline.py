@@ -149,6 +149,7 @@ async def test_broken_persona_file_gives_a_notice_and_the_rest_load(tmp_path):
 KEYMAP = {"new_session": "f5", "bogus_id": "f6"}
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 async def test_a_keymap_and_a_theme_from_the_settings_apply(tmp_path):
     app = offline_app(tmp_path, bindings=KEYMAP, theme="nord")
     async with app.run_test(size=SIZE) as pilot:
@@ -161,6 +162,7 @@ async def test_a_keymap_and_a_theme_from_the_settings_apply(tmp_path):
         assert app.chat.current.sampling.temperature == 0.2  # the persona's default
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 async def test_the_help_screen_lists_a_rebound_key(tmp_path):
     app = offline_app(tmp_path, bindings=KEYMAP)
     async with app.run_test(size=SIZE) as pilot:

@@ -30,6 +30,7 @@ TERSE = (
 ) * 2
 
 
+@pytest.mark.slow  # a second or more by what it does (make test-fast's budget)
 async def test_system_prompt_shared_by_two_chats_is_pinned(tiny_llama_dir, personas_dir):
     async with tiny_run(tiny_llama_dir, personas_dir, SIZE) as (app, pilot):
         first = app.chat.current
