@@ -141,7 +141,6 @@ class LLMEngine:
         )
         self.groups: dict[str, SequenceGroup] = {}
         self._ids = itertools.count()
-        self._pins = itertools.count()
         self.rate = TokenRate()
         self.load_timings = dict(loaded.timings)
 
