@@ -12,9 +12,10 @@ model's memory never weighs on the next; the last stdout line of each is its JSO
 
     python -m chatpage.bench.report docs/benchmarks.md --only peers     # against vLLM (~20 min)
 
-With ``--only`` and no ``--results``, the other benchmarks' results are read back from the report
-being rewritten (its JSON blocks), so one benchmark can be rerun without the others. A full run
-runs every benchmark but ``peers`` (``make bench-peers``) and keeps that one's last figures.
+With ``--only`` and no ``--results``, the sections it names (and their goal rows) are rerun and
+replaced, and the rest of the report being rewritten stays as it is, hand-written notes and
+sections with no JSON included (:func:`splice`), so one benchmark can be rerun without the others.
+A full run runs every benchmark but ``peers`` (``make bench-peers``) and keeps that one's last figures.
     python -m chatpage.bench.report OUT.md --bench-args "--model DIR" # passed to every bench
 """
 
@@ -195,6 +196,14 @@ def _setting(bench_args: str) -> str:
     )
 
 
+def _goals_table(results: dict[str, Any]) -> str:
+    rows = [
+        [g.bench, g.goal, g.value, g.target, "met" if g.met else "**missed**", g.why]
+        for g in goals(results)
+    ]
+    return table(["bench", "goal", "figure", "target", "status", "why"], rows)
+
+
 def render(runs: dict, report: Path, machine: str, total_s: float, bench_args: str = "") -> str:
     results = {k: v["result"] for k, v in runs.items() if "result" in v}
     lines = [
@@ -217,18 +226,7 @@ def render(runs: dict, report: Path, machine: str, total_s: float, bench_args: s
         "## Goals",
         "",
     ]
-    rows = [
-        [
-            g.bench,
-            g.goal,
-            g.value,
-            g.target,
-            "met" if g.met else "**missed**",
-            g.why,
-        ]
-        for g in goals(results)
-    ]
-    lines += [table(["bench", "goal", "figure", "target", "status", "why"], rows), ""]
+    lines += [_goals_table(results), ""]
     for name in ORDER:
         if name in runs:
             lines += _section(name, runs[name], report.parent)
@@ -257,6 +255,46 @@ def read_back(text: str) -> tuple[dict, str | None]:
     }
     machine = _MACHINE.search(text)
     return runs, machine["machine"] if machine else None
+
+
+def _blocks(text: str) -> list[tuple[str, str]]:
+    """``text`` cut at its ``## `` headings: (name, the block's text), the part before the first
+    heading named ""."""
+    parts = re.split(r"^(?=## )", text, flags=re.MULTILINE)
+    return [(p[3:].split("\n", 1)[0].strip() if p.startswith("## ") else "", p) for p in parts]
+
+
+def splice(old: str, new: str, rerun: list[str]) -> str:
+    """The report ``old`` with the sections named in ``rerun`` and their goal rows taken from
+    ``new`` (a render of those runs alone): every other section and goal row is kept as it was, hand
+    written notes and the sections `read_back` cannot read included. A section new to the report
+    goes where the registry's order puts it; a rerun section's goal rows (those whose bench column
+    its new rows name) take the place of its old ones, or end the table."""
+    fresh = dict(_blocks(new))
+    blocks = [(n, fresh[n] if n in rerun and n in fresh else b) for n, b in _blocks(old)]
+    for name in rerun:
+        if name in fresh and all(n != name for n, _ in blocks):
+            at = len(blocks)
+            later = {n for n in ORDER[ORDER.index(name) + 1 :]} if name in ORDER else set()
+            for i, (n, _) in enumerate(blocks):
+                if n in later:
+                    at = i
+                    break
+            blocks.insert(at, (name, fresh[name]))
+    rows = [ln for ln in fresh.get("Goals", "").splitlines()[4:] if ln.startswith("| ")]
+    benches = {ln.split(" | ")[0][2:] for ln in rows}
+    out = []
+    for name, block in blocks:
+        if name == "Goals" and rows:
+            lines = block.split("\n")
+            mine = [i for i, ln in enumerate(lines) if ln.startswith("| ") and i > 3]
+            stale = [i for i in mine if lines[i].split(" | ")[0][2:] in benches]
+            at = stale[0] if stale else (mine[-1] + 1 if mine else len(lines))
+            lines = [ln for i, ln in enumerate(lines) if i not in stale]
+            lines[at:at] = rows
+            block = "\n".join(lines)
+        out.append(block)
+    return "".join(out)
 
 
 def kept(back: dict, only: str | None) -> dict:
@@ -301,12 +339,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     runs: dict = {}
     machine = None
+    old: str | None = None  # the report being rewritten, when it is read back
     if args.results:
         saved = json.loads(args.results.read_text())
         runs, machine = saved["runs"], saved["machine"]
         args.bench_args = saved.get("bench_args", args.bench_args)
     elif args.report.exists():
-        back, machine = read_back(args.report.read_text(encoding="utf-8"))
+        old = args.report.read_text(encoding="utf-8")
+        back, machine = read_back(old)
         runs = kept(back, args.only)
         machine = machine if args.only else None
     names = to_run(args.only, bool(args.results))
@@ -325,7 +365,12 @@ def main(argv: list[str] | None = None) -> int:
         args.save.write_text(
             json.dumps({"runs": runs, "machine": machine, "bench_args": args.bench_args}, indent=1)
         )
-    args.report.write_text(render(runs, args.report, machine, total, args.bench_args))
+    if old is not None and args.only:  # some benchmarks rerun: the rest of the report as it was
+        rerun = {name: runs[name] for name in names}
+        text = splice(old, render(rerun, args.report, machine, total, args.bench_args), names)
+    else:
+        text = render(runs, args.report, machine, total, args.bench_args)
+    args.report.write_text(text)
     print(f"wrote {args.report}", file=sys.stderr)
     return 0 if all("result" in e for e in runs.values()) else 1
 

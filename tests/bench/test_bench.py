@@ -477,6 +477,40 @@ def test_report_reads_back_what_it_wrote(tmp_path):
     assert back == {"soak": runs["soak"]}  # a failed section has no JSON to read back
 
 
+def test_a_rerun_keeps_the_rest_of_the_report_as_it_was(tmp_path):
+    """``--only``: the rerun sections and their goal rows are the new ones; every other section
+    and row stays as it was, hand-written notes and sections with no JSON included; a section new
+    to the report goes where the registry's order puts it."""
+    soak_run = {
+        "command": "chatpage bench soak --json",
+        "seconds": 2.0,
+        "returncode": 0,
+        "result": {
+            "requests": 40, "finished": 30, "errored": 1, "failed_by_others": 0, "extreme": 2,
+            "hung": 0, "leaked_blocks": 3, "steps": 99, "seconds": 1.5, "aborted": 8,
+            "rejected": 1, "greedy_checked": 4, "greedy_mismatches": 0,
+            "preemptions": {"swap": {"swap": 5, "recompute": 0}},
+        },
+    }  # fmt: skip
+    hand_row = "| quality | a hand-kept goal | 1 | >= 1 | met | by hand |"
+    hand_section = "## quality\n\nA section written by hand, with no JSON.\n\n"
+    old = report.render({"soak": soak_run}, tmp_path / "b.md", "old machine", 3.0)
+    old = old.replace("| soak |", hand_row + "\n| soak |", 1).replace(
+        "## soak", hand_section + "## soak"
+    )
+    old = old.replace("## soak\n", "## soak\n\nA note by hand.\n", 1)
+    fixed = {**soak_run, "result": {**soak_run["result"], "leaked_blocks": 0}}
+    failed = {"command": "chatpage bench prefix", "seconds": 1.0, "returncode": 1, "error": "x"}
+    new = report.render({"soak": fixed, "prefix": failed}, tmp_path / "b.md", "new machine", 1.0)
+    text = report.splice(old, new, ["soak", "prefix"])
+    assert "Machine: old machine." in text and hand_row in text and hand_section in text
+    assert "A note by hand." not in text  # (in the rerun section)
+    assert "| soak | KV blocks left allocated after the soak | 0 | 0 | met |" in text
+    assert "leaked after the soak | 3" not in text and text.count("| soak | requests that") == 1
+    assert text.index("## quality") < text.index("## prefix") < text.index("## soak")
+    assert report.splice(old, report.render({}, tmp_path / "b.md", "m", 0.0), []) == old
+
+
 SERVE_API = {  # a run of `chatpage bench serve --api --concurrency 64 --output-tokens 32`
     "benchmark": "serve_api",
     "workload": "sharegpt",
