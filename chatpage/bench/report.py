@@ -274,27 +274,33 @@ def splice(old: str, new: str, rerun: list[str]) -> str:
     blocks = [(n, fresh[n] if n in rerun and n in fresh else b) for n, b in _blocks(old)]
     for name in rerun:
         if name in fresh and all(n != name for n, _ in blocks):
-            at = len(blocks)
-            later = {n for n in ORDER[ORDER.index(name) + 1 :]} if name in ORDER else set()
-            for i, (n, _) in enumerate(blocks):
-                if n in later:
-                    at = i
-                    break
+            later = set(ORDER[ORDER.index(name) + 1 :]) if name in ORDER else set()
+            at = next((i for i, (n, _) in enumerate(blocks) if n in later), len(blocks))
             blocks.insert(at, (name, fresh[name]))
-    rows = [ln for ln in fresh.get("Goals", "").splitlines()[4:] if ln.startswith("| ")]
+    rows = _goal_rows(fresh.get("Goals", ""))
+    return "".join(
+        _with_rows(block, rows) if name == "Goals" and rows else block for name, block in blocks
+    )
+
+
+ROWS_FROM = 4  # a Goals block's lines before its table rows: heading, blank, header, separator
+
+
+def _goal_rows(block: str) -> list[str]:
+    return [ln for ln in block.splitlines()[ROWS_FROM:] if ln.startswith("| ")]
+
+
+def _with_rows(block: str, rows: list[str]) -> str:
+    """The Goals block ``block`` with ``rows`` in the place of the rows of their benches (the
+    first column), or after its last row."""
     benches = {ln.split(" | ")[0][2:] for ln in rows}
-    out = []
-    for name, block in blocks:
-        if name == "Goals" and rows:
-            lines = block.split("\n")
-            mine = [i for i, ln in enumerate(lines) if ln.startswith("| ") and i > 3]
-            stale = [i for i in mine if lines[i].split(" | ")[0][2:] in benches]
-            at = stale[0] if stale else (mine[-1] + 1 if mine else len(lines))
-            lines = [ln for i, ln in enumerate(lines) if i not in stale]
-            lines[at:at] = rows
-            block = "\n".join(lines)
-        out.append(block)
-    return "".join(out)
+    lines = block.split("\n")
+    mine = [i for i, ln in enumerate(lines) if ln.startswith("| ") and i >= ROWS_FROM]
+    stale = [i for i in mine if lines[i].split(" | ")[0][2:] in benches]
+    at = stale[0] if stale else (mine[-1] + 1 if mine else len(lines))
+    lines = [ln for i, ln in enumerate(lines) if i not in stale]
+    lines[at:at] = rows
+    return "\n".join(lines)
 
 
 def kept(back: dict, only: str | None) -> dict:
