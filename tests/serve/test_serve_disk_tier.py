@@ -15,7 +15,10 @@ from serve_helpers import running_server
 
 from chatpage.engine.core.kv_tiers import RESCAN, tier_usage
 
-BOUND = 3 << 20  # the shared folder's kv_disk: a fraction of what the racing prompts write
+# the shared folder's kv_disk: under two thirds of what the racing prompts' distinct blocks take
+# (16 prompts of 12 full blocks), so the folder overflows however the two servers split the writes
+# (one skips a block the other has on disk already)
+BOUND = 3 << 19
 LIMIT = BOUND * (1 + 2 * RESCAN)  # (two processes writing at once: kv_tiers.RESCAN)
 
 
@@ -63,7 +66,7 @@ def test_two_serves_share_one_folder_while_both_write(tiny_llama_dir, tmp_path, 
     ):
         # both write at once: a prompt each to both servers, so each writes what the other
         # writes too (the same files renamed over each other) and the folder overflows its
-        # bound (both evicting, each the other's files as well)
+        # bound (whichever evicts drops the other's files as well)
         with ThreadPoolExecutor(8) as pool:
             raced = list(
                 pool.map(complete, [a, b] * len(prompts), [p for p in prompts for _ in "ab"])
@@ -71,7 +74,7 @@ def test_two_serves_share_one_folder_while_both_write(tiny_llama_dir, tmp_path, 
         assert all(r["choices"][0]["text"] for r in raced)  # (batches differ: texts may too)
         written = settled_writes(a) + settled_writes(b)
         usage = tier_usage(kv)
-        assert written * usage.bytes / usage.files > 1.5 * BOUND  # (so both evicted)
+        assert written * usage.bytes / usage.files > 1.5 * BOUND  # (so they evicted)
         assert usage.bytes <= LIMIT
 
         cold = complete(a, asked)  # computed by a, its blocks written when the turn ends
