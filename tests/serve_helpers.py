@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from chatpage.remote.client import RemoteEngineClient
 
@@ -50,6 +51,33 @@ def running_server(
         cmd += ["--api-key", api_key]
     with _process(cmd, home, port or free_port(), "/health") as url:
         yield url
+
+
+def metrics(url: str) -> dict[str, float]:
+    """The server's /metrics, each family's first sample by the family's name."""
+    families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+    return {f.name: f.samples[0].value for f in families if f.samples}
+
+
+def wait_idle(url: str, quiet_s: float = 1.0) -> None:
+    """Wait until the server has pinned its personas' prompts and runs nothing, for ``quiet_s``
+    on end: a request asked then is batched with nothing else. (A server prefills its persona
+    prompts after /health says ready; an answer batched with them may differ in its last
+    bits: a step of many rows computes its matmuls with other kernels, LlamaModel.exact_rows.)"""
+    deadline, since = time.monotonic() + 120, None
+    while time.monotonic() < deadline:
+        now = metrics(url)
+        idle = now["chatpage:blocks_pinned"] > 0 and not (
+            now["vllm:num_requests_running"] or now["vllm:num_requests_waiting"]
+        )
+        if not idle:
+            since = None
+        elif since is None:
+            since = time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{url} never went idle with its personas pinned")
 
 
 @contextmanager

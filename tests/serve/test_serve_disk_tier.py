@@ -10,8 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from serve_helpers import running_server
+from serve_helpers import metrics, running_server
 
 from chatpage.engine.core.kv_tiers import RESCAN, tier_usage
 
@@ -30,11 +29,6 @@ def complete(url: str, prompt: list[int]) -> dict:
     )
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def metrics(url: str) -> dict[str, float]:
-    families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
-    return {f.name: f.samples[0].value for f in families if f.samples}
 
 
 def settled_writes(url: str) -> float:

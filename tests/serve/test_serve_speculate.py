@@ -6,11 +6,9 @@ kept under vLLM's spec-decode names. No disk tier: each server prefills the prom
 
 from __future__ import annotations
 
-import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from serve_helpers import running_server
+from serve_helpers import metrics, running_server, wait_idle
 
 pytestmark = pytest.mark.slow  # two chatpage serves of their own (subprocesses)
 
@@ -22,6 +20,7 @@ def answers_and_metrics(model_dir, home, mode: str) -> tuple[list[str], dict[str
     home.mkdir()
     flags = ["--weights", "int4", "--kv-disk", "0", "--speculate", mode]
     with running_server(model_dir, home, extra=flags) as url:
+        wait_idle(url)  # (the personas' prefills batched with a question would change its bits)
         api = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
         texts = []
         for question in QUESTIONS:
@@ -32,8 +31,7 @@ def answers_and_metrics(model_dir, home, mode: str) -> tuple[list[str], dict[str
                 temperature=0,
             )
             texts.append(reply.choices[0].message.content or "")
-        families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
-        value = {f.name: f.samples[0].value for f in families if f.samples}
+        value = metrics(url)
     return texts, value
 
 
