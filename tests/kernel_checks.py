@@ -39,8 +39,9 @@ WINDOW_CASES = [
 
 
 # int8 caches (attention.quantize_kv's rows): decode rows, prefill tiles over a cached prefix,
-# windows, GQA groups of 1 to 4, the head dims of the fixed-size paths and a runtime one (40: the
-# eight-lane path only), blocks of 8 to 32 tokens
+# windows, GQA groups of 1 to 4, the head dims of the fixed-size paths and runtime ones (40: the
+# eight-lane path only; 160: AVX-512's integer key scores at a runtime width), blocks of 8 to 32
+# tokens
 INT8_CASES = [
     (LENGTHS, [1] * 6, 0, {}),
     (MIXED_LENS, MIXED_Q_LENS, 0, {"num_kv_heads": 3, "num_q_heads": 9}),
@@ -50,6 +51,8 @@ INT8_CASES = [
     ([3001, 2500], [1, 7], 0, {"head_dim": 128, "num_kv_heads": 2, "num_q_heads": 8}),
     ([300, 41], [30, 41], 50, {"head_dim": 40, "num_kv_heads": 1, "num_q_heads": 2}),
     ([260, 17], [1, 17], 0, {"head_dim": 256, "num_kv_heads": 1, "num_q_heads": 1}),
+    ([70, 33], [1, 3], 0, {"head_dim": 96, "num_kv_heads": 2, "num_q_heads": 4}),
+    ([90, 16], [1, 1], 9, {"head_dim": 160, "num_kv_heads": 1, "num_q_heads": 2}),
 ]
 
 
