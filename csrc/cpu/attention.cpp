@@ -176,6 +176,31 @@ inline float block_scores(const float* q, const float* k, int64_t ts, int n, int
 }
 
 #if CHATPAGE_AVX512
+// The sums of sixteen keys' products for H query heads, eight keys at a time (H x 8 vectors of
+// partial sums in registers): fill(i0, acc) adds keys i0 .. i0 + 7 into the zeroed acc[j][i],
+// then each head's eight vectors are reduced along their lanes by op (Lanes16's half_reduce,
+// then join of the two halves): lane t of sums[j] is key t's sum for head j.
+template <int H, typename Fill, typename Op>
+inline void sixteen_keys(Fill fill, Op op, __m512* sums) {
+  using L = Lanes16;
+  __m512 half[H];
+  for (int hf = 0; hf < 2; ++hf) {
+    __m512 acc[H][8];
+    for (int j = 0; j < H; ++j) {
+      for (int i = 0; i < 8; ++i) acc[j][i] = L::zero();
+    }
+    fill(8 * hf, acc);
+    for (int j = 0; j < H; ++j) {
+      const __m512 part = L::half_reduce(acc[j], op);
+      if (hf == 0) {
+        half[j] = part;
+      } else {
+        sums[j] = L::join(half[j], part, op);
+      }
+    }
+  }
+}
+
 // block_scores of H query heads of one KV head (queries q + j * d) over keys read where they lie
 // in a half-precision cache (`ts` elements apart): each key row is widened in registers once for
 // the H heads, and the scores of sixteen keys are taken eight keys at a time (H x 8 vector
@@ -195,28 +220,17 @@ inline void group_scores(const float* q, int d, const KV* k, int64_t ts, int n, 
     const KV* kt = k + t * ts;
     V sc[H];
     if (t + W <= room) {
-      V half[H];
-      for (int hf = 0; hf < 2; ++hf) {
-        V acc[H][8];
-        for (int j = 0; j < H; ++j) {
-          for (int i = 0; i < 8; ++i) acc[j][i] = L::zero();
-        }
-        for (int c = 0; c < nc; ++c) {
-          for (int i = 0; i < 8; ++i) {
-            const V key = L::load(kt + (8 * hf + i) * ts + W * c);
-            for (int j = 0; j < H; ++j)
-              acc[j][i] = L::fma(L::load(q + j * d + W * c), key, acc[j][i]);
-          }
-        }
-        for (int j = 0; j < H; ++j) {
-          const V part = L::half_reduce(acc[j], _mm512_add_ps);
-          if (hf == 0) {
-            half[j] = part;
-          } else {
-            sc[j] = L::join(half[j], part, _mm512_add_ps);
-          }
-        }
-      }
+      sixteen_keys<H>(
+          [&](int i0, V (&acc)[H][8]) {
+            for (int c = 0; c < nc; ++c) {
+              for (int i = 0; i < 8; ++i) {
+                const V key = L::load(kt + (i0 + i) * ts + W * c);
+                for (int j = 0; j < H; ++j)
+                  acc[j][i] = L::fma(L::load(q + j * d + W * c), key, acc[j][i]);
+              }
+            }
+          },
+          _mm512_add_ps, sc);
     } else {
       for (int j = 0; j < H; ++j) sc[j] = tail_scores<L>(q + j * d, kt, ts, n - t, nc);
     }
@@ -272,30 +286,22 @@ inline void group_scores_int(const int16_t* q, const float* qs, int d, const int
     const int8_t* kt = k + t * ts;
     __m512i sums[H];
     if (t + W <= room) {
-      V half[H];
-      for (int hf = 0; hf < 2; ++hf) {
-        V acc[H][8];
-        for (int j = 0; j < H; ++j) {
-          for (int i = 0; i < 8; ++i) acc[j][i] = L::zero();
-        }
-        for (int c = 0; c < np; ++c) {
-          for (int i = 0; i < 8; ++i) {
-            const __m512i key = widen_key32(kt + (8 * hf + i) * ts + 32 * c);
-            for (int j = 0; j < H; ++j) {
-              const __m512i qc = _mm512_loadu_si512(q + j * d + 32 * c);
-              acc[j][i] = _mm512_castsi512_ps(dot_i16(_mm512_castps_si512(acc[j][i]), qc, key));
+      V lanes[H];  // (int32 sums in float registers: add_i32 reduces them)
+      sixteen_keys<H>(
+          [&](int i0, V (&acc)[H][8]) {
+            for (int c = 0; c < np; ++c) {
+              for (int i = 0; i < 8; ++i) {
+                const __m512i key = widen_key32(kt + (i0 + i) * ts + 32 * c);
+                for (int j = 0; j < H; ++j) {
+                  const __m512i qc = _mm512_loadu_si512(q + j * d + 32 * c);
+                  acc[j][i] =
+                      _mm512_castsi512_ps(dot_i16(_mm512_castps_si512(acc[j][i]), qc, key));
+                }
+              }
             }
-          }
-        }
-        for (int j = 0; j < H; ++j) {
-          const V part = L::half_reduce(acc[j], add_i32);
-          if (hf == 0) {
-            half[j] = part;
-          } else {
-            sums[j] = _mm512_castps_si512(L::join(half[j], part, add_i32));
-          }
-        }
-      }
+          },
+          add_i32, lanes);
+      for (int j = 0; j < H; ++j) sums[j] = _mm512_castps_si512(lanes[j]);
     } else {  // a block that ends before the next 16 keys: the last keys one by one
       for (int j = 0; j < H; ++j) {
         alignas(64) int32_t one[W] = {};
