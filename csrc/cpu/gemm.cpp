@@ -290,7 +290,9 @@ void gemm_rows(const float* xp, int64_t m_begin, int64_t m_end, int64_t n, int64
 // K, four accumulator tiles of 16 x 16 sums, stored and scaled at the end.
 constexpr int kAmxRows = 32;       // weight rows per block: two A tiles
 constexpr int kAmxK = 32;          // inputs per tile row (64 bytes of bf16)
-constexpr int64_t kAmxSlice = 256;  // activation rows packed per pass over the weights
+// activations packed per pass over the weights (each pass decodes every weight row again): as
+// many rows as fit this many bytes, which stay in L2 while every weight block reads them
+constexpr int64_t kAmxSliceBytes = 1 << 20;
 
 // Linux grants a process AMX's tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
 // XFEATURE_XTILEDATA, Linux 5.16 on); without it the first tile instruction faults.
@@ -435,7 +437,7 @@ void amx_rows(const uint32_t* xp, int64_t m_begin, int64_t m, int64_t n, int64_t
 }
 
 // tiled_gemm on AMX: the activations in bf16 (x's own, or x rounded to bf16), packed a slice of
-// kAmxSlice rows at a time.
+// kAmxSliceBytes of them at a time.
 template <typename Decode, typename Scale>
 at::Tensor amx_gemm(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias,
                     const Decode& decode, const Scale& row_scale) {
@@ -445,10 +447,12 @@ at::Tensor amx_gemm(const at::Tensor& x, int64_t n, const c10::optional<at::Tens
   at::Tensor out = output_for(x, n), bias_f;
   const float* b = bias_data(bias, bias_f);
   const Output dst = output_of(out);
-  const at::Tensor packed = at::empty({((std::min(m, kAmxSlice) + 15) / 16) * ktiles * 256}, at::kInt);
+  // rows a pass: a multiple of 32 (the tile pairs), at least 32
+  const int64_t slice = std::max<int64_t>(32, kAmxSliceBytes / (ktiles * kAmxK * 2) / 32 * 32);
+  const at::Tensor packed = at::empty({((std::min(m, slice) + 15) / 16) * ktiles * 256}, at::kInt);
   uint32_t* xp = reinterpret_cast<uint32_t*>(packed.data_ptr<int32_t>());
-  for (int64_t m0 = 0; m0 < m; m0 += kAmxSlice) {
-    const int64_t rows = std::min(kAmxSlice, m - m0);
+  for (int64_t m0 = 0; m0 < m; m0 += slice) {
+    const int64_t rows = std::min(slice, m - m0);
     pack_activations(xb.data_ptr<c10::BFloat16>() + m0 * ktiles * kAmxK, rows, ktiles, xp);
     amx_rows(xp, m0, rows, n, k, ktiles, b, dst, decode, row_scale);
   }
