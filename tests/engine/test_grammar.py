@@ -9,6 +9,7 @@ import time
 import jsonschema
 import pytest
 import torch
+from grammar_specs import JSON, SCHEMA
 
 from chatpage.engine import EngineConfig, LLMEngine, SamplingParams
 from chatpage.engine.sample.constraints import forbid, unpack
@@ -17,18 +18,6 @@ from chatpage.engine.text.chat_template import render_prompt
 from chatpage.engine.text.grammar import grammar_text
 from chatpage.engine.text.reasoning import ReasoningFormat, reasoning_format
 from chatpage.vocab import FinishReason
-
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "color": {"enum": ["red", "green", "blue"]},
-        "count": {"type": "integer", "minimum": 0, "maximum": 99},
-        "ok": {"type": "boolean"},
-    },
-    "required": ["color", "count", "ok"],
-    "additionalProperties": False,
-}
-JSON = Structured(GrammarKind.JSON_SCHEMA, json.dumps(SCHEMA))
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,13 @@ verified in the batched step, and greedy output identical with and without it.""
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
 
+import jsonschema
 import pytest
 import torch
+from grammar_specs import JSON, SCHEMA
 
 from chatpage.bench import common
 from chatpage.engine import SamplingParams
@@ -19,6 +22,7 @@ from chatpage.engine.core.speculate import (
     SpecState,
     Speculator,
     draft_length,
+    grammar_draft,
     row_cost,
     step_cost,
 )
@@ -218,16 +222,93 @@ def test_a_seeded_sampled_request_speculates_and_repeats_itself(loaded):
     assert first == again and engines[0].speculator.accepted > 0
 
 
-def test_grammar_n_sample_and_beam_requests_are_not_speculated(loaded):
+def test_beam_requests_and_requests_that_turn_it_off_are_not_speculated(loaded):
     engine = common.engine(loaded, weight_dtype=WEIGHTS)
     prompt = _prompts(1)[0]
     for params in (
         SamplingParams(beam_width=2, max_tokens=10),
-        SamplingParams(temperature=0, n=2, max_tokens=10),
         SamplingParams(temperature=0, max_tokens=20, speculate=False),
     ):
         engine.generate([prompt], params)
     assert engine.speculator.drafted == 0
+
+
+def test_a_sample_drafts_from_its_siblings_outputs():
+    """The n samples of a request draft from each other: what followed a context in a sibling's
+    output is drafted where the sequence's own tokens never had it."""
+    prompt = [1, 2, 3]
+    own = prompt + [7, 8, 9]
+    sibling = prompt + [7, 8, 9, 4, 5, 6]
+    state = SpecState(NgramIndex(own), peers=[NgramIndex(sibling)])
+    assert state.draft(own, 3, 3) == ([4, 5, 6], 0.0)
+    assert SpecState(NgramIndex(own)).draft(own, 3, 3) == ([], 0.0)
+
+
+def test_n_samples_speculate_and_stay_exact(loaded):
+    """A request of n samples drafts once it has forked them (here from the reply it
+    regenerates): greedy samples are the ones without speculation, and a seeded sampled
+    request repeats itself."""
+    prompt = _prompts(4)[3]
+    off = common.engine(loaded, weight_dtype=WEIGHTS, num_speculative_tokens=0)
+    reply = off.generate([prompt], SamplingParams(temperature=0, max_tokens=40))[0]
+    greedy = SamplingParams(
+        temperature=0, n=2, max_tokens=40, draft_source=[reply.outputs[0].token_ids]
+    )
+    on = common.engine(loaded, weight_dtype=WEIGHTS)
+    want, got = ([o.token_ids for o in e.generate([prompt], greedy)[0].outputs] for e in (off, on))
+    assert got == want == [reply.outputs[0].token_ids] * 2
+    assert on.speculator.accepted > 0
+    sampled = dataclasses.replace(greedy, temperature=0.3, seed=1)
+    engines = [common.engine(loaded, weight_dtype=WEIGHTS) for _ in range(2)]
+    first, again = (
+        [o.token_ids for o in e.generate([prompt], sampled)[0].outputs] for e in engines
+    )
+    assert first == again and engines[0].speculator.accepted > 0
+    assert not on.bm.audit() and not engines[0].bm.audit()
+
+
+def test_a_grammar_drafts_the_tokens_it_forces_and_cuts_what_it_does_not_allow(loaded):
+    engine = common.engine(loaded, weight_dtype=WEIGHTS)
+    matcher = engine.grammars.matcher(JSON)
+    forced = matcher.forced()
+    assert forced  # (the object's opening and its first key)
+    assert grammar_draft(matcher, [5, 6], 4, 0.0) == (forced[:4], 1.0)
+    text = engine.tokenizer.encode(
+        '{"color": "red", "count": 42, "ok": true}', add_special_tokens=False
+    )
+    assert matcher.valid_prefix(text) == len(text)  # (the text follows the schema)
+    at = 0
+    while matcher.forced():  # on to where the grammar leaves a choice
+        matcher.advance(text[at])
+        at += 1
+    said = text[at : at + 2]
+    ahead = matcher.fork()
+    for token in said:
+        ahead.advance(token)
+    junk = next(t for t in range(engine.model.vocab_size) if ahead.valid_prefix([t]) == 0)
+    assert grammar_draft(matcher, [*said, junk, *said], 5, 0.5) == (said, 0.5)
+
+
+def test_a_grammar_constrained_request_speculates_and_stays_exact(loaded):
+    """Under a JSON schema the forced tokens (keys, punctuation) are drafted and kept, and each
+    drafted row is masked where the grammar stands after the drafts before it: the greedy
+    output is the one without speculation, a seeded sampled one repeats itself, and both
+    follow the schema."""
+    prompt = _prompts(1)[0]
+    params = SamplingParams(temperature=0, max_tokens=80, structured=JSON)
+    off = common.engine(loaded, weight_dtype=WEIGHTS, num_speculative_tokens=0)
+    on = common.engine(loaded, weight_dtype=WEIGHTS)
+    want, got = (e.generate([prompt], params)[0].outputs[0] for e in (off, on))
+    assert (got.token_ids, got.finish_reason) == (want.token_ids, want.finish_reason)
+    jsonschema.validate(json.loads(got.text), SCHEMA)
+    assert on.speculator.accepted > 0
+    # sampled: its drafted rows masked before speculative sampling; the same seed, the same JSON
+    sampled = dataclasses.replace(params, temperature=0.8, seed=2)
+    engines = [common.engine(loaded, weight_dtype=WEIGHTS) for _ in range(2)]
+    first, again = (e.generate([prompt], sampled)[0].outputs[0] for e in engines)
+    assert first.token_ids == again.token_ids and engines[0].speculator.accepted > 0
+    jsonschema.validate(json.loads(first.text), SCHEMA)
+    assert not on.bm.audit() and not engines[0].bm.audit()
 
 
 def test_without_row_invariant_kernels_nothing_is_drafted(loaded, monkeypatch):

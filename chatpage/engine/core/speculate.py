@@ -4,8 +4,12 @@ A sequence's draft is what followed the earlier occurrence of its last few token
 of `NGRAM_MAX` down to `NGRAM_MIN` that occurred) that the most of its context before them
 matches (`NgramIndex.longest`: a suffix match), in its request's draft sources (the other
 versions of a chat turn: the reply a regenerate or an edit replaces,
-`SamplingParams.draft_source`) and its own prompt and output: prompt lookup, as vLLM's n-gram
-proposer and llama.cpp's lookup do, with no draft model. A regenerate repeats the reply it
+`SamplingParams.draft_source`), the other samples of its request (n > 1) and its own prompt and
+output: prompt lookup, as vLLM's n-gram proposer and llama.cpp's lookup do, with no draft model.
+Under a grammar (structured output), the tokens the grammar forces from where the sequence is
+(llguidance's fast-forward tokens: a JSON schema's keys and punctuation) are the draft, kept
+with certainty; any other draft is cut where the grammar stops allowing it, and each drafted
+row is masked as the grammar stands after the drafts before it (`step_sampler.Sampler._verify`). A regenerate repeats the reply it
 replaces token for token (`Scheduler._tail_apart`), so that reply drafts it whole. The scheduler adds the drafted
 tokens as extra query rows of the sequence's decode row (`ScheduledSeq.draft`); the sampler picks
 a token from every row and keeps the drafts that equal the picks, plus the pick after the last
@@ -25,8 +29,8 @@ drafted row costs beside the step (`step_cost`,
 `row_cost`: the matmuls' rows and the attention over the context, measured), and per step
 `Speculator.plan` keeps drafts only while the step's expected tokens per unit of time beat the
 plain step's. Sampled requests keep their distribution by speculative
-sampling (`engine/sample/sampler.py`'s `speculative_picks`). Beam search, n samples and grammars
-are not speculated.
+sampling (`engine/sample/sampler.py`'s `speculative_picks`). Beam search is not speculated: its
+step picks among every beam's continuations at once, so a beam cannot run ahead of the others.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from dataclasses import dataclass, field
 from weakref import WeakKeyDictionary
 
 from chatpage.engine.core.sequence import Sequence, SequenceGroup
+from chatpage.engine.text.grammar import GrammarMatcher
 
 NGRAM_MAX = 4
 """The longest suffix looked up (a longer match predicts better; vLLM's default maximum is 5)."""
@@ -123,10 +128,12 @@ class NgramIndex:
 
 @dataclass
 class SpecState:
-    """One sequence's speculation: its lookup indexes and its acceptance estimate."""
+    """One sequence's speculation: its lookup indexes (its own, its request's draft sources, its
+    sibling samples': `peers`) and its acceptance estimate."""
 
     own: NgramIndex
     sources: list[NgramIndex] = field(default_factory=list)
+    peers: list[NgramIndex] = field(default_factory=list)
     # the acceptance estimates after a draft not kept whole (or none yet) and after one kept
     # whole, and which applies now
     rates: list[float] = field(default_factory=lambda: [START_RATE, HOT_RATE])
@@ -142,18 +149,19 @@ class SpecState:
         sequence's output, and the acceptance they are trusted with at least: a source that
         starts with the whole output goes on from there (a regenerated reply that repeats the
         one it replaces: `ALIGNED_RATE`); else what follows the longest match of the tokens'
-        end (`NgramIndex.longest`; `HOT_RATE` from `LONG_MATCH` tokens), in the sources or the
-        sequence itself, the sources first of equals."""
+        end (`NgramIndex.longest`; `HOT_RATE` from `LONG_MATCH` tokens), in the sources, the
+        peers or the sequence itself, in that order of equals."""
         said = tokens[len(tokens) - output :]
         for index in self.sources:
             if output and index.tokens[:output] == said and len(index.tokens) > output:
                 return index.tokens[output : output + count], ALIGNED_RATE
-        self.own.extend()
+        for index in (*self.peers, self.own):
+            index.extend()
         for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
             if len(tokens) < n:
                 continue
             found: tuple[int, int, NgramIndex | None] = (0, -1, None)
-            for index in (*self.sources, self.own):
+            for index in (*self.sources, *self.peers, self.own):
                 length, end = index.longest(tokens, n)
                 if length > found[0]:
                     found = (length, end, index)
@@ -167,6 +175,17 @@ class SpecState:
         rate = 1 - (1 - self.rate) * RATE_MEMORY**accepted
         self.rates[self.hot] = rate if accepted == drafted else rate * RATE_MEMORY
         self.hot = accepted == drafted
+
+
+def grammar_draft(
+    matcher: GrammarMatcher, draft: list[int], count: int, trusted: float
+) -> tuple[list[int], float]:
+    """A draft under a grammar: the tokens it forces from here (up to ``count``, kept with
+    certainty), else ``draft`` cut where the grammar stops allowing it."""
+    forced = matcher.forced()[:count]
+    if forced:
+        return forced, 1.0
+    return draft[: matcher.valid_prefix(draft)], trusted
 
 
 def draft_length(rate: float, tokens: int, cost: float, row: float) -> int:
@@ -201,16 +220,11 @@ def expected_accepted(rate: float, k: int) -> float:
 
 
 def speculates(group: SequenceGroup) -> bool:
-    """Whether ``group`` may draft: one sequence, no grammar, asked for (a sampled request's
-    drafts are verified by speculative sampling, `sample.sampler.speculative_picks`)."""
+    """Whether ``group`` may draft: asked for, not beam search, and (n samples) widened to its
+    samples (a sampled request's drafts are verified by speculative sampling,
+    `sample.sampler.speculative_picks`)."""
     p = group.params
-    return (
-        p.speculate
-        and p.width == 1
-        and not p.use_beam_search
-        and p.structured is None
-        and len(group.seqs) == 1
-    )
+    return p.speculate and not p.use_beam_search and (p.n == 1 or group.forked)
 
 
 class Speculator:
@@ -233,7 +247,8 @@ class Speculator:
         state = self.states.get(seq)
         if state is None:
             sources = [NgramIndex(list(s)) for s in group.params.draft_source if s]
-            state = self.states[seq] = SpecState(NgramIndex(seq.token_ids), sources)
+            peers = [NgramIndex(s.token_ids) for s in group.seqs if s is not seq]
+            state = self.states[seq] = SpecState(NgramIndex(seq.token_ids), sources, peers)
         return state
 
     def verified(self, seq: Sequence, drafted: int, accepted: int) -> None:
@@ -262,6 +277,8 @@ class Speculator:
             draft, trusted = state.draft(seq.token_ids, left, seq.num_output_tokens)
             if seq.drafted and trusted < ALIGNED_RATE:
                 trusted = 0.0  # (a long match is trusted until the sequence has its own rate)
+            if seq.matcher is not None:
+                draft, trusted = grammar_draft(seq.matcher, draft, left, trusted)
             rate = max(state.rate, trusted)
             draft = draft[: draft_length(rate, len(rows), plain, row_cost(len(seq)))]
             if draft:

@@ -21,6 +21,7 @@ from chatpage.engine.sample.sampler import (
     speculative_picks,
     top_logprobs,
 )
+from chatpage.engine.text.grammar import GrammarMatcher
 
 _Target = tuple[SequenceGroup, Sequence, int, int | None, torch.Generator | None]
 """A row to draw: (group, sequence, logits row, the n-sample fork it starts or None, generator)."""
@@ -58,11 +59,23 @@ class Sampler:
         """A drafted sequence's picks (``engine/core/speculate.py``): greedy, a token from each
         of its rows as its plain row would pick it, the drafts that equal the picks before them
         kept and the pick after the last kept one; sampled, by speculative sampling
-        (`speculative_picks`)."""
+        (`speculative_picks`). Each row is first constrained as a plain row there would be: its
+        logit bias, and its grammar's mask where the grammar stands after the drafts before it
+        (the scheduler drafts only tokens the grammar allows)."""
         group, seq, draft = item.group, item.seq, item.draft
         rid, n = group.request_id, len(draft) + 1
-        if group.params.logit_bias:
-            rows = [(row, group.params, None) for row in range(n)]
+        if group.params.logit_bias or seq.matcher is not None:
+            # the grammar after each draft token (a grammar ended by one leaves the rows after
+            # it unmasked: the sequence stops there, and their picks go unused)
+            matchers: list[GrammarMatcher | None] = [seq.matcher] * n
+            for i, token in enumerate(draft if seq.matcher is not None else ()):
+                before = matchers[i]
+                ahead = None
+                if before is not None and not before.done:
+                    ahead = before.fork()
+                    ahead.advance(token)
+                matchers[i + 1] = ahead if ahead is not None and not ahead.done else None
+            rows = [(row, group.params, matchers[row]) for row in range(n)]
             for error in self.constraints.apply(logits, rows).values():
                 out.failed.setdefault(rid, error)
                 return

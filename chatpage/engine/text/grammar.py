@@ -112,6 +112,14 @@ class GrammarMatcher:
         """An independent copy at the same place (a forked sequence's)."""
         return GrammarMatcher(self._m.deep_copy())
 
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of ``tokens``, in order from here, the grammar allows (it stays here)."""
+        return self._m.validate_tokens(tokens)
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces from here on (none where it leaves a choice)."""
+        return self._m.compute_ff_tokens()
+
     def advance(self, token: int) -> None:
         """The sequence took ``token`` (one the mask allowed; any other puts it in `error`)."""
         self._m.consume_token(token)
