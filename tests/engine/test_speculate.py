@@ -239,8 +239,9 @@ def test_a_sample_drafts_from_its_siblings_outputs():
     prompt = [1, 2, 3]
     own = prompt + [7, 8, 9]
     sibling = prompt + [7, 8, 9, 4, 5, 6]
-    state = SpecState(NgramIndex(own), peers=[NgramIndex(sibling)])
+    state = SpecState(NgramIndex(own), peers=[NgramIndex(sibling, start=len(prompt))])
     assert state.draft(own, 3, 3) == ([4, 5, 6], 0.0)
+    assert (1, 2) not in state.peers[0].ends  # (the prompt is in the sequence's own index)
     assert SpecState(NgramIndex(own)).draft(own, 3, 3) == ([], 0.0)
 
 

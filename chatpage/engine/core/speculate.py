@@ -93,10 +93,12 @@ class NgramIndex:
     before them: a suffix match, so a file copied back drafts from the line it is at, not from
     the latest line that starts alike."""
 
-    def __init__(self, tokens: list[int]) -> None:
+    def __init__(self, tokens: list[int], start: int = 0) -> None:
         self.tokens = tokens  # (the sequence's own list: it grows in place)
         self.ends: dict[tuple[int, ...], list[int]] = {}
-        self.indexed = 0  # n-grams ending before this position are in ``ends``
+        # n-grams ending before this position are in ``ends`` (or not wanted: those ending
+        # before ``start - 1``, a sibling sample's prompt, which the sequence's own index has)
+        self.indexed = max(0, start - 1)
         self.extend()
 
     def extend(self) -> None:
@@ -247,7 +249,7 @@ class Speculator:
         state = self.states.get(seq)
         if state is None:
             sources = [NgramIndex(list(s)) for s in group.params.draft_source if s]
-            peers = [NgramIndex(s.token_ids) for s in group.seqs if s is not seq]
+            peers = [NgramIndex(s.token_ids, s.prompt_len) for s in group.seqs if s is not seq]
             state = self.states[seq] = SpecState(NgramIndex(seq.token_ids), sources, peers)
         return state
 
