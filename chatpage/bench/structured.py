@@ -1,11 +1,14 @@
 """`chatpage bench structured`: decoding under a JSON-schema grammar against free decoding.
 
-At 1 and 32 rows, the same chat prompt decodes ``--tokens`` tokens twice on one engine: free,
-and under a JSON schema (a long list of records, so the grammar never completes before the
-token limit and both runs decode the same number of tokens). Reported per row count: decode
-tok/s of each (the prefill step left out), their ratio (goal >= 0.9), and the share of the
-constrained steps spent computing and applying the token masks (goal <= 0.1 at 32 rows), both
-times by the one benchmark clock (`common.now`: CPU time on one thread).
+At 1 and 32 rows, the same chat prompt decodes ``--tokens`` tokens three times on one engine:
+free and under a JSON schema (a long list of records, so the grammar never completes before the
+token limit and every run decodes the same number of tokens), one token a step (speculation
+off), then under the schema with speculative decoding (the tokens the grammar forces drafted:
+`engine/core/speculate.py`). Reported per row count: decode tok/s of each (the prefill step
+left out), the schema's over free decoding (goal >= 0.9), speculation's over the schema's
+without, and the share of the constrained steps spent computing and applying the token masks
+(goal <= 0.1 at 32 rows), all times by the one benchmark clock (`common.now`: CPU time on one
+thread).
 """
 
 from __future__ import annotations
@@ -49,7 +52,12 @@ PROMPT = [{"role": "user", "content": "List people with their name, age and city
 
 
 def decode_rate(
-    eng, prompt: list[int], rows: int, tokens: int, structured: Structured | None
+    eng,
+    prompt: list[int],
+    rows: int,
+    tokens: int,
+    structured: Structured | None,
+    speculate: bool = False,
 ) -> dict:
     """Decode ``rows`` requests of ``prompt`` for ``tokens`` tokens each; decode tok/s (the
     first, prefill step left out) and the mask seconds of the decode steps."""
@@ -57,7 +65,12 @@ def decode_rate(
         eng.add_request(
             prompt,
             SamplingParams(
-                temperature=0.8, seed=i, max_tokens=tokens, ignore_eos=True, structured=structured
+                temperature=0.8,
+                seed=i,
+                max_tokens=tokens,
+                ignore_eos=True,
+                structured=structured,
+                speculate=speculate,
             ),
         )
     eng.step()  # the prefill
@@ -96,11 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     for rows in ROWS:
         free = decode_rate(eng, prompt, rows, tokens, None)
         constrained = decode_rate(eng, prompt, rows, tokens, spec)
+        drafted = decode_rate(eng, prompt, rows, tokens, spec, speculate=True)
         row = {
             "rows": rows,
             "free_tok_s": free["tok_s"],
             "json_schema_tok_s": constrained["tok_s"],
             "ratio": constrained["tok_s"] / free["tok_s"],
+            "speculating_tok_s": drafted["tok_s"],
+            "speculation_ratio": drafted["tok_s"] / constrained["tok_s"],
             "mask_share": constrained["mask_s"] / constrained["seconds"],
             "decode_steps": tokens - 1,
             "mask_ms_per_step": constrained["mask_s"] / max(tokens - 1, 1) * 1e3,
@@ -109,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         common.say(
             f"{rows} rows: free {row['free_tok_s']:.1f} tok/s, json schema "
             f"{row['json_schema_tok_s']:.1f} tok/s (ratio {row['ratio']:.3f}), masks "
-            f"{row['mask_share']:.1%} of a step"
+            f"{row['mask_share']:.1%} of a step; speculating {row['speculating_tok_s']:.1f} tok/s"
         )
         results.append(row)
     result = {
@@ -133,6 +149,8 @@ class RowsFigures:
     ratio: float
     mask_share: float
     mask_ms_per_step: float
+    speculating_tok_s: float | None = None  # (runs before speculation drafted under grammars)
+    speculation_ratio: float | None = None
 
 
 @dataclass(frozen=True)
@@ -173,12 +191,23 @@ def goals(g: StructuredResult) -> list[Goal]:
 
 def figures(r: StructuredResult) -> list[str]:
     rows = [
-        [x.rows, x.free_tok_s, x.json_schema_tok_s, x.ratio, 100 * x.mask_share] for x in r.results
+        [
+            x.rows,
+            x.free_tok_s,
+            x.json_schema_tok_s,
+            x.ratio,
+            100 * x.mask_share,
+            "-" if x.speculating_tok_s is None else x.speculating_tok_s,
+            "-" if x.speculation_ratio is None else x.speculation_ratio,
+        ]
+        for x in r.results
     ]
+    head = ["rows", "free tok/s", "JSON schema tok/s", "ratio", "masks (% of step)"]
     return [
-        f"{r.tokens} tokens per row, {r.weights} weights, grammars by {r.grammar_engine}.",
+        f"{r.tokens} tokens per row, {r.weights} weights, grammars by {r.grammar_engine}; "
+        "speculation off but in the last two columns (the schema's run again, drafting).",
         "",
-        table(["rows", "free tok/s", "JSON schema tok/s", "ratio", "masks (% of step)"], rows),
+        table([*head, "speculating tok/s", "speculating / not"], rows),
     ]
 
 

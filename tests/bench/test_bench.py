@@ -350,7 +350,7 @@ def test_structured_json(tiny_llama_dir, capsys):
     _has(r, "results", "tokens", "grammar_engine")
     assert [x["rows"] for x in r["results"]] == [1, 32]
     for x in r["results"]:
-        assert x["free_tok_s"] > 0 and x["json_schema_tok_s"] > 0
+        assert x["free_tok_s"] > 0 and x["json_schema_tok_s"] > 0 and x["speculating_tok_s"] > 0
         assert 0 < x["mask_share"] < 1  # the constrained run did compute masks
     text = report.render(
         {
@@ -366,6 +366,7 @@ def test_structured_json(tiny_llama_dir, capsys):
         1.0,
     )
     assert "| structured | mask time / decode step, 32 rows |" in text
+    assert "| speculating tok/s | speculating / not |" in text
 
 
 def test_report_renders_goals(tmp_path):
