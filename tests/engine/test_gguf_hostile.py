@@ -131,7 +131,7 @@ def test_the_rotary_tables_cover_what_the_pool_holds(tmp_path, monkeypatch, cont
     assert engine.model.max_positions == reach < context
     assert engine.model.cos is not None and engine.model.cos.shape[0] == reach
     # a prompt past the pool's reach: still rotated by its own positions
-    [out] = engine.generate([[7] * (reach - 8)], SamplingParams(max_tokens=4))
+    [out] = engine.generate([[7] * (reach - 8)], SamplingParams(max_tokens=4, ignore_eos=True))
     assert len(out.outputs[0].token_ids) == 4
 
 
@@ -152,7 +152,7 @@ def test_where_every_layer_frees_its_blocks_the_tables_stay_within_the_pool(tmp_
     cos = engine.model.cos
     assert cos is not None and 2 * cos.numel() * cos.element_size() <= config.kv_cache_bytes
     assert any("rotary tables would outweigh the KV cache" in w for w in engine.warnings)
-    [out] = engine.generate([[7] * 100], SamplingParams(max_tokens=4))
+    [out] = engine.generate([[7] * 100], SamplingParams(max_tokens=4, ignore_eos=True))
     assert len(out.outputs[0].token_ids) == 4
 
 
