@@ -59,7 +59,7 @@ def metrics(url: str) -> dict[str, float]:
     return {f.name: f.samples[0].value for f in families if f.samples}
 
 
-def wait_idle(url: str, quiet_s: float = 1.0) -> None:
+def wait_idle(url: str, quiet_s: float = 0.5) -> None:
     """Wait until the server has pinned its personas' prompts and runs nothing, for ``quiet_s``
     on end: a request asked then is batched with nothing else. (A server prefills its persona
     prompts after /health says ready; an answer batched with them may differ in its last
