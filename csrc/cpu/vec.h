@@ -140,7 +140,10 @@ inline Vec8 exp8(Vec8 a) {
   using namespace exp_poly;
   __m256 x = _mm256_min_ps(a.v, _mm256_set1_ps(kHi));
   __m256 underflow = _mm256_cmp_ps(x, _mm256_set1_ps(kLo), _CMP_LT_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(kLo));
+  // an underflowing lane (a masked logit's -inf among them) is computed as exp(0) and zeroed at
+  // the end: at kLo its 2^n * y would be subnormal, and every product with a subnormal result
+  // costs a microcode assist (a grammar-masked 49k-logit row sampled ~8x slower)
+  x = _mm256_max_ps(_mm256_blendv_ps(x, _mm256_setzero_ps(), underflow), _mm256_set1_ps(kLo));
   __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(kLog2e), _mm256_set1_ps(0.5f)));
   x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(kLn2Hi), x);
   x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(kLn2Lo), x);
@@ -314,7 +317,9 @@ struct Lanes16 {
     using namespace exp_poly;
     V x = _mm512_min_ps(a, _mm512_set1_ps(kHi));
     const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kLo), _CMP_LT_OQ);
-    x = _mm512_max_ps(x, _mm512_set1_ps(kLo));
+    // (an underflowing lane as exp(0), zeroed at the end: no subnormal products, as exp8)
+    x = _mm512_max_ps(_mm512_mask_blend_ps(underflow, x, _mm512_setzero_ps()),
+                      _mm512_set1_ps(kLo));
     const V fx = _mm512_roundscale_ps(
         _mm512_fmadd_ps(x, _mm512_set1_ps(kLog2e), _mm512_set1_ps(0.5f)),
         _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
