@@ -60,6 +60,10 @@ TORCH_LIBRARY(chatpage, m) {
   // at its temperature with its uniform, and the row's logsumexp; a pick of -1 for a row that is
   // not finite (chatpage/engine/sample/sampler.py's torch code is the reference). CPU only.
   m.def("sample_rows(Tensor logits, Tensor temperatures, Tensor uniforms) -> (Tensor, Tensor)");
+  // fp32 logits [N, V] set to -inf in place where their bit in an int32 bitmask [N, ceil(V/32)]
+  // (token 32 w + b: bit b of word w) is 0 (chatpage/engine/sample/constraints.py's forbid is
+  // the reference). CPU only.
+  m.def("forbid_tokens(Tensor(a!) logits, Tensor bitmask) -> ()");
   // A GGUF tensor's blocks of ggml type type_id dequantized into out (fp32, blocks' values in
   // order, or row i from the file's row row_order[i]; chatpage/engine/load/dequant.py is the
   // reference). CPU only.
@@ -106,6 +110,7 @@ TORCH_LIBRARY_IMPL(chatpage, CPU, m) {
   m.impl("gemm_q8_int4_packed", &chatpage::cpu::gemm_q8_int4_packed);
   m.impl("decode_layers", &chatpage::cpu::decode_layers);
   m.impl("sample_rows", &chatpage::cpu::sample_rows);
+  m.impl("forbid_tokens", &chatpage::cpu::forbid_tokens);
   m.impl("dequantize_gguf", &chatpage::cpu::dequantize_gguf);
   m.impl("quantize_int4", &chatpage::cpu::quantize_int4);
   m.impl("quantize_int8", &chatpage::cpu::quantize_int8);

@@ -1,7 +1,8 @@
-"""torch.ops.chatpage.sample_rows (csrc/cpu/sample.cpp) against the sampler's torch code
-(chatpage/engine/sample/sampler.py), shared by tests/kernels/test_sample_rows.py's in-process tests (this
-machine's build) and its AVX2 build, which runs this file as a script in a process of its own:
-``python tests/sample_checks.py CACHE_DIR BUILD`` prints how many checks passed."""
+"""torch.ops.chatpage.sample_rows and forbid_tokens (csrc/cpu/sample.cpp) against the sampler's
+and the constraints' torch code (chatpage/engine/sample/), shared by
+tests/kernels/test_sample_rows.py's in-process tests (this machine's build) and its AVX2 build,
+which runs this file as a script in a process of its own: ``python tests/sample_checks.py
+CACHE_DIR BUILD`` prints how many checks passed."""
 
 from __future__ import annotations
 
@@ -69,10 +70,30 @@ def check_rows_that_are_not_finite() -> None:
     assert picks[1:].tolist() == [-1, -1, -1] and 0 <= picks[0] < 20
 
 
+def check_forbid_tokens_masks_as_the_reference() -> None:
+    """torch.ops.chatpage.forbid_tokens against constraints.forbid: random words, words of all
+    ones (skipped) and of zeros, vocabularies that are not a multiple of 32 (the last word's high
+    bits past the vocabulary), a bitmask wider than the rows need, and logits already -inf."""
+    from chatpage.engine.sample.constraints import forbid
+
+    gen = torch.Generator().manual_seed(1)
+    for vocab, words in ((31, 1), (1000, 32), (1000, 40), (49152, 1536)):
+        bitmask = torch.randint(-(2**31), 2**31 - 1, (4, words), dtype=torch.int32, generator=gen)
+        bitmask[1] = -1  # every token allowed
+        bitmask[2, : words // 2] = 0  # the first half forbidden
+        logits = torch.randn(4, vocab, generator=gen)
+        logits[3, :3] = NEG
+        want = logits.clone()
+        forbid(want, bitmask[:, : (vocab + 31) // 32], vocab)
+        torch.ops.chatpage.forbid_tokens(logits, bitmask)
+        assert torch.equal(logits, want), vocab
+
+
 CHECKS = [
     check_greedy_and_lse,
     check_draws_land_where_the_cumulative_weights_say,
     check_rows_that_are_not_finite,
+    check_forbid_tokens_masks_as_the_reference,
 ]
 
 

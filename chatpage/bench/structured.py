@@ -73,13 +73,18 @@ def decode_rate(
                 speculate=speculate,
             ),
         )
-    eng.step()  # the prefill
-    mask0, decoded = eng.constraints.mask_seconds, 0
+
+    def before() -> int:  # the tokens of the requests in flight so far
+        return sum(s.num_output_tokens for g in eng.groups.values() for s in g.seqs)
+
+    eng.step()  # the prefill (a speculating request's prompt tail is a step of its own)
+    while any(s.num_output_tokens == 0 for g in eng.groups.values() for s in g.seqs):
+        eng.step()
+    mask0, decoded = eng.constraints.mask_seconds, -before()
     t0 = common.now()
     while eng.has_unfinished():
         decoded += sum(u.usage.completion_tokens for u in eng.step() if u.finished)
     seconds = common.now() - t0
-    decoded -= rows  # the prefill's tokens
     return {
         "tok_s": decoded / seconds,
         "seconds": seconds,

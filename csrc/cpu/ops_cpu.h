@@ -75,6 +75,7 @@ at::Tensor gemm_q8_int4_packed(const at::Tensor& x, const at::Tensor& pack,
                                const c10::optional<at::Tensor>& bias);
 
 // csrc/cpu/sample.cpp: a step's picks (greedy, or drawn from the whole vocabulary) and logsumexps
+void forbid_tokens(at::Tensor& logits, const at::Tensor& bitmask);
 std::tuple<at::Tensor, at::Tensor> sample_rows(const at::Tensor& logits,
                                                const at::Tensor& temperatures,
                                                const at::Tensor& uniforms);

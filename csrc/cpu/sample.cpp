@@ -16,6 +16,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 
 namespace chatpage::cpu {
@@ -129,6 +130,35 @@ std::tuple<at::Tensor, at::Tensor> sample_rows(const at::Tensor& logits,
     }
   });
   return {picks, lse};
+}
+
+// The grammar's mask on a step's logits: every token whose bit is 0 becomes -inf, 32 tokens a
+// word; a word of all ones (every token allowed) is skipped, one of zeros filled at once.
+void forbid_tokens(at::Tensor& logits, const at::Tensor& bitmask) {
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.is_contiguous() &&
+                  logits.device().is_cpu(),
+              "chatpage::forbid_tokens: logits must be a contiguous float32 [rows, vocab] CPU tensor");
+  const int64_t n = logits.size(0), v = logits.size(1), words = (v + 31) / 32;
+  TORCH_CHECK(bitmask.scalar_type() == at::kInt && bitmask.is_contiguous() && bitmask.dim() == 2 &&
+                  bitmask.size(0) == n && bitmask.size(1) >= words && bitmask.device().is_cpu(),
+              "chatpage::forbid_tokens: bitmask must be a contiguous int32 CPU tensor of [rows, "
+              "ceil(vocab / 32)] words or more");
+  float* x = logits.data_ptr<float>();
+  const uint32_t* bits = reinterpret_cast<const uint32_t*>(bitmask.data_ptr<int32_t>());
+  const int64_t stride = bitmask.size(1);
+  at::parallel_for(0, n, kRowGrain, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      float* row = x + r * v;
+      const uint32_t* mask = bits + r * stride;
+      for (int64_t w = 0; w < words; ++w) {
+        const uint32_t m = mask[w];
+        if (m == 0xFFFFFFFFu) continue;
+        const int64_t first = 32 * w, count = std::min<int64_t>(32, v - first);
+        for (int64_t i = 0; i < count; ++i)
+          if (!((m >> i) & 1u)) row[first + i] = kNegInf;
+      }
+    }
+  });
 }
 
 }  // namespace chatpage::cpu

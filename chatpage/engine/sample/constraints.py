@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from chatpage.engine.model import ops
 from chatpage.engine.sampling_params import SamplingParams
 from chatpage.engine.text.grammar import GrammarMatcher
 
@@ -90,7 +91,9 @@ class LogitConstraints:
         whole = rows == list(range(logits.shape[0])) and logits.is_contiguous()
         index = None if whole else torch.tensor(rows, device=logits.device)
         sub = logits if index is None else logits.index_select(0, index)
-        if sub.dtype == torch.float32:
+        if sub.dtype == torch.float32 and sub.device.type == "cpu" and ops.available("cpu"):
+            torch.ops.chatpage.forbid_tokens(sub, bitmask)  # (csrc/cpu/sample.cpp: forbid's)
+        elif sub.dtype == torch.float32:
             forbid(sub, bitmask, vocab)
         else:
             sub.masked_fill_(~unpack(bitmask, vocab), float("-inf"))
