@@ -375,13 +375,14 @@ inline float block_softmax(float* st, int d, int n, float* s, float bmax) {
 
 // P x V of H query heads of one KV head over a block: acc_j = acc_j * alpha_j + sum_t p_j[t] v_t,
 // with st[j] head j's state, p row j of kMaxBlockSize weights, v the first value row read (rows
-// ts elements apart, as the cache holds them; an int8 row's weight times its scale, vscale[t]). Each value row is loaded (and a half-precision one
-// widened) once for the H heads, CG vectors of it at a time, instead of being widened into a
-// buffer first (that took a quarter of a bf16 decode; 64 rows x 320 keys, 30 layers, 1 thread
-// on a Zen 4: 71 -> 58 ms; a 32-row decode step of the default model 43 -> 38.5 ms).
+// ts elements apart, as the cache holds them; of an int8 cache, p already times each row's
+// scale: run_item). Each value row is loaded (and a half-precision one widened) once for the H
+// heads, CG vectors of it at a time, instead of being widened into a buffer first (that took a
+// quarter of a bf16 decode; 64 rows x 320 keys, 30 layers, 1 thread on a Zen 4: 71 -> 58 ms; a
+// 32-row decode step of the default model 43 -> 38.5 ms).
 template <typename L, int H, int CG, typename KV>
 inline void group_pv(float* const* st, const float* alpha, const KV* v, int64_t ts, int n, int nc,
-                     const float* p, const float* vscale) {
+                     const float* p) {
   using V = typename L::V;
   constexpr int W = L::kWidth;
   for (int c0 = 0; c0 < nc; c0 += CG) {
@@ -393,9 +394,8 @@ inline void group_pv(float* const* st, const float* alpha, const KV* v, int64_t 
     for (int t = 0; t < n; ++t) {
       V row[CG];
       for (int i = 0; i < CG; ++i) row[i] = L::load(v + t * ts + W * (c0 + i));
-      const float vs = std::is_same_v<KV, int8_t> ? vscale[t] : 1.0f;
       for (int j = 0; j < H; ++j) {
-        const V pj = L::splat(p[j * kMaxBlockSize + t] * vs);
+        const V pj = L::splat(p[j * kMaxBlockSize + t]);
         for (int i = 0; i < CG; ++i) acc[j][i] = L::fma(pj, row[i], acc[j][i]);
       }
     }
@@ -581,11 +581,17 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
             st[j] = state + (i0 + j) * sd;
             alpha[j] = block_softmax<L>(st[j], d, n, s + j * kMaxBlockSize, bmax[j]);
           }
-          const float* vsc = kInt8 ? vscale + lo : nullptr;
+          if constexpr (kInt8) {  // each weight times its value row's scale, a vector at a time
+            for (int j = 0; j < heads; ++j) {
+              float* pj = s + j * kMaxBlockSize;
+              for (int t = 0; t < n; t += L::kWidth)
+                L::store(pj + t, L::mul(L::load(pj + t), L::load(vscale + lo + t)));
+            }
+          }
           switch (heads) {
-            case 1: group_pv<L, 1, kChunks>(st, alpha, vr, ts, n, nc, s, vsc); break;
-            case 2: group_pv<L, 2, kChunks>(st, alpha, vr, ts, n, nc, s, vsc); break;
-            default: group_pv<L, 3, kChunks>(st, alpha, vr, ts, n, nc, s, vsc); break;
+            case 1: group_pv<L, 1, kChunks>(st, alpha, vr, ts, n, nc, s); break;
+            case 2: group_pv<L, 2, kChunks>(st, alpha, vr, ts, n, nc, s); break;
+            default: group_pv<L, 3, kChunks>(st, alpha, vr, ts, n, nc, s); break;
           }
         }
       }
