@@ -9,9 +9,10 @@ output: prompt lookup, as vLLM's n-gram proposer and llama.cpp's lookup do, with
 Under a grammar (structured output), the tokens the grammar forces from where the sequence is
 (llguidance's fast-forward tokens: a JSON schema's keys and punctuation) are the draft, kept
 with certainty; any other draft is cut where the grammar stops allowing it, and each drafted
-row is masked as the grammar stands after the drafts before it (`step_sampler.Sampler._verify`). A regenerate repeats the reply it
-replaces token for token (`Scheduler._tail_apart`), so that reply drafts it whole. The scheduler adds the drafted
-tokens as extra query rows of the sequence's decode row (`ScheduledSeq.draft`); the sampler picks
+row is masked as the grammar stands after the drafts before it (`step_sampler.Sampler._verify`).
+A regenerate repeats the reply it replaces token for token (`Scheduler._tail_apart`), so that
+reply drafts it whole. The scheduler adds the drafted tokens as extra query rows of the
+sequence's decode row (`ScheduledSeq.draft`); the sampler picks
 a token from every row and keeps the drafts that equal the picks, plus the pick after the last
 kept one; the rejected rows' KV is rolled back (the computed-token count, the blocks past it),
 never indexed in the prefix cache.
