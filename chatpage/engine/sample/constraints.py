@@ -2,8 +2,9 @@
 
 One call per engine step over the rows that sample. The masks of all constrained rows are
 computed together (llguidance's executor, in parallel) into one int32 bitmask, 32 tokens a word,
-which is applied on the logits' device in place (`forbid`: bitwise ops on fp32 logits). Sampling, logprobs
-and beam search all read the masked logits: a token the grammar forbids has probability 0.
+which is applied on the logits' device in place (on the CPU by the native `forbid_tokens`, one
+pass; elsewhere `forbid`, bitwise ops on fp32 logits, its reference). Sampling, logprobs and beam
+search all read the masked logits: a token the grammar forbids has probability 0.
 A row whose bias or mask cannot be applied is returned with why, for its request to fail alone
 (as the sampler does with a row it cannot sample); the other rows are constrained as ever.
 """
