@@ -201,6 +201,26 @@ inline void sixteen_keys(Fill fill, Op op, __m512* sums) {
   }
 }
 
+// A block's scores for H query heads, sixteen keys at a time: scores16(t, sc) sets sc[j] to head
+// j's scores of keys t .. t + 15 (any values from the n-th key on); the keys from n on become -inf,
+// head j's scores are row j of s (kMaxBlockSize apart), and bmax[j] is its largest.
+template <int H, typename Scores16>
+inline void scores_by_16(int n, Scores16 scores16, float* s, float* bmax) {
+  using L = Lanes16;
+  L::V vmax[H];
+  for (int j = 0; j < H; ++j) vmax[j] = L::splat(kNegInf);
+  for (int t = 0; t < n; t += 16) {
+    L::V sc[H];
+    scores16(t, sc);
+    for (int j = 0; j < H; ++j) {
+      if (t + 16 > n) sc[j] = L::keep_first(sc[j], n - t, kNegInf);
+      L::store(s + j * kMaxBlockSize + t, sc[j]);
+      vmax[j] = L::max(vmax[j], sc[j]);
+    }
+  }
+  for (int j = 0; j < H; ++j) bmax[j] = L::hmax(vmax[j]);
+}
+
 // block_scores of H query heads of one KV head (queries q + j * d) over keys read where they lie
 // in a half-precision cache (`ts` elements apart): each key row is widened in registers once for
 // the H heads, and the scores of sixteen keys are taken eight keys at a time (H x 8 vector
@@ -214,34 +234,30 @@ inline void group_scores(const float* q, int d, const KV* k, int64_t ts, int n, 
   using V = L::V;
   constexpr int W = 16;
   const int nc = NC ? NC : nc_rt;
-  V vmax[H];
-  for (int j = 0; j < H; ++j) vmax[j] = L::splat(kNegInf);
-  for (int t = 0; t < n; t += W) {
-    const KV* kt = k + t * ts;
-    V sc[H];
-    if (t + W <= room) {
-      sixteen_keys<H>(
-          [&](int i0, V (&acc)[H][8]) {
-            for (int c = 0; c < nc; ++c) {
-              for (int i = 0; i < 8; ++i) {
-                const V key = L::load(kt + (i0 + i) * ts + W * c);
-                for (int j = 0; j < H; ++j)
-                  acc[j][i] = L::fma(L::load(q + j * d + W * c), key, acc[j][i]);
-              }
-            }
-          },
-          _mm512_add_ps, sc);
-    } else {
-      for (int j = 0; j < H; ++j) sc[j] = tail_scores<L>(q + j * d, kt, ts, n - t, nc);
-    }
-    for (int j = 0; j < H; ++j) {
-      if constexpr (std::is_same_v<KV, int8_t>) sc[j] = L::mul(sc[j], L::load(kscale + t));
-      if (t + W > n) sc[j] = L::keep_first(sc[j], n - t, kNegInf);
-      L::store(s + j * kMaxBlockSize + t, sc[j]);
-      vmax[j] = L::max(vmax[j], sc[j]);
-    }
-  }
-  for (int j = 0; j < H; ++j) bmax[j] = L::hmax(vmax[j]);
+  scores_by_16<H>(
+      n,
+      [&](int t, V (&sc)[H]) {
+        const KV* kt = k + t * ts;
+        if (t + W <= room) {
+          sixteen_keys<H>(
+              [&](int i0, V (&acc)[H][8]) {
+                for (int c = 0; c < nc; ++c) {
+                  for (int i = 0; i < 8; ++i) {
+                    const V key = L::load(kt + (i0 + i) * ts + W * c);
+                    for (int j = 0; j < H; ++j)
+                      acc[j][i] = L::fma(L::load(q + j * d + W * c), key, acc[j][i]);
+                  }
+                }
+              },
+              _mm512_add_ps, sc);
+        } else {
+          for (int j = 0; j < H; ++j) sc[j] = tail_scores<L>(q + j * d, kt, ts, n - t, nc);
+        }
+        if constexpr (std::is_same_v<KV, int8_t>) {
+          for (int j = 0; j < H; ++j) sc[j] = L::mul(sc[j], L::load(kscale + t));
+        }
+      },
+      s, bmax);
 }
 #endif
 
@@ -280,49 +296,44 @@ inline void group_scores_int(const int16_t* q, const float* qs, int d, const int
   using V = L::V;
   constexpr int W = 16;
   const int np = (NC ? NC : nc_rt) / 2;  // 32-dim pieces of a head
-  V vmax[H];
-  for (int j = 0; j < H; ++j) vmax[j] = L::splat(kNegInf);
-  for (int t = 0; t < n; t += W) {
-    const int8_t* kt = k + t * ts;
-    __m512i sums[H];
-    if (t + W <= room) {
-      V lanes[H];  // (int32 sums in float registers: add_i32 reduces them)
-      sixteen_keys<H>(
-          [&](int i0, V (&acc)[H][8]) {
-            for (int c = 0; c < np; ++c) {
-              for (int i = 0; i < 8; ++i) {
-                const __m512i key = widen_key32(kt + (i0 + i) * ts + 32 * c);
-                for (int j = 0; j < H; ++j) {
-                  const __m512i qc = _mm512_loadu_si512(q + j * d + 32 * c);
-                  acc[j][i] =
-                      _mm512_castsi512_ps(dot_i16(_mm512_castps_si512(acc[j][i]), qc, key));
+  scores_by_16<H>(
+      n,
+      [&](int t, V (&sc)[H]) {  // (the int32 sums in float registers, then converted)
+        const int8_t* kt = k + t * ts;
+        if (t + W <= room) {
+          sixteen_keys<H>(
+              [&](int i0, V (&acc)[H][8]) {
+                for (int c = 0; c < np; ++c) {
+                  for (int i = 0; i < 8; ++i) {
+                    const __m512i key = widen_key32(kt + (i0 + i) * ts + 32 * c);
+                    for (int j = 0; j < H; ++j) {
+                      const __m512i qc = _mm512_loadu_si512(q + j * d + 32 * c);
+                      acc[j][i] =
+                          _mm512_castsi512_ps(dot_i16(_mm512_castps_si512(acc[j][i]), qc, key));
+                    }
+                  }
                 }
-              }
+              },
+              add_i32, sc);
+        } else {  // a block that ends before the next 16 keys: the last keys one by one
+          for (int j = 0; j < H; ++j) {
+            alignas(64) int32_t one[W] = {};
+            for (int i = 0; i < n - t; ++i) {
+              __m512i acc = _mm512_setzero_si512();
+              for (int c = 0; c < np; ++c)
+                acc = dot_i16(acc, _mm512_loadu_si512(q + j * d + 32 * c),
+                              widen_key32(kt + i * ts + 32 * c));
+              one[i] = _mm512_reduce_add_epi32(acc);
             }
-          },
-          add_i32, lanes);
-      for (int j = 0; j < H; ++j) sums[j] = _mm512_castps_si512(lanes[j]);
-    } else {  // a block that ends before the next 16 keys: the last keys one by one
-      for (int j = 0; j < H; ++j) {
-        alignas(64) int32_t one[W] = {};
-        for (int i = 0; i < n - t; ++i) {
-          __m512i acc = _mm512_setzero_si512();
-          for (int c = 0; c < np; ++c)
-            acc = dot_i16(acc, _mm512_loadu_si512(q + j * d + 32 * c),
-                          widen_key32(kt + i * ts + 32 * c));
-          one[i] = _mm512_reduce_add_epi32(acc);
+            sc[j] = _mm512_castsi512_ps(_mm512_load_si512(one));
+          }
         }
-        sums[j] = _mm512_load_si512(one);
-      }
-    }
-    for (int j = 0; j < H; ++j) {
-      V sc = L::mul(L::mul(_mm512_cvtepi32_ps(sums[j]), L::splat(qs[j])), L::load(kscale + t));
-      if (t + W > n) sc = L::keep_first(sc, n - t, kNegInf);
-      L::store(s + j * kMaxBlockSize + t, sc);
-      vmax[j] = L::max(vmax[j], sc);
-    }
-  }
-  for (int j = 0; j < H; ++j) bmax[j] = L::hmax(vmax[j]);
+        for (int j = 0; j < H; ++j) {
+          const V sum = _mm512_cvtepi32_ps(_mm512_castps_si512(sc[j]));
+          sc[j] = L::mul(L::mul(sum, L::splat(qs[j])), L::load(kscale + t));
+        }
+      },
+      s, bmax);
 }
 
 #else
