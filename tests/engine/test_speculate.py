@@ -273,7 +273,7 @@ def test_a_grammar_drafts_the_tokens_it_forces_and_cuts_what_it_does_not_allow(l
     matcher = engine.grammars.matcher(JSON)
     forced = matcher.forced()
     assert forced  # (the object's opening and its first key)
-    assert grammar_draft(matcher, [5, 6], 4, 0.0) == (forced[:4], 1.0)
+    assert grammar_draft(matcher, lambda: ([5, 6], 0.0), 4) == (forced[:4], 1.0)
     text = engine.tokenizer.encode(
         '{"color": "red", "count": 42, "ok": true}', add_special_tokens=False
     )
@@ -287,7 +287,7 @@ def test_a_grammar_drafts_the_tokens_it_forces_and_cuts_what_it_does_not_allow(l
     for token in said:
         ahead.advance(token)
     junk = next(t for t in range(engine.model.vocab_size) if ahead.valid_prefix([t]) == 0)
-    assert grammar_draft(matcher, [*said, junk, *said], 5, 0.5) == (said, 0.5)
+    assert grammar_draft(matcher, lambda: ([*said, junk, *said], 0.5), 5) == (said, 0.5)
 
 
 def test_a_grammar_constrained_request_speculates_and_stays_exact(loaded):

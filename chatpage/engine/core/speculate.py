@@ -36,7 +36,9 @@ step picks among every beam's continuations at once, so a beam cannot run ahead 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from weakref import WeakKeyDictionary
 
 from chatpage.engine.core.sequence import Sequence, SequenceGroup
@@ -181,14 +183,21 @@ class SpecState:
 
 
 def grammar_draft(
-    matcher: GrammarMatcher, draft: list[int], count: int, trusted: float
+    matcher: GrammarMatcher | None,
+    lookup: Callable[[], tuple[list[int], float]],
+    count: int,
 ) -> tuple[list[int], float]:
-    """A draft under a grammar: the tokens it forces from here (up to ``count``, kept with
-    certainty), else ``draft`` cut where the grammar stops allowing it."""
-    forced = matcher.forced()[:count]
+    """A draft and the acceptance it is trusted with: under a grammar, the tokens it forces from
+    here (up to ``count``, kept with certainty), else ``lookup()``'s draft cut where the
+    grammar stops allowing it; without one, ``lookup()``'s (the n-gram lookup is not run where
+    the grammar decides)."""
+    forced = matcher.forced()[:count] if matcher is not None else []
     if forced:
         return forced, 1.0
-    return draft[: matcher.valid_prefix(draft)], trusted
+    draft, trusted = lookup()
+    if matcher is not None:
+        draft = draft[: matcher.valid_prefix(draft)]
+    return draft, trusted
 
 
 def draft_length(rate: float, tokens: int, cost: float, row: float) -> int:
@@ -277,11 +286,8 @@ class Speculator:
                 continue
             state = self.state(group, seq)
             left = min(self.max_draft, room, self._left(group, seq))
-            draft, trusted = state.draft(seq.token_ids, left, seq.num_output_tokens)
-            if seq.drafted and trusted < ALIGNED_RATE:
-                trusted = 0.0  # (a long match is trusted until the sequence has its own rate)
-            if seq.matcher is not None:
-                draft, trusted = grammar_draft(seq.matcher, draft, left, trusted)
+            lookup = partial(self._lookup, state, seq, left)
+            draft, trusted = grammar_draft(seq.matcher, lookup, left)
             rate = max(state.rate, trusted)
             draft = draft[: draft_length(rate, len(rows), plain, row_cost(len(seq)))]
             if draft:
@@ -297,6 +303,13 @@ class Speculator:
                 break
             drafts[wanted.pop(0)[1]] = []
         return drafts
+
+    @staticmethod
+    def _lookup(state: SpecState, seq: Sequence, count: int) -> tuple[list[int], float]:
+        """``seq``'s n-gram draft of up to ``count`` tokens (`SpecState.draft`); a long match is
+        trusted only until the sequence has its own acceptance rate."""
+        draft, trusted = state.draft(seq.token_ids, count, seq.num_output_tokens)
+        return draft, (0.0 if seq.drafted and trusted < ALIGNED_RATE else trusted)
 
     @staticmethod
     def _left(group: SequenceGroup, seq: Sequence) -> int:
