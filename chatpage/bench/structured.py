@@ -74,13 +74,12 @@ def decode_rate(
             ),
         )
 
-    def before() -> int:  # the tokens of the requests in flight so far
-        return sum(s.num_output_tokens for g in eng.groups.values() for s in g.seqs)
-
+    seqs = [s for g in eng.groups.values() for s in g.seqs]
     eng.step()  # the prefill (a speculating request's prompt tail is a step of its own)
-    while any(s.num_output_tokens == 0 for g in eng.groups.values() for s in g.seqs):
+    while any(s.num_output_tokens == 0 for s in seqs):
         eng.step()
-    mask0, decoded = eng.constraints.mask_seconds, -before()
+    # (decode tokens: those of the prefill steps are not timed)
+    mask0, decoded = eng.constraints.mask_seconds, -sum(s.num_output_tokens for s in seqs)
     t0 = common.now()
     while eng.has_unfinished():
         decoded += sum(u.usage.completion_tokens for u in eng.step() if u.finished)
