@@ -67,14 +67,14 @@ class Sampler:
         if group.params.logit_bias or seq.matcher is not None:
             # the grammar after each draft token (a grammar ended by one leaves the rows after
             # it unmasked: the sequence stops there, and their picks go unused)
-            matchers: list[GrammarMatcher | None] = [seq.matcher] * n
-            for i, token in enumerate(draft if seq.matcher is not None else ()):
+            matchers: list[GrammarMatcher | None] = [seq.matcher] + [None] * len(draft)
+            for i, token in enumerate(draft):
                 before = matchers[i]
-                ahead = None
-                if before is not None and not before.done:
-                    ahead = before.fork()
-                    ahead.advance(token)
-                matchers[i + 1] = ahead if ahead is not None and not ahead.done else None
+                if before is None:
+                    break
+                ahead = before.fork()
+                ahead.advance(token)
+                matchers[i + 1] = None if ahead.done else ahead
             rows = [(row, group.params, matchers[row]) for row in range(n)]
             for error in self.constraints.apply(logits, rows).values():
                 out.failed.setdefault(rid, error)
