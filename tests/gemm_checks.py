@@ -16,10 +16,11 @@ import torch
 from gemv_checks import level_cases, run_cases_on_build
 
 BF16, F32 = torch.bfloat16, torch.float32
-# rows: below, at and past the 4-row (AVX2: 2-row) tile, with leftovers; outputs: fewer than a
+# rows: below, at and past the 4-row (AVX2: 2-row) tile, with leftovers, and past gemm.cpp's
+# kOneDnnRows (with AMX, bf16 activations: the matrix decoded once and torch's matmul); outputs: fewer than a
 # block of 6, blocks plus leftovers; inputs: not a multiple of 8 or 16 (int8, bf16), one int4
 # group, an odd number of groups, more than one 768-input chunk
-ROWS = [2, 5, 13, 70]
+ROWS = [2, 5, 13, 70, 400]
 OUTPUTS = [7, 21]
 INPUTS = {"bf16": [45, 576, 1600], "int8": [45, 576, 1600], "int4": [32, 96, 1600]}
 CASES = [
