@@ -17,6 +17,12 @@ from chatpage.engine.model import ops
 BF16 = torch.bfloat16
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _native_kernels():
+    """The native build loaded before any case, so that a case run alone finds its op too."""
+    assert ops.load(), ops.status()
+
+
 def test_the_kernels_are_loaded():
     assert ops.available("cpu")
 

@@ -31,6 +31,12 @@ LIB = torch.ops.chatpage
 BF16, F32 = torch.bfloat16, torch.float32
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _native_kernels():
+    """The native build loaded before any case, so that a case run alone finds its op too."""
+    assert ops.load(), ops.status()
+
+
 def test_the_kernels_are_loaded():
     assert ops.available("cpu")
 
