@@ -451,15 +451,21 @@ void amx_rows(const uint32_t* xp, int64_t m_begin, int64_t m, int64_t n, int64_t
 // oneDNN's order; a bias is rounded to bf16 first, as torch's bf16 linear takes it.
 constexpr int64_t kOneDnnRows = 384;
 
+// (`dense`: the weights' own bf16 matrix, taken as it is instead of a decoded copy)
 template <typename Decode>
 at::Tensor decoded_linear(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias,
-                          const Decode& decode) {
-  const int64_t k = x.size(1);
-  at::Tensor w = at::empty({n, k}, at::kBFloat16);
-  c10::BFloat16* wp = w.data_ptr<c10::BFloat16>();
-  at::parallel_for(0, n, kAmxRows, [&](int64_t first, int64_t last) {
-    for (int64_t row = first; row < last; ++row) decode(row, wp + row * k);
-  });
+                          const Decode& decode, const at::Tensor* dense) {
+  at::Tensor w;
+  if (dense) {
+    w = *dense;
+  } else {
+    const int64_t k = x.size(1);
+    w = at::empty({n, k}, at::kBFloat16);
+    c10::BFloat16* wp = w.data_ptr<c10::BFloat16>();
+    at::parallel_for(0, n, kAmxRows, [&](int64_t first, int64_t last) {
+      for (int64_t row = first; row < last; ++row) decode(row, wp + row * k);
+    });
+  }
   c10::optional<at::Tensor> b;
   if (bias.has_value()) b = bias->to(at::kBFloat16);
   return at::linear(x.contiguous(), w, b);
@@ -491,17 +497,18 @@ at::Tensor amx_gemm(const at::Tensor& x, int64_t n, const c10::optional<at::Tens
 
 // y = (x @ W.T) * row_scale(row) + bias, where decode(row, dst) writes weight row `row` as K
 // floats (dst a float*; a c10::BFloat16* on the AMX path); `round_to_bf16`: the activations are
-// rounded to bf16 first (int4's specification).
+// rounded to bf16 first (int4's specification); `dense`: W itself when it is a bf16 matrix.
 template <typename Decode, typename Scale>
 at::Tensor tiled_gemm(const at::Tensor& x, int64_t n, const c10::optional<at::Tensor>& bias,
-                      bool round_to_bf16, Decode&& decode, Scale&& row_scale) {
+                      bool round_to_bf16, Decode&& decode, Scale&& row_scale,
+                      const at::Tensor* dense = nullptr) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
   // bf16 products are exact only for bf16 activations: fp32 ones stay on the FMA path, unless the
   // specification rounds them anyway (int4)
   if ((round_to_bf16 || x.scalar_type() == at::kBFloat16) && amx_granted()) {
     if (std::is_same_v<std::decay_t<Scale>, Unscaled> && x.scalar_type() == at::kBFloat16 &&
         x.size(0) >= kOneDnnRows)
-      return decoded_linear(x, n, bias, decode);
+      return decoded_linear(x, n, bias, decode, dense);
     return amx_gemm(x, n, bias, decode, row_scale);
   }
 #endif
@@ -537,7 +544,8 @@ at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& weight,
   const c10::BFloat16* w = weight.data_ptr<c10::BFloat16>();
   const int64_t k = weight.size(1);
   return tiled_gemm(x, weight.size(0), bias, false,
-                    [w, k](int64_t row, auto* out) { widen_row(w + row * k, k, out); }, Unscaled{});
+                    [w, k](int64_t row, auto* out) { widen_row(w + row * k, k, out); }, Unscaled{},
+                    &weight);
 }
 
 at::Tensor gemm_int8(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales,
