@@ -87,8 +87,9 @@ def cmd_ask(args) -> int:
                 c.text,
             )
         )
-    _stats(args, final)
-    return _finish(final.error, params, described)
+    code = _finish(final.error, params, described)
+    _stats(args, final)  # (after the answer's own last line, on a line of its own)
+    return code
 
 
 def _stats(args: argparse.Namespace, final: RequestOutput) -> None:

@@ -177,6 +177,26 @@ def test_openmp_threads_spin_briefly_while_they_wait_unless_told(given, want):
     assert out.stdout.split() == [*want.split(), "False"]  # set before anything loaded torch
 
 
+@pytest.mark.slow  # a process loading a model
+def test_ask_stats_come_on_a_line_of_their_own_after_the_answer(tiny_llama_dir):
+    """On a terminal stdout and stderr share the screen: the --stats line follows the answer's
+    own line end, so an answer cut by --max-tokens does not run into it."""
+    import subprocess
+
+    args = ["ask", "hello", "--model", str(tiny_llama_dir), "--max-tokens", "6", "--stats"]
+    run = subprocess.run(
+        [sys.executable, "-u", "-m", "chatpage.cli", *args, "--kv-disk", "0"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=True,
+    )
+    lines = run.stdout.splitlines()
+    assert lines[-1].startswith("chatpage: 6 tokens"), run.stdout
+    assert lines[-2].strip() and "chatpage:" not in lines[-2]  # the answer, ended before it
+
+
 @pytest.mark.slow  # two processes, each loading a model
 def test_ask_speculates_and_answers_the_same_with_it_off(tiny_llama_dir):
     """The `chatpage ask` process, as a user runs it, with --speculate auto and off: the same
