@@ -102,6 +102,10 @@ def check_paged_attention(
     output: they never read those blocks."""
     pb = make_paged_batch(seq_lens, q_lens, dtype=dtype, device=device, seed=seed, **shape)
     query = pb.query if query_dtype is None else pb.query.to(query_dtype)
+    if query_dtype == torch.float32 and pb.query.dtype != torch.float32:
+        # fp32 queries of fp32's precision: the batch's half-precision ones are exact in fp32
+        noise = torch.randn(query.shape, generator=torch.Generator().manual_seed(seed + 1))
+        query = query + 1e-3 * noise.to(device)
     tables, lens, starts = pb.block_tables, pb.seq_lens, pb.query_start_loc
     if int64_indexes:
         tables, lens, starts = tables.long(), lens.long(), starts.long()

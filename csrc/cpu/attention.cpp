@@ -8,7 +8,10 @@
 //
 // An item of a tile whose rows x GQA heads fill a vector (prefill) runs run_tile instead: query
 // vectors as lanes, a chunk of keys' scores by broadcast FMAs, no horizontal sums (see there; 4
-// prompts of 256 tokens, 30 layers, bf16 cache, 2 threads on a Zen 4: 103 -> 76 ms).
+// prompts of 256 tokens, 30 layers, bf16 cache, 2 threads on a Zen 4: 103 -> 76 ms). Over a bf16
+// cache on a CPU with AMX it runs on the tiles instead (run_tile_amx: both products as bf16
+// tile multiplications, fp32 queries and the softmax's weights split into bf16 terms so the
+// result keeps fp32's precision).
 //
 // When there are fewer sequences than threads can share, long contexts are split into several
 // items (flash-decoding); each writes its unnormalised partial state and a second pass merges them.
@@ -41,6 +44,7 @@
 // A sliding window (window > 0: the query at position p sees keys p - window < j <= p) starts each
 // item at the block of its first row's earliest key; no block before it is read.
 #include "checks.h"
+#include "cpu/amx.h"
 #include "cpu/ops_cpu.h"
 #include "cpu/vec.h"
 
@@ -72,13 +76,42 @@ struct Geometry {
   int state_stride;  // floats per (row, q head) state: acc[head_dim], running max, running sum
   int64_t head_stride;  // cache elements from one KV head's row of a token to the next's
   int64_t block_stride, token_stride;  // cache elements per block / per token
-  const float* query;
+  const float* query;            // fp32 queries, or
+  const c10::BFloat16* query16;  // bf16 ones (the other pointer null)
   int64_t q_row_stride, q_head_stride;
   float scale;
   int64_t window;  // 0: every earlier key
-  float* out;
+  float* out;            // fp32 output, or
+  c10::BFloat16* out16;  // bf16 (the other pointer null)
   int64_t o_row_stride, o_head_stride;
+  bool amx;  // tiles run on AMX (run_tile_amx): a bf16 cache, the shapes it takes
+  int q_terms, p_terms;  // (amx) bf16 terms of a query and of a key's weight
 };
+
+// Value c of query head h of row `row`, times the scale.
+inline float scaled_query(const Geometry& g, int64_t row, int h, int c) {
+  const int64_t at = row * g.q_row_stride + h * g.q_head_stride + c;
+  return (g.query16 ? static_cast<float>(g.query16[at]) : g.query[at]) * g.scale;
+}
+
+// Output head h of row `row`: the d values of src times inv.
+inline void store_out(const Geometry& g, int64_t row, int h, const float* src, float inv) {
+  const int64_t at = row * g.o_row_stride + h * g.o_head_stride;
+  if (g.out16) {
+    int i = 0;
+#if defined(__AVX512BF16__)
+    // (round to nearest even, as c10's conversion)
+    const __m512 iv = _mm512_set1_ps(inv);
+    for (; i + 16 <= g.head_dim; i += 16) {
+      const __m256bh y = _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(src + i), iv));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(g.out16 + at + i), (__m256i)y);
+    }
+#endif
+    for (; i < g.head_dim; ++i) g.out16[at + i] = static_cast<c10::BFloat16>(src[i] * inv);
+  } else {
+    for (int i = 0; i < g.head_dim; ++i) g.out[at + i] = src[i] * inv;
+  }
+}
 
 struct WorkItem {
   int64_t first_row;  // row of query/out
@@ -470,9 +503,8 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
   const bool int_keys = int_scores<L, KV>(d);
   for (int r = 0; r < w.rows; ++r) {
     for (int h = 0; h < hq_n; ++h) {
-      const float* src = g.query + (w.first_row + r) * g.q_row_stride + h * g.q_head_stride;
       float* dst = qbuf + (r * hq_n + h) * d;
-      for (int i = 0; i < d; ++i) dst[i] = src[i] * g.scale;
+      for (int i = 0; i < d; ++i) dst[i] = scaled_query(g, w.first_row + r, h, i);
       if (int_keys) qscale[r * hq_n + h] = quantize_query(dst, d, q16 + (r * hq_n + h) * d);
       float* st = state + (r * hq_n + h) * sd;
       std::fill(st, st + d, 0.0f);
@@ -653,8 +685,7 @@ void run_tile(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
         const int64_t pos = w.first_pos + r;
         hi[lane] = static_cast<float>(pos);
         lo[lane] = g.window > 0 ? static_cast<float>(pos - g.window + 1) : 0.0f;
-        const float* src = g.query + (w.first_row + r) * g.q_row_stride + h * g.q_head_stride;
-        for (int c = 0; c < d; ++c) qt[c * W + lane] = src[c] * g.scale;
+        for (int c = 0; c < d; ++c) qt[c * W + lane] = scaled_query(g, w.first_row + r, h, c);
       }
       std::fill(ot, ot + int64_t{d} * W, 0.0f);
     }
@@ -757,15 +788,327 @@ void run_tile(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
   }
 }
 
+#if CHATPAGE_AVX512 && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define CHATPAGE_AMX_ATTENTION 1
+// run_tile on AMX's bf16 tiles (a bf16 cache; Geometry::amx): the same lanes (a lane group's
+// W = 16 query vectors of one KV head), the same online softmax along them and the same state at
+// the end, with both products on the tiles, 32 keys at a time (two 16-key halves, each within
+// one block):
+// * scores: S^T (32 keys x 16 queries, two accumulator tiles) = K Q^T, the keys the A operand
+//   read where they lie in the cache (16 rows of 32 dims, a token's stride apart), the queries
+//   the B operand, packed once per item as pairs of dims (VNNI: d / 32 tiles of 16 rows);
+// * values: O^T (d x 16 queries) += V^T P^T, V^T (d rows of 32 keys) transposed from the cache
+//   once per chunk and KV head for every lane group, P^T the B operand (a row: keys 2i and
+//   2i + 1 of the 16 queries, interleaved).
+// The tiles multiply bf16 values and sum the exact products in fp32. bf16 queries are exact in
+// one term. fp32 queries are split into three bf16 terms whose sum is the query exactly (each
+// the rounding of what the terms before left: 8 + 8 + 8 bits of its 24), each a product, so the
+// scores are fp32's to summation order; and the weights P into two (16 bits: a relative 2^-17
+// on a key's weight). For bf16 queries (a bf16 output) P is one term, rounded to bf16 as
+// FlashAttention and torch's bf16 SDPA round it: 2^-9, below the output's own rounding. The
+// softmax's sums are of the unrounded weights.
+//
+// ws per KV head and lane group: the packed query terms (amx_query_floats), then ot, m, l, lo
+// and hi as run_tile's.
+constexpr int kAmxKeys = 32;  // keys per chunk: the K dimension of a tdpbf16ps
+constexpr int kMaxQueryTerms = 3;
+
+// Room for one lane group's packed query terms (16 lanes of d bf16 values per term), and for
+// all of its workspace.
+constexpr int64_t amx_query_floats(int d, int terms) { return int64_t{d} * 8 * terms; }
+constexpr int64_t amx_lane_group_floats(int d, int terms) {
+  return amx_query_floats(d, terms) + int64_t{d} * 16 + 4 * 16;
+}
+
+// Tiles: 0-3 O^T sums of 16 dims each (in QK, the query terms), 4-5 the scores of a chunk's
+// halves (in PV, 5 is P's second term), 6 an A operand (keys, or V^T), 7 a B operand (P^T's
+// first term). All 16 rows of 64 bytes (configure_full_tiles).
+
+// The fp32 values of the low or high 16 bf16 values of b.
+inline __m512 bf16_low(__m512i b) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(b)), 16));
+}
+inline __m512 bf16_high(__m512i b) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(b, 1)), 16));
+}
+
+// V^T of the `n` keys from `v` on (`ts` elements apart; the rest of the 16 zero), d values each,
+// into the columns [16 h, 16 h + 16) of vt's d rows of kAmxKeys bf16.
+inline void transpose_values(const c10::BFloat16* v, int64_t ts, int n, int d, int h,
+                             c10::BFloat16* vt) {
+  // lanes 2t (dim 2i of key t) first, then 2t + 1 (dim 2i + 1)
+  const __m512i split = _mm512_set_epi16(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3,
+                                         1, 30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4,
+                                         2, 0);
+  for (int c0 = 0; c0 < d; c0 += 32) {
+    __m512i r[16];
+    for (int t = 0; t < 16; ++t)
+      r[t] = t < n ? _mm512_loadu_si512(v + t * ts + c0) : _mm512_setzero_si512();
+    transpose16(r);  // r[i]: dims c0 + 2i, c0 + 2i + 1 of the 16 keys, pair by pair
+    for (int i = 0; i < 16; ++i) {
+      const __m512i both = _mm512_permutexvar_epi16(split, r[i]);
+      c10::BFloat16* row = vt + (c0 + 2 * i) * kAmxKeys + 16 * h;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row), _mm512_castsi512_si256(both));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(row + kAmxKeys),
+                          _mm512_extracti64x4_epi64(both, 1));
+    }
+  }
+}
+
+// A lane group's queries as the B operand: term t of dims [32 kt, 32 kt + 32) at
+// qp + (t * KT + kt) * 512, row i holding dims 32 kt + 2i and 2i + 1 of the 16 lanes. src[lane]
+// is a lane's query head (null: a spare lane, zeros).
+template <int KT>
+void pack_queries(const Geometry& g, const void* const* src, c10::BFloat16* qp) {
+  for (int kt = 0; kt < KT; ++kt) {
+    __m512i r[kMaxQueryTerms][16];
+    for (int lane = 0; lane < 16; ++lane) {
+      if (!src[lane]) {
+        for (int t = 0; t < g.q_terms; ++t) r[t][lane] = _mm512_setzero_si512();
+      } else if (g.query16) {
+        r[0][lane] = _mm512_loadu_si512(static_cast<const c10::BFloat16*>(src[lane]) + kt * 32);
+      } else {
+        const float* q = static_cast<const float*>(src[lane]) + kt * 32;
+        __m512 lo = _mm512_loadu_ps(q), hi = _mm512_loadu_ps(q + 16);
+        for (int t = 0; t < g.q_terms; ++t) {  // what the terms before left, rounded
+          const __m512i b = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+          r[t][lane] = b;
+          lo = _mm512_sub_ps(lo, bf16_low(b));
+          hi = _mm512_sub_ps(hi, bf16_high(b));
+        }
+      }
+    }
+    for (int t = 0; t < g.q_terms; ++t) {
+      transpose16(r[t]);
+      for (int i = 0; i < 16; ++i) _mm512_storeu_si512(qp + ((t * KT + kt) * 16 + i) * 32, r[t][i]);
+    }
+  }
+}
+
+template <int NC>
+void run_tile_amx(const Geometry& g, const c10::BFloat16* k_cache, const c10::BFloat16* v_cache,
+                  const WorkItem& w, float* state, float* ws) {
+  using L = Lanes16;
+  using V = L::V;
+  constexpr int W = 16, d = W * NC, KT = d / 32;
+  static_assert(NC % 2 == 0, "head_dim must be a multiple of 32");
+  const int hq_n = g.q_heads, sd = g.state_stride;
+  const int vecs = w.rows * g.group, lane_groups = (vecs + W - 1) / W;
+  const int64_t q_floats = amx_query_floats(d, g.q_terms);
+  const int64_t lg_floats = amx_lane_group_floats(d, g.q_terms);
+  for (int kvh = 0; kvh < g.kv_heads; ++kvh) {
+    for (int lg = 0; lg < lane_groups; ++lg) {
+      float* lgw = ws + (int64_t{kvh} * lane_groups + lg) * lg_floats;
+      float* ot = lgw + q_floats;
+      float *m = ot + int64_t{d} * W, *l = m + W, *lo = l + W, *hi = lo + W;
+      const void* src[W];
+      for (int lane = 0; lane < W; ++lane) {
+        const int i = lg * W + lane;
+        m[lane] = kNegInf;
+        l[lane] = 0.0f;
+        src[lane] = nullptr;
+        if (i >= vecs) {  // a spare lane: no key is in [lo, hi]
+          lo[lane] = 1.0f;
+          hi[lane] = -1.0f;
+          continue;
+        }
+        const int r = i / g.group, h = kvh * g.group + i % g.group;
+        const int64_t pos = w.first_pos + r;
+        hi[lane] = static_cast<float>(pos);
+        lo[lane] = g.window > 0 ? static_cast<float>(pos - g.window + 1) : 0.0f;
+        const int64_t at = (w.first_row + r) * g.q_row_stride + h * g.q_head_stride;
+        src[lane] = g.query16 ? static_cast<const void*>(g.query16 + at) : g.query + at;
+      }
+      pack_queries<KT>(g, src, reinterpret_cast<c10::BFloat16*>(lgw));
+      std::fill(ot, ot + int64_t{d} * W, 0.0f);
+    }
+  }
+  // P's pairs of keys interleaved lane by lane: lanes 0-15 of one key, then of the next
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25,
+                                              9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2,
+                                              17, 1, 16, 0);
+  alignas(64) c10::BFloat16 vt[d * kAmxKeys];
+  alignas(64) float s[kAmxKeys * W];
+  alignas(64) c10::BFloat16 pt[2][kAmxKeys * W];
+  alignas(64) float sums[4][W * W];
+  const int bs = g.block_size;
+  const int64_t ts = g.token_stride, hs = g.head_stride;
+  const int64_t last_pos = w.first_pos + w.rows - 1;
+  const int64_t end = std::min<int64_t>(last_pos + 1, w.blk_end * bs);
+  const V scale = L::splat(g.scale);
+  for (int64_t c0 = w.blk_begin * bs; c0 < end; c0 += kAmxKeys) {
+    const int count = static_cast<int>(std::min<int64_t>(kAmxKeys, end - c0));
+    // each half's first key in the cache (its block's, at its offset) and its keys
+    int64_t at[2] = {0, 0};
+    const int n[2] = {std::min(count, 16), std::max(count - 16, 0)};
+    for (int h = 0; h < 2 && n[h] > 0; ++h) {
+      const int64_t pos = c0 + 16 * h;
+      at[h] = w.table[pos / bs] * g.block_stride + pos % bs * ts;
+    }
+    const float kp0 = static_cast<float>(c0), kp1 = kp0 + static_cast<float>(count - 1);
+    for (int kvh = 0; kvh < g.kv_heads; ++kvh) {
+      bool packed = false;
+      for (int lg = 0; lg < lane_groups; ++lg) {
+        float* lgw = ws + (int64_t{kvh} * lane_groups + lg) * lg_floats;
+        const auto* qp = reinterpret_cast<const c10::BFloat16*>(lgw);
+        float* ot = lgw + q_floats;
+        float *m = ot + int64_t{d} * W, *l = m + W, *lo = l + W, *hi = lo + W;
+        const float first_seen = *std::min_element(lo, lo + W);
+        const float last_seen = *std::max_element(hi, hi + W);
+        if (kp1 < first_seen || kp0 > last_seen) continue;  // no lane sees these keys
+        if (!packed) {
+          for (int h = 0; h < 2; ++h) {
+            if (n[h] > 0) {
+              transpose_values(v_cache + at[h] + kvh * hs, ts, n[h], d, h, vt);
+            } else {
+              for (int c = 0; c < d; ++c)
+                std::memset(vt + c * kAmxKeys + 16 * h, 0, 16 * sizeof(c10::BFloat16));
+            }
+          }
+          packed = true;
+        }
+        _tile_zero(4);
+        _tile_zero(5);
+        for (int kt = 0; kt < KT; ++kt) {
+          // (tile numbers are immediates: the terms spelled out)
+          _tile_loadd(0, qp + kt * 512, 64);
+          if (g.q_terms > 1) {
+            _tile_loadd(1, qp + (KT + kt) * 512, 64);
+            _tile_loadd(2, qp + (2 * KT + kt) * 512, 64);
+          }
+          for (int h = 0; h < 2 && n[h] > 0; ++h) {
+            _tile_loadd(6, k_cache + at[h] + kvh * hs + kt * 32, ts * 2);
+            if (h == 0) {
+              _tile_dpbf16ps(4, 6, 0);
+              if (g.q_terms > 1) {
+                _tile_dpbf16ps(4, 6, 1);
+                _tile_dpbf16ps(4, 6, 2);
+              }
+            } else {
+              _tile_dpbf16ps(5, 6, 0);
+              if (g.q_terms > 1) {
+                _tile_dpbf16ps(5, 6, 1);
+                _tile_dpbf16ps(5, 6, 2);
+              }
+            }
+          }
+        }
+        _tile_stored(4, s, 64);
+        _tile_stored(5, s + 16 * W, 64);
+        const V lov = L::load(lo), hiv = L::load(hi);
+        const float all_from = *std::max_element(lo, lo + W);
+        const float all_to = *std::min_element(hi, hi + W);
+        const bool masked = count < kAmxKeys || kp0 < all_from || kp1 > all_to;
+        V bmax = L::splat(kNegInf);
+        for (int t = 0; t < kAmxKeys; ++t) {
+          V a = L::mul(L::load(s + t * W), scale);
+          if (masked)
+            a = t < count ? L::keep_between(a, lov, hiv, kp0 + t, kNegInf) : L::splat(kNegInf);
+          L::store(s + t * W, a);
+          bmax = L::max(bmax, a);
+        }
+        const V m_old = L::load(m);
+        const V m_new = L::max(m_old, bmax);
+        // the max subtracted: a lane that has seen no key yet has -inf, which would give NaN
+        const V m_sub = L::max(m_new, L::splat(-std::numeric_limits<float>::max()));
+        const V alpha = L::exp(L::sub(m_old, m_sub));
+        V sum = L::zero();
+        for (int i = 0; i < kAmxKeys / 2; ++i) {
+          const V p0 = L::exp(L::sub(L::load(s + 2 * i * W), m_sub));
+          const V p1 = L::exp(L::sub(L::load(s + (2 * i + 1) * W), m_sub));
+          sum = L::add(sum, L::add(p0, p1));
+          const __m512i first = (__m512i)_mm512_cvtne2ps_pbh(p1, p0);
+          _mm512_store_si512(pt[0] + i * 32, _mm512_permutexvar_epi16(interleave, first));
+          if (g.p_terms > 1) {
+            const __m512i second = (__m512i)_mm512_cvtne2ps_pbh(
+                _mm512_sub_ps(p1, bf16_high(first)), _mm512_sub_ps(p0, bf16_low(first)));
+            _mm512_store_si512(pt[1] + i * 32, _mm512_permutexvar_epi16(interleave, second));
+          }
+        }
+        L::store(m, m_new);
+        L::store(l, L::fma(L::load(l), alpha, sum));
+        _tile_loadd(7, pt[0], 64);
+        if (g.p_terms > 1) _tile_loadd(5, pt[1], 64);
+        for (int dt0 = 0; dt0 < NC; dt0 += 4) {
+          const int tiles = std::min(4, NC - dt0);
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+          // (tile numbers are immediates: the four dims tiles spelled out)
+#define CHATPAGE_PV_TILE(j)                                          \
+  if (tiles > j) {                                                   \
+    _tile_loadd(6, vt + (dt0 + j) * 16 * kAmxKeys, 64);              \
+    _tile_dpbf16ps(j, 6, 7);                                         \
+    if (g.p_terms > 1) _tile_dpbf16ps(j, 6, 5);                      \
+  }
+          CHATPAGE_PV_TILE(0)
+          CHATPAGE_PV_TILE(1)
+          CHATPAGE_PV_TILE(2)
+          CHATPAGE_PV_TILE(3)
+#undef CHATPAGE_PV_TILE
+          _tile_stored(0, sums[0], 64);
+          _tile_stored(1, sums[1], 64);
+          _tile_stored(2, sums[2], 64);
+          _tile_stored(3, sums[3], 64);
+          for (int j = 0; j < tiles; ++j)
+            for (int r = 0; r < 16; ++r) {
+              float* o = ot + ((dt0 + j) * 16 + r) * W;
+              L::store(o, L::fma(L::load(o), alpha, L::load(sums[j] + r * W)));
+            }
+        }
+      }
+    }
+  }
+  // back to run_item's layout: per row and query head, acc[d], running max, running sum (ot's
+  // 16 x 16 squares transposed)
+  for (int kvh = 0; kvh < g.kv_heads; ++kvh) {
+    for (int lg = 0; lg < lane_groups; ++lg) {
+      const float* ot = ws + (int64_t{kvh} * lane_groups + lg) * lg_floats + q_floats;
+      const float *m = ot + int64_t{d} * W, *l = m + W;
+      float* st[W];
+      for (int lane = 0; lane < W; ++lane) {
+        const int i = lg * W + lane;
+        const int r = i / g.group, h = kvh * g.group + i % g.group;
+        st[lane] = i < vecs ? state + (r * hq_n + h) * sd : nullptr;
+        if (!st[lane]) continue;
+        st[lane][d] = m[lane];
+        st[lane][d + 1] = l[lane];
+      }
+      for (int dt = 0; dt < NC; ++dt) {
+        __m512i r[W];
+        for (int c = 0; c < W; ++c) r[c] = _mm512_loadu_si512(ot + (dt * 16 + c) * W);
+        transpose16(r);
+        for (int lane = 0; lane < W; ++lane)
+          if (st[lane]) _mm512_storeu_si512(st[lane] + dt * 16, r[lane]);
+      }
+    }
+  }
+}
+#endif
+
+// A tile of rows (prefill): on AMX where the call allows it (Geometry::amx) and the shapes take
+// it, else run_tile.
+template <typename L, typename KV, int NC>
+void tile_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const WorkItem& w,
+               float* state, float* ws, float* kbuf, float* vbuf) {
+#if CHATPAGE_AMX_ATTENTION
+  if constexpr (std::is_same_v<L, Lanes16> && std::is_same_v<KV, c10::BFloat16> && NC > 0 &&
+                NC % 2 == 0) {
+    if (g.amx) return run_tile_amx<NC>(g, k_cache, v_cache, w, state, ws);
+  }
+#endif
+  run_tile<L, KV, NC>(g, k_cache, v_cache, w, state, ws, kbuf, vbuf);
+}
+
 void finalize(const Geometry& g, int64_t first_row, int rows, const float* state) {
   const int d = g.head_dim;
   for (int r = 0; r < rows; ++r) {
     for (int h = 0; h < g.q_heads; ++h) {
       const float* st = state + (r * g.q_heads + h) * g.state_stride;
       const float l = st[d + 1];
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      float* dst = g.out + (first_row + r) * g.o_row_stride + h * g.o_head_stride;
-      for (int i = 0; i < d; ++i) dst[i] = st[i] * inv;
+      store_out(g, first_row + r, h, st, l > 0.0f ? 1.0f / l : 0.0f);
     }
   }
 }
@@ -773,7 +1116,7 @@ void finalize(const Geometry& g, int64_t first_row, int rows, const float* state
 void merge(const Geometry& g, const MergeGroup& mg, const float* partials) {
   const int d = g.head_dim;
   const int64_t piece_stride = static_cast<int64_t>(mg.rows) * g.q_heads * g.state_stride;
-  std::vector<float> weight(mg.pieces);
+  std::vector<float> weight(mg.pieces), sums(d);
   for (int r = 0; r < mg.rows; ++r) {
     for (int h = 0; h < g.q_heads; ++h) {
       const float* first = partials + mg.state + (r * g.q_heads + h) * g.state_stride;
@@ -785,13 +1128,12 @@ void merge(const Geometry& g, const MergeGroup& mg, const float* partials) {
         weight[p] = st[d] == kNegInf ? 0.0f : std::exp(st[d] - m);
         l += st[d + 1] * weight[p];
       }
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      float* dst = g.out + (mg.first_row + r) * g.o_row_stride + h * g.o_head_stride;
       for (int i = 0; i < d; ++i) {
         float acc = 0.0f;
         for (int p = 0; p < mg.pieces; ++p) acc += first[p * piece_stride + i] * weight[p];
-        dst[i] = acc * inv;
+        sums[i] = acc;
       }
+      store_out(g, mg.first_row + r, h, sums.data(), l > 0.0f ? 1.0f / l : 0.0f);
     }
   }
 }
@@ -901,23 +1243,32 @@ void run_plan(const Geometry& g, const Plan& plan, const at::Tensor& k_cache,
     std::vector<int16_t> q16(int_keys ? states * g.head_dim : 0);
     std::vector<float> qscale(int_keys ? states : 0);
     std::vector<float> kbuf(block), vbuf(block);
-    // run_tile's queries and outputs per KV head and lane group (see there)
+    // run_tile's (run_tile_amx's) queries and outputs per KV head and lane group (see there)
     constexpr int W = L::kWidth;
     const int64_t lane_groups = (int64_t{plan.max_rows} * g.group + W - 1) / W;
-    std::vector<float> tile_ws(plan.max_rows * g.group >= W
-                                   ? g.kv_heads * lane_groups * (2 * g.head_dim * W + 4 * W)
-                                   : 0);
+    int64_t lg_floats = 2 * g.head_dim * W + 4 * W;
+#if CHATPAGE_AMX_ATTENTION
+    if (g.amx) lg_floats = std::max(lg_floats, amx_lane_group_floats(g.head_dim, g.q_terms));
+#endif
+    std::vector<float> tile_ws(plan.max_rows * g.group >= W ? g.kv_heads * lane_groups * lg_floats
+                                                           : 0);
+#if CHATPAGE_AMX_ATTENTION
+    if (g.amx) configure_full_tiles();
+#endif
     for (int64_t i = next.fetch_add(1); i < n_items; i = next.fetch_add(1)) {
       const WorkItem& w = plan.items[i];
       float* st = w.state >= 0 ? partials + w.state : local.data();
       if (!w.alone && w.rows * g.group >= W) {
-        run_tile<L, KV, NC>(g, kc, vc, w, st, tile_ws.data(), kbuf.data(), vbuf.data());
+        tile_item<L, KV, NC>(g, kc, vc, w, st, tile_ws.data(), kbuf.data(), vbuf.data());
       } else {
         run_item<L, KV, NC>(g, kc, vc, w, st, qbuf.data(), q16.data(), qscale.data(),
                              kbuf.data());
       }
       if (w.state < 0) finalize(g, w.first_row, w.rows, st);
     }
+#if CHATPAGE_AMX_ATTENTION
+    if (g.amx) _tile_release();
+#endif
   };
   if (threads <= 1 || n_items <= 1) {
     worker(0, 1);
@@ -982,9 +1333,13 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
   TORCH_CHECK(window >= 0, "chatpage: window must be 0 (none) or positive, got ", window);
   check_attention_indices(shape, block_tables, seq_lens, query_start_loc, window);
 
-  at::Tensor q = query.scalar_type() == at::kFloat ? query : query.to(at::kFloat);
+  // fp32 and bf16 queries and outputs are read and written where they lie (a head's values
+  // contiguous), others through an fp32 copy
+  const bool q_bf16 = query.scalar_type() == at::kBFloat16;
+  at::Tensor q = q_bf16 || query.scalar_type() == at::kFloat ? query : query.to(at::kFloat);
   if (q.stride(2) != 1) q = q.contiguous();
-  const bool direct = out.scalar_type() == at::kFloat && out.stride(2) == 1;
+  const bool direct =
+      (out.scalar_type() == at::kFloat || out.scalar_type() == at::kBFloat16) && out.stride(2) == 1;
   at::Tensor out_f = direct ? out : out.to(at::kFloat).contiguous();
 
   Geometry g;
@@ -997,21 +1352,30 @@ void paged_attention(const at::Tensor& out, const at::Tensor& query, const at::T
   g.head_stride = k_cache.size(3);
   g.token_stride = shape.num_kv_heads * g.head_stride;
   g.block_stride = shape.block_size * g.token_stride;
-  g.query = q.data_ptr<float>();
+  g.query = q_bf16 ? nullptr : q.data_ptr<float>();
+  g.query16 = q_bf16 ? q.data_ptr<c10::BFloat16>() : nullptr;
   g.q_row_stride = q.stride(0);
   g.q_head_stride = q.stride(1);
   g.scale = static_cast<float>(scale);
   g.window = window;
-  g.out = out_f.data_ptr<float>();
+  const bool out_bf16 = out_f.scalar_type() == at::kBFloat16;
+  g.out = out_bf16 ? nullptr : out_f.data_ptr<float>();
+  g.out16 = out_bf16 ? out_f.data_ptr<c10::BFloat16>() : nullptr;
   g.o_row_stride = out_f.stride(0);
   g.o_head_stride = out_f.stride(1);
+  // AMX's tiles for prefill tiles over a bf16 cache, in 16-key halves of blocks, for bf16 and
+  // fp32 queries (fp16 ones are widened to fp32 first)
+  g.amx = k_cache.scalar_type() == at::kBFloat16 && g.block_size % 16 == 0 &&
+          g.head_dim % 32 == 0 && gemm_amx();
+  g.q_terms = q_bf16 ? 1 : 3;
+  g.p_terms = q_bf16 ? 1 : 2;
 
   const int threads = at::get_num_threads();
   const Plan plan = make_plan(g, shape, tab, lens, starts, threads);
   at::Tensor partials;
   float* part = nullptr;
   if (plan.partial_floats > 0) {
-    partials = at::empty({plan.partial_floats}, q.options());
+    partials = at::empty({plan.partial_floats}, q.options().dtype(at::kFloat));
     part = partials.data_ptr<float>();
   }
   switch (k_cache.scalar_type()) {

@@ -20,6 +20,7 @@
 // activations are rounded to bf16 first as the reference does. The vectors are AVX-512's 16
 // lanes where the build has AVX-512F, else vec.h's eight (AVX2 + FMA, or portable loops).
 #include "checks.h"
+#include "cpu/amx.h"
 #include "cpu/matmul.h"
 #include "cpu/ops_cpu.h"
 #include "cpu/vec.h"
@@ -308,42 +309,7 @@ bool amx_granted() {
 }
 
 // Tiles 0-3: the sums (weight tile i of the block against activation tile j: tile 2 j + i);
-// 4-5: weight rows 0-15 and 16-31 of the block; 6-7: two activation tiles.
-void configure_tiles() {
-  TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.colsb[t] = 64;
-    config.rows[t] = 16;
-  }
-  _tile_loadconfig(&config);
-}
-
-// r[i] lane j -> r[j] lane i, for 16 vectors of 16 32-bit lanes: pairs of lanes interleaved, then
-// pairs of pairs, then 128-bit quarters twice over.
-inline void transpose16(__m512i (&r)[16]) {
-  __m512i t[16], u[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  // u[4 i + c], quarter q: lane 4 q + c of rows 4 i .. 4 i + 3
-  for (int i = 0; i < 16; i += 4) {
-    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512i even = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88);  // quarters 0, 2 of each
-    const __m512i odd = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);   // quarters 1, 3
-    const __m512i even2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
-    const __m512i odd2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xDD);
-    r[c] = _mm512_shuffle_i32x4(even, even2, 0x88);
-    r[4 + c] = _mm512_shuffle_i32x4(odd, odd2, 0x88);
-    r[8 + c] = _mm512_shuffle_i32x4(even, even2, 0xDD);
-    r[12 + c] = _mm512_shuffle_i32x4(odd, odd2, 0xDD);
-  }
-}
+// 4-5: weight rows 0-15 and 16-31 of the block; 6-7: two activation tiles (configure_full_tiles).
 
 // xp[((mt * ktiles + kt) * 16 + p) * 16 + r] = inputs 2p and 2p + 1 of tile kt of activation row
 // 16 mt + r (bf16 pairs as 32-bit lanes), zero past m rows: a 16 x 16 transpose per tile of x
@@ -374,7 +340,7 @@ void amx_rows(const uint32_t* xp, int64_t m_begin, int64_t m, int64_t n, int64_t
   const int64_t blocks = (n + kAmxRows - 1) / kAmxRows;
   const int64_t grain = std::max<int64_t>(1, kTaskMacs / std::max<int64_t>(1, kAmxRows * k * m));
   at::parallel_for(0, blocks, grain, [&](int64_t first, int64_t last) {
-    configure_tiles();
+    configure_full_tiles();
     // the block's rows in bf16, the padding past k zero; 64-byte aligned (torch's allocator), as
     // is xp: a tile row that straddles two cache lines loads at half the speed or less
     const at::Tensor block = at::zeros({kAmxRows * kp}, at::kBFloat16);

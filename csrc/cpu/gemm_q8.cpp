@@ -46,6 +46,7 @@
 // instructions for 32 multiply-adds against 4 FMAs: 1.7x the fp32-FMA GEMM of gemm.cpp at 8-128
 // rows); int8's, a madd after every maddubs and two passes, lose to it (weights.py's Q8_FORMATS).
 #include "checks.h"
+#include "cpu/amx.h"
 #include "cpu/matmul.h"
 #include "cpu/ops_cpu.h"
 #include "cpu/vec.h"
@@ -546,9 +547,7 @@ void configure_q8_tiles() {
   }
   config.colsb[4] = config.colsb[5] = kBlock;
   config.rows[6] = config.rows[7] = kBlock / 4;
-  // GCC (12) drops the stores above as dead without this: it does not see ldtilecfg read them
-  asm volatile("" : : "r"(&config) : "memory");
-  _tile_loadconfig(&config);
+  load_tile_config(config);
 }
 
 // Activation rows [0, m) of the slice (its qa padded with zero rows to a multiple of 16) against

@@ -42,14 +42,6 @@ inline bool int4_levels(const c10::optional<at::Tensor>& levels, int8_t (&out)[1
   return levels.has_value();
 }
 
-// An AMX tile configuration (palette 1: rows and bytes per row of each of the 8 tiles), loaded
-// with _tile_loadconfig by each thread before its tiles are used (gemm.cpp, gemm_q8.cpp).
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0, reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 inline at::Tensor output_for(const at::Tensor& x, int64_t n) {
   return at::empty({x.size(0), n}, x.options());
 }

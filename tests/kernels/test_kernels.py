@@ -120,6 +120,35 @@ def test_bf16_cache_fp32_query():
     )
 
 
+@pytest.mark.parametrize("query_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"head_dim": 64, "num_kv_heads": 3, "num_q_heads": 9},
+        {"head_dim": 64, "num_kv_heads": 2, "num_q_heads": 2, "block_size": 32},
+        {"head_dim": 96, "num_kv_heads": 2, "num_q_heads": 8},
+        {"head_dim": 128, "num_kv_heads": 1, "num_q_heads": 8, "block_size": 32},
+        {"head_dim": 256, "num_kv_heads": 2, "num_q_heads": 4},
+        {"head_dim": 64, "num_kv_heads": 2, "num_q_heads": 6, "block_size": 8},
+    ],
+)
+@pytest.mark.parametrize("window", [0, 37])
+def test_prefill_tiles_over_a_bf16_cache(query_dtype, shape, window):
+    """Tiles of many rows over a bf16 cache (on AMX's tiles where the CPU has them: in 32-key
+    chunks of two block halves, a chunk cut short at a prompt's end or a piece's, a block of 32
+    holding a whole chunk, blocks of 8 kept off the tiles) agree with the reference: to fp32
+    precision for fp32 queries, to bf16's for bf16 ones."""
+    check_paged_attention(
+        DEVICE,
+        [1037, 300, 40, 75, 5],
+        [120, 300, 40, 19, 1],
+        dtype=torch.bfloat16,
+        query_dtype=query_dtype,
+        window=window,
+        **shape,
+    )
+
+
 def test_rows_past_the_batch_are_left_alone():
     pb = make_paged_batch([50, 9], [1, 2])
     query = torch.cat([pb.query, torch.randn(3, *pb.query.shape[1:])])
