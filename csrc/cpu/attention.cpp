@@ -56,6 +56,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace chatpage::cpu {
@@ -124,6 +125,26 @@ struct WorkItem {
   bool alone;  // rows of a sequence run row by row: pieces by a row's own length
   int64_t pieces;  // (alone) the pieces each of its rows is cut into
 };
+
+// Lane `lane` of lane group lg of KV head kvh in a tile (run_tile, run_tile_amx: query vector
+// i = lg * lanes + lane is row i / group, query head kvh * group + i % group): starts its running
+// max m and sum l, sets the positions of the keys it sees [lo, hi], and returns its row and query
+// head, or {-1, -1} for a spare lane past the item's vectors (lo > hi: it sees no key).
+inline std::pair<int, int> start_lane(const Geometry& g, const WorkItem& w, int kvh, int i,
+                                      int lane, float* m, float* l, float* lo, float* hi) {
+  m[lane] = kNegInf;
+  l[lane] = 0.0f;
+  if (i >= w.rows * g.group) {
+    lo[lane] = 1.0f;
+    hi[lane] = -1.0f;
+    return {-1, -1};
+  }
+  const int r = i / g.group;
+  const int64_t pos = w.first_pos + r;
+  hi[lane] = static_cast<float>(pos);
+  lo[lane] = g.window > 0 ? static_cast<float>(pos - g.window + 1) : 0.0f;
+  return {r, kvh * g.group + i % g.group};
+}
 
 // Partial states of `pieces` items covering the same rows, stored one after another.
 struct MergeGroup {
@@ -672,20 +693,9 @@ void run_tile(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
       float* ot = qt + int64_t{d} * W;
       float *m = ot + int64_t{d} * W, *l = m + W, *lo = l + W, *hi = lo + W;
       for (int lane = 0; lane < W; ++lane) {
-        const int i = lg * W + lane;
-        m[lane] = kNegInf;
-        l[lane] = 0.0f;
-        if (i >= vecs) {  // a spare lane: no key is in [lo, hi]
-          lo[lane] = 1.0f;
-          hi[lane] = -1.0f;
-          for (int c = 0; c < d; ++c) qt[c * W + lane] = 0.0f;
-          continue;
-        }
-        const int r = i / g.group, h = kvh * g.group + i % g.group;
-        const int64_t pos = w.first_pos + r;
-        hi[lane] = static_cast<float>(pos);
-        lo[lane] = g.window > 0 ? static_cast<float>(pos - g.window + 1) : 0.0f;
-        for (int c = 0; c < d; ++c) qt[c * W + lane] = scaled_query(g, w.first_row + r, h, c);
+        const auto [r, h] = start_lane(g, w, kvh, lg * W + lane, lane, m, l, lo, hi);
+        for (int c = 0; c < d; ++c)
+          qt[c * W + lane] = r < 0 ? 0.0f : scaled_query(g, w.first_row + r, h, c);
       }
       std::fill(ot, ot + int64_t{d} * W, 0.0f);
     }
@@ -908,21 +918,11 @@ void run_tile_amx(const Geometry& g, const c10::BFloat16* k_cache, const c10::BF
       float *m = ot + int64_t{d} * W, *l = m + W, *lo = l + W, *hi = lo + W;
       const void* src[W];
       for (int lane = 0; lane < W; ++lane) {
-        const int i = lg * W + lane;
-        m[lane] = kNegInf;
-        l[lane] = 0.0f;
-        src[lane] = nullptr;
-        if (i >= vecs) {  // a spare lane: no key is in [lo, hi]
-          lo[lane] = 1.0f;
-          hi[lane] = -1.0f;
-          continue;
-        }
-        const int r = i / g.group, h = kvh * g.group + i % g.group;
-        const int64_t pos = w.first_pos + r;
-        hi[lane] = static_cast<float>(pos);
-        lo[lane] = g.window > 0 ? static_cast<float>(pos - g.window + 1) : 0.0f;
+        const auto [r, h] = start_lane(g, w, kvh, lg * W + lane, lane, m, l, lo, hi);
         const int64_t at = (w.first_row + r) * g.q_row_stride + h * g.q_head_stride;
-        src[lane] = g.query16 ? static_cast<const void*>(g.query16 + at) : g.query + at;
+        src[lane] = r < 0      ? nullptr
+                    : g.query16 ? static_cast<const void*>(g.query16 + at)
+                                : g.query + at;
       }
       pack_queries<KT>(g, src, reinterpret_cast<c10::BFloat16*>(lgw));
       std::fill(ot, ot + int64_t{d} * W, 0.0f);
