@@ -22,7 +22,7 @@ def _every_step(fmt: str) -> bool:
     for any rows), or its GEMM starts right after its GEMV (no torch path between), so prefill
     steps run natively too."""
     if fmt in ("int8", "int4") and weights.q8_packs(32, fmt):
-        return weights.Q8_PACK_ROWS == sys.maxsize
+        return weights.q8_pack_rows(fmt) == sys.maxsize
     return GEMM_ROWS.get(fmt) == GEMV_ROWS[fmt] + 1
 
 
@@ -34,7 +34,8 @@ def _run(loaded, fmt: str, native: bool, monkeypatch) -> tuple[list, list[int]]:
     assert isinstance(layers, NativeLayers)
     assert layers.packed == (fmt in ("int8", "int4") and weights.q8_packs(32, fmt))
     if layers.packed:
-        assert layers.rows == weights.Q8_PACK_ROWS and layers.gemm_rows == 0 and layers.parts == 2
+        assert layers.rows == weights.q8_pack_rows(fmt)
+        assert layers.gemm_rows == 0 and layers.parts == 2
     elif _every_step(fmt):
         assert layers.rows == sys.maxsize and layers.gemm_rows == GEMM_ROWS[fmt]
     else:

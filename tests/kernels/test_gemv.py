@@ -19,10 +19,10 @@ from chatpage.engine.model.weights import (
     GEMM_ROWS,
     GEMV_ROWS,
     Q8_FORMATS,
-    Q8_PACK_ROWS,
     gemm_kernel,
     make_linear,
     pack_int4,
+    q8_pack_rows,
     q8_packs,
     quantize_int4,
 )
@@ -178,13 +178,14 @@ def test_make_linear_takes_a_q8_pack_on_a_cpu_with_vnni(fmt):
         assert linear.gemv is not None and linear.gemv.op != getattr(LIB, f"gemm_q8_{kind}_packed")
         return
     assert linear.gemv is not None and linear.gemv.op == getattr(LIB, f"gemm_q8_{kind}_packed")
-    assert linear.gemv.rows == Q8_PACK_ROWS
+    pack_rows = q8_pack_rows(kind)
+    assert linear.gemv.rows == pack_rows
     # with AMX the AMX GEMM takes the rows past the pack's
-    assert (linear.gemm is None) == (Q8_PACK_ROWS == sys.maxsize)
+    assert (linear.gemm is None) == (pack_rows == sys.maxsize)
     x = torch.randn(70, k).to(BF16)
     one_by_one = torch.cat([linear(x[i : i + 1]) for i in range(x.shape[0])])
     for rows in (1, 3, 4, 9, 32, 70):
-        if rows > Q8_PACK_ROWS:
+        if rows > pack_rows:
             assert linear.gemm is not None and torch.equal(linear(x[:rows]), linear.gemm(x[:rows]))
             continue
         assert torch.equal(linear(x[:rows]), one_by_one[:rows])

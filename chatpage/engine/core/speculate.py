@@ -20,7 +20,7 @@ never indexed in the prefix cache.
 Exact: a verified row's logits are bitwise those of the decode step that row would have run
 alone, because every kernel computes a row alike whatever the other rows of a step of at most
 `LlamaModel.exact_rows` rows (csrc/cpu/attention.cpp's row-by-row sequences, one matmul kernel
-up to that many rows: `engine/model/weights.py`'s Q8_PACK_ROWS); so a step is drafted only while
+up to that many rows: `engine/model/weights.py`'s q8_pack_rows); so a step is drafted only while
 it stays within them, and greedy output is the same with and without speculation.
 
 Switched off where it does not pay: per sequence the draft length adapts to its recent

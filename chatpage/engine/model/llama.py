@@ -140,7 +140,7 @@ class NativeLayers:
         gemms = [f.gemm for f in linears if f.gemm is not None]
         starts = {g.rows for g in gemms}
         self.gemm_rows, self.q8 = 0, False
-        # every step can run natively (not with q8 packs: one kernel up to `Q8_PACK_ROWS`)
+        # every step can run natively (not with q8 packs: one kernel up to `q8_pack_rows`)
         if not self.packed and len(gemms) == len(linears) and len(starts) == 1:
             self.gemm_rows, self.rows = starts.pop(), sys.maxsize
             self.q8 = {g.op for g in gemms} <= {lib.gemm_q8_int8, lib.gemm_q8_int4}

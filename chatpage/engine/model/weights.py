@@ -486,6 +486,15 @@ def state_format(packed: Mapping[str, torch.Tensor]) -> str | None:
 # ``engine/core/speculate.py``). On a CPU without AMX a pack takes every row count.
 Q8_PACK_ROWS = 32 if _ISA == "amx" else sys.maxsize
 
+# The same for int8 matrices, whose pack runs two passes over the activations (the second
+# quantizing what the first left over), so that the AMX GEMM (int8 levels exact in bf16, fp32
+# sums scaled per row) is faster from about 12 rows on (2 threads, ms at 8 / 16 / 24 / 32 rows:
+# the default model's 30 int8 layers, pack 10.7 / 16.2 / 19.3 / 20.7 against the GEMM 11.6 /
+# 11.7 / 13.6 / 13.6; its int8 lm_head 1.24 / 1.99 / 2.97 / 3.63 against 1.33 / 1.33 / 1.89 /
+# 2.11; a Qwen2.5-0.5B-shaped lm_head of 151,936 rows 10.3 / 17.0 / 21.5 / 23.5 against 13.0 /
+# 13.5 / 15.3 / 14.8). 16: a step of one sequence and 15 drafted tokens stays within one kernel.
+Q8_INT8_PACK_ROWS = 16 if _ISA == "amx" else sys.maxsize
+
 # The formats whose matrices run as q8 packs, per vector ISA (csrc/cpu/gemm_q8.cpp): with AVX-512
 # VNNI int4 and int8; with AVX2 int4 alone, whose packed q8 GEMM (maddubs) is the fastest kernel
 # there at every row count, while int8's, with its two passes over the activations and the sign
@@ -496,9 +505,14 @@ Q8_FORMATS = {"amx": ("int4", "int8"), "avx512": ("int4", "int8"), "avx2": ("int
 def q8_packs(rows: int, fmt: str) -> bool:
     """Whether a ``fmt`` (int8 or int4) matrix of ``rows`` output rows runs as a q8 pack (the
     kernels loaded): where :data:`Q8_FORMATS` says so for this CPU and its build has the q8 GEMMs
-    (with AMX up to `Q8_PACK_ROWS` rows), for a matrix of whole 32-row tasks
+    (with AMX up to :func:`q8_pack_rows` rows), for a matrix of whole 32-row tasks
     (``csrc/cpu/gemm_q8.cpp``)."""
     return fmt in Q8_FORMATS.get(_ISA, ()) and rows % 32 == 0 and torch.ops.chatpage.gemm_q8()
+
+
+def q8_pack_rows(fmt: str) -> int:
+    """The most rows a ``fmt`` (int8 or int4) q8 pack runs a matmul of (the AMX GEMM beyond)."""
+    return Q8_INT8_PACK_ROWS if fmt == "int8" else Q8_PACK_ROWS
 
 
 def _packed(
@@ -506,14 +520,17 @@ def _packed(
     args: tuple[torch.Tensor | None, ...],
     bias: torch.Tensor | None,
     k: int,
-    many: Gemv,
+    rows: int,
+    many: Callable[..., torch.Tensor],
+    many_args: tuple[torch.Tensor | None, ...],
 ) -> Linear:
-    """The :class:`Linear` of a q8 pack: one kernel for every row count up to `Q8_PACK_ROWS`
-    (its ``gemv``), ``many`` (the AMX GEMM) beyond."""
-    kernel = Gemv(op, args, bias, Q8_PACK_ROWS)
-    if Q8_PACK_ROWS == sys.maxsize:
+    """The :class:`Linear` of a q8 pack: one kernel for every row count up to ``rows``
+    (`Q8_PACK_ROWS`, `Q8_INT8_PACK_ROWS`: its ``gemv``), ``many`` (the AMX GEMM) beyond."""
+    kernel = Gemv(op, args, bias, rows)
+    if rows == sys.maxsize:
         return Linear(kernel, k, kernel)
-    return Linear(_by_rows(kernel, many, many), k, kernel, many)
+    beyond = Gemv(many, many_args, bias, rows + 1)
+    return Linear(_by_rows(kernel, beyond, beyond), k, kernel, beyond)
 
 
 def make_linear(
@@ -540,8 +557,10 @@ def make_linear(
         fn = lambda x: torch.ops.aten._weight_int8pack_mm(x, q, s)  # noqa: E731
         k = q.shape[1]
         if native and q8_packs(q.shape[0], "int8"):
-            beyond = Gemv(lib.gemm_int8, (q, s), bias, Q8_PACK_ROWS + 1)
-            return _packed(lib.gemm_q8_int8_packed, (lib.q8_pack_int8(q), s), bias, k, beyond)
+            pack = (lib.q8_pack_int8(q), s)
+            return _packed(
+                lib.gemm_q8_int8_packed, pack, bias, k, q8_pack_rows("int8"), lib.gemm_int8, (q, s)
+            )
         if native:
             gemv = Gemv(lib.gemv_int8, (q, s), bias, GEMV_ROWS["int8"])
             gemm = Gemv(getattr(lib, gemm_kernel("int8")), (q, s), bias, GEMM_ROWS["int8"])
@@ -557,8 +576,15 @@ def make_linear(
             args = tuple(None if t is None else t.to(device) for t in (q4, scales, zeros, levels))
             if q8_packs(q4.shape[0], "int4"):
                 pack = lib.q8_pack_int4(q4, scales, zeros)
-                beyond = Gemv(lib.gemm_int4, args, bias, Q8_PACK_ROWS + 1)
-                return _packed(lib.gemm_q8_int4_packed, (pack, levels), bias, k, beyond)
+                return _packed(
+                    lib.gemm_q8_int4_packed,
+                    (pack, levels),
+                    bias,
+                    k,
+                    q8_pack_rows("int4"),
+                    lib.gemm_int4,
+                    args,
+                )
             # with levels torch's kernel cannot run it: the GEMV takes every row below the GEMM's
             few = GEMV_ROWS["int4"] if levels is None else GEMM_ROWS["int4"] - 1
             gemv = Gemv(lib.gemv_int4, args, bias, few)
