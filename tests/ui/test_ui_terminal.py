@@ -77,6 +77,7 @@ def test_every_key_does_its_action_from_the_message_box(terminal):
     t = terminal
     t.shows("question 1", "the first chat")
     t.shows("idle │ running 0", "no tok/s while nothing runs")
+    t.shows("ready", "the model", timeout=120)
     for n in range(CHATS, 0, -1):  # alt+9 ... alt+1: ESC digit
         press(f"goto_session_{n}")
         t.shows(f"question {n}", f"chat {n} (alt+{n})")
