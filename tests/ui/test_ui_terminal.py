@@ -77,6 +77,10 @@ def test_every_key_does_its_action_from_the_message_box(terminal):
     t = terminal
     t.shows("question 1", "the first chat")
     t.shows("idle │ running 0", "no tok/s while nothing runs")
+    # the model ready first: a delete and its ctrl+z in the moments the engine finishes pinning
+    # the personas can leave the restored reply off the screen ("brought back the reply" said,
+    # the header at "context 0 / 1024 tokens · 1 older message left out"): a race in the app,
+    # not fixed yet
     t.shows("ready", "the model", timeout=120)
     for n in range(CHATS, 0, -1):  # alt+9 ... alt+1: ESC digit
         press(f"goto_session_{n}")
