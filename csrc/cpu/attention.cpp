@@ -89,10 +89,14 @@ struct Geometry {
   int q_terms, p_terms;  // (amx) bf16 terms of a query and of a key's weight
 };
 
-// Value c of query head h of row `row`, times the scale.
-inline float scaled_query(const Geometry& g, int64_t row, int h, int c) {
-  const int64_t at = row * g.q_row_stride + h * g.q_head_stride + c;
-  return (g.query16 ? static_cast<float>(g.query16[at]) : g.query[at]) * g.scale;
+// Query head h of row `row` times the scale: its d values into dst.
+inline void scaled_query(const Geometry& g, int64_t row, int h, float* dst) {
+  const int64_t at = row * g.q_row_stride + h * g.q_head_stride;
+  if (g.query16) {
+    for (int c = 0; c < g.head_dim; ++c) dst[c] = static_cast<float>(g.query16[at + c]) * g.scale;
+  } else {
+    for (int c = 0; c < g.head_dim; ++c) dst[c] = g.query[at + c] * g.scale;
+  }
 }
 
 // Output head h of row `row`: the d values of src times inv.
@@ -525,7 +529,7 @@ void run_item(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
   for (int r = 0; r < w.rows; ++r) {
     for (int h = 0; h < hq_n; ++h) {
       float* dst = qbuf + (r * hq_n + h) * d;
-      for (int i = 0; i < d; ++i) dst[i] = scaled_query(g, w.first_row + r, h, i);
+      scaled_query(g, w.first_row + r, h, dst);
       if (int_keys) qscale[r * hq_n + h] = quantize_query(dst, d, q16 + (r * hq_n + h) * d);
       float* st = state + (r * hq_n + h) * sd;
       std::fill(st, st + d, 0.0f);
@@ -694,8 +698,8 @@ void run_tile(const Geometry& g, const KV* k_cache, const KV* v_cache, const Wor
       float *m = ot + int64_t{d} * W, *l = m + W, *lo = l + W, *hi = lo + W;
       for (int lane = 0; lane < W; ++lane) {
         const auto [r, h] = start_lane(g, w, kvh, lg * W + lane, lane, m, l, lo, hi);
-        for (int c = 0; c < d; ++c)
-          qt[c * W + lane] = r < 0 ? 0.0f : scaled_query(g, w.first_row + r, h, c);
+        if (r >= 0) scaled_query(g, w.first_row + r, h, ot);  // (ot is zeroed below)
+        for (int c = 0; c < d; ++c) qt[c * W + lane] = r < 0 ? 0.0f : ot[c];
       }
       std::fill(ot, ot + int64_t{d} * W, 0.0f);
     }
